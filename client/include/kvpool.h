@@ -1,0 +1,264 @@
+/* kvpool.h - libkvpool, the client library of kvpool.
+ *
+ * An engine process connects to kvpoold, attaches to a pool, maps the pool's tier memory
+ * directly (memfd host pages, sim device pages, or CUDA device memory imported from a POSIX
+ * fd), leases token slots, publishes finished prefixes to the shared prefix cache and matches
+ * them later. No KV byte passes through the daemon.
+ *
+ * Conventions
+ * - Every int-returning function returns 0 (or a count) on success and a negative enum
+ *   kvp_code on failure (-KVP_E_OUT_OF_CAPACITY, ...). When `err` is not NULL it receives the
+ *   code, a message for operators and the typed detail the daemon sent; callers switch on
+ *   err->code and the detail fields, never on the message.
+ * - Constructors return NULL on failure and fill `err`.
+ * - Output parameters are untouched on failure.
+ * - Threads: a struct kvp_client (and the pools attached through it) is not thread-safe.
+ *   Use one client per thread, or serialise calls on a shared one with a lock of your own.
+ * - Plain C types only, so the library can be called through ctypes or cffi.
+ */
+#ifndef KVPOOL_H
+#define KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_PROTOCOL_VERSION 1
+
+/* Codes 0..14 are the daemon's (the wire's Code); 100.. are raised by the library itself. */
+enum kvp_code {
+	KVP_OK = 0,
+	KVP_E_OUT_OF_CAPACITY = 1,
+	KVP_E_HOST_BUDGET_EXCEEDED = 2,
+	KVP_E_QUOTA_EXCEEDED = 3,
+	KVP_E_NO_SUCH_POOL = 4,
+	KVP_E_GEOMETRY_MISMATCH = 5,
+	KVP_E_NOT_FOUND = 6,
+	KVP_E_INVALID_ARGUMENT = 7,
+	KVP_E_PERMISSION_DENIED = 8,
+	KVP_E_PROTOCOL = 9,
+	KVP_E_VERSION = 10,
+	KVP_E_SHUTTING_DOWN = 11,
+	KVP_E_LIMIT_EXCEEDED = 12,
+	KVP_E_UNAVAILABLE = 13,
+	KVP_E_INTERNAL = 14,
+	KVP_E_NO_DAEMON = 100, /* connect failed: sys_errno says why */
+	KVP_E_TRANSPORT = 101, /* the connection failed or closed mid-call: sys_errno says why */
+	KVP_E_NOMEM = 102,
+	KVP_E_MAP = 103,       /* mapping a tier's memory failed: sys_errno or message say why */
+	KVP_E_BUFFER = 104,    /* a caller buffer is too small for the reply */
+	KVP_CODE_MAX
+};
+
+enum kvp_tier { KVP_TIER_DEVICE = 0, KVP_TIER_HOST = 1, KVP_TIER_MAX };
+enum kvp_backend { KVP_BACKEND_NONE = 0, KVP_BACKEND_SIM = 1, KVP_BACKEND_CUDA = 2,
+		   KVP_BACKEND_MEMFD = 3, KVP_BACKEND_MAX };
+enum kvp_dtype { KVP_DTYPE_NONE = 0, KVP_DTYPE_FP16 = 1, KVP_DTYPE_BF16 = 2, KVP_DTYPE_FP8 = 3,
+		 KVP_DTYPE_FP32 = 4, KVP_DTYPE_MAX };
+/* Which host memory limit binds in a HOST_BUDGET_EXCEEDED. */
+enum kvp_limit { KVP_LIMIT_NONE = 0, KVP_LIMIT_MEM_AVAILABLE, KVP_LIMIT_NUMA_NODE_FREE,
+		 KVP_LIMIT_CGROUP_MEMORY_MAX, KVP_LIMIT_RLIMIT_MEMLOCK, KVP_LIMIT_HUGEPAGES_FREE,
+		 KVP_LIMIT_MAX };
+enum kvp_detail { KVP_DETAIL_NONE = 0, KVP_DETAIL_CAPACITY, KVP_DETAIL_BUDGET, KVP_DETAIL_QUOTA,
+		  KVP_DETAIL_GEOMETRY, KVP_DETAIL_LIMIT, KVP_DETAIL_MAX };
+
+struct kvp_geometry {
+	uint32_t layers;
+	uint32_t kv_heads;
+	uint32_t head_dim;
+	uint32_t dtype; /* enum kvp_dtype */
+	uint32_t page_tokens;
+};
+
+struct kvp_error {
+	int code;      /* enum kvp_code */
+	int sys_errno; /* for KVP_E_NO_DAEMON, KVP_E_TRANSPORT, KVP_E_MAP */
+	char message[512];
+	int detail; /* enum kvp_detail: which of the structs below is filled */
+	struct {
+		uint32_t tier; /* enum kvp_tier */
+		uint64_t requested_tokens, free_tokens, evictable_tokens, protected_tokens;
+		uint64_t leased_tokens, total_tokens;
+	} capacity;
+	struct {
+		uint64_t requested_bytes, available_bytes;
+		uint32_t limit; /* enum kvp_limit */
+		int32_t numa_node;
+		char pool[64];
+	} budget;
+	struct {
+		uint64_t quota_tokens, held_tokens, requested_tokens;
+	} quota;
+	struct {
+		struct kvp_geometry expected, actual;
+	} geometry;
+	struct {
+		char what[64];
+		uint64_t limit;
+	} limit;
+};
+
+/* Static name of a code ("OUT_OF_CAPACITY"); "UNKNOWN" for others. */
+const char *kvp_strerror(int code);
+const char *kvp_limit_name(int limit);
+const char *kvp_tier_name(int tier);
+const char *kvp_backend_name(int backend);
+
+/* ---- connection ---- */
+struct kvp_client;
+
+/* Writes the socket path a client uses when none is given: $KVPOOL_SOCKET, else
+ * /run/kvpool/kvpoold.sock for root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock.
+ * Returns buf, or NULL when it does not fit in len. */
+const char *kvp_default_socket(char *buf, size_t len);
+/* Connects to path (NULL: kvp_default_socket) and says Hello with `name`.
+ * Returns the client, or NULL with err filled (KVP_E_NO_DAEMON, KVP_E_VERSION,
+ * KVP_E_PERMISSION_DENIED, KVP_E_TRANSPORT, ...). */
+struct kvp_client *kvp_client_connect(const char *path, const char *name, struct kvp_error *err);
+/* Closes the connection; the daemon returns every lease and lock of the session. Detaches
+ * (unmaps) every pool still attached. Accepts NULL. */
+void kvp_client_close(struct kvp_client *c);
+uint64_t kvp_client_session_id(const struct kvp_client *c);
+/* Daemon version string as sent in the Hello reply. */
+const char *kvp_client_daemon_version(const struct kvp_client *c);
+/* Sets a receive timeout for every call (0 = wait forever, the default). Returns 0 or
+ * -KVP_E_INVALID_ARGUMENT. A call that times out returns -KVP_E_TRANSPORT (sys_errno EAGAIN)
+ * and the client must then be closed. */
+int kvp_client_set_timeout(struct kvp_client *c, uint32_t ms);
+
+/* Round trip. Returns 0 or a negative code. */
+int kvp_ping(struct kvp_client *c, struct kvp_error *err);
+
+#define KVP_STATUS_MAX_POOLS 16
+struct kvp_tier_status {
+	uint32_t present;
+	uint32_t backend; /* enum kvp_backend */
+	uint64_t total_tokens, free_tokens, leased_tokens, cached_tokens;
+	uint64_t evictable_tokens, protected_tokens;
+};
+struct kvp_pool_status {
+	char name[64];
+	uint32_t pool_id;
+	struct kvp_geometry geometry;
+	struct kvp_tier_status tiers[KVP_TIER_MAX];
+	uint64_t hit_tokens, queried_tokens;
+};
+struct kvp_status {
+	char daemon_version[32];
+	uint64_t uptime_ms;
+	uint32_t sessions;
+	uint32_t n_pools; /* pools beyond KVP_STATUS_MAX_POOLS are not listed */
+	struct kvp_pool_status pools[KVP_STATUS_MAX_POOLS];
+};
+/* Daemon status. Returns 0 or a negative code. */
+int kvp_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);
+
+/* ---- pools ---- */
+struct kvp_pool;
+
+/* Attaches to pool `name` and maps its tiers. expected may be NULL; otherwise every nonzero
+ * field must equal the pool's (else KVP_E_GEOMETRY_MISMATCH with both geometries in err).
+ * Device tiers of backend cuda are imported with the CUDA driver API when libkvpool was built
+ * with CUDA (else kvp_pool_tier_base returns NULL and kvp_pool_tier_fd gives the fd).
+ * Returns the pool or NULL (KVP_E_NO_SUCH_POOL, KVP_E_GEOMETRY_MISMATCH, KVP_E_MAP, ...). */
+struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *name,
+				 const struct kvp_geometry *expected, struct kvp_error *err);
+/* Detaches: the session's leases in this pool are freed, its locks released, the mappings
+ * undone. Returns 0 or a negative code; the handle is freed either way. Accepts NULL. */
+int kvp_pool_detach(struct kvp_pool *p, struct kvp_error *err);
+
+uint32_t kvp_pool_id(const struct kvp_pool *p);
+void kvp_pool_geometry(const struct kvp_pool *p, struct kvp_geometry *out);
+/* Pages in the tier; 0 when the pool has no such tier. */
+uint32_t kvp_pool_tier_pages(const struct kvp_pool *p, int tier);
+int kvp_pool_tier_backend(const struct kvp_pool *p, int tier);
+/* The tier's mapping in this process (a device pointer for cuda), NULL when absent or unmapped. */
+void *kvp_pool_tier_base(const struct kvp_pool *p, int tier);
+/* The tier's memory fd as received (owned by the pool handle), -1 when absent. */
+int kvp_pool_tier_fd(const struct kvp_pool *p, int tier);
+uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier);
+/* Bytes of one token of one layer of K (or V); of one page in the host layout (all layers). */
+uint64_t kvp_pool_row_bytes(const struct kvp_pool *p);
+uint64_t kvp_pool_page_bytes(const struct kvp_pool *p);
+/* Pages needed for `tokens` tokens. */
+uint32_t kvp_pool_pages_for(const struct kvp_pool *p, uint64_t tokens);
+/* Byte offset in the tier of (layer, kv = 0 for K / 1 for V, page, token offset in the page);
+ * UINT64_MAX when out of range. Device tier layer-first [layer][k|v][slot][head][dim], host
+ * tier page-first [page][layer][k|v][page_tokens][head][dim]. */
+uint64_t kvp_slot_offset(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
+			 uint32_t page, uint32_t tok);
+/* The address of that row: kvp_pool_tier_base + kvp_slot_offset, NULL when unmapped or out
+ * of range. */
+void *kvp_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv, uint32_t page,
+		    uint32_t tok);
+
+/* ---- leases ---- */
+/* Leases npages pages of `tier`, evicting cold cached prefixes when free pages are short.
+ * Writes the lease id and the page ids (room for npages). Returns 0 or a negative code:
+ * KVP_E_OUT_OF_CAPACITY (err->capacity says what was asked, free, evictable, protected),
+ * KVP_E_QUOTA_EXCEEDED (err->quota), KVP_E_INVALID_ARGUMENT, KVP_E_LIMIT_EXCEEDED. */
+int kvp_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id, uint32_t *pages,
+	      struct kvp_error *err);
+/* Adds npages pages to a lease; writes the new ids (room for npages). */
+int kvp_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages, uint32_t *pages,
+	       struct kvp_error *err);
+/* Returns n pages of a lease (n == 0: all of them, and the lease ends). Returns the pages
+ * left in the lease, or a negative code (KVP_E_NOT_FOUND for a lease or page that is not
+ * this session's). */
+int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint32_t n,
+	     struct kvp_error *err);
+
+/* ---- prefix cache ---- */
+/* Publishes tokens[0..ntokens). The first cached_pages whole pages of the sequence are ones the
+ * caller matched earlier (and holds a lock on, or accepts to lose); pages[0..npages) are lease
+ * pages holding the rest: pages[i] holds tokens [(cached_pages + i) * page_tokens, ...).
+ * Whole pages move from the lease into the cache; pages whose prefix was already cached are
+ * freed; the unaligned tail page stays in the lease. If a matched page was evicted meanwhile,
+ * nothing past it is cached and those lease pages stay in the lease.
+ * ns: namespace (0 = default; e.g. a LoRA adapter id): namespaces never share pages.
+ * Writes the number of newly cached tokens to *new_tokens (may be NULL). Returns 0 or a
+ * negative code. */
+int kvp_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns, const uint32_t *tokens,
+	       uint32_t ntokens, uint32_t cached_pages, const uint32_t *pages, uint32_t npages,
+	       uint64_t *new_tokens, struct kvp_error *err);
+
+struct kvp_match {
+	uint64_t matched_tokens;
+	uint32_t n_device; /* leading device-resident pages written to device_pages */
+	uint32_t n_host;   /* host-only continuation written to host_pages */
+	uint64_t lock_id;  /* nonzero when locked: release with kvp_release */
+};
+/* Longest cached prefix of tokens. With lock, pins the matched pages until kvp_release or the
+ * session ends. device_pages and host_pages need room for cap entries each
+ * (ntokens / page_tokens suffices). Returns 0 or a negative code. */
+int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens, int lock,
+	      struct kvp_match *m, uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,
+	      struct kvp_error *err);
+/* Releases a lock. Returns 0 or a negative code (KVP_E_NOT_FOUND). */
+int kvp_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err);
+/* Promotes the host-only pages of a locked match to device pages (copied by the daemon's
+ * transfer kernels) and writes the device page ids of the whole locked path (room for cap).
+ * Returns the number of pages written, or a negative code. */
+int kvp_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages, uint32_t cap,
+	     struct kvp_error *err);
+
+/* ---- administration (root or the admin group) ---- */
+/* Evicts up to `tokens` tokens of cached prefixes from a tier of pool `name`. Writes the tokens
+ * evicted. Returns 0 or a negative code (KVP_E_PERMISSION_DENIED, KVP_E_NO_SUCH_POOL). */
+int kvp_evict(struct kvp_client *c, const char *pool, int tier, uint64_t tokens,
+	      uint64_t *evicted, struct kvp_error *err);
+/* Drops every unlocked cached prefix of pool `name`. */
+int kvp_flush(struct kvp_client *c, const char *pool, uint64_t *evicted, struct kvp_error *err);
+/* Stops new leases; sessions may finish until deadline_ms, then the daemon exits 0. */
+int kvp_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err);
+/* Prometheus text exposition into buf (NUL-terminated). Returns the length, or a negative
+ * code (KVP_E_BUFFER when len is too small). */
+int kvp_metrics(struct kvp_client *c, char *buf, size_t len, struct kvp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

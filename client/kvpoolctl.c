@@ -1,0 +1,452 @@
+/* kvpoolctl.c - inspect and steer a running kvpoold. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_internal.h"
+
+enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_NO_DAEMON = 3 };
+
+static int g_json;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: kvpoolctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+		"Inspect and steer kvpoold.\n\n"
+		"Commands:\n"
+		"  status                 daemon, pools and per-tier token counts\n"
+		"  ping                   one round trip\n"
+		"  pools                  pools with geometry, backends and sizes\n"
+		"  sessions               connected sessions: pid, uid, name, leased/locked tokens, age\n"
+		"  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
+		"  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
+		"  flush POOL             drop every unlocked cached prefix (admin)\n"
+		"  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline (admin)\n"
+		"  reload                 re-read the configuration file (admin; like SIGHUP)\n"
+		"  metrics                Prometheus text exposition\n"
+		"  check-config FILE      validate a config and print its memory plan, starting nothing\n\n"
+		"Options:\n"
+		"  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, /run/kvpool/kvpoold.sock\n"
+		"                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
+		"  -j, --json          one JSON object on stdout, stable field names\n"
+		"  -h, --help          this text\n\n"
+		"Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
+		"2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
+}
+
+static int report(const struct kvp_error *e)
+{
+	if (g_json) {
+		printf("{\"error\":{\"code\":\"%s\",\"message\":\"", kvp_strerror(e->code));
+		for (const char *p = e->message; *p; p++)
+			printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+		printf("\"}}\n");
+	}
+	fprintf(stderr, "kvpoolctl: %s: %s\n", kvp_strerror(e->code), e->message);
+	return e->code >= KVP_E_NO_DAEMON && e->code != KVP_E_BUFFER ? EXIT_NO_DAEMON
+								     : EXIT_REFUSED;
+}
+
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; s && *s; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", *s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+static const char *tier_str(int t)
+{
+	return kvp_tier_name(t);
+}
+
+static const char *dtype_str(int d)
+{
+	static const char *const n[] = { "?", "fp16", "bf16", "fp8", "fp32" };
+
+	return d >= 0 && d < 5 ? n[d] : "?";
+}
+
+static void json_geometry(const Kvpool__Geometry *g)
+{
+	printf("{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"page_tokens\":%u}",
+	       g ? g->layers : 0, g ? g->kv_heads : 0, g ? g->head_dim : 0,
+	       dtype_str(g ? (int)g->dtype : 0), g ? g->page_tokens : 0);
+}
+
+static void json_pool(const Kvpool__PoolStats *p)
+{
+	printf("{\"name\":");
+	json_str(p->name);
+	printf(",\"pool_id\":%u,\"geometry\":", p->pool_id);
+	json_geometry(p->geometry);
+	printf(",\"token_bytes\":%lu,\"sessions\":%u,\"session_quota_tokens\":%lu,\"eviction\":",
+	       (unsigned long)p->token_bytes, p->sessions, (unsigned long)p->session_quota_tokens);
+	json_str(p->eviction);
+	printf(",\"tiers\":[");
+	for (size_t t = 0; t < p->n_tiers; t++) {
+		const Kvpool__TierStats *s = p->tiers[t];
+
+		printf("%s{\"tier\":\"%s\",\"backend\":\"%s\",\"numa_node\":%d,"
+		       "\"total_tokens\":%lu,\"free_tokens\":%lu,\"leased_tokens\":%lu,"
+		       "\"cached_tokens\":%lu,\"evictable_tokens\":%lu,\"protected_tokens\":%lu,"
+		       "\"evicted_tokens\":%lu}",
+		       t ? "," : "", tier_str((int)s->tier), kvp_backend_name((int)s->backend),
+		       s->numa_node, (unsigned long)s->total_tokens, (unsigned long)s->free_tokens,
+		       (unsigned long)s->leased_tokens, (unsigned long)s->cached_tokens,
+		       (unsigned long)s->evictable_tokens, (unsigned long)s->protected_tokens,
+		       (unsigned long)s->evicted_tokens);
+	}
+	printf("],\"cache\":{\"nodes\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,"
+	       "\"demoted_tokens\":%lu,\"promoted_tokens\":%lu},"
+	       "\"allocs\":%lu,\"frees\":%lu,\"alloc_failures\":%lu}",
+	       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,
+	       (unsigned long)p->queried_tokens, (unsigned long)p->demoted_tokens,
+	       (unsigned long)p->promoted_tokens, (unsigned long)p->allocs, (unsigned long)p->frees,
+	       (unsigned long)p->alloc_failures);
+}
+
+static void text_pool(const Kvpool__PoolStats *p)
+{
+	const Kvpool__Geometry *g = p->geometry;
+
+	printf("pool %s (id %u): %u layers, %u kv heads, head dim %u, %s, %u tokens/page, "
+	       "%lu B/token, %u sessions, eviction %s\n",
+	       p->name, p->pool_id, g ? g->layers : 0, g ? g->kv_heads : 0, g ? g->head_dim : 0,
+	       dtype_str(g ? (int)g->dtype : 0), g ? g->page_tokens : 0,
+	       (unsigned long)p->token_bytes, p->sessions, p->eviction);
+	printf("  %-7s %-6s %12s %12s %12s %12s %12s %12s\n", "tier", "backend", "total", "free",
+	       "leased", "cached", "evictable", "protected");
+	for (size_t t = 0; t < p->n_tiers; t++) {
+		const Kvpool__TierStats *s = p->tiers[t];
+
+		printf("  %-7s %-6s %12lu %12lu %12lu %12lu %12lu %12lu\n", tier_str((int)s->tier),
+		       kvp_backend_name((int)s->backend), (unsigned long)s->total_tokens,
+		       (unsigned long)s->free_tokens, (unsigned long)s->leased_tokens,
+		       (unsigned long)s->cached_tokens, (unsigned long)s->evictable_tokens,
+		       (unsigned long)s->protected_tokens);
+	}
+}
+
+static int call(struct kvp_client *c, Kvpool__Request *req, Kvpool__Response **resp)
+{
+	struct kvp_error e;
+
+	if (kvp__call(c, req, resp, NULL, NULL, &e) < 0)
+		return report(&e);
+	return EXIT_OK;
+}
+
+static int cmd_status(struct kvp_client *c, int pools_only)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__StatusReq sr = KVPOOL__STATUS_REQ__INIT;
+	Kvpool__Response *resp;
+	Kvpool__StatusResp *s;
+	int r;
+
+	req.call_case = KVPOOL__REQUEST__CALL_STATUS;
+	req.status = &sr;
+	if ((r = call(c, &req, &resp)) != EXIT_OK)
+		return r;
+	s = resp->status_info;
+	if (g_json) {
+		printf("{\"daemon_version\":");
+		json_str(s->daemon_version);
+		printf(",\"pid\":%d,\"uptime_ms\":%lu,\"sessions\":%u,\"draining\":%s,\"pools\":[",
+		       s->pid, (unsigned long)s->uptime_ms, s->sessions,
+		       s->draining ? "true" : "false");
+		for (size_t i = 0; i < s->n_pools; i++) {
+			if (i)
+				putchar(',');
+			json_pool(s->pools[i]);
+		}
+		printf("]}\n");
+	} else {
+		if (!pools_only)
+			printf("kvpoold %s (pid %d), up %.1f s, %u sessions%s, %zu pools\n",
+			       s->daemon_version, s->pid, (double)s->uptime_ms / 1e3, s->sessions,
+			       s->draining ? ", draining" : "", s->n_pools);
+		for (size_t i = 0; i < s->n_pools; i++)
+			text_pool(s->pools[i]);
+	}
+	kvpool__response__free_unpacked(resp, NULL);
+	return EXIT_OK;
+}
+
+static int cmd_sessions(struct kvp_client *c)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__SessionsReq sr = KVPOOL__SESSIONS_REQ__INIT;
+	Kvpool__Response *resp;
+	int r;
+
+	req.call_case = KVPOOL__REQUEST__CALL_SESSIONS;
+	req.sessions = &sr;
+	if ((r = call(c, &req, &resp)) != EXIT_OK)
+		return r;
+	if (g_json)
+		printf("{\"sessions\":[");
+	else
+		printf("%8s %8s %6s %-20s %12s %12s %7s %6s %10s\n", "session", "pid", "uid", "name",
+		       "leased", "locked", "leases", "locks", "age_s");
+	for (size_t i = 0; i < resp->sessions->n_sessions; i++) {
+		const Kvpool__SessionInfo *s = resp->sessions->sessions[i];
+
+		if (g_json) {
+			printf("%s{\"session_id\":%lu,\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
+			       i ? "," : "", (unsigned long)s->session_id, s->pid, s->uid, s->gid);
+			json_str(s->name);
+			printf(",\"leased_tokens\":%lu,\"locked_tokens\":%lu,\"leases\":%u,"
+			       "\"locks\":%u,\"age_ms\":%lu,\"idle_ms\":%lu}",
+			       (unsigned long)s->leased_tokens, (unsigned long)s->locked_tokens,
+			       s->leases, s->locks, (unsigned long)s->age_ms,
+			       (unsigned long)s->idle_ms);
+		} else {
+			printf("%8lu %8d %6u %-20.20s %12lu %12lu %7u %6u %10.1f\n",
+			       (unsigned long)s->session_id, s->pid, s->uid, s->name,
+			       (unsigned long)s->leased_tokens, (unsigned long)s->locked_tokens,
+			       s->leases, s->locks, (double)s->age_ms / 1e3);
+		}
+	}
+	if (g_json)
+		printf("]}\n");
+	kvpool__response__free_unpacked(resp, NULL);
+	return EXIT_OK;
+}
+
+static int cmd_cache(struct kvp_client *c, const char *pool)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__CacheReq cr = KVPOOL__CACHE_REQ__INIT;
+	Kvpool__Response *resp;
+	Kvpool__CacheResp *m;
+	int r;
+
+	cr.pool = (char *)(pool ? pool : "");
+	req.call_case = KVPOOL__REQUEST__CALL_CACHE;
+	req.cache = &cr;
+	if ((r = call(c, &req, &resp)) != EXIT_OK)
+		return r;
+	m = resp->cache;
+	if (g_json) {
+		printf("{\"pools\":[");
+		for (size_t i = 0; i < m->n_pools; i++) {
+			if (i)
+				putchar(',');
+			json_pool(m->pools[i]);
+		}
+		printf("],\"top\":[");
+		for (size_t i = 0; i < m->n_top; i++)
+			printf("%s{\"tokens\":%lu,\"hits\":%lu,\"namespace\":%lu}", i ? "," : "",
+			       (unsigned long)m->top[i]->tokens, (unsigned long)m->top[i]->hits,
+			       (unsigned long)m->top[i]->namespace_);
+		printf("]}\n");
+	} else {
+		for (size_t i = 0; i < m->n_pools; i++) {
+			const Kvpool__PoolStats *p = m->pools[i];
+
+			text_pool(p);
+			printf("  prefix cache: %lu nodes, hit %lu of %lu queried tokens (%.1f%%), "
+			       "%lu demoted, %lu promoted\n",
+			       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,
+			       (unsigned long)p->queried_tokens,
+			       p->queried_tokens ? 100.0 * (double)p->hit_tokens /
+							   (double)p->queried_tokens
+						 : 0.0,
+			       (unsigned long)p->demoted_tokens, (unsigned long)p->promoted_tokens);
+		}
+		if (m->n_top) {
+			printf("top prefixes of pool %s:\n  %10s %10s %10s\n", m->pools[0]->name,
+			       "tokens", "hits", "namespace");
+			for (size_t i = 0; i < m->n_top; i++)
+				printf("  %10lu %10lu %10lu\n", (unsigned long)m->top[i]->tokens,
+				       (unsigned long)m->top[i]->hits,
+				       (unsigned long)m->top[i]->namespace_);
+		}
+	}
+	kvpool__response__free_unpacked(resp, NULL);
+	return EXIT_OK;
+}
+
+static int cmd_simple(struct kvp_client *c, int argc, char **argv)
+{
+	const char *cmd = argv[0];
+	struct kvp_error e;
+	uint64_t n = 0;
+
+	if (strcmp(cmd, "ping") == 0) {
+		if (kvp_ping(c, &e) < 0)
+			return report(&e);
+		printf(g_json ? "{\"ok\":true}\n" : "pong\n");
+		return EXIT_OK;
+	}
+	if (strcmp(cmd, "evict") == 0) {
+		int tier = KVP_TIER_DEVICE;
+		char *end;
+		unsigned long long tokens;
+
+		if (argc < 3)
+			return EXIT_USAGE;
+		tokens = strtoull(argv[2], &end, 10);
+		if (*end || !tokens)
+			return EXIT_USAGE;
+		if (argc >= 5 && strcmp(argv[3], "--tier") == 0)
+			tier = strcmp(argv[4], "host") == 0 ? KVP_TIER_HOST : KVP_TIER_DEVICE;
+		if (kvp_evict(c, argv[1], tier, tokens, &n, &e) < 0)
+			return report(&e);
+		printf(g_json ? "{\"evicted_tokens\":%lu}\n" : "evicted %lu tokens\n",
+		       (unsigned long)n);
+		return EXIT_OK;
+	}
+	if (strcmp(cmd, "flush") == 0) {
+		if (argc < 2)
+			return EXIT_USAGE;
+		if (kvp_flush(c, argv[1], &n, &e) < 0)
+			return report(&e);
+		printf(g_json ? "{\"evicted_tokens\":%lu}\n" : "flushed %lu tokens\n",
+		       (unsigned long)n);
+		return EXIT_OK;
+	}
+	if (strcmp(cmd, "drain") == 0) {
+		unsigned long ms = 30000;
+
+		if (argc >= 3 && strcmp(argv[1], "--deadline") == 0)
+			ms = strtoul(argv[2], NULL, 10);
+		if (kvp_drain(c, (uint32_t)ms, &e) < 0)
+			return report(&e);
+		printf(g_json ? "{\"draining\":true,\"deadline_ms\":%lu}\n"
+			      : "draining, deadline %lu ms\n",
+		       ms);
+		return EXIT_OK;
+	}
+	if (strcmp(cmd, "reload") == 0) {
+		Kvpool__Request req = KVPOOL__REQUEST__INIT;
+		Kvpool__ReloadReq rr = KVPOOL__RELOAD_REQ__INIT;
+		Kvpool__Response *resp;
+		int r;
+
+		req.call_case = KVPOOL__REQUEST__CALL_RELOAD;
+		req.reload = &rr;
+		if ((r = call(c, &req, &resp)) != EXIT_OK)
+			return r;
+		kvpool__response__free_unpacked(resp, NULL);
+		printf(g_json ? "{\"reload\":\"requested\"}\n"
+			      : "reload requested (kvpoold logs what changed or was refused)\n");
+		return EXIT_OK;
+	}
+	if (strcmp(cmd, "metrics") == 0) {
+		Kvpool__Request req = KVPOOL__REQUEST__INIT;
+		Kvpool__MetricsReq mr = KVPOOL__METRICS_REQ__INIT;
+		Kvpool__Response *resp;
+		int r;
+
+		req.call_case = KVPOOL__REQUEST__CALL_METRICS;
+		req.metrics = &mr;
+		if ((r = call(c, &req, &resp)) != EXIT_OK)
+			return r;
+		if (g_json) {
+			printf("{\"text\":");
+			json_str(resp->metrics->text);
+			printf("}\n");
+		} else {
+			fputs(resp->metrics->text, stdout);
+		}
+		kvpool__response__free_unpacked(resp, NULL);
+		return EXIT_OK;
+	}
+	return -1;
+}
+
+int kvp_check_config(const char *path, int json); /* checkconfig.c */
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *sock = NULL;
+	struct kvp_client *c;
+	struct kvp_error e;
+	char def[108];
+	int o, r;
+
+	while ((o = getopt_long(argc, argv, "+s:jh", opts, NULL)) != -1) {
+		switch (o) {
+		case 's':
+			sock = optarg;
+			break;
+		case 'j':
+			g_json = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return EXIT_OK;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	argc -= optind;
+	argv += optind;
+	/* --json may also follow the command. */
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-j") == 0) {
+			g_json = 1;
+			memmove(&argv[i], &argv[i + 1], sizeof(char *) * (size_t)(argc - i - 1));
+			argc--;
+			i--;
+		}
+	}
+	if (argc < 1) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (strcmp(argv[0], "check-config") == 0) {
+		if (argc < 2) {
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+		return kvp_check_config(argv[1], g_json);
+	}
+	if (strcmp(argv[0], "help") == 0) {
+		usage(stdout);
+		return EXIT_OK;
+	}
+	if (!sock)
+		sock = kvp_default_socket(def, sizeof(def));
+	c = kvp_client_connect(sock, "kvpoolctl", &e);
+	if (!c)
+		return report(&e);
+	if (strcmp(argv[0], "status") == 0)
+		r = cmd_status(c, 0);
+	else if (strcmp(argv[0], "pools") == 0)
+		r = cmd_status(c, 1);
+	else if (strcmp(argv[0], "sessions") == 0)
+		r = cmd_sessions(c);
+	else if (strcmp(argv[0], "cache") == 0)
+		r = cmd_cache(c, argc > 1 ? argv[1] : NULL);
+	else
+		r = cmd_simple(c, argc, argv);
+	kvp_client_close(c);
+	if (r < 0) {
+		fprintf(stderr, "kvpoolctl: unknown command '%s'\n", argv[0]);
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (r == EXIT_USAGE)
+		usage(stderr);
+	return r;
+}

@@ -1,0 +1,97 @@
+/* budget.h - host memory budget check of all configured pools, before any pool memory exists. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+enum kvp_limit {
+	KVP_LIMIT_NONE,
+	KVP_LIMIT_MEM_AVAILABLE,
+	KVP_LIMIT_NUMA_NODE_FREE,
+	KVP_LIMIT_CGROUP_MEMORY_MAX,
+	KVP_LIMIT_RLIMIT_MEMLOCK,
+	KVP_LIMIT_HUGEPAGES_FREE,
+	KVP_LIMIT_MAX,
+};
+
+/* Where the check reads the machine: one seam, so unit tests pass fake numbers.
+ * Each reader returns 0 and writes *bytes, or a negative errno. UINT64_MAX means "no limit". */
+struct kvp_budget_env {
+	/* MemAvailable of /proc/meminfo. */
+	int (*mem_available)(void *ctx, uint64_t *bytes);
+	/* Free memory of one NUMA node; -ENOENT for a node that does not exist. */
+	int (*numa_node_free)(void *ctx, int node, uint64_t *bytes);
+	/* Least memory.max - memory.current of the process's cgroup v2 and its ancestors
+	 * (0 when current > max); UINT64_MAX when none has a limit or there is no cgroup v2. */
+	int (*cgroup_room)(void *ctx, uint64_t *bytes);
+	/* RLIMIT_MEMLOCK minus what is already locked; UINT64_MAX when the limit is infinity or
+	 * the process has CAP_IPC_LOCK. */
+	int (*memlock_room)(void *ctx, uint64_t *bytes);
+	/* HugePages_Free * Hugepagesize. */
+	int (*hugepages_free)(void *ctx, uint64_t *bytes);
+	/* Highest NUMA node number; 0 on a machine without NUMA. */
+	int (*numa_max_node)(void *ctx);
+	void *ctx;
+};
+
+/* The readers of this machine: /proc/meminfo, libnuma (numa_node_size64) plus the node's
+ * reclaimable page cache and slab from /sys/devices/system/node/nodeN/meminfo, /proc/self/cgroup
+ * and /sys/fs/cgroup, getrlimit and /proc/self/status. Never NULL. */
+const struct kvp_budget_env *kvp_budget_env_system(void);
+
+/* Which tiers made up a pool's share in a verdict. */
+#define KVP_BUDGET_TIER_HOST 1u
+#define KVP_BUDGET_TIER_SIM 2u
+
+struct kvp_budget_verdict {
+	enum kvp_limit limit; /* KVP_LIMIT_NONE when everything fits */
+	char pool[KVP_POOL_NAME_MAX];
+	uint64_t requested; /* bytes this limit sees up to and including pool */
+	uint64_t earlier;   /* the part of requested that pools before it need */
+	uint64_t available; /* what the limit allows */
+	int numa_node;	    /* the node, for KVP_LIMIT_NUMA_NODE_FREE; else -1 */
+	unsigned tiers;	    /* KVP_BUDGET_TIER_* of pool's share */
+	char warning[256];  /* a limit that only warns (mlock = try); "" when none */
+};
+
+/* Host-resident bytes of the host tier: host_pages * page bytes. */
+uint64_t kvp_pool_host_bytes(const struct kvp_pool_conf *p);
+/* Bytes of the device tier (device_pages * page bytes) whatever its backend; host memory only
+ * for KVP_DEVICE_SIM. */
+uint64_t kvp_pool_device_bytes(const struct kvp_pool_conf *p);
+
+/* Checks that every pool of c fits, all together, in what the host allows.
+ *
+ * What counts: a pool's host-resident bytes are its host tier plus, for device = sim, its
+ * device tier (a memfd in host memory like the host tier: same node, same mlock setting,
+ * never huge pages). Walking the pools in order, each limit sees a running sum:
+ * - MemAvailable and cgroup memory.max: all host-resident bytes except a hugepages = on host
+ *   tier (hugetlb memory is neither in MemAvailable nor charged to memory.max);
+ * - NUMA node free memory: the same bytes, summed per node. numa_node = auto counts as node
+ *   0: for a cuda pool the daemon knows the GPU's node and may write it into numa_node of the
+ *   copy it passes here. The node must exist when the pool has host-resident bytes;
+ * - free huge pages: host tiers with hugepages = on (try falls back to normal pages, which
+ *   the limits above count);
+ * - RLIMIT_MEMLOCK: host-resident bytes of mlock = on pools. mlock = try pools only warn
+ *   (in v->warning) when on + try pools together exceed it: the daemon locks on pools first.
+ * At the first pool where a running sum exceeds its limit, the limit binds; when several do
+ * at that pool, the first in the order above. Limits no pool needs are not read.
+ *
+ * Returns 0 when everything fits (v: limit KVP_LIMIT_NONE, maybe a warning), -ENOMEM when it
+ * does not (v names the limit, the pool and the numbers), -ENODEV when a pool's numa_node does
+ * not exist (v: limit KVP_LIMIT_NONE, pool and numa_node set), or a reader's negative errno
+ * (v untouched). */
+int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
+		     struct kvp_budget_verdict *v);
+
+/* "MemAvailable", "NUMA node free memory", "cgroup memory.max", "RLIMIT_MEMLOCK",
+ * "free huge pages"; "none" for KVP_LIMIT_NONE, "?" out of range. */
+const char *kvp_limit_name(enum kvp_limit l);
+
+/* Writes one line explaining v, with GB = 1e9 bytes and 2 decimals:
+ * "pool llama3-8b: host tier needs 68.72 GB but only 41.30 GB is available (NUMA node 0 free
+ * memory)". With earlier pools in the sum: "... needs 68.72 GB (with 20.00 GB for the pools
+ * before it) but ...". Returns what snprintf returns. */
+int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len);

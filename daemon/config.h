@@ -1,0 +1,115 @@
+/* config.h - kvpoold configuration: the INI file format, its defaults and pool geometry. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_MAX_POOLS 16
+#define KVP_POOL_NAME_MAX 64 /* names are 1..63 characters of [A-Za-z0-9._-] */
+#define KVP_MAX_IDS 32	     /* entries per allowed_users / allowed_groups / admin_groups */
+#define KVP_SOCKET_PATH_MAX 108
+#define KVP_LISTEN_MAX 64
+#define KVP_NUMA_NODE_AUTO (-1)
+
+enum kvp_dtype {
+	KVP_DTYPE_FP16,
+	KVP_DTYPE_BF16,
+	KVP_DTYPE_FP8,
+	KVP_DTYPE_FP32,
+	KVP_DTYPE_MAX,
+};
+
+enum kvp_device_kind {
+	KVP_DEVICE_NONE,
+	KVP_DEVICE_SIM,
+	KVP_DEVICE_CUDA,
+	KVP_DEVICE_KIND_MAX,
+};
+
+enum kvp_tristate {
+	KVP_OFF,
+	KVP_TRY,
+	KVP_ON,
+	KVP_TRISTATE_MAX,
+};
+
+enum kvp_eviction {
+	KVP_EVICT_LRU,
+	KVP_EVICT_LFU,
+	KVP_EVICT_MAX,
+};
+
+/* One [pool.NAME] section. Capacities are resolved to whole pages at load time:
+ * bytes -> floor(bytes / page_bytes), tokens -> ceil(tokens / page_tokens).
+ * A tier with 0 pages does not exist. Both counts are <= UINT32_MAX - 1.
+ * Defaults of the optional keys: device none, numa_node auto, hugepages off, mlock try,
+ * session_quota 0, eviction lru. */
+struct kvp_pool_conf {
+	char name[KVP_POOL_NAME_MAX];
+	uint32_t layers;
+	uint32_t kv_heads;
+	uint32_t head_dim;
+	uint32_t page_tokens;
+	enum kvp_dtype dtype;
+	enum kvp_device_kind device;
+	int cuda_device; /* N of cuda:N; 0 unless device == KVP_DEVICE_CUDA */
+	uint64_t device_pages;
+	uint64_t host_pages;
+	int numa_node; /* KVP_NUMA_NODE_AUTO or a node number */
+	enum kvp_tristate hugepages;
+	enum kvp_tristate mlock;
+	uint64_t session_quota_tokens; /* 0 = no quota */
+	enum kvp_eviction eviction;
+};
+
+struct kvp_conf {
+	char socket[KVP_SOCKET_PATH_MAX]; /* absolute path */
+	/* Empty lists mean the key was not given: access is then left to the socket's mode. */
+	uint32_t allowed_uids[KVP_MAX_IDS];
+	uint32_t n_allowed_uids;
+	uint32_t allowed_gids[KVP_MAX_IDS];
+	uint32_t n_allowed_gids;
+	uint32_t admin_gids[KVP_MAX_IDS];
+	uint32_t n_admin_gids;
+	uint32_t keepalive_ms;
+	int log_level;			     /* syslog LOG_ERR .. LOG_DEBUG */
+	char metrics_listen[KVP_LISTEN_MAX]; /* "host:port", "" = no HTTP endpoint */
+	uint32_t max_sessions;
+	uint32_t max_leases_per_session;
+	uint32_t max_locks_per_session;
+	struct kvp_pool_conf pools[KVP_MAX_POOLS];
+	uint32_t n_pools;
+};
+
+/* Fills c with the daemon defaults and no pools: socket /run/kvpool/kvpoold.sock,
+ * keepalive 10000 ms, log level info, no metrics endpoint, 1024 sessions,
+ * 4096 leases and 4096 locks per session. */
+void kvp_conf_defaults(struct kvp_conf *c);
+
+/* The three loaders start from kvp_conf_defaults(), apply the INI text and check it whole.
+ * On success they return 0 and overwrite *c. On failure *c is untouched, one line naming
+ * origin, line and key ("kvpoold.conf:14: key 'page_tokens' in [pool.x]: ...") is written to
+ * err (when errlen > 0) and they return -EINVAL (bad content), -ENOMEM, or for
+ * kvp_conf_load_file the negative errno of opening or reading the file.
+ * Unknown sections and keys are errors. Lines hold at most 199 characters (inih's buffer). */
+int kvp_conf_load_file(struct kvp_conf *c, const char *path, char *err, size_t errlen);
+/* origin names the text in messages; NULL means "<string>". */
+int kvp_conf_load_string(struct kvp_conf *c, const char *text, const char *origin, char *err,
+			 size_t errlen);
+/* Loads the built-in configuration (one sim pool "default", ~128 MiB per tier) with origin
+ * "<embedded>". Returns as kvp_conf_load_string. */
+int kvp_conf_load_embedded(struct kvp_conf *c, char *err, size_t errlen);
+/* The INI text kvp_conf_load_embedded() loads. */
+const char *kvp_conf_embedded_text(void);
+
+/* Bytes of one token of KV: layers * 2 (K and V) * kv_heads * head_dim * dtype size. */
+uint64_t kvp_pool_token_bytes(const struct kvp_pool_conf *p);
+/* Bytes of one page: token bytes * page_tokens. */
+uint64_t kvp_pool_page_bytes(const struct kvp_pool_conf *p);
+/* Bytes of one element of dtype d; 0 for an out-of-range d. */
+uint32_t kvp_dtype_size(enum kvp_dtype d);
+
+/* Names as written in the file ("bf16", "sim", "try", "lru"); "?" for out-of-range values. */
+const char *kvp_dtype_name(enum kvp_dtype d);
+const char *kvp_device_kind_name(enum kvp_device_kind k);
+const char *kvp_tristate_name(enum kvp_tristate t);
+const char *kvp_eviction_name(enum kvp_eviction e);

@@ -1,0 +1,810 @@
+/* loop.c - kvpoold's io_uring event loop.
+ *
+ * One thread owns all state. Multishot accept on the listening socket; each connection
+ * has at most one recv (buffer-selected from a shared provided-buffer ring) and one sendmsg
+ * in flight; signals arrive through a signalfd read in the ring; a timeout SQE ticks the
+ * keep-alive, deadline and watchdog checks. A connection gets KVP_TURN_BUDGET frames per
+ * turn, and is not read while KVP_OUTQ_MAX reply bytes wait for it, so a client that pipelines
+ * without reading stalls only itself. */
+#include "loop.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "frame.h"
+#include "log.h"
+#include "notify.h"
+
+#define RING_ENTRIES 1024
+#define BUF_GROUP 7
+#define NBUFS 256
+#define BUFSZ (16u << 10)
+#define TICK_MS 100
+
+enum tag { TAG_ACCEPT = 1, TAG_RECV, TAG_SEND, TAG_SIGNAL, TAG_TIMER, TAG_PIDFD, TAG_IGNORE };
+
+struct obuf {
+	struct obuf *next;
+	uint8_t *data;
+	size_t len, off;
+	int fds[KVP_REPLY_MAX_FDS];
+	int nfds;
+};
+
+struct conn {
+	int fd;
+	int pidfd;
+	bool closing;	    /* session gone; waiting for in-flight ops */
+	bool flush_close;   /* close once the output queue is empty */
+	bool recv_armed, send_armed, pid_armed;
+	int inflight;
+	struct kvp_frame_buf in;
+	struct obuf *oq_head, *oq_tail;
+	size_t out_bytes;
+	struct kvp_session *sess;
+	uint64_t accepted_ms, partial_since_ms, flush_deadline_ms;
+	bool in_ready;
+	struct conn *ready_next;
+	struct conn *prev, *next;
+	struct msghdr msg;
+	struct iovec iov;
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * KVP_REPLY_MAX_FDS)];
+		size_t align;
+	} cmsg;
+};
+
+struct server {
+	struct io_uring ring;
+	struct kvp_daemon *d;
+	int listen_fd;
+	const char *unlink_path;
+	bool accept_armed;
+	int sig_fd;
+	struct signalfd_siginfo si;
+	struct __kernel_timespec tick;
+	struct io_uring_buf_ring *br;
+	uint8_t *bufs;
+	struct conn *conns;
+	uint32_t nconns;
+	struct conn *ready;
+	bool stopping;
+	uint64_t stop_deadline_ms;
+	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms;
+	int exit_code;
+};
+
+static void *tagged(void *p, enum tag t)
+{
+	return (void *)((uintptr_t)p | (uintptr_t)t);
+}
+
+static struct io_uring_sqe *get_sqe(struct server *sv)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&sv->ring);
+
+	if (!sqe) {
+		io_uring_submit(&sv->ring);
+		sqe = io_uring_get_sqe(&sv->ring);
+	}
+	return sqe;
+}
+
+static void arm_accept(struct server *sv)
+{
+	struct io_uring_sqe *sqe;
+
+	if (sv->accept_armed || sv->listen_fd < 0 || sv->stopping)
+		return;
+	sqe = get_sqe(sv);
+	io_uring_prep_multishot_accept(sqe, sv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	io_uring_sqe_set_data(sqe, tagged(sv, TAG_ACCEPT));
+	sv->accept_armed = true;
+}
+
+static void arm_signal(struct server *sv)
+{
+	struct io_uring_sqe *sqe = get_sqe(sv);
+
+	io_uring_prep_read(sqe, sv->sig_fd, &sv->si, sizeof(sv->si), 0);
+	io_uring_sqe_set_data(sqe, tagged(sv, TAG_SIGNAL));
+}
+
+static void arm_timer(struct server *sv)
+{
+	struct io_uring_sqe *sqe = get_sqe(sv);
+
+	sv->tick.tv_sec = 0;
+	sv->tick.tv_nsec = TICK_MS * 1000000L;
+	io_uring_prep_timeout(sqe, &sv->tick, 0, 0);
+	io_uring_sqe_set_data(sqe, tagged(sv, TAG_TIMER));
+}
+
+static bool paused(const struct conn *c)
+{
+	return c->out_bytes >= KVP_OUTQ_MAX;
+}
+
+static void arm_recv(struct server *sv, struct conn *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->recv_armed || c->closing || c->flush_close || paused(c) || sv->stopping)
+		return;
+	sqe = get_sqe(sv);
+	io_uring_prep_recv(sqe, c->fd, NULL, BUFSZ, 0);
+	sqe->flags |= IOSQE_BUFFER_SELECT;
+	sqe->buf_group = BUF_GROUP;
+	io_uring_sqe_set_data(sqe, tagged(c, TAG_RECV));
+	c->recv_armed = true;
+	c->inflight++;
+}
+
+static void arm_pidfd(struct server *sv, struct conn *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->pidfd < 0 || c->pid_armed)
+		return;
+	sqe = get_sqe(sv);
+	io_uring_prep_poll_add(sqe, c->pidfd, POLLIN);
+	io_uring_sqe_set_data(sqe, tagged(c, TAG_PIDFD));
+	c->pid_armed = true;
+	c->inflight++;
+}
+
+static void arm_send(struct server *sv, struct conn *c)
+{
+	struct obuf *o = c->oq_head;
+	struct io_uring_sqe *sqe;
+
+	if (c->send_armed || !o || c->closing)
+		return;
+	memset(&c->msg, 0, sizeof(c->msg));
+	c->iov.iov_base = o->data + o->off;
+	c->iov.iov_len = o->len - o->off;
+	c->msg.msg_iov = &c->iov;
+	c->msg.msg_iovlen = 1;
+	if (o->nfds && o->off == 0) {
+		struct cmsghdr *cm;
+
+		c->msg.msg_control = c->cmsg.buf;
+		c->msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)o->nfds);
+		cm = CMSG_FIRSTHDR(&c->msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)o->nfds);
+		memcpy(CMSG_DATA(cm), o->fds, sizeof(int) * (size_t)o->nfds);
+	}
+	sqe = get_sqe(sv);
+	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+	io_uring_sqe_set_data(sqe, tagged(c, TAG_SEND));
+	c->send_armed = true;
+	c->inflight++;
+}
+
+static void mark_ready(struct server *sv, struct conn *c)
+{
+	if (c->in_ready || c->closing)
+		return;
+	c->in_ready = true;
+	c->ready_next = sv->ready;
+	sv->ready = c;
+}
+
+static void conn_free(struct server *sv, struct conn *c)
+{
+	struct obuf *o, *n;
+
+	for (o = c->oq_head; o; o = n) {
+		n = o->next;
+		free(o->data);
+		free(o);
+	}
+	kvp_frame_buf_release(&c->in);
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	close(c->fd);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		sv->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	sv->nconns--;
+	free(c);
+}
+
+/* Ends a connection: its session (leases, locks) is returned at once; the memory goes when
+ * the last in-flight operation completes. */
+static void conn_close(struct server *sv, struct conn *c, const char *why)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->closing)
+		return;
+	c->closing = true;
+	if (c->sess) {
+		if (why)
+			log_info("session %lu ('%s' pid %d): %s", (unsigned long)c->sess->id,
+				 c->sess->name, (int)c->sess->pid, why);
+		kvp_session_destroy(sv->d, c->sess);
+		c->sess = NULL;
+	}
+	shutdown(c->fd, SHUT_RDWR);
+	if (c->pid_armed) {
+		sqe = get_sqe(sv);
+		io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)tagged(c, TAG_PIDFD));
+		io_uring_sqe_set_data(sqe, tagged(sv, TAG_IGNORE));
+	}
+	if (c->inflight == 0)
+		conn_free(sv, c);
+}
+
+static void queue_frame(struct server *sv, struct conn *c, uint8_t *data, size_t len,
+			const int *fds, int nfds)
+{
+	struct obuf *o = calloc(1, sizeof(*o));
+
+	if (!o) {
+		free(data);
+		conn_close(sv, c, "out of memory queueing a reply");
+		return;
+	}
+	o->data = data;
+	o->len = len;
+	o->nfds = nfds;
+	memcpy(o->fds, fds, sizeof(int) * (size_t)nfds);
+	if (c->oq_tail)
+		c->oq_tail->next = o;
+	else
+		c->oq_head = o;
+	c->oq_tail = o;
+	c->out_bytes += len;
+	sv->d->st.frames_out++;
+	arm_send(sv, c);
+}
+
+/* Packs and queues a reply; a reply too large for one frame becomes an INTERNAL status. */
+static void send_reply(struct server *sv, struct conn *c, struct kvp_reply *r)
+{
+	uint8_t *buf;
+	size_t len;
+
+	if (kvp_frame_pack(&r->resp.base, &buf, &len) < 0) {
+		struct kvp_fail f = { 0 };
+		uint64_t id = r->resp.id;
+
+		kvp_reply_release(r);
+		kvp_reply_init(r, id);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "reply does not fit in one frame");
+		kvp_reply_fail(r, &f);
+		if (kvp_frame_pack(&r->resp.base, &buf, &len) < 0) {
+			conn_close(sv, c, "cannot pack a reply");
+			return;
+		}
+	}
+	queue_frame(sv, c, buf, len, r->fds, r->nfds);
+	if (r->close_after)
+		c->flush_close = true;
+}
+
+/* A PROTOCOL status (id 0: the request could not be read), then the connection ends. */
+static void protocol_error(struct server *sv, struct conn *c, const char *what)
+{
+	struct kvp_reply r;
+	struct kvp_fail f = { 0 };
+
+	sv->d->st.protocol_errors++;
+	log_warn("connection of pid %d: %s: closing it", c->sess ? (int)c->sess->pid : -1, what);
+	kvp_reply_init(&r, 0);
+	kvp_fail(&f, KVPOOL__CODE__PROTOCOL, "%s", what);
+	kvp_reply_fail(&r, &f);
+	r.close_after = true;
+	send_reply(sv, c, &r);
+	kvp_reply_release(&r);
+	c->in.len = c->in.off = 0; /* nothing more is read from this stream */
+	c->flush_deadline_ms = kvp_now_ms() + 1000;
+}
+
+static void serve_frames(struct server *sv, struct conn *c)
+{
+	int budget = KVP_TURN_BUDGET;
+
+	while (!c->closing && !c->flush_close && !paused(c)) {
+		const uint8_t *payload;
+		Kvpool__Request *req;
+		struct kvp_reply r;
+		uint32_t len;
+		int n;
+
+		if (budget-- == 0) {
+			mark_ready(sv, c); /* more next turn, after everyone else */
+			return;
+		}
+		n = kvp_frame_next(&c->in, &payload, &len);
+		if (n < 0) {
+			protocol_error(sv, c, "frame larger than the maximum");
+			return;
+		}
+		if (n == 0)
+			break;
+		sv->d->st.frames_in++;
+		req = kvp_frame_decode_request(payload, len);
+		if (!req) {
+			protocol_error(sv, c, "frame is not a valid Request");
+			return;
+		}
+		{
+			struct timespec t0, t1;
+			int code;
+
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			kvp_reply_init(&r, req->id);
+			code = kvp_dispatch(sv->d, c->sess, req, &r);
+			clock_gettime(CLOCK_MONOTONIC, &t1);
+			kvp_rpc_observe(&sv->d->rpc, (int)req->call_case, code,
+					(double)(t1.tv_sec - t0.tv_sec) * 1e6 +
+						(double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
+		}
+		c->sess->last_ms = kvp_now_ms();
+		kvpool__request__free_unpacked(req, NULL);
+		send_reply(sv, c, &r);
+		kvp_reply_release(&r);
+	}
+	if (kvp_frame_pending(&c->in)) {
+		if (!c->partial_since_ms)
+			c->partial_since_ms = kvp_now_ms();
+	} else {
+		c->partial_since_ms = 0;
+	}
+}
+
+static void recycle_buffer(struct server *sv, unsigned bid)
+{
+	io_uring_buf_ring_add(sv->br, sv->bufs + (size_t)bid * BUFSZ, BUFSZ, (unsigned short)bid,
+			      io_uring_buf_ring_mask(NBUFS), 0);
+	io_uring_buf_ring_advance(sv->br, 1);
+}
+
+static void reject(struct server *sv, int fd, const struct kvp_fail *f)
+{
+	struct kvp_reply r;
+	uint8_t *buf;
+	size_t len;
+
+	kvp_reply_init(&r, 0);
+	kvp_reply_fail(&r, f);
+	/* A fresh socket's buffer is empty: this small send cannot block. */
+	if (kvp_frame_pack(&r.resp.base, &buf, &len) == 0) {
+		if (send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+			log_debug("reject: send: %s", strerror(errno));
+		free(buf);
+	}
+	kvp_reply_release(&r);
+	close(fd);
+	sv->d->st.connections_refused++;
+}
+
+static void on_accept(struct server *sv, int fd)
+{
+	struct ucred cred;
+	socklen_t clen = sizeof(cred);
+	gid_t groups[64];
+	socklen_t glen = sizeof(groups);
+	struct kvp_fail f = { 0 };
+	struct conn *c;
+	bool admin = false;
+	int ngroups = 0;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+		log_warn("accept: SO_PEERCRED: %s", strerror(errno));
+		close(fd);
+		return;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
+		ngroups = (int)(glen / sizeof(gid_t));
+	if (sv->stopping || sv->d->draining) {
+		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is shutting down");
+		reject(sv, fd, &f);
+		return;
+	}
+	if (kvp_daemon_admit(sv->d, cred.pid, cred.uid, cred.gid, groups, ngroups, &admin, &f) < 0) {
+		log_notice("refused connection of pid %d uid %u: not allowed", (int)cred.pid,
+			   (unsigned)cred.uid);
+		reject(sv, fd, &f);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return;
+	}
+	c->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
+	if (!c->sess) {
+		free(c);
+		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
+		reject(sv, fd, &f);
+		return;
+	}
+	c->fd = fd;
+	c->sess->conn = c;
+	c->accepted_ms = kvp_now_ms();
+	kvp_frame_buf_init(&c->in);
+	/* The session belongs to the peer process: when it exits, even with the socket still
+	 * open in a forked child, everything it held returns. */
+	c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
+	c->next = sv->conns;
+	if (sv->conns)
+		sv->conns->prev = c;
+	sv->conns = c;
+	sv->nconns++;
+	arm_recv(sv, c);
+	arm_pidfd(sv, c);
+}
+
+static void on_recv(struct server *sv, struct conn *c, struct io_uring_cqe *cqe)
+{
+	int res = cqe->res;
+
+	c->recv_armed = false;
+	c->inflight--;
+	if (cqe->flags & IORING_CQE_F_BUFFER) {
+		unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
+
+		if (res > 0 && !c->closing && !c->flush_close &&
+		    kvp_frame_buf_append(&c->in, sv->bufs + (size_t)bid * BUFSZ, (size_t)res) < 0)
+			protocol_error(sv, c, "frame larger than the maximum");
+		recycle_buffer(sv, bid);
+	}
+	if (c->closing) {
+		if (c->inflight == 0)
+			conn_free(sv, c);
+		return;
+	}
+	if (res == -ENOBUFS) {
+		mark_ready(sv, c); /* re-armed next turn, once buffers came back */
+		return;
+	}
+	if (res <= 0) {
+		conn_close(sv, c, res == 0 ? "client closed the connection" : "receive failed");
+		return;
+	}
+	mark_ready(sv, c);
+}
+
+static void on_send(struct server *sv, struct conn *c, int res)
+{
+	struct obuf *o = c->oq_head;
+
+	c->send_armed = false;
+	c->inflight--;
+	if (c->closing) {
+		if (c->inflight == 0)
+			conn_free(sv, c);
+		return;
+	}
+	if (res < 0) {
+		conn_close(sv, c, "send failed (client gone)");
+		return;
+	}
+	o->off += (size_t)res;
+	c->out_bytes -= (size_t)res;
+	if (o->off > 0)
+		o->nfds = 0; /* descriptors went with the first byte */
+	if (o->off == o->len) {
+		c->oq_head = o->next;
+		if (!c->oq_head)
+			c->oq_tail = NULL;
+		free(o->data);
+		free(o);
+	}
+	if (c->oq_head) {
+		arm_send(sv, c);
+	} else if (c->flush_close) {
+		conn_close(sv, c, NULL);
+		return;
+	}
+	if (!paused(c))
+		mark_ready(sv, c); /* reading resumes when the queue drained below the limit */
+}
+
+static void begin_stop(struct server *sv, const char *why)
+{
+	struct io_uring_sqe *sqe;
+
+	if (sv->stopping)
+		return;
+	log_notice("stopping: %s", why);
+	kvp_notify("STOPPING=1");
+	sv->stopping = true;
+	sv->stop_deadline_ms = kvp_now_ms() + KVP_STOP_FLUSH_MS;
+	if (sv->accept_armed) {
+		sqe = get_sqe(sv);
+		io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)tagged(sv, TAG_ACCEPT), 0);
+		io_uring_sqe_set_data(sqe, tagged(sv, TAG_IGNORE));
+	}
+	/* Answer every complete request already received, then close after the flush. */
+	for (struct conn *c = sv->conns, *n; c; c = n) {
+		n = c->next;
+		if (c->closing)
+			continue;
+		serve_frames(sv, c);
+		if (c->closing)
+			continue;
+		c->flush_close = true;
+		if (!c->oq_head)
+			conn_close(sv, c, "kvpoold is stopping");
+	}
+}
+
+static void on_signal(struct server *sv, int res)
+{
+	if (res == (int)sizeof(sv->si)) {
+		switch (sv->si.ssi_signo) {
+		case SIGTERM:
+		case SIGINT:
+			begin_stop(sv, sv->si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
+			break;
+		case SIGHUP:
+			sv->d->reload_requested = true;
+			break;
+		default:
+			break;
+		}
+	}
+	arm_signal(sv);
+}
+
+static void status_line(struct server *sv)
+{
+	char buf[256];
+	uint64_t total = 0, used = 0;
+
+	for (uint32_t i = 0; i < sv->d->n_pools; i++) {
+		for (int t = 0; t < KVP_TIER_MAX; t++) {
+			struct kvp_tier_counts c;
+
+			kvp_pool_counts(sv->d->pools[i], t, &c);
+			total += c.total;
+			used += c.leased + c.cached;
+		}
+	}
+	snprintf(buf, sizeof(buf), "STATUS=%u pools, %u sessions, %.1f%% of pages in use%s",
+		 sv->d->n_pools, sv->d->n_sessions, total ? 100.0 * (double)used / (double)total : 0.0,
+		 sv->d->draining ? ", draining" : "");
+	kvp_notify(buf);
+}
+
+static void on_tick(struct server *sv)
+{
+	struct kvp_daemon *d = sv->d;
+	uint64_t now = kvp_now_ms();
+
+	for (struct conn *c = sv->conns, *n; c; c = n) {
+		n = c->next;
+		if (c->closing)
+			continue;
+		if (c->flush_close && c->flush_deadline_ms && now > c->flush_deadline_ms) {
+			conn_close(sv, c, "reply not read in time");
+		} else if (c->sess && !c->sess->hello && now - c->accepted_ms > KVP_HANDSHAKE_MS) {
+			conn_close(sv, c, "no Hello within the handshake deadline");
+		} else if (c->partial_since_ms && now - c->partial_since_ms > KVP_PARTIAL_FRAME_MS) {
+			sv->d->st.protocol_errors++;
+			conn_close(sv, c, "half-sent frame not completed in time");
+		} else if (c->sess && c->sess->hello && d->conf.keepalive_ms &&
+			   now - c->sess->last_ms > d->conf.keepalive_ms) {
+			d->st.sessions_reclaimed++;
+			conn_close(sv, c, "reclaimed: no call within keepalive_ms");
+		}
+	}
+	if (d->draining && !sv->stopping && (d->n_sessions == 0 || now >= d->drain_deadline_ms))
+		begin_stop(sv, d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
+	if (sv->watchdog_ms && now - sv->last_watchdog_ms >= sv->watchdog_ms / 2) {
+		kvp_notify("WATCHDOG=1");
+		sv->last_watchdog_ms = now;
+	}
+	if (now - sv->last_status_ms >= 5000) {
+		status_line(sv);
+		sv->last_status_ms = now;
+	}
+	arm_timer(sv);
+}
+
+static void handle_cqe(struct server *sv, struct io_uring_cqe *cqe)
+{
+	void *ud = io_uring_cqe_get_data(cqe);
+	enum tag t = (enum tag)((uintptr_t)ud & 7);
+	void *p = (void *)((uintptr_t)ud & ~(uintptr_t)7);
+
+	switch (t) {
+	case TAG_ACCEPT:
+		if (!(cqe->flags & IORING_CQE_F_MORE))
+			sv->accept_armed = false;
+		if (cqe->res >= 0)
+			on_accept(sv, cqe->res);
+		else if (cqe->res != -ECANCELED)
+			log_warn("accept: %s", strerror(-cqe->res));
+		break;
+	case TAG_RECV:
+		on_recv(sv, p, cqe);
+		break;
+	case TAG_SEND:
+		on_send(sv, p, cqe->res);
+		break;
+	case TAG_PIDFD: {
+		struct conn *c = p;
+
+		c->pid_armed = false;
+		c->inflight--;
+		if (c->closing) {
+			if (c->inflight == 0)
+				conn_free(sv, c);
+		} else if (cqe->res > 0) {
+			sv->d->st.sessions_reclaimed++;
+			conn_close(sv, c, "client process exited");
+		}
+		break;
+	}
+	case TAG_SIGNAL:
+		on_signal(sv, cqe->res);
+		break;
+	case TAG_TIMER:
+		on_tick(sv);
+		break;
+	default:
+		break;
+	}
+}
+
+static int setup(struct server *sv)
+{
+	struct io_uring_params params = { 0 };
+	sigset_t mask;
+	int r;
+
+	params.flags = IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN;
+	r = io_uring_queue_init_params(RING_ENTRIES, &sv->ring, &params);
+	if (r < 0) {
+		memset(&params, 0, sizeof(params));
+		r = io_uring_queue_init_params(RING_ENTRIES, &sv->ring, &params);
+	}
+	if (r < 0) {
+		log_err("io_uring_queue_init: %s (is io_uring disabled on this kernel?)",
+			strerror(-r));
+		return r;
+	}
+	sv->bufs = aligned_alloc(4096, (size_t)NBUFS * BUFSZ);
+	if (!sv->bufs)
+		return -ENOMEM;
+	{
+		struct io_uring_buf_reg reg = { 0 };
+		size_t sz = sizeof(struct io_uring_buf) * NBUFS;
+		void *mem = aligned_alloc(4096, (sz + 4095) / 4096 * 4096);
+
+		if (!mem)
+			return -ENOMEM;
+		sv->br = mem;
+		io_uring_buf_ring_init(sv->br);
+		reg.ring_addr = (uint64_t)(uintptr_t)mem;
+		reg.ring_entries = NBUFS;
+		reg.bgid = BUF_GROUP;
+		r = io_uring_register_buf_ring(&sv->ring, &reg, 0);
+		if (r < 0) {
+			log_err("io_uring_register_buf_ring: %s (kernel 5.19 or later needed)",
+				strerror(-r));
+			return r;
+		}
+		for (unsigned i = 0; i < NBUFS; i++)
+			io_uring_buf_ring_add(sv->br, sv->bufs + (size_t)i * BUFSZ, BUFSZ,
+					      (unsigned short)i, io_uring_buf_ring_mask(NBUFS),
+					      (int)i);
+		io_uring_buf_ring_advance(sv->br, NBUFS);
+	}
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	sv->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+	if (sv->sig_fd < 0)
+		return -errno;
+	return 0;
+}
+
+/* Reload hook: main.c provides it (config re-read). */
+void kvp_daemon_reload(struct kvp_daemon *d);
+
+int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
+{
+	struct server sv = { 0 };
+	int r;
+
+	sv.d = d;
+	sv.listen_fd = listen_fd;
+	sv.unlink_path = unlink_path;
+	sv.sig_fd = -1;
+	r = setup(&sv);
+	if (r < 0) {
+		free(sv.bufs);
+		free(sv.br);
+		return 1;
+	}
+	sv.watchdog_ms = kvp_watchdog_ms();
+	arm_accept(&sv);
+	arm_signal(&sv);
+	arm_timer(&sv);
+	kvp_notify("READY=1");
+	status_line(&sv);
+	log_notice("kvpoold ready: %u pools, listening", d->n_pools);
+
+	while (!(sv.stopping && (sv.nconns == 0 || kvp_now_ms() > sv.stop_deadline_ms))) {
+		struct io_uring_cqe *cqe;
+		unsigned head, n = 0;
+		struct conn *ready;
+
+		if (sv.ready)
+			r = io_uring_submit(&sv.ring);
+		else
+			r = io_uring_submit_and_wait(&sv.ring, 1);
+		if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) {
+			log_err("io_uring_submit: %s", strerror(-r));
+			sv.exit_code = 1;
+			break;
+		}
+		io_uring_for_each_cqe(&sv.ring, head, cqe)
+		{
+			handle_cqe(&sv, cqe);
+			n++;
+		}
+		io_uring_cq_advance(&sv.ring, n);
+		/* Serve the connections that have input, each up to its budget. */
+		ready = sv.ready;
+		sv.ready = NULL;
+		while (ready) {
+			struct conn *c = ready;
+
+			ready = c->ready_next;
+			c->in_ready = false;
+			if (c->closing)
+				continue;
+			if (!sv.stopping)
+				serve_frames(&sv, c);
+			arm_recv(&sv, c);
+		}
+		if (d->reload_requested) {
+			d->reload_requested = false;
+			kvp_daemon_reload(d);
+		}
+		if (!sv.accept_armed && !sv.stopping)
+			arm_accept(&sv);
+	}
+	/* Past the flush deadline: whatever is left goes now. Sessions first (their pages
+	 * return), then the ring (cancelling what is in flight), then the connections. */
+	for (struct conn *c = sv.conns; c; c = c->next) {
+		if (c->sess) {
+			kvp_session_destroy(d, c->sess);
+			c->sess = NULL;
+		}
+	}
+	io_uring_queue_exit(&sv.ring);
+	while (sv.conns)
+		conn_free(&sv, sv.conns);
+	if (unlink_path)
+		unlink(unlink_path);
+	close(sv.sig_fd);
+	free(sv.bufs);
+	free(sv.br);
+	log_notice("kvpoold stopped");
+	return sv.exit_code;
+}

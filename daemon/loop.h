@@ -1,0 +1,16 @@
+/* loop.h - the io_uring server: accept, receive, dispatch, send, signals and timers, all on
+ * one thread. */
+#pragma once
+#include "daemon.h"
+
+/* Per-connection limits. */
+#define KVP_TURN_BUDGET 32		/* frames served per connection per loop turn */
+#define KVP_OUTQ_MAX (8u << 20)	/* queued reply bytes before a connection stops being read */
+#define KVP_HANDSHAKE_MS 5000		/* Hello must come within this */
+#define KVP_PARTIAL_FRAME_MS 5000	/* a half-sent frame must complete within this */
+#define KVP_STOP_FLUSH_MS 2000		/* at shutdown, replies get this long to leave */
+
+/* Serves listen_fd until SIGTERM/SIGINT or the end of a drain. unlink_path (may be NULL) is
+ * removed when listening stops. `notify` reports READY/STATUS/STOPPING/WATCHDOG.
+ * Returns the process exit code. */
+int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path);

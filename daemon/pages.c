@@ -1,0 +1,144 @@
+/* pages.c - page allocator of one tier.
+ *
+ * A stack of free page ids gives O(1) alloc and free per page; a state byte per
+ * page catches double frees and foreign ids before anything changes. */
+#include "pages.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+struct kvp_pages {
+	uint32_t total;
+	uint32_t nfree;
+	uint32_t count[KVP_PAGE_STATE_MAX];
+	uint32_t *stack; /* free ids, stack[0..nfree) */
+	uint8_t *state;
+};
+
+struct kvp_pages *kvp_pages_new(uint32_t total)
+{
+	struct kvp_pages *p;
+
+	if (total == 0 || total == KVP_PAGE_NONE)
+		return NULL;
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->stack = malloc(sizeof(*p->stack) * total);
+	p->state = calloc(total, 1);
+	if (!p->stack || !p->state) {
+		kvp_pages_free(p);
+		return NULL;
+	}
+	p->total = total;
+	/* Lowest ids on top of the stack: a fresh pool hands out 0, 1, 2... */
+	for (uint32_t i = 0; i < total; i++)
+		p->stack[i] = total - 1 - i;
+	p->nfree = total;
+	p->count[KVP_PAGE_FREE] = total;
+	return p;
+}
+
+void kvp_pages_free(struct kvp_pages *p)
+{
+	if (!p)
+		return;
+	free(p->stack);
+	free(p->state);
+	free(p);
+}
+
+int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
+{
+	if (n == 0)
+		return -EINVAL;
+	if (n > p->nfree)
+		return -ENOSPC;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t id = p->stack[--p->nfree];
+
+		p->state[id] = KVP_PAGE_LEASED;
+		out[i] = id;
+	}
+	p->count[KVP_PAGE_FREE] -= n;
+	p->count[KVP_PAGE_LEASED] += n;
+	return 0;
+}
+
+int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	enum { MARK = 0x80 };
+	uint32_t i;
+
+	/* Validate everything first, marking each id so a duplicate in one call is caught. */
+	for (i = 0; i < n; i++) {
+		uint32_t id = ids[i];
+
+		if (id >= p->total || p->state[id] == KVP_PAGE_FREE || (p->state[id] & MARK))
+			break;
+		p->state[id] |= MARK;
+	}
+	if (i < n) {
+		while (i-- > 0)
+			p->state[ids[i]] &= (uint8_t)~MARK;
+		return -EINVAL;
+	}
+	for (i = 0; i < n; i++) {
+		uint32_t id = ids[i];
+
+		p->count[p->state[id] & ~MARK]--;
+		p->state[id] = KVP_PAGE_FREE;
+		p->stack[p->nfree++] = id;
+	}
+	p->count[KVP_PAGE_FREE] += n;
+	return 0;
+}
+
+int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
+		   enum kvp_page_state to)
+{
+	if (id >= p->total || p->state[id] != from || from == KVP_PAGE_FREE ||
+	    to == KVP_PAGE_FREE || to >= KVP_PAGE_STATE_MAX)
+		return -EINVAL;
+	p->state[id] = (uint8_t)to;
+	p->count[from]--;
+	p->count[to]++;
+	return 0;
+}
+
+int kvp_pages_state(const struct kvp_pages *p, uint32_t id)
+{
+	if (id >= p->total)
+		return -EINVAL;
+	return p->state[id];
+}
+
+uint32_t kvp_pages_total(const struct kvp_pages *p)
+{
+	return p->total;
+}
+
+uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s)
+{
+	return s < KVP_PAGE_STATE_MAX ? p->count[s] : 0;
+}
+
+int kvp_pages_check(const struct kvp_pages *p)
+{
+	uint32_t seen[KVP_PAGE_STATE_MAX] = { 0 };
+	uint64_t sum = 0;
+
+	for (uint32_t i = 0; i < p->total; i++)
+		seen[p->state[i]]++;
+	for (int s = 0; s < KVP_PAGE_STATE_MAX; s++) {
+		if (seen[s] != p->count[s])
+			return -EFAULT;
+		sum += p->count[s];
+	}
+	if (sum != p->total || p->nfree != p->count[KVP_PAGE_FREE])
+		return -EFAULT;
+	for (uint32_t i = 0; i < p->nfree; i++)
+		if (p->stack[i] >= p->total || p->state[p->stack[i]] != KVP_PAGE_FREE)
+			return -EFAULT;
+	return 0;
+}

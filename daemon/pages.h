@@ -1,0 +1,39 @@
+/* pages.h - page allocator of one tier: O(1) alloc/free, per-page state. */
+#pragma once
+#include <stdint.h>
+#include <stddef.h>
+
+#define KVP_PAGE_NONE UINT32_MAX
+
+enum kvp_page_state {
+	KVP_PAGE_FREE = 0,
+	KVP_PAGE_LEASED,
+	KVP_PAGE_CACHED,
+	KVP_PAGE_STATE_MAX,
+};
+
+struct kvp_pages;
+
+/* Returns a new allocator of `total` pages, all free; NULL on ENOMEM or total == 0. */
+struct kvp_pages *kvp_pages_new(uint32_t total);
+/* Accepts NULL. */
+void kvp_pages_free(struct kvp_pages *p);
+
+/* Takes n free pages, all or nothing, marks them LEASED and writes their ids to out.
+ * Returns 0, -ENOSPC when fewer than n pages are free, -EINVAL for n == 0. O(n). */
+int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out);
+/* LEASED or CACHED -> FREE. Returns 0, -EINVAL for an out-of-range id or a FREE page
+ * (nothing changes then: all ids are checked before any is freed). */
+int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n);
+/* Moves one page between LEASED and CACHED. Returns 0, -EINVAL when the page is not in `from`. */
+int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
+		   enum kvp_page_state to);
+
+/* Returns the state of page id, or -EINVAL when out of range. */
+int kvp_pages_state(const struct kvp_pages *p, uint32_t id);
+uint32_t kvp_pages_total(const struct kvp_pages *p);
+/* Count of pages in state s (s < KVP_PAGE_STATE_MAX). */
+uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s);
+/* Returns 0 when free + leased + cached == total and the free stack agrees with the
+ * state array, -EFAULT otherwise. O(total): for tests. */
+int kvp_pages_check(const struct kvp_pages *p);

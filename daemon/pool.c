@@ -1,0 +1,467 @@
+/* pool.c - pools: tier memory, page leases, eviction before any capacity error. */
+#include "pool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#if KVP_HAVE_CUDA
+#include "kv_copy_cuda.h"
+#endif
+
+static const char *const tier_names[KVP_TIER_MAX] = { "device", "host" };
+
+bool kvp_pool_has_tier(const struct kvp_pool *p, int tier)
+{
+	return tier >= 0 && tier < KVP_TIER_MAX && p->pages[tier] != NULL;
+}
+
+/* Transfer between tiers for demotion and promotion: the CPU kernels for sim device tiers,
+ * the CUDA kernels for cuda ones. */
+static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const uint32_t *dst,
+		     uint32_t n)
+{
+	struct kvp_pool *p = ctx;
+	void *dev = p->mem[KVP_TIER_DEVICE].base, *host = p->mem[KVP_TIER_HOST].base;
+
+#if KVP_HAVE_CUDA
+	if (p->mem[KVP_TIER_DEVICE].backend == KVPOOL__BACKEND__CUDA) {
+		int r = dir == KVP_COPY_DEMOTE
+				? kvp_copy_dev_to_host_cuda(p->cuda_copy, &p->geom, dev, host, src,
+							    dst, n)
+				: kvp_copy_host_to_dev_cuda(p->cuda_copy, &p->geom, host, dev, src,
+							    dst, n);
+		return r < 0 ? r : kvp_copy_cuda_sync(p->cuda_copy);
+	}
+#endif
+	if (dir == KVP_COPY_DEMOTE)
+		return kvp_copy_dev_to_host_cpu(&p->geom, dev, host, src, dst, n);
+	return kvp_copy_host_to_dev_cpu(&p->geom, host, dev, src, dst, n);
+}
+
+static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
+{
+	const struct kvp_pool_conf *c = &p->conf;
+	int node = c->numa_node;
+	char name[96];
+	int r = 0;
+
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		p->mem[t].fd = -1;
+	if (c->device != KVP_DEVICE_NONE && c->device_pages) {
+		uint64_t bytes = c->device_pages * p->page_bytes;
+
+		snprintf(name, sizeof(name), "%s:device", c->name);
+		if (c->device == KVP_DEVICE_CUDA)
+			r = kvp_tier_cuda_create(&p->mem[KVP_TIER_DEVICE], c->cuda_device, bytes, f);
+		else
+			r = kvp_tier_sim_create(&p->mem[KVP_TIER_DEVICE], name, bytes,
+						node < 0 ? 0 : node, f);
+		if (r < 0)
+			return r;
+		if (node < 0 && p->mem[KVP_TIER_DEVICE].numa_node >= 0)
+			node = p->mem[KVP_TIER_DEVICE].numa_node;
+	}
+	if (c->host_pages) {
+		snprintf(name, sizeof(name), "%s:host", c->name);
+		r = kvp_tier_memfd_create(&p->mem[KVP_TIER_HOST], name, c->host_pages * p->page_bytes,
+					  node < 0 ? 0 : node, (int)c->hugepages, (int)c->mlock,
+					  p->note, sizeof(p->note), f);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f)
+{
+	struct kvp_pool *p = calloc(1, sizeof(*p));
+	struct kvp_prefix_conf xc = { 0 };
+	uint64_t npages[KVP_TIER_MAX];
+
+	if (!p) {
+		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		return NULL;
+	}
+	p->id = id;
+	p->conf = *pc;
+	npages[KVP_TIER_DEVICE] = pc->device == KVP_DEVICE_NONE ? 0 : pc->device_pages;
+	npages[KVP_TIER_HOST] = pc->host_pages;
+	p->geom.layers = pc->layers;
+	p->geom.page_tokens = pc->page_tokens;
+	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
+	p->geom.dev_slots = (npages[KVP_TIER_DEVICE] ? npages[KVP_TIER_DEVICE] : 1) * pc->page_tokens;
+	p->page_bytes = kvp_pool_page_bytes(pc);
+	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
+		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
+			 pc->name);
+		goto fail;
+	}
+	if (create_tiers(p, f) < 0)
+		goto fail;
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		if (!npages[t])
+			continue;
+		p->pages[t] = kvp_pages_new((uint32_t)npages[t]);
+		p->lease_of[t] = calloc(npages[t], sizeof(uint64_t));
+		p->lease_idx[t] = calloc(npages[t], sizeof(uint32_t));
+		if (!p->pages[t] || !p->lease_of[t] || !p->lease_idx[t]) {
+			kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: out of memory", pc->name);
+			goto fail;
+		}
+	}
+#if KVP_HAVE_CUDA
+	if (p->mem[KVP_TIER_DEVICE].backend == KVPOOL__BACKEND__CUDA && p->pages[KVP_TIER_HOST]) {
+		struct kvp_copy_cuda *cc = NULL;
+		int r = kvp_copy_cuda_new(pc->cuda_device, &cc);
+
+		if (r < 0) {
+			kvp_fail(f, KVPOOL__CODE__UNAVAILABLE,
+				 "pool %s: CUDA transfer stream on device %d: error %d", pc->name,
+				 pc->cuda_device, r);
+			goto fail;
+		}
+		p->cuda_copy = cc;
+		r = kvp_tier_cuda_register_host(&p->mem[KVP_TIER_HOST]);
+		if (r < 0) {
+			kvp_fail(f, KVPOOL__CODE__UNAVAILABLE,
+				 "pool %s: cudaHostRegister of the host tier failed (%d)", pc->name,
+				 r);
+			goto fail;
+		}
+	}
+#endif
+	xc.page_tokens = pc->page_tokens;
+	xc.policy = pc->eviction == KVP_EVICT_LFU ? KVP_EVICT_POLICY_LFU : KVP_EVICT_POLICY_LRU;
+	xc.dev = p->pages[KVP_TIER_DEVICE];
+	xc.host = p->pages[KVP_TIER_HOST];
+	xc.copy = pool_copy;
+	xc.copy_ctx = p;
+	p->pfx = kvp_prefix_new(&xc);
+	if (!p->pfx) {
+		kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
+		goto fail;
+	}
+	return p;
+fail:
+	kvp_pool_destroy(p);
+	return NULL;
+}
+
+void kvp_pool_destroy(struct kvp_pool *p)
+{
+	if (!p)
+		return;
+	kvp_prefix_free(p->pfx);
+#if KVP_HAVE_CUDA
+	if (p->cuda_copy)
+		kvp_copy_cuda_free(p->cuda_copy);
+	if (p->mem[KVP_TIER_HOST].host_registered)
+		kvp_tier_cuda_unregister_host(&p->mem[KVP_TIER_HOST]);
+#endif
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		kvp_pages_free(p->pages[t]);
+		free(p->lease_of[t]);
+		free(p->lease_idx[t]);
+		kvp_tier_mem_destroy(&p->mem[t]);
+	}
+	free(p);
+}
+
+void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out)
+{
+	struct kvp_prefix_stats ps;
+
+	memset(out, 0, sizeof(*out));
+	if (!kvp_pool_has_tier(p, tier))
+		return;
+	kvp_prefix_stats(p->pfx, &ps);
+	out->total = kvp_pages_total(p->pages[tier]);
+	out->free = kvp_pages_count(p->pages[tier], KVP_PAGE_FREE);
+	out->leased = kvp_pages_count(p->pages[tier], KVP_PAGE_LEASED);
+	out->cached = kvp_pages_count(p->pages[tier], KVP_PAGE_CACHED);
+	out->evictable = ps.evictable_pages[tier];
+	out->protected_ = ps.protected_pages[tier];
+}
+
+int kvp_pool_check(const struct kvp_pool *p)
+{
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		struct kvp_tier_counts c;
+		uint64_t owned = 0;
+
+		if (!p->pages[t])
+			continue;
+		if (kvp_pages_check(p->pages[t]) < 0)
+			return -EFAULT;
+		kvp_pool_counts(p, t, &c);
+		if (c.free + c.leased + c.cached != c.total)
+			return -EFAULT;
+		for (uint32_t i = 0; i < c.total; i++) {
+			bool leased = kvp_pages_state(p->pages[t], i) == KVP_PAGE_LEASED;
+
+			if (leased != (p->lease_of[t][i] != 0))
+				return -EFAULT;
+			owned += leased;
+		}
+		if (owned != c.leased)
+			return -EFAULT;
+	}
+	return kvp_prefix_check(p->pfx) < 0 ? -EFAULT : 0;
+}
+
+static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+{
+	struct kvp_tier_counts c;
+	uint64_t pt = p->conf.page_tokens;
+
+	kvp_pool_counts(p, tier, &c);
+	if (f) {
+		f->detail = KVP_FAIL_CAPACITY;
+		f->cap.tier = tier;
+		f->cap.requested = npages * pt;
+		f->cap.free = c.free * pt;
+		f->cap.evictable = c.evictable * pt;
+		f->cap.protected_ = c.protected_ * pt;
+		f->cap.leased = c.leased * pt;
+		f->cap.total = c.total * pt;
+	}
+	p->st.alloc_failures++;
+	return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
+			"pool %s %s tier: asked for %lu tokens, %lu free, %lu evictable, "
+			"%lu leased, %lu protected by locks (of %lu): free leases, release "
+			"locks, or give the pool more %s capacity",
+			p->conf.name, tier_names[tier], (unsigned long)(npages * pt),
+			(unsigned long)(c.free * pt), (unsigned long)(c.evictable * pt),
+			(unsigned long)(c.leased * pt), (unsigned long)(c.protected_ * pt),
+			(unsigned long)(c.total * pt), tier_names[tier]);
+}
+
+/* npages pages of tier into out: free pages first, then exactly the shortfall evicted. */
+static int take_pages(struct kvp_pool *p, int tier, uint32_t npages, uint32_t *out,
+		      struct kvp_fail *f)
+{
+	struct kvp_pages *pg = p->pages[tier];
+	uint32_t nfree = kvp_pages_count(pg, KVP_PAGE_FREE);
+
+	if (npages > nfree) {
+		struct kvp_tier_counts c;
+
+		kvp_pool_counts(p, tier, &c);
+		if (npages - nfree > c.evictable)
+			return capacity_fail(p, tier, npages, f);
+		kvp_prefix_evict(p->pfx, tier, npages - nfree);
+		if (kvp_pages_count(pg, KVP_PAGE_FREE) < npages)
+			return capacity_fail(p, tier, npages, f);
+	}
+	if (kvp_pages_alloc(pg, npages, out) < 0)
+		return capacity_fail(p, tier, npages, f);
+	return 0;
+}
+
+static void lease_adopt(struct kvp_lease *l, uint32_t from)
+{
+	for (uint32_t i = from; i < l->n; i++) {
+		l->pool->lease_of[l->tier][l->pages[i]] = l->id;
+		l->pool->lease_idx[l->tier][l->pages[i]] = i;
+	}
+}
+
+static int lease_grow(struct kvp_lease *l, uint32_t more)
+{
+	uint32_t cap = l->cap ? l->cap : 4;
+	uint32_t *np;
+
+	if ((uint64_t)l->n + more > UINT32_MAX / 2)
+		return -ENOMEM;
+	while (cap < l->n + more)
+		cap *= 2;
+	if (cap == l->cap)
+		return 0;
+	np = realloc(l->pages, cap * sizeof(*np));
+	if (!np)
+		return -ENOMEM;
+	l->pages = np;
+	l->cap = cap;
+	return 0;
+}
+
+static int check_size(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+{
+	if (!kvp_pool_has_tier(p, tier))
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no %s tier",
+				p->conf.name, tier < 0 || tier >= KVP_TIER_MAX ? "such" : tier_names[tier]);
+	if (npages == 0)
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "zero pages asked");
+	if (npages > kvp_pages_total(p->pages[tier])) {
+		capacity_fail(p, tier, npages, f);
+		snprintf(f->msg, sizeof(f->msg),
+			 "pool %s %s tier: asked for %lu tokens but the tier holds %lu in all",
+			 p->conf.name, tier_names[tier],
+			 (unsigned long)npages * p->conf.page_tokens,
+			 (unsigned long)kvp_pages_total(p->pages[tier]) * p->conf.page_tokens);
+		return -KVPOOL__CODE__OUT_OF_CAPACITY;
+	}
+	return 0;
+}
+
+struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, uint32_t npages,
+				   struct kvp_fail *f)
+{
+	struct kvp_lease *l;
+
+	if (check_size(p, tier, npages, f) < 0)
+		return NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l || lease_grow(l, npages) < 0) {
+		free(l);
+		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		return NULL;
+	}
+	l->id = id;
+	l->pool = p;
+	l->tier = tier;
+	if (take_pages(p, tier, npages, l->pages, f) < 0) {
+		free(l->pages);
+		free(l);
+		return NULL;
+	}
+	l->n = npages;
+	lease_adopt(l, 0);
+	p->st.allocs++;
+	p->st.alloc_pages += npages;
+	return l;
+}
+
+int kvp_lease_extend(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f)
+{
+	int r = check_size(l->pool, l->tier, npages, f);
+
+	if (r < 0)
+		return r;
+	if (lease_grow(l, npages) < 0)
+		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+	r = take_pages(l->pool, l->tier, npages, l->pages + l->n, f);
+	if (r < 0)
+		return r;
+	l->n += npages;
+	lease_adopt(l, l->n - npages);
+	l->pool->st.allocs++;
+	l->pool->st.alloc_pages += npages;
+	return 0;
+}
+
+/* Checks that pages[0..n) are distinct pages of this lease. Marks by clearing lease_of
+ * temporarily; restores before returning. */
+static int lease_owns_all(struct kvp_lease *l, const uint32_t *pages, uint32_t n)
+{
+	uint64_t *owner = l->pool->lease_of[l->tier];
+	uint32_t total = kvp_pages_total(l->pool->pages[l->tier]);
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		if (pages[i] >= total || owner[pages[i]] != l->id)
+			break;
+		owner[pages[i]] = 0;
+	}
+	for (uint32_t j = 0; j < i; j++)
+		owner[pages[j]] = l->id;
+	return i == n ? 0 : -1;
+}
+
+/* Takes page (owned by l) out of the lease's array: swap with the last. */
+static void lease_drop(struct kvp_lease *l, uint32_t page)
+{
+	struct kvp_pool *p = l->pool;
+	uint32_t i = p->lease_idx[l->tier][page];
+	uint32_t last = l->pages[--l->n];
+
+	l->pages[i] = last;
+	p->lease_idx[l->tier][last] = i;
+	p->lease_of[l->tier][page] = 0;
+	p->lease_idx[l->tier][page] = 0;
+}
+
+int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f)
+{
+	if (lease_owns_all(l, pages, n) < 0)
+		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+				"free: a page listed is not in lease %lu (or listed twice)",
+				(unsigned long)l->id);
+	for (uint32_t i = 0; i < n; i++)
+		lease_drop(l, pages[i]);
+	kvp_pages_release(l->pool->pages[l->tier], pages, n);
+	l->pool->st.frees++;
+	l->pool->st.free_pages += n;
+	return 0;
+}
+
+void kvp_lease_destroy(struct kvp_lease *l)
+{
+	if (!l)
+		return;
+	if (l->n) {
+		for (uint32_t i = 0; i < l->n; i++)
+			l->pool->lease_of[l->tier][l->pages[i]] = 0;
+		kvp_pages_release(l->pool->pages[l->tier], l->pages, l->n);
+		l->pool->st.frees++;
+		l->pool->st.free_pages += l->n;
+	}
+	free(l->pages);
+	free(l);
+}
+
+int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		     const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
+		     uint64_t *dup_tokens, struct kvp_fail *f)
+{
+	struct kvp_pool *p = l->pool;
+	uint32_t pt = p->conf.page_tokens;
+	uint32_t whole = ntokens / pt;
+	struct kvp_insert_result res = { 0 };
+	uint32_t *dup;
+	int r;
+
+	if (npages < whole || npages > whole + 1 || (npages == whole + 1 && ntokens % pt == 0))
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+				"insert: %u tokens need %u pages (page_tokens %u), got %u", ntokens,
+				(ntokens + pt - 1) / pt, pt, npages);
+	if (lease_owns_all(l, pages, npages) < 0)
+		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+				"insert: a page listed is not in lease %lu (or listed twice)",
+				(unsigned long)l->id);
+	if (whole == 0) {
+		*new_tokens = *dup_tokens = 0;
+		return 0;
+	}
+	dup = malloc(sizeof(*dup) * whole);
+	if (!dup)
+		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+	r = kvp_prefix_insert(p->pfx, ns, tokens, whole, l->tier, pages, &res, dup);
+	if (r < 0) {
+		free(dup);
+		return kvp_fail(f, r == -ENOMEM ? KVPOOL__CODE__INTERNAL : KVPOOL__CODE__INVALID_ARGUMENT,
+				"insert into the prefix cache failed (%d)", r);
+	}
+	/* Every whole page leaves the lease: cached now, or a duplicate that is freed. */
+	for (uint32_t i = 0; i < whole; i++)
+		lease_drop(l, pages[i]);
+	for (uint32_t i = 0; i < res.dup_pages; i++)
+		dup[i] = pages[dup[i]];
+	if (res.dup_pages)
+		kvp_pages_release(p->pages[l->tier], dup, res.dup_pages);
+	free(dup);
+	p->st.inserted_tokens += (uint64_t)res.new_pages * pt;
+	*new_tokens = (uint64_t)(whole - res.dup_pages) * pt;
+	*dup_tokens = (uint64_t)res.dup_pages * pt;
+	return 0;
+}
+
+uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages)
+{
+	if (!kvp_pool_has_tier(p, tier))
+		return 0;
+	return kvp_prefix_evict(p->pfx, tier, pages);
+}

@@ -1,0 +1,73 @@
+/* pool.h - one pool: its tiers' memory and page allocators, leases, and prefix cache.
+ * Pool code never touches sockets; failures are typed (struct kvp_fail). */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "fail.h"
+#include "kv_copy.h"
+#include "pages.h"
+#include "prefix.h"
+#include "stats.h"
+#include "tier.h"
+
+struct kvp_pool {
+	uint32_t id;
+	struct kvp_pool_conf conf;
+	struct kvp_copy_geom geom; /* row bytes, dev slots: the transfer kernels' view */
+	uint64_t page_bytes;	   /* one page, all layers, K and V */
+	struct kvp_tier_mem mem[KVP_TIER_MAX];
+	struct kvp_pages *pages[KVP_TIER_MAX]; /* NULL: the pool has no such tier */
+	uint64_t *lease_of[KVP_TIER_MAX];      /* owning lease of each LEASED page, else 0 */
+	uint32_t *lease_idx[KVP_TIER_MAX];     /* its index in that lease's page array */
+	struct kvp_prefix *pfx;
+	struct kvp_pool_stats st;
+	uint32_t sessions; /* attached */
+	void *cuda_copy;   /* struct kvp_copy_cuda *, cuda pools only */
+	char note[256];	   /* start-up fallbacks worth a log line */
+};
+
+struct kvp_lease {
+	uint64_t id;
+	struct kvp_pool *pool;
+	int tier;
+	uint32_t n, cap;
+	uint32_t *pages;
+};
+
+/* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
+ * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
+struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
+/* Accepts NULL. Leases must be gone (sessions destroyed) before. */
+void kvp_pool_destroy(struct kvp_pool *p);
+bool kvp_pool_has_tier(const struct kvp_pool *p, int tier);
+
+/* Per-tier figures, in pages. */
+struct kvp_tier_counts {
+	uint64_t total, free, leased, cached, evictable, protected_;
+};
+void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out);
+/* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
+int kvp_pool_check(const struct kvp_pool *p);
+
+/* A new lease of npages pages of tier (free pages first, then evicting unlocked cached
+ * prefixes, exactly the shortfall). NULL with f filled: OUT_OF_CAPACITY with its figures,
+ * INVALID_ARGUMENT. */
+struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, uint32_t npages,
+				   struct kvp_fail *f);
+/* Adds npages pages; the new ids are lease->pages[old n ..]. 0 or negative Code. */
+int kvp_lease_extend(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
+/* Returns the listed pages (all distinct, all in this lease) to the free pool. Nothing
+ * changes on failure (NOT_FOUND for a page not in the lease). 0 or negative Code. */
+int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f);
+/* Frees every page and the lease. Accepts NULL. */
+void kvp_lease_destroy(struct kvp_lease *l);
+/* Publishes whole pages of tokens held in lease pages into the prefix cache (see
+ * kvp_insert in kvpool.h). 0 or negative Code. */
+int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		     const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
+		     uint64_t *dup_tokens, struct kvp_fail *f);
+
+/* Evicts up to `pages` pages of tier. Returns pages freed. */
+uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages);

@@ -1,0 +1,74 @@
+/* tier_cuda.h - CUDA device tier memory, allocated with the CUDA virtual memory API and exported
+ * as a POSIX file descriptor so it can be passed to clients with SCM_RIGHTS.
+ *
+ * Built into both kvpoold and libkvpool (only when meson's have_cuda is true); depends on nothing
+ * but the static CUDA runtime. Driver calls go through cudaGetDriverEntryPointByVersion, so
+ * nothing links libcuda and a machine without a driver or GPU gets a negative return and a
+ * reason, never a crash. Every call makes `device` current for its duration and restores the
+ * caller's current device afterwards.
+ */
+#ifndef KVP_TIER_CUDA_H
+#define KVP_TIER_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kvp_cuda_mem {
+	int device;	      /* CUDA device ordinal */
+	int fd;		      /* exported POSIX fd (CLOEXEC), owned; -1 for an import */
+	uint64_t bytes;	      /* size, a multiple of granularity */
+	uint64_t dptr;	      /* device virtual address of the mapping in this process */
+	uint64_t handle;      /* CUmemGenericAllocationHandle */
+	uint64_t granularity; /* allocation granularity of the device */
+};
+
+/*
+ * Allocate `bytes` (rounded up to the device's recommended granularity) of device memory on
+ * `device`, exportable as a POSIX fd, export it (fd CLOEXEC) and map it in this process with
+ * read-write access for `device`.
+ * Returns 0 and fills *out; on failure *out is untouched, `reason` (if non-NULL) gets one line
+ * for an operator, and the return is -ENODEV (no driver, no GPU, device not present), -ENOTSUP
+ * (driver lacks an entry point, or the device lacks virtual memory management or POSIX fd
+ * export), -EINVAL (bytes 0 or too large), -ENOMEM (out of device memory) or -EIO (other
+ * driver failure).
+ */
+int kvp_cuda_mem_create(int device, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
+			size_t len);
+
+/*
+ * Unmap and release m (created or imported) and close its fd if it owns one; m is then zeroed
+ * with fd = -1. Accepts NULL and an already destroyed or zeroed struct. The caller must make sure
+ * no queued GPU work still uses the memory.
+ */
+void kvp_cuda_mem_destroy(struct kvp_cuda_mem *m);
+
+/*
+ * Client side: import the allocation behind `fd` (as passed by kvpoold), reserve an address
+ * range and map it on `device` with read-write access. `bytes` is the exporter's size and must
+ * be a multiple of the granularity. Does not take ownership of fd (the caller may close it
+ * afterwards; out->fd is -1). Returns and reports like kvp_cuda_mem_create; -EINVAL also for a
+ * negative fd or a size that is not a multiple of the granularity, -EBADF (or -EIO) when the
+ * driver rejects the fd.
+ */
+int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
+			size_t len);
+
+/* NUMA node of the host memory closest to `device`, or -1 when unknown (no driver, no NUMA). */
+int kvp_cuda_device_numa_node(int device);
+
+/*
+ * Number of GPUs usable for a cuda device tier (present, with virtual memory management and POSIX
+ * fd export). Returns >= 1, or a negative errno with `reason` (if non-NULL) filled: -ENODEV (no
+ * driver, or no GPU), -ENOTSUP (GPUs present, none usable, or the driver lacks an entry point).
+ */
+int kvp_cuda_probe(char *reason, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVP_TIER_CUDA_H */

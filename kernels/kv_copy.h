@@ -1,0 +1,109 @@
+/* kv_copy.h - page transfer contract between the device and host KV layouts.
+ *
+ * Shared by the CPU reference (kv_copy_cpu.c), the CUDA implementation (kv_copy.cu, through
+ * kv_copy_cuda.h) and the client library's address helpers. Plain C; includable from C++/.cu.
+ *
+ * elem = dtype bytes, row = kv_heads * head_dim * elem bytes: one token of one layer of K or V.
+ *
+ * Device tier, layer-first [layer][k|v][slot][head][dim]:
+ *   offset(layer, kv, slot) = ((layer * 2 + kv) * dev_slots + slot) * row
+ *   device page p = slots [p * page_tokens, (p + 1) * page_tokens): 2 * layers runs of
+ *   page_tokens * row contiguous bytes, strided by dev_slots * row.
+ * Host tier, page-first [page][layer][k|v][page_tokens][head][dim]:
+ *   offset(page, layer, kv, t) = (((page * layers + layer) * 2 + kv) * page_tokens + t) * row
+ *   a host page is contiguous, page_bytes = layers * 2 * page_tokens * row.
+ */
+#ifndef KVP_KV_COPY_H
+#define KVP_KV_COPY_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct kvp_copy_geom {
+	uint32_t layers;      /* transformer layers, >= 1 */
+	uint32_t page_tokens; /* token slots per page, >= 1 */
+	uint64_t row_bytes;   /* kv_heads * head_dim * elem, >= 1 */
+	uint64_t dev_slots;   /* device tier slots = dev_pages * page_tokens */
+};
+
+/* Byte offset of (layer, kv, slot) in the device tier. No checks: call kvp_copy_geom_check first.
+ */
+static inline uint64_t kvp_dev_offset(const struct kvp_copy_geom *g, uint32_t layer, uint32_t kv,
+				      uint64_t slot)
+{
+	return (((uint64_t)layer * 2 + kv) * g->dev_slots + slot) * g->row_bytes;
+}
+
+/* Byte offset of (page, layer, kv, token t of the page) in the host tier. No checks. */
+static inline uint64_t kvp_host_offset(const struct kvp_copy_geom *g, uint32_t page, uint32_t layer,
+				       uint32_t kv, uint32_t t)
+{
+	return ((((uint64_t)page * g->layers + layer) * 2 + kv) * g->page_tokens + t) *
+	       g->row_bytes;
+}
+
+/* Bytes of one host page (= bytes of one device page, spread over 2 * layers runs). */
+static inline uint64_t kvp_host_page_bytes(const struct kvp_copy_geom *g)
+{
+	return (uint64_t)g->layers * 2 * g->page_tokens * g->row_bytes;
+}
+
+/* Number of device pages the geometry describes (dev_slots / page_tokens). */
+static inline uint64_t kvp_dev_pages(const struct kvp_copy_geom *g)
+{
+	return g->dev_slots / g->page_tokens;
+}
+
+/*
+ * Validate a geometry. Returns 0, or -EINVAL when g is NULL, a field is zero, dev_slots is not a
+ * whole number of pages, or the device tier size (2 * layers * dev_slots * row_bytes) or the size
+ * of the host tier at the largest page id (2^32 * page_bytes) does not fit in 64 bits.
+ * The second bound means any uint32_t host page id has a representable offset.
+ */
+static inline int kvp_copy_geom_check(const struct kvp_copy_geom *g)
+{
+	uint64_t run;
+
+	if (!g || !g->layers || !g->page_tokens || !g->row_bytes || !g->dev_slots)
+		return -EINVAL;
+	if (g->dev_slots % g->page_tokens)
+		return -EINVAL;
+	/* device tier: 2 * layers * dev_slots * row_bytes */
+	if (g->dev_slots > UINT64_MAX / g->row_bytes)
+		return -EINVAL;
+	if (g->dev_slots * g->row_bytes > UINT64_MAX / 2 / g->layers)
+		return -EINVAL;
+	/* host page: 2 * layers * page_tokens * row_bytes, times 2^32 pages */
+	if (g->row_bytes > UINT64_MAX / g->page_tokens)
+		return -EINVAL;
+	run = g->row_bytes * g->page_tokens;
+	if (run > (UINT64_MAX >> 32) / 2 / g->layers)
+		return -EINVAL;
+	return 0;
+}
+
+/*
+ * Gather device pages dev_pages[i] into host pages host_pages[i] (device layout -> host layout),
+ * all layers, K and V, for i < n. dev_base/host_base are the starts of the two tiers.
+ * Destination page ids must be distinct; source and destination must not overlap.
+ * Returns 0; -EINVAL for a bad geometry, a NULL pointer with n > 0, or a device page id
+ * >= kvp_dev_pages(g) (checked before anything is copied).
+ */
+int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base, void *host_base,
+			     const uint32_t *dev_pages, const uint32_t *host_pages, uint32_t n);
+
+/* Scatter host pages host_pages[i] into device pages dev_pages[i] (host layout -> device layout).
+ * Same rules and returns as kvp_copy_dev_to_host_cpu. */
+int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_base, void *dev_base,
+			     const uint32_t *host_pages, const uint32_t *dev_pages, uint32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVP_KV_COPY_H */

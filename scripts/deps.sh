@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# deps.sh - installs the Debian packages kvpool builds and tests with, when missing.
+# Runs apt-get as root (or through sudo). Prints what it installs.
+set -euo pipefail
+
+pkgs=(meson ninja-build pkg-config gcc python3 liburing-dev libnuma-dev libprotobuf-c-dev
+	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd)
+if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
+	pkgs+=(clang libclang-rt-14-dev)
+fi
+if [ "${KVP_WITH_REDIS:-0}" = 1 ]; then
+	pkgs+=(redis-server redis-tools)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "kvpool: installing ${missing[*]}"
+sudo=()
+if [ "$(id -u)" != 0 ]; then
+	command -v sudo >/dev/null || { echo "kvpool: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+	sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

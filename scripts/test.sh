@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
+# integration, fault, gpu), then the whole suite again under ASan+UBSan. GPU tests exit 77
+# (skipped) on machines without a GPU. Ends with one line: "N passed, N failed, N skipped".
+#   KVP_NO_SANITIZE=1  skip the sanitizer pass
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh || exit 1
+
+pass=0 fail=0 skip=0
+run_suite() { # builddir label [meson options]
+	local dir=$1 label=$2
+	shift 2
+	echo "== $label: build ($dir)"
+	if ! bash scripts/build.sh "$dir" -Dwerror=true "$@"; then
+		echo "== $label: BUILD FAILED"
+		fail=$((fail + 1))
+		return
+	fi
+	echo "== $label: tests"
+	meson test -C "$dir" --print-errorlogs --num-processes 2 \
+		--suite unit --suite integration --suite fault --suite gpu
+	read -r p f s < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+	echo "== $label: $p passed, $f failed, $s skipped"
+	pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
+}
+
+run_suite build-test "tests"
+if [ "${KVP_NO_SANITIZE:-0}" != 1 ]; then
+	run_suite build-asan "tests under ASan+UBSan" -Db_sanitize=address,undefined \
+		-Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all \
+		-Dcuda=disabled
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,311 @@
+/* test_cuda_tier.c - CUnit suite "cuda_tier": device tier memory exported as a POSIX fd
+ * (daemon/tier_cuda.c). The parent creates a kvp_cuda_mem and writes a pattern; a child process
+ * receives the fd over a socketpair with SCM_RIGHTS, imports and maps it, checks the pattern and
+ * writes a reply pattern that the parent then checks. The child is this binary re-executed
+ * (fork + exec): CUDA cannot be used in a child forked after the parent initialised it, and a
+ * real client is a separate program anyway. Exits 77 (skipped) when kvp_cuda_probe finds no GPU.
+ */
+#include <CUnit/Basic.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tier_cuda.h"
+
+#define REQ_BYTES ((64ull << 20) + 1) /* rounded up to the granularity */
+
+/* what the parent sends along with the fd */
+struct share_msg {
+	uint64_t bytes;
+	int32_t device;
+};
+
+static const char *g_self;
+
+static unsigned char pattern(uint64_t i, unsigned seed)
+{
+	return (unsigned char)((i * 2654435761u >> 7) ^ seed);
+}
+
+static int send_fd(int sock, int fd, const void *data, size_t len)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	struct cmsghdr *cm;
+
+	memset(cbuf, 0, sizeof(cbuf));
+	mh.msg_control = cbuf;
+	mh.msg_controllen = sizeof(cbuf);
+	cm = CMSG_FIRSTHDR(&mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	return sendmsg(sock, &mh, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -1;
+}
+
+static int recv_fd(int sock, int *fd, void *data, size_t len)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {.iov_base = data, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	struct cmsghdr *cm;
+
+	mh.msg_control = cbuf;
+	mh.msg_controllen = sizeof(cbuf);
+	if (recvmsg(sock, &mh, MSG_CMSG_CLOEXEC) != (ssize_t)len)
+		return -1;
+	cm = CMSG_FIRSTHDR(&mh);
+	if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+		return -1;
+	memcpy(fd, CMSG_DATA(cm), sizeof(int));
+	return 0;
+}
+
+/* Child: import, check the parent's pattern in the first half, write ours in the second half,
+ * reply with one line ("ok" or what went wrong). */
+static int child_main(int sock)
+{
+	struct kvp_cuda_mem m;
+	struct share_msg msg;
+	char reason[256] = "", reply[320];
+	unsigned char *buf = NULL;
+	uint64_t half, bad = UINT64_MAX;
+	int fd = -1, ret;
+
+	if (recv_fd(sock, &fd, &msg, sizeof(msg))) {
+		snprintf(reply, sizeof(reply), "child: recvmsg: %s", strerror(errno));
+		goto out;
+	}
+	ret = kvp_cuda_mem_import(msg.device, fd, msg.bytes, &m, reason, sizeof(reason));
+	if (ret) {
+		snprintf(reply, sizeof(reply), "child: kvp_cuda_mem_import = %d: %s", ret, reason);
+		close(fd);
+		goto out;
+	}
+	/* the import does not own the fd: still open, and closing it keeps the mapping */
+	if (m.fd != -1 || fcntl(fd, F_GETFD) < 0) {
+		snprintf(reply, sizeof(reply), "child: import took the fd (m.fd %d)", m.fd);
+		close(fd);
+		goto out_destroy;
+	}
+	close(fd);
+	half = m.bytes / 2;
+	buf = malloc(half);
+	if (!buf || cudaSetDevice(msg.device) != cudaSuccess ||
+	    cudaMemcpy(buf, (void *)(uintptr_t)m.dptr, half, cudaMemcpyDeviceToHost) !=
+		cudaSuccess) {
+		snprintf(reply, sizeof(reply), "child: reading the mapping: %s",
+			 cudaGetErrorString(cudaGetLastError()));
+		goto out_destroy;
+	}
+	for (uint64_t i = 0; i < half && bad == UINT64_MAX; i++)
+		if (buf[i] != pattern(i, 0x11))
+			bad = i;
+	if (bad != UINT64_MAX) {
+		snprintf(reply, sizeof(reply), "child: byte %llu is %#x, expected %#x",
+			 (unsigned long long)bad, buf[bad], pattern(bad, 0x11));
+		goto out_destroy;
+	}
+	for (uint64_t i = 0; i < half; i++)
+		buf[i] = pattern(i, 0x77);
+	if (cudaMemcpy((void *)(uintptr_t)(m.dptr + half), buf, half, cudaMemcpyHostToDevice) !=
+		cudaSuccess ||
+	    cudaDeviceSynchronize() != cudaSuccess) {
+		snprintf(reply, sizeof(reply), "child: writing the mapping: %s",
+			 cudaGetErrorString(cudaGetLastError()));
+		goto out_destroy;
+	}
+	snprintf(reply, sizeof(reply), "ok");
+out_destroy:
+	kvp_cuda_mem_destroy(&m);
+out:
+	free(buf);
+	if (write(sock, reply, strlen(reply) + 1) < 0)
+		return 1;
+	return strcmp(reply, "ok") ? 1 : 0;
+}
+
+static void test_kvp_cuda_probe_count(void)
+{
+	char reason[256] = "";
+	int n = kvp_cuda_probe(reason, sizeof(reason));
+
+	CU_ASSERT(n >= 1);
+	CU_ASSERT(kvp_cuda_device_numa_node(0) >= -1);
+	CU_ASSERT_EQUAL(kvp_cuda_device_numa_node(-1), -1);
+	CU_ASSERT_EQUAL(kvp_cuda_device_numa_node(1 << 20), -1);
+}
+
+static void test_kvp_cuda_mem_create_share(void)
+{
+	struct share_msg msg = {.device = 0};
+	struct kvp_cuda_mem m;
+	char reason[256] = "", reply[320] = "", fdarg[16];
+	unsigned char *buf;
+	uint64_t half, bad = UINT64_MAX;
+	int sv[2], status = 0, ret;
+	ssize_t got;
+	pid_t pid;
+
+	ret = kvp_cuda_mem_create(0, REQ_BYTES, &m, reason, sizeof(reason));
+	if (ret)
+		fprintf(stderr, "\n  kvp_cuda_mem_create: %d: %s\n", ret, reason);
+	CU_ASSERT_FATAL(ret == 0);
+	CU_ASSERT(m.bytes >= REQ_BYTES);
+	CU_ASSERT(m.granularity > 0 && m.bytes % m.granularity == 0);
+	CU_ASSERT(m.fd >= 0 && (fcntl(m.fd, F_GETFD) & FD_CLOEXEC));
+	CU_ASSERT(m.dptr != 0);
+	CU_ASSERT_EQUAL(m.device, 0);
+
+	half = m.bytes / 2;
+	buf = malloc(half);
+	CU_ASSERT_FATAL(buf != NULL);
+	for (uint64_t i = 0; i < half; i++)
+		buf[i] = pattern(i, 0x11);
+	CU_ASSERT_FATAL(cudaSetDevice(0) == cudaSuccess);
+	CU_ASSERT_FATAL(cudaMemcpy((void *)(uintptr_t)m.dptr, buf, half, cudaMemcpyHostToDevice) ==
+			cudaSuccess);
+	CU_ASSERT_FATAL(cudaMemset((void *)(uintptr_t)(m.dptr + half), 0, half) == cudaSuccess);
+	CU_ASSERT_FATAL(cudaDeviceSynchronize() == cudaSuccess);
+
+	CU_ASSERT_FATAL(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		/* only sv[1] crosses the exec */
+		if (fcntl(sv[1], F_SETFD, 0) < 0)
+			_exit(126);
+		snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+		execl(g_self, g_self, "--child", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(sv[1]);
+	msg.bytes = m.bytes;
+	CU_ASSERT(send_fd(sv[0], m.fd, &msg, sizeof(msg)) == 0);
+	got = read(sv[0], reply, sizeof(reply) - 1);
+	CU_ASSERT(got > 0);
+	if (got > 0)
+		reply[got] = 0;
+	CU_ASSERT_STRING_EQUAL(reply, "ok");
+	if (strcmp(reply, "ok"))
+		fprintf(stderr, "\n  %s\n", reply[0] ? reply : "child: no reply");
+	close(sv[0]);
+	CU_ASSERT(waitpid(pid, &status, 0) == pid);
+	CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	/* the child's writes, through its own mapping, are in our memory */
+	CU_ASSERT_FATAL(cudaMemcpy(buf, (void *)(uintptr_t)(m.dptr + half), half,
+				   cudaMemcpyDeviceToHost) == cudaSuccess);
+	for (uint64_t i = 0; i < half && bad == UINT64_MAX; i++)
+		if (buf[i] != pattern(i, 0x77))
+			bad = i;
+	CU_ASSERT_EQUAL(bad, UINT64_MAX);
+	/* and our first half is as we left it */
+	CU_ASSERT_FATAL(cudaMemcpy(buf, (void *)(uintptr_t)m.dptr, half, cudaMemcpyDeviceToHost) ==
+			cudaSuccess);
+	for (uint64_t i = 0; i < half && bad == UINT64_MAX; i++)
+		if (buf[i] != pattern(i, 0x11))
+			bad = i;
+	CU_ASSERT_EQUAL(bad, UINT64_MAX);
+
+	free(buf);
+	kvp_cuda_mem_destroy(&m);
+	CU_ASSERT_EQUAL(m.fd, -1);
+	CU_ASSERT_EQUAL(m.bytes, 0);
+	kvp_cuda_mem_destroy(&m); /* twice is fine */
+}
+
+static void test_kvp_cuda_mem_create_bad(void)
+{
+	struct kvp_cuda_mem m, before;
+	char reason[256] = "";
+
+	memset(&m, 0x3c, sizeof(m));
+	before = m;
+	CU_ASSERT_EQUAL(kvp_cuda_mem_create(1 << 20, 1 << 20, &m, reason, sizeof(reason)), -ENODEV);
+	CU_ASSERT(strstr(reason, "not present") != NULL);
+	CU_ASSERT_EQUAL(kvp_cuda_mem_create(-1, 1 << 20, &m, reason, sizeof(reason)), -ENODEV);
+	CU_ASSERT_EQUAL(kvp_cuda_mem_create(0, 0, &m, reason, sizeof(reason)), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_cuda_mem_create(0, UINT64_MAX - 5, &m, reason, sizeof(reason)),
+			-EINVAL);
+	CU_ASSERT_EQUAL(kvp_cuda_mem_create(0, 1 << 20, NULL, NULL, 0), -EINVAL);
+	CU_ASSERT(memcmp(&m, &before, sizeof(m)) == 0); /* output untouched on failure */
+}
+
+static void test_kvp_cuda_mem_import_bad(void)
+{
+	struct kvp_cuda_mem m, before, good;
+	char reason[256] = "";
+	int devnull, ret;
+
+	memset(&m, 0x3c, sizeof(m));
+	before = m;
+	CU_ASSERT_EQUAL(kvp_cuda_mem_import(0, -1, 2 << 20, &m, reason, sizeof(reason)), -EINVAL);
+	CU_ASSERT_FATAL(kvp_cuda_mem_create(0, 1, &good, reason, sizeof(reason)) == 0);
+	CU_ASSERT_EQUAL(kvp_cuda_mem_import(0, good.fd, good.bytes - 1, &m, reason, sizeof(reason)),
+			-EINVAL);
+	devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	CU_ASSERT_FATAL(devnull >= 0);
+	ret = kvp_cuda_mem_import(0, devnull, good.bytes, &m, reason, sizeof(reason));
+	CU_ASSERT(ret < 0);
+	close(devnull);
+	CU_ASSERT(memcmp(&m, &before, sizeof(m)) == 0);
+	CU_ASSERT(fcntl(good.fd, F_GETFD) >= 0); /* failed imports leave the fd alone */
+	kvp_cuda_mem_destroy(&good);
+	kvp_cuda_mem_destroy(NULL);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		CU_TestFunc fn;
+	} tests[] = {
+	    {"test_kvp_cuda_probe_count", test_kvp_cuda_probe_count},
+	    {"test_kvp_cuda_mem_create_share", test_kvp_cuda_mem_create_share},
+	    {"test_kvp_cuda_mem_create_bad", test_kvp_cuda_mem_create_bad},
+	    {"test_kvp_cuda_mem_import_bad", test_kvp_cuda_mem_import_bad},
+	};
+	char reason[256] = "";
+	CU_pSuite suite;
+	unsigned failed;
+	int n;
+
+	if (argc == 3 && !strcmp(argv[1], "--child"))
+		return child_main(atoi(argv[2]));
+	g_self = "/proc/self/exe";
+
+	n = kvp_cuda_probe(reason, sizeof(reason));
+	if (n < 0) {
+		printf("SKIP: kvp_cuda_probe = %d: %s\n", n, reason);
+		return 77;
+	}
+	printf("kvp_cuda_probe: %d usable GPU(s); device 0 NUMA node %d\n", n,
+	       kvp_cuda_device_numa_node(0));
+
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return CU_get_error();
+	suite = CU_add_suite("cuda_tier", NULL, NULL);
+	if (!suite)
+		goto err;
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
+			goto err;
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+err:
+	CU_cleanup_registry();
+	return 1;
+}

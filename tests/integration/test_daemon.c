@@ -1,0 +1,372 @@
+/* test_daemon.c - the foundation against a real kvpoold: hello, ping, status from several
+ * client processes, version skew, garbage and oversized frames closing only their own
+ * connection, PERMISSION_DENIED, SIGTERM with clients connected. */
+#include <CUnit/Basic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvpool.h"
+
+static struct daemon g_d;
+
+static int init_suite(void)
+{
+	return h_daemon_start(&g_d, NULL, NULL);
+}
+
+static int clean_suite(void)
+{
+	int r = h_daemon_stop(&g_d);
+
+	h_daemon_cleanup(&g_d);
+	return r == 0 ? 0 : -1;
+}
+
+static int client_pings(void *arg)
+{
+	struct kvp_error e;
+	struct kvp_status st;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, (const char *)arg, &e);
+
+	if (!c)
+		return 10;
+	for (int i = 0; i < 100; i++)
+		if (kvp_ping(c, &e) < 0)
+			return 11;
+	if (kvp_status(c, &st, &e) < 0 || st.sessions < 1 || strcmp(st.daemon_version, "") == 0 ||
+	    st.n_pools != 1 || strcmp(st.pools[0].name, "default") != 0)
+		return 12;
+	if (kvp_client_session_id(c) == 0)
+		return 13;
+	kvp_client_close(c);
+	return 0;
+}
+
+static void test_hello_ping_status_several_processes(void)
+{
+	pid_t pids[6];
+
+	for (int i = 0; i < 6; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0)
+			_exit(client_pings("pinger"));
+	}
+	for (int i = 0; i < 6; i++) {
+		int st;
+
+		CU_ASSERT_EQUAL(waitpid(pids[i], &st, 0), pids[i]);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+}
+
+static void test_status_counts_sessions(void)
+{
+	struct kvp_error e;
+	struct kvp_status st;
+	struct kvp_client *a = kvp_client_connect(g_d.sock, "a", &e);
+	struct kvp_client *b = kvp_client_connect(g_d.sock, "b", &e);
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_EQUAL(kvp_status(a, &st, &e), 0);
+	CU_ASSERT_EQUAL(st.sessions, 2);
+	CU_ASSERT_NOT_EQUAL(kvp_client_session_id(a), kvp_client_session_id(b));
+	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].present, 1);
+	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].backend, KVP_BACKEND_SIM);
+	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].free_tokens,
+			st.pools[0].tiers[KVP_TIER_DEVICE].total_tokens);
+	kvp_client_close(b);
+	kvp_client_close(a);
+}
+
+static Kvpool__Response *raw_hello(int fd, uint32_t version)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__HelloReq h = KVPOOL__HELLO_REQ__INIT;
+
+	h.protocol_version = version;
+	h.client_name = (char *)"raw";
+	req.id = 1;
+	req.call_case = KVPOOL__REQUEST__CALL_HELLO;
+	req.hello = &h;
+	if (h_raw_send_request(fd, &req) < 0)
+		return NULL;
+	return h_raw_recv(fd, 3000);
+}
+
+static void test_version_mismatch(void)
+{
+	int fd = h_raw_connect(g_d.sock);
+	Kvpool__Response *r;
+
+	CU_ASSERT_FATAL(fd >= 0);
+	r = raw_hello(fd, 99);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	CU_ASSERT_EQUAL(r->id, 1);
+	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__VERSION);
+	CU_ASSERT_PTR_NOT_NULL(strstr(r->status->message, "protocol 99"));
+	kvpool__response__free_unpacked(r, NULL);
+	CU_ASSERT(h_raw_closed(fd, 3000));
+	close(fd);
+}
+
+static void test_call_before_hello_is_protocol(void)
+{
+	int fd = h_raw_connect(g_d.sock);
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__PingReq p = KVPOOL__PING_REQ__INIT;
+	Kvpool__Response *r;
+
+	CU_ASSERT_FATAL(fd >= 0);
+	req.id = 5;
+	req.call_case = KVPOOL__REQUEST__CALL_PING;
+	req.ping = &p;
+	CU_ASSERT_EQUAL(h_raw_send_request(fd, &req), 0);
+	r = h_raw_recv(fd, 3000);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__PROTOCOL);
+	kvpool__response__free_unpacked(r, NULL);
+	close(fd);
+}
+
+/* A bystander keeps pinging while hostile connections come and go. */
+static void hostile_while_bystander(const void *bytes, size_t n, int expect_protocol_reply)
+{
+	struct kvp_error e;
+	struct kvp_client *ok = kvp_client_connect(g_d.sock, "bystander", &e);
+	int fd = h_raw_connect(g_d.sock);
+	Kvpool__Response *r;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ok);
+	CU_ASSERT_FATAL(fd >= 0);
+	r = raw_hello(fd, KVP_PROTOCOL_VERSION);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__OK);
+	kvpool__response__free_unpacked(r, NULL);
+	CU_ASSERT_EQUAL(send(fd, bytes, n, MSG_NOSIGNAL), (ssize_t)n);
+	if (expect_protocol_reply) {
+		r = h_raw_recv(fd, 3000);
+		CU_ASSERT_PTR_NOT_NULL(r);
+		if (r) {
+			CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__PROTOCOL);
+			kvpool__response__free_unpacked(r, NULL);
+		}
+	}
+	CU_ASSERT(h_raw_closed(fd, 3000));
+	close(fd);
+	CU_ASSERT_EQUAL(kvp_ping(ok, &e), 0);
+	kvp_client_close(ok);
+}
+
+static void test_garbage_frame_closes_only_its_connection(void)
+{
+	uint8_t garbage[] = { 6, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+
+	hostile_while_bystander(garbage, sizeof(garbage), 1);
+}
+
+static void test_oversized_frame_closes_only_its_connection(void)
+{
+	uint8_t big[] = { 0xff, 0xff, 0xff, 0x7f, 1, 2, 3 };
+
+	hostile_while_bystander(big, sizeof(big), 1);
+}
+
+static void test_split_and_merged_frames(void)
+{
+	int fd = h_raw_connect(g_d.sock);
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__HelloReq h = KVPOOL__HELLO_REQ__INIT;
+	Kvpool__PingReq p = KVPOOL__PING_REQ__INIT;
+	uint8_t buf[512];
+	size_t n = 0;
+
+	CU_ASSERT_FATAL(fd >= 0);
+	h.protocol_version = KVP_PROTOCOL_VERSION;
+	req.id = 1;
+	req.call_case = KVPOOL__REQUEST__CALL_HELLO;
+	req.hello = &h;
+	n += 4 + kvpool__request__pack(&req, buf + n + 4);
+	buf[0] = (uint8_t)(n - 4);
+	buf[1] = buf[2] = buf[3] = 0;
+	for (int i = 0; i < 3; i++) {
+		size_t at = n, len;
+
+		req.id = 10 + (uint64_t)i;
+		req.call_case = KVPOOL__REQUEST__CALL_PING;
+		req.ping = &p;
+		p.nonce = 77 + (uint64_t)i;
+		len = kvpool__request__pack(&req, buf + at + 4);
+		buf[at] = (uint8_t)len;
+		buf[at + 1] = buf[at + 2] = buf[at + 3] = 0;
+		n += 4 + len;
+	}
+	/* Byte by byte for the first frame and a half, then the rest merged. */
+	for (size_t i = 0; i < 20 && i < n; i++) {
+		CU_ASSERT_EQUAL(send(fd, buf + i, 1, MSG_NOSIGNAL), 1);
+		usleep(1000);
+	}
+	CU_ASSERT_EQUAL(send(fd, buf + 20, n - 20, MSG_NOSIGNAL), (ssize_t)(n - 20));
+	for (int i = 0; i < 4; i++) {
+		Kvpool__Response *r = h_raw_recv(fd, 3000);
+
+		CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+		CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__OK);
+		CU_ASSERT_EQUAL(r->id, i == 0 ? 1 : 10 + (uint64_t)(i - 1));
+		if (i > 0) {
+			CU_ASSERT_EQUAL(r->result_case, KVPOOL__RESPONSE__RESULT_PING);
+			CU_ASSERT_EQUAL(r->ping->nonce, 77 + (uint64_t)(i - 1));
+		}
+		kvpool__response__free_unpacked(r, NULL);
+	}
+	close(fd);
+}
+
+static void test_unknown_call_is_typed(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "t", &e);
+	int fd = h_raw_connect(g_d.sock);
+	Kvpool__Response *r;
+	/* Hello, then a Request whose oneof is field 99 (unknown to this daemon). */
+	uint8_t unk[] = { 5, 0, 0, 0, 0x08, 0x02, 0x9a, 0x06, 0x00 };
+
+	CU_ASSERT_FATAL(fd >= 0 && c);
+	r = raw_hello(fd, KVP_PROTOCOL_VERSION);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	kvpool__response__free_unpacked(r, NULL);
+	CU_ASSERT_EQUAL(send(fd, unk, sizeof(unk), MSG_NOSIGNAL), (ssize_t)sizeof(unk));
+	r = h_raw_recv(fd, 3000);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	CU_ASSERT_EQUAL(r->id, 2);
+	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__INVALID_ARGUMENT);
+	kvpool__response__free_unpacked(r, NULL);
+	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0);
+	close(fd);
+	kvp_client_close(c);
+}
+
+static int denied_client(void *arg)
+{
+	struct kvp_error e;
+	struct kvp_client *c;
+
+	(void)arg;
+	if (getuid() == 0 && setuid(65534) < 0)
+		return 20;
+	c = kvp_client_connect(g_d.sock, "intruder", &e);
+	if (c)
+		return 21;
+	return e.code == KVP_E_PERMISSION_DENIED ? 0 : 22;
+}
+
+static void test_permission_denied_for_uid_not_allowed(void)
+{
+	struct daemon saved = g_d, d;
+	char uid[32];
+	const char *args[] = { "--allow-uid", uid, NULL };
+	struct kvp_status st;
+	struct kvp_error e;
+	struct kvp_client *c;
+
+	/* Allow only a uid nobody here has: root stays allowed, others are refused. */
+	snprintf(uid, sizeof(uid), "%u", 4242u);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, NULL, args), 0);
+	g_d = d;
+	CU_ASSERT_EQUAL(h_in_child(denied_client, NULL), 0);
+	if (getuid() == 0) {
+		c = kvp_client_connect(d.sock, "root", &e);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+		CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+		CU_ASSERT_EQUAL(st.sessions, 1); /* the refused one made no session */
+		kvp_client_close(c);
+	}
+	CU_ASSERT(h_log_contains(&d, "not allowed"));
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	h_daemon_cleanup(&d);
+	g_d = saved;
+}
+
+static void test_socket_mode_0660(void)
+{
+	struct stat sb;
+
+	CU_ASSERT_EQUAL_FATAL(stat(g_d.sock, &sb), 0);
+	CU_ASSERT_EQUAL(sb.st_mode & 0777, 0660);
+}
+
+static void test_sigterm_with_clients_connected_exits_0(void)
+{
+	struct daemon d;
+	struct kvp_error e;
+	struct kvp_client *c[4];
+
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, NULL, NULL), 0);
+	for (int i = 0; i < 4; i++) {
+		c[i] = kvp_client_connect(d.sock, "held", &e);
+		CU_ASSERT_PTR_NOT_NULL(c[i]);
+	}
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	for (int i = 0; i < 4; i++) {
+		if (!c[i])
+			continue;
+		/* The session is gone: a call sees a clean EOF, not a hang. */
+		CU_ASSERT(kvp_ping(c[i], &e) < 0);
+		CU_ASSERT_EQUAL(e.code, KVP_E_TRANSPORT);
+		kvp_client_close(c[i]);
+	}
+	CU_ASSERT(h_log_contains(&d, "stopping: SIGTERM"));
+	h_daemon_cleanup(&d);
+}
+
+static void test_no_daemon_is_typed(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect("/tmp/kvpool-nonexistent.sock", "x", &e);
+
+	CU_ASSERT_PTR_NULL(c);
+	CU_ASSERT_EQUAL(e.code, KVP_E_NO_DAEMON);
+	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "no kvpoold at"));
+}
+
+int main(void)
+{
+	CU_pSuite s;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("daemon", init_suite, clean_suite);
+	CU_add_test(s, "test_hello_ping_status_several_processes",
+		    test_hello_ping_status_several_processes);
+	CU_add_test(s, "test_status_counts_sessions", test_status_counts_sessions);
+	CU_add_test(s, "test_version_mismatch", test_version_mismatch);
+	CU_add_test(s, "test_call_before_hello_is_protocol", test_call_before_hello_is_protocol);
+	CU_add_test(s, "test_garbage_frame_closes_only_its_connection",
+		    test_garbage_frame_closes_only_its_connection);
+	CU_add_test(s, "test_oversized_frame_closes_only_its_connection",
+		    test_oversized_frame_closes_only_its_connection);
+	CU_add_test(s, "test_split_and_merged_frames", test_split_and_merged_frames);
+	CU_add_test(s, "test_unknown_call_is_typed", test_unknown_call_is_typed);
+	CU_add_test(s, "test_permission_denied_for_uid_not_allowed",
+		    test_permission_denied_for_uid_not_allowed);
+	CU_add_test(s, "test_socket_mode_0660", test_socket_mode_0660);
+	CU_add_test(s, "test_sigterm_with_clients_connected_exits_0",
+		    test_sigterm_with_clients_connected_exits_0);
+	CU_add_test(s, "test_no_daemon_is_typed", test_no_daemon_is_typed);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	{
+		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+
+		CU_cleanup_registry();
+		return f ? 1 : 0;
+	}
+}

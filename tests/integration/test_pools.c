@@ -1,0 +1,430 @@
+/* test_pools.c - pools against a real kvpoold: shared pages across processes, typed capacity,
+ * quota and geometry errors, reclaim on kill -9 and keep-alive, foreign leases, seals, and the
+ * host budget refusal at start-up. */
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvpool.h"
+
+/* 64 device pages and 32 host pages of 16 tokens; quota on a second pool. */
+static const char *const g_conf =
+	"[daemon]\n"
+	"keepalive_ms = 1500\n"
+	"[pool.small]\n"
+	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"
+	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
+	"[pool.quota]\n"
+	"layers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp32\npage_tokens = 8\n"
+	"device = sim\ndevice_capacity = 800t\nhost_capacity = 0\nsession_quota = 64\n"
+	"mlock = off\n";
+
+static struct daemon g_d;
+
+static int init_suite(void)
+{
+	return h_daemon_start(&g_d, g_conf, NULL);
+}
+
+static int clean_suite(void)
+{
+	int r = h_daemon_stop(&g_d);
+
+	h_daemon_cleanup(&g_d);
+	return r == 0 ? 0 : -1;
+}
+
+static struct kvp_client *conn(const char *name)
+{
+	struct kvp_error e;
+
+	return kvp_client_connect(g_d.sock, name, &e);
+}
+
+static uint64_t tier_leased(int tier)
+{
+	struct kvp_error e;
+	struct kvp_status st;
+	struct kvp_client *c = conn("probe");
+	uint64_t v = UINT64_MAX;
+
+	if (c && kvp_status(c, &st, &e) == 0)
+		v = st.pools[0].tiers[tier].leased_tokens;
+	kvp_client_close(c);
+	return v;
+}
+
+static void test_attach_geometry_and_backend(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("geo");
+	struct kvp_geometry g;
+	struct kvp_pool *p;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	p = kvp_pool_attach(c, "small", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	kvp_pool_geometry(p, &g);
+	CU_ASSERT_EQUAL(g.layers, 2);
+	CU_ASSERT_EQUAL(g.page_tokens, 16);
+	CU_ASSERT_EQUAL(g.dtype, KVP_DTYPE_FP16);
+	CU_ASSERT_EQUAL(kvp_pool_tier_pages(p, KVP_TIER_DEVICE), 64);
+	CU_ASSERT_EQUAL(kvp_pool_tier_pages(p, KVP_TIER_HOST), 32);
+	CU_ASSERT_EQUAL(kvp_pool_tier_backend(p, KVP_TIER_DEVICE), KVP_BACKEND_SIM);
+	CU_ASSERT_EQUAL(kvp_pool_tier_backend(p, KVP_TIER_HOST), KVP_BACKEND_MEMFD);
+	CU_ASSERT_EQUAL(kvp_pool_row_bytes(p), 2 * 16 * 2);
+	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), 2 * 2 * 16 * 64);
+	CU_ASSERT_PTR_NOT_NULL(kvp_pool_tier_base(p, KVP_TIER_DEVICE));
+	/* layer-first device layout, page-first host layout */
+	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_DEVICE, 1, 1, 3, 5),
+			((1 * 2 + 1) * (64 * 16) + 3 * 16 + 5) * 64);
+	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_HOST, 1, 0, 3, 5),
+			(((3 * 2 + 1) * 2 + 0) * 16 + 5) * 64);
+	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_DEVICE, 2, 0, 0, 0), UINT64_MAX);
+	kvp_client_close(c);
+}
+
+static void test_attach_errors_are_typed(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("err");
+	struct kvp_geometry want = { .layers = 32, .page_tokens = 16 };
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_PTR_NULL(kvp_pool_attach(c, "nope", NULL, &e));
+	CU_ASSERT_EQUAL(e.code, KVP_E_NO_SUCH_POOL);
+	CU_ASSERT_PTR_NULL(kvp_pool_attach(c, "small", &want, &e));
+	CU_ASSERT_EQUAL(e.code, KVP_E_GEOMETRY_MISMATCH);
+	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_GEOMETRY);
+	CU_ASSERT_EQUAL(e.geometry.expected.layers, 32);
+	CU_ASSERT_EQUAL(e.geometry.actual.layers, 2);
+	kvp_client_close(c);
+}
+
+/* Child: attaches, writes a pattern into a leased page, reports the page via a pipe, waits. */
+static int g_pipe[2], g_back[2];
+
+static int writer(void *arg)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("writer");
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+	uint32_t page;
+	uint64_t lease;
+	char done;
+
+	(void)arg;
+	if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
+		return 30;
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t t = 0; t < 16; t++)
+				memset(kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t),
+				       (int)(0x10 + l * 4 + kv * 2 + (t & 1)), 64);
+	if (write(g_pipe[1], &page, sizeof(page)) != sizeof(page))
+		return 31;
+	if (read(g_back[0], &done, 1) != 1 || done != 'k')
+		return 32; /* the reader saw it */
+	/* And the reader's write is visible here. */
+	if (*(uint8_t *)kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15) != 0xee)
+		return 33;
+	kvp_client_close(c);
+	return 0;
+}
+
+static void test_two_clients_share_bytes(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("reader");
+	struct kvp_pool *p;
+	pid_t pid;
+	uint32_t page;
+	int st, ok = 1;
+
+	CU_ASSERT_FATAL(pipe(g_pipe) == 0 && pipe(g_back) == 0);
+	pid = fork();
+	if (pid == 0)
+		_exit(writer(NULL));
+	p = kvp_pool_attach(c, "small", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(read(g_pipe[0], &page, sizeof(page)), sizeof(page));
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t t = 0; t < 16; t++) {
+				uint8_t *a = kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
+
+				for (int i = 0; i < 64; i++)
+					ok &= a[i] == (uint8_t)(0x10 + l * 4 + kv * 2 + (t & 1));
+			}
+	CU_ASSERT(ok);
+	memset(kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15), 0xee, 64);
+	CU_ASSERT_EQUAL(write(g_back[1], "k", 1), 1);
+	CU_ASSERT_EQUAL(waitpid(pid, &st, 0), pid);
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	kvp_client_close(c);
+	for (int i = 0; i < 2; i++)
+		close(g_pipe[i]), close(g_back[i]);
+}
+
+static void test_exhaustion_is_out_of_capacity_with_numbers(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("hog");
+	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
+	uint32_t pages[64];
+	uint64_t lease, lease2;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 60, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 5, &lease2, pages, &e),
+			-KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(e.code, KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_CAPACITY);
+	CU_ASSERT_EQUAL(e.capacity.tier, KVP_TIER_DEVICE);
+	CU_ASSERT_EQUAL(e.capacity.requested_tokens, 80);
+	CU_ASSERT_EQUAL(e.capacity.free_tokens, 64);
+	CU_ASSERT_EQUAL(e.capacity.evictable_tokens, 0);
+	CU_ASSERT_EQUAL(e.capacity.protected_tokens, 0);
+	CU_ASSERT_EQUAL(e.capacity.leased_tokens, 960);
+	CU_ASSERT_EQUAL(e.capacity.total_tokens, 1024);
+	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "asked for 80 tokens"));
+	/* Exactly what is free still works; one more page does not. */
+	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease2, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_extend(p, lease2, 1, pages, &e), -KVP_E_OUT_OF_CAPACITY);
+	/* Absurd and zero sizes are typed too. */
+	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 0, &lease2, pages, &e),
+			-KVP_E_INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 64);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
+}
+
+static void test_free_some_pages_and_foreign_pages(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("part");
+	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
+	uint32_t pages[8], more[2];
+	uint64_t lease;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_extend(p, lease, 2, more, &e), 0);
+	CU_ASSERT_EQUAL(kvp_free(p, lease, pages, 2, &e), 4); /* 4 left */
+	CU_ASSERT_EQUAL(kvp_free(p, lease, pages, 1, &e), -KVP_E_NOT_FOUND); /* already freed */
+	{
+		uint32_t dup[2] = { pages[2], pages[2] };
+
+		CU_ASSERT_EQUAL(kvp_free(p, lease, dup, 2, &e), -KVP_E_NOT_FOUND);
+	}
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 64); /* nothing changed by the refusals */
+	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), -KVP_E_NOT_FOUND); /* double free */
+	kvp_client_close(c);
+}
+
+static int foreign(void *arg)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("thief");
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+	uint64_t lease = *(uint64_t *)arg;
+	uint32_t pages[1];
+
+	if (!p)
+		return 40;
+	if (kvp_free(p, lease, NULL, 0, &e) != -KVP_E_NOT_FOUND)
+		return 41;
+	if (kvp_extend(p, lease, 1, pages, &e) != -KVP_E_NOT_FOUND)
+		return 42;
+	kvp_client_close(c);
+	return 0;
+}
+
+static void test_foreign_lease_is_not_found(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("owner");
+	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
+	uint32_t pages[2];
+	uint64_t lease;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(h_in_child(foreign, &lease), 0);
+	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0); /* still ours, untouched */
+	kvp_client_close(c);
+}
+
+static int holder(void *arg)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("victim");
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+	uint32_t pages[40];
+	uint64_t lease;
+
+	(void)arg;
+	if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 40, &lease, pages, &e) < 0 ||
+	    kvp_alloc(p, KVP_TIER_HOST, 8, &lease, pages, &e) < 0)
+		_exit(50);
+	if (write(g_pipe[1], "r", 1) != 1)
+		_exit(51);
+	for (;;)
+		pause();
+}
+
+static void test_kill9_frees_leases(void)
+{
+	pid_t pid;
+	char b;
+	uint64_t end;
+
+	CU_ASSERT_FATAL(pipe(g_pipe) == 0);
+	pid = fork();
+	if (pid == 0)
+		holder(NULL);
+	CU_ASSERT_EQUAL_FATAL(read(g_pipe[0], &b, 1), 1);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 640);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_HOST), 128);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	end = h_now_ms() + 5000;
+	while (h_now_ms() < end && tier_leased(KVP_TIER_DEVICE) != 0)
+		usleep(10000);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_HOST), 0);
+	close(g_pipe[0]);
+	close(g_pipe[1]);
+}
+
+static void test_keepalive_reclaims_hung_session(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("sleeper");
+	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
+	uint32_t pages[3];
+	uint64_t lease, end;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 48);
+	/* No call for longer than keepalive_ms (1500): the session is reclaimed. */
+	end = h_now_ms() + 6000;
+	while (h_now_ms() < end && tier_leased(KVP_TIER_DEVICE) != 0)
+		usleep(100000);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
+	CU_ASSERT(kvp_ping(c, &e) < 0);
+	CU_ASSERT(h_log_contains(&g_d, "keepalive"));
+	kvp_client_close(c);
+}
+
+static void test_quota_exceeded(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("greedy");
+	struct kvp_pool *p = kvp_pool_attach(c, "quota", NULL, &e);
+	uint32_t pages[16];
+	uint64_t lease;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 6, &lease, pages, &e), 0); /* 48 tokens */
+	CU_ASSERT_EQUAL(kvp_extend(p, lease, 3, pages, &e), -KVP_E_QUOTA_EXCEEDED);
+	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_QUOTA);
+	CU_ASSERT_EQUAL(e.quota.quota_tokens, 64);
+	CU_ASSERT_EQUAL(e.quota.held_tokens, 48);
+	CU_ASSERT_EQUAL(e.quota.requested_tokens, 24);
+	CU_ASSERT_EQUAL(kvp_extend(p, lease, 2, pages, &e), 0); /* exactly the quota */
+	kvp_client_close(c);
+}
+
+static void test_tier_fd_is_sealed(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("truncator");
+	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		int fd = kvp_pool_tier_fd(p, t);
+
+		CU_ASSERT(fd >= 0);
+		CU_ASSERT_EQUAL(ftruncate(fd, 0), -1);
+		CU_ASSERT_EQUAL(errno, EPERM);
+		CU_ASSERT_EQUAL(ftruncate(fd, (off_t)kvp_pool_tier_bytes(p, t) * 2), -1);
+	}
+	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0); /* the daemon did not notice a thing */
+	kvp_client_close(c);
+}
+
+static void test_pool_larger_than_memory_exits_budget(void)
+{
+	struct daemon d;
+	const char *conf = "[pool.huge]\n"
+			   "layers = 80\nkv_heads = 8\nhead_dim = 128\ndtype = bf16\n"
+			   "page_tokens = 16\ndevice = none\nhost_capacity = 64T\n";
+	int rc = h_daemon_run_to_exit(&d, conf, NULL);
+
+	CU_ASSERT_EQUAL(rc, 3);
+	CU_ASSERT(h_log_contains(&d, "HOST_BUDGET_EXCEEDED"));
+	CU_ASSERT(h_log_contains(&d, "pool huge: host tier needs"));
+	h_daemon_cleanup(&d);
+}
+
+static void test_cuda_pool_without_gpu_is_refused_typed(void)
+{
+	struct daemon d;
+	const char *conf = "[pool.gpu]\n"
+			   "layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\n"
+			   "page_tokens = 16\ndevice = cuda:0\ndevice_capacity = 1M\n"
+			   "host_capacity = 1M\nmlock = off\n";
+	int rc;
+
+	if (access("/dev/nvidiactl", F_OK) == 0)
+		return; /* a GPU machine: the gpu suite covers it */
+	rc = h_daemon_run_to_exit(&d, conf, NULL);
+	CU_ASSERT_EQUAL(rc, 4);
+	CU_ASSERT(h_log_contains(&d, "cuda:0 device tier refused"));
+	h_daemon_cleanup(&d);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("pools", init_suite, clean_suite);
+	CU_add_test(s, "test_attach_geometry_and_backend", test_attach_geometry_and_backend);
+	CU_add_test(s, "test_attach_errors_are_typed", test_attach_errors_are_typed);
+	CU_add_test(s, "test_two_clients_share_bytes", test_two_clients_share_bytes);
+	CU_add_test(s, "test_exhaustion_is_out_of_capacity_with_numbers",
+		    test_exhaustion_is_out_of_capacity_with_numbers);
+	CU_add_test(s, "test_free_some_pages_and_foreign_pages",
+		    test_free_some_pages_and_foreign_pages);
+	CU_add_test(s, "test_foreign_lease_is_not_found", test_foreign_lease_is_not_found);
+	CU_add_test(s, "test_kill9_frees_leases", test_kill9_frees_leases);
+	CU_add_test(s, "test_keepalive_reclaims_hung_session", test_keepalive_reclaims_hung_session);
+	CU_add_test(s, "test_quota_exceeded", test_quota_exceeded);
+	CU_add_test(s, "test_tier_fd_is_sealed", test_tier_fd_is_sealed);
+	CU_add_test(s, "test_pool_larger_than_memory_exits_budget",
+		    test_pool_larger_than_memory_exits_budget);
+	CU_add_test(s, "test_cuda_pool_without_gpu_is_refused_typed",
+		    test_cuda_pool_without_gpu_is_refused_typed);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	{
+		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+
+		CU_cleanup_registry();
+		return f ? 1 : 0;
+	}
+}

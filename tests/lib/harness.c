@@ -1,0 +1,274 @@
+/* harness.c - real daemons and real client processes for the integration suites. */
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+
+uint64_t h_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+const char *h_kvpoold(void)
+{
+	const char *p = getenv("KVPOOLD");
+
+	return p ? p : "../daemon/kvpoold";
+}
+
+static pid_t spawn(struct daemon *d, const char *config, const char *const *args)
+{
+	const char *argv[32];
+	int n = 0, fd;
+	pid_t pid;
+
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvpool-test-XXXXXX");
+	if (!mkdtemp(d->dir))
+		return -1;
+	snprintf(d->sock, sizeof(d->sock), "%s/kvpoold.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
+	if (config) {
+		FILE *f;
+
+		snprintf(d->config, sizeof(d->config), "%s/kvpoold.conf", d->dir);
+		f = fopen(d->config, "w");
+		if (!f)
+			return -1;
+		fputs(config, f);
+		fclose(f);
+	}
+	argv[n++] = h_kvpoold();
+	argv[n++] = "--socket";
+	argv[n++] = d->sock;
+	argv[n++] = "--log-level";
+	argv[n++] = "debug";
+	if (config) {
+		argv[n++] = "--config";
+		argv[n++] = d->config;
+	}
+	for (int i = 0; args && args[i] && n < 30; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	pid = fork();
+	if (pid == 0) {
+		fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 2);
+			dup2(fd, 1);
+		}
+		unsetenv("NOTIFY_SOCKET");
+		unsetenv("LISTEN_FDS");
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	d->pid = pid;
+	return pid;
+}
+
+int h_daemon_start(struct daemon *d, const char *config, const char *const *args)
+{
+	uint64_t end;
+
+	if (spawn(d, config, args) < 0)
+		return -1;
+	end = h_now_ms() + 10000;
+	while (h_now_ms() < end) {
+		int fd = h_raw_connect(d->sock), st;
+
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			d->pid = 0;
+			return -1;
+		}
+		usleep(10000);
+	}
+	return -1;
+}
+
+static int wait_exit(pid_t pid, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	int st;
+
+	while (h_now_ms() < end) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		usleep(5000);
+	}
+	return -1;
+}
+
+int h_daemon_run_to_exit(struct daemon *d, const char *config, const char *const *args)
+{
+	int r;
+
+	if (spawn(d, config, args) < 0)
+		return -1;
+	r = wait_exit(d->pid, 10000);
+	if (r < 0)
+		kill(d->pid, SIGKILL), waitpid(d->pid, NULL, 0);
+	d->pid = 0;
+	return r;
+}
+
+int h_daemon_stop(struct daemon *d)
+{
+	int r;
+
+	if (d->pid <= 0)
+		return -1;
+	kill(d->pid, SIGTERM);
+	r = wait_exit(d->pid, 10000);
+	if (r < 0) {
+		kill(d->pid, SIGKILL);
+		waitpid(d->pid, NULL, 0);
+	}
+	d->pid = 0;
+	return r;
+}
+
+bool h_log_contains(const struct daemon *d, const char *s)
+{
+	char buf[1 << 16];
+	FILE *f = fopen(d->log, "r");
+	size_t n;
+	bool found = false;
+
+	if (!f)
+		return false;
+	while ((n = fread(buf, 1, sizeof(buf) - 1, f)) > 0) {
+		buf[n] = 0;
+		if (strstr(buf, s)) {
+			found = true;
+			break;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+void h_daemon_cleanup(struct daemon *d)
+{
+	char cmd[300];
+
+	if (d->pid > 0)
+		h_daemon_stop(d);
+	if (getenv("KVP_KEEP_LOGS")) {
+		fprintf(stderr, "kept %s\n", d->dir);
+		return;
+	}
+	if (d->dir[0] && strncmp(d->dir, "/tmp/kvpool-test-", 17) == 0) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "cleanup of %s failed\n", d->dir);
+	}
+}
+
+int h_in_child(int (*fn)(void *arg), void *arg)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid == 0)
+		_exit(fn(arg));
+	if (pid < 0 || waitpid(pid, &st, 0) != pid)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int h_raw_connect(const char *sock)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int h_raw_send_request(int fd, Kvpool__Request *req)
+{
+	uint8_t *buf;
+	size_t len;
+	int r = kvp_frame_pack(&req->base, &buf, &len);
+
+	if (r < 0)
+		return r;
+	r = send(fd, buf, len, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
+	free(buf);
+	return r;
+}
+
+Kvpool__Response *h_raw_recv(int fd, int ms)
+{
+	struct kvp_frame_buf b;
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	Kvpool__Response *m = NULL;
+
+	kvp_frame_buf_init(&b);
+	while (h_now_ms() < end) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		const uint8_t *payload;
+		uint32_t len;
+		uint8_t tmp[4096];
+		ssize_t n;
+
+		if (kvp_frame_next(&b, &payload, &len) == 1) {
+			m = kvp_frame_decode_response(payload, len);
+			break;
+		}
+		if (poll(&p, 1, (int)(end - h_now_ms())) <= 0)
+			break;
+		n = recv(fd, tmp, sizeof(tmp), 0);
+		if (n <= 0)
+			break;
+		if (kvp_frame_buf_append(&b, tmp, (size_t)n) < 0)
+			break;
+	}
+	kvp_frame_buf_release(&b);
+	return m;
+}
+
+bool h_raw_closed(int fd, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+
+	while (h_now_ms() < end) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		char tmp[4096];
+		ssize_t n;
+
+		if (poll(&p, 1, (int)(end - h_now_ms())) <= 0)
+			return false;
+		n = recv(fd, tmp, sizeof(tmp), 0);
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return true;
+	}
+	return false;
+}

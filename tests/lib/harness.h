@@ -1,0 +1,47 @@
+/* harness.h - test helpers: start a real kvpoold on a temporary socket, run code in real
+ * client processes, send raw frames. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvpool.pb-c.h"
+
+struct daemon {
+	pid_t pid;
+	char dir[128];	  /* temporary directory */
+	char sock[160];	  /* socket path */
+	char log[160];	  /* stderr of the daemon */
+	char config[160]; /* config written by the test, "" when embedded */
+};
+
+/* Path of the kvpoold binary: $KVPOOLD, else ../daemon/kvpoold relative to the build dir. */
+const char *h_kvpoold(void);
+/* Writes config text (NULL: none) and starts kvpoold with extra args (NULL-terminated).
+ * Waits until it accepts connections (10 s). Returns 0 or -1 (d->log says why). */
+int h_daemon_start(struct daemon *d, const char *config, const char *const *args);
+/* Starts kvpoold and waits for it to exit (for start-up failures). Returns its exit status,
+ * -1 when it did not exit within 10 s. */
+int h_daemon_run_to_exit(struct daemon *d, const char *config, const char *const *args);
+/* SIGTERM, then waits up to 10 s. Returns the exit status, -1 on timeout (then SIGKILL). */
+int h_daemon_stop(struct daemon *d);
+/* Whether the daemon's log contains s. */
+bool h_log_contains(const struct daemon *d, const char *s);
+/* Removes the temporary directory. */
+void h_daemon_cleanup(struct daemon *d);
+
+/* Runs fn(arg) in a forked child; returns its exit status (or 128+signal). */
+int h_in_child(int (*fn)(void *arg), void *arg);
+
+/* A raw connection for hostile-input tests. */
+int h_raw_connect(const char *sock);
+/* Sends a packed request frame. 0 or -errno. */
+int h_raw_send_request(int fd, Kvpool__Request *req);
+/* Reads one response frame within ms. NULL on EOF, timeout or garbage. */
+Kvpool__Response *h_raw_recv(int fd, int ms);
+/* Whether the peer closed the connection within ms (reads and discards). */
+bool h_raw_closed(int fd, int ms);
+
+/* Milliseconds of the monotonic clock. */
+uint64_t h_now_ms(void);

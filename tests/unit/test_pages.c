@@ -1,0 +1,123 @@
+/* test_pages.c - the page allocator under random alloc/free/cache sequences, with the
+ * invariant free + leased + cached == total checked after every step. */
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pages.h"
+
+static void test_pages_alloc_all_then_enospc(void)
+{
+	struct kvp_pages *p = kvp_pages_new(10);
+	uint32_t ids[11];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 0, ids), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 11, ids), -ENOSPC);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), 10); /* all or nothing */
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 10, ids), 0);
+	CU_ASSERT_EQUAL(ids[0], 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 1, ids), -ENOSPC);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	kvp_pages_free(p);
+}
+
+static void test_pages_release_rejects_bad_ids_atomically(void)
+{
+	struct kvp_pages *p = kvp_pages_new(8);
+	uint32_t ids[4], bad[3];
+
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, 4, ids), 0);
+	bad[0] = ids[0], bad[1] = 99, bad[2] = ids[1];
+	CU_ASSERT_EQUAL(kvp_pages_release(p, bad, 3), -EINVAL);
+	bad[1] = ids[0]; /* duplicate */
+	CU_ASSERT_EQUAL(kvp_pages_release(p, bad, 3), -EINVAL);
+	bad[1] = 7; /* free page */
+	CU_ASSERT_EQUAL(kvp_pages_release(p, bad, 2), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_LEASED), 4);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, ids, 4), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, ids, 1), -EINVAL); /* double free */
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), 8);
+	kvp_pages_free(p);
+}
+
+static void test_pages_random_sequences_keep_invariant(void)
+{
+	enum { N = 257 };
+	struct kvp_pages *p = kvp_pages_new(N);
+	uint8_t model[N] = { 0 }; /* what the test believes each page is */
+	unsigned seed = 12345;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (int step = 0; step < 20000; step++) {
+		int op = rand_r(&seed) % 4;
+		uint32_t ids[16], n = 1 + (uint32_t)rand_r(&seed) % 16, c[KVP_PAGE_STATE_MAX] = { 0 };
+
+		if (op == 0) {
+			uint32_t nfree = kvp_pages_count(p, KVP_PAGE_FREE);
+			int r = kvp_pages_alloc(p, n, ids);
+
+			CU_ASSERT_EQUAL(r, n <= nfree ? 0 : -ENOSPC);
+			for (uint32_t i = 0; r == 0 && i < n; i++) {
+				CU_ASSERT_EQUAL(model[ids[i]], KVP_PAGE_FREE);
+				model[ids[i]] = KVP_PAGE_LEASED;
+			}
+		} else if (op == 1 || op == 2) {
+			uint32_t k = 0;
+
+			for (uint32_t i = (uint32_t)rand_r(&seed) % N, j = 0; j < N && k < n; j++)
+				if (model[(i + j) % N] != KVP_PAGE_FREE)
+					ids[k++] = (i + j) % N;
+			if (op == 1) {
+				CU_ASSERT_EQUAL(kvp_pages_release(p, ids, k), 0);
+				for (uint32_t i = 0; i < k; i++)
+					model[ids[i]] = KVP_PAGE_FREE;
+			} else {
+				for (uint32_t i = 0; i < k; i++) {
+					int from = model[ids[i]];
+					int to = from == KVP_PAGE_LEASED ? KVP_PAGE_CACHED
+									 : KVP_PAGE_LEASED;
+
+					CU_ASSERT_EQUAL(kvp_pages_move(p, ids[i], from, to), 0);
+					model[ids[i]] = (uint8_t)to;
+				}
+			}
+		} else {
+			uint32_t id = (uint32_t)rand_r(&seed) % (N + 3);
+
+			CU_ASSERT_EQUAL(kvp_pages_state(p, id), id < N ? model[id] : -EINVAL);
+		}
+		for (int i = 0; i < N; i++)
+			c[model[i]]++;
+		for (int s = 0; s < KVP_PAGE_STATE_MAX; s++)
+			CU_ASSERT_EQUAL(kvp_pages_count(p, s), c[s]);
+		CU_ASSERT_EQUAL(c[0] + c[1] + c[2], N);
+		if (step % 97 == 0)
+			CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	}
+	kvp_pages_free(p);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("pages", NULL, NULL);
+	CU_add_test(s, "test_pages_alloc_all_then_enospc", test_pages_alloc_all_then_enospc);
+	CU_add_test(s, "test_pages_release_rejects_bad_ids_atomically",
+		    test_pages_release_rejects_bad_ids_atomically);
+	CU_add_test(s, "test_pages_random_sequences_keep_invariant",
+		    test_pages_random_sequences_keep_invariant);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	{
+		unsigned f = CU_get_number_of_failures();
+
+		CU_cleanup_registry();
+		return f ? 1 : 0;
+	}
+}
