@@ -44,8 +44,8 @@ int kvp_check_config(const char *path, int json)
 	}
 	for (uint32_t i = 0; i < c.n_pools; i++) {
 		const struct kvp_pool_conf *p = &c.pools[i];
-		uint64_t tb = kvp_pool_token_bytes(p), pb = kvp_pool_page_bytes(p);
-		uint64_t db = kvp_pool_device_bytes(p), hb = kvp_pool_host_bytes(p);
+		uint64_t tb = kvp_conf_token_bytes(p), pb = kvp_conf_page_bytes(p);
+		uint64_t db = kvp_conf_device_bytes(p), hb = kvp_conf_host_bytes(p);
 
 		if (json) {
 			printf("%s{\"name\":\"%s\",\"token_bytes\":%lu,\"page_bytes\":%lu,"

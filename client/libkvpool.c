@@ -256,7 +256,8 @@ int kvp__call(struct kvp_client *c, Kvpool__Request *req, Kvpool__Response **res
 				 "request does not fit in one frame");
 	r = send_all(c->fd, buf, len);
 	free(buf);
-	if (r < 0)
+	/* A refusal (id 0) may already wait in the socket when the peer closed: read it first. */
+	if (r < 0 && r != -EPIPE && r != -ECONNRESET)
 		goto transport;
 	for (;;) {
 		const uint8_t *payload;

@@ -29,6 +29,7 @@ struct opts {
 	uint32_t min_tokens, max_tokens, batch;
 	uint32_t families, prefix_tokens, turn_tokens, turns;
 	int json;
+	int private_pools; /* process i attaches pool "<pool><i>" */
 };
 
 /* Per-process results, in shared memory so the parent sums them. */
@@ -37,7 +38,7 @@ struct result {
 	uint64_t errors[KVP_CODE_MAX];
 	uint64_t hit_tokens, queried_tokens, loads, backoffs;
 	int failed;
-	char why[200];
+	char why[640];
 };
 
 static double now_s(void)
@@ -352,7 +353,15 @@ static int child(const struct opts *o, int idx, struct result *res)
 		snprintf(res->why, sizeof(res->why), "connect: %s", e.message);
 		return 1;
 	}
-	x.p = kvp_pool_attach(x.c, o->pool, NULL, &e);
+	{
+		char pname[80];
+
+		if (o->private_pools)
+			snprintf(pname, sizeof(pname), "%s%d", o->pool, idx);
+		else
+			snprintf(pname, sizeof(pname), "%s", o->pool);
+		x.p = kvp_pool_attach(x.c, pname, NULL, &e);
+	}
 	if (!x.p) {
 		snprintf(res->why, sizeof(res->why), "attach %s: %s", o->pool, e.message);
 		kvp_client_close(x.c);
@@ -392,6 +401,8 @@ static void usage(FILE *f)
 		"      --prefix-tokens N   system prompt length (shared-prefix; default 512)\n"
 		"      --turn-tokens N     tokens per turn (shared-prefix; default 64)\n"
 		"      --turns N           turns per conversation (shared-prefix; default 6)\n"
+		"      --private-pools     process i attaches pool NAME<i> (a private pool each,\n"
+		"                          as in-process allocators do; for comparisons)\n"
 		"      --json              print the summary as one JSON object\n");
 }
 
@@ -411,6 +422,7 @@ int main(int argc, char **argv)
 		{ "turn-tokens", required_argument, NULL, 6 },
 		{ "turns", required_argument, NULL, 7 },
 		{ "json", no_argument, NULL, 8 },
+		{ "private-pools", no_argument, NULL, 9 },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -436,6 +448,7 @@ int main(int argc, char **argv)
 		case 6: o.turn_tokens = (uint32_t)atoi(optarg); break;
 		case 7: o.turns = (uint32_t)atoi(optarg); break;
 		case 8: o.json = 1; break;
+		case 9: o.private_pools = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}

@@ -35,23 +35,23 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
 	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-uint64_t kvp_pool_host_bytes(const struct kvp_pool_conf *p)
+uint64_t kvp_conf_host_bytes(const struct kvp_pool_conf *p)
 {
-	return mul_sat(p->host_pages, kvp_pool_page_bytes(p));
+	return mul_sat(p->host_pages, kvp_conf_page_bytes(p));
 }
 
-uint64_t kvp_pool_device_bytes(const struct kvp_pool_conf *p)
+uint64_t kvp_conf_device_bytes(const struct kvp_pool_conf *p)
 {
 	if (p->device == KVP_DEVICE_NONE)
 		return 0;
-	return mul_sat(p->device_pages, kvp_pool_page_bytes(p));
+	return mul_sat(p->device_pages, kvp_conf_page_bytes(p));
 }
 
 static void pool_share(const struct kvp_pool_conf *p, struct share *s)
 {
 	memset(s, 0, sizeof(*s));
-	s->host = kvp_pool_host_bytes(p);
-	s->sim = p->device == KVP_DEVICE_SIM ? kvp_pool_device_bytes(p) : 0;
+	s->host = kvp_conf_host_bytes(p);
+	s->sim = p->device == KVP_DEVICE_SIM ? kvp_conf_device_bytes(p) : 0;
 	if (p->hugepages == KVP_ON)
 		s->huge = s->host;
 	else
@@ -216,7 +216,7 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 	return out.limit == KVP_LIMIT_NONE ? 0 : -ENOMEM;
 }
 
-const char *kvp_limit_name(enum kvp_limit l)
+const char *kvp_budget_limit_name(enum kvp_limit l)
 {
 	static const char *const names[KVP_LIMIT_MAX] = {
 	    [KVP_LIMIT_NONE] = "none",
@@ -251,7 +251,7 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 	if (v->limit == KVP_LIMIT_NUMA_NODE_FREE)
 		snprintf(limit, sizeof(limit), "NUMA node %d free memory", v->numa_node);
 	else
-		snprintf(limit, sizeof(limit), "%s", kvp_limit_name(v->limit));
+		snprintf(limit, sizeof(limit), "%s", kvp_budget_limit_name(v->limit));
 	if (v->earlier)
 		snprintf(before, sizeof(before), " (with %.2f GB for the pools before it)",
 			 (double)v->earlier / 1e9);

@@ -57,10 +57,10 @@ struct kvp_budget_verdict {
 };
 
 /* Host-resident bytes of the host tier: host_pages * page bytes. */
-uint64_t kvp_pool_host_bytes(const struct kvp_pool_conf *p);
+uint64_t kvp_conf_host_bytes(const struct kvp_pool_conf *p);
 /* Bytes of the device tier (device_pages * page bytes) whatever its backend; host memory only
  * for KVP_DEVICE_SIM. */
-uint64_t kvp_pool_device_bytes(const struct kvp_pool_conf *p);
+uint64_t kvp_conf_device_bytes(const struct kvp_pool_conf *p);
 
 /* Checks that every pool of c fits, all together, in what the host allows.
  *
@@ -88,7 +88,7 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 
 /* "MemAvailable", "NUMA node free memory", "cgroup memory.max", "RLIMIT_MEMLOCK",
  * "free huge pages"; "none" for KVP_LIMIT_NONE, "?" out of range. */
-const char *kvp_limit_name(enum kvp_limit l);
+const char *kvp_budget_limit_name(enum kvp_limit l);
 
 /* Writes one line explaining v, with GB = 1e9 bytes and 2 decimals:
  * "pool llama3-8b: host tier needs 68.72 GB but only 41.30 GB is available (NUMA node 0 free

@@ -842,7 +842,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
 static int resolve_cap(struct parse *s, const struct kvp_pool_conf *p, const char *key,
 		       const struct cap *c, uint64_t *pages)
 {
-	uint64_t page_bytes = kvp_pool_page_bytes(p);
+	uint64_t page_bytes = kvp_conf_page_bytes(p);
 	uint64_t n, bytes;
 
 	if (!c->line || c->value == 0) {
@@ -1069,14 +1069,14 @@ uint32_t kvp_dtype_size(enum kvp_dtype d)
 	return (unsigned)d < KVP_DTYPE_MAX ? g_dtype_sizes[d] : 0;
 }
 
-uint64_t kvp_pool_token_bytes(const struct kvp_pool_conf *p)
+uint64_t kvp_conf_token_bytes(const struct kvp_pool_conf *p)
 {
 	return (uint64_t)p->layers * 2 * p->kv_heads * p->head_dim * kvp_dtype_size(p->dtype);
 }
 
-uint64_t kvp_pool_page_bytes(const struct kvp_pool_conf *p)
+uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p)
 {
-	return kvp_pool_token_bytes(p) * p->page_tokens;
+	return kvp_conf_token_bytes(p) * p->page_tokens;
 }
 
 const char *kvp_dtype_name(enum kvp_dtype d)

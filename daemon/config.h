@@ -102,9 +102,9 @@ int kvp_conf_load_embedded(struct kvp_conf *c, char *err, size_t errlen);
 const char *kvp_conf_embedded_text(void);
 
 /* Bytes of one token of KV: layers * 2 (K and V) * kv_heads * head_dim * dtype size. */
-uint64_t kvp_pool_token_bytes(const struct kvp_pool_conf *p);
+uint64_t kvp_conf_token_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one page: token bytes * page_tokens. */
-uint64_t kvp_pool_page_bytes(const struct kvp_pool_conf *p);
+uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one element of dtype d; 0 for an out-of-range d. */
 uint32_t kvp_dtype_size(enum kvp_dtype d);
 

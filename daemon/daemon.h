@@ -24,7 +24,7 @@ struct kvp_session {
 	struct kvp_idmap locks;	 /* lock id -> struct kvp_lock */
 	bool attached[KVP_MAX_POOLS];
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
-	uint64_t locked_pages;
+	uint64_t locked_tokens;
 	struct kvp_session *prev, *next;
 	void *conn; /* the connection that carries it */
 };

@@ -294,7 +294,7 @@ static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvp_pool 
 	m->frees = p->st.frees;
 	m->alloc_failures = p->st.alloc_failures;
 	m->eviction = (char *)kvp_eviction_name(p->conf.eviction);
-	m->token_bytes = kvp_pool_token_bytes(&p->conf);
+	m->token_bytes = kvp_conf_token_bytes(&p->conf);
 	return m;
 }
 
@@ -467,7 +467,7 @@ static uint32_t pages_asked(const struct kvp_pool *p, uint64_t tokens, uint32_t 
 			    struct kvp_fail *f)
 {
 	uint64_t pt = p->conf.page_tokens;
-	uint64_t from_tokens = tokens ? (tokens + pt - 1) / pt : 0;
+	uint64_t from_tokens = tokens / pt + (tokens % pt != 0);
 
 	if (!tokens && !pages) {
 		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "neither tokens nor pages given");
@@ -578,7 +578,13 @@ static int h_extend(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__R
 	if ((rc = check_quota(s, l->pool, npages, f)) < 0)
 		return rc;
 	m = NEW(r, Kvpool__ExtendResp, kvpool__extend_resp__descriptor);
-	if (!m || !(m->pages = kvp_reply_alloc(r, sizeof(uint32_t) * npages)))
+	if (!m)
+		return oom(f);
+	/* Sizes beyond the whole tier are refused (with the capacity figures) before any
+	 * reply memory is sized by them. */
+	if (npages > kvp_pages_total(l->pool->pages[l->tier]))
+		return kvp_lease_extend(l, npages, f);
+	if (!(m->pages = kvp_reply_alloc(r, sizeof(uint32_t) * npages)))
 		return oom(f);
 	old = l->n;
 	if ((rc = kvp_lease_extend(l, npages, f)) < 0)
@@ -649,8 +655,8 @@ static int h_insert(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__R
 	if (!m)
 		return oom(f);
 	before = l->n;
-	rc = kvp_lease_insert(l, a->namespace_, a->tokens, (uint32_t)a->n_tokens, a->pages,
-			      (uint32_t)a->n_pages, &m->new_tokens, &m->dup_tokens, f);
+	rc = kvp_lease_insert(l, a->namespace_, a->tokens, (uint32_t)a->n_tokens, a->cached_pages,
+			      a->pages, (uint32_t)a->n_pages, &m->new_tokens, &m->dup_tokens, f);
 	if (rc < 0)
 		return rc;
 	s->leased_pages[l->pool->id] -= before - l->n;
@@ -701,7 +707,7 @@ static int h_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Re
 			free(k);
 			return oom(f);
 		}
-		s->locked_pages += k->pages;
+		s->locked_tokens += (uint64_t)k->pages * p->conf.page_tokens;
 		m->lock_id = k->id;
 	} else {
 		free(k);
@@ -722,7 +728,7 @@ static int h_release(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__
 		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lock %lu is not one of this session's",
 				(unsigned long)q->release->lock_id);
 	kvp_prefix_unlock(k->pool->pfx, k->node);
-	s->locked_pages -= k->pages;
+	s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
 	free(k);
 	m = NEW(r, Kvpool__ReleaseResp, kvpool__release_resp__descriptor);
 	if (!m)
@@ -915,7 +921,7 @@ static int h_sessions(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 		e->gid = x->gid;
 		e->name = x->name;
 		e->leased_tokens = leased;
-		e->locked_tokens = x->locked_pages * (d->n_pools ? d->pools[0]->conf.page_tokens : 0);
+		e->locked_tokens = x->locked_tokens;
 		e->leases = x->leases.count;
 		e->locks = x->locks.count;
 		e->age_ms = now - x->started_ms;

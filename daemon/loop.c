@@ -23,6 +23,7 @@
 #include "dispatch.h"
 #include "frame.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "notify.h"
 
 #define RING_ENTRIES 1024
@@ -80,7 +81,8 @@ struct server {
 	struct conn *ready;
 	bool stopping;
 	uint64_t stop_deadline_ms;
-	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms;
+	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms, last_metrics_ms;
+	struct kvp_metrics_http *http;
 	int exit_code;
 };
 
@@ -225,6 +227,14 @@ static void conn_free(struct server *sv, struct conn *c)
 	free(c);
 }
 
+/* Frees a closing connection once nothing refers to it: no operation in flight and not on
+ * the ready list (a receive and a close can complete in the same batch). */
+static void conn_maybe_free(struct server *sv, struct conn *c)
+{
+	if (c->closing && c->inflight == 0 && !c->in_ready)
+		conn_free(sv, c);
+}
+
 /* Ends a connection: its session (leases, locks) is returned at once; the memory goes when
  * the last in-flight operation completes. */
 static void conn_close(struct server *sv, struct conn *c, const char *why)
@@ -247,8 +257,7 @@ static void conn_close(struct server *sv, struct conn *c, const char *why)
 		io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)tagged(c, TAG_PIDFD));
 		io_uring_sqe_set_data(sqe, tagged(sv, TAG_IGNORE));
 	}
-	if (c->inflight == 0)
-		conn_free(sv, c);
+	conn_maybe_free(sv, c);
 }
 
 static void queue_frame(struct server *sv, struct conn *c, uint8_t *data, size_t len,
@@ -468,8 +477,7 @@ static void on_recv(struct server *sv, struct conn *c, struct io_uring_cqe *cqe)
 		recycle_buffer(sv, bid);
 	}
 	if (c->closing) {
-		if (c->inflight == 0)
-			conn_free(sv, c);
+		conn_maybe_free(sv, c);
 		return;
 	}
 	if (res == -ENOBUFS) {
@@ -490,8 +498,7 @@ static void on_send(struct server *sv, struct conn *c, int res)
 	c->send_armed = false;
 	c->inflight--;
 	if (c->closing) {
-		if (c->inflight == 0)
-			conn_free(sv, c);
+		conn_maybe_free(sv, c);
 		return;
 	}
 	if (res < 0) {
@@ -614,6 +621,14 @@ static void on_tick(struct server *sv)
 		kvp_notify("WATCHDOG=1");
 		sv->last_watchdog_ms = now;
 	}
+	if (sv->http && now - sv->last_metrics_ms >= 1000) {
+		char *text = kvp_metrics_render(d);
+
+		if (text)
+			kvp_metrics_http_publish(sv->http, text);
+		free(text);
+		sv->last_metrics_ms = now;
+	}
 	if (now - sv->last_status_ms >= 5000) {
 		status_line(sv);
 		sv->last_status_ms = now;
@@ -648,8 +663,7 @@ static void handle_cqe(struct server *sv, struct io_uring_cqe *cqe)
 		c->pid_armed = false;
 		c->inflight--;
 		if (c->closing) {
-			if (c->inflight == 0)
-				conn_free(sv, c);
+			conn_maybe_free(sv, c);
 		} else if (cqe->res > 0) {
 			sv->d->st.sessions_reclaimed++;
 			conn_close(sv, c, "client process exited");
@@ -741,6 +755,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		return 1;
 	}
 	sv.watchdog_ms = kvp_watchdog_ms();
+	if (d->conf.metrics_listen[0])
+		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
 	arm_accept(&sv);
 	arm_signal(&sv);
 	arm_timer(&sv);
@@ -776,8 +792,10 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 
 			ready = c->ready_next;
 			c->in_ready = false;
-			if (c->closing)
+			if (c->closing) {
+				conn_maybe_free(&sv, c);
 				continue;
+			}
 			if (!sv.stopping)
 				serve_frames(&sv, c);
 			arm_recv(&sv, c);
@@ -802,6 +820,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		conn_free(&sv, sv.conns);
 	if (unlink_path)
 		unlink(unlink_path);
+	kvp_metrics_http_stop(sv.http);
 	close(sv.sig_fd);
 	free(sv.bufs);
 	free(sv.br);

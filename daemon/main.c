@@ -168,7 +168,7 @@ static int create_pools(struct kvp_daemon *d, uint32_t from)
 			   "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
 			   "(%lu MiB, NUMA %d%s%s)%s%s",
 			   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_dtype_name(pc->dtype),
-			   pc->page_tokens, (unsigned long)kvp_pool_token_bytes(pc),
+			   pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
 			   kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? kvp_device_kind_name(pc->device)
 								  : "none",
 			   (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? pc->device_pages : 0),

@@ -93,7 +93,7 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 	p->geom.page_tokens = pc->page_tokens;
 	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
 	p->geom.dev_slots = (npages[KVP_TIER_DEVICE] ? npages[KVP_TIER_DEVICE] : 1) * pc->page_tokens;
-	p->page_bytes = kvp_pool_page_bytes(pc);
+	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
 		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
 			 pc->name);
@@ -414,47 +414,62 @@ void kvp_lease_destroy(struct kvp_lease *l)
 }
 
 int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-		     const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
+		     uint32_t cached, const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
 		     uint64_t *dup_tokens, struct kvp_fail *f)
 {
 	struct kvp_pool *p = l->pool;
 	uint32_t pt = p->conf.page_tokens;
-	uint32_t whole = ntokens / pt;
+	uint32_t whole = ntokens / pt, own;
 	struct kvp_insert_result res = { 0 };
-	uint32_t *dup;
+	uint32_t *all, *dup;
 	int r;
 
-	if (npages < whole || npages > whole + 1 || (npages == whole + 1 && ntokens % pt == 0))
+	if (cached > whole)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
-				"insert: %u tokens need %u pages (page_tokens %u), got %u", ntokens,
-				(ntokens + pt - 1) / pt, pt, npages);
+				"insert: cached_pages %u exceeds the %u whole pages of %u tokens",
+				cached, whole, ntokens);
+	own = whole - cached;
+	if (npages < own || npages > own + 1 || (npages == own + 1 && ntokens % pt == 0))
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+				"insert: tokens %u..%u need %u lease pages (page_tokens %u), got %u",
+				cached * pt, ntokens, (ntokens - cached * pt + pt - 1) / pt, pt,
+				npages);
 	if (lease_owns_all(l, pages, npages) < 0)
 		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
 				"insert: a page listed is not in lease %lu (or listed twice)",
 				(unsigned long)l->id);
-	if (whole == 0) {
-		*new_tokens = *dup_tokens = 0;
+	*new_tokens = *dup_tokens = 0;
+	if (own == 0)
 		return 0;
-	}
+	all = malloc(sizeof(*all) * whole);
 	dup = malloc(sizeof(*dup) * whole);
-	if (!dup)
+	if (!all || !dup) {
+		free(all);
+		free(dup);
 		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
-	r = kvp_prefix_insert(p->pfx, ns, tokens, whole, l->tier, pages, &res, dup);
+	}
+	/* The matched prefix is named by position only: the tree must still hold it. */
+	for (uint32_t i = 0; i < whole; i++)
+		all[i] = i < cached ? KVP_PAGE_NONE : pages[i - cached];
+	r = kvp_prefix_insert(p->pfx, ns, tokens, whole, l->tier, all, &res, dup);
 	if (r < 0) {
+		free(all);
 		free(dup);
 		return kvp_fail(f, r == -ENOMEM ? KVPOOL__CODE__INTERNAL : KVPOOL__CODE__INVALID_ARGUMENT,
 				"insert into the prefix cache failed (%d)", r);
 	}
-	/* Every whole page leaves the lease: cached now, or a duplicate that is freed. */
-	for (uint32_t i = 0; i < whole; i++)
-		lease_drop(l, pages[i]);
+	/* Pages the tree processed leave the lease: cached now, or duplicates that are freed.
+	 * Past a matched page that was evicted meanwhile, pages stay in the lease. */
+	for (uint32_t i = cached; i < res.done_pages; i++)
+		lease_drop(l, all[i]);
 	for (uint32_t i = 0; i < res.dup_pages; i++)
-		dup[i] = pages[dup[i]];
+		dup[i] = all[dup[i]];
 	if (res.dup_pages)
 		kvp_pages_release(p->pages[l->tier], dup, res.dup_pages);
+	free(all);
 	free(dup);
 	p->st.inserted_tokens += (uint64_t)res.new_pages * pt;
-	*new_tokens = (uint64_t)(whole - res.dup_pages) * pt;
+	*new_tokens = (uint64_t)res.new_pages * pt;
 	*dup_tokens = (uint64_t)res.dup_pages * pt;
 	return 0;
 }

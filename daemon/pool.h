@@ -63,10 +63,11 @@ int kvp_lease_extend(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
 int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f);
 /* Frees every page and the lease. Accepts NULL. */
 void kvp_lease_destroy(struct kvp_lease *l);
-/* Publishes whole pages of tokens held in lease pages into the prefix cache (see
- * kvp_insert in kvpool.h). 0 or negative Code. */
+/* Publishes whole pages of tokens into the prefix cache: the first `cached` pages of the
+ * sequence are already cached (the caller matched them), pages[] are lease pages for the rest
+ * (see kvp_insert in kvpool.h). 0 or negative Code. */
 int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-		     const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
+		     uint32_t cached, const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
 		     uint64_t *dup_tokens, struct kvp_fail *f);
 
 /* Evicts up to `pages` pages of tier. Returns pages freed. */

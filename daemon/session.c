@@ -105,7 +105,7 @@ static uint64_t release_owned(struct kvp_session *s, struct kvp_pool *p)
 		if (p && k->pool != p)
 			continue;
 		kvp_prefix_unlock(k->pool->pfx, k->node);
-		s->locked_pages -= k->pages;
+		s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
 		kvp_idmap_del(&s->locks, id);
 		free(k);
 	}

@@ -50,7 +50,8 @@ void kvp_tier_cuda_destroy(struct kvp_tier_mem *t)
 
 int kvp_tier_cuda_register_host(struct kvp_tier_mem *host)
 {
-	cudaError_t e = cudaHostRegister(host->base, host->bytes, cudaHostRegisterMapped);
+	cudaError_t e = cudaHostRegister(host->base, host->bytes,
+					 cudaHostRegisterMapped | cudaHostRegisterPortable);
 
 	if (e != cudaSuccess)
 		return -EIO;

@@ -10,7 +10,10 @@ bash scripts/build.sh build
 run=$(mktemp -d /tmp/kvpool-demo-XXXXXX)
 export KVPOOL_SOCKET=$run/kvpoold.sock
 cleanup() {
-	[ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+	if [ -n "${pid:-}" ]; then
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
 	rm -rf "$run"
 }
 trap cleanup EXIT
@@ -32,8 +35,8 @@ build/client/kvpoolctl status
 echo "--- kvpoolctl cache"
 build/client/kvpoolctl cache
 kill -TERM "$pid"
-wait "$pid"
-rc=$?
+rc=0
+wait "$pid" || rc=$?
 pid=
 echo "--- kvpoold exited with status $rc"
 exit $rc

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
 # integration, fault, gpu), then the whole suite again under ASan+UBSan. GPU tests exit 77
-# (skipped) on machines without a GPU. Ends with one line: "N passed, N failed, N skipped".
+# (skipped) on machines without a GPU. Then each libFuzzer target for 60 s and a --quick run of
+# every benchmark (both count as one check each). Ends with one line:
+# "N passed, N failed, N skipped".
 #   KVP_NO_SANITIZE=1  skip the sanitizer pass
+#   KVP_NO_FUZZ=1      skip the fuzz run        KVP_FUZZ_SECONDS=N  per target (default 60)
+#   KVP_NO_BENCH=1     skip the benchmark smoke run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -41,5 +45,20 @@ if [ "${KVP_NO_SANITIZE:-0}" != 1 ]; then
 		-Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all \
 		-Dcuda=disabled
 fi
+extra() { # label command...
+	local label=$1
+	shift
+	echo "== $label"
+	if "$@"; then
+		echo "== $label: ok"
+		pass=$((pass + 1))
+	else
+		echo "== $label: FAILED"
+		fail=$((fail + 1))
+	fi
+}
+[ "${KVP_NO_FUZZ:-0}" != 1 ] && extra "fuzz (${KVP_FUZZ_SECONDS:-60} s per target)" \
+	bash scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-60}"
+[ "${KVP_NO_BENCH:-0}" != 1 ] && extra "benchmarks --quick" bash scripts/bench.sh --quick
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -7,7 +7,7 @@ dir=$(mktemp -d /tmp/kvpool-smoke-XXXXXX)
 export KVPOOL_SOCKET=$dir/kvpoold.sock
 "$KVPOOLD" --log-level notice 2>"$dir/log" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do "$KVPOOLCTL" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$KVPOOL_LOADGEN" --procs 3 --seconds 2
 "$KVPOOL_LOADGEN" --procs 3 --seconds 2 --workload shared-prefix

@@ -225,33 +225,42 @@ int h_raw_send_request(int fd, Kvpool__Request *req)
 	return r;
 }
 
+/* Reads exactly n bytes before the deadline. 0, or -1 on EOF, error or timeout. */
+static int read_exact(int fd, uint8_t *p, size_t n, uint64_t end)
+{
+	while (n) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		uint64_t now = h_now_ms();
+		ssize_t r;
+
+		if (now >= end || poll(&pf, 1, (int)(end - now)) <= 0)
+			return -1;
+		r = recv(fd, p, n, 0);
+		if (r <= 0)
+			return -1;
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
 Kvpool__Response *h_raw_recv(int fd, int ms)
 {
-	struct kvp_frame_buf b;
 	uint64_t end = h_now_ms() + (uint64_t)ms;
 	Kvpool__Response *m = NULL;
+	uint8_t hdr[4], *payload;
+	uint32_t len;
 
-	kvp_frame_buf_init(&b);
-	while (h_now_ms() < end) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		const uint8_t *payload;
-		uint32_t len;
-		uint8_t tmp[4096];
-		ssize_t n;
-
-		if (kvp_frame_next(&b, &payload, &len) == 1) {
-			m = kvp_frame_decode_response(payload, len);
-			break;
-		}
-		if (poll(&p, 1, (int)(end - h_now_ms())) <= 0)
-			break;
-		n = recv(fd, tmp, sizeof(tmp), 0);
-		if (n <= 0)
-			break;
-		if (kvp_frame_buf_append(&b, tmp, (size_t)n) < 0)
-			break;
-	}
-	kvp_frame_buf_release(&b);
+	/* Exactly one frame: nothing of the next one is consumed. */
+	if (read_exact(fd, hdr, 4, end) < 0)
+		return NULL;
+	len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+	      (uint32_t)hdr[3] << 24;
+	if (len > KVP_FRAME_MAX || !(payload = malloc(len ? len : 1)))
+		return NULL;
+	if (read_exact(fd, payload, len, end) == 0)
+		m = kvp_frame_decode_response(payload, len);
+	free(payload);
 	return m;
 }
 

@@ -140,12 +140,12 @@ static void test_kvp_pool_host_bytes_tiers(void)
 
 	new_conf(&c);
 	p = add_pool(&c, "a", KVP_DEVICE_SIM, 3, 5, 0);
-	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), MiB);
-	CU_ASSERT_EQUAL(kvp_pool_host_bytes(p), 5 * MiB);
-	CU_ASSERT_EQUAL(kvp_pool_device_bytes(p), 3 * MiB);
+	CU_ASSERT_EQUAL(kvp_conf_page_bytes(p), MiB);
+	CU_ASSERT_EQUAL(kvp_conf_host_bytes(p), 5 * MiB);
+	CU_ASSERT_EQUAL(kvp_conf_device_bytes(p), 3 * MiB);
 	p = add_pool(&c, "b", KVP_DEVICE_NONE, 0, 7, 0);
-	CU_ASSERT_EQUAL(kvp_pool_device_bytes(p), 0);
-	CU_ASSERT_EQUAL(kvp_pool_host_bytes(p), 7 * MiB);
+	CU_ASSERT_EQUAL(kvp_conf_device_bytes(p), 0);
+	CU_ASSERT_EQUAL(kvp_conf_host_bytes(p), 7 * MiB);
 }
 
 static void test_kvp_budget_check_fits(void)
@@ -405,13 +405,13 @@ static void test_kvp_budget_check_read_error(void)
 
 static void test_kvp_limit_name_all(void)
 {
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_MEM_AVAILABLE), "MemAvailable");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_NUMA_NODE_FREE), "NUMA node free memory");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_CGROUP_MEMORY_MAX), "cgroup memory.max");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_RLIMIT_MEMLOCK), "RLIMIT_MEMLOCK");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_HUGEPAGES_FREE), "free huge pages");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_NONE), "none");
-	CU_ASSERT_STRING_EQUAL(kvp_limit_name(KVP_LIMIT_MAX), "?");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_MEM_AVAILABLE), "MemAvailable");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_NUMA_NODE_FREE), "NUMA node free memory");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_CGROUP_MEMORY_MAX), "cgroup memory.max");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_RLIMIT_MEMLOCK), "RLIMIT_MEMLOCK");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_HUGEPAGES_FREE), "free huge pages");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_NONE), "none");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_MAX), "?");
 }
 
 /* The real readers on this machine: each answers, with plausible numbers. */

@@ -116,8 +116,8 @@ static void test_kvp_conf_load_string_good(void)
 	CU_ASSERT_EQUAL(p->dtype, KVP_DTYPE_BF16);
 	CU_ASSERT_EQUAL(p->device, KVP_DEVICE_CUDA);
 	CU_ASSERT_EQUAL(p->cuda_device, 1);
-	CU_ASSERT_EQUAL(kvp_pool_token_bytes(p), 131072);
-	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), 2097152);
+	CU_ASSERT_EQUAL(kvp_conf_token_bytes(p), 131072);
+	CU_ASSERT_EQUAL(kvp_conf_page_bytes(p), 2097152);
 	CU_ASSERT_EQUAL(p->device_pages, 20480); /* 40 GiB / 2 MiB */
 	CU_ASSERT_EQUAL(p->host_pages, 32768);
 	CU_ASSERT_EQUAL(p->numa_node, 1);
@@ -130,7 +130,7 @@ static void test_kvp_conf_load_string_good(void)
 	CU_ASSERT_EQUAL(q->device, KVP_DEVICE_NONE);
 	CU_ASSERT_EQUAL(q->device_pages, 0);
 	CU_ASSERT_EQUAL(q->host_pages, 10);
-	CU_ASSERT_EQUAL(kvp_pool_page_bytes(q), 2);
+	CU_ASSERT_EQUAL(kvp_conf_page_bytes(q), 2);
 	/* defaults */
 	CU_ASSERT_EQUAL(q->numa_node, KVP_NUMA_NODE_AUTO);
 	CU_ASSERT_EQUAL(q->hugepages, KVP_OFF);
@@ -200,9 +200,9 @@ static void test_kvp_conf_load_embedded_default(void)
 	CU_ASSERT_EQUAL(p->dtype, KVP_DTYPE_FP16);
 	CU_ASSERT_EQUAL(p->page_tokens, 16);
 	CU_ASSERT_EQUAL(p->device, KVP_DEVICE_SIM);
-	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), 32768);
-	CU_ASSERT_EQUAL(p->device_pages * kvp_pool_page_bytes(p), 128ull << 20);
-	CU_ASSERT_EQUAL(p->host_pages * kvp_pool_page_bytes(p), 128ull << 20);
+	CU_ASSERT_EQUAL(kvp_conf_page_bytes(p), 32768);
+	CU_ASSERT_EQUAL(p->device_pages * kvp_conf_page_bytes(p), 128ull << 20);
+	CU_ASSERT_EQUAL(p->host_pages * kvp_conf_page_bytes(p), 128ull << 20);
 	CU_ASSERT_EQUAL(p->numa_node, KVP_NUMA_NODE_AUTO);
 	CU_ASSERT_EQUAL(p->hugepages, KVP_OFF);
 	CU_ASSERT_EQUAL(p->mlock, KVP_TRY);
@@ -652,10 +652,10 @@ static void test_kvp_pool_page_bytes_dtypes(void)
 	struct kvp_pool_conf p = {.layers = 32, .kv_heads = 8, .head_dim = 128, .page_tokens = 16};
 
 	p.dtype = KVP_DTYPE_FP8;
-	CU_ASSERT_EQUAL(kvp_pool_token_bytes(&p), 65536);
+	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 65536);
 	p.dtype = KVP_DTYPE_FP32;
-	CU_ASSERT_EQUAL(kvp_pool_token_bytes(&p), 262144);
-	CU_ASSERT_EQUAL(kvp_pool_page_bytes(&p), 262144 * 16);
+	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 262144);
+	CU_ASSERT_EQUAL(kvp_conf_page_bytes(&p), 262144 * 16);
 	CU_ASSERT_STRING_EQUAL(kvp_dtype_name(KVP_DTYPE_BF16), "bf16");
 	CU_ASSERT_STRING_EQUAL(kvp_dtype_name(KVP_DTYPE_MAX), "?");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name(KVP_DEVICE_CUDA), "cuda");

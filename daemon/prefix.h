@@ -1,0 +1,148 @@
+/* prefix.h - prefix cache of one pool: a radix tree of page-aligned token ids whose values are
+ * page ids in the pool's device or host tier, with locks, LRU/LFU eviction, demotion of device
+ * pages to host pages and promotion back. Single-threaded: the daemon's event loop owns it. */
+#pragma once
+#include <stdint.h>
+
+#include "pages.h"
+
+enum kvp_tier_id {
+	KVP_TIER_DEVICE = 0,
+	KVP_TIER_HOST = 1,
+	KVP_TIER_MAX,
+};
+
+/* Named KVP_EVICT_POLICY_* because config.h already owns KVP_EVICT_LRU/LFU/MAX. */
+enum kvp_evict_policy {
+	KVP_EVICT_POLICY_LRU = 0, /* least recently matched or inserted first */
+	KVP_EVICT_POLICY_LFU,	  /* fewest match hits first, ties by LRU */
+	KVP_EVICT_POLICY_MAX,
+};
+
+enum kvp_copy_dir {
+	KVP_COPY_DEMOTE = 0, /* device -> host */
+	KVP_COPY_PROMOTE,    /* host -> device */
+};
+
+/* Copies n pages' K/V bytes between tiers: src ids in the source tier, dst ids in the
+ * destination tier. Returns 0 or a negative errno. */
+typedef int (*kvp_prefix_copy_fn)(void *ctx, enum kvp_copy_dir dir, const uint32_t *src,
+				  const uint32_t *dst, uint32_t n);
+
+struct kvp_prefix_conf {
+	uint32_t page_tokens; /* 1 .. 65536 */
+	enum kvp_evict_policy policy;
+	struct kvp_pages *dev;	 /* NULL when the pool has no device tier */
+	struct kvp_pages *host;	 /* NULL when the pool has no host tier */
+	kvp_prefix_copy_fn copy; /* required when both tiers exist */
+	void *copy_ctx;
+	uint64_t (*now)(void *ctx); /* monotonic clock seam; NULL = CLOCK_MONOTONIC ns */
+	void *now_ctx;
+};
+
+struct kvp_prefix;	/* opaque */
+struct kvp_prefix_node; /* opaque; a lock handle is a node pointer */
+
+/* Returns a new, empty tree; NULL on a bad conf (page_tokens 0 or above 65536, bad policy, no
+ * tier, dev == host, two tiers without copy) or ENOMEM. The allocators must outlive the tree. */
+struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf);
+/* Accepts NULL. Does not touch the allocators' page states. */
+void kvp_prefix_free(struct kvp_prefix *pfx);
+
+struct kvp_insert_result {
+	uint32_t new_pages;  /* pages the tree took: new positions and host->device upgrades */
+	uint32_t dup_pages;  /* pages left LEASED for the caller to free (listed in dup_idx) */
+	uint32_t done_pages; /* positions processed: npages, or the first lost named position */
+};
+
+/* Inserts tokens[0 .. npages * page_tokens) in namespace ns with pages[] (npages entries, one
+ * per page position): a page id LEASED in tier `tier`, or KVP_PAGE_NONE for a position the
+ * caller matched earlier and holds no page for. A page at a new position moves LEASED ->
+ * CACHED and belongs to the tree. A page whose position is already cached stays LEASED and its
+ * index goes to dup_idx (ascending; room for npages entries; may be NULL); the caller frees it.
+ * Upgrade: when the position holds an unlocked host page and `tier` is the device, the tree
+ * takes the device page and frees the host page (counted in new_pages; the upgraded pages of a
+ * node are a run from its first host page, so a KVP_PAGE_NONE there ends the run and the device
+ * pages after it are duplicates). A KVP_PAGE_NONE position that is not cached (evicted since the
+ * match) ends the insert: nothing from it on is cached and the pages past it stay LEASED,
+ * neither taken nor listed; done_pages says where it stopped. Everything is validated before
+ * anything changes. Returns 0 and fills *res (may be NULL); -EINVAL (NULL pointer, npages 0,
+ * tier absent, a page not LEASED in that tier or listed twice); -ENOMEM. Nothing changes on
+ * failure. */
+int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+		      enum kvp_tier_id tier, const uint32_t *pages, struct kvp_insert_result *res,
+		      uint32_t *dup_idx);
+
+struct kvp_match {
+	uint32_t dev_pages;	      /* leading run of device-resident pages written to dev[] */
+	uint32_t host_pages;	      /* following run of host-resident pages written to host[] */
+	struct kvp_prefix_node *lock; /* the handle when locked and non-empty; else NULL */
+};
+
+/* Longest cached prefix of tokens[0 .. ntokens) in namespace ns, whole pages only (ntokens need
+ * not be aligned): device pages first, then the host-resident continuation; the match stops at a
+ * device page that follows a host page. dev[] and host[] have room for ntokens / page_tokens ids
+ * each. With lock != 0 and a non-empty match, pins the matched path (splitting the last node when
+ * the match ends inside it) until kvp_prefix_unlock. Matched nodes get their access time set and
+ * their hit count bumped. Counts the aligned tokens queried and the tokens hit in the stats.
+ * Returns 0; -EINVAL for a NULL pfx or m, or NULL tokens/dev/host with ntokens >= page_tokens;
+ * -ENOMEM (a split failed; *m is untouched, dev[]/host[] too). */
+int kvp_prefix_match(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		     int lock, struct kvp_match *m, uint32_t *dev, uint32_t *host);
+/* Drops one lock taken by kvp_prefix_match. The handle must come from this tree and not have
+ * been unlocked yet (a handle whose node holds no lock is ignored). Accepts NULL. */
+void kvp_prefix_unlock(struct kvp_prefix *pfx, struct kvp_prefix_node *lock);
+
+/* Moves every host-resident page on the locked path (root .. lock) to a newly allocated device
+ * page: device pages are taken free first, then by kvp_prefix_evict on the device tier (demote or
+ * drop of other unlocked pages); copy PROMOTE; host pages freed; device pages CACHED. Writes the
+ * device ids of the whole path, in order, to dev_out and their count to *n.
+ * Returns 0; -EINVAL (NULL argument, no device tier, handle holds no lock, cap below the path's
+ * page count); -ENOSPC (free + evictable device pages short of what is needed: nothing changed);
+ * -ENOMEM; or copy's error (the path is unchanged then, but pages evicted to make room stay
+ * evicted). Host ids that another lock holder got from match for the same pages are freed too:
+ * holders must re-match (or promote) before reading host pages after a promotion. */
+int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uint32_t *dev_out,
+		       uint32_t cap, uint32_t *n);
+
+/* Frees up to `pages` pages of `tier`, coldest first by the policy, deepest first: a device page
+ * goes only when no device page is cached below it, a host page only when nothing is cached
+ * below it. Device pages are demoted when a host tier exists and a host page can be had (free,
+ * or by evicting unlocked host leaves, never an ancestor of the page being demoted); otherwise
+ * dropped. Locked pages are never evicted. Frees exactly min(pages, evictable_pages[tier]) in
+ * that tier (eviction is per page, not per node), unless a copy fails on a page that cannot be
+ * dropped instead: then it stops early. Returns the number of pages freed in `tier`. */
+uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages);
+/* Drops every unlocked page in both tiers (admin Flush). Returns the pages freed. */
+uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
+
+struct kvp_prefix_stats {
+	uint64_t cached_pages[KVP_TIER_MAX];
+	/* Unlocked cached pages that eviction can free now. Host pages that sit above a cached
+	 * device page (made by inserting device pages under a locked host prefix) count only once
+	 * the device pages below are gone, so cached may exceed evictable + protected. */
+	uint64_t evictable_pages[KVP_TIER_MAX];
+	uint64_t protected_pages[KVP_TIER_MAX]; /* cached pages on locked paths */
+	uint64_t nodes;				/* tree nodes, one root per namespace included */
+	uint64_t hit_tokens, queried_tokens;
+	uint64_t evicted_pages[KVP_TIER_MAX]; /* freed from a tier by evict/flush (demotions too) */
+	uint64_t demoted_pages, promoted_pages;
+	uint64_t metadata_bytes; /* bytes the tree asked malloc for, token ids included */
+};
+/* Copies the counters. O(1). */
+void kvp_prefix_stats(const struct kvp_prefix *pfx, struct kvp_prefix_stats *st);
+
+/* Top prefixes by hits for `kvpoolctl cache`. */
+struct kvp_prefix_top {
+	uint32_t tokens; /* length of the path to the node, in tokens */
+	uint64_t hits;
+	uint64_t ns;
+};
+/* Writes up to cap entries, most hits first (ties: shorter first). Returns how many. */
+uint32_t kvp_prefix_top(const struct kvp_prefix *pfx, struct kvp_prefix_top *out, uint32_t cap);
+
+/* Full consistency check for tests: tree structure and hash index, counters equal the stats,
+ * every page in the tree CACHED in its tier's allocator and the allocators' CACHED counts equal
+ * the tree's, no page twice, lock counts consistent, eviction heaps exact.
+ * Returns 0, -EFAULT, or -ENOMEM (could not allocate the scratch it needs). */
+int kvp_prefix_check(const struct kvp_prefix *pfx);

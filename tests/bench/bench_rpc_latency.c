@@ -1,0 +1,186 @@
+/* bench_rpc_latency.c - Alloc(1 page) + Free round trip through libkvpool (kvp_alloc + kvp_free
+ * against a kvpoold this program starts on a temporary socket), one client, p50 and p99, against
+ * a raw unix-socket ping-pong between two processes with the same four frame sizes (Alloc
+ * request, Alloc reply, Free request, Free reply, packed with kvp_frame_pack from the same
+ * protobuf messages): two raw round trips per pair, the transport's limit. The two are measured
+ * in alternating blocks so that noise on the machine falls on both. */
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "bench_net.h"
+#include "kvpool.h"
+
+#define BLOCK 1000
+
+static size_t packed_size(const ProtobufCMessage *m)
+{
+	uint8_t *b;
+	size_t n;
+
+	if (kvp_frame_pack(m, &b, &n) < 0)
+		B_DIE("kvp_frame_pack failed");
+	free(b);
+	return n;
+}
+
+/* Frame sizes of Alloc/Free as libkvpool and kvpoold send them, with the live values. */
+static void frame_sizes(uint64_t req_id, uint32_t pool_id, uint64_t lease, uint32_t page,
+			size_t sz[4])
+{
+	Kvpool__Request rq = KVPOOL__REQUEST__INIT;
+	Kvpool__Response rs = KVPOOL__RESPONSE__INIT;
+	Kvpool__Status st = KVPOOL__STATUS__INIT;
+	Kvpool__AllocReq areq = KVPOOL__ALLOC_REQ__INIT;
+	Kvpool__AllocResp aresp = KVPOOL__ALLOC_RESP__INIT;
+	Kvpool__FreeReq freq = KVPOOL__FREE_REQ__INIT;
+	Kvpool__FreeResp fresp = KVPOOL__FREE_RESP__INIT;
+
+	areq.pool_id = pool_id;
+	areq.pages = 1;
+	areq.tier = KVPOOL__TIER__DEVICE;
+	rq.id = req_id;
+	rq.call_case = KVPOOL__REQUEST__CALL_ALLOC;
+	rq.alloc = &areq;
+	sz[0] = packed_size(&rq.base);
+	aresp.lease_id = lease;
+	aresp.tier = KVPOOL__TIER__DEVICE;
+	aresp.n_pages = 1;
+	aresp.pages = &page;
+	rs.id = req_id;
+	rs.status = &st;
+	rs.result_case = KVPOOL__RESPONSE__RESULT_ALLOC;
+	rs.alloc = &aresp;
+	sz[1] = packed_size(&rs.base);
+	freq.lease_id = lease;
+	rq.id = req_id + 1;
+	rq.call_case = KVPOOL__REQUEST__CALL_FREE;
+	rq.free = &freq;
+	sz[2] = packed_size(&rq.base);
+	fresp.freed_pages = 1;
+	fresp.lease_pages = 0;
+	rs.id = req_id + 1;
+	rs.result_case = KVPOOL__RESPONSE__RESULT_FREE;
+	rs.free = &fresp;
+	sz[3] = packed_size(&rs.base);
+}
+
+/* The raw peer: per pair, read an Alloc-sized request, write an Alloc-sized reply, same for
+ * Free. Exits at EOF. */
+static void raw_server(int lfd, const size_t sz[4])
+{
+	uint8_t in[256], out[256] = { 0 };
+	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+
+	if (fd < 0)
+		_exit(1);
+	for (;;) {
+		for (int k = 0; k < 4; k += 2) {
+			if (bn_read_all(fd, in, sz[k]) < 0)
+				_exit(0);
+			if (bn_write_all(fd, out, sz[k + 1]) < 0)
+				_exit(1);
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int quick = b_quick(argc, argv);
+	uint32_t blocks = quick ? 3 : 40; /* per side */
+	uint64_t *lk = malloc(sizeof(uint64_t) * blocks * BLOCK);
+	uint64_t *lr = malloc(sizeof(uint64_t) * blocks * BLOCK);
+	struct daemon d;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease;
+	uint32_t page;
+	size_t sz[4];
+	char path[200];
+	uint8_t buf[256] = { 0 };
+	int lfd, fd;
+	pid_t srv;
+
+	if (!lk || !lr)
+		B_DIE("out of memory");
+	bn_daemon_start(&d, NULL);
+	c = kvp_client_connect(d.sock, "bench-latency", &e);
+	if (!c)
+		B_DIE("connect: %s", e.message);
+	p = kvp_pool_attach(c, "default", NULL, &e);
+	if (!p)
+		B_DIE("attach default: %s", e.message);
+	/* warm up, and take live values for the frame sizes from the middle of the run */
+	for (int i = 0; i < 2000; i++) {
+		if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+		    kvp_free(p, lease, NULL, 0, &e) < 0)
+			B_DIE("alloc/free: %s", e.message);
+	}
+	frame_sizes(2000 + (uint64_t)blocks * BLOCK, kvp_pool_id(p), lease + (uint64_t)blocks * BLOCK,
+		    page, sz);
+
+	snprintf(path, sizeof(path), "%s/raw.sock", d.dir);
+	lfd = bn_listen(path);
+	srv = fork();
+	if (srv == 0)
+		raw_server(lfd, sz);
+	close(lfd);
+	fd = h_raw_connect(path);
+	if (fd < 0)
+		B_DIE("connect to the raw peer failed");
+	for (int i = 0; i < 2000; i++) /* warm up */
+		for (int k = 0; k < 4; k += 2)
+			if (bn_write_all(fd, buf, sz[k]) < 0 || bn_read_all(fd, buf, sz[k + 1]) < 0)
+				B_DIE("raw ping-pong failed");
+
+	for (uint32_t b = 0; b < blocks; b++) {
+		for (uint32_t i = 0; i < BLOCK; i++) {
+			uint64_t t0 = b_now_ns();
+
+			if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+			    kvp_free(p, lease, NULL, 0, &e) < 0)
+				B_DIE("alloc/free: %s", e.message);
+			lk[b * BLOCK + i] = b_now_ns() - t0;
+		}
+		for (uint32_t i = 0; i < BLOCK; i++) {
+			uint64_t t0 = b_now_ns();
+
+			for (int k = 0; k < 4; k += 2)
+				if (bn_write_all(fd, buf, sz[k]) < 0 ||
+				    bn_read_all(fd, buf, sz[k + 1]) < 0)
+					B_DIE("raw ping-pong failed");
+			lr[b * BLOCK + i] = b_now_ns() - t0;
+		}
+	}
+	close(fd);
+	waitpid(srv, NULL, 0);
+	kvp_pool_detach(p, NULL);
+	kvp_client_close(c);
+	h_daemon_cleanup(&d);
+
+	{
+		size_t n = (size_t)blocks * BLOCK;
+		double q[2] = { 0.50, 0.99 };
+		const char *names[2] = { "rpc.latency.alloc_free.p50", "rpc.latency.alloc_free.p99" };
+		const char *targets[2] = { "ratio <= 1.5", "ratio <= 3" };
+
+		for (int i = 0; i < 2; i++) {
+			double vk = (double)b_quantile(lk, n, q[i]) / 1e3;
+			double vr = (double)b_quantile(lr, n, q[i]) / 1e3;
+
+			b_row_print(&(struct b_row){
+				.name = names[i],
+				.params = b_fmt("{\"clients\":1,\"pairs\":%zu,\"block\":%u,"
+						"\"frames_bytes\":{\"alloc_req\":%zu,\"alloc_resp\":%zu,"
+						"\"free_req\":%zu,\"free_resp\":%zu},\"pages\":1}",
+						n, BLOCK, sz[0], sz[1], sz[2], sz[3]),
+				.baseline_what = "raw unix-socket ping-pong, 2 processes, same 4 frame sizes "
+						 "(2 round trips, us)",
+				.baseline = vr, .have_base = 1, .value = vk, .have_value = 1,
+				.unit = "us per Alloc+Free", .target = targets[i] });
+		}
+	}
+	free(lk);
+	free(lr);
+	return 0;
+}

@@ -1,0 +1,205 @@
+/* test_pool.c - pool logic in-process (no daemon): leases, insert, match, eviction and
+ * demotion/promotion under long random sequences, with free + leased + cached == total and the
+ * tree's own consistency checked after every step; typed capacity figures. */
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "pool.h"
+
+static const char *const g_conf = "[pool.u]\nlayers = 2\nkv_heads = 1\nhead_dim = 4\n"
+				  "dtype = fp16\npage_tokens = 4\ndevice = sim\n"
+				  "device_capacity = 128t\nhost_capacity = 64t\nmlock = off\n";
+
+static struct kvp_pool *make_pool(void)
+{
+	static struct kvp_conf c;
+	struct kvp_fail f = { 0 };
+	char err[256];
+
+	if (kvp_conf_load_string(&c, g_conf, "test", err, sizeof(err)) < 0)
+		return NULL;
+	return kvp_pool_create(&c.pools[0], 0, &f);
+}
+
+static void test_lease_create_capacity_figures(void)
+{
+	struct kvp_pool *p = make_pool();
+	struct kvp_fail f = { 0 };
+	struct kvp_lease *a, *b;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	a = kvp_lease_create(p, KVP_TIER_DEVICE, 1, 30, &f);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	b = kvp_lease_create(p, KVP_TIER_DEVICE, 2, 3, &f);
+	CU_ASSERT_PTR_NULL(b);
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_CAPACITY);
+	CU_ASSERT_EQUAL(f.cap.requested, 12);
+	CU_ASSERT_EQUAL(f.cap.free, 8);
+	CU_ASSERT_EQUAL(f.cap.leased, 120);
+	CU_ASSERT_EQUAL(f.cap.total, 128);
+	CU_ASSERT_PTR_NULL(kvp_lease_create(p, 7, 3, 1, &f));
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	kvp_lease_destroy(a);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	kvp_pool_destroy(p);
+}
+
+/* Page contents: every byte of a cached page is a function of its sequence and position. */
+static void stamp(struct kvp_pool *p, uint32_t page, uint32_t key)
+{
+	for (uint32_t l = 0; l < p->conf.layers; l++)
+		for (uint32_t kv = 0; kv < 2; kv++) {
+			uint8_t *a = (uint8_t *)p->mem[KVP_TIER_DEVICE].base +
+				     kvp_dev_offset(&p->geom, l, kv, (uint64_t)page * p->conf.page_tokens);
+
+			memset(a, (int)((key * 7 + l * 3 + kv) & 0xff),
+			       p->geom.row_bytes * p->conf.page_tokens);
+		}
+}
+
+static int verify(struct kvp_pool *p, int tier, uint32_t page, uint32_t key)
+{
+	for (uint32_t l = 0; l < p->conf.layers; l++)
+		for (uint32_t kv = 0; kv < 2; kv++) {
+			const uint8_t *a = tier == KVP_TIER_DEVICE
+						   ? (uint8_t *)p->mem[tier].base +
+							     kvp_dev_offset(&p->geom, l, kv,
+									    (uint64_t)page *
+										    p->conf.page_tokens)
+						   : (uint8_t *)p->mem[tier].base +
+							     kvp_host_offset(&p->geom, page, l, kv, 0);
+
+			for (uint64_t i = 0; i < p->geom.row_bytes * p->conf.page_tokens; i++)
+				if (a[i] != (uint8_t)((key * 7 + l * 3 + kv) & 0xff))
+					return 0;
+		}
+	return 1;
+}
+
+static void test_pool_random_sequences_keep_invariant(void)
+{
+	struct kvp_pool *p = make_pool();
+	struct kvp_lease *leases[8] = { 0 };
+	struct kvp_prefix_node *locks[8] = { 0 };
+	uint32_t lock_pages[8] = { 0 };
+	unsigned seed = 4242;
+	uint64_t next_id = 1;
+	int verified = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (int step = 0; step < 6000; step++) {
+		int op = rand_r(&seed) % 7, k = rand_r(&seed) % 8;
+		struct kvp_fail f = { 0 };
+		/* Sequences: 4 families, a page's tokens depend on family and position. */
+		uint32_t fam = (uint32_t)rand_r(&seed) % 4, npages = 1 + (uint32_t)rand_r(&seed) % 8;
+		uint32_t tok[64];
+
+		for (uint32_t i = 0; i < npages * 4; i++)
+			tok[i] = fam * 1000 + i;
+		switch (op) {
+		case 0: /* lease */
+			if (!leases[k])
+				leases[k] = kvp_lease_create(p, KVP_TIER_DEVICE, next_id++, npages, &f);
+			if (!leases[k])
+				CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__OUT_OF_CAPACITY);
+			break;
+		case 1: /* insert the lease's pages as fam's prefix */
+			if (leases[k] && leases[k]->n) {
+				uint64_t nt, dt;
+				uint32_t n = leases[k]->n < npages ? leases[k]->n : npages;
+				uint32_t pg[8];
+
+				memcpy(pg, leases[k]->pages, sizeof(uint32_t) * n);
+				for (uint32_t i = 0; i < n; i++)
+					stamp(p, pg[i], fam * 64 + i);
+				CU_ASSERT_EQUAL(kvp_lease_insert(leases[k], 0, tok, n * 4, 0, pg, n,
+								 &nt, &dt, &f),
+						0);
+				CU_ASSERT_EQUAL(nt + dt, n * 4);
+			}
+			break;
+		case 2: /* free the lease */
+			kvp_lease_destroy(leases[k]);
+			leases[k] = NULL;
+			break;
+		case 3: { /* match, maybe lock, verify bytes */
+			struct kvp_match m = { 0 };
+			uint32_t dev[16], host[16];
+
+			CU_ASSERT_EQUAL(kvp_prefix_match(p->pfx, 0, tok, npages * 4, !locks[k], &m,
+							 dev, host),
+					0);
+			for (uint32_t i = 0; i < m.dev_pages; i++, verified++)
+				CU_ASSERT(verify(p, KVP_TIER_DEVICE, dev[i], fam * 64 + i));
+			for (uint32_t i = 0; i < m.host_pages; i++, verified++)
+				CU_ASSERT(verify(p, KVP_TIER_HOST, host[i], fam * 64 + m.dev_pages + i));
+			if (m.lock) {
+				locks[k] = m.lock;
+				lock_pages[k] = m.dev_pages + m.host_pages;
+			}
+			break;
+		}
+		case 4: /* release a lock */
+			if (locks[k]) {
+				kvp_prefix_unlock(p->pfx, locks[k]);
+				locks[k] = NULL;
+			}
+			break;
+		case 5: /* promote a locked path */
+			if (locks[k]) {
+				uint32_t out[16], n = 0;
+				int r = kvp_prefix_promote(p->pfx, locks[k], out, 16, &n);
+
+				CU_ASSERT(r == 0 || r == -ENOSPC);
+				if (r == 0)
+					CU_ASSERT_EQUAL(n, lock_pages[k]);
+			}
+			break;
+		default: /* evict from either tier */
+			kvp_pool_evict(p, rand_r(&seed) % 2, 1 + (uint32_t)rand_r(&seed) % 6);
+			break;
+		}
+		CU_ASSERT_EQUAL_FATAL(kvp_pool_check(p), 0);
+	}
+	for (int k = 0; k < 8; k++) {
+		kvp_lease_destroy(leases[k]);
+		if (locks[k])
+			kvp_prefix_unlock(p->pfx, locks[k]);
+	}
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	{
+		struct kvp_tier_counts c;
+
+		kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+		CU_ASSERT_EQUAL(c.leased, 0);
+		CU_ASSERT_EQUAL(c.protected_, 0);
+	}
+	CU_ASSERT(verified > 100); /* the sequence really matched cached bytes */
+	kvp_pool_destroy(p);
+}
+
+int main(void)
+{
+	CU_pSuite s;
+
+	g_log_level = LOG_WARNING;
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite("pool", NULL, NULL);
+	CU_add_test(s, "test_lease_create_capacity_figures", test_lease_create_capacity_figures);
+	CU_add_test(s, "test_pool_random_sequences_keep_invariant",
+		    test_pool_random_sequences_keep_invariant);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	{
+		unsigned f = CU_get_number_of_failures();
+
+		CU_cleanup_registry();
+		return f ? 1 : 0;
+	}
+}
