@@ -27,7 +27,7 @@ struct opts {
 	int procs;
 	double seconds;
 	uint32_t min_tokens, max_tokens, batch;
-	uint32_t families, prefix_tokens, turn_tokens, turns;
+	uint32_t families, prefix_tokens, turn_tokens, turns, conversations;
 	int json;
 	int private_pools; /* process i attaches pool "<pool><i>" */
 };
@@ -318,7 +318,7 @@ static int prefix_workload(struct ctx *x)
 		 * over everything so far. Conversations repeat (ids from a small space) so that
 		 * other processes hit them too. */
 		uint32_t fam = (uint32_t)rand_r(&x->seed) % o->families;
-		uint32_t conv = (uint32_t)rand_r(&x->seed) % 8;
+		uint32_t conv = (uint32_t)rand_r(&x->seed) % o->conversations;
 		uint32_t n = 0;
 		uint64_t h = 0;
 
@@ -401,6 +401,7 @@ static void usage(FILE *f)
 		"      --prefix-tokens N   system prompt length (shared-prefix; default 512)\n"
 		"      --turn-tokens N     tokens per turn (shared-prefix; default 64)\n"
 		"      --turns N           turns per conversation (shared-prefix; default 6)\n"
+		"      --conversations N   conversations per family (shared-prefix; default 8)\n"
 		"      --private-pools     process i attaches pool NAME<i> (a private pool each,\n"
 		"                          as in-process allocators do; for comparisons)\n"
 		"      --json              print the summary as one JSON object\n");
@@ -423,12 +424,14 @@ int main(int argc, char **argv)
 		{ "turns", required_argument, NULL, 7 },
 		{ "json", no_argument, NULL, 8 },
 		{ "private-pools", no_argument, NULL, 9 },
+		{ "conversations", required_argument, NULL, 10 },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	struct opts o = { .pool = "default", .workload = "lease", .procs = 4, .seconds = 5,
 			  .min_tokens = 16, .max_tokens = 2048, .batch = 8, .families = 4,
-			  .prefix_tokens = 512, .turn_tokens = 64, .turns = 6 };
+			  .prefix_tokens = 512, .turn_tokens = 64, .turns = 6,
+			  .conversations = 8 };
 	struct result *res, sum = { 0 };
 	double t0, wall;
 	int c, failed = 0;
@@ -449,12 +452,14 @@ int main(int argc, char **argv)
 		case 7: o.turns = (uint32_t)atoi(optarg); break;
 		case 8: o.json = 1; break;
 		case 9: o.private_pools = 1; break;
+		case 10: o.conversations = (uint32_t)atoi(optarg); break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
 	if (o.procs < 1 || o.procs > 256 || o.seconds <= 0 || o.seconds > 3600 || !o.min_tokens ||
 	    o.max_tokens < o.min_tokens || !o.batch || !o.families || !o.turn_tokens || !o.turns ||
+	    !o.conversations || o.conversations > 1000 ||
 	    (strcmp(o.workload, "lease") && strcmp(o.workload, "shared-prefix"))) {
 		fprintf(stderr, "kvpool-loadgen: bad arguments\n");
 		usage(stderr);

@@ -28,8 +28,11 @@ echo "--- kvpoold (embedded default config) on $KVPOOL_SOCKET"
 cat "$run/kvpoold.log"
 echo "--- kvpool-loadgen: 4 engine processes, lease workload"
 build/client/kvpool-loadgen --procs 4 --seconds 5
-echo "--- kvpool-loadgen: 4 engine processes, shared-prefix workload"
-build/client/kvpool-loadgen --procs 4 --seconds 5 --workload shared-prefix
+echo "--- kvpool-loadgen: 4 engine processes, shared-prefix workload larger than the device tier"
+echo "    (16 system prompts x 16 conversations x 12 turns: cold prefixes are demoted to host"
+echo "    pages and promoted back on a hit; every matched byte is checked against its writer)"
+build/client/kvpool-loadgen --procs 4 --seconds 5 --workload shared-prefix --families 16 \
+	--conversations 16 --turns 12
 echo "--- kvpoolctl status"
 build/client/kvpoolctl status
 echo "--- kvpoolctl cache"
