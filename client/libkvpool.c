@@ -835,8 +835,11 @@ KVP_EXPORT int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens
 	m->n_device = (uint32_t)mr->n_device_pages;
 	m->n_host = (uint32_t)mr->n_host_pages;
 	m->lock_id = mr->lock_id;
-	memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
-	memcpy(host_pages, mr->host_pages, sizeof(uint32_t) * mr->n_host_pages);
+	/* (an empty repeated field arrives as NULL) */
+	if (mr->n_device_pages)
+		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
+	if (mr->n_host_pages)
+		memcpy(host_pages, mr->host_pages, sizeof(uint32_t) * mr->n_host_pages);
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
@@ -871,8 +874,9 @@ KVP_EXPORT int kvp_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_p
 		r = kvp__fail(err, KVP_E_BUFFER, 0, "load: %u entries do not hold %zu pages", cap,
 			      resp->load->n_device_pages);
 	else {
-		memcpy(device_pages, resp->load->device_pages,
-		       sizeof(uint32_t) * resp->load->n_device_pages);
+		if (resp->load->n_device_pages)
+			memcpy(device_pages, resp->load->device_pages,
+			       sizeof(uint32_t) * resp->load->n_device_pages);
 		r = (int)resp->load->n_device_pages;
 	}
 	kvpool__response__free_unpacked(resp, NULL);

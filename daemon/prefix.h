@@ -119,15 +119,18 @@ uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 struct kvp_prefix_stats {
 	uint64_t cached_pages[KVP_TIER_MAX];
 	/* Unlocked cached pages that eviction can free now. Host pages that sit above a cached
-	 * device page (made by inserting device pages under a locked host prefix) count only once
-	 * the device pages below are gone, so cached may exceed evictable + protected. */
+	 * device page (made by inserting device pages below host pages that were locked or named
+	 * with KVP_PAGE_NONE) count only once the device pages below are gone, so cached may
+	 * exceed evictable + protected. */
 	uint64_t evictable_pages[KVP_TIER_MAX];
 	uint64_t protected_pages[KVP_TIER_MAX]; /* cached pages on locked paths */
 	uint64_t nodes;				/* tree nodes, one root per namespace included */
 	uint64_t hit_tokens, queried_tokens;
 	uint64_t evicted_pages[KVP_TIER_MAX]; /* freed from a tier by evict/flush (demotions too) */
 	uint64_t demoted_pages, promoted_pages;
-	uint64_t metadata_bytes; /* bytes the tree asked malloc for, token ids included */
+	/* Bytes the tree asked malloc for, token ids included (heap capacity reserved by a call
+	 * that then failed with -ENOMEM stays counted: it is kept for the next call). */
+	uint64_t metadata_bytes;
 };
 /* Copies the counters. O(1). */
 void kvp_prefix_stats(const struct kvp_prefix *pfx, struct kvp_prefix_stats *st);

@@ -22,7 +22,13 @@ start=$(date +%s.%N)
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
-if [ -f "$dir/build.ninja" ]; then
+# an existing build dir is switched to release (and tests on) only when it is not already
+if [ -f "$dir/build.ninja" ] && ! python3 - "$dir/meson-info/intro-buildoptions.json" <<'PY'
+import json, sys
+o = {x["name"]: x["value"] for x in json.load(open(sys.argv[1]))}
+sys.exit(0 if o.get("buildtype") == "release" and o.get("tests") is True else 1)
+PY
+then
 	meson configure "$dir" -Dbuildtype=release -Dtests=true >/dev/null || exit 1
 fi
 bash scripts/build.sh "$dir" -Dbuildtype=release || { echo "bench.sh: build failed" >&2; exit 1; }

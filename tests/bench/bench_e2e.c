@@ -47,9 +47,38 @@ static double field(const char *json, const char *key)
 	return p ? strtod(p + strlen(pat), NULL) : 0;
 }
 
-static void run_loadgen(const char *sock, int private_pools, const char *seconds,
+/* After a failed run: whether kvpoold is still alive, and the end of its log. */
+static void daemon_report(struct daemon *d)
+{
+	char buf[2049];
+	FILE *f = fopen(d->log, "r");
+	size_t n = 0;
+	int st;
+
+	if (d->pid > 0 && waitpid(d->pid, &st, WNOHANG) == d->pid) {
+		if (WIFSIGNALED(st))
+			fprintf(stderr, "bench: kvpoold was killed by signal %d\n", WTERMSIG(st));
+		else
+			fprintf(stderr, "bench: kvpoold exited with status %d\n", WEXITSTATUS(st));
+		d->pid = 0;
+	}
+	if (f) {
+		fseek(f, 0, SEEK_END);
+		if (ftell(f) > 2048)
+			fseek(f, -2048, SEEK_END);
+		else
+			rewind(f);
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		buf[n] = 0;
+		fclose(f);
+		fprintf(stderr, "bench: end of the kvpoold log (%s):\n%s\n", d->log, buf);
+	}
+}
+
+static void run_loadgen(struct daemon *d, int private_pools, const char *seconds,
 			const char *const *wl, struct lg *out)
 {
+	const char *sock = d->sock;
 	const char *argv[40];
 	char buf[8192];
 	int n = 0, pfd[2], st;
@@ -89,6 +118,8 @@ static void run_loadgen(const char *sock, int private_pools, const char *seconds
 	close(pfd[0]);
 	waitpid(pid, &st, 0);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\""))
+		daemon_report(d);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\""))
 		B_DIE("%s (%s pools) failed: exit %d, output: %s", argv[0],
 		      private_pools ? "private" : "shared", WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
 	out->rps = field(buf, "requests_per_s");
@@ -111,7 +142,7 @@ int main(int argc, char **argv)
 					  "--turn-tokens", "128", "--turns", "4", NULL };
 	char conf[4096] = "[daemon]\nkeepalive_ms = 10000\n";
 	struct lg sh = { 0 }, pr = { 0 };
-	struct daemon d;
+	static struct daemon d;
 	const char *prm;
 
 	pool_section(conf, sizeof(conf), "shared", C_TOKENS);
@@ -119,9 +150,9 @@ int main(int argc, char **argv)
 		pool_section(conf, sizeof(conf), b_fmt("part%d", i), C_TOKENS / 4);
 	bn_daemon_start(&d, conf);
 	/* alternate: private first, then shared (each pool starts cold) */
-	run_loadgen(d.sock, 1, seconds, wl, &pr);
-	run_loadgen(d.sock, 0, seconds, wl, &sh);
-	h_daemon_cleanup(&d);
+	run_loadgen(&d, 1, seconds, wl, &pr);
+	run_loadgen(&d, 0, seconds, wl, &sh);
+	bn_cleanup();
 
 	prm = b_fmt("{\"procs\":4,\"seconds\":%s,\"families\":16,\"prefix_tokens\":768,"
 		    "\"turn_tokens\":128,\"turns\":4,\"page_tokens\":16,\"row_bytes\":256,"

@@ -9,14 +9,48 @@
 #include "frame.h"
 #include "harness.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
+/* What this process started and must stop, also when it exits through B_DIE. */
+static struct daemon *g_bn_daemon;
+static pid_t g_bn_owner, g_bn_kid;
+
+/* Stops the echo/raw peer and the daemon, removes the daemon's temporary directory. Idempotent;
+ * does nothing in forked children. */
+static void bn_cleanup(void)
+{
+	if (getpid() != g_bn_owner)
+		return;
+	if (g_bn_kid > 0) {
+		kill(g_bn_kid, SIGTERM);
+		waitpid(g_bn_kid, NULL, 0);
+		g_bn_kid = 0;
+	}
+	if (g_bn_daemon) {
+		h_daemon_cleanup(g_bn_daemon);
+		g_bn_daemon = NULL;
+	}
+}
+
 /* Starts kvpoold (harness: $KVPOOLD or ../daemon/kvpoold) with config (NULL: embedded) on a
- * temporary socket, logging warnings only so the log costs nothing on the hot path. */
+ * temporary socket, logging warnings only so the log costs nothing on the hot path. Registers
+ * bn_cleanup to run at exit. */
 static inline void bn_daemon_start(struct daemon *d, const char *config)
 {
 	static const char *const args[] = { "--log-level", "warning", NULL };
 
+	g_bn_owner = getpid();
+	atexit(bn_cleanup);
 	if (h_daemon_start(d, config, args) < 0)
 		B_DIE("kvpoold did not start (binary %s, log %s)", h_kvpoold(), d->log);
+	g_bn_daemon = d;
+}
+
+/* Registers a forked helper (echo server, raw peer) for bn_cleanup to stop. */
+static inline void bn_kid(pid_t pid)
+{
+	g_bn_kid = pid;
 }
 
 static inline int bn_write_all(int fd, const void *p, size_t n)

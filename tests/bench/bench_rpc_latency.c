@@ -89,7 +89,7 @@ int main(int argc, char **argv)
 	uint32_t blocks = quick ? 3 : 40; /* per side */
 	uint64_t *lk = malloc(sizeof(uint64_t) * blocks * BLOCK);
 	uint64_t *lr = malloc(sizeof(uint64_t) * blocks * BLOCK);
-	struct daemon d;
+	static struct daemon d;
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
@@ -124,6 +124,7 @@ int main(int argc, char **argv)
 	srv = fork();
 	if (srv == 0)
 		raw_server(lfd, sz);
+	bn_kid(srv);
 	close(lfd);
 	fd = h_raw_connect(path);
 	if (fd < 0)
@@ -154,9 +155,10 @@ int main(int argc, char **argv)
 	}
 	close(fd);
 	waitpid(srv, NULL, 0);
+	bn_kid(0);
 	kvp_pool_detach(p, NULL);
 	kvp_client_close(c);
-	h_daemon_cleanup(&d);
+	bn_cleanup();
 
 	{
 		size_t n = (size_t)blocks * BLOCK;

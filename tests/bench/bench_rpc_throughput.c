@@ -130,7 +130,7 @@ int main(int argc, char **argv)
 	double secs = quick ? 0.3 : 0.7, warm = quick ? 0.1 : 0.15;
 	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	struct daemon d;
+	static struct daemon d;
 	char echo_path[200];
 	pid_t echo;
 	int lfd;
@@ -143,6 +143,7 @@ int main(int argc, char **argv)
 	echo = fork();
 	if (echo == 0)
 		_exit(echo_server_run(lfd) < 0 ? 1 : 0);
+	bn_kid(echo);
 	close(lfd);
 
 	for (int ci = 0; ci < nclients; ci++) {
@@ -169,8 +170,6 @@ int main(int argc, char **argv)
 				.unit = "calls/s", .target = "ratio >= 0.60" });
 		}
 	}
-	kill(echo, SIGTERM);
-	waitpid(echo, NULL, 0);
-	h_daemon_cleanup(&d);
+	bn_cleanup();
 	return 0;
 }
