@@ -9,7 +9,8 @@ KVP_WITH_FUZZ=1 bash scripts/deps.sh
 if [ ! -f build-fuzz/build.ninja ]; then
 	CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Db_lundef=false >/dev/null
 fi
-ninja -C build-fuzz tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config >/dev/null
+ninja -C build-fuzz tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config >/dev/null ||
+	ninja -C build-fuzz tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config
 work=$(mktemp -d /tmp/kvpool-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 for t in dispatch config; do

@@ -9,6 +9,7 @@
 #include "daemon.h"
 #include "dispatch.h"
 #include "frame.h"
+#include "log.h"
 
 static const char g_conf[] =
 	"[daemon]\nmax_leases_per_session = 64\nmax_locks_per_session = 64\n"
