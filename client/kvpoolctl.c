@@ -83,6 +83,24 @@ static void json_geometry(const Kvpool__Geometry *g)
 	       dtype_str(g ? (int)g->dtype : 0), g ? g->page_tokens : 0);
 }
 
+static void json_counters(Kvpool__Counter **c, size_t n)
+{
+	printf("{");
+	for (size_t i = 0; i < n; i++) {
+		printf("%s", i ? "," : "");
+		json_str(c[i]->name);
+		printf(":%lu", (unsigned long)c[i]->value);
+	}
+	printf("}");
+}
+
+/* The counter rows: whatever the daemon's stats table lists, in its order. */
+static void text_counters(const char *indent, Kvpool__Counter **c, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		printf("%s%-24s %14lu\n", indent, c[i]->name, (unsigned long)c[i]->value);
+}
+
 static void json_pool(const Kvpool__PoolStats *p)
 {
 	printf("{\"name\":");
@@ -108,11 +126,13 @@ static void json_pool(const Kvpool__PoolStats *p)
 	}
 	printf("],\"cache\":{\"nodes\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,"
 	       "\"demoted_tokens\":%lu,\"promoted_tokens\":%lu},"
-	       "\"allocs\":%lu,\"frees\":%lu,\"alloc_failures\":%lu}",
+	       "\"allocs\":%lu,\"frees\":%lu,\"alloc_failures\":%lu,\"counters\":",
 	       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,
 	       (unsigned long)p->queried_tokens, (unsigned long)p->demoted_tokens,
 	       (unsigned long)p->promoted_tokens, (unsigned long)p->allocs, (unsigned long)p->frees,
 	       (unsigned long)p->alloc_failures);
+	json_counters(p->counters, p->n_counters);
+	printf("}");
 }
 
 static void text_pool(const Kvpool__PoolStats *p)
@@ -170,14 +190,23 @@ static int cmd_status(struct kvp_client *c, int pools_only)
 				putchar(',');
 			json_pool(s->pools[i]);
 		}
-		printf("]}\n");
+		printf("],\"counters\":");
+		json_counters(s->counters, s->n_counters);
+		printf("}\n");
 	} else {
 		if (!pools_only)
 			printf("kvpoold %s (pid %d), up %.1f s, %u sessions%s, %zu pools\n",
 			       s->daemon_version, s->pid, (double)s->uptime_ms / 1e3, s->sessions,
 			       s->draining ? ", draining" : "", s->n_pools);
-		for (size_t i = 0; i < s->n_pools; i++)
+		for (size_t i = 0; i < s->n_pools; i++) {
 			text_pool(s->pools[i]);
+			if (!pools_only)
+				text_counters("    ", s->pools[i]->counters, s->pools[i]->n_counters);
+		}
+		if (!pools_only) {
+			printf("daemon counters:\n");
+			text_counters("    ", s->counters, s->n_counters);
+		}
 	}
 	kvpool__response__free_unpacked(resp, NULL);
 	return EXIT_OK;

@@ -258,6 +258,43 @@ static Kvpool__TierStats *tier_stats(struct kvp_reply *r, const struct kvp_pool 
 	return m;
 }
 
+/* Counter entries generated from an X-macro list: names are the struct fields. */
+static Kvpool__Counter **counters(struct kvp_reply *r, const char *const *names,
+				  const uint64_t *values, size_t n)
+{
+	Kvpool__Counter **v = kvp_reply_alloc(r, sizeof(*v) * n);
+
+	for (size_t i = 0; v && i < n; i++) {
+		v[i] = NEW(r, Kvpool__Counter, kvpool__counter__descriptor);
+		if (!v[i])
+			return NULL;
+		v[i]->name = (char *)names[i];
+		v[i]->value = values[i];
+	}
+	return v;
+}
+
+#define COUNTER_NAME(f, n, h) #f,
+#define COUNTER_VALUE(f, n, h) st->f,
+static const char *const pool_counter_names[] = { KVP_POOL_COUNTERS(COUNTER_NAME) };
+static const char *const daemon_counter_names[] = { KVP_DAEMON_COUNTERS(COUNTER_NAME) };
+#define N_POOL_COUNTERS (sizeof(pool_counter_names) / sizeof(pool_counter_names[0]))
+#define N_DAEMON_COUNTERS (sizeof(daemon_counter_names) / sizeof(daemon_counter_names[0]))
+
+static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvp_pool_stats *st)
+{
+	const uint64_t values[] = { KVP_POOL_COUNTERS(COUNTER_VALUE) };
+
+	return counters(r, pool_counter_names, values, N_POOL_COUNTERS);
+}
+
+static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon_stats *st)
+{
+	const uint64_t values[] = { KVP_DAEMON_COUNTERS(COUNTER_VALUE) };
+
+	return counters(r, daemon_counter_names, values, N_DAEMON_COUNTERS);
+}
+
 static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvp_pool *p)
 {
 	Kvpool__PoolStats *m = NEW(r, Kvpool__PoolStats, kvpool__pool_stats__descriptor);
@@ -295,6 +332,10 @@ static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvp_pool 
 	m->alloc_failures = p->st.alloc_failures;
 	m->eviction = (char *)kvp_eviction_name(p->conf.eviction);
 	m->token_bytes = kvp_conf_token_bytes(&p->conf);
+	m->counters = pool_counters(r, &p->st);
+	if (!m->counters)
+		return NULL;
+	m->n_counters = N_POOL_COUNTERS;
 	return m;
 }
 
@@ -366,6 +407,10 @@ static int h_status(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__R
 			return oom(f);
 	}
 	m->n_pools = d->n_pools;
+	m->counters = daemon_counters(r, &d->st);
+	if (!m->counters)
+		return oom(f);
+	m->n_counters = N_DAEMON_COUNTERS;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_STATUS_INFO;
 	r->resp.status_info = m;
 	return 0;

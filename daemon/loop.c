@@ -58,7 +58,7 @@ struct conn {
 	struct conn *ready_next;
 	struct conn *prev, *next;
 	struct msghdr msg;
-	struct iovec iov;
+	struct iovec iov[KVP_SEND_IOV];
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * KVP_REPLY_MAX_FDS)];
 		size_t align;
@@ -81,7 +81,7 @@ struct server {
 	struct conn *ready;
 	bool stopping;
 	uint64_t stop_deadline_ms;
-	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms, last_metrics_ms;
+	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms, last_metrics_ms, last_summary_ms;
 	struct kvp_metrics_http *http;
 	int exit_code;
 };
@@ -165,18 +165,17 @@ static void arm_pidfd(struct server *sv, struct conn *c)
 	c->inflight++;
 }
 
+/* One sendmsg for as many queued replies as fit in KVP_SEND_IOV; a reply that carries
+ * descriptors goes alone, so they travel with its first byte. */
 static void arm_send(struct server *sv, struct conn *c)
 {
 	struct obuf *o = c->oq_head;
 	struct io_uring_sqe *sqe;
+	size_t n = 0;
 
 	if (c->send_armed || !o || c->closing)
 		return;
 	memset(&c->msg, 0, sizeof(c->msg));
-	c->iov.iov_base = o->data + o->off;
-	c->iov.iov_len = o->len - o->off;
-	c->msg.msg_iov = &c->iov;
-	c->msg.msg_iovlen = 1;
 	if (o->nfds && o->off == 0) {
 		struct cmsghdr *cm;
 
@@ -187,7 +186,16 @@ static void arm_send(struct server *sv, struct conn *c)
 		cm->cmsg_type = SCM_RIGHTS;
 		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)o->nfds);
 		memcpy(CMSG_DATA(cm), o->fds, sizeof(int) * (size_t)o->nfds);
+		c->iov[n].iov_base = o->data;
+		c->iov[n++].iov_len = o->len;
+	} else {
+		for (; o && n < KVP_SEND_IOV && !(o->nfds && o->off == 0); o = o->next) {
+			c->iov[n].iov_base = o->data + o->off;
+			c->iov[n++].iov_len = o->len - o->off;
+		}
 	}
+	c->msg.msg_iov = c->iov;
+	c->msg.msg_iovlen = n;
 	sqe = get_sqe(sv);
 	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
 	io_uring_sqe_set_data(sqe, tagged(c, TAG_SEND));
@@ -281,7 +289,6 @@ static void queue_frame(struct server *sv, struct conn *c, uint8_t *data, size_t
 	c->oq_tail = o;
 	c->out_bytes += len;
 	sv->d->st.frames_out++;
-	arm_send(sv, c);
 }
 
 /* Packs and queues a reply; a reply too large for one frame becomes an INTERNAL status. */
@@ -322,11 +329,12 @@ static void protocol_error(struct server *sv, struct conn *c, const char *what)
 	r.close_after = true;
 	send_reply(sv, c, &r);
 	kvp_reply_release(&r);
+	arm_send(sv, c);
 	c->in.len = c->in.off = 0; /* nothing more is read from this stream */
 	c->flush_deadline_ms = kvp_now_ms() + 1000;
 }
 
-static void serve_frames(struct server *sv, struct conn *c)
+static void serve_frames_budget(struct server *sv, struct conn *c)
 {
 	int budget = KVP_TURN_BUDGET;
 
@@ -377,6 +385,14 @@ static void serve_frames(struct server *sv, struct conn *c)
 	} else {
 		c->partial_since_ms = 0;
 	}
+}
+
+/* Serves a connection's complete frames (up to its budget), then sends the replies of the
+ * turn together. */
+static void serve_frames(struct server *sv, struct conn *c)
+{
+	serve_frames_budget(sv, c);
+	arm_send(sv, c);
 }
 
 static void recycle_buffer(struct server *sv, unsigned bid)
@@ -493,7 +509,7 @@ static void on_recv(struct server *sv, struct conn *c, struct io_uring_cqe *cqe)
 
 static void on_send(struct server *sv, struct conn *c, int res)
 {
-	struct obuf *o = c->oq_head;
+	size_t sent = res > 0 ? (size_t)res : 0;
 
 	c->send_armed = false;
 	c->inflight--;
@@ -505,11 +521,16 @@ static void on_send(struct server *sv, struct conn *c, int res)
 		conn_close(sv, c, "send failed (client gone)");
 		return;
 	}
-	o->off += (size_t)res;
-	c->out_bytes -= (size_t)res;
-	if (o->off > 0)
+	c->out_bytes -= sent;
+	while (sent && c->oq_head) {
+		struct obuf *o = c->oq_head;
+		size_t take = o->len - o->off < sent ? o->len - o->off : sent;
+
+		o->off += take;
+		sent -= take;
 		o->nfds = 0; /* descriptors went with the first byte */
-	if (o->off == o->len) {
+		if (o->off < o->len)
+			break;
 		c->oq_head = o->next;
 		if (!c->oq_head)
 			c->oq_tail = NULL;
@@ -628,6 +649,11 @@ static void on_tick(struct server *sv)
 			kvp_metrics_http_publish(sv->http, text);
 		free(text);
 		sv->last_metrics_ms = now;
+	}
+	if (now - sv->last_summary_ms >= KVP_SUMMARY_MS) {
+		for (uint32_t i = 0; i < d->n_pools; i++)
+			kvp_pool_log_summary(d->pools[i], now - sv->last_summary_ms);
+		sv->last_summary_ms = now;
 	}
 	if (now - sv->last_status_ms >= 5000) {
 		status_line(sv);
@@ -755,6 +781,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		return 1;
 	}
 	sv.watchdog_ms = kvp_watchdog_ms();
+	sv.last_summary_ms = kvp_now_ms();
 	if (d->conf.metrics_listen[0])
 		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
 	arm_accept(&sv);

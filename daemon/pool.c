@@ -474,6 +474,28 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	return 0;
 }
 
+void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms)
+{
+	struct kvp_prefix_stats now;
+	uint64_t pt = p->conf.page_tokens;
+	uint64_t ev_d, ev_h, dem, pro;
+
+	kvp_prefix_stats(p->pfx, &now);
+	ev_d = now.evicted_pages[KVP_TIER_DEVICE] - p->logged.evicted_pages[KVP_TIER_DEVICE];
+	ev_h = now.evicted_pages[KVP_TIER_HOST] - p->logged.evicted_pages[KVP_TIER_HOST];
+	dem = now.demoted_pages - p->logged.demoted_pages;
+	pro = now.promoted_pages - p->logged.promoted_pages;
+	if (ev_d || ev_h || dem || pro)
+		log_info("pool %s, last %.0f s: %lu device tokens evicted (%lu demoted to host), "
+			 "%lu host tokens evicted, %lu promoted; %lu cached on device, %lu on host",
+			 p->conf.name, (double)interval_ms / 1e3, (unsigned long)(ev_d * pt),
+			 (unsigned long)(dem * pt), (unsigned long)(ev_h * pt),
+			 (unsigned long)(pro * pt),
+			 (unsigned long)(now.cached_pages[KVP_TIER_DEVICE] * pt),
+			 (unsigned long)(now.cached_pages[KVP_TIER_HOST] * pt));
+	p->logged = now;
+}
+
 uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages)
 {
 	if (!kvp_pool_has_tier(p, tier))

@@ -26,6 +26,7 @@ struct kvp_pool {
 	uint32_t sessions; /* attached */
 	void *cuda_copy;   /* struct kvp_copy_cuda *, cuda pools only */
 	char note[256];	   /* start-up fallbacks worth a log line */
+	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
 };
 
 struct kvp_lease {
@@ -70,5 +71,8 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 		     uint32_t cached, const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
 		     uint64_t *dup_tokens, struct kvp_fail *f);
 
+/* One log line summarising evictions, demotions, promotions and capacity refusals since the
+ * previous call, when there were any (called every few seconds, never per page). */
+void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms);
 /* Evicts up to `pages` pages of tier. Returns pages freed. */
 uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages);

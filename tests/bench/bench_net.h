@@ -14,7 +14,7 @@
 
 /* What this process started and must stop, also when it exits through B_DIE. */
 static struct daemon *g_bn_daemon;
-static pid_t g_bn_owner, g_bn_kid;
+static pid_t g_bn_owner, g_bn_kids[4];
 
 /* Stops the echo/raw peer and the daemon, removes the daemon's temporary directory. Idempotent;
  * does nothing in forked children. */
@@ -22,10 +22,12 @@ static void bn_cleanup(void)
 {
 	if (getpid() != g_bn_owner)
 		return;
-	if (g_bn_kid > 0) {
-		kill(g_bn_kid, SIGTERM);
-		waitpid(g_bn_kid, NULL, 0);
-		g_bn_kid = 0;
+	for (int i = 0; i < 4; i++) {
+		if (g_bn_kids[i] > 0) {
+			kill(g_bn_kids[i], SIGTERM);
+			waitpid(g_bn_kids[i], NULL, 0);
+			g_bn_kids[i] = 0;
+		}
 	}
 	if (g_bn_daemon) {
 		h_daemon_cleanup(g_bn_daemon);
@@ -47,10 +49,15 @@ static inline void bn_daemon_start(struct daemon *d, const char *config)
 	g_bn_daemon = d;
 }
 
-/* Registers a forked helper (echo server, raw peer) for bn_cleanup to stop. */
+/* Registers a forked helper (echo server, raw peer; at most 4) for bn_cleanup to stop. */
 static inline void bn_kid(pid_t pid)
 {
-	g_bn_kid = pid;
+	for (int i = 0; i < 4; i++) {
+		if (g_bn_kids[i] <= 0) {
+			g_bn_kids[i] = pid;
+			return;
+		}
+	}
 }
 
 static inline int bn_write_all(int fd, const void *p, size_t n)
