@@ -32,8 +32,13 @@ struct opts {
 	int private_pools; /* process i attaches pool "<pool><i>" */
 };
 
+/* Client-observed RPC latency: buckets growing by 1.25x from 1 us. */
+#define LAT_BUCKETS 80
+
 /* Per-process results, in shared memory so the parent sums them. */
 struct result {
+	uint64_t lat[LAT_BUCKETS];
+	double t0;
 	uint64_t requests, tokens, bytes_verified, mismatches;
 	uint64_t errors[KVP_CODE_MAX];
 	uint64_t hit_tokens, queried_tokens, loads, backoffs;
@@ -48,6 +53,54 @@ static double now_s(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+static unsigned lat_bucket(double us)
+{
+	unsigned b = 0;
+
+	for (double edge = 1.0; us > edge && b < LAT_BUCKETS - 1; edge *= 1.25)
+		b++;
+	return b;
+}
+
+static double lat_edge(unsigned b)
+{
+	double edge = 1.0;
+
+	while (b--)
+		edge *= 1.25;
+	return edge;
+}
+
+/* The latency (upper bucket edge, us) under which fraction q of the calls completed. */
+static double lat_quantile(const uint64_t *lat, double q)
+{
+	uint64_t total = 0, seen = 0;
+
+	for (unsigned b = 0; b < LAT_BUCKETS; b++)
+		total += lat[b];
+	for (unsigned b = 0; b < LAT_BUCKETS && total; b++) {
+		seen += lat[b];
+		if ((double)seen >= q * (double)total)
+			return lat_edge(b);
+	}
+	return 0;
+}
+
+/* Times one library call into the process's histogram: TIMED(res, kvp_x(...)) evaluates to
+ * the call's return (the comma operator orders start, call, stop). */
+static void lat_start(struct result *res)
+{
+	res->t0 = now_s();
+}
+
+static int lat_stop(struct result *res, int r)
+{
+	res->lat[lat_bucket((now_s() - res->t0) * 1e6)]++;
+	return r;
+}
+
+#define TIMED(res, call) (lat_start(res), lat_stop((res), (call)))
 
 static uint64_t mix(uint64_t x)
 {
@@ -163,7 +216,8 @@ static int lease_workload(struct ctx *x)
 				rc = -1;
 				break;
 			}
-			if (kvp_alloc(x->p, KVP_TIER_DEVICE, r->npages, &r->lease, r->pages, &e) < 0) {
+			if (TIMED(x->res, kvp_alloc(x->p, KVP_TIER_DEVICE, r->npages, &r->lease, r->pages,
+						   &e)) < 0) {
 				count_error(x, &e);
 				free(r->pages);
 				free(r->keys);
@@ -198,7 +252,7 @@ static int lease_workload(struct ctx *x)
 
 			if (rc == 0 && rows(x, KVP_TIER_DEVICE, r->pages, 0, 0, r->ntokens, r->keys, 1) < 0)
 				rc = -1;
-			if (kvp_free(x->p, r->lease, NULL, 0, &e) < 0) {
+			if (TIMED(x->res, kvp_free(x->p, r->lease, NULL, 0, &e)) < 0) {
 				count_error(x, &e);
 				snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 				rc = -1;
@@ -228,7 +282,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 
 	if (!dev || !host || !lease_pages)
 		goto out;
-	if (kvp_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e) < 0) {
+	if (TIMED(x->res, kvp_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e)) < 0) {
 		count_error(x, &e);
 		snprintf(x->res->why, sizeof(x->res->why), "match: %s", e.message);
 		goto out;
@@ -261,7 +315,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	own_from = matched * pt;
 	nlease = n > own_from ? (n - own_from + pt - 1) / pt : 0;
 	if (nlease) {
-		if (kvp_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease, lease_pages, &e) < 0) {
+		if (TIMED(x->res, kvp_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease, lease_pages, &e)) < 0) {
 			count_error(x, &e);
 			if (e.code == KVP_E_OUT_OF_CAPACITY) {
 				x->res->backoffs++;
@@ -274,12 +328,13 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 		}
 		if (rows(x, KVP_TIER_DEVICE, lease_pages, own_from, own_from, n, keys, 0) < 0)
 			goto out;
-		if (kvp_insert(x->p, lease, 0, tok, n, matched, lease_pages, nlease, NULL, &e) < 0) {
+		if (TIMED(x->res, kvp_insert(x->p, lease, 0, tok, n, matched, lease_pages, nlease,
+					     NULL, &e)) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "insert: %s", e.message);
 			goto out;
 		}
-		if (kvp_free(x->p, lease, NULL, 0, &e) < 0) {
+		if (TIMED(x->res, kvp_free(x->p, lease, NULL, 0, &e)) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 			goto out;
@@ -497,6 +552,8 @@ int main(int argc, char **argv)
 		sum.queried_tokens += res[i].queried_tokens;
 		sum.loads += res[i].loads;
 		sum.backoffs += res[i].backoffs;
+		for (int b = 0; b < LAT_BUCKETS; b++)
+			sum.lat[b] += res[i].lat[b];
 		for (int k = 0; k < KVP_CODE_MAX; k++)
 			sum.errors[k] += res[i].errors[k];
 		if (res[i].why[0])
@@ -506,12 +563,13 @@ int main(int argc, char **argv)
 		printf("{\"workload\":\"%s\",\"procs\":%d,\"wall_s\":%.3f,\"requests\":%lu,"
 		       "\"tokens\":%lu,\"requests_per_s\":%.1f,\"bytes_verified\":%lu,"
 		       "\"mismatches\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,\"loads\":%lu,"
-		       "\"backoffs\":%lu,\"errors\":{",
+		       "\"backoffs\":%lu,\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
 		       o.workload, o.procs, wall, (unsigned long)sum.requests,
 		       (unsigned long)sum.tokens, (double)sum.requests / wall,
 		       (unsigned long)sum.bytes_verified, (unsigned long)sum.mismatches,
 		       (unsigned long)sum.hit_tokens, (unsigned long)sum.queried_tokens,
-		       (unsigned long)sum.loads, (unsigned long)sum.backoffs);
+		       (unsigned long)sum.loads, (unsigned long)sum.backoffs,
+		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
 		for (int k = 1, first = 1; k < KVP_CODE_MAX; k++) {
 			if (!sum.errors[k])
 				continue;
@@ -536,6 +594,8 @@ int main(int argc, char **argv)
 						  : 0.0,
 			       (unsigned long)sum.loads);
 		printf("  back-offs       %lu\n", (unsigned long)sum.backoffs);
+		printf("  rpc latency     p50 <= %.0f us, p99 <= %.0f us (client-observed)\n",
+		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
 		printf("  errors by code ");
 		for (int k = 1, any = 0; k < KVP_CODE_MAX; k++) {
 			if (sum.errors[k]) {

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
 # integration, fault, gpu), then the whole suite again under ASan+UBSan. GPU tests exit 77
-# (skipped) on machines without a GPU. Then each libFuzzer target for 60 s and a --quick run of
-# every benchmark (both count as one check each). Ends with one line:
+# (skipped) on machines without a GPU. Then a 60 s soak of 16 processes, each libFuzzer target
+# for 60 s and a --quick run of every benchmark (each counts as one check). Ends with one line:
 # "N passed, N failed, N skipped".
 #   KVP_NO_SANITIZE=1  skip the sanitizer pass
 #   KVP_NO_FUZZ=1      skip the fuzz run        KVP_FUZZ_SECONDS=N  per target (default 60)
 #   KVP_NO_BENCH=1     skip the benchmark smoke run
+#   KVP_NO_SOAK=1      skip the soak run        KVP_SOAK_SECONDS=N  (default 60)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -57,6 +58,8 @@ extra() { # label command...
 		fail=$((fail + 1))
 	fi
 }
+[ "${KVP_NO_SOAK:-0}" != 1 ] && extra "soak (${KVP_SOAK_SECONDS:-60} s, 16 processes)" \
+	meson test -C build-test --suite soak -v
 [ "${KVP_NO_FUZZ:-0}" != 1 ] && extra "fuzz (${KVP_FUZZ_SECONDS:-60} s per target)" \
 	bash scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-60}"
 [ "${KVP_NO_BENCH:-0}" != 1 ] && extra "benchmarks --quick" bash scripts/bench.sh --quick
