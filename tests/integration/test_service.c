@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -709,6 +711,70 @@ static int run_capture(const char *cmd, char *out, size_t len)
 	return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+/* GET path from 127.0.0.1:port; the whole answer into buf. Returns bytes read or -1. */
+static int http_get(int port, const char *path, char *buf, size_t len)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	char req[128];
+	size_t n = 0;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	uint64_t end = h_now_ms() + 3000;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
+	if (send(fd, req, strlen(req), MSG_NOSIGNAL) < 0) {
+		close(fd);
+		return -1;
+	}
+	while (n + 1 < len && h_now_ms() < end) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		ssize_t r;
+
+		if (poll(&pf, 1, 500) <= 0)
+			continue;
+		r = recv(fd, buf + n, len - n - 1, 0);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	buf[n] = 0;
+	close(fd);
+	return (int)n;
+}
+
+static void test_metrics_http_endpoint(void)
+{
+	struct daemon d;
+	static char buf[1 << 18];
+	char conf[1024];
+	int port = 20000 + (int)(getpid() % 20000), ok = 0;
+	uint64_t end;
+
+	snprintf(conf, sizeof(conf), "[daemon]\nmetrics_listen = 127.0.0.1:%d\n" POOL_SMALL, port,
+		 16u, 0u);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, conf, NULL), 0);
+	/* The loop publishes a snapshot every second; the first within a tick or two. */
+	end = h_now_ms() + 5000;
+	while (!ok && h_now_ms() < end) {
+		if (http_get(port, "/metrics", buf, sizeof(buf)) > 0 &&
+		    strstr(buf, " 200 OK") && strstr(buf, "kvpool_sessions ") &&
+		    strstr(buf, "kvpool_tier_total_tokens{pool=\"small\",tier=\"device\"} 1024"))
+			ok = 1;
+		else
+			usleep(100000);
+	}
+	CU_ASSERT(ok);
+	CU_ASSERT(http_get(port, "/nope", buf, sizeof(buf)) > 0 && strstr(buf, " 404 "));
+	CU_ASSERT(h_log_contains(&d, "metrics served at"));
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	h_daemon_cleanup(&d);
+}
+
 static void test_check_config_good_bad_and_too_big(void)
 {
 	char dir[] = "/tmp/kvpool-test-XXXXXX", path[160], cmd[512], out[8192], conf[512];
@@ -853,6 +919,7 @@ int main(void)
 		    test_drain_refuses_leases_then_exits_0);
 	CU_add_test(s, "test_metrics_prometheus_text_and_leased_gauge",
 		    test_metrics_prometheus_text_and_leased_gauge);
+	CU_add_test(s, "test_metrics_http_endpoint", test_metrics_http_endpoint);
 	CU_add_test(s, "test_check_config_good_bad_and_too_big",
 		    test_check_config_good_bad_and_too_big);
 	CU_add_test(s, "test_admin_calls_permission_denied_for_others",
