@@ -298,11 +298,12 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 			x->res->loads++;
 		} else {
 			count_error(x, &e);
-			if (e.code != KVP_E_OUT_OF_CAPACITY) {
+			if (e.code != KVP_E_OUT_OF_CAPACITY && e.code != KVP_E_UNAVAILABLE) {
 				snprintf(x->res->why, sizeof(x->res->why), "load: %s", e.message);
 				goto out;
 			}
-			/* Device full of leases: verify the host copies where they are. */
+			/* Device full of leases, or another engine reads the same host pages:
+			 * verify them where they are. */
 			if (rows(x, KVP_TIER_HOST, host, m.n_device * pt, m.n_device * pt,
 				 matched * pt, keys, 1) < 0)
 				goto out;

@@ -825,6 +825,11 @@ static int h_load(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Req
 				(unsigned long)k->id, (unsigned long)f->cap.free,
 				(unsigned long)f->cap.evictable);
 	}
+	if (rc == -EBUSY)
+		return kvp_fail(f, KVPOOL__CODE__UNAVAILABLE,
+				"load: another session's lock also pins host pages of lock %lu and may "
+				"be reading them; read them in the host tier, or retry after it releases",
+				(unsigned long)k->id);
 	if (rc < 0)
 		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "load: promotion failed (%d)", rc);
 	kvp_prefix_stats(k->pool->pfx, &after);

@@ -1187,6 +1187,10 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 	}
 	if (total > cap)
 		return -EINVAL;
+	/* Host pages another lock also pins may be read by its holder right now: they stay. */
+	for (struct kvp_prefix_node *x = lock; !is_root(x); x = x->parent)
+		if (x->npages > x->ndev && x->lock > 1)
+			return -EBUSY;
 	if (nhost) {
 		uint32_t nfree = kvp_pages_count(dp, KVP_PAGE_FREE);
 

@@ -99,9 +99,11 @@ void kvp_prefix_unlock(struct kvp_prefix *pfx, struct kvp_prefix_node *lock);
  * device ids of the whole path, in order, to dev_out and their count to *n.
  * Returns 0; -EINVAL (NULL argument, no device tier, handle holds no lock, cap below the path's
  * page count); -ENOSPC (free + evictable device pages short of what is needed: nothing changed);
- * -ENOMEM; or copy's error (the path is unchanged then, but pages evicted to make room stay
- * evicted). Host ids that another lock holder got from match for the same pages are freed too:
- * holders must re-match (or promote) before reading host pages after a promotion. */
+ * -EBUSY (a node of the path with host pages is also pinned by another lock, whose holder may be
+ * reading those host pages: nothing changed; read them where they are, or retry once the other
+ * lock is released); -ENOMEM; or copy's error (the path is unchanged then, but pages evicted to
+ * make room stay evicted). So host page ids a lock holder got from match stay valid for as long
+ * as it holds the lock. */
 int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uint32_t *dev_out,
 		       uint32_t cap, uint32_t *n);
 

@@ -241,7 +241,9 @@ int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t 
 int kvp_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err);
 /* Promotes the host-only pages of a locked match to device pages (copied by the daemon's
  * transfer kernels) and writes the device page ids of the whole locked path (room for cap).
- * Returns the number of pages written, or a negative code. */
+ * Returns the number of pages written, or a negative code: KVP_E_OUT_OF_CAPACITY (no device
+ * room), KVP_E_UNAVAILABLE (another session's lock pins the same host pages: read them in the
+ * host tier, they stay valid while your lock holds). */
 int kvp_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages, uint32_t cap,
 	     struct kvp_error *err);
 

@@ -36,9 +36,13 @@ int main(int argc, char **argv)
 	return 0;
 }
 C
-# shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror -o "$root/engine" "$root/engine.c" $(pkg-config --cflags --libs kvpool)
 libdir=$(dirname "$(find "$root" -name 'libkvpool.so.0' | head -1)")
+san=()
+# A sanitized build's library needs a sanitized program around it.
+readelf -d "$libdir/libkvpool.so.0" | grep -q libasan && san=(-fsanitize=address,undefined)
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "${san[@]}" -o "$root/engine" "$root/engine.c" \
+	$(pkg-config --cflags --libs kvpool)
 bad=$(nm -D --defined-only "$libdir/libkvpool.so.0" | awk '$2 ~ /[TDBR]/ && $3 !~ /^kvp_/ { print $3 }')
 if [ -n "$bad" ]; then
 	echo "libkvpool exports non-API symbols: $bad"

@@ -155,7 +155,7 @@ static void test_pool_random_sequences_keep_invariant(void)
 				uint32_t out[16], n = 0;
 				int r = kvp_prefix_promote(p->pfx, locks[k], out, 16, &n);
 
-				CU_ASSERT(r == 0 || r == -ENOSPC);
+				CU_ASSERT(r == 0 || r == -ENOSPC || r == -EBUSY);
 				if (r == 0)
 					CU_ASSERT_EQUAL(n, lock_pages[k]);
 			}

@@ -749,6 +749,35 @@ static void test_kvp_prefix_promote_enospc(void)
 	fx_fini(&g);
 }
 
+/* A second lock on the same host pages keeps them where they are: its holder may read them. */
+static void test_kvp_prefix_promote_busy_when_shared(void)
+{
+	struct fx f;
+	uint32_t a[16], out[8], hostids[8], n = 99;
+	struct kvp_match m1, m2;
+
+	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
+	seq(a, 16, 300);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, HOST, NULL, NULL), 0);
+	m1 = fx_match(&f, 0, a, 16, 1, NULL, NULL);
+	m2 = fx_match(&f, 0, a, 8, 1, NULL, hostids); /* another holder, a shorter prefix */
+	CU_ASSERT_EQUAL_FATAL(m1.host_pages, 4);
+	CU_ASSERT_EQUAL_FATAL(m2.host_pages, 2);
+	CU_ASSERT_EQUAL(kvp_prefix_promote(f.pfx, m1.lock, out, 8, &n), -EBUSY);
+	CU_ASSERT_EQUAL(n, 99);
+	CU_ASSERT_EQUAL(f.copied[KVP_COPY_PROMOTE], 0);
+	for (uint32_t k = 0; k < 2; k++) /* the other holder's ids still name the bytes */
+		CU_ASSERT(page_ok(&f, HOST, hostids[k], 0, a, k));
+	kvp_prefix_unlock(f.pfx, m2.lock);
+	CU_ASSERT_EQUAL(kvp_prefix_promote(f.pfx, m1.lock, out, 8, &n), 0);
+	CU_ASSERT_EQUAL(n, 4);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, DEV, out[k], 0, a, k));
+	kvp_prefix_unlock(f.pfx, m1.lock);
+	CU_ASSERT(fx_sane(&f));
+	fx_fini(&f);
+}
+
 static void test_kvp_prefix_promote_copy_fails(void)
 {
 	struct fx f;
@@ -1335,7 +1364,7 @@ static void step_promote(struct model *m)
 		CU_ASSERT_EQUAL(rc, -EINVAL);
 		return;
 	}
-	if (rc == -ENOSPC) {
+	if (rc == -ENOSPC || rc == -EBUSY) { /* EBUSY: another lock pins host pages on it */
 		m->cov.promote_enospc++;
 		after = fx_stats(f);
 		CU_ASSERT_EQUAL(memcmp(&before, &after, sizeof(before)), 0);
@@ -1527,6 +1556,7 @@ int main(void)
 	fails += ADD(test_kvp_prefix_evict_lru_vs_lfu);
 	fails += ADD(test_kvp_prefix_evict_copy_fails);
 	fails += ADD(test_kvp_prefix_promote_enospc);
+	fails += ADD(test_kvp_prefix_promote_busy_when_shared);
 	fails += ADD(test_kvp_prefix_promote_copy_fails);
 	fails += ADD(test_kvp_prefix_flush_keeps_locked);
 	fails += ADD(test_kvp_prefix_top_by_hits);
