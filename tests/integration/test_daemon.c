@@ -305,6 +305,29 @@ static void test_socket_mode_0660(void)
 	CU_ASSERT_EQUAL(sb.st_mode & 0777, 0660);
 }
 
+/* A socket path whose directory does not exist yet: kvpoold makes it 0750 (its runtime
+ * directory, like RuntimeDirectoryMode=0750 under systemd), the socket 0660. */
+static void test_runtime_directory_mode_0750(void)
+{
+	struct daemon d;
+	char sock[160], dir[64];
+	const char *args[] = { "--socket", sock, NULL };
+	struct stat sb;
+
+	snprintf(dir, sizeof(dir), "/tmp/kvpool-rundir-%d", (int)getpid());
+	snprintf(sock, sizeof(sock), "%s/kvpoold.sock", dir);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, NULL, args), 0);
+	CU_ASSERT_EQUAL(stat(dir, &sb), 0);
+	CU_ASSERT(S_ISDIR(sb.st_mode));
+	CU_ASSERT_EQUAL(sb.st_mode & 0777, 0750);
+	CU_ASSERT_EQUAL(stat(sock, &sb), 0);
+	CU_ASSERT_EQUAL(sb.st_mode & 0777, 0660);
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	CU_ASSERT_NOT_EQUAL(access(sock, F_OK), 0); /* removed at exit */
+	rmdir(dir);
+	h_daemon_cleanup(&d);
+}
+
 static void test_sigterm_with_clients_connected_exits_0(void)
 {
 	struct daemon d;
@@ -361,6 +384,7 @@ int main(void)
 	CU_add_test(s, "test_permission_denied_for_uid_not_allowed",
 		    test_permission_denied_for_uid_not_allowed);
 	CU_add_test(s, "test_socket_mode_0660", test_socket_mode_0660);
+	CU_add_test(s, "test_runtime_directory_mode_0750", test_runtime_directory_mode_0750);
 	CU_add_test(s, "test_sigterm_with_clients_connected_exits_0",
 		    test_sigterm_with_clients_connected_exits_0);
 	CU_add_test(s, "test_no_daemon_is_typed", test_no_daemon_is_typed);

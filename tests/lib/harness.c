@@ -42,6 +42,10 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 	if (!mkdtemp(d->dir))
 		return -1;
 	snprintf(d->sock, sizeof(d->sock), "%s/kvpoold.sock", d->dir);
+	/* A test may name its own socket path. */
+	for (int i = 0; args && args[i] && args[i + 1]; i++)
+		if (strcmp(args[i], "--socket") == 0)
+			snprintf(d->sock, sizeof(d->sock), "%s", args[i + 1]);
 	snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
 	if (config) {
 		FILE *f;
