@@ -349,30 +349,15 @@ static void test_admin_calls_refused_for_others(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_insert_in_a_match_in_b_reads_a_bytes),
+		H_TEST(test_insert_after_match_extends_the_prefix),
+		H_TEST(test_eviction_frees_exactly_the_shortfall),
+		H_TEST(test_demotion_then_promotion_keeps_bytes),
+		H_TEST(test_killed_client_locks_are_released),
+		H_TEST(test_namespaces_never_share),
+		H_TEST(test_admin_calls_refused_for_others),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("cache", init_suite, clean_suite);
-	CU_add_test(s, "test_insert_in_a_match_in_b_reads_a_bytes",
-		    test_insert_in_a_match_in_b_reads_a_bytes);
-	CU_add_test(s, "test_insert_after_match_extends_the_prefix",
-		    test_insert_after_match_extends_the_prefix);
-	CU_add_test(s, "test_eviction_frees_exactly_the_shortfall",
-		    test_eviction_frees_exactly_the_shortfall);
-	CU_add_test(s, "test_demotion_then_promotion_keeps_bytes",
-		    test_demotion_then_promotion_keeps_bytes);
-	CU_add_test(s, "test_killed_client_locks_are_released",
-		    test_killed_client_locks_are_released);
-	CU_add_test(s, "test_namespaces_never_share", test_namespaces_never_share);
-	CU_add_test(s, "test_admin_calls_refused_for_others", test_admin_calls_refused_for_others);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("cache", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
 }

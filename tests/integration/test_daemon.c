@@ -364,36 +364,21 @@ static void test_no_daemon_is_typed(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_hello_ping_status_several_processes),
+		H_TEST(test_status_counts_sessions),
+		H_TEST(test_version_mismatch),
+		H_TEST(test_call_before_hello_is_protocol),
+		H_TEST(test_garbage_frame_closes_only_its_connection),
+		H_TEST(test_oversized_frame_closes_only_its_connection),
+		H_TEST(test_split_and_merged_frames),
+		H_TEST(test_unknown_call_is_typed),
+		H_TEST(test_permission_denied_for_uid_not_allowed),
+		H_TEST(test_socket_mode_0660),
+		H_TEST(test_runtime_directory_mode_0750),
+		H_TEST(test_sigterm_with_clients_connected_exits_0),
+		H_TEST(test_no_daemon_is_typed),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("daemon", init_suite, clean_suite);
-	CU_add_test(s, "test_hello_ping_status_several_processes",
-		    test_hello_ping_status_several_processes);
-	CU_add_test(s, "test_status_counts_sessions", test_status_counts_sessions);
-	CU_add_test(s, "test_version_mismatch", test_version_mismatch);
-	CU_add_test(s, "test_call_before_hello_is_protocol", test_call_before_hello_is_protocol);
-	CU_add_test(s, "test_garbage_frame_closes_only_its_connection",
-		    test_garbage_frame_closes_only_its_connection);
-	CU_add_test(s, "test_oversized_frame_closes_only_its_connection",
-		    test_oversized_frame_closes_only_its_connection);
-	CU_add_test(s, "test_split_and_merged_frames", test_split_and_merged_frames);
-	CU_add_test(s, "test_unknown_call_is_typed", test_unknown_call_is_typed);
-	CU_add_test(s, "test_permission_denied_for_uid_not_allowed",
-		    test_permission_denied_for_uid_not_allowed);
-	CU_add_test(s, "test_socket_mode_0660", test_socket_mode_0660);
-	CU_add_test(s, "test_runtime_directory_mode_0750", test_runtime_directory_mode_0750);
-	CU_add_test(s, "test_sigterm_with_clients_connected_exits_0",
-		    test_sigterm_with_clients_connected_exits_0);
-	CU_add_test(s, "test_no_daemon_is_typed", test_no_daemon_is_typed);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("daemon", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -439,27 +439,14 @@ static void test_zz_report(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_sigkill_clients_mid_cycle_returns_pages),
+		H_TEST(test_pipelining_client_does_not_stall_others),
+		H_TEST(test_limits_sessions_and_leases),
+		H_TEST(test_sigterm_under_load),
+		H_TEST(test_fork_inheritance_parent_exit_frees),
+		H_TEST(test_zz_report),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("faults", NULL, NULL);
-	CU_add_test(s, "test_sigkill_clients_mid_cycle_returns_pages",
-		    test_sigkill_clients_mid_cycle_returns_pages);
-	CU_add_test(s, "test_pipelining_client_does_not_stall_others",
-		    test_pipelining_client_does_not_stall_others);
-	CU_add_test(s, "test_limits_sessions_and_leases", test_limits_sessions_and_leases);
-	CU_add_test(s, "test_sigterm_under_load", test_sigterm_under_load);
-	CU_add_test(s, "test_fork_inheritance_parent_exit_frees",
-		    test_fork_inheritance_parent_exit_frees);
-	CU_add_test(s, "test_zz_report", test_zz_report);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("faults", NULL, NULL, tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -725,32 +725,18 @@ static void test_zz_daemon_unharmed_and_count(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_alloc_fields_zero_max_negative),
+		H_TEST(test_extend_free_insert_bad_ids_and_pages),
+		H_TEST(test_match_release_load_detach_unknown),
+		H_TEST(test_attach_evict_flush_unknown_pool),
+		H_TEST(test_hello_twice_is_protocol),
+		H_TEST(test_version_skew_is_version),
+		H_TEST(test_random_bytes_after_hello_closes_only_it),
+		H_TEST(test_half_frame_and_silent_connection_dropped),
+		H_TEST(test_extend_huge_pages_no_stall),
+		H_TEST(test_zz_daemon_unharmed_and_count),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("hostile", init_suite, clean_suite);
-	CU_add_test(s, "test_alloc_fields_zero_max_negative", test_alloc_fields_zero_max_negative);
-	CU_add_test(s, "test_extend_free_insert_bad_ids_and_pages",
-		    test_extend_free_insert_bad_ids_and_pages);
-	CU_add_test(s, "test_match_release_load_detach_unknown",
-		    test_match_release_load_detach_unknown);
-	CU_add_test(s, "test_attach_evict_flush_unknown_pool", test_attach_evict_flush_unknown_pool);
-	CU_add_test(s, "test_hello_twice_is_protocol", test_hello_twice_is_protocol);
-	CU_add_test(s, "test_version_skew_is_version", test_version_skew_is_version);
-	CU_add_test(s, "test_random_bytes_after_hello_closes_only_it",
-		    test_random_bytes_after_hello_closes_only_it);
-	CU_add_test(s, "test_half_frame_and_silent_connection_dropped",
-		    test_half_frame_and_silent_connection_dropped);
-	CU_add_test(s, "test_extend_huge_pages_no_stall", test_extend_huge_pages_no_stall);
-	CU_add_test(s, "test_zz_daemon_unharmed_and_count", test_zz_daemon_unharmed_and_count);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("hostile", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
 }

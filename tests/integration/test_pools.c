@@ -397,34 +397,20 @@ static void test_cuda_pool_without_gpu_is_refused_typed(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_attach_geometry_and_backend),
+		H_TEST(test_attach_errors_are_typed),
+		H_TEST(test_two_clients_share_bytes),
+		H_TEST(test_exhaustion_is_out_of_capacity_with_numbers),
+		H_TEST(test_free_some_pages_and_foreign_pages),
+		H_TEST(test_foreign_lease_is_not_found),
+		H_TEST(test_kill9_frees_leases),
+		H_TEST(test_keepalive_reclaims_hung_session),
+		H_TEST(test_quota_exceeded),
+		H_TEST(test_tier_fd_is_sealed),
+		H_TEST(test_pool_larger_than_memory_exits_budget),
+		H_TEST(test_cuda_pool_without_gpu_is_refused_typed),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("pools", init_suite, clean_suite);
-	CU_add_test(s, "test_attach_geometry_and_backend", test_attach_geometry_and_backend);
-	CU_add_test(s, "test_attach_errors_are_typed", test_attach_errors_are_typed);
-	CU_add_test(s, "test_two_clients_share_bytes", test_two_clients_share_bytes);
-	CU_add_test(s, "test_exhaustion_is_out_of_capacity_with_numbers",
-		    test_exhaustion_is_out_of_capacity_with_numbers);
-	CU_add_test(s, "test_free_some_pages_and_foreign_pages",
-		    test_free_some_pages_and_foreign_pages);
-	CU_add_test(s, "test_foreign_lease_is_not_found", test_foreign_lease_is_not_found);
-	CU_add_test(s, "test_kill9_frees_leases", test_kill9_frees_leases);
-	CU_add_test(s, "test_keepalive_reclaims_hung_session", test_keepalive_reclaims_hung_session);
-	CU_add_test(s, "test_quota_exceeded", test_quota_exceeded);
-	CU_add_test(s, "test_tier_fd_is_sealed", test_tier_fd_is_sealed);
-	CU_add_test(s, "test_pool_larger_than_memory_exits_budget",
-		    test_pool_larger_than_memory_exits_budget);
-	CU_add_test(s, "test_cuda_pool_without_gpu_is_refused_typed",
-		    test_cuda_pool_without_gpu_is_refused_typed);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("pools", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
 }

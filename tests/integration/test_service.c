@@ -898,33 +898,16 @@ static void test_admin_calls_permission_denied_for_others(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_notify_ready_status_watchdog_stopping),
+		H_TEST(test_socket_activation_serves_passed_fd),
+		H_TEST(test_reload_quota_sighup_and_kvpoolctl),
+		H_TEST(test_drain_refuses_leases_then_exits_0),
+		H_TEST(test_metrics_prometheus_text_and_leased_gauge),
+		H_TEST(test_metrics_http_endpoint),
+		H_TEST(test_check_config_good_bad_and_too_big),
+		H_TEST(test_admin_calls_permission_denied_for_others),
+	};
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("service", NULL, NULL);
-	CU_add_test(s, "test_notify_ready_status_watchdog_stopping",
-		    test_notify_ready_status_watchdog_stopping);
-	CU_add_test(s, "test_socket_activation_serves_passed_fd",
-		    test_socket_activation_serves_passed_fd);
-	CU_add_test(s, "test_reload_quota_sighup_and_kvpoolctl",
-		    test_reload_quota_sighup_and_kvpoolctl);
-	CU_add_test(s, "test_drain_refuses_leases_then_exits_0",
-		    test_drain_refuses_leases_then_exits_0);
-	CU_add_test(s, "test_metrics_prometheus_text_and_leased_gauge",
-		    test_metrics_prometheus_text_and_leased_gauge);
-	CU_add_test(s, "test_metrics_http_endpoint", test_metrics_http_endpoint);
-	CU_add_test(s, "test_check_config_good_bad_and_too_big",
-		    test_check_config_good_bad_and_too_big);
-	CU_add_test(s, "test_admin_calls_permission_denied_for_others",
-		    test_admin_calls_permission_denied_for_others);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return h_run_suite("service", NULL, NULL, tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <CUnit/Basic.h>
+
 #include "frame.h"
 
 uint64_t h_now_ms(void)
@@ -284,4 +286,23 @@ bool h_raw_closed(int fd, int ms)
 			return true;
 	}
 	return false;
+}
+
+int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
+		const struct h_test *tests, size_t n)
+{
+	unsigned failed;
+	CU_pSuite s;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 1;
+	s = CU_add_suite(suite, init, clean);
+	for (size_t i = 0; s && i < n; i++)
+		CU_add_test(s, tests[i].name, tests[i].fn);
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed() + !s;
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
 }

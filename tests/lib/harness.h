@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <CUnit/CUnit.h>
+
 #include "kvpool.pb-c.h"
 
 struct daemon {
@@ -42,6 +44,17 @@ int h_raw_send_request(int fd, Kvpool__Request *req);
 Kvpool__Response *h_raw_recv(int fd, int ms);
 /* Whether the peer closed the connection within ms (reads and discards). */
 bool h_raw_closed(int fd, int ms);
+
+/* One CUnit suite run the same way by every integration binary: SIGPIPE ignored, verbose
+ * output; returns the exit status (0 when every test passed and the suite's init and cleanup
+ * did too). */
+struct h_test {
+	const char *name;
+	CU_TestFunc fn;
+};
+#define H_TEST(fn) { #fn, fn }
+int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
+		const struct h_test *tests, size_t n);
 
 /* Milliseconds of the monotonic clock. */
 uint64_t h_now_ms(void);
