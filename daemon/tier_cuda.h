@@ -6,6 +6,13 @@
  * nothing links libcuda and a machine without a driver or GPU gets a negative return and a
  * reason, never a crash. Every call makes `device` current for its duration and restores the
  * caller's current device afterwards.
+ *
+ * Fallback (not built): on a driver without POSIX-fd export (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_
+ * POSIX_FILE_DESCRIPTOR_SUPPORTED = 0) a cuda pool is refused with UNAVAILABLE and that reason.
+ * The legacy path would be cudaMalloc + cudaIpcGetMemHandle, the 64-byte handle sent in the
+ * Attach reply instead of an fd and opened with cudaIpcOpenMemHandle; it cannot be sealed or
+ * passed through SCM_RIGHTS, and every engine process would need the same device visible, so
+ * kvpool does not use it by default.
  */
 #ifndef KVP_TIER_CUDA_H
 #define KVP_TIER_CUDA_H
