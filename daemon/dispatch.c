@@ -806,18 +806,7 @@ static int h_load(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Req
 	kvp_prefix_stats(k->pool->pfx, &before);
 	rc = kvp_prefix_promote(k->pool->pfx, k->node, m->device_pages, k->pages, &n);
 	if (rc == -ENOSPC) {
-		struct kvp_tier_counts c;
-		uint64_t pt = k->pool->conf.page_tokens;
-
-		kvp_pool_counts(k->pool, KVP_TIER_DEVICE, &c);
-		f->detail = KVP_FAIL_CAPACITY;
-		f->cap.tier = KVP_TIER_DEVICE;
-		f->cap.requested = (uint64_t)k->pages * pt;
-		f->cap.free = c.free * pt;
-		f->cap.evictable = c.evictable * pt;
-		f->cap.protected_ = c.protected_ * pt;
-		f->cap.leased = c.leased * pt;
-		f->cap.total = c.total * pt;
+		kvp_pool_capacity_detail(k->pool, KVP_TIER_DEVICE, k->pages, f);
 		return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
 				"load: pool %s device tier cannot hold the %lu tokens of lock %lu "
 				"(%lu free, %lu evictable)",

@@ -212,31 +212,41 @@ int kvp_pool_check(const struct kvp_pool *p)
 	return kvp_prefix_check(p->pfx) < 0 ? -EFAULT : 0;
 }
 
-static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npages,
+			      struct kvp_fail *f)
 {
 	struct kvp_tier_counts c;
 	uint64_t pt = p->conf.page_tokens;
 
+	if (!f)
+		return;
 	kvp_pool_counts(p, tier, &c);
-	if (f) {
-		f->detail = KVP_FAIL_CAPACITY;
-		f->cap.tier = tier;
-		f->cap.requested = npages * pt;
-		f->cap.free = c.free * pt;
-		f->cap.evictable = c.evictable * pt;
-		f->cap.protected_ = c.protected_ * pt;
-		f->cap.leased = c.leased * pt;
-		f->cap.total = c.total * pt;
-	}
+	f->detail = KVP_FAIL_CAPACITY;
+	f->cap.tier = tier;
+	f->cap.requested = npages * pt;
+	f->cap.free = c.free * pt;
+	f->cap.evictable = c.evictable * pt;
+	f->cap.protected_ = c.protected_ * pt;
+	f->cap.leased = c.leased * pt;
+	f->cap.total = c.total * pt;
+}
+
+static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+{
+	struct kvp_fail local = { 0 };
+
+	if (!f)
+		f = &local;
+	kvp_pool_capacity_detail(p, tier, npages, f);
 	p->st.alloc_failures++;
 	return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
 			"pool %s %s tier: asked for %lu tokens, %lu free, %lu evictable, "
 			"%lu leased, %lu protected by locks (of %lu): free leases, release "
 			"locks, or give the pool more %s capacity",
-			p->conf.name, tier_names[tier], (unsigned long)(npages * pt),
-			(unsigned long)(c.free * pt), (unsigned long)(c.evictable * pt),
-			(unsigned long)(c.leased * pt), (unsigned long)(c.protected_ * pt),
-			(unsigned long)(c.total * pt), tier_names[tier]);
+			p->conf.name, tier_names[tier], (unsigned long)f->cap.requested,
+			(unsigned long)f->cap.free, (unsigned long)f->cap.evictable,
+			(unsigned long)f->cap.leased, (unsigned long)f->cap.protected_,
+			(unsigned long)f->cap.total, tier_names[tier]);
 }
 
 /* npages pages of tier into out: free pages first, then exactly the shortfall evicted. */

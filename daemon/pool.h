@@ -49,6 +49,10 @@ struct kvp_tier_counts {
 	uint64_t total, free, leased, cached, evictable, protected_;
 };
 void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out);
+/* Fills f's OUT_OF_CAPACITY detail (tier, requested = npages, and the tier's free, evictable,
+ * protected, leased, total figures, in tokens). f may be NULL. */
+void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npages,
+			      struct kvp_fail *f);
 /* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
 int kvp_pool_check(const struct kvp_pool *p);
 
