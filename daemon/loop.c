@@ -751,15 +751,21 @@ static int setup(struct server *sv)
 					      (int)i);
 		io_uring_buf_ring_advance(sv->br, NBUFS);
 	}
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGHUP);
-	sigprocmask(SIG_BLOCK, &mask, NULL);
+	/* main() blocked these before the socket was listening: one that arrived since waits. */
+	kvp_signals_block(&mask);
 	sv->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC);
 	if (sv->sig_fd < 0)
 		return -errno;
 	return 0;
+}
+
+void kvp_signals_block(sigset_t *mask)
+{
+	sigemptyset(mask);
+	sigaddset(mask, SIGTERM);
+	sigaddset(mask, SIGINT);
+	sigaddset(mask, SIGHUP);
+	sigprocmask(SIG_BLOCK, mask, NULL);
 }
 
 /* Reload hook: main.c provides it (config re-read). */

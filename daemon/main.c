@@ -289,7 +289,10 @@ int main(int argc, char **argv)
 	const char *socket_flag = NULL, *level_flag = NULL;
 	char sock[108], err[512];
 	bool check_only = false;
+	sigset_t sigs;
 	int fd, o, r, code;
+
+	kvp_signals_block(&sigs);
 
 	while ((o = getopt_long(argc, argv, "s:c:l:Vh", opts, NULL)) != -1) {
 		uint32_t id;
