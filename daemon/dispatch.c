@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +17,7 @@ typedef int (*handler_fn)(struct kvp_daemon *d, struct kvp_session *s, const Kvp
 
 void kvp_reply_init(struct kvp_reply *r, uint64_t id)
 {
-	memset(r, 0, sizeof(*r));
+	memset(r, 0, offsetof(struct kvp_reply, inl));
 	kvpool__response__init(&r->resp);
 	kvpool__status__init(&r->status);
 	r->resp.id = id;
@@ -52,7 +53,15 @@ static int reply_adopt(struct kvp_reply *r, void *p)
 
 void *kvp_reply_alloc(struct kvp_reply *r, size_t n)
 {
-	void *p = calloc(1, n ? n : 1);
+	size_t want = (n + _Alignof(max_align_t) - 1) & ~(size_t)(_Alignof(max_align_t) - 1);
+	void *p;
+
+	if (want >= n && want <= sizeof(r->inl) - r->inl_used) {
+		p = r->inl + r->inl_used;
+		r->inl_used += want;
+		return memset(p, 0, n);
+	}
+	p = calloc(1, n ? n : 1);
 
 	if (!p || reply_adopt(r, p) < 0)
 		return NULL;
@@ -1072,6 +1081,5 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 		kvp_reply_fail(r, &f);
 		return (int)f.code;
 	}
-	s->last_ms = kvp_now_ms();
 	return 0;
 }

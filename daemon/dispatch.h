@@ -8,6 +8,9 @@
 
 #define KVP_REPLY_MAX_FDS 4
 
+/* Bytes of reply pieces held inside struct kvp_reply: the messages of every small reply. */
+#define KVP_REPLY_INLINE 1024
+
 /* A reply under construction: every allocation it makes is freed by kvp_reply_release. */
 struct kvp_reply {
 	Kvpool__Response resp;
@@ -17,6 +20,10 @@ struct kvp_reply {
 	int fds[KVP_REPLY_MAX_FDS]; /* borrowed (the pools own them): sent, never closed */
 	int nfds;
 	bool close_after; /* the connection ends once this reply is sent */
+	/* kvp_reply_alloc serves small pieces from here, malloc only beyond it. A reply is
+	 * never copied: pointers into it point here. Stays last (init does not clear it). */
+	size_t inl_used;
+	_Alignas(max_align_t) unsigned char inl[KVP_REPLY_INLINE];
 };
 
 void kvp_reply_init(struct kvp_reply *r, uint64_t id);

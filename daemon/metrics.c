@@ -194,22 +194,23 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	put(&o, "# HELP kvpool_rpc_duration_seconds Time to serve an RPC in kvpoold.\n"
 		"# TYPE kvpool_rpc_duration_seconds histogram\n");
 	for (int c = 0; c < KVP_RPC_SLOTS; c++) {
+		const char *name = call_name(c);
 		uint64_t cum = 0;
 
-		if (!d->rpc.calls[c] || !call_name(c))
+		if (!d->rpc.calls[c] || !name)
 			continue;
 		for (int b = 0; b < KVP_LAT_BUCKETS; b++) {
 			cum += d->rpc.lat[c][b];
 			if (b == KVP_LAT_BUCKETS - 1)
 				put(&o, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"+Inf\"} %lu\n",
-				    call_name(c), (unsigned long)cum);
+				    name, (unsigned long)cum);
 			else
 				put(&o, "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"%g\"} %lu\n",
-				    call_name(c), kvp_lat_bounds_us[b] / 1e6, (unsigned long)cum);
+				    name, kvp_lat_bounds_us[b] / 1e6, (unsigned long)cum);
 		}
-		put(&o, "kvpool_rpc_duration_seconds_sum{call=\"%s\"} %.9f\n", call_name(c),
+		put(&o, "kvpool_rpc_duration_seconds_sum{call=\"%s\"} %.9f\n", name,
 		    d->rpc.lat_sum_us[c] / 1e6);
-		put(&o, "kvpool_rpc_duration_seconds_count{call=\"%s\"} %lu\n", call_name(c),
+		put(&o, "kvpool_rpc_duration_seconds_count{call=\"%s\"} %lu\n", name,
 		    (unsigned long)cum);
 	}
 	if (o.oom) {

@@ -2,8 +2,27 @@
 #include "frame.h"
 
 #include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVP_ASAN 1
+#endif
+#endif
+#ifdef KVP_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 static uint32_t get_le32(const uint8_t *p)
 {
@@ -108,27 +127,323 @@ size_t kvp_frame_pending(const struct kvp_frame_buf *b)
 
 int kvp_frame_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *outlen)
 {
-	size_t n = protobuf_c_message_get_packed_size(msg);
+	struct kvp_frame_plan plan;
+	size_t n = kvp_frame_plan(&plan, msg);
 	uint8_t *buf;
 
-	if (n > KVP_FRAME_MAX)
+	if (n > KVP_FRAME_HDR + KVP_FRAME_MAX)
 		return -EMSGSIZE;
-	buf = malloc(KVP_FRAME_HDR + n);
+	buf = malloc(n);
 	if (!buf)
 		return -ENOMEM;
-	put_le32(buf, (uint32_t)n);
-	protobuf_c_message_pack(msg, buf + KVP_FRAME_HDR);
+	*outlen = kvp_frame_pack_plan(&plan, buf);
 	*out = buf;
-	*outlen = KVP_FRAME_HDR + n;
 	return 0;
+}
+
+/*
+ * Envelope codec. Request and Response are envelopes: an id, (Response) a Status, and one member
+ * of a 19-way oneof, each a plain uint64 or a sub-message. protobuf-c sizes a message, then packs
+ * it, sizing every sub-message again on the way, and unpacks through its generic field tables.
+ * Here the envelope is walked once, each sub-message is sized once, and decoding goes straight
+ * to the one sub-message present; protobuf-c still packs and unpacks the sub-messages. The bytes
+ * written are the ones protobuf_c_message_pack writes, and anything but the plain shape (unknown,
+ * repeated or out-of-type fields, a 10-byte varint) is decoded by protobuf-c itself, so both
+ * paths give the same message; tests/unit/test_frame.c checks both against protobuf-c.
+ */
+static size_t varint_size(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+	while (v >= 0x80) {
+		*p++ = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	*p++ = (uint8_t)v;
+	return p;
+}
+
+/* Reads a varint of at most max bytes at *p (< end). Returns 0 and advances *p, -1 otherwise. */
+static int get_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v)
+{
+	uint64_t r = 0;
+
+	for (unsigned i = 0; i < max && *p + i < end; i++) {
+		r |= (uint64_t)((*p)[i] & 0x7f) << (7 * i);
+		if (!((*p)[i] & 0x80)) {
+			*p += i + 1;
+			*v = r;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static bool is_envelope(const ProtobufCMessageDescriptor *d)
+{
+	return d == &kvpool__request__descriptor || d == &kvpool__response__descriptor;
+}
+
+static bool in_oneof(const ProtobufCFieldDescriptor *f)
+{
+	return (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0;
+}
+
+static size_t pack_generic(const ProtobufCMessage *msg, uint8_t *buf)
+{
+	size_t n = protobuf_c_message_pack(msg, buf + KVP_FRAME_HDR);
+
+	put_le32(buf, (uint32_t)n);
+	return KVP_FRAME_HDR + n;
+}
+
+size_t kvp_frame_plan(struct kvp_frame_plan *p, const ProtobufCMessage *msg)
+{
+	const ProtobufCMessageDescriptor *d = msg->descriptor;
+	const char *base = (const char *)msg;
+	size_t body = 0;
+
+	p->msg = msg;
+	p->n = 0;
+	p->generic = true;
+	if (!is_envelope(d) || msg->n_unknown_fields)
+		goto generic;
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		struct kvp_frame_part *part = &p->part[p->n];
+
+		if (f->label != PROTOBUF_C_LABEL_NONE)
+			goto generic;
+		if (in_oneof(f) && *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+			continue;
+		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f)) {
+			part->v = *(const uint64_t *)(base + f->offset);
+			if (!part->v)
+				continue; /* proto3: a zero scalar is not written */
+			part->sub = NULL;
+			body += varint_size((uint64_t)f->id << 3) + varint_size(part->v);
+		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+			part->sub = *(ProtobufCMessage *const *)(base + f->offset);
+			if (!part->sub)
+				continue;
+			part->v = protobuf_c_message_get_packed_size(part->sub);
+			body += varint_size((uint64_t)f->id << 3 | 2) + varint_size(part->v) + part->v;
+		} else {
+			goto generic;
+		}
+		if (p->n == KVP_FRAME_PARTS)
+			goto generic;
+		part->f = f;
+		p->n++;
+	}
+	p->generic = false;
+	p->total = KVP_FRAME_HDR + body;
+	return p->total;
+generic:
+	p->generic = true;
+	p->total = KVP_FRAME_HDR + protobuf_c_message_get_packed_size(msg);
+	return p->total;
+}
+
+size_t kvp_frame_pack_plan(const struct kvp_frame_plan *p, uint8_t *buf)
+{
+	uint8_t *w = buf + KVP_FRAME_HDR;
+
+	if (p->generic)
+		return pack_generic(p->msg, buf);
+	for (unsigned i = 0; i < p->n; i++) {
+		const struct kvp_frame_part *part = &p->part[i];
+
+		if (!part->sub) {
+			w = put_varint(w, (uint64_t)part->f->id << 3);
+			w = put_varint(w, part->v);
+		} else {
+			w = put_varint(w, (uint64_t)part->f->id << 3 | 2);
+			w = put_varint(w, part->v);
+			w += protobuf_c_message_pack(part->sub, w);
+		}
+	}
+	put_le32(buf, (uint32_t)(w - buf - KVP_FRAME_HDR));
+	return (size_t)(w - buf);
+}
+
+/* Decodes an envelope of descriptor d with allocator a (NULL: malloc) when the payload has the
+ * plain shape. Returns the message, or NULL with *fallback set when protobuf-c must decode it
+ * (or unset when the payload is invalid either way). */
+static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
+					 ProtobufCAllocator *a, const uint8_t *data, size_t len,
+					 bool *fallback)
+{
+	const uint8_t *p = data, *end = data + len;
+	ProtobufCMessage *m;
+	uint32_t seen_oneof = 0;
+	uint64_t seen = 0; /* bit per field index (envelopes have fewer than 64) */
+
+	*fallback = true;
+	if (d->n_fields > 64)
+		return NULL;
+	m = a ? a->alloc(a->allocator_data, d->sizeof_message) : malloc(d->sizeof_message);
+	if (!m) {
+		*fallback = false;
+		return NULL;
+	}
+	d->message_init(m);
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t tag, v;
+		unsigned idx;
+
+		if (get_varint(&p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
+			goto fallback;
+		f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+		if (!f || f->label != PROTOBUF_C_LABEL_NONE)
+			goto fallback;
+		idx = (unsigned)(f - d->fields);
+		if (seen & (uint64_t)1 << idx)
+			goto fallback; /* a repeated field: protobuf-c merges or overrides */
+		seen |= (uint64_t)1 << idx;
+		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f) && (tag & 7) == 0) {
+			if (get_varint(&p, end, 9, &v) < 0)
+				goto fallback;
+			*(uint64_t *)((char *)m + f->offset) = v;
+		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE && (tag & 7) == 2) {
+			ProtobufCMessage *sub;
+
+			if (in_oneof(f)) {
+				if (seen_oneof)
+					goto fallback; /* a second member: the last one wins */
+				seen_oneof = f->id;
+			}
+			if (get_varint(&p, end, 5, &v) < 0 || v > (uint64_t)(end - p))
+				goto fallback;
+			sub = protobuf_c_message_unpack(f->descriptor, a, (size_t)v, p);
+			if (!sub) {
+				*fallback = false; /* protobuf-c fails the whole message the same way */
+				goto fail;
+			}
+			*(ProtobufCMessage **)((char *)m + f->offset) = sub;
+			if (in_oneof(f))
+				*(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
+			p += v;
+		} else {
+			goto fallback;
+		}
+	}
+	*fallback = false;
+	return m;
+fallback:
+	*fallback = true;
+fail:
+	protobuf_c_message_free_unpacked(m, a);
+	return NULL;
+}
+
+static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+				const uint8_t *payload, uint32_t len)
+{
+	bool fallback;
+	ProtobufCMessage *m = envelope_unpack(d, a, payload, len, &fallback);
+
+	if (m || !fallback)
+		return m;
+	return protobuf_c_message_unpack(d, a, len, payload);
+}
+
+/* Every piece is aligned for any type protobuf-c stores in it. */
+#define ARENA_ALIGN _Alignof(max_align_t)
+
+union big_hdr {
+	void *next;
+	max_align_t align;
+};
+
+static void *arena_alloc(void *data, size_t n)
+{
+	struct kvp_arena *a = data;
+	size_t want = (n + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+	union big_hdr *h;
+	void *p;
+
+	if (want >= n && want <= a->cap - a->used) {
+		p = a->block + a->used;
+		a->used += want;
+		UNPOISON(p, n);
+		return p;
+	}
+	if (n > SIZE_MAX - sizeof(*h))
+		return NULL;
+	h = malloc(sizeof(*h) + n);
+	if (!h)
+		return NULL;
+	h->next = a->big;
+	a->big = h;
+	return h + 1;
+}
+
+/* Pieces go back all at once in kvp_arena_reset. */
+static void arena_free(void *data, void *p)
+{
+	(void)data;
+	(void)p;
+}
+
+int kvp_arena_init(struct kvp_arena *a, size_t cap)
+{
+	memset(a, 0, sizeof(*a));
+	a->block = aligned_alloc(ARENA_ALIGN, (cap + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1));
+	if (!a->block)
+		return -ENOMEM;
+	a->cap = cap & ~(size_t)(ARENA_ALIGN - 1);
+	a->pa.alloc = arena_alloc;
+	a->pa.free = arena_free;
+	a->pa.allocator_data = a;
+	POISON(a->block, a->cap);
+	return 0;
+}
+
+void kvp_arena_reset(struct kvp_arena *a)
+{
+	while (a->big) {
+		union big_hdr *h = a->big;
+
+		a->big = h->next;
+		free(h);
+	}
+	if (a->used)
+		POISON(a->block, a->used);
+	a->used = 0;
+}
+
+void kvp_arena_release(struct kvp_arena *a)
+{
+	kvp_arena_reset(a);
+	if (a->block)
+		UNPOISON(a->block, a->cap);
+	free(a->block);
+	memset(a, 0, sizeof(*a));
+}
+
+Kvpool__Request *kvp_frame_decode_request_in(struct kvp_arena *a, const uint8_t *payload,
+					     uint32_t len)
+{
+	return (Kvpool__Request *)decode(&kvpool__request__descriptor, &a->pa, payload, len);
 }
 
 Kvpool__Request *kvp_frame_decode_request(const uint8_t *payload, uint32_t len)
 {
-	return kvpool__request__unpack(NULL, len, payload);
+	return (Kvpool__Request *)decode(&kvpool__request__descriptor, NULL, payload, len);
 }
 
 Kvpool__Response *kvp_frame_decode_response(const uint8_t *payload, uint32_t len)
 {
-	return kvpool__response__unpack(NULL, len, payload);
+	return (Kvpool__Response *)decode(&kvpool__response__descriptor, NULL, payload, len);
 }

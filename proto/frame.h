@@ -1,6 +1,7 @@
 /* frame.h - framing shared by kvpoold and libkvpool: 4-byte little-endian length + one
  * protobuf message, reassembled from partial and merged reads. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,49 @@ size_t kvp_frame_pending(const struct kvp_frame_buf *b);
 /* Packs msg as one frame into a new malloc'ed buffer. Returns 0 and sets *out and *outlen,
  * -EMSGSIZE when the message exceeds KVP_FRAME_MAX, -ENOMEM. */
 int kvp_frame_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *outlen);
+
+/* Packing a Request or Response envelope in two steps without sizing anything twice:
+ * kvp_frame_plan returns the frame's size (header included), kvp_frame_pack_plan writes it into
+ * a buffer of that size and returns it. The bytes are protobuf_c_message_pack's. Any other
+ * message goes through protobuf-c. The plan borrows msg: pack before changing it. */
+#define KVP_FRAME_PARTS 4
+struct kvp_frame_part {
+	const ProtobufCFieldDescriptor *f;
+	const ProtobufCMessage *sub; /* NULL: a uint64 field of value v */
+	uint64_t v;		     /* the value, or the sub-message's packed size */
+};
+struct kvp_frame_plan {
+	const ProtobufCMessage *msg;
+	size_t total;
+	bool generic;
+	unsigned n;
+	struct kvp_frame_part part[KVP_FRAME_PARTS];
+};
+size_t kvp_frame_plan(struct kvp_frame_plan *p, const ProtobufCMessage *msg);
+size_t kvp_frame_pack_plan(const struct kvp_frame_plan *p, uint8_t *buf);
+
+/*
+ * Bump allocator for decoding one message at a time. A message decoded through it is never
+ * freed field by field: kvp_arena_reset() returns all of it at once. Pieces that do not fit in
+ * the block come from malloc and are freed by the reset. Built with AddressSanitizer, reset
+ * poisons the block, so a pointer kept into a decoded message past the reset is reported.
+ */
+struct kvp_arena {
+	ProtobufCAllocator pa; /* hand &a->pa to protobuf-c */
+	uint8_t *block;
+	size_t cap, used;
+	void *big; /* malloc'ed pieces, a list through their headers */
+};
+
+/* Returns 0 or -ENOMEM. */
+int kvp_arena_init(struct kvp_arena *a, size_t cap);
+void kvp_arena_reset(struct kvp_arena *a);
+/* Accepts an arena whose init failed or never ran after a zero fill. */
+void kvp_arena_release(struct kvp_arena *a);
+/* Decodes a Request into a; NULL when the payload is not a valid Request. Valid until the next
+ * kvp_arena_reset(a). */
+Kvpool__Request *kvp_frame_decode_request_in(struct kvp_arena *a, const uint8_t *payload,
+					     uint32_t len);
 
 /* Decoding helpers: NULL when the payload is not a valid message. Free with the matching
  * kvpool__request__free_unpacked / kvpool__response__free_unpacked(m, NULL). */

@@ -41,6 +41,20 @@ static inline int b_quick(int argc, char **argv)
 	return getenv("KVP_BENCH_QUICK") && !strcmp(getenv("KVP_BENCH_QUICK"), "1");
 }
 
+/* --only=SUBSTRING: run only the rows whose name contains it (profiling one row); NULL: all. */
+static inline const char *b_only(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (!strncmp(argv[i], "--only=", 7))
+			return argv[i] + 7;
+	return NULL;
+}
+
+static inline int b_wanted(const char *only, const char *name)
+{
+	return !only || strstr(name, only) != NULL;
+}
+
 static inline void b_json_str(FILE *f, const char *s)
 {
 	fputc('"', f);

@@ -123,6 +123,7 @@ static double measure(struct shared *sh, const char *sock, int n, int depth, dou
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
+	const char *only = b_only(argc, argv);
 	const int full_clients[] = { 1, 4, 16, 64 }, quick_clients[] = { 1, 4 };
 	const int *clients = quick ? quick_clients : full_clients;
 	int nclients = quick ? 2 : 4, reps = quick ? 2 : 5;
@@ -149,8 +150,11 @@ int main(int argc, char **argv)
 	for (int ci = 0; ci < nclients; ci++) {
 		for (int di = 0; di < 2; di++) {
 			int n = clients[ci], depth = depths[di];
+			const char *name = b_fmt("rpc.throughput.ping.c%d.d%d", n, depth);
 			double best_k = 0, best_e = 0;
 
+			if (!b_wanted(only, name))
+				continue;
 			for (int r = 0; r < reps; r++) {
 				double k = measure(sh, d.sock, n, depth, secs, warm);
 				double e = measure(sh, echo_path, n, depth, secs, warm);
@@ -159,7 +163,7 @@ int main(int argc, char **argv)
 				best_e = e > best_e ? e : best_e;
 			}
 			b_row_print(&(struct b_row){
-				.name = b_fmt("rpc.throughput.ping.c%d.d%d", n, depth),
+				.name = name,
 				.params = b_fmt("{\"clients\":%d,\"client_kind\":\"processes\","
 						"\"pipeline\":%d,\"seconds\":%.2f,\"best_of\":%d,"
 						"\"call\":\"Ping\"}",

@@ -18,6 +18,7 @@ static const char g_conf[] =
 	"eviction = lru\nsession_quota = 200\n";
 
 static struct kvp_daemon g_d;
+static struct kvp_arena g_arena;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -38,6 +39,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		abort();
 	}
 	g_d.n_pools = 1;
+	if (kvp_arena_init(&g_arena, 4096) < 0) /* small: large requests spill to malloc */
+		abort();
 	return 0;
 }
 
@@ -71,19 +74,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			break;
 		off += n;
 		while ((r = kvp_frame_next(&b[who], &payload, &len)) == 1) {
-			Kvpool__Request *req = kvp_frame_decode_request(payload, len);
+			/* decoded as kvpoold does: into an arena reset after the reply is packed
+			 * (under ASan, a pointer kept into the request is reported) */
+			Kvpool__Request *req = kvp_frame_decode_request_in(&g_arena, payload, len);
 			struct kvp_reply rep;
 			uint8_t *out;
 			size_t outlen;
 
-			if (!req)
+			if (!req) {
+				kvp_arena_reset(&g_arena);
 				break;
+			}
 			kvp_reply_init(&rep, req->id);
 			kvp_dispatch(&g_d, s[who], req, &rep);
 			if (kvp_frame_pack(&rep.resp.base, &out, &outlen) == 0)
 				free(out);
 			kvp_reply_release(&rep);
-			kvpool__request__free_unpacked(req, NULL);
+			kvp_arena_reset(&g_arena);
 			if (kvp_daemon_check(&g_d) < 0)
 				abort();
 		}

@@ -179,6 +179,230 @@ static void test_frame_pack_roundtrip_every_call(void)
 	}
 }
 
+/* Every Request and Response of every oneof case (and none), with ids that need 0 to 10 varint
+ * bytes, a Status or none: kvp_frame_pack writes exactly protobuf_c_message_pack's bytes. */
+static const uint64_t g_ids[] = { 0, 1, 127, 128, 300, 1ull << 35, (1ull << 63) - 1, UINT64_MAX };
+
+static void check_same_bytes(const ProtobufCMessage *m)
+{
+	size_t want = protobuf_c_message_get_packed_size(m);
+	uint8_t *ref = malloc(want + 1), *buf;
+	size_t len;
+
+	protobuf_c_message_pack(m, ref);
+	CU_ASSERT_EQUAL_FATAL(kvp_frame_pack(m, &buf, &len), 0);
+	CU_ASSERT_EQUAL(len, KVP_FRAME_HDR + want);
+	CU_ASSERT_EQUAL(buf[0] | buf[1] << 8 | buf[2] << 16 | (uint32_t)buf[3] << 24, want);
+	CU_ASSERT(len == KVP_FRAME_HDR + want && !memcmp(buf + KVP_FRAME_HDR, ref, want));
+	free(buf);
+	free(ref);
+}
+
+/* Calls fn with envelope m of descriptor d set to each oneof case in turn (and to none), the
+ * sub-message filled with a few non-default scalars. */
+static void each_case(ProtobufCMessage *m, void (*fn)(ProtobufCMessage *m, void *arg), void *arg)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+
+	fn(m, arg);
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const ProtobufCMessageDescriptor *sd = f->descriptor;
+		ProtobufCMessage *sub;
+
+		if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			continue;
+		sub = calloc(1, sd->sizeof_message);
+		protobuf_c_message_init(sd, sub);
+		for (unsigned k = 0; k < sd->n_fields; k++) {
+			const ProtobufCFieldDescriptor *sf = &sd->fields[k];
+
+			if (sf->label != PROTOBUF_C_LABEL_NONE || (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+				continue;
+			if (sf->type == PROTOBUF_C_TYPE_UINT64)
+				*(uint64_t *)((char *)sub + sf->offset) = 12345u + k;
+			else if (sf->type == PROTOBUF_C_TYPE_UINT32)
+				*(uint32_t *)((char *)sub + sf->offset) = 77u + k;
+			else if (sf->type == PROTOBUF_C_TYPE_STRING)
+				*(const char **)((char *)sub + sf->offset) = "kv";
+		}
+		*(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
+		*(ProtobufCMessage **)((char *)m + f->offset) = sub;
+		fn(m, arg);
+		*(ProtobufCMessage **)((char *)m + f->offset) = NULL; /* case set, no message */
+		fn(m, arg);
+		*(uint32_t *)((char *)m + f->quantifier_offset) = 0;
+		free(sub);
+	}
+}
+
+static void same_bytes_cb(ProtobufCMessage *m, void *arg)
+{
+	(void)arg;
+	check_same_bytes(m);
+}
+
+static void test_frame_envelope_bytes_match_protobuf_c(void)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__Response resp = KVPOOL__RESPONSE__INIT;
+	Kvpool__Status st = KVPOOL__STATUS__INIT, st_full = KVPOOL__STATUS__INIT;
+	Kvpool__CapacityDetail cap = KVPOOL__CAPACITY_DETAIL__INIT;
+	Kvpool__PingReq ping = KVPOOL__PING_REQ__INIT;
+
+	cap.requested_tokens = 5;
+	st_full.code = KVPOOL__CODE__OUT_OF_CAPACITY;
+	st_full.message = (char *)"full";
+	st_full.detail_case = KVPOOL__STATUS__DETAIL_CAPACITY;
+	st_full.capacity = &cap;
+	for (size_t i = 0; i < sizeof(g_ids) / sizeof(g_ids[0]); i++) {
+		req.id = resp.id = g_ids[i];
+		each_case(&req.base, same_bytes_cb, NULL);
+		resp.status = NULL;
+		each_case(&resp.base, same_bytes_cb, NULL);
+		resp.status = &st;
+		each_case(&resp.base, same_bytes_cb, NULL);
+		resp.status = &st_full;
+		each_case(&resp.base, same_bytes_cb, NULL);
+	}
+	/* a message that is not an envelope goes through protobuf-c */
+	ping.nonce = 9;
+	check_same_bytes(&ping.base);
+}
+
+/* The envelope decoder (with malloc and with an arena) against protobuf-c's own unpack on the
+ * same bytes: both refuse, or both give a message that packs to the same bytes. */
+static void check_same_decode(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
+{
+	ProtobufCMessage *ref = protobuf_c_message_unpack(d, NULL, n, p), *got, *in_arena = NULL;
+	struct kvp_arena a;
+
+	CU_ASSERT_EQUAL_FATAL(kvp_arena_init(&a, 512), 0);
+	if (d == &kvpool__request__descriptor) {
+		got = (ProtobufCMessage *)kvp_frame_decode_request(p, (uint32_t)n);
+		in_arena = (ProtobufCMessage *)kvp_frame_decode_request_in(&a, p, (uint32_t)n);
+	} else {
+		got = (ProtobufCMessage *)kvp_frame_decode_response(p, (uint32_t)n);
+	}
+	CU_ASSERT_EQUAL(ref == NULL, got == NULL);
+	if (d == &kvpool__request__descriptor)
+		CU_ASSERT_EQUAL(ref == NULL, in_arena == NULL);
+	if (ref && got) {
+		size_t n1 = protobuf_c_message_get_packed_size(ref);
+		size_t n2 = protobuf_c_message_get_packed_size(got);
+		uint8_t *b1 = malloc(n1 + 1), *b2 = malloc(n2 + 1);
+
+		protobuf_c_message_pack(ref, b1);
+		protobuf_c_message_pack(got, b2);
+		CU_ASSERT(n1 == n2 && !memcmp(b1, b2, n1));
+		if (in_arena) {
+			CU_ASSERT_EQUAL(protobuf_c_message_get_packed_size(in_arena), n1);
+			protobuf_c_message_pack(in_arena, b2);
+			CU_ASSERT(!memcmp(b1, b2, n1));
+		}
+		free(b1);
+		free(b2);
+	}
+	if (ref)
+		protobuf_c_message_free_unpacked(ref, NULL);
+	if (got)
+		protobuf_c_message_free_unpacked(got, NULL);
+	kvp_arena_release(&a);
+}
+
+struct corpus {
+	uint8_t *buf[512];
+	size_t len[512];
+	int n;
+};
+
+static void collect_cb(ProtobufCMessage *m, void *arg)
+{
+	struct corpus *c = arg;
+	size_t n = protobuf_c_message_get_packed_size(m);
+
+	if (c->n == 512)
+		return;
+	c->buf[c->n] = malloc(n + 1);
+	c->len[c->n] = protobuf_c_message_pack(m, c->buf[c->n]);
+	c->n++;
+}
+
+static void test_frame_envelope_decode_matches_protobuf_c(void)
+{
+	static const uint8_t odd[][16] = {
+		{ 0x08, 0x05, 0x08, 0x06 },		/* id twice */
+		{ 0x5a, 0x00, 0x5a, 0x02, 0x08, 0x01 }, /* the same call twice: merged */
+		{ 0x52, 0x00, 0x5a, 0x00 },		/* two calls: the last wins */
+		{ 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 }, /* 10-byte id */
+		{ 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f }, /* overlong id */
+		{ 0x0a, 0x01, 0x00 },			/* id with the wrong wire type */
+		{ 0xf8, 0x07, 0x01 },			/* unknown field 127 */
+		{ 0x88, 0x00, 0x01 },			/* non-minimal tag */
+		{ 0x5a, 0x05, 0x08 },			/* length past the end */
+		{ 0x5a, 0x80 },				/* truncated length */
+		{ 0x00, 0x01 },				/* field 0 */
+		{ 0x12, 0x02, 0x08, 0x07 },		/* Response status / Request unknown 2 */
+	};
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__Response resp = KVPOOL__RESPONSE__INIT;
+	Kvpool__Status st = KVPOOL__STATUS__INIT;
+	struct corpus rq = { .n = 0 }, rs = { .n = 0 };
+	unsigned seed = 12345;
+
+	st.code = KVPOOL__CODE__NOT_FOUND;
+	st.message = (char *)"gone";
+	for (size_t i = 0; i < sizeof(g_ids) / sizeof(g_ids[0]); i += 3) {
+		req.id = resp.id = g_ids[i];
+		each_case(&req.base, collect_cb, &rq);
+		resp.status = &st;
+		each_case(&resp.base, collect_cb, &rs);
+	}
+	for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+		size_t n = sizeof(odd[i]);
+
+		while (n && !odd[i][n - 1])
+			n--;
+		if (i == 5)
+			n = 3;
+		check_same_decode(&kvpool__request__descriptor, odd[i], n);
+		check_same_decode(&kvpool__response__descriptor, odd[i], n);
+	}
+	/* Valid messages, then each mutated: bytes changed, cut short, joined with another. */
+	for (int round = 0; round < 40; round++) {
+		for (int k = 0; k < 2; k++) {
+			struct corpus *c = k ? &rs : &rq;
+			const ProtobufCMessageDescriptor *d =
+				k ? &kvpool__response__descriptor : &kvpool__request__descriptor;
+
+			for (int i = 0; i < c->n; i++) {
+				uint8_t m[256];
+				size_t n = c->len[i] < 200 ? c->len[i] : 200;
+				int j = rand_r(&seed) % c->n;
+
+				if (round == 0) {
+					check_same_decode(d, c->buf[i], c->len[i]);
+					continue;
+				}
+				memcpy(m, c->buf[i], n);
+				if (n && round % 3 == 0)
+					m[rand_r(&seed) % n] = (uint8_t)rand_r(&seed);
+				if (n && round % 3 == 1)
+					n = (size_t)rand_r(&seed) % n;
+				if (round % 3 == 2 && n + c->len[j] <= sizeof(m)) {
+					memcpy(m + n, c->buf[j], c->len[j]);
+					n += c->len[j];
+				}
+				check_same_decode(d, m, n);
+			}
+		}
+	}
+	for (int i = 0; i < rq.n; i++)
+		free(rq.buf[i]);
+	for (int i = 0; i < rs.n; i++)
+		free(rs.buf[i]);
+}
+
 int main(void)
 {
 	CU_pSuite s;
@@ -195,6 +419,10 @@ int main(void)
 	CU_add_test(s, "test_frame_pack_roundtrip_response_with_detail",
 		    test_frame_pack_roundtrip_response_with_detail);
 	CU_add_test(s, "test_frame_pack_roundtrip_every_call", test_frame_pack_roundtrip_every_call);
+	CU_add_test(s, "test_frame_envelope_bytes_match_protobuf_c",
+		    test_frame_envelope_bytes_match_protobuf_c);
+	CU_add_test(s, "test_frame_envelope_decode_matches_protobuf_c",
+		    test_frame_envelope_decode_matches_protobuf_c);
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
 	{
