@@ -1058,13 +1058,14 @@ static const handler_fn handlers[] = {
 int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
 		 struct kvp_reply *r)
 {
-	struct kvp_fail f = { 0 };
+	struct kvp_fail f;
 	int idx = (int)req->call_case - KVPOOL__REQUEST__CALL_HELLO;
 	handler_fn h = idx >= 0 && idx < (int)(sizeof(handlers) / sizeof(handlers[0]))
 			       ? handlers[idx]
 			       : NULL;
 	int rc;
 
+	kvp_fail_init(&f);
 	if (!h) {
 		rc = kvp_fail(&f, KVPOOL__CODE__INVALID_ARGUMENT, "unknown call %d",
 			      (int)req->call_case);

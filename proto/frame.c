@@ -206,44 +206,60 @@ static size_t pack_generic(const ProtobufCMessage *msg, uint8_t *buf)
 	return KVP_FRAME_HDR + n;
 }
 
+/* Adds field f of msg to the plan, if present. Returns 0, or -1 when f is not of a plain kind. */
+static int plan_field(struct kvp_frame_plan *p, const ProtobufCFieldDescriptor *f, const char *base,
+		      size_t *body)
+{
+	struct kvp_frame_part *part = &p->part[p->n];
+
+	if (f->label != PROTOBUF_C_LABEL_NONE || p->n == KVP_FRAME_PARTS)
+		return -1;
+	if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f)) {
+		part->v = *(const uint64_t *)(base + f->offset);
+		if (!part->v)
+			return 0; /* proto3: a zero scalar is not written */
+		part->sub = NULL;
+		*body += varint_size((uint64_t)f->id << 3) + varint_size(part->v);
+	} else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+		part->sub = *(ProtobufCMessage *const *)(base + f->offset);
+		if (!part->sub)
+			return 0;
+		part->v = protobuf_c_message_get_packed_size(part->sub);
+		*body += varint_size((uint64_t)f->id << 3 | 2) + varint_size(part->v) + part->v;
+	} else {
+		return -1;
+	}
+	part->f = f;
+	p->n++;
+	return 0;
+}
+
+/* An envelope's fields, in number order, are plain fields, then the members of its one oneof
+ * (test_frame checks the schema keeps that shape): the plain ones are walked, the oneof member
+ * set is looked up by its case, so the 19 others cost nothing. */
 size_t kvp_frame_plan(struct kvp_frame_plan *p, const ProtobufCMessage *msg)
 {
 	const ProtobufCMessageDescriptor *d = msg->descriptor;
 	const char *base = (const char *)msg;
 	size_t body = 0;
+	unsigned i;
 
 	p->msg = msg;
 	p->n = 0;
-	p->generic = true;
 	if (!is_envelope(d) || msg->n_unknown_fields)
 		goto generic;
-	for (unsigned i = 0; i < d->n_fields; i++) {
-		const ProtobufCFieldDescriptor *f = &d->fields[i];
-		struct kvp_frame_part *part = &p->part[p->n];
+	for (i = 0; i < d->n_fields && !in_oneof(&d->fields[i]); i++)
+		if (plan_field(p, &d->fields[i], base, &body) < 0)
+			goto generic;
+	if (i < d->n_fields) {
+		uint32_t which = *(const uint32_t *)(base + d->fields[i].quantifier_offset);
+		const ProtobufCFieldDescriptor *f;
 
-		if (f->label != PROTOBUF_C_LABEL_NONE)
-			goto generic;
-		if (in_oneof(f) && *(const uint32_t *)(base + f->quantifier_offset) != f->id)
-			continue;
-		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f)) {
-			part->v = *(const uint64_t *)(base + f->offset);
-			if (!part->v)
-				continue; /* proto3: a zero scalar is not written */
-			part->sub = NULL;
-			body += varint_size((uint64_t)f->id << 3) + varint_size(part->v);
-		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-			part->sub = *(ProtobufCMessage *const *)(base + f->offset);
-			if (!part->sub)
-				continue;
-			part->v = protobuf_c_message_get_packed_size(part->sub);
-			body += varint_size((uint64_t)f->id << 3 | 2) + varint_size(part->v) + part->v;
-		} else {
-			goto generic;
+		if (which) {
+			f = protobuf_c_message_descriptor_get_field(d, which);
+			if (!f || !in_oneof(f) || plan_field(p, f, base, &body) < 0)
+				goto generic;
 		}
-		if (p->n == KVP_FRAME_PARTS)
-			goto generic;
-		part->f = f;
-		p->n++;
 	}
 	p->generic = false;
 	p->total = KVP_FRAME_HDR + body;

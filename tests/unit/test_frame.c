@@ -242,6 +242,23 @@ static void same_bytes_cb(ProtobufCMessage *m, void *arg)
 	check_same_bytes(m);
 }
 
+/* The envelope codec relies on this shape: plain fields first, then one oneof to the end. */
+static void check_envelope_shape(const ProtobufCMessageDescriptor *d)
+{
+	unsigned i = 0;
+
+	while (i < d->n_fields && !(d->fields[i].flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+		i++;
+	CU_ASSERT_FATAL(i < d->n_fields);
+	for (unsigned k = i; k < d->n_fields; k++) {
+		CU_ASSERT(d->fields[k].flags & PROTOBUF_C_FIELD_FLAG_ONEOF);
+		CU_ASSERT_EQUAL(d->fields[k].quantifier_offset, d->fields[i].quantifier_offset);
+		CU_ASSERT_EQUAL(d->fields[k].type, PROTOBUF_C_TYPE_MESSAGE);
+		if (k > 0)
+			CU_ASSERT(d->fields[k].id > d->fields[k - 1].id);
+	}
+}
+
 static void test_frame_envelope_bytes_match_protobuf_c(void)
 {
 	Kvpool__Request req = KVPOOL__REQUEST__INIT;
@@ -250,6 +267,8 @@ static void test_frame_envelope_bytes_match_protobuf_c(void)
 	Kvpool__CapacityDetail cap = KVPOOL__CAPACITY_DETAIL__INIT;
 	Kvpool__PingReq ping = KVPOOL__PING_REQ__INIT;
 
+	check_envelope_shape(&kvpool__request__descriptor);
+	check_envelope_shape(&kvpool__response__descriptor);
 	cap.requested_tokens = 5;
 	st_full.code = KVPOOL__CODE__OUT_OF_CAPACITY;
 	st_full.message = (char *)"full";
