@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "tier_cuda.h"
+#include "suite.h"
 
 #define REQ_BYTES ((64ull << 20) + 1) /* rounded up to the granularity */
 
@@ -266,18 +267,13 @@ static void test_kvp_cuda_mem_import_bad(void)
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
-	    {"test_kvp_cuda_probe_count", test_kvp_cuda_probe_count},
-	    {"test_kvp_cuda_mem_create_share", test_kvp_cuda_mem_create_share},
-	    {"test_kvp_cuda_mem_create_bad", test_kvp_cuda_mem_create_bad},
-	    {"test_kvp_cuda_mem_import_bad", test_kvp_cuda_mem_import_bad},
+	static const struct h_test tests[] = {
+	    H_TEST(test_kvp_cuda_probe_count),
+	    H_TEST(test_kvp_cuda_mem_create_share),
+	    H_TEST(test_kvp_cuda_mem_create_bad),
+	    H_TEST(test_kvp_cuda_mem_import_bad),
 	};
 	char reason[256] = "";
-	CU_pSuite suite;
-	unsigned failed;
 	int n;
 
 	if (argc == 3 && !strcmp(argv[1], "--child"))
@@ -292,20 +288,5 @@ int main(int argc, char **argv)
 	printf("kvp_cuda_probe: %d usable GPU(s); device 0 NUMA node %d\n", n,
 	       kvp_cuda_device_numa_node(0));
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("cuda_tier", NULL, NULL);
-	if (!suite)
-		goto err;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto err;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
-err:
-	CU_cleanup_registry();
-	return 1;
+	return H_RUN_SUITE("cuda_tier", NULL, NULL, tests);
 }

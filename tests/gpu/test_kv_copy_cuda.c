@@ -14,44 +14,14 @@
 
 #include "kv_copy.h"
 #include "kv_copy_cuda.h"
+#include "rng.h"
+#include "suite.h"
 
 #define CANARY 0x5A
 #define PAD 64 /* bytes around each buffer, for misaligned bases and overrun checks */
 
 static struct kvp_copy_cuda *g_ctx;
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-
-static uint64_t rnd(void)
-{
-	g_rng ^= g_rng >> 12;
-	g_rng ^= g_rng << 25;
-	g_rng ^= g_rng >> 27;
-	return g_rng * 0x2545F4914F6CDD1Dull;
-}
-
-static void fill_random(unsigned char *p, uint64_t n)
-{
-	for (uint64_t i = 0; i < n; i++)
-		p[i] = (unsigned char)rnd();
-}
-
-static void pick_pages(uint32_t *out, uint32_t k, uint32_t total)
-{
-	uint32_t *all = malloc(total * sizeof(*all));
-
-	CU_ASSERT_FATAL(all != NULL);
-	for (uint32_t i = 0; i < total; i++)
-		all[i] = i;
-	for (uint32_t i = total - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(rnd() % (i + 1));
-		uint32_t t = all[i];
-
-		all[i] = all[j];
-		all[j] = t;
-	}
-	memcpy(out, all, k * sizeof(*out));
-	free(all);
-}
+static struct h_rng g_rng = { 0x243F6A8885A308D3ull };
 
 #define CK(call) CU_ASSERT_FATAL((call) == cudaSuccess)
 
@@ -102,11 +72,11 @@ static void tiers_free(struct tiers *t)
 static void tiers_fill(struct tiers *t, int to_host)
 {
 	if (to_host) {
-		fill_random(t->sh_dev, t->dev_bytes + 2 * PAD);
+		h_fill_random(&g_rng, t->sh_dev, t->dev_bytes + 2 * PAD);
 		memset(t->sh_host, CANARY, t->host_bytes + 2 * PAD);
 	} else {
 		memset(t->sh_dev, CANARY, t->dev_bytes + 2 * PAD);
-		fill_random(t->sh_host, t->host_bytes + 2 * PAD);
+		h_fill_random(&g_rng, t->sh_host, t->host_bytes + 2 * PAD);
 	}
 	CK(cudaMemcpy(t->dev, t->sh_dev, t->dev_bytes + 2 * PAD, cudaMemcpyHostToDevice));
 	memcpy(t->host, t->sh_host, t->host_bytes + 2 * PAD);
@@ -133,8 +103,8 @@ static void run_batch(struct tiers *t, int to_host, uint32_t n, unsigned dev_off
 	int ret;
 
 	CU_ASSERT_FATAL(dp && hp && dev_off < PAD && host_off < PAD);
-	pick_pages(dp, n, dev_pages);
-	pick_pages(hp, n, host_pages);
+	h_pick_ids(&g_rng, dp, n, dev_pages);
+	h_pick_ids(&g_rng, hp, n, host_pages);
 	tiers_fill(t, to_host);
 
 	if (to_host) {
@@ -253,8 +223,8 @@ static void test_kvp_copy_host_to_dev_cuda_queued(void)
 	tiers_init(&t, 3, 16, 128, 12, 12);
 	tiers_fill(&t, 1);
 	for (int round = 0; round < 20; round++) {
-		pick_pages(dp, 6, 12);
-		pick_pages(hp, 6, 12);
+		h_pick_ids(&g_rng, dp, 6, 12);
+		h_pick_ids(&g_rng, hp, 6, 12);
 		if (round % 2) {
 			ret |= kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD,
 							 t.dev + PAD, hp, dp, 6);
@@ -344,28 +314,17 @@ static void test_kvp_copy_dev_to_host_cuda_bad_args(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
-	    {"test_kvp_copy_dev_to_host_cuda_geometries",
-	     test_kvp_copy_dev_to_host_cuda_geometries},
-	    {"test_kvp_copy_host_to_dev_cuda_geometries",
-	     test_kvp_copy_host_to_dev_cuda_geometries},
-	    {"test_kvp_copy_dev_to_host_cuda_misaligned",
-	     test_kvp_copy_dev_to_host_cuda_misaligned},
-	    {"test_kvp_copy_host_to_dev_cuda_misaligned",
-	     test_kvp_copy_host_to_dev_cuda_misaligned},
-	    {"test_kvp_copy_dev_to_host_cuda_large_batch",
-	     test_kvp_copy_dev_to_host_cuda_large_batch},
-	    {"test_kvp_copy_host_to_dev_cuda_queued", test_kvp_copy_host_to_dev_cuda_queued},
-	    {"test_kvp_copy_host_to_dev_cuda_round_trip",
-	     test_kvp_copy_host_to_dev_cuda_round_trip},
-	    {"test_kvp_copy_dev_to_host_cuda_bad_args", test_kvp_copy_dev_to_host_cuda_bad_args},
+	static const struct h_test tests[] = {
+	    H_TEST(test_kvp_copy_dev_to_host_cuda_geometries),
+	    H_TEST(test_kvp_copy_host_to_dev_cuda_geometries),
+	    H_TEST(test_kvp_copy_dev_to_host_cuda_misaligned),
+	    H_TEST(test_kvp_copy_host_to_dev_cuda_misaligned),
+	    H_TEST(test_kvp_copy_dev_to_host_cuda_large_batch),
+	    H_TEST(test_kvp_copy_host_to_dev_cuda_queued),
+	    H_TEST(test_kvp_copy_host_to_dev_cuda_round_trip),
+	    H_TEST(test_kvp_copy_dev_to_host_cuda_bad_args),
 	};
-	CU_pSuite suite;
-	unsigned failed;
-	int ret, count = 0;
+	int ret, count = 0, status;
 
 	ret = kvp_copy_cuda_new(0, &g_ctx);
 	if (ret == -ENODEV) {
@@ -381,22 +340,7 @@ int main(void)
 		return 1;
 	}
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("kv_copy_cuda", NULL, NULL);
-	if (!suite)
-		goto err;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto err;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
+	status = H_RUN_SUITE("kv_copy_cuda", NULL, NULL, tests);
 	kvp_copy_cuda_free(g_ctx);
-	return failed ? 1 : 0;
-err:
-	CU_cleanup_registry();
-	kvp_copy_cuda_free(g_ctx);
-	return 1;
+	return status;
 }

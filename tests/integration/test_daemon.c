@@ -23,10 +23,7 @@ static int init_suite(void)
 
 static int clean_suite(void)
 {
-	int r = h_daemon_stop(&g_d);
-
-	h_daemon_cleanup(&g_d);
-	return r == 0 ? 0 : -1;
+	return h_daemon_finish(&g_d);
 }
 
 static int client_pings(void *arg)

@@ -21,21 +21,6 @@
 
 static unsigned g_faults;
 
-static int wait_pid(pid_t pid, int ms)
-{
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-	int st;
-
-	while (h_now_ms() < end) {
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		usleep(2000);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
-}
-
 static int status_of(const char *sock, struct kvp_status *st)
 {
 	struct kvp_error e;
@@ -141,7 +126,7 @@ static void test_sigkill_clients_mid_cycle_returns_pages(void)
 		}
 		for (int i = 0; i < CYCLERS; i++)
 			if (pids[i])
-				wait_pid(pids[i], 20000);
+				h_wait_pid(pids[i], 20000);
 	}
 	g_faults += killed;
 	printf("\n    %u of %d cyclers SIGKILLed mid-run\n", killed, 3 * CYCLERS);
@@ -373,7 +358,7 @@ static void test_sigterm_under_load(void)
 	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
 	g_faults++;
 	for (int i = 0; i < 4; i++) {
-		int r = wait_pid(pids[i], 10000);
+		int r = h_wait_pid(pids[i], 10000);
 
 		if (r)
 			printf("\n    loader %d: %d\n", i, r);
@@ -413,7 +398,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 		_exit(0);
 	}
 	CU_ASSERT_EQUAL(read(pfd[0], &b, sizeof(b)), (ssize_t)sizeof(b));
-	CU_ASSERT_EQUAL(wait_pid(a, 5000), 0);
+	CU_ASSERT_EQUAL(h_wait_pid(a, 5000), 0);
 	t0 = h_now_ms();
 	g_faults++;
 	CU_ASSERT(all_returned(d.sock, 3000, &st));

@@ -52,20 +52,6 @@ static void write_small_conf(const char *path, unsigned page_tokens, unsigned qu
 	CU_ASSERT_EQUAL(write_file(path, buf), 0);
 }
 
-/* Waits up to ms for pid to exit; its exit status (128+signal), -1 on timeout. */
-static int wait_pid(pid_t pid, int ms)
-{
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-	int st;
-
-	while (h_now_ms() < end) {
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		usleep(5000);
-	}
-	return -1;
-}
-
 static int stop_pid(pid_t pid)
 {
 	int r;
@@ -73,11 +59,7 @@ static int stop_pid(pid_t pid)
 	if (pid <= 0)
 		return -1;
 	kill(pid, SIGTERM);
-	r = wait_pid(pid, 10000);
-	if (r < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-	}
+	r = h_wait_pid(pid, 10000); /* SIGKILLed and reaped on timeout */
 	return r;
 }
 
@@ -314,7 +296,7 @@ static void test_notify_ready_status_watchdog_stopping(void)
 	kill(s.pid, SIGTERM);
 	collect(fd, &n, 5000, got_stopping);
 	CU_ASSERT_EQUAL(n.stopping, 1);
-	CU_ASSERT_EQUAL(wait_pid(s.pid, 10000), 0);
+	CU_ASSERT_EQUAL(h_wait_pid(s.pid, 10000), 0);
 	s.pid = 0;
 	close(fd);
 	svc_cleanup(&s);
@@ -500,7 +482,7 @@ static void test_drain_refuses_leases_then_exits_0(void)
 	CU_ASSERT_EQUAL(waitpid(s.pid, NULL, WNOHANG), 0); /* not before the session ends */
 	t0 = h_now_ms();
 	kvp_client_close(c);
-	CU_ASSERT_EQUAL(wait_pid(s.pid, 4000), 0);
+	CU_ASSERT_EQUAL(h_wait_pid(s.pid, 4000), 0);
 	printf("\n    drained daemon exited %lu ms after the last session closed\n",
 	       (unsigned long)(h_now_ms() - t0));
 	s.pid = 0;

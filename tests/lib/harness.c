@@ -288,21 +288,26 @@ bool h_raw_closed(int fd, int ms)
 	return false;
 }
 
-int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
-		const struct h_test *tests, size_t n)
-{
-	unsigned failed;
-	CU_pSuite s;
 
-	signal(SIGPIPE, SIG_IGN);
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite(suite, init, clean);
-	for (size_t i = 0; s && i < n; i++)
-		CU_add_test(s, tests[i].name, tests[i].fn);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed() + !s;
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
+int h_daemon_finish(struct daemon *d)
+{
+	int r = h_daemon_stop(d);
+
+	h_daemon_cleanup(d);
+	return r == 0 ? 0 : -1;
+}
+
+int h_wait_pid(pid_t pid, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	int st;
+
+	while (h_now_ms() < end) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		usleep(2000);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	return -1;
 }

@@ -1,6 +1,7 @@
 /* harness.h - test helpers: start a real kvpoold on a temporary socket, run code in real
  * client processes, send raw frames. */
 #pragma once
+#include "suite.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,6 +33,13 @@ int h_daemon_stop(struct daemon *d);
 bool h_log_contains(const struct daemon *d, const char *s);
 /* Removes the temporary directory. */
 void h_daemon_cleanup(struct daemon *d);
+/* A suite's cleanup: h_daemon_stop then h_daemon_cleanup; 0 when the daemon exited 0, else -1
+ * (a CUnit cleanup failure). */
+int h_daemon_finish(struct daemon *d);
+
+/* Waits up to ms for child pid to exit: its exit status (128+signal), or -1 on timeout, after
+ * which the child is SIGKILLed and reaped. */
+int h_wait_pid(pid_t pid, int ms);
 
 /* Runs fn(arg) in a forked child; returns its exit status (or 128+signal). */
 int h_in_child(int (*fn)(void *arg), void *arg);
@@ -45,16 +53,7 @@ Kvpool__Response *h_raw_recv(int fd, int ms);
 /* Whether the peer closed the connection within ms (reads and discards). */
 bool h_raw_closed(int fd, int ms);
 
-/* One CUnit suite run the same way by every integration binary: SIGPIPE ignored, verbose
- * output; returns the exit status (0 when every test passed and the suite's init and cleanup
- * did too). */
-struct h_test {
-	const char *name;
-	CU_TestFunc fn;
-};
-#define H_TEST(fn) { #fn, fn }
-int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
-		const struct h_test *tests, size_t n);
+/* h_run_suite, H_TEST: suite.h */
 
 /* Milliseconds of the monotonic clock. */
 uint64_t h_now_ms(void);

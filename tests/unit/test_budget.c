@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include "suite.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -442,45 +443,21 @@ static void test_kvp_budget_env_system_reads(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
-#define T(f) {#f, f}
-	    T(test_kvp_pool_host_bytes_tiers),
-	    T(test_kvp_budget_check_fits),
-	    T(test_kvp_budget_check_mem_available_binds),
-	    T(test_kvp_budget_check_numa_node_binds),
-	    T(test_kvp_budget_check_numa_node_missing),
-	    T(test_kvp_budget_check_cgroup_binds),
-	    T(test_kvp_budget_check_memlock_binds_on),
-	    T(test_kvp_budget_check_memlock_warns_try),
-	    T(test_kvp_budget_check_hugepages_binds_on),
-	    T(test_kvp_budget_format_known_case),
-	    T(test_kvp_budget_check_read_error),
-	    T(test_kvp_limit_name_all),
-	    T(test_kvp_budget_env_system_reads),
-#undef T
+	static const struct h_test tests[] = {
+	    H_TEST(test_kvp_pool_host_bytes_tiers),
+	    H_TEST(test_kvp_budget_check_fits),
+	    H_TEST(test_kvp_budget_check_mem_available_binds),
+	    H_TEST(test_kvp_budget_check_numa_node_binds),
+	    H_TEST(test_kvp_budget_check_numa_node_missing),
+	    H_TEST(test_kvp_budget_check_cgroup_binds),
+	    H_TEST(test_kvp_budget_check_memlock_binds_on),
+	    H_TEST(test_kvp_budget_check_memlock_warns_try),
+	    H_TEST(test_kvp_budget_check_hugepages_binds_on),
+	    H_TEST(test_kvp_budget_format_known_case),
+	    H_TEST(test_kvp_budget_check_read_error),
+	    H_TEST(test_kvp_limit_name_all),
+	    H_TEST(test_kvp_budget_env_system_reads),
 	};
-	CU_pSuite suite;
-	unsigned failures;
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	suite = CU_add_suite("budget", NULL, NULL);
-	if (!suite)
-		goto fail;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto fail;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	if (CU_basic_run_tests() != CUE_SUCCESS)
-		goto fail;
-	failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failures ? 1 : 0;
-fail:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return H_RUN_SUITE("budget", NULL, NULL, tests);
 }

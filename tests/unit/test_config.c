@@ -12,6 +12,7 @@
 #include <string.h>
 #include <syslog.h>
 #include <unistd.h>
+#include "suite.h"
 
 static const char *g_example_path;
 
@@ -667,43 +668,36 @@ static void test_kvp_pool_page_bytes_dtypes(void)
 
 int main(int argc, char **argv)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
-#define T(f) {#f, f}
-	    T(test_kvp_conf_load_string_good),
-	    T(test_kvp_conf_load_string_defaults),
-	    T(test_kvp_conf_load_string_crlf_bom_comments),
-	    T(test_kvp_conf_load_embedded_default),
-	    T(test_kvp_conf_load_file_example),
-	    T(test_kvp_conf_load_file_example_cuda),
-	    T(test_kvp_conf_load_file_line_numbers),
-	    T(test_kvp_conf_load_file_missing),
-	    T(test_kvp_conf_load_string_bad_number),
-	    T(test_kvp_conf_load_string_out_of_range),
-	    T(test_kvp_conf_load_string_unknown_key),
-	    T(test_kvp_conf_load_string_unknown_section),
-	    T(test_kvp_conf_load_string_missing_key),
-	    T(test_kvp_conf_load_string_no_capacity),
-	    T(test_kvp_conf_load_string_bad_enum),
-	    T(test_kvp_conf_load_string_bad_size),
-	    T(test_kvp_conf_load_string_capacity_resolution),
-	    T(test_kvp_conf_load_string_too_large),
-	    T(test_kvp_conf_load_string_duplicate_pool),
-	    T(test_kvp_conf_load_string_too_many_pools),
-	    T(test_kvp_conf_load_string_bad_name),
-	    T(test_kvp_conf_load_string_syntax),
-	    T(test_kvp_conf_load_string_long_line),
-	    T(test_kvp_conf_load_string_daemon_values),
-	    T(test_kvp_conf_load_string_error_truncated),
-	    T(test_kvp_pool_page_bytes_dtypes),
-#undef T
+	static const struct h_test tests[] = {
+	    H_TEST(test_kvp_conf_load_string_good),
+	    H_TEST(test_kvp_conf_load_string_defaults),
+	    H_TEST(test_kvp_conf_load_string_crlf_bom_comments),
+	    H_TEST(test_kvp_conf_load_embedded_default),
+	    H_TEST(test_kvp_conf_load_file_example),
+	    H_TEST(test_kvp_conf_load_file_example_cuda),
+	    H_TEST(test_kvp_conf_load_file_line_numbers),
+	    H_TEST(test_kvp_conf_load_file_missing),
+	    H_TEST(test_kvp_conf_load_string_bad_number),
+	    H_TEST(test_kvp_conf_load_string_out_of_range),
+	    H_TEST(test_kvp_conf_load_string_unknown_key),
+	    H_TEST(test_kvp_conf_load_string_unknown_section),
+	    H_TEST(test_kvp_conf_load_string_missing_key),
+	    H_TEST(test_kvp_conf_load_string_no_capacity),
+	    H_TEST(test_kvp_conf_load_string_bad_enum),
+	    H_TEST(test_kvp_conf_load_string_bad_size),
+	    H_TEST(test_kvp_conf_load_string_capacity_resolution),
+	    H_TEST(test_kvp_conf_load_string_too_large),
+	    H_TEST(test_kvp_conf_load_string_duplicate_pool),
+	    H_TEST(test_kvp_conf_load_string_too_many_pools),
+	    H_TEST(test_kvp_conf_load_string_bad_name),
+	    H_TEST(test_kvp_conf_load_string_syntax),
+	    H_TEST(test_kvp_conf_load_string_long_line),
+	    H_TEST(test_kvp_conf_load_string_daemon_values),
+	    H_TEST(test_kvp_conf_load_string_error_truncated),
+	    H_TEST(test_kvp_pool_page_bytes_dtypes),
 	};
 	static char example[4096];
 	const char *srcdir = getenv("KVP_SRCDIR");
-	CU_pSuite suite;
-	unsigned failures;
 
 	if (argc > 1)
 		g_example_path = argv[1];
@@ -714,22 +708,5 @@ int main(int argc, char **argv)
 		g_example_path = "systemd/kvpoold.conf.example";
 	}
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	suite = CU_add_suite("config", NULL, NULL);
-	if (!suite)
-		goto fail;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto fail;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	if (CU_basic_run_tests() != CUE_SUCCESS)
-		goto fail;
-	failures = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failures ? 1 : 0;
-fail:
-	fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
-	CU_cleanup_registry();
-	return 1;
+	return H_RUN_SUITE("config", NULL, NULL, tests);
 }

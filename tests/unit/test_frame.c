@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "suite.h"
 
 static size_t pack_ping(uint8_t *out, uint64_t id, uint64_t nonce)
 {
@@ -424,30 +425,17 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_frame_next_split_byte_by_byte),
+		H_TEST(test_frame_next_merged),
+		H_TEST(test_frame_next_oversized),
+		H_TEST(test_frame_buf_append_refuses_unbounded_growth),
+		H_TEST(test_frame_decode_garbage),
+		H_TEST(test_frame_pack_roundtrip_response_with_detail),
+		H_TEST(test_frame_pack_roundtrip_every_call),
+		H_TEST(test_frame_envelope_bytes_match_protobuf_c),
+		H_TEST(test_frame_envelope_decode_matches_protobuf_c),
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("frame", NULL, NULL);
-	CU_add_test(s, "test_frame_next_split_byte_by_byte", test_frame_next_split_byte_by_byte);
-	CU_add_test(s, "test_frame_next_merged", test_frame_next_merged);
-	CU_add_test(s, "test_frame_next_oversized", test_frame_next_oversized);
-	CU_add_test(s, "test_frame_buf_append_refuses_unbounded_growth",
-		    test_frame_buf_append_refuses_unbounded_growth);
-	CU_add_test(s, "test_frame_decode_garbage", test_frame_decode_garbage);
-	CU_add_test(s, "test_frame_pack_roundtrip_response_with_detail",
-		    test_frame_pack_roundtrip_response_with_detail);
-	CU_add_test(s, "test_frame_pack_roundtrip_every_call", test_frame_pack_roundtrip_every_call);
-	CU_add_test(s, "test_frame_envelope_bytes_match_protobuf_c",
-		    test_frame_envelope_bytes_match_protobuf_c);
-	CU_add_test(s, "test_frame_envelope_decode_matches_protobuf_c",
-		    test_frame_envelope_decode_matches_protobuf_c);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return H_RUN_SUITE("frame", NULL, NULL, tests);
 }

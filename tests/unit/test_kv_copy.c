@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "kv_copy.h"
+#include "suite.h"
+#include "rng.h"
 
 #define CANARY 0xA5
 
@@ -33,41 +35,7 @@ static const struct case_geom g_cases[] = {
     {1, 64, 4, 3, 5, 4, 4},   /* fp32, 60-byte rows */
 };
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-
-static uint64_t rnd(void)
-{
-	/* xorshift64*: deterministic, so a failure reproduces */
-	g_rng ^= g_rng >> 12;
-	g_rng ^= g_rng << 25;
-	g_rng ^= g_rng >> 27;
-	return g_rng * 0x2545F4914F6CDD1Dull;
-}
-
-static void fill_random(unsigned char *p, uint64_t n)
-{
-	for (uint64_t i = 0; i < n; i++)
-		p[i] = (unsigned char)rnd();
-}
-
-/* k distinct ids out of [0, total), in shuffled order */
-static void pick_pages(uint32_t *out, uint32_t k, uint32_t total)
-{
-	uint32_t *all = malloc(total * sizeof(*all));
-
-	CU_ASSERT_FATAL(all != NULL);
-	for (uint32_t i = 0; i < total; i++)
-		all[i] = i;
-	for (uint32_t i = total - 1; i > 0; i--) {
-		uint32_t j = (uint32_t)(rnd() % (i + 1));
-		uint32_t t = all[i];
-
-		all[i] = all[j];
-		all[j] = t;
-	}
-	memcpy(out, all, k * sizeof(*out));
-	free(all);
-}
+static struct h_rng g_rng = { 0x9E3779B97F4A7C15ull };
 
 static struct kvp_copy_geom geom_of(const struct case_geom *c)
 {
@@ -119,13 +87,13 @@ static void check_case(const struct case_geom *c, int to_host, uint32_t n)
 
 	CU_ASSERT_FATAL(dev && host && ref_dev && ref_host && dp && hp);
 	CU_ASSERT_FATAL(n <= c->dev_pages && n <= c->host_pages);
-	pick_pages(dp, n, c->dev_pages);
-	pick_pages(hp, n, c->host_pages);
+	h_pick_ids(&g_rng, dp, n, c->dev_pages);
+	h_pick_ids(&g_rng, hp, n, c->host_pages);
 	if (to_host) {
-		fill_random(dev, db);
+		h_fill_random(&g_rng, dev, db);
 		memset(host, CANARY, hb);
 	} else {
-		fill_random(host, hb);
+		h_fill_random(&g_rng, host, hb);
 		memset(dev, CANARY, db);
 	}
 	memcpy(ref_dev, dev, db);
@@ -261,9 +229,9 @@ static void test_kvp_copy_host_to_dev_cpu_round_trip(void)
 		unsigned char *in_list = calloc(c->dev_pages, 1);
 
 		CU_ASSERT_FATAL(dev && dev2 && host && dp && hp && in_list);
-		pick_pages(dp, n, c->dev_pages);
-		pick_pages(hp, n, c->host_pages);
-		fill_random(dev, db);
+		h_pick_ids(&g_rng, dp, n, c->dev_pages);
+		h_pick_ids(&g_rng, hp, n, c->host_pages);
+		h_fill_random(&g_rng, dev, db);
 		memset(host, CANARY, hb);
 		memset(dev2, CANARY, db);
 
@@ -342,8 +310,8 @@ static void check_rejected(int to_host)
 #define RUN(geom, d, h, dl, hl, n)                                                                 \
 	(to_host ? d2h((geom), (d), (h), (dl), (hl), (n)) : h2d((geom), (h), (d), (hl), (dl), (n)))
 
-	fill_random(dev, sizeof(dev));
-	fill_random(host, sizeof(host));
+	h_fill_random(&g_rng, dev, sizeof(dev));
+	h_fill_random(&g_rng, host, sizeof(host));
 	memcpy(dev0, dev, sizeof(dev));
 	memcpy(host0, host, sizeof(host));
 
@@ -390,42 +358,20 @@ static void test_kvp_copy_host_to_dev_cpu_bad_geometry(void)
 
 int main(void)
 {
-	static const struct {
-		const char *name;
-		CU_TestFunc fn;
-	} tests[] = {
-	    {"test_kvp_dev_offset_layout", test_kvp_dev_offset_layout},
-	    {"test_kvp_host_offset_layout", test_kvp_host_offset_layout},
-	    {"test_kvp_copy_geom_check_bad", test_kvp_copy_geom_check_bad},
-	    {"test_kvp_copy_dev_to_host_cpu_geometries", test_kvp_copy_dev_to_host_cpu_geometries},
-	    {"test_kvp_copy_host_to_dev_cpu_geometries", test_kvp_copy_host_to_dev_cpu_geometries},
-	    {"test_kvp_copy_dev_to_host_cpu_n0", test_kvp_copy_dev_to_host_cpu_n0},
-	    {"test_kvp_copy_host_to_dev_cpu_n0", test_kvp_copy_host_to_dev_cpu_n0},
-	    {"test_kvp_copy_dev_to_host_cpu_n1", test_kvp_copy_dev_to_host_cpu_n1},
-	    {"test_kvp_copy_host_to_dev_cpu_n1", test_kvp_copy_host_to_dev_cpu_n1},
-	    {"test_kvp_copy_host_to_dev_cpu_round_trip", test_kvp_copy_host_to_dev_cpu_round_trip},
-	    {"test_kvp_copy_dev_to_host_cpu_bad_geometry",
-	     test_kvp_copy_dev_to_host_cpu_bad_geometry},
-	    {"test_kvp_copy_host_to_dev_cpu_bad_geometry",
-	     test_kvp_copy_host_to_dev_cpu_bad_geometry},
+	static const struct h_test tests[] = {
+	    H_TEST(test_kvp_dev_offset_layout),
+	    H_TEST(test_kvp_host_offset_layout),
+	    H_TEST(test_kvp_copy_geom_check_bad),
+	    H_TEST(test_kvp_copy_dev_to_host_cpu_geometries),
+	    H_TEST(test_kvp_copy_host_to_dev_cpu_geometries),
+	    H_TEST(test_kvp_copy_dev_to_host_cpu_n0),
+	    H_TEST(test_kvp_copy_host_to_dev_cpu_n0),
+	    H_TEST(test_kvp_copy_dev_to_host_cpu_n1),
+	    H_TEST(test_kvp_copy_host_to_dev_cpu_n1),
+	    H_TEST(test_kvp_copy_host_to_dev_cpu_round_trip),
+	    H_TEST(test_kvp_copy_dev_to_host_cpu_bad_geometry),
+	    H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
 	};
-	CU_pSuite suite;
-	unsigned failed;
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return CU_get_error();
-	suite = CU_add_suite("kv_copy", NULL, NULL);
-	if (!suite)
-		goto err;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
-		if (!CU_add_test(suite, tests[i].name, tests[i].fn))
-			goto err;
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-	CU_cleanup_registry();
-	return failed ? 1 : 0;
-err:
-	CU_cleanup_registry();
-	return 1;
+	return H_RUN_SUITE("kv_copy", NULL, NULL, tests);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "pages.h"
+#include "suite.h"
 
 static void test_pages_alloc_all_then_enospc(void)
 {
@@ -102,22 +103,11 @@ static void test_pages_random_sequences_keep_invariant(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_pages_alloc_all_then_enospc),
+		H_TEST(test_pages_release_rejects_bad_ids_atomically),
+		H_TEST(test_pages_random_sequences_keep_invariant),
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("pages", NULL, NULL);
-	CU_add_test(s, "test_pages_alloc_all_then_enospc", test_pages_alloc_all_then_enospc);
-	CU_add_test(s, "test_pages_release_rejects_bad_ids_atomically",
-		    test_pages_release_rejects_bad_ids_atomically);
-	CU_add_test(s, "test_pages_random_sequences_keep_invariant",
-		    test_pages_random_sequences_keep_invariant);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return H_RUN_SUITE("pages", NULL, NULL, tests);
 }

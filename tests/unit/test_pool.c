@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "pool.h"
+#include "suite.h"
 
 static const char *const g_conf = "[pool.u]\nlayers = 2\nkv_heads = 1\nhead_dim = 4\n"
 				  "dtype = fp16\npage_tokens = 4\ndevice = sim\n"
@@ -185,21 +186,11 @@ static void test_pool_random_sequences_keep_invariant(void)
 
 int main(void)
 {
-	CU_pSuite s;
+	static const struct h_test tests[] = {
+		H_TEST(test_lease_create_capacity_figures),
+		H_TEST(test_pool_random_sequences_keep_invariant),
+	};
 
 	g_log_level = LOG_WARNING;
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("pool", NULL, NULL);
-	CU_add_test(s, "test_lease_create_capacity_figures", test_lease_create_capacity_figures);
-	CU_add_test(s, "test_pool_random_sequences_keep_invariant",
-		    test_pool_random_sequences_keep_invariant);
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	{
-		unsigned f = CU_get_number_of_failures();
-
-		CU_cleanup_registry();
-		return f ? 1 : 0;
-	}
+	return H_RUN_SUITE("pool", NULL, NULL, tests);
 }

@@ -11,6 +11,7 @@
 
 #include "pages.h"
 #include "prefix.h"
+#include "suite.h"
 
 #define PB 16 /* bytes per page in the fake tiers */
 #define DEV KVP_TIER_DEVICE
@@ -1526,54 +1527,37 @@ static void test_kvp_prefix_random_host_only(void)
 }
 
 /* Registers a test under its function's name. */
-#define ADD(fn) (CU_add_test(s, #fn, fn) ? 0 : 1)
-
 int main(void)
 {
-	CU_pSuite s;
-	unsigned int fails = 0;
+	static const struct h_test tests[] = {
+		H_TEST(test_kvp_prefix_new_bad_conf),
+		H_TEST(test_kvp_prefix_match_split_locked),
+		H_TEST(test_kvp_prefix_match_namespace),
+		H_TEST(test_kvp_prefix_match_unaligned),
+		H_TEST(test_kvp_prefix_insert_dup),
+		H_TEST(test_kvp_prefix_insert_invalid),
+		H_TEST(test_kvp_prefix_insert_upgrade),
+		H_TEST(test_kvp_prefix_insert_extend),
+		H_TEST(test_kvp_prefix_insert_named_positions),
+		H_TEST(test_kvp_prefix_evict_exact),
+		H_TEST(test_kvp_prefix_evict_all_locked),
+		H_TEST(test_kvp_prefix_evict_demote_bytes),
+		H_TEST(test_kvp_prefix_evict_host_over_device),
+		H_TEST(test_kvp_prefix_evict_lru_vs_lfu),
+		H_TEST(test_kvp_prefix_evict_copy_fails),
+		H_TEST(test_kvp_prefix_promote_enospc),
+		H_TEST(test_kvp_prefix_promote_busy_when_shared),
+		H_TEST(test_kvp_prefix_promote_copy_fails),
+		H_TEST(test_kvp_prefix_flush_keeps_locked),
+		H_TEST(test_kvp_prefix_top_by_hits),
+		H_TEST(test_kvp_prefix_stats_metadata_per_page),
+		H_TEST(test_kvp_prefix_random_two_tiers_lru),
+		H_TEST(test_kvp_prefix_random_two_tiers_lfu),
+		H_TEST(test_kvp_prefix_random_small_host),
+		H_TEST(test_kvp_prefix_random_small_device),
+		H_TEST(test_kvp_prefix_random_device_only),
+		H_TEST(test_kvp_prefix_random_host_only),
+	};
 
-	if (CU_initialize_registry() != CUE_SUCCESS)
-		return 1;
-	s = CU_add_suite("prefix", NULL, NULL);
-	if (!s) {
-		CU_cleanup_registry();
-		return 1;
-	}
-	fails += ADD(test_kvp_prefix_new_bad_conf);
-	fails += ADD(test_kvp_prefix_match_split_locked);
-	fails += ADD(test_kvp_prefix_match_namespace);
-	fails += ADD(test_kvp_prefix_match_unaligned);
-	fails += ADD(test_kvp_prefix_insert_dup);
-	fails += ADD(test_kvp_prefix_insert_invalid);
-	fails += ADD(test_kvp_prefix_insert_upgrade);
-	fails += ADD(test_kvp_prefix_insert_extend);
-	fails += ADD(test_kvp_prefix_insert_named_positions);
-	fails += ADD(test_kvp_prefix_evict_exact);
-	fails += ADD(test_kvp_prefix_evict_all_locked);
-	fails += ADD(test_kvp_prefix_evict_demote_bytes);
-	fails += ADD(test_kvp_prefix_evict_host_over_device);
-	fails += ADD(test_kvp_prefix_evict_lru_vs_lfu);
-	fails += ADD(test_kvp_prefix_evict_copy_fails);
-	fails += ADD(test_kvp_prefix_promote_enospc);
-	fails += ADD(test_kvp_prefix_promote_busy_when_shared);
-	fails += ADD(test_kvp_prefix_promote_copy_fails);
-	fails += ADD(test_kvp_prefix_flush_keeps_locked);
-	fails += ADD(test_kvp_prefix_top_by_hits);
-	fails += ADD(test_kvp_prefix_stats_metadata_per_page);
-	fails += ADD(test_kvp_prefix_random_two_tiers_lru);
-	fails += ADD(test_kvp_prefix_random_two_tiers_lfu);
-	fails += ADD(test_kvp_prefix_random_small_host);
-	fails += ADD(test_kvp_prefix_random_small_device);
-	fails += ADD(test_kvp_prefix_random_device_only);
-	fails += ADD(test_kvp_prefix_random_host_only);
-	if (fails) {
-		CU_cleanup_registry();
-		return 1;
-	}
-	CU_basic_set_mode(CU_BRM_VERBOSE);
-	CU_basic_run_tests();
-	fails = CU_get_number_of_failures();
-	CU_cleanup_registry();
-	return fails != 0;
+	return H_RUN_SUITE("prefix", NULL, NULL, tests);
 }
