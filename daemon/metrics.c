@@ -191,7 +191,8 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 		if (code_name(c))
 			put(&o, "kvpool_rpc_failures_total{code=\"%s\"} %lu\n", code_name(c),
 			    (unsigned long)d->rpc.failures[c]);
-	put(&o, "# HELP kvpool_rpc_duration_seconds Time to serve an RPC in kvpoold.\n"
+	put(&o, "# HELP kvpool_rpc_duration_seconds Time kvpoold spends on an RPC: decode, serve, "
+		"encode the reply.\n"
 		"# TYPE kvpool_rpc_duration_seconds histogram\n");
 	for (int c = 0; c < KVP_RPC_SLOTS; c++) {
 		const char *name = call_name(c);

@@ -343,7 +343,8 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
 				goto fallback;
 			sub = protobuf_c_message_unpack(f->descriptor, a, (size_t)v, p);
 			if (!sub) {
-				*fallback = false; /* protobuf-c fails the whole message the same way */
+				/* protobuf-c fails the whole message the same way */
+				*fallback = false;
 				goto fail;
 			}
 			*(ProtobufCMessage **)((char *)m + f->offset) = sub;
