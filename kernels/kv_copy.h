@@ -102,6 +102,13 @@ int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base
 int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_base, void *dev_base,
 			     const uint32_t *host_pages, const uint32_t *dev_pages, uint32_t n);
 
+/* Batches of at least this many bytes are written with non-temporal stores (x86; elsewhere
+ * memcpy): they skip the cache and the read of each destination line. */
+#define KVP_COPY_STREAM_DEFAULT (4ull << 20)
+/* Sets the threshold for the CPU kernels (0: stream every batch, UINT64_MAX: never) and returns
+ * the previous one. Process-wide; not synchronised (kvpoold copies from one thread). */
+uint64_t kvp_copy_cpu_stream_threshold(uint64_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

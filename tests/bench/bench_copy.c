@@ -37,8 +37,9 @@ static const char *params(uint32_t pages, int reps, const char *impl)
 {
 	return b_fmt("{\"layers\":%u,\"page_tokens\":%u,\"row_bytes\":%u,\"page_bytes\":%u,"
 		     "\"batch_pages\":%u,\"tier_pages\":%u,\"page_ids\":\"shuffled\",\"best_of\":%d,"
-		     "\"impl\":\"%s\"}",
-		     LAYERS, PT, ROW, LAYERS * 2 * PT * ROW, BATCH, pages, reps, impl);
+		     "\"impl\":\"%s\",\"stream_min_bytes\":%llu}",
+		     LAYERS, PT, ROW, LAYERS * 2 * PT * ROW, BATCH, pages, reps, impl,
+		     (unsigned long long)KVP_COPY_STREAM_DEFAULT);
 }
 
 static void cuda_rows(int quick, uint32_t pages);

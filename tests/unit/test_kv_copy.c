@@ -172,6 +172,24 @@ static void test_kvp_copy_host_to_dev_cpu_geometries(void)
 	}
 }
 
+/* Every geometry again with non-temporal stores forced on (threshold 0): aligned and unaligned
+ * destinations, runs with and without a tail under 64 bytes. */
+static void test_kvp_copy_cpu_streamed_geometries(void)
+{
+	uint64_t prev = kvp_copy_cpu_stream_threshold(0);
+
+	for (size_t i = 0; i < sizeof(g_cases) / sizeof(g_cases[0]); i++) {
+		const struct case_geom *c = &g_cases[i];
+		uint32_t all = min_u32(c->dev_pages, c->host_pages);
+
+		check_case(c, 1, 1);
+		check_case(c, 1, all);
+		check_case(c, 0, 1);
+		check_case(c, 0, all);
+	}
+	CU_ASSERT_EQUAL(kvp_copy_cpu_stream_threshold(prev), 0);
+}
+
 static void test_kvp_copy_dev_to_host_cpu_n0(void)
 {
 	struct kvp_copy_geom g = geom_of(&g_cases[1]);
@@ -364,6 +382,7 @@ int main(void)
 	    H_TEST(test_kvp_copy_geom_check_bad),
 	    H_TEST(test_kvp_copy_dev_to_host_cpu_geometries),
 	    H_TEST(test_kvp_copy_host_to_dev_cpu_geometries),
+	    H_TEST(test_kvp_copy_cpu_streamed_geometries),
 	    H_TEST(test_kvp_copy_dev_to_host_cpu_n0),
 	    H_TEST(test_kvp_copy_host_to_dev_cpu_n0),
 	    H_TEST(test_kvp_copy_dev_to_host_cpu_n1),
