@@ -52,6 +52,7 @@ struct conn {
 	int fd;
 	int pidfd;
 	bool closing;	    /* session gone; waiting for in-flight ops */
+	bool serving;	    /* in serve_frames: closing must not free it yet */
 	bool flush_close;   /* close once the output queue is empty */
 	bool recv_armed, send_armed, pid_armed;
 	int inflight;
@@ -247,7 +248,7 @@ static void conn_free(struct server *sv, struct conn *c)
  * the ready list (a receive and a close can complete in the same batch). */
 static void conn_maybe_free(struct server *sv, struct conn *c)
 {
-	if (c->closing && c->inflight == 0 && !c->in_ready)
+	if (c->closing && c->inflight == 0 && !c->in_ready && !c->serving)
 		conn_free(sv, c);
 }
 
@@ -336,12 +337,15 @@ static void send_reply(struct server *sv, struct conn *c, struct kvp_reply *r)
 		c->flush_close = true;
 }
 
-/* A PROTOCOL status (id 0: the request could not be read), then the connection ends. */
+/* A PROTOCOL status (id 0: the request could not be read), then the connection ends. c stays
+ * allocated until the caller is done with it (it checks c->closing). */
 static void protocol_error(struct server *sv, struct conn *c, const char *what)
 {
 	struct kvp_reply r;
 	struct kvp_fail f = { 0 };
+	bool serving = c->serving;
 
+	c->serving = true;
 	sv->d->st.protocol_errors++;
 	log_warn("connection of pid %d: %s: closing it", c->sess ? (int)c->sess->pid : -1, what);
 	kvp_reply_init(&r, 0);
@@ -353,6 +357,7 @@ static void protocol_error(struct server *sv, struct conn *c, const char *what)
 	arm_send(sv, c);
 	c->in.len = c->in.off = 0; /* nothing more is read from this stream */
 	c->flush_deadline_ms = kvp_now_ms() + 1000;
+	c->serving = serving;
 }
 
 static uint64_t ms_of(const struct timespec *t)
@@ -377,8 +382,6 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 
 	clock_gettime(CLOCK_MONOTONIC, &prev);
 	now = prev;
-	if (c->sess)
-		c->sess->last_ms = ms_of(&prev);
 	while (!c->closing && !c->flush_close && !paused(c)) {
 		const uint8_t *payload;
 		Kvpool__Request *req;
@@ -404,6 +407,8 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 			protocol_error(sv, c, "frame is not a valid Request");
 			return;
 		}
+		if (!served)
+			c->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
 		kvp_reply_init(&r, req->id);
 		code = kvp_dispatch(sv->d, c->sess, req, &r);
 		send_reply(sv, c, &r);
@@ -425,11 +430,20 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 }
 
 /* Serves a connection's complete frames (up to its budget), then sends the replies of the
- * turn together. */
-static void serve_frames(struct server *sv, struct conn *c)
+ * turn together. A connection closed meanwhile (a reply that could not be queued) is freed
+ * here, not under the code still using it. Returns false when c is closing: the caller must
+ * not touch it any more. */
+static bool serve_frames(struct server *sv, struct conn *c)
 {
+	c->serving = true;
 	serve_frames_budget(sv, c);
 	arm_send(sv, c);
+	c->serving = false;
+	if (c->closing) {
+		conn_maybe_free(sv, c);
+		return false;
+	}
+	return true;
 }
 
 static void recycle_buffer(struct server *sv, unsigned bid)
@@ -604,10 +618,7 @@ static void begin_stop(struct server *sv, const char *why)
 	/* Answer every complete request already received, then close after the flush. */
 	for (struct conn *c = sv->conns, *n; c; c = n) {
 		n = c->next;
-		if (c->closing)
-			continue;
-		serve_frames(sv, c);
-		if (c->closing)
+		if (c->closing || !serve_frames(sv, c))
 			continue;
 		c->flush_close = true;
 		if (!c->oq_head)
@@ -884,8 +895,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 				conn_maybe_free(&sv, c);
 				continue;
 			}
-			if (!sv.stopping)
-				serve_frames(&sv, c);
+			if (!sv.stopping && !serve_frames(&sv, c))
+				continue;
 			arm_recv(&sv, c);
 		}
 		if (d->reload_requested) {
