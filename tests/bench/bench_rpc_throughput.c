@@ -242,7 +242,7 @@ int main(int argc, char **argv)
 		for (int ci = 0; ci < nclients; ci++) {
 			for (int di = 0; di < 2; di++) {
 				int n = clients[ci], depth = depths[di];
-				int nreps = evloop ? (quick ? 2 : 3) : reps;
+				int nreps = evloop ? (quick ? 1 : 3) : reps;
 				const char *name = b_fmt("rpc.throughput.%s.c%d.d%d",
 							 evloop ? "ping_evloop" : "ping", n, depth);
 				double best_k = 0, best_e = 0, k, e;
