@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "kvp_config.h"
 #include "log.h"
 
@@ -56,6 +57,8 @@ void *kvp_reply_alloc(struct kvp_reply *r, size_t n)
 	size_t want = (n + _Alignof(max_align_t) - 1) & ~(size_t)(_Alignof(max_align_t) - 1);
 	void *p;
 
+	if (kvp_fault_hit(KVP_FAULT_REPLY_ALLOC))
+		return NULL;
 	if (want >= n && want <= sizeof(r->inl) - r->inl_used) {
 		p = r->inl + r->inl_used;
 		r->inl_used += want;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "fault.h"
 #include "frame.h"
 #include "log.h"
 #include "metrics_http.h"
@@ -285,6 +286,8 @@ static struct obuf *queue_room(struct conn *c, size_t len, int nfds)
 
 	if (o && !o->nfds && !nfds && o->cap - o->len >= len)
 		return o;
+	if (kvp_fault_hit(KVP_FAULT_REPLY_QUEUE))
+		return NULL;
 	if (c->spare && len <= OBUF_CAP) {
 		o = c->spare;
 		c->spare = NULL;
@@ -519,7 +522,9 @@ static void on_accept(struct server *sv, int fd)
 	kvp_frame_buf_init(&c->in);
 	/* The session belongs to the peer process: when it exits, even with the socket still
 	 * open in a forked child, everything it held returns. */
-	c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
+	c->pidfd = -1;
+	if (!kvp_fault_hit(KVP_FAULT_PIDFD))
+		c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
 	c->next = sv->conns;
 	if (sv->conns)
 		sv->conns->prev = c;

@@ -12,6 +12,7 @@
 
 #include "budget.h"
 #include "daemon.h"
+#include "fault.h"
 #include "kvp_config.h"
 #include "log.h"
 #include "loop.h"
@@ -354,6 +355,12 @@ int main(int argc, char **argv)
 	d.started_ms = kvp_now_ms();
 	log_info("kvpoold %s starting (config %s)", KVP_VERSION,
 		 d.config_path ? d.config_path : "<embedded>");
+	if (kvp_fault_init(err, sizeof(err)) < 0) {
+		log_err("%s", err);
+		return 2;
+	}
+	if (getenv("KVPOOLD_FAULTS") && *getenv("KVPOOLD_FAULTS"))
+		log_warn("failure injection armed: KVPOOLD_FAULTS=%s", getenv("KVPOOLD_FAULTS"));
 
 	if (check_budget(&d.conf) < 0)
 		return 3;

@@ -1,6 +1,7 @@
 /* test_faults.c - faults against a real kvpoold: clients SIGKILLed mid-cycle, a client that
- * pipelines without reading, session and lease limits, SIGTERM under load, and a session
- * whose process exits while a forked child keeps its socket open. */
+ * pipelines without reading, session and lease limits, SIGTERM under load, a session whose
+ * process exits while a forked child keeps its socket open, and injected allocation and
+ * pidfd failures. */
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <signal.h>
@@ -416,6 +417,67 @@ static void test_fork_inheritance_parent_exit_frees(void)
 	h_daemon_cleanup(&d);
 }
 
+/* Injected failures (KVPOOLD_FAULTS, daemon/fault.h): no peer gets a pidfd, every 13th reply
+ * buffer and every 17th reply piece cannot be allocated (25 times each, then they can). Each
+ * call answers, fails typed (INTERNAL) or finds its connection closed (TRANSPORT), and never
+ * anything else; kvpoold keeps serving the next connection, every page comes back, and it
+ * exits 0 (under ASan: no use-after-free, no leak). */
+static void test_injected_failures_end_typed_or_closed(void)
+{
+	struct daemon d;
+	struct kvp_status st;
+	unsigned ok = 0, internal = 0, closed = 0, other = 0;
+
+	setenv("KVPOOLD_FAULTS", "pidfd:1,reply_queue:13:25,reply_alloc:17:25", 1);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
+	unsetenv("KVPOOLD_FAULTS");
+	CU_ASSERT(h_log_contains(&d, "failure injection armed"));
+	for (int round = 0; round < 60; round++) {
+		struct kvp_error e;
+		struct kvp_client *c = kvp_client_connect(d.sock, "faulty", &e);
+		struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+		int r = 0;
+
+		for (int k = 0; p && k < 20 && r == 0; k++) {
+			uint32_t pages[2];
+			uint64_t lease;
+
+			r = kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e) < 0 ? -1 : 0;
+			if (r == 0) {
+				ok++;
+				r = kvp_free(p, lease, NULL, 0, &e) < 0 ? -1 : 0;
+			}
+			if (r == 0) {
+				ok++;
+				r = kvp_ping(c, &e) < 0 ? -1 : 0;
+			}
+			if (r == 0)
+				ok++;
+			else if (e.code == KVP_E_INTERNAL)
+				internal++, r = 0; /* typed: the connection goes on */
+		}
+		if (!c || !p || r) {
+			if (e.code == KVP_E_INTERNAL)
+				internal++;
+			else if (e.code == KVP_E_TRANSPORT)
+				closed++;
+			else
+				other++, printf("\n    unexpected: code %d: %s\n", e.code, e.message);
+		}
+		kvp_client_close(c);
+	}
+	printf("\n    injected: %u calls answered, %u INTERNAL, %u connections closed\n", ok,
+	       internal, closed);
+	g_faults += internal + closed;
+	CU_ASSERT(ok > 100);
+	CU_ASSERT(internal > 0);
+	CU_ASSERT(closed > 0);
+	CU_ASSERT_EQUAL(other, 0);
+	CU_ASSERT(all_returned(d.sock, 5000, &st));
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	h_daemon_cleanup(&d);
+}
+
 static void test_zz_report(void)
 {
 	printf("\n    faults injected: %u\n", g_faults);
@@ -430,6 +492,7 @@ int main(void)
 		H_TEST(test_limits_sessions_and_leases),
 		H_TEST(test_sigterm_under_load),
 		H_TEST(test_fork_inheritance_parent_exit_frees),
+		H_TEST(test_injected_failures_end_typed_or_closed),
 		H_TEST(test_zz_report),
 	};
 
