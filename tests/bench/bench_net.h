@@ -6,6 +6,7 @@
 #include <sys/un.h>
 
 #include "bench.h"
+#include "echo_server.h"
 #include "frame.h"
 #include "harness.h"
 
@@ -146,4 +147,22 @@ static inline int bn_hello(int fd, const char *name)
 	if (r < 0 || bn_read_frame(fd, buf, sizeof(buf)) < 0)
 		return -1;
 	return 0;
+}
+
+/* Starts the io_uring echo server (echo_server.c) in a child listening on DIR/echo.sock next to
+ * the daemon's socket, registered for bn_cleanup; writes the socket path into path. */
+static inline void bn_echo_start(const struct daemon *d, char *path, size_t len)
+{
+	pid_t pid;
+	int lfd;
+
+	snprintf(path, len, "%s/echo.sock", d->dir);
+	lfd = bn_listen(path);
+	pid = fork();
+	if (pid < 0)
+		B_DIE("fork failed");
+	if (pid == 0)
+		_exit(echo_server_run(lfd) < 0 ? 1 : 0);
+	bn_kid(pid);
+	close(lfd);
 }

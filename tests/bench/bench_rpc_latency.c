@@ -142,13 +142,7 @@ int main(int argc, char **argv)
 				B_DIE("raw ping-pong failed");
 
 	/* the io_uring echo server, with framed Alloc- and Free-request-sized frames */
-	snprintf(path, sizeof(path), "%s/echo.sock", d.dir);
-	lfd = bn_listen(path);
-	srv = fork();
-	if (srv == 0)
-		_exit(echo_server_run(lfd) < 0 ? 1 : 0);
-	bn_kid(srv);
-	close(lfd);
+	bn_echo_start(&d, path, sizeof(path));
 	efd = h_raw_connect(path);
 	if (efd < 0)
 		B_DIE("connect to the echo server failed");

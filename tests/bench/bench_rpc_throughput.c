@@ -224,19 +224,11 @@ int main(int argc, char **argv)
 				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	static struct daemon d;
 	char echo_path[200];
-	pid_t echo;
-	int lfd;
 
 	if (sh == MAP_FAILED)
 		B_DIE("mmap failed");
 	bn_daemon_start(&d, NULL);
-	snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", d.dir);
-	lfd = bn_listen(echo_path);
-	echo = fork();
-	if (echo == 0)
-		_exit(echo_server_run(lfd) < 0 ? 1 : 0);
-	bn_kid(echo);
-	close(lfd);
+	bn_echo_start(&d, echo_path, sizeof(echo_path));
 
 	for (int evloop = 0; evloop < 2; evloop++) {
 		for (int ci = 0; ci < nclients; ci++) {
