@@ -356,5 +356,5 @@ int main(void)
 		H_TEST(test_admin_calls_refused_for_others),
 	};
 
-	return h_run_suite("cache", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("cache", init_suite, clean_suite, tests);
 }

@@ -377,5 +377,5 @@ int main(void)
 		H_TEST(test_no_daemon_is_typed),
 	};
 
-	return h_run_suite("daemon", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("daemon", init_suite, clean_suite, tests);
 }

@@ -496,5 +496,5 @@ int main(void)
 		H_TEST(test_zz_report),
 	};
 
-	return h_run_suite("faults", NULL, NULL, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("faults", NULL, NULL, tests);
 }

@@ -48,12 +48,8 @@ static int init_suite(void)
 
 static int clean_suite(void)
 {
-	int r;
-
 	kvp_client_close(g_obs);
-	r = h_daemon_stop(&g_d);
-	h_daemon_cleanup(&g_d);
-	return r == 0 ? 0 : -1;
+	return h_daemon_finish(&g_d);
 }
 
 static void snap(struct kvp_status *st)
@@ -738,5 +734,5 @@ int main(void)
 		H_TEST(test_zz_daemon_unharmed_and_count),
 	};
 
-	return h_run_suite("hostile", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("hostile", init_suite, clean_suite, tests);
 }

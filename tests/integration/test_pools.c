@@ -409,5 +409,5 @@ int main(void)
 		H_TEST(test_cuda_pool_without_gpu_is_refused_typed),
 	};
 
-	return h_run_suite("pools", init_suite, clean_suite, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("pools", init_suite, clean_suite, tests);
 }

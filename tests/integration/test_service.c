@@ -891,5 +891,5 @@ int main(void)
 		H_TEST(test_admin_calls_permission_denied_for_others),
 	};
 
-	return h_run_suite("service", NULL, NULL, tests, sizeof(tests) / sizeof(tests[0]));
+	return H_RUN_SUITE("service", NULL, NULL, tests);
 }

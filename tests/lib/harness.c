@@ -288,7 +288,6 @@ bool h_raw_closed(int fd, int ms)
 	return false;
 }
 
-
 int h_daemon_finish(struct daemon *d)
 {
 	int r = h_daemon_stop(d);
