@@ -69,5 +69,6 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s);
 /* Frees the session's leases and locks in one pool (Detach). Returns tokens freed. */
 uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p);
-/* Invariant check over every pool and session (tests, debug builds). 0 or -EFAULT. */
+/* Invariant check over every pool and session: the pools are consistent and their leased pages
+ * are exactly those of the live sessions' leases. O(pages + leases). 0 or -EFAULT. */
 int kvp_daemon_check(const struct kvp_daemon *d);

@@ -743,7 +743,7 @@ static int h_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Re
 	m = NEW(r, Kvpool__MatchResp, kvpool__match_resp__descriptor);
 	if (!m || !(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * cap)) ||
 	    !(m->host_pages = kvp_reply_alloc(r, sizeof(uint32_t) * cap)) ||
-	    (a->lock && !(k = calloc(1, sizeof(*k)))))
+	    (a->lock && !(k = KVP_FAULT_OR(KVP_FAULT_LOCK, calloc(1, sizeof(*k))))))
 		return oom(f);
 	p->st.matches++;
 	if (kvp_prefix_match(p->pfx, a->namespace_, a->tokens, (uint32_t)a->n_tokens, a->lock, &mt,

@@ -6,10 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
 static const char *const g_names[KVP_FAULT_SITES] = {
 	[KVP_FAULT_REPLY_QUEUE] = "reply_queue",
 	[KVP_FAULT_REPLY_ALLOC] = "reply_alloc",
 	[KVP_FAULT_PIDFD] = "pidfd",
+	[KVP_FAULT_CONN] = "conn",
+	[KVP_FAULT_SESSION] = "session",
+	[KVP_FAULT_INPUT] = "input",
+	[KVP_FAULT_DECODE] = "decode",
+	[KVP_FAULT_LEASE] = "lease",
+	[KVP_FAULT_IDMAP] = "idmap",
+	[KVP_FAULT_LOCK] = "lock",
+	[KVP_FAULT_PREFIX] = "prefix",
 };
 static unsigned long g_every[KVP_FAULT_SITES], g_passes[KVP_FAULT_SITES], g_left[KVP_FAULT_SITES];
 static bool g_armed;
@@ -47,10 +57,15 @@ int kvp_fault_init(char *err, size_t errlen)
 		if (*end == ':' && end[1] && end[1] != '-')
 			max = strtoul(end + 1, &end, 10);
 		if (s == KVP_FAULT_SITES || errno || *end || !n || !max || colon[1] == '-') {
+			char sites[160] = "";
+
+			for (int i = 0; i < KVP_FAULT_SITES; i++)
+				snprintf(sites + strlen(sites), sizeof(sites) - strlen(sites), "%s%s",
+					 i ? ", " : "", g_names[i]);
 			snprintf(err, errlen,
-				 "KVPOOLD_FAULTS: '%s:%s': want site:N[:MAX], site one of reply_queue, "
-				 "reply_alloc, pidfd, N and MAX positive numbers",
-				 tok, colon + 1);
+				 "KVPOOLD_FAULTS: '%s:%s': want site:N[:MAX], site one of %s; N and "
+				 "MAX positive numbers",
+				 tok, colon + 1, sites);
 			return -1;
 		}
 		g_every[s] = n;
@@ -60,10 +75,16 @@ int kvp_fault_init(char *err, size_t errlen)
 	return 0;
 }
 
+bool kvp_fault_armed(void)
+{
+	return g_armed;
+}
+
 bool kvp_fault_hit(enum kvp_fault_site s)
 {
 	if (!g_armed || !g_every[s] || !g_left[s] || ++g_passes[s] % g_every[s])
 		return false;
 	g_left[s]--;
+	log_debug("failure injection: %s fails (pass %lu)", g_names[s], g_passes[s]);
 	return true;
 }

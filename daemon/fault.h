@@ -11,10 +11,24 @@ enum kvp_fault_site {
 	KVP_FAULT_REPLY_QUEUE, /* "reply_queue": the buffer for a connection's replies */
 	KVP_FAULT_REPLY_ALLOC, /* "reply_alloc": a piece of a reply (the call fails INTERNAL) */
 	KVP_FAULT_PIDFD,       /* "pidfd": pidfd_open of a new peer */
+	KVP_FAULT_CONN,        /* "conn": the state of an accepted connection */
+	KVP_FAULT_SESSION,     /* "session": a new peer's session */
+	KVP_FAULT_INPUT,       /* "input": adding received bytes to a connection's input */
+	KVP_FAULT_DECODE,      /* "decode": a decoded request's spill beyond the arena */
+	KVP_FAULT_LEASE,       /* "lease": a lease and its page list */
+	KVP_FAULT_IDMAP,       /* "idmap": growing a session's lease or lock table */
+	KVP_FAULT_LOCK,        /* "lock": the lock a Match takes */
+	KVP_FAULT_PREFIX,      /* "prefix": prefix-tree nodes, hash table, eviction heaps */
 	KVP_FAULT_SITES,
 };
 
+/* p = KVP_FAULT_OR(site, malloc(n)): NULL, without calling the allocator, when this pass
+ * through site fails. */
+#define KVP_FAULT_OR(site, alloc) (kvp_fault_hit(site) ? NULL : (alloc))
+
 /* Reads KVPOOLD_FAULTS. Returns 0, or -1 with a message in err for a malformed value. */
 int kvp_fault_init(char *err, size_t errlen);
+/* Whether KVPOOLD_FAULTS armed any site. */
+bool kvp_fault_armed(void);
 /* Whether this pass through site s fails. */
 bool kvp_fault_hit(enum kvp_fault_site s);

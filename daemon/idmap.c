@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "fault.h"
+
 #define TOMB UINT64_MAX
 
 static uint32_t slot_of(uint64_t id, uint32_t cap)
@@ -33,6 +35,8 @@ static int grow(struct kvp_idmap *m)
 	uint32_t cap = m->count * 4 >= m->cap ? (m->cap ? m->cap * 2 : 16) : m->cap;
 	struct kvp_idmap n = { 0 };
 
+	if (kvp_fault_hit(KVP_FAULT_IDMAP))
+		return -ENOMEM;
 	n.keys = calloc(cap, sizeof(*n.keys));
 	n.vals = calloc(cap, sizeof(*n.vals));
 	if (!n.keys || !n.vals) {

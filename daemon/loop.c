@@ -340,19 +340,24 @@ static void send_reply(struct server *sv, struct conn *c, struct kvp_reply *r)
 		c->flush_close = true;
 }
 
-/* A PROTOCOL status (id 0: the request could not be read), then the connection ends. c stays
- * allocated until the caller is done with it (it checks c->closing). */
-static void protocol_error(struct server *sv, struct conn *c, const char *what)
+static bool decode_spill_fails(void)
+{
+	return kvp_fault_hit(KVP_FAULT_DECODE);
+}
+
+/* A typed status with id 0 (the request could not be read, so it belongs to no call), then the
+ * connection ends. c stays allocated until the caller is done with it (it checks
+ * c->closing). */
+static void fail_close(struct server *sv, struct conn *c, int code, const char *what)
 {
 	struct kvp_reply r;
 	struct kvp_fail f = { 0 };
 	bool serving = c->serving;
 
 	c->serving = true;
-	sv->d->st.protocol_errors++;
 	log_warn("connection of pid %d: %s: closing it", c->sess ? (int)c->sess->pid : -1, what);
 	kvp_reply_init(&r, 0);
-	kvp_fail(&f, KVPOOL__CODE__PROTOCOL, "%s", what);
+	kvp_fail(&f, code, "%s", what);
 	kvp_reply_fail(&r, &f);
 	r.close_after = true;
 	send_reply(sv, c, &r);
@@ -361,6 +366,12 @@ static void protocol_error(struct server *sv, struct conn *c, const char *what)
 	c->in.len = c->in.off = 0; /* nothing more is read from this stream */
 	c->flush_deadline_ms = kvp_now_ms() + 1000;
 	c->serving = serving;
+}
+
+static void protocol_error(struct server *sv, struct conn *c, const char *what)
+{
+	sv->d->st.protocol_errors++;
+	fail_close(sv, c, KVPOOL__CODE__PROTOCOL, what);
 }
 
 static uint64_t ms_of(const struct timespec *t)
@@ -406,8 +417,14 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 		sv->d->st.frames_in++;
 		req = kvp_frame_decode_request_in(&sv->arena, payload, len);
 		if (!req) {
+			bool oom = sv->arena.oom;
+
 			kvp_arena_reset(&sv->arena);
-			protocol_error(sv, c, "frame is not a valid Request");
+			if (oom) /* the request may be fine; its id is not known */
+				fail_close(sv, c, KVPOOL__CODE__INTERNAL,
+					   "out of memory decoding a request");
+			else
+				protocol_error(sv, c, "frame is not a valid Request");
 			return;
 		}
 		if (!served)
@@ -504,9 +521,11 @@ static void on_accept(struct server *sv, int fd)
 		reject(sv, fd, &f);
 		return;
 	}
-	c = calloc(1, sizeof(*c));
+	c = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*c)));
 	if (!c) {
-		close(fd);
+		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
+		reject(sv, fd, &f);
 		return;
 	}
 	c->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
@@ -543,9 +562,18 @@ static void on_recv(struct server *sv, struct conn *c, struct io_uring_cqe *cqe)
 	if (cqe->flags & IORING_CQE_F_BUFFER) {
 		unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
 
-		if (res > 0 && !c->closing && !c->flush_close &&
-		    kvp_frame_buf_append(&c->in, sv->bufs + (size_t)bid * BUFSZ, (size_t)res) < 0)
+		int r = 0;
+
+		if (res > 0 && !c->closing && !c->flush_close)
+			r = kvp_fault_hit(KVP_FAULT_INPUT)
+				    ? -ENOMEM
+				    : kvp_frame_buf_append(&c->in, sv->bufs + (size_t)bid * BUFSZ,
+							   (size_t)res);
+		if (r == -EMSGSIZE)
 			protocol_error(sv, c, "frame larger than the maximum");
+		else if (r < 0)
+			fail_close(sv, c, KVPOOL__CODE__INTERNAL,
+				   "out of memory for the connection's input");
 		recycle_buffer(sv, bid);
 	}
 	if (c->closing) {
@@ -795,6 +823,7 @@ static int setup(struct server *sv)
 	sv->bufs = aligned_alloc(4096, (size_t)NBUFS * BUFSZ);
 	if (!sv->bufs || kvp_arena_init(&sv->arena, ARENA_BYTES) < 0)
 		return -ENOMEM;
+	sv->arena.deny = decode_spill_fails;
 	{
 		struct io_uring_buf_reg reg = { 0 };
 		size_t sz = sizeof(struct io_uring_buf) * NBUFS;

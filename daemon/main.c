@@ -396,6 +396,13 @@ int main(int argc, char **argv)
 out:
 	while (d.sessions)
 		kvp_session_destroy(&d, d.sessions);
+	/* With every session ended, each page must be free or cached and every pool's allocator
+	 * and prefix tree consistent: a clean exit says so, broken books make it fail. */
+	if (code == 0 && kvp_daemon_check(&d) < 0) {
+		log_err("at exit: pages are still leased with no session left, or a pool's "
+			"allocator or prefix tree is inconsistent");
+		code = 70;
+	}
 	for (uint32_t i = 0; i < d.n_pools; i++)
 		kvp_pool_destroy(d.pools[i]);
 	return code;

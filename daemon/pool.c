@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "log.h"
 #if KVP_HAVE_CUDA
 #include "kv_copy_cuda.h"
@@ -290,7 +291,7 @@ static int lease_grow(struct kvp_lease *l, uint32_t more)
 		cap *= 2;
 	if (cap == l->cap)
 		return 0;
-	np = realloc(l->pages, cap * sizeof(*np));
+	np = KVP_FAULT_OR(KVP_FAULT_LEASE, realloc(l->pages, cap * sizeof(*np)));
 	if (!np)
 		return -ENOMEM;
 	l->pages = np;
@@ -324,7 +325,7 @@ struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, ui
 
 	if (check_size(p, tier, npages, f) < 0)
 		return NULL;
-	l = calloc(1, sizeof(*l));
+	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
 	if (!l || lease_grow(l, npages) < 0) {
 		free(l);
 		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");

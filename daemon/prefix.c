@@ -37,6 +37,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "fault.h"
+
 #define PT_MAX (1u << 16)
 #define NO_IDX UINT32_MAX
 #define BUCKETS_MIN 64u
@@ -172,7 +174,7 @@ static uint64_t now_of(const struct kvp_prefix *pfx)
 
 static void *md_alloc(struct kvp_prefix *pfx, size_t sz)
 {
-	void *p = malloc(sz);
+	void *p = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sz));
 
 	if (p)
 		pfx->st.metadata_bytes += sz;
@@ -253,7 +255,7 @@ static void hash_grow(struct kvp_prefix *pfx)
 
 	if (pfx->st.nodes <= oldn || oldn >= (1u << 31))
 		return;
-	nb = calloc((size_t)oldn * 2, sizeof(*nb));
+	nb = KVP_FAULT_OR(KVP_FAULT_PREFIX, calloc((size_t)oldn * 2, sizeof(*nb)));
 	if (!nb)
 		return;
 	pfx->st.metadata_bytes += (size_t)oldn * 2 * sizeof(*nb);
@@ -384,7 +386,7 @@ static int heap_reserve(struct kvp_prefix *pfx, uint64_t need)
 			cap = need;
 		if (cap > UINT32_MAX)
 			return -ENOMEM;
-		v = realloc(h->v, (size_t)cap * sizeof(*v));
+		v = KVP_FAULT_OR(KVP_FAULT_PREFIX, realloc(h->v, (size_t)cap * sizeof(*v)));
 		if (!v)
 			return -ENOMEM;
 		pfx->st.metadata_bytes += (size_t)(cap - h->cap) * sizeof(*v);
@@ -1196,7 +1198,7 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 
 		if (nfree + pfx->st.evictable_pages[KVP_TIER_DEVICE] < nhost)
 			return -ENOSPC;
-		ids = malloc((size_t)nhost * sizeof(*ids));
+		ids = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nhost * sizeof(*ids)));
 		if (!ids)
 			return -ENOMEM;
 		if (nfree < nhost)

@@ -7,6 +7,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "fault.h"
+#include "log.h"
+
 uint64_t kvp_now_ms(void)
 {
 	struct timespec ts;
@@ -62,7 +65,7 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 		kvp_fail_limit(f, "sessions", d->conf.max_sessions);
 		return NULL;
 	}
-	s = calloc(1, sizeof(*s));
+	s = KVP_FAULT_OR(KVP_FAULT_SESSION, calloc(1, sizeof(*s)));
 	if (!s) {
 		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
 		return NULL;
@@ -144,12 +147,48 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 	if (s->hello)
 		d->st.sessions_closed++;
 	free(s);
+	/* Under injected failures, every session's end proves the books still balance. */
+	if (kvp_fault_armed() && kvp_daemon_check(d) < 0) {
+		log_err("failure injection: pool books do not balance after a session ended");
+		abort();
+	}
 }
 
 int kvp_daemon_check(const struct kvp_daemon *d)
 {
-	for (uint32_t i = 0; i < d->n_pools; i++)
+	uint64_t held[KVP_MAX_POOLS] = { 0 };
+
+	/* every leased page belongs to a lease of a live session, counted in its quota */
+	for (const struct kvp_session *s = d->sessions; s; s = s->next) {
+		uint64_t mine[KVP_MAX_POOLS] = { 0 }, id;
+		void *v;
+
+		for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
+			const struct kvp_lease *l = v;
+
+			mine[l->pool->id] += l->n;
+		}
+		for (uint32_t p = 0; p < d->n_pools; p++) {
+			if (mine[p] != s->leased_pages[p])
+				return -EFAULT;
+			held[p] += mine[p];
+		}
+	}
+	for (uint32_t i = 0; i < d->n_pools; i++) {
+		uint64_t leased = 0;
+
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
+		for (int t = 0; t < KVP_TIER_MAX; t++) {
+			struct kvp_tier_counts c;
+
+			if (!kvp_pool_has_tier(d->pools[i], t))
+				continue;
+			kvp_pool_counts(d->pools[i], t, &c);
+			leased += c.leased;
+		}
+		if (leased != held[i])
+			return -EFAULT;
+	}
 	return 0;
 }

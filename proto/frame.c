@@ -396,11 +396,11 @@ static void *arena_alloc(void *data, size_t n)
 		UNPOISON(p, n);
 		return p;
 	}
-	if (n > SIZE_MAX - sizeof(*h))
+	if (n > SIZE_MAX - sizeof(*h) || (a->deny && a->deny()) ||
+	    !(h = malloc(sizeof(*h) + n))) {
+		a->oom = true;
 		return NULL;
-	h = malloc(sizeof(*h) + n);
-	if (!h)
-		return NULL;
+	}
 	h->next = a->big;
 	a->big = h;
 	return h + 1;
@@ -438,6 +438,7 @@ void kvp_arena_reset(struct kvp_arena *a)
 	if (a->used)
 		POISON(a->block, a->used);
 	a->used = 0;
+	a->oom = false;
 }
 
 void kvp_arena_release(struct kvp_arena *a)

@@ -71,6 +71,8 @@ struct kvp_arena {
 	uint8_t *block;
 	size_t cap, used;
 	void *big; /* malloc'ed pieces, a list through their headers */
+	bool oom;  /* a piece could not be had since the last reset: a decode failed for that */
+	bool (*deny)(void); /* optional: a spill it answers true for fails (failure injection) */
 };
 
 /* Returns 0 or -ENOMEM. */
@@ -78,8 +80,8 @@ int kvp_arena_init(struct kvp_arena *a, size_t cap);
 void kvp_arena_reset(struct kvp_arena *a);
 /* Accepts an arena whose init failed or never ran after a zero fill. */
 void kvp_arena_release(struct kvp_arena *a);
-/* Decodes a Request into a; NULL when the payload is not a valid Request. Valid until the next
- * kvp_arena_reset(a). */
+/* Decodes a Request into a; NULL when the payload is not a valid Request, or (a->oom set) when
+ * memory for it ran out. Valid until the next kvp_arena_reset(a). */
 Kvpool__Request *kvp_frame_decode_request_in(struct kvp_arena *a, const uint8_t *payload,
 					     uint32_t len);
 

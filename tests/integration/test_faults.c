@@ -1,7 +1,7 @@
 /* test_faults.c - faults against a real kvpoold: clients SIGKILLed mid-cycle, a client that
  * pipelines without reading, session and lease limits, SIGTERM under load, a session whose
  * process exits while a forked child keeps its socket open, and injected allocation and
- * pidfd failures. */
+ * pidfd failures at every site kvpoold has (KVPOOLD_FAULTS). */
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <signal.h>
@@ -478,6 +478,138 @@ static void test_injected_failures_end_typed_or_closed(void)
 	h_daemon_cleanup(&d);
 }
 
+/* One outcome of a call under injected failures; false ends the connection's round. */
+struct tally {
+	unsigned ok, internal, capacity, closed, other;
+};
+
+static bool count(struct tally *t, int r, const struct kvp_error *e)
+{
+	if (r >= 0) {
+		t->ok++;
+		return true;
+	}
+	switch (e->code) {
+	case KVP_E_INTERNAL:
+		t->internal++; /* typed; when it had id 0 the next call finds the socket closed */
+		return true;
+	case KVP_E_OUT_OF_CAPACITY:
+		t->capacity++; /* pressure: the unit tests cover it, here it is just allowed */
+		return true;
+	case KVP_E_TRANSPORT:
+		t->closed++;
+		return false;
+	default:
+		t->other++;
+		printf("\n    unexpected: code %d: %s\n", e->code, e->message);
+		return false;
+	}
+}
+
+#define BIG_MATCH 20000 /* tokens: 80 KB decoded, beyond kvpoold's 64 KiB decode arena */
+
+/* A request as an engine makes it: match (locked) the longest cached prefix of a family's
+ * system prompt plus a turn, promote a host continuation, lease and publish the rest, end
+ * the lease, release the lock; every 5th step also one match too big for the decode arena.
+ * False when the connection ended. */
+static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
+{
+	static uint32_t big[BIG_MATCH], dev[BIG_MATCH / 16], host[BIG_MATCH / 16];
+	uint32_t tok[96], lease_pages[6];
+	struct kvp_match m = { 0 };
+	struct kvp_error e;
+	uint64_t lease = 0;
+	bool alive;
+	int r;
+
+	for (uint32_t i = 0; i < 96; i++)
+		tok[i] = i < 64 ? 100 + (step % 5) * 1000 + i : 900000 + step * 32 + i;
+	r = kvp_match(p, 0, tok, 96, 1, &m, dev, host, 6, &e);
+	alive = count(t, r, &e);
+	if (alive && r == 0 && m.n_host)
+		alive = count(t, kvp_load(p, m.lock_id, dev, 6, &e), &e);
+	if (alive && r == 0 && m.n_device < 6) {
+		uint32_t n = 6 - m.n_device;
+
+		r = kvp_alloc(p, KVP_TIER_DEVICE, n, &lease, lease_pages, &e);
+		alive = count(t, r, &e);
+		if (alive && r == 0)
+			alive = count(t, kvp_insert(p, lease, 0, tok, 96, m.n_device, lease_pages, n,
+						    NULL, &e), &e);
+		if (alive && r == 0)
+			alive = count(t, kvp_free(p, lease, NULL, 0, &e), &e);
+	}
+	if (alive && m.lock_id)
+		alive = count(t, kvp_release(p, m.lock_id, &e), &e);
+	if (alive && step % 5 == 4) {
+		for (uint32_t i = 0; i < BIG_MATCH; i++)
+			big[i] = i < 64 ? 100 + i : 7000000 + i;
+		alive = count(t, kvp_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16,
+					   &e), &e);
+	}
+	return alive;
+}
+
+/* Injected allocation failures at every site of the request path (KVPOOLD_FAULTS): accepted
+ * connections, sessions, input buffers, decode spills, leases, lease and lock tables, locks,
+ * prefix-tree memory. Every call ends OK, typed INTERNAL (or OUT_OF_CAPACITY under
+ * pressure), or finds its connection closed after a typed status. kvpoold checks after each
+ * session's end, while armed, that every page is free, leased or cached and the tree is
+ * consistent (it aborts otherwise), and again at exit (status 70 otherwise). */
+static void test_injected_allocation_failures_keep_the_books(void)
+{
+	static const char *const sites[] = { "conn", "session", "input", "decode", "lease",
+					     "idmap", "lock", "prefix" };
+	struct tally t = { 0 };
+	struct daemon d;
+	struct kvp_status st;
+	unsigned step = 0, refused = 0;
+
+	setenv("KVPOOLD_FAULTS",
+	       "conn:7:4,session:5:4,input:53:6,decode:2:4,lease:11:25,idmap:3:12,lock:7:25,"
+	       "prefix:17:40", 1);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
+	unsetenv("KVPOOLD_FAULTS");
+	for (int round = 0; round < 80; round++) {
+		struct kvp_error e;
+		struct kvp_client *c = kvp_client_connect(d.sock, "faulty", &e);
+		struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+
+		if (!c && e.code == KVP_E_INTERNAL) {
+			refused++; /* typed refusal of the connection or its session */
+			continue;
+		}
+		if (!p && !count(&t, -1, &e)) {
+			kvp_client_close(c);
+			continue;
+		}
+		for (int k = 0; p && k < 12 && engine_step(p, step, &t); k++)
+			step++;
+		kvp_client_close(c);
+	}
+	printf("\n    injected: %u calls answered, %u INTERNAL, %u OUT_OF_CAPACITY, %u closed, "
+	       "%u connections refused\n",
+	       t.ok, t.internal, t.capacity, t.closed, refused);
+	g_faults += t.internal + t.closed + refused;
+	for (size_t i = 0; i < sizeof(sites) / sizeof(sites[0]); i++) {
+		char what[64];
+
+		snprintf(what, sizeof(what), "failure injection: %s fails", sites[i]);
+		if (!h_log_contains(&d, what))
+			printf("\n    site %s never failed\n", sites[i]);
+		CU_ASSERT(h_log_contains(&d, what));
+	}
+	CU_ASSERT(t.ok > 300);
+	CU_ASSERT(t.internal > 0);
+	CU_ASSERT(t.closed > 0);
+	CU_ASSERT(refused > 0);
+	CU_ASSERT_EQUAL(t.other, 0);
+	CU_ASSERT(all_returned(d.sock, 5000, &st));
+	CU_ASSERT(!h_log_contains(&d, "do not balance"));
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0); /* 70 if the books were off at exit */
+	h_daemon_cleanup(&d);
+}
+
 static void test_zz_report(void)
 {
 	printf("\n    faults injected: %u\n", g_faults);
@@ -493,6 +625,7 @@ int main(void)
 		H_TEST(test_sigterm_under_load),
 		H_TEST(test_fork_inheritance_parent_exit_frees),
 		H_TEST(test_injected_failures_end_typed_or_closed),
+		H_TEST(test_injected_allocation_failures_keep_the_books),
 		H_TEST(test_zz_report),
 	};
 
