@@ -549,7 +549,7 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 	Kvpool__Geometry eg = KVPOOL__GEOMETRY__INIT;
 	Kvpool__Response *resp;
 	Kvpool__AttachResp *a;
-	int fds[KVP_CLIENT_MAX_FDS], nfds = 0;
+	int fds[KVP_CLIENT_MAX_FDS], nfds = 0, r;
 	struct kvp_pool *p;
 
 	attach.pool = (char *)name;
@@ -585,9 +585,10 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 		}
 		p->cg.row_bytes = ti->row_bytes;
 		p->page_bytes = ti->page_bytes;
-		if (map_tier(p, ti, fds[ti->fd_index], err) < 0)
+		r = map_tier(p, ti, fds[ti->fd_index], err);
+		fds[ti->fd_index] = -1; /* the tier owns it, mapped or not: pool_unmap closes it */
+		if (r < 0)
 			goto fail;
-		fds[ti->fd_index] = -1;
 	}
 	p->cg.layers = p->g.layers;
 	p->cg.page_tokens = p->g.page_tokens;

@@ -21,7 +21,7 @@
 #define KVP_UNROLL 4
 #define KVP_WARPS_PER_BLOCK 8
 #define KVP_BLOCK_THREADS (32 * KVP_WARPS_PER_BLOCK)
-#define KVP_BLOCKS_PER_SM 8	    /* 2048 resident threads per SM on sm_75+ at 256 */
+#define KVP_BLOCKS_PER_SM 8	    /* 2048 threads/SM: sm_80/90/100; 1024-1536 elsewhere */
 #define KVP_LISTS_INITIAL_CAP 1024u /* pages; grows on demand */
 
 #ifdef __CUDA_ARCH__

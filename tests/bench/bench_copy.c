@@ -207,6 +207,11 @@ static void cuda_rows(int quick, uint32_t pages)
 		snprintf(why, sizeof(why), "skipped: CUDA allocation failed: %s",
 			 cudaGetErrorString(cudaGetLastError()));
 		skipped(why);
+		cudaFree(dev);
+		cudaFreeHost(host);
+		kvp_copy_cuda_free(cc);
+		free(dp);
+		free(hp);
 		return;
 	}
 	cudaMemset(dev, 1, pb * pages);

@@ -1,8 +1,9 @@
 /* test_cuda_pool.c - two processes share a cuda pool through kvpoold: the device tier's memory
- * travels as a POSIX fd (SCM_RIGHTS), one process writes K/V bytes into a leased page with
- * cudaMemcpy, the other reads them back; a demotion and promotion through the daemon's CUDA
- * kernels keep them. Exits 77 with the reason on machines without a GPU. The parent never
- * touches CUDA, so its children may. */
+ * travels as a POSIX fd (SCM_RIGHTS), one process writes K/V bytes (every layer, K and V) into a
+ * leased page with cudaMemcpy, the other reads them back; a demotion through the daemon's CUDA
+ * kernels puts them in the host page, and a promotion brings them back after the old device page
+ * was cleared. Exits 77 with the reason on machines without a GPU. The parent never touches
+ * CUDA, so its children may. */
 #include <cuda_runtime_api.h>
 #include <signal.h>
 #include <stdio.h>
@@ -45,9 +46,17 @@ static int probe(void)
 	return 0;
 }
 
-static uint8_t pattern(uint32_t i)
+#define LAYERS 2
+#define PAGE_TOKENS 16
+#define ROW 256 /* kv_heads * head_dim * fp16 */
+
+/* Byte i of token t of layer l, K or V: differs between rows, so a row copied to the wrong place
+ * shows. */
+static uint8_t pattern(uint32_t l, uint32_t kv, uint32_t t, uint32_t i)
 {
-	return (uint8_t)(i * 13 + 7);
+	uint32_t x = ((l * 2 + kv) * PAGE_TOKENS + t) * ROW + i;
+
+	return (uint8_t)((x * 2654435761u) >> 24);
 }
 
 static int writer(void)
@@ -55,28 +64,37 @@ static int writer(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-writer", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
-	uint8_t buf[256];
+	uint8_t buf[ROW];
 	uint64_t lease, fresh;
-	uint32_t page, tok[16];
+	uint32_t page, tok[PAGE_TOKENS];
 
 	if (!p) {
 		fprintf(stderr, "writer: %s\n", e.message);
 		return 10;
 	}
 	if (kvp_pool_tier_backend(p, KVP_TIER_DEVICE) != KVP_BACKEND_CUDA ||
-	    !kvp_pool_tier_base(p, KVP_TIER_DEVICE))
+	    !kvp_pool_tier_base(p, KVP_TIER_DEVICE) || kvp_pool_row_bytes(p) != ROW)
 		return 11;
 	if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
 		return 12;
-	for (uint32_t t = 0; t < 16; t++) {
-		for (uint32_t i = 0; i < sizeof(buf); i++)
-			buf[i] = pattern(t * 256 + i);
-		if (cudaMemcpy(kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, t), buf, sizeof(buf),
-			       cudaMemcpyHostToDevice) != cudaSuccess)
-			return 13;
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t t = 0; t < PAGE_TOKENS; t++) {
+				void *row = kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
+
+				for (uint32_t i = 0; i < ROW; i++)
+					buf[i] = pattern(l, kv, t, i);
+				if (cudaMemcpy(row, buf, ROW, cudaMemcpyHostToDevice) !=
+				    cudaSuccess)
+					return 13;
+			}
+	/* from pageable memory cudaMemcpy may return before the bytes reach the device */
+	if (cudaDeviceSynchronize() != cudaSuccess)
+		return 13;
+	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
 		tok[t] = 500 + t;
-	}
-	if (kvp_insert(p, lease, 0, tok, 16, 0, &page, 1, &fresh, &e) < 0 || fresh != 16)
+	if (kvp_insert(p, lease, 0, tok, PAGE_TOKENS, 0, &page, 1, &fresh, &e) < 0 ||
+	    fresh != PAGE_TOKENS)
 		return 14;
 	if (write(g_pipe[1], &page, sizeof(page)) != sizeof(page))
 		return 15;
@@ -84,19 +102,41 @@ static int writer(void)
 	return 0;
 }
 
-static int check_page(struct kvp_pool *p, uint32_t page)
+/* Every row of page `page` of `tier` holds the writer's pattern (device rows read with
+ * cudaMemcpy, host rows straight from the shared mapping). */
+static int check_page(struct kvp_pool *p, int tier, uint32_t page)
 {
-	uint8_t buf[256];
+	uint8_t buf[ROW];
 
-	for (uint32_t t = 0; t < 16; t++) {
-		if (cudaMemcpy(buf, kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, t), sizeof(buf),
-			       cudaMemcpyDeviceToHost) != cudaSuccess)
-			return -1;
-		for (uint32_t i = 0; i < sizeof(buf); i++)
-			if (buf[i] != pattern(t * 256 + i))
-				return -1;
-	}
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint32_t t = 0; t < PAGE_TOKENS; t++) {
+				const uint8_t *row = kvp_slot_addr(p, tier, l, kv, page, t);
+
+				if (!row)
+					return -1;
+				if (tier == KVP_TIER_DEVICE) {
+					if (cudaMemcpy(buf, row, ROW, cudaMemcpyDeviceToHost) !=
+					    cudaSuccess)
+						return -1;
+					row = buf;
+				}
+				for (uint32_t i = 0; i < ROW; i++)
+					if (row[i] != pattern(l, kv, t, i))
+						return -1;
+			}
 	return 0;
+}
+
+/* Zero every row of device page `page`, so only a real copy can bring the pattern back. */
+static int clear_page(struct kvp_pool *p, uint32_t page)
+{
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			if (cudaMemset(kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, 0), 0,
+				       (size_t)PAGE_TOKENS * ROW) != cudaSuccess)
+				return -1;
+	return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
 }
 
 static int reader(void)
@@ -105,26 +145,32 @@ static int reader(void)
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-reader", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
 	struct kvp_match m;
-	uint32_t page, tok[16], dev[2], host[2], loaded[2];
+	uint32_t page, tok[PAGE_TOKENS], dev[2], host[2], loaded[2];
 	uint64_t ev;
 
 	if (!p)
 		return 20;
 	if (read(g_pipe[0], &page, sizeof(page)) != sizeof(page))
 		return 21;
-	for (uint32_t t = 0; t < 16; t++)
+	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
 		tok[t] = 500 + t;
-	if (kvp_match(p, 0, tok, 16, 0, &m, dev, host, 2, &e) < 0 || m.n_device != 1 ||
+	if (kvp_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 || m.n_device != 1 ||
 	    dev[0] != page)
 		return 22;
-	if (check_page(p, page) < 0)
+	if (check_page(p, KVP_TIER_DEVICE, page) < 0)
 		return 23;
-	/* Demote through the CUDA kernels, then promote back. */
-	if (kvp_evict(c, "g", KVP_TIER_DEVICE, 16, &ev, &e) < 0 || ev != 16)
+	/* Demote through the CUDA kernels: the bytes are in the host page. */
+	if (kvp_evict(c, "g", KVP_TIER_DEVICE, PAGE_TOKENS, &ev, &e) < 0 || ev != PAGE_TOKENS)
 		return 24;
-	if (kvp_match(p, 0, tok, 16, 1, &m, dev, host, 2, &e) < 0 || m.n_host != 1)
+	if (kvp_match(p, 0, tok, PAGE_TOKENS, 1, &m, dev, host, 2, &e) < 0 || m.n_host != 1)
 		return 25;
-	if (kvp_load(p, m.lock_id, loaded, 2, &e) != 1 || check_page(p, loaded[0]) < 0)
+	if (check_page(p, KVP_TIER_HOST, host[0]) < 0)
+		return 27;
+	/* The freed device page may be the one the promotion gets: clear it first. */
+	if (clear_page(p, page) < 0)
+		return 28;
+	if (kvp_load(p, m.lock_id, loaded, 2, &e) != 1 ||
+	    check_page(p, KVP_TIER_DEVICE, loaded[0]) < 0)
 		return 26;
 	kvp_client_close(c);
 	return 0;
