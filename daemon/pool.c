@@ -29,7 +29,10 @@ static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, cons
 
 #if KVP_HAVE_CUDA
 	if (p->mem[KVP_TIER_DEVICE].backend == KVPOOL__BACKEND__CUDA) {
-		int r = dir == KVP_COPY_DEMOTE
+		int r;
+
+		host = p->mem[KVP_TIER_HOST].gpu_view;
+		r = dir == KVP_COPY_DEMOTE
 				? kvp_copy_dev_to_host_cuda(p->cuda_copy, &p->geom, dev, host, src,
 							    dst, n)
 				: kvp_copy_host_to_dev_cuda(p->cuda_copy, &p->geom, host, dev, src,

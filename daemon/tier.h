@@ -19,6 +19,7 @@ struct kvp_tier_mem {
 	uint64_t cuda_handle; /* CUmemGenericAllocationHandle, cuda only */
 	uint64_t cuda_granularity;
 	bool host_registered; /* host tier registered with CUDA for the transfer kernels */
+	void *gpu_view;       /* registered host tier: its address for the GPU's kernels */
 };
 
 /* Seams for tests and for machines without NUMA: set before creating tiers. */

@@ -173,7 +173,7 @@ static int drv_load(char *reason, size_t len)
 			    cudaGetErrorString(e), (int)q);
 			cudaGetLastError();
 			memset(&g_drv, 0, sizeof(g_drv));
-			ret = -ENOTSUP;
+			ret = -ENOSYS;
 			goto out;
 		}
 		*syms[i].slot = fn;
@@ -510,7 +510,7 @@ int kvp_cuda_device_numa_node(int device)
 int kvp_cuda_probe(char *reason, size_t len)
 {
 	char why[160] = "";
-	int count, usable = 0, ret;
+	int count, usable = 0, ret, failed = 0;
 
 	count = rt_count(reason, len);
 	if (count < 0)
@@ -520,16 +520,19 @@ int kvp_cuda_probe(char *reason, size_t len)
 		return ret;
 	for (int d = 0; d < count; d++) {
 		char one[160];
+		int r = device_usable(d, one, sizeof(one));
 
-		if (!device_usable(d, one, sizeof(one)))
+		if (!r)
 			usable++;
-		else if (!why[0])
+		else if (!why[0] || (r != -ENOTSUP && !failed))
 			memcpy(why, one, sizeof(why));
+		if (r && r != -ENOTSUP)
+			failed = r;
 	}
 	if (!usable) {
 		say(reason, len, "%d GPU%s, none usable for a cuda tier: %s", count,
 		    count == 1 ? "" : "s", why);
-		return -ENOTSUP;
+		return failed ? failed : -ENOTSUP;
 	}
 	return usable;
 }

@@ -38,9 +38,9 @@ struct kvp_cuda_mem {
  * `device`, exportable as a POSIX fd, export it (fd CLOEXEC) and map it in this process with
  * read-write access for `device`.
  * Returns 0 and fills *out; on failure *out is untouched, `reason` (if non-NULL) gets one line
- * for an operator, and the return is -ENODEV (no driver, no GPU, device not present), -ENOTSUP
- * (driver lacks an entry point, or the device lacks virtual memory management or POSIX fd
- * export), -EINVAL (bytes 0 or too large), -ENOMEM (out of device memory) or -EIO (other
+ * for an operator, and the return is -ENODEV (no driver, no GPU, device not present), -ENOSYS
+ * (the driver lacks an entry point), -ENOTSUP (the device lacks virtual memory management or
+ * POSIX fd export), -EINVAL (bytes 0 or too large), -ENOMEM (out of device memory) or -EIO (other
  * driver failure).
  */
 int kvp_cuda_mem_create(int device, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
@@ -70,7 +70,9 @@ int kvp_cuda_device_numa_node(int device);
 /*
  * Number of GPUs usable for a cuda device tier (present, with virtual memory management and POSIX
  * fd export). Returns >= 1, or a negative errno with `reason` (if non-NULL) filled: -ENODEV (no
- * driver, or no GPU), -ENOTSUP (GPUs present, none usable, or the driver lacks an entry point).
+ * driver, a driver older than the runtime, or no GPU), -ENOTSUP (GPUs present, none with virtual
+ * memory management and fd export), -ENOSYS (the driver lacks an entry point kvpool needs) or
+ * -EIO (a driver query failed). Tests skip on the first two only: the others are failures.
  */
 int kvp_cuda_probe(char *reason, size_t len);
 

@@ -52,10 +52,20 @@ int kvp_tier_cuda_register_host(struct kvp_tier_mem *host)
 {
 	cudaError_t e = cudaHostRegister(host->base, host->bytes,
 					 cudaHostRegisterMapped | cudaHostRegisterPortable);
+	void *view = NULL;
 
 	if (e != cudaSuccess)
 		return -EIO;
+	/* The kernels may use the host address itself only where the device says
+	 * cudaDevAttrCanUseHostPointerForRegisteredMem; the mapped address works everywhere. */
+	e = cudaHostGetDevicePointer(&view, host->base, 0);
+	if (e != cudaSuccess || !view) {
+		cudaHostUnregister(host->base);
+		cudaGetLastError();
+		return -EIO;
+	}
 	host->host_registered = true;
+	host->gpu_view = view;
 	return 0;
 }
 
@@ -63,6 +73,7 @@ void kvp_tier_cuda_unregister_host(struct kvp_tier_mem *host)
 {
 	cudaHostUnregister(host->base);
 	host->host_registered = false;
+	host->gpu_view = NULL;
 }
 
 #else

@@ -5,6 +5,7 @@
  * was cleared. Exits 77 with the reason on machines without a GPU. The parent never touches
  * CUDA, so its children may. */
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,9 +40,13 @@ static int probe(void)
 	char why[256] = "";
 	int n = kvp_cuda_probe(why, sizeof(why));
 
-	if (n < 1) {
+	if (n == -ENODEV || n == -ENOTSUP) {
 		printf("SKIP: no usable GPU: %s\n", why);
 		return 77;
+	}
+	if (n < 1) { /* a GPU is there but kvpool cannot drive it: that is a failure */
+		printf("FAIL: kvp_cuda_probe = %d: %s\n", n, why);
+		return 1;
 	}
 	return 0;
 }

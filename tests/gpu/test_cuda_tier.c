@@ -281,9 +281,13 @@ int main(int argc, char **argv)
 	g_self = "/proc/self/exe";
 
 	n = kvp_cuda_probe(reason, sizeof(reason));
-	if (n < 0) {
+	if (n == -ENODEV || n == -ENOTSUP) {
 		printf("SKIP: kvp_cuda_probe = %d: %s\n", n, reason);
 		return 77;
+	}
+	if (n < 0) { /* a GPU is there but kvpool cannot drive it: that is a failure */
+		printf("FAIL: kvp_cuda_probe = %d: %s\n", n, reason);
+		return 1;
 	}
 	printf("kvp_cuda_probe: %d usable GPU(s); device 0 NUMA node %d\n", n,
 	       kvp_cuda_device_numa_node(0));
