@@ -522,8 +522,15 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 	if (ti->backend == KVPOOL__BACKEND__CUDA) {
 #if KVP_HAVE_CUDA
 		char why[256] = "";
-		int r = kvp_cuda_mem_import(ti->cuda_device, fd, ti->bytes, &m->cm, why, sizeof(why));
+		int r = 0;
 
+		/* the daemon's number for the GPU may not be ours: find it by its UUID */
+		if (ti->cuda_uuid.len == 16)
+			r = m->cuda_device = kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why,
+								      sizeof(why));
+		if (r >= 0)
+			r = kvp_cuda_mem_import(m->cuda_device, fd, ti->bytes, &m->cm, why,
+						sizeof(why));
 		if (r < 0)
 			return kvp__fail(err, KVP_E_MAP, -r, "importing the cuda device tier: %s", why);
 		m->base = (void *)(uintptr_t)m->cm.dptr;
@@ -662,6 +669,13 @@ KVP_EXPORT uint32_t kvp_pool_tier_pages(const struct kvp_pool *p, int tier)
 KVP_EXPORT int kvp_pool_tier_backend(const struct kvp_pool *p, int tier)
 {
 	return tmap(p, tier) ? tmap(p, tier)->backend : KVP_BACKEND_NONE;
+}
+
+KVP_EXPORT int kvp_pool_tier_cuda_device(const struct kvp_pool *p, int tier)
+{
+	const struct kvp_tier_map *m = tmap(p, tier);
+
+	return m && m->backend == KVP_BACKEND_CUDA && m->cuda_device >= 0 ? m->cuda_device : -1;
 }
 
 KVP_EXPORT void *kvp_pool_tier_base(const struct kvp_pool *p, int tier)

@@ -487,6 +487,10 @@ static int h_attach(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__R
 		r->fds[r->nfds++] = p->mem[t].fd;
 		ti->numa_node = p->mem[t].numa_node;
 		ti->cuda_device = p->mem[t].cuda_device;
+		if (p->mem[t].has_uuid) {
+			ti->cuda_uuid.data = (uint8_t *)p->mem[t].cuda_uuid;
+			ti->cuda_uuid.len = sizeof(p->mem[t].cuda_uuid);
+		}
 		ti->hugepages = p->mem[t].huge;
 		ti->locked = p->mem[t].locked;
 		ti->row_bytes = p->geom.row_bytes;

@@ -20,6 +20,8 @@ struct kvp_tier_mem {
 	uint64_t cuda_granularity;
 	bool host_registered; /* host tier registered with CUDA for the transfer kernels */
 	void *gpu_view;       /* registered host tier: its address for the GPU's kernels */
+	uint8_t cuda_uuid[16];
+	bool has_uuid;
 };
 
 /* Seams for tests and for machines without NUMA: set before creating tiers. */

@@ -507,6 +507,48 @@ int kvp_cuda_device_numa_node(int device)
 	return node >= 0 ? node : -1;
 }
 
+int kvp_cuda_device_uuid(int device, uint8_t uuid[16], char *reason, size_t len)
+{
+	struct cudaDeviceProp prop;
+	cudaError_t e;
+	int r = rt_device(device, reason, len);
+
+	if (r)
+		return r;
+	e = cudaGetDeviceProperties(&prop, device);
+	if (e != cudaSuccess) {
+		say(reason, len, "device %d: cudaGetDeviceProperties: %s", device,
+		    cudaGetErrorString(e));
+		cudaGetLastError();
+		return -ENODEV;
+	}
+	memcpy(uuid, prop.uuid.bytes, 16);
+	return 0;
+}
+
+int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len)
+{
+	int count = rt_count(reason, len);
+
+	for (int d = 0; d < count; d++) {
+		uint8_t u[16];
+
+		if (kvp_cuda_device_uuid(d, u, NULL, 0) == 0 && memcmp(u, uuid, 16) == 0)
+			return d;
+	}
+	if (count >= 0) {
+		char hex[33];
+
+		for (int i = 0; i < 16; i++)
+			snprintf(hex + 2 * i, 3, "%02x", uuid[i]);
+		say(reason, len,
+		    "the pool's GPU (uuid %s) is not among the %d this process sees "
+		    "(CUDA_VISIBLE_DEVICES=%s)",
+		    hex, count, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
+	}
+	return -ENODEV;
+}
+
 int kvp_cuda_probe(char *reason, size_t len)
 {
 	char why[160] = "";

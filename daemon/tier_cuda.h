@@ -67,6 +67,13 @@ int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem 
 /* NUMA node of the host memory closest to `device`, or -1 when unknown (no driver, no NUMA). */
 int kvp_cuda_device_numa_node(int device);
 
+/* The UUID of `device` (this process's number). 0, or -ENODEV with a reason. */
+int kvp_cuda_device_uuid(int device, uint8_t uuid[16], char *reason, size_t len);
+
+/* This process's number for the GPU with that UUID: CUDA_VISIBLE_DEVICES may number GPUs
+ * otherwise than the daemon does, or hide them. >= 0, or -ENODEV with a reason. */
+int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len);
+
 /*
  * Number of GPUs usable for a cuda device tier (present, with virtual memory management and POSIX
  * fd export). Returns >= 1, or a negative errno with `reason` (if non-NULL) filled: -ENODEV (no

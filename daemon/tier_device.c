@@ -31,6 +31,7 @@ int kvp_tier_cuda_create(struct kvp_tier_mem *t, int device, uint64_t bytes, str
 	t->cuda_handle = m.handle;
 	t->cuda_granularity = m.granularity;
 	t->numa_node = kvp_cuda_device_numa_node(device);
+	t->has_uuid = kvp_cuda_device_uuid(device, t->cuda_uuid, NULL, 0) == 0;
 	return 0;
 }
 

@@ -78,7 +78,9 @@ static int writer(void)
 		return 10;
 	}
 	if (kvp_pool_tier_backend(p, KVP_TIER_DEVICE) != KVP_BACKEND_CUDA ||
-	    !kvp_pool_tier_base(p, KVP_TIER_DEVICE) || kvp_pool_row_bytes(p) != ROW)
+	    !kvp_pool_tier_base(p, KVP_TIER_DEVICE) || kvp_pool_row_bytes(p) != ROW ||
+	    kvp_pool_tier_cuda_device(p, KVP_TIER_DEVICE) != 0 ||
+	    kvp_pool_tier_cuda_device(p, KVP_TIER_HOST) != -1)
 		return 11;
 	if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
 		return 12;
@@ -181,6 +183,27 @@ static int reader(void)
 	return 0;
 }
 
+/* An engine that does not see the pool's GPU (CUDA_VISIBLE_DEVICES hides it) is told so. */
+static int blind(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+
+	setenv("CUDA_VISIBLE_DEVICES", "", 1); /* before this process's first CUDA call */
+	c = kvp_client_connect(g_d.sock, "gpu-blind", &e);
+	if (!c)
+		return 30;
+	p = kvp_pool_attach(c, "g", NULL, &e);
+	if (p || e.code != KVP_E_MAP) {
+		fprintf(stderr, "blind attach: %s\n", p ? "mapped" : e.message);
+		return 31;
+	}
+	printf("attach without the GPU visible: %s\n", e.message);
+	kvp_client_close(c);
+	return 0;
+}
+
 int main(void)
 {
 	int r = run_child(probe);
@@ -197,6 +220,8 @@ int main(void)
 	r = run_child(writer);
 	if (r == 0)
 		r = run_child(reader);
+	if (r == 0)
+		r = run_child(blind);
 	printf("cuda pool shared across processes: %s (%d)\n", r ? "FAILED" : "ok", r);
 	if (h_daemon_stop(&g_d) != 0)
 		r = r ? r : 2;

@@ -75,6 +75,8 @@ static void test_attach_geometry_and_backend(void)
 	CU_ASSERT_EQUAL(kvp_pool_tier_pages(p, KVP_TIER_HOST), 32);
 	CU_ASSERT_EQUAL(kvp_pool_tier_backend(p, KVP_TIER_DEVICE), KVP_BACKEND_SIM);
 	CU_ASSERT_EQUAL(kvp_pool_tier_backend(p, KVP_TIER_HOST), KVP_BACKEND_MEMFD);
+	CU_ASSERT_EQUAL(kvp_pool_tier_cuda_device(p, KVP_TIER_DEVICE), -1); /* sim: no GPU */
+	CU_ASSERT_EQUAL(kvp_pool_tier_cuda_device(p, KVP_TIER_HOST), -1);
 	CU_ASSERT_EQUAL(kvp_pool_row_bytes(p), 2 * 16 * 2);
 	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), 2 * 2 * 16 * 64);
 	CU_ASSERT_PTR_NOT_NULL(kvp_pool_tier_base(p, KVP_TIER_DEVICE));
