@@ -222,6 +222,8 @@ int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint3
  * freed; the unaligned tail page stays in the lease. If a matched page was evicted meanwhile,
  * nothing past it is cached and those lease pages stay in the lease.
  * ns: namespace (0 = default; e.g. a LoRA adapter id): namespaces never share pages.
+ * The pages' bytes must be complete before the call: on a cuda tier, synchronize the streams
+ * that wrote them. From the call on, other engines may read them and the daemon may demote them.
  * Writes the number of newly cached tokens to *new_tokens (may be NULL). Returns 0 or a
  * negative code. */
 int kvp_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns, const uint32_t *tokens,
