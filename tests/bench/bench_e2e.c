@@ -1,11 +1,15 @@
-/* bench_e2e.c - end to end: kvpool-loadgen --workload shared-prefix --procs 4 against one
- * kvpoold (started here on a temporary socket) whose config has one shared pool "shared" of
- * capacity C (device and host tier) and four pools "part0".."part3" of C/4 each, which is what
- * in-process allocators give each engine today. Same workload against both: requests/s, hit
- * rate, hit tokens (tokens not recomputed), OUT_OF_CAPACITY errors. Ratios shared / private.
- * Every byte the loadgen reads from a cached page is verified by it; a mismatch fails the run.
- * Note: the loadgen verifies every matched byte and writes every computed one, so a hit costs
- * it about as much as a miss: requests/s says little about recompute saved; hit_tokens does. */
+/* bench_e2e.c - end to end, two scenarios against one kvpoold (started here on a temporary
+ * socket), each run on one shared pool of capacity C and on four pools of C/4, which is what
+ * in-process allocators give each engine today. Ratios shared / private.
+ * (1) kvpool-loadgen --workload shared-prefix --procs 4: pool "shared" (device and host tier)
+ *     against "part0".."part3". Requests/s, hit rate, hit tokens (tokens not recomputed),
+ *     OUT_OF_CAPACITY errors. Every byte the loadgen reads from a cached page is verified by it;
+ *     a mismatch fails the run. The loadgen verifies every matched byte and writes every
+ *     computed one, so a hit costs it about as much as a miss: requests/s says little about
+ *     recompute saved; hit_tokens does.
+ * (2) Uneven demand (lease workload): one engine serves long contexts, three serve short
+ *     requests, at the same time. Pool "burst" against "long0", "short0".."short2". Long
+ *     requests served, short requests/s, OUT_OF_CAPACITY errors. */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -75,29 +79,30 @@ static void daemon_report(struct daemon *d)
 	}
 }
 
-static void run_loadgen(struct daemon *d, int private_pools, const char *seconds,
-			const char *const *wl, struct lg *out)
-{
-	const char *sock = d->sock;
-	const char *argv[40];
-	char buf[8192];
-	int n = 0, pfd[2], st;
-	size_t len = 0;
-	ssize_t k;
+struct lg_run {
 	pid_t pid;
+	int fd;
+	const char *what;
+};
+
+/* Starts kvpool-loadgen on pool `pool` (a private pool per process: pool<i>) with workload
+ * arguments wl (NULL-terminated); its JSON summary is read by lg_finish. */
+static void lg_start(struct lg_run *run, struct daemon *d, const char *pool, int private_pools,
+		     const char *procs, const char *seconds, const char *const *wl)
+{
+	const char *argv[40];
+	int n = 0, pfd[2];
 
 	argv[n++] = loadgen();
 	argv[n++] = "--socket";
-	argv[n++] = sock;
+	argv[n++] = d->sock;
 	argv[n++] = "--pool";
-	argv[n++] = private_pools ? "part" : "shared";
-	argv[n++] = "--workload";
-	argv[n++] = "shared-prefix";
+	argv[n++] = pool;
 	argv[n++] = "--procs";
-	argv[n++] = "4";
+	argv[n++] = procs;
 	argv[n++] = "--seconds";
 	argv[n++] = seconds;
-	for (int i = 0; wl[i]; i++)
+	for (int i = 0; wl[i] && n < 36; i++)
 		argv[n++] = wl[i];
 	if (private_pools)
 		argv[n++] = "--private-pools";
@@ -105,23 +110,36 @@ static void run_loadgen(struct daemon *d, int private_pools, const char *seconds
 	argv[n] = NULL;
 	if (pipe2(pfd, O_CLOEXEC) < 0)
 		B_DIE("pipe failed");
-	pid = fork();
-	if (pid == 0) {
+	run->what = b_fmt("%s on %s pools %s", argv[0], private_pools ? "private" : "shared", pool);
+	run->pid = fork();
+	if (run->pid < 0)
+		B_DIE("fork failed");
+	if (run->pid == 0) {
 		dup2(pfd[1], 1);
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	close(pfd[1]);
-	while ((k = read(pfd[0], buf + len, sizeof(buf) - 1 - len)) > 0)
+	run->fd = pfd[0];
+}
+
+static void lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
+{
+	char buf[8192];
+	size_t len = 0;
+	ssize_t k;
+	int st;
+
+	while ((k = read(run->fd, buf + len, sizeof(buf) - 1 - len)) > 0)
 		len += (size_t)k;
 	buf[len] = 0;
-	close(pfd[0]);
-	waitpid(pid, &st, 0);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\""))
+	close(run->fd);
+	waitpid(run->pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\"")) {
 		daemon_report(d);
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\""))
-		B_DIE("%s (%s pools) failed: exit %d, output: %s", argv[0],
-		      private_pools ? "private" : "shared", WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
+		B_DIE("%s failed: exit %d, output: %s", run->what,
+		      WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
+	}
 	out->rps = field(buf, "requests_per_s");
 	out->wall = field(buf, "wall_s");
 	out->requests = field(buf, "requests");
@@ -132,26 +150,62 @@ static void run_loadgen(struct daemon *d, int private_pools, const char *seconds
 	out->mismatches = field(buf, "mismatches");
 }
 
+/* The shared-prefix workload on 4 processes: the shared pool, or part0..part3. */
+static void run_prefix(struct daemon *d, int private_pools, const char *seconds,
+		       const char *const *wl, struct lg *out)
+{
+	struct lg_run r;
+
+	lg_start(&r, d, private_pools ? "part" : "shared", private_pools, "4", seconds, wl);
+	lg_finish(&r, d, out);
+}
+
+/* Uneven demand, run at once: one engine serves long contexts (LONG_TOKENS each, more than a
+ * quarter pool holds), three serve short requests. Shared: all four on pool "burst" (C);
+ * private: "long0" and "short0".."short2" (C/4 each). */
+#define LONG_TOKENS "3072"
+static void run_uneven(struct daemon *d, int private_pools, const char *seconds, struct lg *lng,
+		       struct lg *shrt)
+{
+	static const char *const long_wl[] = { "--workload", "lease", "--min-tokens", LONG_TOKENS,
+					       "--max-tokens", LONG_TOKENS, "--batch", "1", NULL };
+	static const char *const short_wl[] = { "--workload", "lease", "--min-tokens", "128",
+						"--max-tokens", "768", "--batch", "2", NULL };
+	struct lg_run a, b;
+
+	lg_start(&a, d, private_pools ? "long" : "burst", private_pools, "1", seconds, long_wl);
+	lg_start(&b, d, private_pools ? "short" : "burst", private_pools, "3", seconds, short_wl);
+	lg_finish(&a, d, lng);
+	lg_finish(&b, d, shrt);
+}
+
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
 	const char *seconds = quick ? "1.5" : "6";
 	/* 16 system prompts of 768 tokens (12288 tokens: fit the shared pool's 2 x 8192, not a
 	 * private pool's 2 x 2048), conversations of 4 turns of 128 tokens */
-	static const char *const wl[] = { "--families", "16", "--prefix-tokens", "768",
-					  "--turn-tokens", "128", "--turns", "4", NULL };
-	char conf[4096] = "[daemon]\nkeepalive_ms = 10000\n";
-	struct lg sh = { 0 }, pr = { 0 };
+	static const char *const wl[] = { "--workload", "shared-prefix", "--families", "16",
+					  "--prefix-tokens", "768", "--turn-tokens", "128", "--turns",
+					  "4", NULL };
+	char conf[8192] = "[daemon]\nkeepalive_ms = 10000\n";
+	struct lg sh = { 0 }, pr = { 0 }, ul_sh = { 0 }, us_sh = { 0 }, ul_pr = { 0 }, us_pr = { 0 };
 	static struct daemon d;
 	const char *prm;
 
 	pool_section(conf, sizeof(conf), "shared", C_TOKENS);
 	for (int i = 0; i < 4; i++)
 		pool_section(conf, sizeof(conf), b_fmt("part%d", i), C_TOKENS / 4);
+	pool_section(conf, sizeof(conf), "burst", C_TOKENS);
+	pool_section(conf, sizeof(conf), "long0", C_TOKENS / 4);
+	for (int i = 0; i < 3; i++)
+		pool_section(conf, sizeof(conf), b_fmt("short%d", i), C_TOKENS / 4);
 	bn_daemon_start(&d, conf);
 	/* alternate: private first, then shared (each pool starts cold) */
-	run_loadgen(&d, 1, seconds, wl, &pr);
-	run_loadgen(&d, 0, seconds, wl, &sh);
+	run_prefix(&d, 1, seconds, wl, &pr);
+	run_prefix(&d, 0, seconds, wl, &sh);
+	run_uneven(&d, 1, seconds, &ul_pr, &us_pr);
+	run_uneven(&d, 0, seconds, &ul_sh, &us_sh);
 	bn_cleanup();
 
 	prm = b_fmt("{\"procs\":4,\"seconds\":%s,\"families\":16,\"prefix_tokens\":768,"
@@ -186,5 +240,28 @@ int main(int argc, char **argv)
 		.baseline_what = "same workload, 4 private pools of C/4 (errors.OUT_OF_CAPACITY)",
 		.baseline = pr.oom, .have_base = 1, .value = sh.oom, .have_value = 1,
 		.unit = "errors", .target = "fewer is better" });
+
+	prm = b_fmt("{\"seconds\":%s,\"long\":{\"procs\":1,\"tokens\":%s,\"batch\":1},"
+		    "\"short\":{\"procs\":3,\"tokens\":\"128-768\",\"batch\":2},"
+		    "\"page_tokens\":16,\"shared\":{\"device_tokens\":%u},"
+		    "\"private\":{\"pools\":4,\"device_tokens\":%u},"
+		    "\"long_requests\":{\"shared\":%.0f,\"private\":%.0f},"
+		    "\"short_requests_per_s\":{\"shared\":%.1f,\"private\":%.1f},"
+		    "\"capacity_errors\":{\"shared\":%.0f,\"private\":%.0f}}",
+		    seconds, LONG_TOKENS, C_TOKENS, C_TOKENS / 4, ul_sh.requests, ul_pr.requests,
+		    us_sh.rps, us_pr.rps, ul_sh.oom + us_sh.oom, ul_pr.oom + us_pr.oom);
+	b_row_print(&(struct b_row){
+		.name = "e2e.uneven.long_requests", .params = prm,
+		.baseline_what = "same engines, 4 private pools of C/4 (long-context requests served)",
+		.baseline = ul_pr.requests, .have_base = 1, .value = ul_sh.requests, .have_value = 1,
+		.unit = "requests", .target = "shared / private",
+		.note = "a long request needs more than a quarter pool: privately it is refused "
+			"every time (short requests/s in params: on few cores they share the CPU "
+			"with the long engine's byte work)" });
+	b_row_print(&(struct b_row){
+		.name = "e2e.uneven.capacity_errors", .params = prm,
+		.baseline_what = "same engines, 4 private pools of C/4 (errors.OUT_OF_CAPACITY)",
+		.baseline = ul_pr.oom + us_pr.oom, .have_base = 1, .value = ul_sh.oom + us_sh.oom,
+		.have_value = 1, .unit = "errors", .target = "fewer is better" });
 	return 0;
 }
