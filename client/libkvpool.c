@@ -525,6 +525,9 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 		int r = 0;
 
 		/* the daemon's number for the GPU may not be ours: find it by its UUID */
+		if (ti->cuda_uuid.len != 0 && ti->cuda_uuid.len != 16)
+			return kvp__fail(err, KVP_E_PROTOCOL, 0, "attach reply: a GPU uuid of %zu bytes",
+					 ti->cuda_uuid.len);
 		if (ti->cuda_uuid.len == 16)
 			r = m->cuda_device = kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why,
 								      sizeof(why));

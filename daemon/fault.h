@@ -1,8 +1,9 @@
 /* fault.h - failure injection for tests. KVPOOLD_FAULTS="site:N[:MAX][,...]" makes every Nth
  * pass through a site (at most MAX times) fail the way its allocation or system call can fail,
  * so the tests can show that each failure ends as a typed error or a closed connection while
- * kvpoold serves everyone else and leaks nothing. Unset (always, outside tests), a site costs
- * one branch. */
+ * kvpoold serves everyone else and leaks nothing. Sites count passes, not calls: a lease's
+ * creation passes "lease" twice (the lease, its page list), so "lease:2" fails every Alloc.
+ * Pool creation passes no site. Unset (always, outside tests), a site costs one branch. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

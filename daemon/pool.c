@@ -216,6 +216,24 @@ int kvp_pool_check(const struct kvp_pool *p)
 	return kvp_prefix_check(p->pfx) < 0 ? -EFAULT : 0;
 }
 
+int kvp_lease_check(const struct kvp_lease *l)
+{
+	const struct kvp_pool *p = l->pool;
+	uint32_t total;
+
+	if (l->tier < 0 || l->tier >= KVP_TIER_MAX || !p->pages[l->tier] || l->n > l->cap)
+		return -EFAULT;
+	total = kvp_pages_total(p->pages[l->tier]);
+	for (uint32_t i = 0; i < l->n; i++) {
+		uint32_t pg = l->pages[i];
+
+		if (pg >= total || kvp_pages_state(p->pages[l->tier], pg) != KVP_PAGE_LEASED ||
+		    p->lease_of[l->tier][pg] != l->id || p->lease_idx[l->tier][pg] != i)
+			return -EFAULT;
+	}
+	return 0;
+}
+
 void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f)
 {

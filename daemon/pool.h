@@ -55,6 +55,9 @@ void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npage
 			      struct kvp_fail *f);
 /* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
 int kvp_pool_check(const struct kvp_pool *p);
+/* Every page l lists is a LEASED page of its tier that the pool books to l at that index.
+ * O(pages of l). 0 or -EFAULT. */
+int kvp_lease_check(const struct kvp_lease *l);
 
 /* A new lease of npages pages of tier (free pages first, then evicting unlocked cached
  * prefixes, exactly the shortfall). NULL with f filled: OUT_OF_CAPACITY with its figures,

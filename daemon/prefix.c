@@ -642,12 +642,13 @@ struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf)
 	pfx->seed = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uintptr_t)pfx ^
 			  ((uint64_t)(uintptr_t)&ts << 16));
 	pfx->st.metadata_bytes = sizeof(*pfx);
-	pfx->buckets = md_alloc(pfx, BUCKETS_MIN * sizeof(*pfx->buckets));
+	/* not md_alloc: its failure injection ("prefix") is for serving, not for start-up */
+	pfx->buckets = calloc(BUCKETS_MIN, sizeof(*pfx->buckets));
 	if (!pfx->buckets) {
 		free(pfx);
 		return NULL;
 	}
-	memset(pfx->buckets, 0, BUCKETS_MIN * sizeof(*pfx->buckets));
+	pfx->st.metadata_bytes += BUCKETS_MIN * sizeof(*pfx->buckets);
 	pfx->nbuckets = BUCKETS_MIN;
 	return pfx;
 }

@@ -156,9 +156,10 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 
 int kvp_daemon_check(const struct kvp_daemon *d)
 {
-	uint64_t held[KVP_MAX_POOLS] = { 0 };
+	uint64_t held[KVP_MAX_POOLS][KVP_TIER_MAX] = { { 0 } };
 
-	/* every leased page belongs to a lease of a live session, counted in its quota */
+	/* Every page a live session's lease lists is booked to that lease, and the session's
+	 * quota counts them; with the per-tier totals equal, no leased page is anyone else's. */
 	for (const struct kvp_session *s = d->sessions; s; s = s->next) {
 		uint64_t mine[KVP_MAX_POOLS] = { 0 }, id;
 		void *v;
@@ -166,29 +167,30 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 		for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
 			const struct kvp_lease *l = v;
 
+			if (l->id != id || kvp_lease_check(l) < 0)
+				return -EFAULT;
 			mine[l->pool->id] += l->n;
+			held[l->pool->id][l->tier] += l->n;
 		}
-		for (uint32_t p = 0; p < d->n_pools; p++) {
+		for (uint32_t p = 0; p < d->n_pools; p++)
 			if (mine[p] != s->leased_pages[p])
 				return -EFAULT;
-			held[p] += mine[p];
-		}
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {
-		uint64_t leased = 0;
-
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
 		for (int t = 0; t < KVP_TIER_MAX; t++) {
 			struct kvp_tier_counts c;
 
-			if (!kvp_pool_has_tier(d->pools[i], t))
+			if (!kvp_pool_has_tier(d->pools[i], t)) {
+				if (held[i][t])
+					return -EFAULT;
 				continue;
+			}
 			kvp_pool_counts(d->pools[i], t, &c);
-			leased += c.leased;
+			if (c.leased != held[i][t])
+				return -EFAULT;
 		}
-		if (leased != held[i])
-			return -EFAULT;
 	}
 	return 0;
 }

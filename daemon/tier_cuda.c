@@ -83,7 +83,8 @@ static int drv_errno(CUresult r)
 	}
 }
 
-/* Number of devices the runtime sees (>= 1), or -ENODEV with a reason. */
+/* Number of devices the runtime sees (>= 1), or -ENODEV (no driver, an older one, no GPU) or
+ * -EIO (the runtime failed otherwise) with a reason. */
 static int rt_count(char *reason, size_t len)
 {
 	int count = 0, drv = 0, rt = 0;
@@ -109,7 +110,9 @@ static int rt_count(char *reason, size_t len)
 			say(reason, len, "CUDA unusable (cudaGetDeviceCount: %s)",
 			    cudaGetErrorString(e));
 		cudaGetLastError();
-		return -ENODEV;
+		/* no driver, an older one or no GPU: none to use; anything else is a failure */
+		return !drv || e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice ? -ENODEV
+											    : -EIO;
 	}
 	if (count <= 0) {
 		say(reason, len, "no CUDA GPU (cudaGetDeviceCount: 0 devices)");

@@ -79,7 +79,8 @@ int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len);
  * fd export). Returns >= 1, or a negative errno with `reason` (if non-NULL) filled: -ENODEV (no
  * driver, a driver older than the runtime, or no GPU), -ENOTSUP (GPUs present, none with virtual
  * memory management and fd export), -ENOSYS (the driver lacks an entry point kvpool needs) or
- * -EIO (a driver query failed). Tests skip on the first two only: the others are failures.
+ * -EIO (the runtime or a driver query failed otherwise). Tests skip on the first two only: the
+ * others are failures.
  */
 int kvp_cuda_probe(char *reason, size_t len);
 

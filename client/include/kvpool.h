@@ -175,8 +175,9 @@ void kvp_pool_geometry(const struct kvp_pool *p, struct kvp_geometry *out);
 /* Pages in the tier; 0 when the pool has no such tier. */
 uint32_t kvp_pool_tier_pages(const struct kvp_pool *p, int tier);
 int kvp_pool_tier_backend(const struct kvp_pool *p, int tier);
-/* This process's CUDA device number for a cuda tier's GPU (found by the GPU's UUID, so it
- * holds under any CUDA_VISIBLE_DEVICES that shows the GPU), -1 for other tiers. */
+/* This process's CUDA device number for a cuda tier's GPU, found by the GPU's UUID, so it holds
+ * under any CUDA_VISIBLE_DEVICES that shows the GPU; -1 for other tiers. From a daemon that
+ * sends no UUID, the daemon's own number. */
 int kvp_pool_tier_cuda_device(const struct kvp_pool *p, int tier);
 /* The tier's mapping in this process (a device pointer for cuda), NULL when absent or unmapped. */
 void *kvp_pool_tier_base(const struct kvp_pool *p, int tier);

@@ -40,12 +40,15 @@ static int probe(void)
 	char why[256] = "";
 	int n = kvp_cuda_probe(why, sizeof(why));
 
+	/* a child's _exit drops buffered output: flush the reason */
 	if (n == -ENODEV || n == -ENOTSUP) {
 		printf("SKIP: no usable GPU: %s\n", why);
+		fflush(stdout);
 		return 77;
 	}
 	if (n < 1) { /* a GPU is there but kvpool cannot drive it: that is a failure */
 		printf("FAIL: kvp_cuda_probe = %d: %s\n", n, why);
+		fflush(stdout);
 		return 1;
 	}
 	return 0;

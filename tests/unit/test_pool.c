@@ -2,6 +2,7 @@
  * demotion/promotion under long random sequences, with free + leased + cached == total and the
  * tree's own consistency checked after every step; typed capacity figures. */
 #include <CUnit/Basic.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,49 @@ static void test_lease_create_capacity_figures(void)
 	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INVALID_ARGUMENT);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_lease_destroy(a);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	kvp_pool_destroy(p);
+}
+
+/* kvp_lease_check (the daemon's books check uses it) sees a lease that lists a page the pool
+ * does not book to it: a free page, a page of another tier, pages out of their order, one
+ * beyond the tier. */
+static void test_lease_check_catches_wrong_books(void)
+{
+	struct kvp_pool *p = make_pool();
+	struct kvp_fail f = { 0 };
+	struct kvp_lease *a, *b;
+	uint32_t keep;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	a = kvp_lease_create(p, KVP_TIER_DEVICE, 1, 4, &f);
+	b = kvp_lease_create(p, KVP_TIER_DEVICE, 2, 2, &f);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_EQUAL(kvp_lease_check(a), 0);
+	CU_ASSERT_EQUAL(kvp_lease_check(b), 0);
+	keep = a->pages[2];
+	for (uint32_t pg = 0; pg < kvp_pages_total(p->pages[KVP_TIER_DEVICE]); pg++) {
+		if (kvp_pages_state(p->pages[KVP_TIER_DEVICE], pg) == KVP_PAGE_FREE) {
+			a->pages[2] = pg; /* a free page */
+			break;
+		}
+	}
+	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
+	a->pages[2] = b->pages[0]; /* another lease's page */
+	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
+	a->pages[2] = kvp_pages_total(p->pages[KVP_TIER_DEVICE]); /* beyond the tier */
+	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
+	a->pages[2] = keep;
+	a->tier = KVP_TIER_HOST; /* the right ids in the wrong tier */
+	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
+	a->tier = KVP_TIER_DEVICE;
+	a->pages[2] = a->pages[3], a->pages[3] = keep; /* out of order */
+	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
+	a->pages[3] = a->pages[2], a->pages[2] = keep;
+	CU_ASSERT_EQUAL(kvp_lease_check(a), 0);
+	kvp_lease_destroy(a);
+	kvp_lease_destroy(b);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_pool_destroy(p);
 }
@@ -188,6 +232,7 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_lease_create_capacity_figures),
+		H_TEST(test_lease_check_catches_wrong_books),
 		H_TEST(test_pool_random_sequences_keep_invariant),
 	};
 
