@@ -6,7 +6,12 @@
  * the io_uring frame echo server of echo_server.c (same frames, a reply as long as the request):
  * a server that waits in io_uring_enter like kvpoold does, which on some VMs wakes up much more
  * slowly than a blocking recv; the rows against it separate kvpoold's own cost from that.
- * All three are measured in alternating blocks so that noise on the machine falls on each. */
+ * All three are measured in alternating blocks so that noise on the machine falls on each.
+ * Then the same again with the processes pinned (diagnostic rows): all on CPU 0 (same_cpu), and
+ * the client on CPU 0 with kvpoold and both peers on CPU 1 (cross_cpu). The spec rows leave the
+ * placement to the scheduler, which on a VM whose idle vCPUs halt makes a large difference: a
+ * wake-up across vCPUs there costs as much as a hundred microseconds. */
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -87,6 +92,101 @@ static void raw_server(int lfd, const size_t sz[4])
 	}
 }
 
+struct sides {
+	struct kvp_pool *p;
+	int fd, efd;
+	const size_t *sz;
+	uint8_t (*ef)[256];
+};
+
+/* Alternating blocks of BLOCK pairs: kvpool, the raw peer, the io_uring echo server. */
+static void run_blocks(const struct sides *x, uint32_t blocks, uint64_t *lk, uint64_t *lr,
+		       uint64_t *lu)
+{
+	uint8_t buf[256] = { 0 };
+	struct kvp_error e;
+	uint64_t lease;
+	uint32_t page;
+	const size_t *sz = x->sz;
+
+	for (uint32_t b = 0; b < blocks; b++) {
+		for (uint32_t i = 0; i < BLOCK; i++) {
+			uint64_t t0 = b_now_ns();
+
+			if (kvp_alloc(x->p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+			    kvp_free(x->p, lease, NULL, 0, &e) < 0)
+				B_DIE("alloc/free: %s", e.message);
+			lk[b * BLOCK + i] = b_now_ns() - t0;
+		}
+		for (uint32_t i = 0; i < BLOCK; i++) {
+			uint64_t t0 = b_now_ns();
+
+			for (int k = 0; k < 4; k += 2)
+				if (bn_write_all(x->fd, buf, sz[k]) < 0 ||
+				    bn_read_all(x->fd, buf, sz[k + 1]) < 0)
+					B_DIE("raw ping-pong failed");
+			lr[b * BLOCK + i] = b_now_ns() - t0;
+		}
+		for (uint32_t i = 0; i < BLOCK; i++) {
+			uint64_t t0 = b_now_ns();
+
+			for (int k = 0; k < 2; k++)
+				if (bn_write_all(x->efd, x->ef[k], sz[2 * k]) < 0 ||
+				    bn_read_all(x->efd, buf, sz[2 * k]) < 0)
+					B_DIE("echo ping-pong failed");
+			lu[b * BLOCK + i] = b_now_ns() - t0;
+		}
+	}
+}
+
+/* Pins pid (0: this process) to one CPU. */
+static int pin(pid_t pid, int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return sched_setaffinity(pid, sizeof(set), &set);
+}
+
+/* p50 and p99 rows of one run: kvpool against the raw peer (targets only for the spec row,
+ * unpinned) and against the echo server. */
+static void rows(const char *prefix, const char *placement, size_t n, const size_t sz[4],
+		 uint64_t *lk, uint64_t *lr, uint64_t *lu, int spec)
+{
+	const double q[2] = { 0.50, 0.99 };
+	const char *const qn[2] = { "p50", "p99" };
+	const char *const targets[2] = { "ratio <= 1.5", "ratio <= 3" };
+
+	for (int i = 0; i < 2; i++) {
+		double vk = (double)b_quantile(lk, n, q[i]) / 1e3;
+		double vr = (double)b_quantile(lr, n, q[i]) / 1e3;
+		double vu = (double)b_quantile(lu, n, q[i]) / 1e3;
+		const char *pl = placement[0] ? b_fmt(",\"placement\":\"%s\"", placement) : "";
+
+		b_row_print(&(struct b_row){
+			.name = b_fmt("%s.%s", prefix, qn[i]),
+			.params = b_fmt("{\"clients\":1,\"pairs\":%zu,\"block\":%u,"
+					"\"frames_bytes\":{\"alloc_req\":%zu,\"alloc_resp\":%zu,"
+					"\"free_req\":%zu,\"free_resp\":%zu},\"pages\":1%s}",
+					n, BLOCK, sz[0], sz[1], sz[2], sz[3], pl),
+			.baseline_what = "raw unix-socket ping-pong, 2 processes, same 4 frame sizes "
+					 "(2 round trips, us)",
+			.baseline = vr, .have_base = 1, .value = vk, .have_value = 1,
+			.unit = "us per Alloc+Free",
+			.target = spec ? targets[i] : "diagnostic: placement" });
+		b_row_print(&(struct b_row){
+			.name = b_fmt("%s_vs_uring_echo.%s", prefix, qn[i]),
+			.params = b_fmt("{\"clients\":1,\"pairs\":%zu,\"block\":%u,"
+					"\"frames_bytes\":[%zu,%zu],\"pages\":1%s}",
+					n, BLOCK, sz[0], sz[2], pl),
+			.baseline_what = "io_uring frame echo server (echo_server.c), frames of "
+					 "the Alloc and Free request sizes (2 round trips, us)",
+			.baseline = vu, .have_base = 1, .value = vk, .have_value = 1,
+			.unit = "us per Alloc+Free", .target = "diagnostic: kvpoold's own cost" });
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
@@ -158,32 +258,22 @@ int main(int argc, char **argv)
 			    bn_read_all(efd, buf, sz[2 * k]) < 0)
 				B_DIE("echo ping-pong failed");
 
-	for (uint32_t b = 0; b < blocks; b++) {
-		for (uint32_t i = 0; i < BLOCK; i++) {
-			uint64_t t0 = b_now_ns();
+	run_blocks(&(struct sides){ p, fd, efd, sz, ef }, blocks, lk, lr, lu);
+	rows("rpc.latency.alloc_free", "", (size_t)blocks * BLOCK, sz, lk, lr, lu, 1);
+	/* The same on pinned CPUs: the placement the scheduler chose above can be either. */
+	{
+		uint32_t pb = quick ? 1 : 15;
+		pid_t servers[3] = { d.pid, srv, g_bn_kids[1] };
 
-			if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
-			    kvp_free(p, lease, NULL, 0, &e) < 0)
-				B_DIE("alloc/free: %s", e.message);
-			lk[b * BLOCK + i] = b_now_ns() - t0;
-		}
-		for (uint32_t i = 0; i < BLOCK; i++) {
-			uint64_t t0 = b_now_ns();
-
-			for (int k = 0; k < 4; k += 2)
-				if (bn_write_all(fd, buf, sz[k]) < 0 ||
-				    bn_read_all(fd, buf, sz[k + 1]) < 0)
-					B_DIE("raw ping-pong failed");
-			lr[b * BLOCK + i] = b_now_ns() - t0;
-		}
-		for (uint32_t i = 0; i < BLOCK; i++) {
-			uint64_t t0 = b_now_ns();
-
-			for (int k = 0; k < 2; k++)
-				if (bn_write_all(efd, ef[k], sz[2 * k]) < 0 ||
-				    bn_read_all(efd, buf, sz[2 * k]) < 0)
-					B_DIE("echo ping-pong failed");
-			lu[b * BLOCK + i] = b_now_ns() - t0;
+		for (int cross = 0; cross < 2 && sysconf(_SC_NPROCESSORS_ONLN) >= 2; cross++) {
+			if (pin(0, 0) < 0)
+				break;
+			for (int k = 0; k < 3; k++)
+				pin(servers[k], cross);
+			run_blocks(&(struct sides){ p, fd, efd, sz, ef }, pb, lk, lr, lu);
+			rows(cross ? "rpc.latency.alloc_free.cross_cpu" : "rpc.latency.alloc_free.same_cpu",
+			     cross ? "client on CPU 0, servers on CPU 1" : "client and servers on CPU 0",
+			     (size_t)pb * BLOCK, sz, lk, lr, lu, 0);
 		}
 	}
 	close(fd);
@@ -192,41 +282,6 @@ int main(int argc, char **argv)
 	kvp_client_close(c);
 	bn_cleanup();
 
-	{
-		size_t n = (size_t)blocks * BLOCK;
-		double q[2] = { 0.50, 0.99 };
-		const char *names[2] = { "rpc.latency.alloc_free.p50", "rpc.latency.alloc_free.p99" };
-		const char *targets[2] = { "ratio <= 1.5", "ratio <= 3" };
-
-		const char *unames[2] = { "rpc.latency.alloc_free_vs_uring_echo.p50",
-					  "rpc.latency.alloc_free_vs_uring_echo.p99" };
-
-		for (int i = 0; i < 2; i++) {
-			double vk = (double)b_quantile(lk, n, q[i]) / 1e3;
-			double vr = (double)b_quantile(lr, n, q[i]) / 1e3;
-			double vu = (double)b_quantile(lu, n, q[i]) / 1e3;
-
-			b_row_print(&(struct b_row){
-				.name = names[i],
-				.params = b_fmt("{\"clients\":1,\"pairs\":%zu,\"block\":%u,"
-						"\"frames_bytes\":{\"alloc_req\":%zu,\"alloc_resp\":%zu,"
-						"\"free_req\":%zu,\"free_resp\":%zu},\"pages\":1}",
-						n, BLOCK, sz[0], sz[1], sz[2], sz[3]),
-				.baseline_what = "raw unix-socket ping-pong, 2 processes, same 4 frame sizes "
-						 "(2 round trips, us)",
-				.baseline = vr, .have_base = 1, .value = vk, .have_value = 1,
-				.unit = "us per Alloc+Free", .target = targets[i] });
-			b_row_print(&(struct b_row){
-				.name = unames[i],
-				.params = b_fmt("{\"clients\":1,\"pairs\":%zu,\"block\":%u,"
-						"\"frames_bytes\":[%zu,%zu],\"pages\":1}",
-						n, BLOCK, sz[0], sz[2]),
-				.baseline_what = "io_uring frame echo server (echo_server.c), frames of "
-						 "the Alloc and Free request sizes (2 round trips, us)",
-				.baseline = vu, .have_base = 1, .value = vk, .have_value = 1,
-				.unit = "us per Alloc+Free", .target = "diagnostic: kvpoold's own cost" });
-		}
-	}
 	free(lk);
 	free(lr);
 	free(lu);
