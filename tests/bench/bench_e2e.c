@@ -182,7 +182,7 @@ static void run_uneven(struct daemon *d, int private_pools, const char *seconds,
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
-	const char *seconds = quick ? "1.5" : "6";
+	const char *seconds = quick ? "1" : "6";
 	/* 16 system prompts of 768 tokens (12288 tokens: fit the shared pool's 2 x 8192, not a
 	 * private pool's 2 x 2048), conversations of 4 turns of 128 tokens */
 	static const char *const wl[] = { "--workload", "shared-prefix", "--families", "16",

@@ -217,9 +217,9 @@ int main(int argc, char **argv)
 	const char *only = b_only(argc, argv);
 	const int full_clients[] = { 1, 4, 16, 64 }, quick_clients[] = { 1, 4 };
 	const int *clients = quick ? quick_clients : full_clients;
-	int nclients = quick ? 2 : 4, reps = quick ? 2 : 5;
+	int nclients = quick ? 2 : 4, reps = quick ? 1 : 5;
 	const int depths[] = { 1, 16 };
-	double secs = quick ? 0.3 : 0.7, warm = quick ? 0.1 : 0.15;
+	double secs = quick ? 0.25 : 0.7, warm = quick ? 0.05 : 0.15;
 	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	static struct daemon d;
