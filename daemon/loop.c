@@ -204,10 +204,14 @@ static void arm_send(struct server *sv, struct conn *c)
 			c->iov[n++].iov_len = o->len - o->off;
 		}
 	}
-	c->msg.msg_iov = c->iov;
-	c->msg.msg_iovlen = n;
 	sqe = get_sqe(sv);
-	io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+	if (n == 1 && !c->msg.msg_control) { /* the common case: no msghdr for the kernel to read */
+		io_uring_prep_send(sqe, c->fd, c->iov[0].iov_base, c->iov[0].iov_len, MSG_NOSIGNAL);
+	} else {
+		c->msg.msg_iov = c->iov;
+		c->msg.msg_iovlen = n;
+		io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+	}
 	io_uring_sqe_set_data(sqe, tagged(c, TAG_SEND));
 	c->send_armed = true;
 	c->inflight++;
