@@ -18,7 +18,8 @@ typedef int (*handler_fn)(struct kvp_daemon *d, struct kvp_session *s, const Kvp
 
 void kvp_reply_init(struct kvp_reply *r, uint64_t id)
 {
-	memset(r, 0, offsetof(struct kvp_reply, inl));
+	/* resp and status are set by their inits; the rest up to the inline buffer is cleared */
+	memset(&r->allocs, 0, offsetof(struct kvp_reply, inl) - offsetof(struct kvp_reply, allocs));
 	kvpool__response__init(&r->resp);
 	kvpool__status__init(&r->status);
 	r->resp.id = id;

@@ -188,6 +188,264 @@ static int get_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint6
 	return -1;
 }
 
+/*
+ * Plain sub-messages. A sub-message whose set fields are all proto3 scalars (uint32, uint64,
+ * enum and int32 of non-negative value, bool), strings, or packed repeated uint32 (the page
+ * and token lists of the hot calls) is sized and packed here, with protobuf-c's exact bytes:
+ * fields in descriptor order, a zero scalar, empty string or empty list not written. It is
+ * unpacked here when each field on the wire is one of those (strings excepted) in its canonical
+ * form, at most once, and known; anything else (a nested message, a oneof member, a string, an
+ * unpacked or empty list, an over-long varint, an unknown field) goes to protobuf-c. The value
+ * is protobuf-c's in every case: tests/unit/test_frame.c compares both.
+ */
+static size_t u32_size(uint32_t v)
+{
+	return varint_size(v);
+}
+
+/* The packed size of sub-message m, or SIZE_MAX when it is not plain. */
+static size_t plain_size(const ProtobufCMessage *m)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const char *base = (const char *)m;
+	size_t n = 0;
+
+	if (m->n_unknown_fields)
+		return SIZE_MAX;
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const void *mb = base + f->offset;
+		size_t tag = varint_size((uint64_t)f->id << 3);
+
+		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+			if (*(const uint32_t *)(base + f->quantifier_offset) == f->id)
+				return SIZE_MAX;
+			continue;
+		}
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			size_t cnt = *(const size_t *)(base + f->quantifier_offset), body = 0;
+			const uint32_t *a = *(uint32_t *const *)mb;
+
+			if (f->type != PROTOBUF_C_TYPE_UINT32 ||
+			    !(f->flags & PROTOBUF_C_FIELD_FLAG_PACKED))
+				return SIZE_MAX;
+			for (size_t k = 0; k < cnt; k++)
+				body += u32_size(a[k]);
+			if (cnt)
+				n += tag + varint_size(body) + body;
+			continue;
+		}
+		if (f->label != PROTOBUF_C_LABEL_NONE)
+			return SIZE_MAX;
+		switch (f->type) {
+		case PROTOBUF_C_TYPE_INT32:
+		case PROTOBUF_C_TYPE_ENUM:
+			if (*(const int32_t *)mb < 0)
+				return SIZE_MAX;
+			/* fall through */
+		case PROTOBUF_C_TYPE_UINT32:
+			if (*(const uint32_t *)mb)
+				n += tag + u32_size(*(const uint32_t *)mb);
+			break;
+		case PROTOBUF_C_TYPE_UINT64:
+			if (*(const uint64_t *)mb)
+				n += tag + varint_size(*(const uint64_t *)mb);
+			break;
+		case PROTOBUF_C_TYPE_BOOL:
+			if (*(const protobuf_c_boolean *)mb)
+				n += tag + 1;
+			break;
+		case PROTOBUF_C_TYPE_STRING: {
+			const char *s = *(char *const *)mb;
+			size_t l = s ? strlen(s) : 0;
+
+			if (l)
+				n += tag + varint_size(l) + l;
+			break;
+		}
+		default:
+			return SIZE_MAX;
+		}
+	}
+	return n;
+}
+
+/* Packs a sub-message plain_size accepted; returns the bytes written. */
+static size_t plain_pack(const ProtobufCMessage *m, uint8_t *out)
+{
+	const ProtobufCMessageDescriptor *d = m->descriptor;
+	const char *base = (const char *)m;
+	uint8_t *w = out;
+
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &d->fields[i];
+		const void *mb = base + f->offset;
+		uint64_t tag = (uint64_t)f->id << 3;
+
+		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+			continue;
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			size_t cnt = *(const size_t *)(base + f->quantifier_offset), body = 0;
+			const uint32_t *a = *(uint32_t *const *)mb;
+
+			if (!cnt)
+				continue;
+			for (size_t k = 0; k < cnt; k++)
+				body += u32_size(a[k]);
+			w = put_varint(w, tag | 2);
+			w = put_varint(w, body);
+			for (size_t k = 0; k < cnt; k++)
+				w = put_varint(w, a[k]);
+			continue;
+		}
+		switch (f->type) {
+		case PROTOBUF_C_TYPE_INT32:
+		case PROTOBUF_C_TYPE_ENUM:
+		case PROTOBUF_C_TYPE_UINT32:
+			if (*(const uint32_t *)mb) {
+				w = put_varint(w, tag);
+				w = put_varint(w, *(const uint32_t *)mb);
+			}
+			break;
+		case PROTOBUF_C_TYPE_UINT64:
+			if (*(const uint64_t *)mb) {
+				w = put_varint(w, tag);
+				w = put_varint(w, *(const uint64_t *)mb);
+			}
+			break;
+		case PROTOBUF_C_TYPE_BOOL:
+			if (*(const protobuf_c_boolean *)mb) {
+				w = put_varint(w, tag);
+				*w++ = 1;
+			}
+			break;
+		default: { /* PROTOBUF_C_TYPE_STRING: plain_size let nothing else through */
+			const char *s = *(char *const *)mb;
+			size_t l = s ? strlen(s) : 0;
+
+			if (l) {
+				w = put_varint(w, tag | 2);
+				w = put_varint(w, l);
+				memcpy(w, s, l);
+				w += l;
+			}
+			break;
+		}
+		}
+	}
+	return (size_t)(w - out);
+}
+
+static void *alloc_with(ProtobufCAllocator *a, size_t n)
+{
+	return a ? a->alloc(a->allocator_data, n) : malloc(n);
+}
+
+/* Unpacks a plain sub-message of descriptor d from data[0, len). Returns the message, or NULL
+ * with *fallback set when protobuf-c must unpack it (unset: out of memory). */
+static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+				      const uint8_t *data, size_t len, bool *fallback)
+{
+	const uint8_t *p = data, *end = data + len;
+	uint64_t seen = 0;
+	ProtobufCMessage *m;
+
+	*fallback = true;
+	if (d->n_fields > 64)
+		return NULL;
+	m = alloc_with(a, d->sizeof_message);
+	if (!m) {
+		*fallback = false;
+		return NULL;
+	}
+	d->message_init(m);
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t tag, v;
+		unsigned idx;
+		void *mb;
+
+		if (get_varint(&p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
+			goto fallback;
+		f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+		if (!f || (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+			goto fallback;
+		idx = (unsigned)(f - d->fields);
+		if (seen & (uint64_t)1 << idx)
+			goto fallback;
+		seen |= (uint64_t)1 << idx;
+		mb = (char *)m + f->offset;
+		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+			const uint8_t *q, *stop;
+			size_t cnt = 0;
+			uint32_t *arr;
+
+			if (f->type != PROTOBUF_C_TYPE_UINT32 || (tag & 7) != 2 ||
+			    get_varint(&p, end, 5, &v) < 0 || v == 0 || v > (uint64_t)(end - p))
+				goto fallback;
+			stop = p + v;
+			for (q = p; q < stop; q++)
+				cnt += !(*q & 0x80);
+			if (stop[-1] & 0x80)
+				goto fallback;
+			arr = alloc_with(a, cnt * sizeof(uint32_t));
+			if (!arr) {
+				*fallback = false;
+				goto fail;
+			}
+			*(uint32_t **)mb = arr;
+			*(size_t *)((char *)m + f->quantifier_offset) = cnt;
+			for (size_t k = 0; k < cnt; k++) {
+				if (get_varint(&p, stop, 5, &v) < 0)
+					goto fallback;
+				arr[k] = (uint32_t)v;
+			}
+			continue;
+		}
+		if (f->label != PROTOBUF_C_LABEL_NONE || (tag & 7) != 0)
+			goto fallback;
+		switch (f->type) {
+		case PROTOBUF_C_TYPE_INT32:
+		case PROTOBUF_C_TYPE_ENUM:
+		case PROTOBUF_C_TYPE_UINT32:
+			if (get_varint(&p, end, 5, &v) < 0)
+				goto fallback;
+			*(uint32_t *)mb = (uint32_t)v;
+			break;
+		case PROTOBUF_C_TYPE_UINT64:
+			if (get_varint(&p, end, 9, &v) < 0)
+				goto fallback;
+			*(uint64_t *)mb = v;
+			break;
+		case PROTOBUF_C_TYPE_BOOL:
+			if (get_varint(&p, end, 5, &v) < 0)
+				goto fallback;
+			*(protobuf_c_boolean *)mb = v != 0;
+			break;
+		default:
+			goto fallback;
+		}
+	}
+	*fallback = false;
+	return m;
+fallback:
+	*fallback = true;
+fail:
+	protobuf_c_message_free_unpacked(m, a);
+	return NULL;
+}
+
+static ProtobufCMessage *sub_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+				    const uint8_t *data, size_t len)
+{
+	bool fallback;
+	ProtobufCMessage *m = plain_unpack(d, a, data, len, &fallback);
+
+	if (m || !fallback)
+		return m;
+	return protobuf_c_message_unpack(d, a, len, data);
+}
+
 static bool is_envelope(const ProtobufCMessageDescriptor *d)
 {
 	return d == &kvpool__request__descriptor || d == &kvpool__response__descriptor;
@@ -224,7 +482,10 @@ static int plan_field(struct kvp_frame_plan *p, const ProtobufCFieldDescriptor *
 		part->sub = *(ProtobufCMessage *const *)(base + f->offset);
 		if (!part->sub)
 			return 0;
-		part->v = protobuf_c_message_get_packed_size(part->sub);
+		part->v = plain_size(part->sub);
+		part->plain = part->v != SIZE_MAX;
+		if (!part->plain)
+			part->v = protobuf_c_message_get_packed_size(part->sub);
 		*body += varint_size((uint64_t)f->id << 3 | 2) + varint_size(part->v) + part->v;
 	} else {
 		return -1;
@@ -285,7 +546,8 @@ size_t kvp_frame_pack_plan(const struct kvp_frame_plan *p, uint8_t *buf)
 		} else {
 			w = put_varint(w, (uint64_t)part->f->id << 3 | 2);
 			w = put_varint(w, part->v);
-			w += protobuf_c_message_pack(part->sub, w);
+			w += part->plain ? plain_pack(part->sub, w)
+					 : protobuf_c_message_pack(part->sub, w);
 		}
 	}
 	put_le32(buf, (uint32_t)(w - buf - KVP_FRAME_HDR));
@@ -341,7 +603,7 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
 			}
 			if (get_varint(&p, end, 5, &v) < 0 || v > (uint64_t)(end - p))
 				goto fallback;
-			sub = protobuf_c_message_unpack(f->descriptor, a, (size_t)v, p);
+			sub = sub_unpack(f->descriptor, a, p, (size_t)v);
 			if (!sub) {
 				/* protobuf-c fails the whole message the same way */
 				*fallback = false;

@@ -49,6 +49,7 @@ struct kvp_frame_part {
 	const ProtobufCFieldDescriptor *f;
 	const ProtobufCMessage *sub; /* NULL: a uint64 field of value v */
 	uint64_t v;		     /* the value, or the sub-message's packed size */
+	bool plain;		     /* sub packs without protobuf-c (frame.c, plain messages) */
 };
 struct kvp_frame_plan {
 	const ProtobufCMessage *msg;

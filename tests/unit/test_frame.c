@@ -199,8 +199,55 @@ static void check_same_bytes(const ProtobufCMessage *m)
 	free(ref);
 }
 
+/* Fills sub-message sub's plain fields (frame.c's plain sub-messages: scalars, strings,
+ * packed uint32 lists) with values of variant v: 0 leaves the defaults, 1 small values, 2
+ * values at varint-size edges (and a negative int32, which frame.c hands to protobuf-c). */
+static void fill_sub(ProtobufCMessage *sub, int v)
+{
+	static uint32_t lists[3][5] = { { 1, 2, 3 }, { 0, 127, 128, 16383, UINT32_MAX }, { 300 } };
+	const ProtobufCMessageDescriptor *sd = sub->descriptor;
+
+	for (unsigned k = 0; v && k < sd->n_fields; k++) {
+		const ProtobufCFieldDescriptor *sf = &sd->fields[k];
+		char *mb = (char *)sub + sf->offset;
+
+		if (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+			continue;
+		if (sf->label == PROTOBUF_C_LABEL_REPEATED) {
+			if (sf->type == PROTOBUF_C_TYPE_UINT32) {
+				*(uint32_t **)mb = lists[(v + k) % 3];
+				*(size_t *)((char *)sub + sf->quantifier_offset) =
+					(v + k) % 3 == 1 ? 5 : (v + k) % 3 == 0 ? 3 : 1;
+			}
+			continue;
+		}
+		switch (sf->type) {
+		case PROTOBUF_C_TYPE_UINT64:
+			*(uint64_t *)mb = v == 1 ? 12345u + k : UINT64_MAX - k;
+			break;
+		case PROTOBUF_C_TYPE_UINT32:
+			*(uint32_t *)mb = v == 1 ? 77u + k : UINT32_MAX - k;
+			break;
+		case PROTOBUF_C_TYPE_INT32:
+			*(int32_t *)mb = v == 1 ? 5 : -3;
+			break;
+		case PROTOBUF_C_TYPE_ENUM:
+			*(int32_t *)mb = v == 1 ? 1 : 2;
+			break;
+		case PROTOBUF_C_TYPE_BOOL:
+			*(protobuf_c_boolean *)mb = 1;
+			break;
+		case PROTOBUF_C_TYPE_STRING:
+			*(const char **)mb = v == 1 ? "kv" : "";
+			break;
+		default:
+			break;
+		}
+	}
+}
+
 /* Calls fn with envelope m of descriptor d set to each oneof case in turn (and to none), the
- * sub-message filled with a few non-default scalars. */
+ * sub-message left at its defaults and filled both ways (fill_sub). */
 static void each_case(ProtobufCMessage *m, void (*fn)(ProtobufCMessage *m, void *arg), void *arg)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
@@ -209,32 +256,22 @@ static void each_case(ProtobufCMessage *m, void (*fn)(ProtobufCMessage *m, void 
 	for (unsigned i = 0; i < d->n_fields; i++) {
 		const ProtobufCFieldDescriptor *f = &d->fields[i];
 		const ProtobufCMessageDescriptor *sd = f->descriptor;
-		ProtobufCMessage *sub;
 
 		if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
 			continue;
-		sub = calloc(1, sd->sizeof_message);
-		protobuf_c_message_init(sd, sub);
-		for (unsigned k = 0; k < sd->n_fields; k++) {
-			const ProtobufCFieldDescriptor *sf = &sd->fields[k];
+		for (int v = 0; v < 3; v++) {
+			ProtobufCMessage *sub = calloc(1, sd->sizeof_message);
 
-			if (sf->label != PROTOBUF_C_LABEL_NONE ||
-			    (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
-				continue;
-			if (sf->type == PROTOBUF_C_TYPE_UINT64)
-				*(uint64_t *)((char *)sub + sf->offset) = 12345u + k;
-			else if (sf->type == PROTOBUF_C_TYPE_UINT32)
-				*(uint32_t *)((char *)sub + sf->offset) = 77u + k;
-			else if (sf->type == PROTOBUF_C_TYPE_STRING)
-				*(const char **)((char *)sub + sf->offset) = "kv";
+			protobuf_c_message_init(sd, sub);
+			fill_sub(sub, v);
+			*(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
+			*(ProtobufCMessage **)((char *)m + f->offset) = sub;
+			fn(m, arg);
+			free(sub);
 		}
-		*(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
-		*(ProtobufCMessage **)((char *)m + f->offset) = sub;
-		fn(m, arg);
 		*(ProtobufCMessage **)((char *)m + f->offset) = NULL; /* case set, no message */
 		fn(m, arg);
 		*(uint32_t *)((char *)m + f->quantifier_offset) = 0;
-		free(sub);
 	}
 }
 
@@ -389,6 +426,59 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 			n = 3;
 		check_same_decode(&kvpool__request__descriptor, odd[i], n);
 		check_same_decode(&kvpool__response__descriptor, odd[i], n);
+	}
+	/* Sub-messages in forms frame.c leaves to protobuf-c, inside a Request's Free call (FreeReq:
+	 * lease_id = 1 uint64, pages = 2 packed uint32) and Alloc call (AllocReq: pool_id = 1,
+	 * tier = 4 enum). */
+	{
+		static const uint8_t subs[][16] = {
+			{ 0x08, 0x05, 0x12, 0x02, 0x01, 0x02 }, /* canonical */
+			{ 0x10, 0x01, 0x10, 0x02 },		/* the list unpacked */
+			{ 0x12, 0x00, 0x08, 0x01 },		/* an empty packed list */
+			{ 0x12, 0x01, 0x81 },			/* list ends mid-varint */
+			{ 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 }, /* 6-byte element */
+			{ 0x12, 0x05, 0xff, 0xff, 0xff, 0xff, 0x7f }, /* 5 bytes, past 32 bits */
+			{ 0x08, 0x01, 0x08, 0x02 },		/* a scalar twice */
+			{ 0x12, 0x01, 0x01, 0x12, 0x01, 0x02 }, /* a list twice: joined */
+			{ 0x18, 0x01 },				/* unknown field 3 */
+			{ 0x09, 0, 0, 0, 0, 0, 0, 0, 0 },	/* lease_id as fixed64 */
+		};
+		static const uint8_t alloc_subs[][16] = {
+			{ 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 }, /* pool_id past 32 bits */
+			{ 0x20, 0xff, 0xff, 0xff, 0xff, 0x0f }, /* enum of 2^32 - 1 */
+			{ 0x20, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 }, /* -2 */
+			{ 0x08, 0x00 },				/* a zero written */
+		};
+		const ProtobufCFieldDescriptor *ff =
+			protobuf_c_message_descriptor_get_field_by_name(&kvpool__request__descriptor,
+									"free");
+		const ProtobufCFieldDescriptor *fa =
+			protobuf_c_message_descriptor_get_field_by_name(&kvpool__request__descriptor,
+									"alloc");
+
+		CU_ASSERT_PTR_NOT_NULL_FATAL(ff);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(fa);
+		for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]) + 4; i++) {
+			const uint8_t *s = i < 10 ? subs[i] : alloc_subs[i - 10];
+			const ProtobufCFieldDescriptor *f = i < 10 ? ff : fa;
+			uint8_t m[32] = { 0x08, 0x07 };
+			size_t n = 16, k = 2;
+
+			while (n && !s[n - 1])
+				n--;
+			if (i == 9)
+				n = 9;
+			if (i == 13)
+				n = 2;
+			for (uint32_t t = f->id << 3 | 2; ; t >>= 7) { /* the tag, a varint */
+				m[k++] = (uint8_t)(t > 0x7f ? (t & 0x7f) | 0x80 : t);
+				if (t <= 0x7f)
+					break;
+			}
+			m[k++] = (uint8_t)n;
+			memcpy(m + k, s, n);
+			check_same_decode(&kvpool__request__descriptor, m, k + n);
+		}
 	}
 	/* Valid messages, then each mutated: bytes changed, cut short, joined with another. */
 	for (int round = 0; round < 40; round++) {
