@@ -19,7 +19,7 @@ enum kvp_fault_site {
 	KVP_FAULT_LEASE,       /* "lease": a lease and its page list */
 	KVP_FAULT_IDMAP,       /* "idmap": growing a session's lease or lock table */
 	KVP_FAULT_LOCK,        /* "lock": the lock a Match takes */
-	KVP_FAULT_PREFIX,      /* "prefix": prefix-tree nodes, hash table, eviction heaps */
+	KVP_FAULT_PREFIX,      /* "prefix": prefix-tree memory, an Insert's page list */
 	KVP_FAULT_SITES,
 };
 

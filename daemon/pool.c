@@ -473,7 +473,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	*new_tokens = *dup_tokens = 0;
 	if (own == 0)
 		return 0;
-	all = malloc(sizeof(*all) * whole);
+	all = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*all) * whole));
 	dup = malloc(sizeof(*dup) * whole);
 	if (!all || !dup) {
 		free(all);
