@@ -9,13 +9,15 @@ KVP_WITH_FUZZ=1 bash scripts/deps.sh
 if [ ! -f build-fuzz/build.ninja ]; then
 	CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Db_lundef=false >/dev/null
 fi
-ninja -C build-fuzz tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config >/dev/null ||
-	ninja -C build-fuzz tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config
+targets="tests/fuzz/fuzz_dispatch tests/fuzz/fuzz_config tests/fuzz/fuzz_codec"
+# shellcheck disable=SC2086
+ninja -C build-fuzz $targets >/dev/null || ninja -C build-fuzz $targets
 work=$(mktemp -d /tmp/kvpool-fuzz-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-for t in dispatch config; do
+for t in dispatch config codec; do
 	corpus=frame
 	[ "$t" = config ] && corpus=config
+	[ "$t" = codec ] && corpus=codec
 	mkdir -p "$work/$t"
 	cp tests/fuzz/corpus/$corpus/* "$work/$t/"
 	echo "== fuzz_$t for ${secs}s"

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""gen_seeds.py - writes the seed corpus of fuzz_dispatch: request sequences of two sessions,
-framed and cut into the target's chunk format (1 byte: session << 7 | length, then bytes)."""
+"""gen_seeds.py - writes the seed corpora: of fuzz_dispatch (corpus/frame: request sequences of
+two sessions, framed and cut into the target's chunk format, 1 byte: session << 7 | length,
+then bytes) and of fuzz_codec (corpus/codec: single Request and Response payloads)."""
 import os, sys
 
 def varint(v):
@@ -65,7 +66,8 @@ seqs = {
                 (0, request(2, ALLOC, msg(pid=(1, 0), pages=(3, 3)))),
                 (1, request(2, FREE, msg(l=(1, 1)))), (1, request(3, DETACH, msg(pid=(1, 0))))],
 }
-out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus", "frame")
+top = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
+out = os.path.join(top, "frame")
 os.makedirs(out, exist_ok=True)
 for name, seq in seqs.items():
     data = bytes([0x03])  # both sessions start past Hello
@@ -73,3 +75,23 @@ for name, seq in seqs.items():
         data += chunks(who, frame(req))
     open(os.path.join(out, name), "wb").write(data)
 print("wrote", len(seqs), "seeds to", out)
+
+# fuzz_codec: each request above as one payload, and replies (Response: id 1, status 2, the
+# result in the same field number as its call)
+def response(rid, code, message, result, body):
+    st = msg(c=(1, code)) + (field(2, 2, message) if message else b"")
+    return msg(id=(1, rid), st=(2, st)) + (field(result, 2, body) if result else b"")
+
+codec = {"req_%s_%d" % (name, i): req for name, seq in seqs.items() for i, (_, req) in enumerate(seq)}
+codec.update({
+    "resp_ping": response(2, 0, b"", PING, msg(n=(1, 7))),
+    "resp_alloc": response(2, 0, b"", ALLOC, msg(l=(1, 9), t=(2, 1), pg=(3, [0, 1, 300, 2**32 - 1]))),
+    "resp_free": response(3, 0, b"", FREE, msg(f=(1, 2), lp=(2, 0))),
+    "resp_match": response(4, 0, b"", MATCH, msg(t=(1, 32), d=(2, [1, 2]), h=(3, [3]), k=(4, 5))),
+    "resp_capacity": response(5, 8, b"full", 0, b"") + field(2, 2, field(3, 2, msg(t=(1, 1), r=(2, 99)))),
+})
+out = os.path.join(top, "codec")
+os.makedirs(out, exist_ok=True)
+for name, data in codec.items():
+    open(os.path.join(out, name), "wb").write(data)
+print("wrote", len(codec), "seeds to", out)
