@@ -1,5 +1,6 @@
 /* metrics.c - Prometheus text exposition, generated from the X-macro counter lists. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,31 +137,37 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	KVP_POOL_COUNTERS(POOL_FAMILY)
 #undef POOL_FAMILY
 	{
+		/* each a field of struct kvp_prefix_stats, in pages (times page_tokens) or not */
 		static const struct {
-			const char *name, *help;
-			int which;
+			const char *name, *help, *type;
+			size_t off;
+			bool pages;
 		} pf[] = {
-			{ "prefix_hit_tokens_total", "Tokens matched in the prefix cache", 0 },
-			{ "prefix_queried_tokens_total", "Tokens asked of the prefix cache", 1 },
-			{ "demoted_tokens_total", "Tokens demoted from device to host pages", 2 },
-			{ "promoted_tokens_total", "Tokens promoted from host to device pages", 3 },
-			{ "prefix_nodes", "Nodes of the prefix tree", 4 },
+#define PF(n, h, t, f, pg) { n, h, t, offsetof(struct kvp_prefix_stats, f), pg }
+			PF("prefix_hit_tokens_total", "Tokens matched in the prefix cache", "counter",
+			   hit_tokens, false),
+			PF("prefix_queried_tokens_total", "Tokens asked of the prefix cache", "counter",
+			   queried_tokens, false),
+			PF("demoted_tokens_total", "Tokens demoted from device to host pages", "counter",
+			   demoted_pages, true),
+			PF("promoted_tokens_total", "Tokens promoted from host to device pages", "counter",
+			   promoted_pages, true),
+			PF("prefix_nodes", "Nodes of the prefix tree", "gauge", nodes, false),
+#undef PF
 		};
 
 		for (size_t k = 0; k < sizeof(pf) / sizeof(pf[0]); k++) {
 			put(&o, "# HELP kvpool_%s %s.\n# TYPE kvpool_%s %s\n", pf[k].name, pf[k].help,
-			    pf[k].name, pf[k].which == 4 ? "gauge" : "counter");
+			    pf[k].name, pf[k].type);
 			for (uint32_t i = 0; i < d->n_pools; i++) {
 				const struct kvp_pool *p = d->pools[i];
 				struct kvp_prefix_stats ps;
-				uint64_t pt = p->conf.page_tokens, v;
+				uint64_t v;
 
 				kvp_prefix_stats(p->pfx, &ps);
-				v = pf[k].which == 0   ? ps.hit_tokens
-				    : pf[k].which == 1 ? ps.queried_tokens
-				    : pf[k].which == 2 ? ps.demoted_pages * pt
-				    : pf[k].which == 3 ? ps.promoted_pages * pt
-						       : ps.nodes;
+				v = *(const uint64_t *)((const char *)&ps + pf[k].off);
+				if (pf[k].pages)
+					v *= p->conf.page_tokens;
 				put(&o, "kvpool_%s{pool=\"%s\"} %lu\n", pf[k].name, p->conf.name,
 				    (unsigned long)v);
 			}
