@@ -341,6 +341,22 @@ static void *alloc_with(ProtobufCAllocator *a, size_t n)
 	return a ? a->alloc(a->allocator_data, n) : malloc(n);
 }
 
+/* Starts a fast unpack: a fresh message of d (fields tracked in a 64-bit mask), or NULL with
+ * *fallback set for protobuf-c (too many fields) or unset (out of memory). */
+static ProtobufCMessage *fast_begin(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+				   bool *fallback)
+{
+	ProtobufCMessage *m;
+
+	*fallback = d->n_fields > 64;
+	if (*fallback)
+		return NULL;
+	m = alloc_with(a, d->sizeof_message);
+	if (m)
+		d->message_init(m);
+	return m;
+}
+
 /* Unpacks a plain sub-message of descriptor d from data[0, len). Returns the message, or NULL
  * with *fallback set when protobuf-c must unpack it (unset: out of memory). */
 static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
@@ -350,15 +366,9 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 	uint64_t seen = 0;
 	ProtobufCMessage *m;
 
-	*fallback = true;
-	if (d->n_fields > 64)
+	m = fast_begin(d, a, fallback);
+	if (!m)
 		return NULL;
-	m = alloc_with(a, d->sizeof_message);
-	if (!m) {
-		*fallback = false;
-		return NULL;
-	}
-	d->message_init(m);
 	while (p < end) {
 		const ProtobufCFieldDescriptor *f;
 		uint64_t tag, v;
@@ -435,11 +445,16 @@ fail:
 	return NULL;
 }
 
-static ProtobufCMessage *sub_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
-				    const uint8_t *data, size_t len)
+typedef ProtobufCMessage *fast_unpack_fn(const ProtobufCMessageDescriptor *d,
+					  ProtobufCAllocator *a, const uint8_t *data, size_t len,
+					  bool *fallback);
+
+/* Unpacks with fast, or with protobuf-c where fast leaves the bytes to it. */
+static ProtobufCMessage *unpack(fast_unpack_fn *fast, const ProtobufCMessageDescriptor *d,
+				ProtobufCAllocator *a, const uint8_t *data, size_t len)
 {
 	bool fallback;
-	ProtobufCMessage *m = plain_unpack(d, a, data, len, &fallback);
+	ProtobufCMessage *m = fast(d, a, data, len, &fallback);
 
 	if (m || !fallback)
 		return m;
@@ -566,15 +581,9 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
 	uint32_t seen_oneof = 0;
 	uint64_t seen = 0; /* bit per field index (envelopes have fewer than 64) */
 
-	*fallback = true;
-	if (d->n_fields > 64)
+	m = fast_begin(d, a, fallback);
+	if (!m)
 		return NULL;
-	m = a ? a->alloc(a->allocator_data, d->sizeof_message) : malloc(d->sizeof_message);
-	if (!m) {
-		*fallback = false;
-		return NULL;
-	}
-	d->message_init(m);
 	while (p < end) {
 		const ProtobufCFieldDescriptor *f;
 		uint64_t tag, v;
@@ -603,7 +612,7 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
 			}
 			if (get_varint(&p, end, 5, &v) < 0 || v > (uint64_t)(end - p))
 				goto fallback;
-			sub = sub_unpack(f->descriptor, a, p, (size_t)v);
+			sub = unpack(plain_unpack, f->descriptor, a, p, (size_t)v);
 			if (!sub) {
 				/* protobuf-c fails the whole message the same way */
 				*fallback = false;
@@ -629,12 +638,7 @@ fail:
 static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
 				const uint8_t *payload, uint32_t len)
 {
-	bool fallback;
-	ProtobufCMessage *m = envelope_unpack(d, a, payload, len, &fallback);
-
-	if (m || !fallback)
-		return m;
-	return protobuf_c_message_unpack(d, a, len, payload);
+	return unpack(envelope_unpack, d, a, payload, len);
 }
 
 /* Every piece is aligned for any type protobuf-c stores in it. */
