@@ -175,8 +175,8 @@ static void arm_pidfd(struct server *sv, struct conn *c)
 	c->inflight++;
 }
 
-/* One sendmsg for as many queued replies as fit in KVP_SEND_IOV; a reply that carries
- * descriptors goes alone, so they travel with its first byte. */
+/* One send for as many queued replies as fit in KVP_SEND_IOV (a plain send for one buffer, else
+ * sendmsg); a reply that carries descriptors goes alone, so they travel with its first byte. */
 static void arm_send(struct server *sv, struct conn *c)
 {
 	struct obuf *o = c->oq_head;

@@ -145,11 +145,13 @@ int kvp_frame_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *outlen)
  * Envelope codec. Request and Response are envelopes: an id, (Response) a Status, and one member
  * of a 19-way oneof, each a plain uint64 or a sub-message. protobuf-c sizes a message, then packs
  * it, sizing every sub-message again on the way, and unpacks through its generic field tables.
- * Here the envelope is walked once, each sub-message is sized once, and decoding goes straight
- * to the one sub-message present; protobuf-c still packs and unpacks the sub-messages. The bytes
+ * Here the envelope is walked once, each sub-message is sized once (a packed list is walked once
+ * more to write it), and decoding goes straight to the one sub-message present; plain
+ * sub-messages (above) are packed and unpacked here too, others by protobuf-c. The bytes
  * written are the ones protobuf_c_message_pack writes, and anything but the plain shape (unknown,
  * repeated or out-of-type fields, a 10-byte varint) is decoded by protobuf-c itself, so both
- * paths give the same message; tests/unit/test_frame.c checks both against protobuf-c.
+ * paths give the same message; tests/unit/test_frame.c and tests/fuzz/fuzz_codec.c check both
+ * against protobuf-c.
  */
 static size_t varint_size(uint64_t v)
 {

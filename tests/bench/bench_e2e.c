@@ -123,7 +123,8 @@ static void lg_start(struct lg_run *run, struct daemon *d, const char *pool, int
 	run->fd = pfd[0];
 }
 
-static void lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
+/* Reads run's summary into out. Returns 0, or -1 after saying why the run failed. */
+static int lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
 {
 	char buf[8192];
 	size_t len = 0;
@@ -137,8 +138,9 @@ static void lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
 	waitpid(run->pid, &st, 0);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !strstr(buf, "\"requests_per_s\"")) {
 		daemon_report(d);
-		B_DIE("%s failed: exit %d, output: %s", run->what,
-		      WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
+		fprintf(stderr, "bench: %s failed: exit %d, output: %s\n", run->what,
+			WIFEXITED(st) ? WEXITSTATUS(st) : -1, buf);
+		return -1;
 	}
 	out->rps = field(buf, "requests_per_s");
 	out->wall = field(buf, "wall_s");
@@ -148,6 +150,7 @@ static void lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
 	out->oom = field(buf, "OUT_OF_CAPACITY");
 	out->failed = field(buf, "failed_procs");
 	out->mismatches = field(buf, "mismatches");
+	return 0;
 }
 
 /* The shared-prefix workload on 4 processes: the shared pool, or part0..part3. */
@@ -157,7 +160,8 @@ static void run_prefix(struct daemon *d, int private_pools, const char *seconds,
 	struct lg_run r;
 
 	lg_start(&r, d, private_pools ? "part" : "shared", private_pools, "4", seconds, wl);
-	lg_finish(&r, d, out);
+	if (lg_finish(&r, d, out) < 0)
+		B_DIE("the shared-prefix run failed");
 }
 
 /* Uneven demand, run at once: one engine serves long contexts (LONG_TOKENS each, more than a
@@ -175,8 +179,13 @@ static void run_uneven(struct daemon *d, int private_pools, const char *seconds,
 
 	lg_start(&a, d, private_pools ? "long" : "burst", private_pools, "1", seconds, long_wl);
 	lg_start(&b, d, private_pools ? "short" : "burst", private_pools, "3", seconds, short_wl);
-	lg_finish(&a, d, lng);
-	lg_finish(&b, d, shrt);
+	if (lg_finish(&a, d, lng) < 0) {
+		kill(b.pid, SIGTERM); /* not left running past this process */
+		waitpid(b.pid, NULL, 0);
+		B_DIE("the uneven run failed");
+	}
+	if (lg_finish(&b, d, shrt) < 0)
+		B_DIE("the uneven run failed");
 }
 
 int main(int argc, char **argv)

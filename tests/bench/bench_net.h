@@ -150,8 +150,9 @@ static inline int bn_hello(int fd, const char *name)
 }
 
 /* Starts the io_uring echo server (echo_server.c) in a child listening on DIR/echo.sock next to
- * the daemon's socket, registered for bn_cleanup; writes the socket path into path. */
-static inline void bn_echo_start(const struct daemon *d, char *path, size_t len)
+ * the daemon's socket, registered for bn_cleanup; writes the socket path into path. Returns the
+ * child's pid. */
+static inline pid_t bn_echo_start(const struct daemon *d, char *path, size_t len)
 {
 	pid_t pid;
 	int lfd;
@@ -165,4 +166,5 @@ static inline void bn_echo_start(const struct daemon *d, char *path, size_t len)
 		_exit(echo_server_run(lfd) < 0 ? 1 : 0);
 	bn_kid(pid);
 	close(lfd);
+	return pid;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "msg_eq.h"
 
 static struct kvp_arena g_arena;
 
@@ -22,7 +23,7 @@ static void same_pack(const ProtobufCMessage *ref, const ProtobufCMessage *got)
 		abort();
 	protobuf_c_message_pack(ref, b1);
 	protobuf_c_message_pack(got, b2);
-	if (n1 != n2 || memcmp(b1, b2, n1)) {
+	if (n1 != n2 || memcmp(b1, b2, n1) || !h_msg_eq(ref, got)) {
 		fprintf(stderr, "fuzz_codec: frame.c decoded another message than protobuf-c\n");
 		abort();
 	}

@@ -2,10 +2,12 @@
  * trips of every call. */
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "frame.h"
+#include "msg_eq.h"
 #include "suite.h"
 
 static size_t pack_ping(uint8_t *out, uint64_t id, uint64_t nonce)
@@ -328,8 +330,98 @@ static void test_frame_envelope_bytes_match_protobuf_c(void)
 	check_same_bytes(&ping.base);
 }
 
+/* Random in-memory values of every plain kind, the odd ones too: bools other than 0 and 1,
+ * negative int32 and enums, NULL and empty strings, lists of 0 to 6 elements of every varint
+ * size. The array and string storage is static: the message is only packed. */
+static void fill_random(ProtobufCMessage *sub, unsigned *seed)
+{
+	static uint32_t lists[8][6];
+	static char strs[4][8] = { "", "x", "kvpool", "1234567" };
+	static const int32_t ints[] = { 0, 1, 127, 128, -1, -2, INT32_MAX, INT32_MIN };
+	static const int bools[] = { 0, 1, 2, -1, 256 };
+	const ProtobufCMessageDescriptor *sd = sub->descriptor;
+
+	for (unsigned k = 0; k < sd->n_fields; k++) {
+		const ProtobufCFieldDescriptor *sf = &sd->fields[k];
+		char *mb = (char *)sub + sf->offset;
+		unsigned r = (unsigned)rand_r(seed);
+
+		if (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+			continue;
+		if (sf->label == PROTOBUF_C_LABEL_REPEATED) {
+			if (sf->type == PROTOBUF_C_TYPE_UINT32) {
+				uint32_t *l = lists[k % 8];
+				size_t n = r % 7;
+
+				for (size_t j = 0; j < n; j++)
+					l[j] = (uint32_t)rand_r(seed) >> (rand_r(seed) % 32);
+				*(uint32_t **)mb = n ? l : NULL;
+				*(size_t *)((char *)sub + sf->quantifier_offset) = n;
+			}
+			continue;
+		}
+		switch (sf->type) {
+		case PROTOBUF_C_TYPE_UINT64:
+			*(uint64_t *)mb = ((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) >>
+					  (r % 64);
+			break;
+		case PROTOBUF_C_TYPE_UINT32:
+			*(uint32_t *)mb = (uint32_t)rand_r(seed) << 1 >> (r % 32);
+			break;
+		case PROTOBUF_C_TYPE_INT32:
+		case PROTOBUF_C_TYPE_ENUM:
+			*(int32_t *)mb = ints[r % 8];
+			break;
+		case PROTOBUF_C_TYPE_BOOL:
+			*(protobuf_c_boolean *)mb = bools[r % 5];
+			break;
+		case PROTOBUF_C_TYPE_STRING:
+			*(char **)mb = r % 5 == 4 ? NULL : strs[r % 4];
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+static void test_frame_plain_pack_matches_protobuf_c_on_random_values(void)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__Response resp = KVPOOL__RESPONSE__INIT;
+	Kvpool__Status st = KVPOOL__STATUS__INIT;
+	ProtobufCMessage *env[2] = { &req.base, &resp.base };
+	unsigned seed = 4242;
+
+	resp.status = &st;
+	for (int e = 0; e < 2; e++) {
+		const ProtobufCMessageDescriptor *d = env[e]->descriptor;
+
+		for (unsigned i = 0; i < d->n_fields; i++) {
+			const ProtobufCFieldDescriptor *f = &d->fields[i];
+			const ProtobufCMessageDescriptor *sd = f->descriptor;
+
+			if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+				continue;
+			for (int it = 0; it < 200; it++) {
+				ProtobufCMessage *sub = calloc(1, sd->sizeof_message);
+
+				protobuf_c_message_init(sd, sub);
+				fill_random(sub, &seed);
+				fill_random(&st.base, &seed); /* the Response's Status too */
+				*(uint32_t *)((char *)env[e] + f->quantifier_offset) = f->id;
+				*(ProtobufCMessage **)((char *)env[e] + f->offset) = sub;
+				check_same_bytes(env[e]);
+				*(ProtobufCMessage **)((char *)env[e] + f->offset) = NULL;
+				*(uint32_t *)((char *)env[e] + f->quantifier_offset) = 0;
+				free(sub);
+			}
+		}
+	}
+}
+
 /* The envelope decoder (with malloc and with an arena) against protobuf-c's own unpack on the
- * same bytes: both refuse, or both give a message that packs to the same bytes. */
+ * same bytes: both refuse, or both give the same message, field by field, that packs to the
+ * same bytes. */
 static void check_same_decode(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n)
 {
 	ProtobufCMessage *ref = protobuf_c_message_unpack(d, NULL, n, p), *got, *in_arena = NULL;
@@ -353,6 +445,9 @@ static void check_same_decode(const ProtobufCMessageDescriptor *d, const uint8_t
 		protobuf_c_message_pack(ref, b1);
 		protobuf_c_message_pack(got, b2);
 		CU_ASSERT(n1 == n2 && !memcmp(b1, b2, n1));
+		CU_ASSERT(h_msg_eq(ref, got));
+		if (in_arena)
+			CU_ASSERT(h_msg_eq(ref, in_arena));
 		if (in_arena) {
 			CU_ASSERT_EQUAL(protobuf_c_message_get_packed_size(in_arena), n1);
 			protobuf_c_message_pack(in_arena, b2);
@@ -427,57 +522,49 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 		check_same_decode(&kvpool__request__descriptor, odd[i], n);
 		check_same_decode(&kvpool__response__descriptor, odd[i], n);
 	}
-	/* Sub-messages in forms frame.c leaves to protobuf-c, inside a Request's Free call (FreeReq:
-	 * lease_id = 1 uint64, pages = 2 packed uint32) and Alloc call (AllocReq: pool_id = 1,
-	 * tier = 4 enum). */
+	/* Sub-messages in odd forms, inside a Request's call: FreeReq (lease_id = 1 uint64,
+	 * pages = 2 packed uint32), AllocReq (pool_id = 1, tier = 4 enum), MatchReq (lock = 4
+	 * bool). */
 	{
-		static const uint8_t subs[][16] = {
-			{ 0x08, 0x05, 0x12, 0x02, 0x01, 0x02 }, /* canonical */
-			{ 0x10, 0x01, 0x10, 0x02 },		/* the list unpacked */
-			{ 0x12, 0x00, 0x08, 0x01 },		/* an empty packed list */
-			{ 0x12, 0x01, 0x81 },			/* list ends mid-varint */
-			{ 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 }, /* 6-byte element */
-			{ 0x12, 0x05, 0xff, 0xff, 0xff, 0xff, 0x7f }, /* 5 bytes, past 32 bits */
-			{ 0x08, 0x01, 0x08, 0x02 },		/* a scalar twice */
-			{ 0x12, 0x01, 0x01, 0x12, 0x01, 0x02 }, /* a list twice: joined */
-			{ 0x18, 0x01 },				/* unknown field 3 */
-			{ 0x09, 0, 0, 0, 0, 0, 0, 0, 0 },	/* lease_id as fixed64 */
+		static const struct {
+			const char *call;
+			uint8_t n, b[16];
+		} subs[] = {
+			{ "free", 6, { 0x08, 0x05, 0x12, 0x02, 0x01, 0x02 } }, /* canonical */
+			{ "free", 4, { 0x10, 0x01, 0x10, 0x02 } },		/* list unpacked */
+			{ "free", 4, { 0x12, 0x00, 0x08, 0x01 } },		/* empty list */
+			{ "free", 3, { 0x12, 0x01, 0x81 } },			/* ends mid-varint */
+			{ "free", 8, { 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 } }, /* 6 bytes */
+			{ "free", 7, { 0x12, 0x05, 0xff, 0xff, 0xff, 0xff, 0x7f } }, /* past 32 bits */
+			{ "free", 4, { 0x08, 0x01, 0x08, 0x02 } },		/* a scalar twice */
+			{ "free", 6, { 0x12, 0x01, 0x01, 0x12, 0x01, 0x02 } }, /* a list twice */
+			{ "free", 2, { 0x18, 0x01 } },				/* unknown field 3 */
+			{ "free", 9, { 0x09, 0, 0, 0, 0, 0, 0, 0, 0 } },	/* fixed64 lease_id */
+			{ "alloc", 6, { 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 } }, /* past 32 bits */
+			{ "alloc", 6, { 0x20, 0xff, 0xff, 0xff, 0xff, 0x0f } }, /* enum 2^32 - 1 */
+			{ "alloc", 11,
+			  { 0x20, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 } }, /* -2 */
+			{ "alloc", 2, { 0x08, 0x00 } },				/* a zero written */
+			{ "match", 2, { 0x20, 0x02 } },				/* bool as 2 */
+			{ "match", 6, { 0x20, 0x80, 0x80, 0x80, 0x80, 0x01 } }, /* bool, 5 bytes */
+			{ "match", 3, { 0x20, 0x80, 0x00 } },			/* bool 0, 2 bytes */
 		};
-		static const uint8_t alloc_subs[][16] = {
-			{ 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 }, /* pool_id past 32 bits */
-			{ 0x20, 0xff, 0xff, 0xff, 0xff, 0x0f }, /* enum of 2^32 - 1 */
-			{ 0x20, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 }, /* -2 */
-			{ 0x08, 0x00 },				/* a zero written */
-		};
-		const ProtobufCFieldDescriptor *ff =
-			protobuf_c_message_descriptor_get_field_by_name(&kvpool__request__descriptor,
-									"free");
-		const ProtobufCFieldDescriptor *fa =
-			protobuf_c_message_descriptor_get_field_by_name(&kvpool__request__descriptor,
-									"alloc");
 
-		CU_ASSERT_PTR_NOT_NULL_FATAL(ff);
-		CU_ASSERT_PTR_NOT_NULL_FATAL(fa);
-		for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]) + 4; i++) {
-			const uint8_t *s = i < 10 ? subs[i] : alloc_subs[i - 10];
-			const ProtobufCFieldDescriptor *f = i < 10 ? ff : fa;
+		for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+			const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(
+				&kvpool__request__descriptor, subs[i].call);
 			uint8_t m[32] = { 0x08, 0x07 };
-			size_t n = 16, k = 2;
+			size_t k = 2;
 
-			while (n && !s[n - 1])
-				n--;
-			if (i == 9)
-				n = 9;
-			if (i == 13)
-				n = 2;
-			for (uint32_t t = f->id << 3 | 2; ; t >>= 7) { /* the tag, a varint */
+			CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+			for (uint32_t t = f->id << 3 | 2;; t >>= 7) { /* the tag, a varint */
 				m[k++] = (uint8_t)(t > 0x7f ? (t & 0x7f) | 0x80 : t);
 				if (t <= 0x7f)
 					break;
 			}
-			m[k++] = (uint8_t)n;
-			memcpy(m + k, s, n);
-			check_same_decode(&kvpool__request__descriptor, m, k + n);
+			m[k++] = subs[i].n;
+			memcpy(m + k, subs[i].b, subs[i].n);
+			check_same_decode(&kvpool__request__descriptor, m, k + subs[i].n);
 		}
 	}
 	/* Valid messages, then each mutated: bytes changed, cut short, joined with another. */
@@ -527,6 +614,7 @@ int main(void)
 		H_TEST(test_frame_pack_roundtrip_every_call),
 		H_TEST(test_frame_envelope_bytes_match_protobuf_c),
 		H_TEST(test_frame_envelope_decode_matches_protobuf_c),
+		H_TEST(test_frame_plain_pack_matches_protobuf_c_on_random_values),
 	};
 
 	return H_RUN_SUITE("frame", NULL, NULL, tests);
