@@ -201,46 +201,53 @@ static void check_same_bytes(const ProtobufCMessage *m)
 	free(ref);
 }
 
-/* Fills sub-message sub's plain fields (frame.c's plain sub-messages: scalars, strings,
- * packed uint32 lists) with values of variant v: 0 leaves the defaults, 1 small values, 2
- * values at varint-size edges (and a negative int32, which frame.c hands to protobuf-c). */
-static void fill_sub(ProtobufCMessage *sub, int v)
+/* Random in-memory values of every plain kind, the odd ones too: bools other than 0 and 1,
+ * negative int32 and enums, NULL and empty strings, lists of 0 to 6 elements of every varint
+ * size. The array and string storage is static: the message is only packed. */
+static void fill_random(ProtobufCMessage *sub, unsigned *seed)
 {
-	static uint32_t lists[3][5] = { { 1, 2, 3 }, { 0, 127, 128, 16383, UINT32_MAX }, { 300 } };
+	static uint32_t lists[8][6];
+	static char strs[4][8] = { "", "x", "kvpool", "1234567" };
+	static const int32_t ints[] = { 0, 1, 127, 128, -1, -2, INT32_MAX, INT32_MIN };
+	static const int bools[] = { 0, 1, 2, -1, 256 };
 	const ProtobufCMessageDescriptor *sd = sub->descriptor;
 
-	for (unsigned k = 0; v && k < sd->n_fields; k++) {
+	for (unsigned k = 0; k < sd->n_fields; k++) {
 		const ProtobufCFieldDescriptor *sf = &sd->fields[k];
 		char *mb = (char *)sub + sf->offset;
+		unsigned r = (unsigned)rand_r(seed);
 
 		if (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
 			continue;
 		if (sf->label == PROTOBUF_C_LABEL_REPEATED) {
 			if (sf->type == PROTOBUF_C_TYPE_UINT32) {
-				*(uint32_t **)mb = lists[(v + k) % 3];
-				*(size_t *)((char *)sub + sf->quantifier_offset) =
-					(v + k) % 3 == 1 ? 5 : (v + k) % 3 == 0 ? 3 : 1;
+				uint32_t *l = lists[k % 8];
+				size_t n = r % 7;
+
+				for (size_t j = 0; j < n; j++)
+					l[j] = (uint32_t)rand_r(seed) >> (rand_r(seed) % 32);
+				*(uint32_t **)mb = n ? l : NULL;
+				*(size_t *)((char *)sub + sf->quantifier_offset) = n;
 			}
 			continue;
 		}
 		switch (sf->type) {
 		case PROTOBUF_C_TYPE_UINT64:
-			*(uint64_t *)mb = v == 1 ? 12345u + k : UINT64_MAX - k;
+			*(uint64_t *)mb = ((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) >>
+					  (r % 64);
 			break;
 		case PROTOBUF_C_TYPE_UINT32:
-			*(uint32_t *)mb = v == 1 ? 77u + k : UINT32_MAX - k;
+			*(uint32_t *)mb = (uint32_t)rand_r(seed) << 1 >> (r % 32);
 			break;
 		case PROTOBUF_C_TYPE_INT32:
-			*(int32_t *)mb = v == 1 ? 5 : -3;
-			break;
 		case PROTOBUF_C_TYPE_ENUM:
-			*(int32_t *)mb = v == 1 ? 1 : 2;
+			*(int32_t *)mb = ints[r % 8];
 			break;
 		case PROTOBUF_C_TYPE_BOOL:
-			*(protobuf_c_boolean *)mb = 1;
+			*(protobuf_c_boolean *)mb = bools[r % 5];
 			break;
 		case PROTOBUF_C_TYPE_STRING:
-			*(const char **)mb = v == 1 ? "kv" : "";
+			*(char **)mb = r % 5 == 4 ? NULL : strs[r % 4];
 			break;
 		default:
 			break;
@@ -249,10 +256,11 @@ static void fill_sub(ProtobufCMessage *sub, int v)
 }
 
 /* Calls fn with envelope m of descriptor d set to each oneof case in turn (and to none), the
- * sub-message left at its defaults and filled both ways (fill_sub). */
+ * sub-message left at its defaults and filled twice with random values (fill_random). */
 static void each_case(ProtobufCMessage *m, void (*fn)(ProtobufCMessage *m, void *arg), void *arg)
 {
 	const ProtobufCMessageDescriptor *d = m->descriptor;
+	static unsigned seed = 777;
 
 	fn(m, arg);
 	for (unsigned i = 0; i < d->n_fields; i++) {
@@ -265,7 +273,8 @@ static void each_case(ProtobufCMessage *m, void (*fn)(ProtobufCMessage *m, void 
 			ProtobufCMessage *sub = calloc(1, sd->sizeof_message);
 
 			protobuf_c_message_init(sd, sub);
-			fill_sub(sub, v);
+			if (v)
+				fill_random(sub, &seed);
 			*(uint32_t *)((char *)m + f->quantifier_offset) = f->id;
 			*(ProtobufCMessage **)((char *)m + f->offset) = sub;
 			fn(m, arg);
@@ -328,60 +337,6 @@ static void test_frame_envelope_bytes_match_protobuf_c(void)
 	/* a message that is not an envelope goes through protobuf-c */
 	ping.nonce = 9;
 	check_same_bytes(&ping.base);
-}
-
-/* Random in-memory values of every plain kind, the odd ones too: bools other than 0 and 1,
- * negative int32 and enums, NULL and empty strings, lists of 0 to 6 elements of every varint
- * size. The array and string storage is static: the message is only packed. */
-static void fill_random(ProtobufCMessage *sub, unsigned *seed)
-{
-	static uint32_t lists[8][6];
-	static char strs[4][8] = { "", "x", "kvpool", "1234567" };
-	static const int32_t ints[] = { 0, 1, 127, 128, -1, -2, INT32_MAX, INT32_MIN };
-	static const int bools[] = { 0, 1, 2, -1, 256 };
-	const ProtobufCMessageDescriptor *sd = sub->descriptor;
-
-	for (unsigned k = 0; k < sd->n_fields; k++) {
-		const ProtobufCFieldDescriptor *sf = &sd->fields[k];
-		char *mb = (char *)sub + sf->offset;
-		unsigned r = (unsigned)rand_r(seed);
-
-		if (sf->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
-			continue;
-		if (sf->label == PROTOBUF_C_LABEL_REPEATED) {
-			if (sf->type == PROTOBUF_C_TYPE_UINT32) {
-				uint32_t *l = lists[k % 8];
-				size_t n = r % 7;
-
-				for (size_t j = 0; j < n; j++)
-					l[j] = (uint32_t)rand_r(seed) >> (rand_r(seed) % 32);
-				*(uint32_t **)mb = n ? l : NULL;
-				*(size_t *)((char *)sub + sf->quantifier_offset) = n;
-			}
-			continue;
-		}
-		switch (sf->type) {
-		case PROTOBUF_C_TYPE_UINT64:
-			*(uint64_t *)mb = ((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) >>
-					  (r % 64);
-			break;
-		case PROTOBUF_C_TYPE_UINT32:
-			*(uint32_t *)mb = (uint32_t)rand_r(seed) << 1 >> (r % 32);
-			break;
-		case PROTOBUF_C_TYPE_INT32:
-		case PROTOBUF_C_TYPE_ENUM:
-			*(int32_t *)mb = ints[r % 8];
-			break;
-		case PROTOBUF_C_TYPE_BOOL:
-			*(protobuf_c_boolean *)mb = bools[r % 5];
-			break;
-		case PROTOBUF_C_TYPE_STRING:
-			*(char **)mb = r % 5 == 4 ? NULL : strs[r % 4];
-			break;
-		default:
-			break;
-		}
-	}
 }
 
 static void test_frame_plain_pack_matches_protobuf_c_on_random_values(void)
