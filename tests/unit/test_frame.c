@@ -224,8 +224,12 @@ static void fill_random(ProtobufCMessage *sub, unsigned *seed)
 				uint32_t *l = lists[k % 8];
 				size_t n = r % 7;
 
-				for (size_t j = 0; j < n; j++)
-					l[j] = (uint32_t)rand_r(seed) >> (rand_r(seed) % 32);
+				/* one rand_r per statement: the same values in every build */
+				for (size_t j = 0; j < n; j++) {
+					uint32_t x = (uint32_t)rand_r(seed);
+
+					l[j] = x >> (rand_r(seed) % 32);
+				}
 				*(uint32_t **)mb = n ? l : NULL;
 				*(size_t *)((char *)sub + sf->quantifier_offset) = n;
 			}
@@ -233,8 +237,8 @@ static void fill_random(ProtobufCMessage *sub, unsigned *seed)
 		}
 		switch (sf->type) {
 		case PROTOBUF_C_TYPE_UINT64:
-			*(uint64_t *)mb = ((uint64_t)rand_r(seed) << 33 ^ (uint64_t)rand_r(seed)) >>
-					  (r % 64);
+			*(uint64_t *)mb = (uint64_t)rand_r(seed) << 33;
+			*(uint64_t *)mb = (*(uint64_t *)mb ^ (uint64_t)rand_r(seed)) >> (r % 64);
 			break;
 		case PROTOBUF_C_TYPE_UINT32:
 			*(uint32_t *)mb = (uint32_t)rand_r(seed) << 1 >> (r % 32);
@@ -539,8 +543,11 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 					continue;
 				}
 				memcpy(m, c->buf[i], n);
-				if (n && round % 3 == 0)
-					m[rand_r(&seed) % n] = (uint8_t)rand_r(&seed);
+				if (n && round % 3 == 0) {
+					size_t at = (size_t)rand_r(&seed) % n;
+
+					m[at] = (uint8_t)rand_r(&seed);
+				}
 				if (n && round % 3 == 1)
 					n = (size_t)rand_r(&seed) % n;
 				if (round % 3 == 2 && n + c->len[j] <= sizeof(m)) {
