@@ -190,6 +190,11 @@ static int get_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint6
 	return -1;
 }
 
+static bool in_oneof(const ProtobufCFieldDescriptor *f)
+{
+	return (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0;
+}
+
 /*
  * Plain sub-messages. A sub-message whose set fields are all proto3 scalars (uint32, uint64,
  * enum and int32 of non-negative value, bool), strings, or packed repeated uint32 (the page
@@ -219,7 +224,7 @@ static size_t plain_size(const ProtobufCMessage *m)
 		const void *mb = base + f->offset;
 		size_t tag = varint_size((uint64_t)f->id << 3);
 
-		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) {
+		if (in_oneof(f)) {
 			if (*(const uint32_t *)(base + f->quantifier_offset) == f->id)
 				return SIZE_MAX;
 			continue;
@@ -284,7 +289,7 @@ static size_t plain_pack(const ProtobufCMessage *m, uint8_t *out)
 		const void *mb = base + f->offset;
 		uint64_t tag = (uint64_t)f->id << 3;
 
-		if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+		if (in_oneof(f))
 			continue;
 		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
 			size_t cnt = *(const size_t *)(base + f->quantifier_offset), body = 0;
@@ -359,6 +364,29 @@ static ProtobufCMessage *fast_begin(const ProtobufCMessageDescriptor *d, Protobu
 	return m;
 }
 
+/* Reads the tag at *p (< end) and returns the field it names, with its wire type in *wire; NULL
+ * (protobuf-c must decide) for a bad tag, an unknown field, or a field already seen (seen: a bit
+ * per field index, at most 64 fields, as fast_begin ensures). */
+static const ProtobufCFieldDescriptor *next_field(const ProtobufCMessageDescriptor *d,
+						  const uint8_t **p, const uint8_t *end,
+						  uint64_t *seen, unsigned *wire)
+{
+	const ProtobufCFieldDescriptor *f;
+	uint64_t tag, bit;
+
+	if (get_varint(p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
+		return NULL;
+	f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+	if (!f)
+		return NULL;
+	bit = (uint64_t)1 << (f - d->fields);
+	if (*seen & bit)
+		return NULL; /* a field twice: protobuf-c merges or overrides */
+	*seen |= bit;
+	*wire = (unsigned)(tag & 7);
+	return f;
+}
+
 /* Unpacks a plain sub-message of descriptor d from data[0, len). Returns the message, or NULL
  * with *fallback set when protobuf-c must unpack it (unset: out of memory). */
 static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
@@ -366,33 +394,26 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 {
 	const uint8_t *p = data, *end = data + len;
 	uint64_t seen = 0;
+	unsigned wire;
 	ProtobufCMessage *m;
 
 	m = fast_begin(d, a, fallback);
 	if (!m)
 		return NULL;
 	while (p < end) {
-		const ProtobufCFieldDescriptor *f;
-		uint64_t tag, v;
-		unsigned idx;
+		const ProtobufCFieldDescriptor *f = next_field(d, &p, end, &seen, &wire);
+		uint64_t v;
 		void *mb;
 
-		if (get_varint(&p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
+		if (!f || in_oneof(f))
 			goto fallback;
-		f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
-		if (!f || (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
-			goto fallback;
-		idx = (unsigned)(f - d->fields);
-		if (seen & (uint64_t)1 << idx)
-			goto fallback;
-		seen |= (uint64_t)1 << idx;
 		mb = (char *)m + f->offset;
 		if (f->label == PROTOBUF_C_LABEL_REPEATED) {
 			const uint8_t *q, *stop;
 			size_t cnt = 0;
 			uint32_t *arr;
 
-			if (f->type != PROTOBUF_C_TYPE_UINT32 || (tag & 7) != 2 ||
+			if (f->type != PROTOBUF_C_TYPE_UINT32 || wire != 2 ||
 			    get_varint(&p, end, 5, &v) < 0 || v == 0 || v > (uint64_t)(end - p))
 				goto fallback;
 			stop = p + v;
@@ -414,7 +435,7 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 			}
 			continue;
 		}
-		if (f->label != PROTOBUF_C_LABEL_NONE || (tag & 7) != 0)
+		if (f->label != PROTOBUF_C_LABEL_NONE || wire != 0)
 			goto fallback;
 		switch (f->type) {
 		case PROTOBUF_C_TYPE_INT32:
@@ -466,11 +487,6 @@ static ProtobufCMessage *unpack(fast_unpack_fn *fast, const ProtobufCMessageDesc
 static bool is_envelope(const ProtobufCMessageDescriptor *d)
 {
 	return d == &kvpool__request__descriptor || d == &kvpool__response__descriptor;
-}
-
-static bool in_oneof(const ProtobufCFieldDescriptor *f)
-{
-	return (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0;
 }
 
 static size_t pack_generic(const ProtobufCMessage *msg, uint8_t *buf)
@@ -582,29 +598,22 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
 	ProtobufCMessage *m;
 	uint32_t seen_oneof = 0;
 	uint64_t seen = 0; /* bit per field index (envelopes have fewer than 64) */
+	unsigned wire;
 
 	m = fast_begin(d, a, fallback);
 	if (!m)
 		return NULL;
 	while (p < end) {
-		const ProtobufCFieldDescriptor *f;
-		uint64_t tag, v;
-		unsigned idx;
+		const ProtobufCFieldDescriptor *f = next_field(d, &p, end, &seen, &wire);
+		uint64_t v;
 
-		if (get_varint(&p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
-			goto fallback;
-		f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
 		if (!f || f->label != PROTOBUF_C_LABEL_NONE)
 			goto fallback;
-		idx = (unsigned)(f - d->fields);
-		if (seen & (uint64_t)1 << idx)
-			goto fallback; /* a repeated field: protobuf-c merges or overrides */
-		seen |= (uint64_t)1 << idx;
-		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f) && (tag & 7) == 0) {
+		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f) && wire == 0) {
 			if (get_varint(&p, end, 9, &v) < 0)
 				goto fallback;
 			*(uint64_t *)((char *)m + f->offset) = v;
-		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE && (tag & 7) == 2) {
+		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE && wire == 2) {
 			ProtobufCMessage *sub;
 
 			if (in_oneof(f)) {
