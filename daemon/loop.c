@@ -24,6 +24,7 @@
 #include "fault.h"
 #include "frame.h"
 #include "log.h"
+#include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
 
@@ -540,7 +541,6 @@ static void on_accept(struct server *sv, int fd)
 		return;
 	}
 	c->fd = fd;
-	c->sess->conn = c;
 	c->accepted_ms = kvp_now_ms();
 	kvp_frame_buf_init(&c->in);
 	/* The session belongs to the peer process: when it exits, even with the socket still

@@ -9,6 +9,7 @@
 
 #include "fault.h"
 #include "log.h"
+#include "pool_cache.h"
 
 uint64_t kvp_now_ms(void)
 {
@@ -86,6 +87,136 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 	return s;
 }
 
+void kvp_session_attach(struct kvp_session *s, struct kvp_pool *p)
+{
+	if (!s->attached[p->id]) {
+		s->attached[p->id] = true;
+		p->sessions++;
+	}
+}
+
+struct kvp_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
+				  uint32_t pool_id, struct kvp_fail *f)
+{
+	if (pool_id >= d->n_pools) {
+		kvp_fail(f, KVPOOL__CODE__NO_SUCH_POOL, "pool_id %u does not exist", pool_id);
+		return NULL;
+	}
+	if (!s->attached[pool_id]) {
+		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "pool_id %u is not attached by this session",
+			 pool_id);
+		return NULL;
+	}
+	return d->pools[pool_id];
+}
+
+int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
+			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
+			  struct kvp_fail *f)
+{
+	uint64_t pt = p->conf.page_tokens, q = p->conf.session_quota_tokens;
+	uint64_t held = s->leased_pages[p->id] * pt, want = (uint64_t)npages * pt;
+
+	if (new_lease && s->leases.count >= d->conf.max_leases_per_session)
+		return kvp_fail_limit(f, "leases", d->conf.max_leases_per_session);
+	if (!q || held + want <= q)
+		return 0;
+	f->detail = KVP_FAIL_QUOTA;
+	f->quota.quota = q;
+	f->quota.held = held;
+	f->quota.requested = want;
+	return kvp_fail(f, KVPOOL__CODE__QUOTA_EXCEEDED,
+			"pool %s: session quota is %lu tokens; this session holds %lu and asked "
+			"for %lu more",
+			p->conf.name, (unsigned long)q, (unsigned long)held, (unsigned long)want);
+}
+
+int kvp_session_lease_add(struct kvp_session *s, struct kvp_lease *l)
+{
+	if (kvp_idmap_put(&s->leases, l->id, l) < 0)
+		return -ENOMEM;
+	s->leased_pages[l->pool->id] += l->n;
+	return 0;
+}
+
+struct kvp_lease *kvp_session_lease(const struct kvp_session *s, uint64_t id, struct kvp_fail *f)
+{
+	struct kvp_lease *l = kvp_idmap_get(&s->leases, id);
+
+	if (!l)
+		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lease %lu is not one of this session's",
+			 (unsigned long)id);
+	return l;
+}
+
+void kvp_session_lease_resized(struct kvp_session *s, const struct kvp_lease *l, uint32_t before)
+{
+	s->leased_pages[l->pool->id] += l->n;
+	s->leased_pages[l->pool->id] -= before;
+}
+
+uint32_t kvp_session_lease_end(struct kvp_session *s, struct kvp_lease *l)
+{
+	uint32_t n = l->n;
+
+	s->leased_pages[l->pool->id] -= n;
+	kvp_idmap_del(&s->leases, l->id);
+	kvp_lease_destroy(l);
+	return n;
+}
+
+int kvp_session_may_lock(const struct kvp_daemon *d, const struct kvp_session *s,
+			 struct kvp_fail *f)
+{
+	if (s->locks.count >= d->conf.max_locks_per_session)
+		return kvp_fail_limit(f, "locks", d->conf.max_locks_per_session);
+	return 0;
+}
+
+struct kvp_lock *kvp_session_lock_alloc(void)
+{
+	return KVP_FAULT_OR(KVP_FAULT_LOCK, calloc(1, sizeof(struct kvp_lock)));
+}
+
+int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp_lock *k)
+{
+	k->id = ++d->next_lock_id;
+	if (kvp_idmap_put(&s->locks, k->id, k) < 0) {
+		kvp_pool_unlock(k->pool, k->node);
+		free(k);
+		return -ENOMEM;
+	}
+	s->locked_tokens += (uint64_t)k->pages * k->pool->conf.page_tokens;
+	return 0;
+}
+
+struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f)
+{
+	struct kvp_lock *k = kvp_idmap_get(&s->locks, id);
+
+	if (!k)
+		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lock %lu is not one of this session's",
+			 (unsigned long)id);
+	return k;
+}
+
+void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k)
+{
+	kvp_pool_unlock(k->pool, k->node);
+	s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
+	kvp_idmap_del(&s->locks, k->id);
+	free(k);
+}
+
+uint64_t kvp_session_leased_tokens(const struct kvp_daemon *d, const struct kvp_session *s)
+{
+	uint64_t leased = 0;
+
+	for (uint32_t p = 0; p < d->n_pools; p++)
+		leased += s->leased_pages[p] * d->pools[p]->conf.page_tokens;
+	return leased;
+}
+
 /* Frees leases and locks of pool p (all pools when p is NULL). Returns tokens freed. */
 static uint64_t release_owned(struct kvp_session *s, struct kvp_pool *p)
 {
@@ -98,19 +229,14 @@ static uint64_t release_owned(struct kvp_session *s, struct kvp_pool *p)
 		if (p && l->pool != p)
 			continue;
 		tokens += (uint64_t)l->n * l->pool->conf.page_tokens;
-		s->leased_pages[l->pool->id] -= l->n;
-		kvp_idmap_del(&s->leases, id);
-		kvp_lease_destroy(l);
+		kvp_session_lease_end(s, l);
 	}
 	for (uint32_t i = 0; (i = kvp_idmap_next(&s->locks, i, &id, &v)) != 0;) {
 		struct kvp_lock *k = v;
 
 		if (p && k->pool != p)
 			continue;
-		kvp_prefix_unlock(k->pool->pfx, k->node);
-		s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
-		kvp_idmap_del(&s->locks, id);
-		free(k);
+		kvp_session_lock_release(s, k);
 	}
 	return tokens;
 }

@@ -1,5 +1,6 @@
-/* stats.h - counters as X-macro lists: one list generates the struct fields, the Prometheus
- * families (stats.c) and the CLI/JSON rows, so they never drift apart. */
+/* stats.h - every stats family as an X-macro list: one list generates the struct fields, the
+ * Status/Cache reply fields or Counter rows, and the Prometheus families (metrics.c), so they
+ * never drift apart. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +32,65 @@ struct kvp_pool_stats {
 struct kvp_daemon_stats {
 	KVP_DAEMON_COUNTERS(KVP_STAT_FIELD)
 };
+
+/* Figures read from the state rather than counted: X(field, prometheus name suffix, type, help).
+ *
+ * Per pool and tier, in tokens, labelled {pool, tier}: the field is a member of struct
+ * kvp_tier_figures and of the TierStats message. */
+#define KVP_TIER_FIGURES(X)                                                           \
+	X(total_tokens, "tier_total_tokens", "gauge", "Tokens total in a pool's tier")           \
+	X(free_tokens, "tier_free_tokens", "gauge", "Tokens free in a pool's tier")              \
+	X(leased_tokens, "tier_leased_tokens", "gauge", "Tokens leased in a pool's tier")        \
+	X(cached_tokens, "tier_cached_tokens", "gauge", "Tokens cached in a pool's tier")        \
+	X(evictable_tokens, "tier_evictable_tokens", "gauge", "Tokens evictable in a pool's tier") \
+	X(protected_tokens, "tier_protected_tokens", "gauge", "Tokens protected in a pool's tier") \
+	X(evicted_tokens, "evicted_tokens_total", "counter", "Tokens evicted from a tier")
+
+/* Per pool, labelled {pool}: the field is a member of struct kvp_pool_figures and of the
+ * PoolStats message. */
+#define KVP_POOL_FIGURES(X)                                                                   \
+	X(hit_tokens, "prefix_hit_tokens_total", "counter", "Tokens matched in the prefix cache")  \
+	X(queried_tokens, "prefix_queried_tokens_total", "counter",                               \
+	  "Tokens asked of the prefix cache")                                                     \
+	X(demoted_tokens, "demoted_tokens_total", "counter",                                      \
+	  "Tokens demoted from device to host pages")                                             \
+	X(promoted_tokens, "promoted_tokens_total", "counter",                                    \
+	  "Tokens promoted from host to device pages")                                            \
+	X(nodes, "prefix_nodes", "gauge", "Nodes of the prefix tree")                             \
+	X(sessions, "pool_sessions", "gauge", "Sessions attached to a pool")                      \
+	X(session_quota_tokens, "pool_session_quota_tokens", "gauge",                             \
+	  "Tokens one session may lease in a pool (0: no quota)")                                 \
+	X(token_bytes, "pool_token_bytes", "gauge", "Bytes of K and V one token takes in a pool")
+
+/* Daemon-wide, unlabelled: X(field, prometheus name suffix, type, help, scale); the field is a
+ * member of struct kvp_daemon_figures and of the StatusResp message; Prometheus shows
+ * value / scale (uptime in seconds). */
+#define KVP_DAEMON_FIGURES(X)                                                      \
+	X(sessions, "sessions", "gauge", "Sessions connected", 1)                     \
+	X(uptime_ms, "uptime_seconds", "gauge", "Seconds since kvpoold started", 1000)
+
+#define KVP_FIGURE_FIELD(f, n, t, h) uint64_t f;
+#define KVP_DAEMON_FIGURE_FIELD(f, n, t, h, s) uint64_t f;
+struct kvp_tier_figures {
+	KVP_TIER_FIGURES(KVP_FIGURE_FIELD)
+};
+struct kvp_pool_figures {
+	KVP_POOL_FIGURES(KVP_FIGURE_FIELD)
+};
+struct kvp_daemon_figures {
+	KVP_DAEMON_FIGURES(KVP_DAEMON_FIGURE_FIELD)
+};
+
+/* The RPC families, labelled by call or code: X(id, prometheus name suffix, type, help). */
+#define KVP_RPC_FAMILIES(X)                                                             \
+	X(KVP_RPC_FAMILY_CALLS, "rpc_total", "counter", "RPCs served, by call")             \
+	X(KVP_RPC_FAMILY_FAILURES, "rpc_failures_total", "counter",                         \
+	  "RPCs answered with an error, by code")                                           \
+	X(KVP_RPC_FAMILY_DURATION, "rpc_duration_seconds", "histogram",                     \
+	  "Time kvpoold spends on an RPC: decode, serve, encode the reply")
+
+#define KVP_RPC_FAMILY_ID(id, n, t, h) id,
+enum kvp_rpc_family { KVP_RPC_FAMILIES(KVP_RPC_FAMILY_ID) KVP_RPC_FAMILY_MAX };
 
 /* RPC calls by oneof case (Request.call numbers 10..), failures by Code, latency buckets. */
 #define KVP_RPC_SLOTS 32

@@ -1,0 +1,50 @@
+/* rpc.h - what the RPC handlers (rpc_session.c, rpc_lease.c, rpc_cache.c, rpc_admin.c) share
+ * with dispatch.c's table: the handler signature, the handlers, and small helpers. Internal to
+ * the daemon's dispatch. */
+#pragma once
+#include "daemon.h"
+#include "kvpool.pb-c.h"
+#include "reply.h"
+
+/* A handler validates everything before it changes anything. Returns 0 with r's result set,
+ * or a negative Code with f filled (dispatch then drops any partial result). */
+typedef int (*kvp_rpc_handler)(struct kvp_daemon *d, struct kvp_session *s,
+			       const Kvpool__Request *q, struct kvp_reply *r, struct kvp_fail *f);
+
+#define KVP_RPC_HANDLER(name)                                                                      \
+	int name(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,            \
+		 struct kvp_reply *r, struct kvp_fail *f)
+
+/* rpc_session.c: the session's own calls. */
+KVP_RPC_HANDLER(kvp_rpc_hello);
+KVP_RPC_HANDLER(kvp_rpc_ping);
+KVP_RPC_HANDLER(kvp_rpc_attach);
+KVP_RPC_HANDLER(kvp_rpc_detach);
+/* rpc_lease.c: leases. */
+KVP_RPC_HANDLER(kvp_rpc_alloc);
+KVP_RPC_HANDLER(kvp_rpc_extend);
+KVP_RPC_HANDLER(kvp_rpc_free);
+/* rpc_cache.c: the prefix cache. */
+KVP_RPC_HANDLER(kvp_rpc_insert);
+KVP_RPC_HANDLER(kvp_rpc_match);
+KVP_RPC_HANDLER(kvp_rpc_release);
+KVP_RPC_HANDLER(kvp_rpc_load);
+/* rpc_admin.c: status, listings and admin calls. */
+KVP_RPC_HANDLER(kvp_rpc_status);
+KVP_RPC_HANDLER(kvp_rpc_evict);
+KVP_RPC_HANDLER(kvp_rpc_flush);
+KVP_RPC_HANDLER(kvp_rpc_drain);
+KVP_RPC_HANDLER(kvp_rpc_reload);
+KVP_RPC_HANDLER(kvp_rpc_sessions);
+KVP_RPC_HANDLER(kvp_rpc_cache);
+KVP_RPC_HANDLER(kvp_rpc_metrics);
+
+/* dispatch.c: helpers. */
+/* INTERNAL "kvpoold is out of memory". Returns its negative Code. */
+int kvp_rpc_oom(struct kvp_fail *f);
+/* A pool's geometry in wire terms (Dtype counts from FP16 = 1). */
+void kvp_rpc_pool_geom(const struct kvp_pool *p, struct kvp_geom *g);
+/* The pool of that name, or NULL. */
+struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name);
+/* NO_SUCH_POOL naming the pools there are. Returns its negative Code. */
+int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kvp_fail *f);

@@ -1,0 +1,159 @@
+/* rpc_lease.c - leases: Alloc, Extend, Free. The session's books change only through
+ * session.c's accounting calls, after everything that can fail has succeeded. */
+#include "rpc.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Pages asked by tokens or pages (one of them, or both agreeing). 0 with f on bad input. */
+static uint32_t pages_asked(const struct kvp_pool *p, uint64_t tokens, uint32_t pages,
+			    struct kvp_fail *f)
+{
+	uint64_t pt = p->conf.page_tokens;
+	uint64_t from_tokens = tokens / pt + (tokens % pt != 0);
+
+	if (!tokens && !pages) {
+		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "neither tokens nor pages given");
+		return 0;
+	}
+	if (tokens && pages && from_tokens != pages) {
+		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+			 "tokens %lu need %lu pages but pages says %u", (unsigned long)tokens,
+			 (unsigned long)from_tokens, pages);
+		return 0;
+	}
+	if (from_tokens > UINT32_MAX - 1) {
+		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "tokens %lu is absurd",
+			 (unsigned long)tokens);
+		return 0;
+	}
+	return pages ? pages : (uint32_t)from_tokens;
+}
+
+static int put_pages(struct kvp_reply *r, uint32_t **dst, size_t *n, const uint32_t *src,
+		     uint32_t cnt)
+{
+	*dst = kvp_reply_alloc(r, sizeof(uint32_t) * cnt);
+	if (!*dst)
+		return -1;
+	memcpy(*dst, src, sizeof(uint32_t) * cnt);
+	*n = cnt;
+	return 0;
+}
+
+KVP_RPC_HANDLER(kvp_rpc_alloc)
+{
+	const Kvpool__AllocReq *a = q->alloc;
+	struct kvp_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	struct kvp_lease *l;
+	Kvpool__AllocResp *m;
+	uint32_t npages;
+	int rc;
+
+	if (!p)
+		return -(int)f->code;
+	if (d->draining)
+		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN,
+				"kvpoold is draining: no new leases");
+	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_MAX || !kvp_pool_has_tier(p, (int)a->tier))
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no tier %d",
+				p->conf.name, (int)a->tier);
+	npages = pages_asked(p, a->tokens, a->pages, f);
+	if (!npages)
+		return -(int)f->code;
+	if ((rc = kvp_session_may_lease(d, s, p, npages, true, f)) < 0)
+		return rc;
+	m = KVP_REPLY_NEW(r, Kvpool__AllocResp, kvpool__alloc_resp__descriptor);
+	if (!m)
+		return kvp_rpc_oom(f);
+	l = kvp_lease_create(p, (int)a->tier, ++d->next_lease_id, npages, f);
+	if (!l)
+		return -(int)f->code;
+	if (kvp_session_lease_add(s, l) < 0) {
+		kvp_lease_destroy(l);
+		return kvp_rpc_oom(f);
+	}
+	if (put_pages(r, &m->pages, &m->n_pages, l->pages, l->n) < 0) {
+		kvp_session_lease_end(s, l);
+		return kvp_rpc_oom(f);
+	}
+	m->lease_id = l->id;
+	m->tier = (Kvpool__Tier)l->tier;
+	r->resp.result_case = KVPOOL__RESPONSE__RESULT_ALLOC;
+	r->resp.alloc = m;
+	return 0;
+}
+
+KVP_RPC_HANDLER(kvp_rpc_extend)
+{
+	struct kvp_lease *l = kvp_session_lease(s, q->extend->lease_id, f);
+	Kvpool__ExtendResp *m;
+	uint32_t npages, old;
+	int rc;
+
+	if (!l)
+		return -(int)f->code;
+	if (d->draining)
+		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN,
+				"kvpoold is draining: no new leases");
+	npages = pages_asked(l->pool, q->extend->tokens, q->extend->pages, f);
+	if (!npages)
+		return -(int)f->code;
+	if ((rc = kvp_session_may_lease(d, s, l->pool, npages, false, f)) < 0)
+		return rc;
+	m = KVP_REPLY_NEW(r, Kvpool__ExtendResp, kvpool__extend_resp__descriptor);
+	if (!m)
+		return kvp_rpc_oom(f);
+	/* Sizes beyond the whole tier are refused (with the capacity figures) before any
+	 * reply memory is sized by them. */
+	if (npages > kvp_pages_total(l->pool->pages[l->tier]))
+		return kvp_lease_extend(l, npages, f);
+	if (!(m->pages = kvp_reply_alloc(r, sizeof(uint32_t) * npages)))
+		return kvp_rpc_oom(f);
+	old = l->n;
+	if ((rc = kvp_lease_extend(l, npages, f)) < 0)
+		return rc;
+	memcpy(m->pages, l->pages + old, sizeof(uint32_t) * npages);
+	m->n_pages = npages;
+	m->lease_pages = l->n;
+	kvp_session_lease_resized(s, l, old);
+	r->resp.result_case = KVPOOL__RESPONSE__RESULT_EXTEND;
+	r->resp.extend = m;
+	return 0;
+}
+
+KVP_RPC_HANDLER(kvp_rpc_free)
+{
+	struct kvp_lease *l = kvp_session_lease(s, q->free->lease_id, f);
+	Kvpool__FreeResp *m;
+	uint32_t n, before;
+	int rc;
+
+	(void)d;
+	if (!l)
+		return -(int)f->code;
+	m = KVP_REPLY_NEW(r, Kvpool__FreeResp, kvpool__free_resp__descriptor);
+	if (!m)
+		return kvp_rpc_oom(f);
+	if (q->free->n_pages == 0) {
+		n = kvp_session_lease_end(s, l);
+		m->lease_pages = 0;
+	} else {
+		if (q->free->n_pages > l->n)
+			return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+					"free: %zu pages listed but lease %lu holds %u",
+					q->free->n_pages, (unsigned long)l->id, l->n);
+		n = (uint32_t)q->free->n_pages;
+		before = l->n;
+		if ((rc = kvp_lease_return(l, q->free->pages, n, f)) < 0)
+			return rc;
+		kvp_session_lease_resized(s, l, before);
+		m->lease_pages = l->n;
+	}
+	m->freed_pages = n;
+	r->resp.result_case = KVPOOL__RESPONSE__RESULT_FREE;
+	r->resp.free = m;
+	return 0;
+}
