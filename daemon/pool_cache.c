@@ -50,7 +50,8 @@ uint32_t kvp_pool_top(const struct kvp_pool *p, struct kvp_pool_top *out, uint32
 uint32_t kvp_pool_pages_of(const struct kvp_pool *p, uint64_t tokens)
 {
 	uint64_t pt = p->conf.page_tokens;
-	uint64_t pages = (tokens + pt - 1) / pt;
+	/* tokens + pt - 1 would wrap near 2^64: divide first, then round up */
+	uint64_t pages = tokens / pt + (tokens % pt != 0);
 
 	return pages > UINT32_MAX ? UINT32_MAX : (uint32_t)pages;
 }

@@ -92,10 +92,11 @@ KVP_RPC_HANDLER(kvp_rpc_release)
 	(void)d;
 	if (!k)
 		return -(int)f->code;
-	kvp_session_lock_release(s, k);
+	/* The reply first: a Release answered INTERNAL leaves the lock held, as it says. */
 	m = KVP_REPLY_NEW(r, Kvpool__ReleaseResp, kvpool__release_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);
+	kvp_session_lock_release(s, k);
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_RELEASE;
 	r->resp.release = m;
 	return 0;
