@@ -12,10 +12,10 @@
 #include "log.h"
 
 /* A daemon with every pool of conf created; NULL when the conf or a pool fails. */
-static struct kvp_daemon *fx_daemon(const char *conf)
+static inline struct kvp_daemon *fx_daemon(const char *conf)
 {
 	struct kvp_daemon *d = calloc(1, sizeof(*d));
-	struct kvp_fail f = { 0 };
+	struct kvp_fail f = {0};
 	char err[256];
 
 	g_log_level = -1; /* quiet */
@@ -37,7 +37,7 @@ static struct kvp_daemon *fx_daemon(const char *conf)
 	return d;
 }
 
-static void fx_daemon_free(struct kvp_daemon *d)
+static inline void fx_daemon_free(struct kvp_daemon *d)
 {
 	if (!d)
 		return;
@@ -49,9 +49,9 @@ static void fx_daemon_free(struct kvp_daemon *d)
 }
 
 /* A session past Hello (admin or not). */
-static struct kvp_session *fx_session(struct kvp_daemon *d, bool admin)
+static inline struct kvp_session *fx_session(struct kvp_daemon *d, bool admin)
 {
-	struct kvp_fail f = { 0 };
+	struct kvp_fail f = {0};
 	struct kvp_session *s = kvp_session_new(d, 4242, 1000, 1000, admin, &f);
 
 	if (s)
@@ -60,7 +60,7 @@ static struct kvp_session *fx_session(struct kvp_daemon *d, bool admin)
 }
 
 /* Arms failure injection as KVPOOLD_FAULTS=spec would (NULL disarms). */
-static void fx_faults(const char *spec)
+static inline void fx_faults(const char *spec)
 {
 	char err[256];
 
@@ -72,8 +72,8 @@ static void fx_faults(const char *spec)
 }
 
 /* Serves req into r (initialised here; the caller releases it). Returns the Code. */
-static int fx_call(struct kvp_daemon *d, struct kvp_session *s, Kvpool__Request *req,
-		   struct kvp_reply *r)
+static inline int fx_call(struct kvp_daemon *d, struct kvp_session *s, Kvpool__Request *req,
+			  struct kvp_reply *r)
 {
 	kvp_reply_init(r, 7);
 	return kvp_dispatch(d, s, req, r);
@@ -81,11 +81,12 @@ static int fx_call(struct kvp_daemon *d, struct kvp_session *s, Kvpool__Request 
 
 /* Caches ntokens tokens (tokens[i] = base + i, whole pages) in pool p's tier through a lease
  * that is gone afterwards. Returns the pages cached, or -1. */
-static int fx_cache(struct kvp_pool *p, int tier, uint64_t ns, uint32_t base, uint32_t ntokens)
+static inline int fx_cache(struct kvp_pool *p, int tier, uint64_t ns, uint32_t base,
+			   uint32_t ntokens)
 {
 	uint32_t npages = ntokens / p->conf.page_tokens;
 	uint32_t *tokens = malloc(sizeof(*tokens) * (ntokens + 1));
-	struct kvp_fail f = { 0 };
+	struct kvp_fail f = {0};
 	struct kvp_lease *l;
 	uint64_t newt = 0, dup = 0;
 	int rc = -1;
@@ -95,7 +96,8 @@ static int fx_cache(struct kvp_pool *p, int tier, uint64_t ns, uint32_t base, ui
 	for (uint32_t i = 0; i < ntokens; i++)
 		tokens[i] = base + i;
 	l = kvp_lease_create(p, tier, 999999, npages, &f);
-	if (l && kvp_lease_insert(l, ns, tokens, ntokens, 0, l->pages, npages, &newt, &dup, &f) == 0)
+	if (l &&
+	    kvp_lease_insert(l, ns, tokens, ntokens, 0, l->pages, npages, &newt, &dup, &f) == 0)
 		rc = (int)(newt / p->conf.page_tokens);
 	kvp_lease_destroy(l);
 	free(tokens);
