@@ -11,8 +11,8 @@
 #include "kvpool.pb-c.h"
 #include "pool_cache.h"
 
-const double kvp_lat_bounds_us[KVP_LAT_BUCKETS] = { 10,	  25,	50,    100,   250,   500,
-						    1000, 2500, 5000, 10000, 50000, 1e300 };
+const double kvp_lat_bounds_us[KVP_LAT_BUCKETS] = {10,	 25,   50,   100,   250,   500,
+						   1000, 2500, 5000, 10000, 50000, 1e300};
 
 void kvp_rpc_observe(struct kvp_rpc_stats *s, int call, int code, double us)
 {
@@ -69,15 +69,15 @@ static void put(struct out *o, const char *fmt, ...)
 static const char *call_name(int call)
 {
 	const ProtobufCFieldDescriptor *f =
-		protobuf_c_message_descriptor_get_field(&kvpool__request__descriptor, (unsigned)call);
+	    protobuf_c_message_descriptor_get_field(&kvpool__request__descriptor, (unsigned)call);
 
 	return f ? f->name : NULL;
 }
 
 static const char *code_name(int code)
 {
-	const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(&kvpool__code__descriptor,
-									   code);
+	const ProtobufCEnumValue *v =
+	    protobuf_c_enum_descriptor_get_value(&kvpool__code__descriptor, code);
 
 	return v ? v->name : NULL;
 }
@@ -119,12 +119,14 @@ static void rpc_family(struct out *o, int id, const struct kvp_daemon *d)
 				cum += d->rpc.lat[c][b];
 				if (b == KVP_LAT_BUCKETS - 1)
 					put(o,
-					    "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"+Inf\"} "
+					    "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"+"
+					    "Inf\"} "
 					    "%lu\n",
 					    name, (unsigned long)cum);
 				else
 					put(o,
-					    "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"%g\"} "
+					    "kvpool_rpc_duration_seconds_bucket{call=\"%s\",le=\"%"
+					    "g\"} "
 					    "%lu\n",
 					    name, kvp_lat_bounds_us[b] / 1e6, (unsigned long)cum);
 			}
@@ -139,11 +141,11 @@ static void rpc_family(struct out *o, int id, const struct kvp_daemon *d)
 
 char *kvp_metrics_render(const struct kvp_daemon *d)
 {
-	static const char *const tier_name[KVP_TIER_MAX] = { "device", "host" };
+	static const char *const tier_name[KVP_TIER_MAX] = {"device", "host"};
 	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_MAX];
 	struct kvp_pool_figures pf[KVP_MAX_POOLS];
 	struct kvp_daemon_figures df;
-	struct out o = { .cap = 16384 };
+	struct out o = {.cap = 16384};
 
 	o.buf = malloc(o.cap);
 	if (!o.buf)
@@ -157,45 +159,45 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 				kvp_pool_tier_figures(d->pools[i], t, &tf[i][t]);
 	}
 
-#define DAEMON_FIGURE(f, n, t, h, scale)                                                \
-	family(&o, n, t, h);                                                            \
-	if ((scale) == 1)                                                               \
-		put(&o, "kvpool_" n " %lu\n", (unsigned long)df.f);                      \
-	else                                                                            \
+#define DAEMON_FIGURE(f, n, t, h, scale)                                                           \
+	family(&o, n, t, h);                                                                       \
+	if ((scale) == 1)                                                                          \
+		put(&o, "kvpool_" n " %lu\n", (unsigned long)df.f);                                \
+	else                                                                                       \
 		put(&o, "kvpool_" n " %.3f\n", (double)df.f / (scale));
 	KVP_DAEMON_FIGURES(DAEMON_FIGURE)
 #undef DAEMON_FIGURE
-#define DAEMON_COUNTER(f, n, h)                                                         \
-	family(&o, n, "counter", h);                                                    \
+#define DAEMON_COUNTER(f, n, h)                                                                    \
+	family(&o, n, "counter", h);                                                               \
 	put(&o, "kvpool_" n " %lu\n", (unsigned long)d->st.f);
 	KVP_DAEMON_COUNTERS(DAEMON_COUNTER)
 #undef DAEMON_COUNTER
-#define TIER_FIGURE(f, n, t, h)                                                         \
-	family(&o, n, t, h);                                                            \
-	for (uint32_t i = 0; i < d->n_pools; i++)                                       \
-		for (int k = 0; k < KVP_TIER_MAX; k++)                                  \
-			if (kvp_pool_has_tier(d->pools[i], k))                          \
-				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",   \
-				    d->pools[i]->conf.name, tier_name[k],               \
+#define TIER_FIGURE(f, n, t, h)                                                                    \
+	family(&o, n, t, h);                                                                       \
+	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
+		for (int k = 0; k < KVP_TIER_MAX; k++)                                             \
+			if (kvp_pool_has_tier(d->pools[i], k))                                     \
+				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",             \
+				    d->pools[i]->conf.name, tier_name[k],                          \
 				    (unsigned long)tf[i][k].f);
 	KVP_TIER_FIGURES(TIER_FIGURE)
 #undef TIER_FIGURE
-#define POOL_COUNTER(f, n, h)                                                           \
-	family(&o, "pool_" n, "counter", h);                                            \
-	for (uint32_t i = 0; i < d->n_pools; i++)                                       \
-		put(&o, "kvpool_pool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,   \
+#define POOL_COUNTER(f, n, h)                                                                      \
+	family(&o, "pool_" n, "counter", h);                                                       \
+	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
+		put(&o, "kvpool_pool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,            \
 		    (unsigned long)d->pools[i]->st.f);
 	KVP_POOL_COUNTERS(POOL_COUNTER)
 #undef POOL_COUNTER
-#define POOL_FIGURE(f, n, t, h)                                                         \
-	family(&o, n, t, h);                                                            \
-	for (uint32_t i = 0; i < d->n_pools; i++)                                       \
-		put(&o, "kvpool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,        \
+#define POOL_FIGURE(f, n, t, h)                                                                    \
+	family(&o, n, t, h);                                                                       \
+	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
+		put(&o, "kvpool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,                 \
 		    (unsigned long)pf[i].f);
 	KVP_POOL_FIGURES(POOL_FIGURE)
 #undef POOL_FIGURE
-#define RPC_FAMILY(id, n, t, h)                                                         \
-	family(&o, n, t, h);                                                            \
+#define RPC_FAMILY(id, n, t, h)                                                                    \
+	family(&o, n, t, h);                                                                       \
 	rpc_family(&o, id, d);
 	KVP_RPC_FAMILIES(RPC_FAMILY)
 #undef RPC_FAMILY

@@ -6,23 +6,25 @@
 #include <stdint.h>
 
 /* X(field, prometheus name suffix, help) */
-#define KVP_POOL_COUNTERS(X)                                                          \
-	X(allocs, "allocs_total", "Alloc and Extend calls served")                    \
-	X(alloc_pages, "alloc_pages_total", "Pages leased")                           \
-	X(alloc_failures, "alloc_failures_total", "Alloc/Extend refused for capacity") \
-	X(frees, "frees_total", "Free calls and lease ends")                          \
-	X(free_pages, "free_pages_total", "Pages returned from leases")               \
-	X(inserted_tokens, "inserted_tokens_total", "Tokens newly cached by Insert")  \
-	X(matches, "matches_total", "Match calls")                                    \
+#define KVP_POOL_COUNTERS(X)                                                                       \
+	X(allocs, "allocs_total", "Alloc and Extend calls served")                                 \
+	X(alloc_pages, "alloc_pages_total", "Pages leased")                                        \
+	X(alloc_failures, "alloc_failures_total", "Alloc/Extend refused for capacity")             \
+	X(frees, "frees_total", "Free calls and lease ends")                                       \
+	X(free_pages, "free_pages_total", "Pages returned from leases")                            \
+	X(inserted_tokens, "inserted_tokens_total", "Tokens newly cached by Insert")               \
+	X(matches, "matches_total", "Match calls")                                                 \
 	X(loads, "loads_total", "Load calls (promotions asked)")
 
-#define KVP_DAEMON_COUNTERS(X)                                                                \
-	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                  \
-	X(sessions_closed, "sessions_closed_total", "Sessions ended (any reason)")               \
-	X(sessions_reclaimed, "sessions_reclaimed_total", "Sessions reclaimed by keep-alive or pid") \
-	X(connections_refused, "connections_refused_total", "Connections refused (credentials, limits)") \
-	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")   \
-	X(frames_in, "frames_in_total", "Request frames received")                              \
+#define KVP_DAEMON_COUNTERS(X)                                                                     \
+	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                    \
+	X(sessions_closed, "sessions_closed_total", "Sessions ended (any reason)")                 \
+	X(sessions_reclaimed, "sessions_reclaimed_total",                                          \
+	  "Sessions reclaimed by keep-alive or pid")                                               \
+	X(connections_refused, "connections_refused_total",                                        \
+	  "Connections refused (credentials, limits)")                                             \
+	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")     \
+	X(frames_in, "frames_in_total", "Request frames received")                                 \
 	X(frames_out, "frames_out_total", "Response frames sent")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
@@ -37,36 +39,36 @@ struct kvp_daemon_stats {
  *
  * Per pool and tier, in tokens, labelled {pool, tier}: the field is a member of struct
  * kvp_tier_figures and of the TierStats message. */
-#define KVP_TIER_FIGURES(X)                                                           \
-	X(total_tokens, "tier_total_tokens", "gauge", "Tokens total in a pool's tier")           \
-	X(free_tokens, "tier_free_tokens", "gauge", "Tokens free in a pool's tier")              \
-	X(leased_tokens, "tier_leased_tokens", "gauge", "Tokens leased in a pool's tier")        \
-	X(cached_tokens, "tier_cached_tokens", "gauge", "Tokens cached in a pool's tier")        \
+#define KVP_TIER_FIGURES(X)                                                                        \
+	X(total_tokens, "tier_total_tokens", "gauge", "Tokens total in a pool's tier")             \
+	X(free_tokens, "tier_free_tokens", "gauge", "Tokens free in a pool's tier")                \
+	X(leased_tokens, "tier_leased_tokens", "gauge", "Tokens leased in a pool's tier")          \
+	X(cached_tokens, "tier_cached_tokens", "gauge", "Tokens cached in a pool's tier")          \
 	X(evictable_tokens, "tier_evictable_tokens", "gauge", "Tokens evictable in a pool's tier") \
 	X(protected_tokens, "tier_protected_tokens", "gauge", "Tokens protected in a pool's tier") \
 	X(evicted_tokens, "evicted_tokens_total", "counter", "Tokens evicted from a tier")
 
 /* Per pool, labelled {pool}: the field is a member of struct kvp_pool_figures and of the
  * PoolStats message. */
-#define KVP_POOL_FIGURES(X)                                                                   \
+#define KVP_POOL_FIGURES(X)                                                                        \
 	X(hit_tokens, "prefix_hit_tokens_total", "counter", "Tokens matched in the prefix cache")  \
-	X(queried_tokens, "prefix_queried_tokens_total", "counter",                               \
-	  "Tokens asked of the prefix cache")                                                     \
-	X(demoted_tokens, "demoted_tokens_total", "counter",                                      \
-	  "Tokens demoted from device to host pages")                                             \
-	X(promoted_tokens, "promoted_tokens_total", "counter",                                    \
-	  "Tokens promoted from host to device pages")                                            \
-	X(nodes, "prefix_nodes", "gauge", "Nodes of the prefix tree")                             \
-	X(sessions, "pool_sessions", "gauge", "Sessions attached to a pool")                      \
-	X(session_quota_tokens, "pool_session_quota_tokens", "gauge",                             \
-	  "Tokens one session may lease in a pool (0: no quota)")                                 \
+	X(queried_tokens, "prefix_queried_tokens_total", "counter",                                \
+	  "Tokens asked of the prefix cache")                                                      \
+	X(demoted_tokens, "demoted_tokens_total", "counter",                                       \
+	  "Tokens demoted from device to host pages")                                              \
+	X(promoted_tokens, "promoted_tokens_total", "counter",                                     \
+	  "Tokens promoted from host to device pages")                                             \
+	X(nodes, "prefix_nodes", "gauge", "Nodes of the prefix tree")                              \
+	X(sessions, "pool_sessions", "gauge", "Sessions attached to a pool")                       \
+	X(session_quota_tokens, "pool_session_quota_tokens", "gauge",                              \
+	  "Tokens one session may lease in a pool (0: no quota)")                                  \
 	X(token_bytes, "pool_token_bytes", "gauge", "Bytes of K and V one token takes in a pool")
 
 /* Daemon-wide, unlabelled: X(field, prometheus name suffix, type, help, scale); the field is a
  * member of struct kvp_daemon_figures and of the StatusResp message; Prometheus shows
  * value / scale (uptime in seconds). */
-#define KVP_DAEMON_FIGURES(X)                                                      \
-	X(sessions, "sessions", "gauge", "Sessions connected", 1)                     \
+#define KVP_DAEMON_FIGURES(X)                                                                      \
+	X(sessions, "sessions", "gauge", "Sessions connected", 1)                                  \
 	X(uptime_ms, "uptime_seconds", "gauge", "Seconds since kvpoold started", 1000)
 
 #define KVP_FIGURE_FIELD(f, n, t, h) uint64_t f;
@@ -82,11 +84,11 @@ struct kvp_daemon_figures {
 };
 
 /* The RPC families, labelled by call or code: X(id, prometheus name suffix, type, help). */
-#define KVP_RPC_FAMILIES(X)                                                             \
-	X(KVP_RPC_FAMILY_CALLS, "rpc_total", "counter", "RPCs served, by call")             \
-	X(KVP_RPC_FAMILY_FAILURES, "rpc_failures_total", "counter",                         \
-	  "RPCs answered with an error, by code")                                           \
-	X(KVP_RPC_FAMILY_DURATION, "rpc_duration_seconds", "histogram",                     \
+#define KVP_RPC_FAMILIES(X)                                                                        \
+	X(KVP_RPC_FAMILY_CALLS, "rpc_total", "counter", "RPCs served, by call")                    \
+	X(KVP_RPC_FAMILY_FAILURES, "rpc_failures_total", "counter",                                \
+	  "RPCs answered with an error, by code")                                                  \
+	X(KVP_RPC_FAMILY_DURATION, "rpc_duration_seconds", "histogram",                            \
 	  "Time kvpoold spends on an RPC: decode, serve, encode the reply")
 
 #define KVP_RPC_FAMILY_ID(id, n, t, h) id,
