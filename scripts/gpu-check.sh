@@ -289,7 +289,7 @@ done
 
 begin gpu-info
 if command -v nvidia-smi >/dev/null 2>&1; then
-	tee_step nvidia-smi
+	tee_step timeout 30 nvidia-smi
 	q=name,driver_version,memory.total,memory.used,pcie.link.gen.max,pcie.link.gen.current
 	q=$q,pcie.link.width.max,pcie.link.width.current
 	info=$(timeout 30 nvidia-smi --query-gpu=$q --format=csv,noheader 2>&1)
