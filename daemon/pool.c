@@ -97,6 +97,7 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 	p->geom.page_tokens = pc->page_tokens;
 	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
 	p->geom.dev_slots = (npages[KVP_TIER_DEVICE] ? npages[KVP_TIER_DEVICE] : 1) * pc->page_tokens;
+	p->geom.host_pages = npages[KVP_TIER_HOST];
 	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
 		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
