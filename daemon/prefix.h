@@ -44,10 +44,13 @@ struct kvp_prefix;	/* opaque */
 struct kvp_prefix_node; /* opaque; a lock handle is a node pointer */
 
 /* Returns a new, empty tree; NULL on a bad conf (page_tokens 0 or above 65536, bad policy, no
- * tier, dev == host, two tiers without copy) or ENOMEM. The allocators must outlive the tree. */
+ * tier, dev == host, two tiers without copy), ENOMEM, or no randomness for the hash seed. The
+ * allocators must outlive the tree. */
 struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf);
 /* Accepts NULL. Does not touch the allocators' page states. */
 void kvp_prefix_free(struct kvp_prefix *pfx);
+/* The tree's hash seed, from getrandom(2) at kvp_prefix_new (for tests). */
+uint64_t kvp_prefix_seed(const struct kvp_prefix *pfx);
 
 struct kvp_insert_result {
 	uint32_t new_pages;  /* pages the tree took: new positions and host->device upgrades */
