@@ -9,7 +9,7 @@
 #if KVP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 
 int kvp_tier_cuda_create(struct kvp_tier_mem *t, int device, uint64_t bytes, struct kvp_fail *f)
 {

@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 #include "suite.h"
 
 #define REQ_BYTES ((64ull << 20) + 1) /* rounded up to the granularity */

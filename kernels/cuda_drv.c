@@ -1,11 +1,11 @@
-/* tier_cuda.c - CUDA device tier memory exported as a POSIX fd (see tier_cuda.h).
+/* cuda_drv.c - CUDA driver glue shared by kvpoold and libkvpool (see cuda_drv.h).
  *
  * The static CUDA runtime finds the driver (libcuda.so.1) at run time; driver calls are looked up
  * once through cudaGetDriverEntryPointByVersion and cuda.h supplies only types, so nothing here
  * links libcuda and a machine without a driver gets -ENODEV and a reason. Each call makes the
  * device's primary context current (retained by the runtime for the life of the process, which
  * keeps the mappings valid) and puts the caller's context back before returning.
- * No daemon dependencies: libkvpool compiles this file too.
+ * No daemon dependencies.
  */
 #include <ctype.h>
 #include <cuda.h>	  /* types only */
@@ -15,11 +15,13 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 
 /* ABI of the driver symbols we ask for: every one used here exists in this form since <= 10.2,
  * and a driver able to run CUDA 13 runtime code is newer than this. */
@@ -43,10 +45,18 @@ struct drv_api {
 	PFN_cuMemSetAccess_v10020 mem_set_access;
 };
 
-/* Filled once under g_drv_lock; read-only once g_drv_loaded is set (readers take the lock). */
+/*
+ * Filled once, by drv_init under pthread_once; read-only after. g_drv_state is DRV_UNTRIED until
+ * then, and then 0 (g_drv usable) or a negative errno (g_drv_why says why), stored with release
+ * after g_drv is written. A thread that went through pthread_once may read g_drv directly; one
+ * that did not (kvp_cuda_mem_destroy) reads g_drv_state with acquire first (drv_loaded).
+ */
+#define DRV_UNTRIED 1
 static struct drv_api g_drv;
-static int g_drv_loaded;
-static pthread_mutex_t g_drv_lock = PTHREAD_MUTEX_INITIALIZER;
+static char g_drv_why[256];
+static atomic_int g_drv_state = DRV_UNTRIED;
+static pthread_once_t g_drv_once = PTHREAD_ONCE_INIT;
+static kvp_cuda_drv_lookup_fn g_drv_lookup;
 
 __attribute__((format(printf, 3, 4))) static void say(char *reason, size_t len, const char *fmt,
 						      ...)
@@ -135,8 +145,37 @@ static int rt_device(int device, char *reason, size_t len)
 	return 0;
 }
 
-/* Look the driver entry points up once. The runtime must already be initialised (rt_count). */
-static int drv_load(char *reason, size_t len)
+/* The default lookup: the runtime's, at the ABI above. */
+static int rt_lookup(const char *name, void **fn, char *reason, size_t len)
+{
+	enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	int drv = 0;
+	cudaError_t e;
+
+	*fn = NULL;
+	e = cudaGetDriverEntryPointByVersion(name, fn, KVP_CUDA_DRV_ABI, cudaEnableDefault, &q);
+	if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && *fn)
+		return 0;
+	cudaDriverGetVersion(&drv);
+	if (!drv || e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
+		say(reason, len, "no usable CUDA driver (looking up %s: %s)", name,
+		    cudaGetErrorString(e));
+		cudaGetLastError();
+		return -ENODEV;
+	}
+	say(reason, len, "CUDA driver lacks %s for CUDA %d.%d ABI (%s, status %d)", name,
+	    KVP_CUDA_DRV_ABI / 1000, KVP_CUDA_DRV_ABI % 1000 / 10, cudaGetErrorString(e), (int)q);
+	cudaGetLastError();
+	return -ENOSYS;
+}
+
+void kvp_cuda_drv_set_lookup(kvp_cuda_drv_lookup_fn lookup)
+{
+	g_drv_lookup = lookup;
+}
+
+/* The once routine: every entry point, or none (g_drv zeroed) and the reason. */
+static void drv_init(void)
 {
 	struct {
 		const char *name;
@@ -158,36 +197,43 @@ static int drv_load(char *reason, size_t len)
 	    {"cuMemUnmap", (void **)&g_drv.mem_unmap},
 	    {"cuMemSetAccess", (void **)&g_drv.mem_set_access},
 	};
-	int ret = 0;
+	kvp_cuda_drv_lookup_fn lookup = g_drv_lookup ? g_drv_lookup : rt_lookup;
 
-	pthread_mutex_lock(&g_drv_lock);
-	if (g_drv_loaded)
-		goto out;
 	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
 		void *fn = NULL;
-		cudaError_t e;
+		int r = lookup(syms[i].name, &fn, g_drv_why, sizeof(g_drv_why));
 
-		e = cudaGetDriverEntryPointByVersion(syms[i].name, &fn, KVP_CUDA_DRV_ABI,
-						     cudaEnableDefault, &q);
-		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
-			say(reason, len, "CUDA driver lacks %s for CUDA %d.%d ABI (%s, status %d)",
-			    syms[i].name, KVP_CUDA_DRV_ABI / 1000, KVP_CUDA_DRV_ABI % 1000 / 10,
-			    cudaGetErrorString(e), (int)q);
-			cudaGetLastError();
+		if (r < 0 || !fn) {
+			if (r >= 0)
+				say(g_drv_why, sizeof(g_drv_why), "no entry point %s", syms[i].name);
 			memset(&g_drv, 0, sizeof(g_drv));
-			ret = -ENOSYS;
-			goto out;
+			atomic_store_explicit(&g_drv_state, r < 0 ? r : -ENOSYS, memory_order_release);
+			return;
 		}
 		*syms[i].slot = fn;
 	}
-	g_drv_loaded = 1;
-out:
-	pthread_mutex_unlock(&g_drv_lock);
-	return ret;
+	atomic_store_explicit(&g_drv_state, 0, memory_order_release);
 }
 
-/* Can `device` back a cuda tier? 0, or -ENOTSUP/-EIO with a reason. Needs drv_load. */
+int kvp_cuda_drv_load(char *reason, size_t len)
+{
+	int st;
+
+	pthread_once(&g_drv_once, drv_init);
+	st = atomic_load_explicit(&g_drv_state, memory_order_acquire);
+	if (st < 0)
+		say(reason, len, "%s", g_drv_why);
+	return st;
+}
+
+/* Whether the entry points are there, without looking them up (nor waiting for a lookup under
+ * way in another thread). */
+static bool drv_loaded(void)
+{
+	return atomic_load_explicit(&g_drv_state, memory_order_acquire) == 0;
+}
+
+/* Can `device` back a cuda tier? 0, or -ENOTSUP/-EIO with a reason. Needs kvp_cuda_drv_load. */
 static int device_usable(int device, char *reason, size_t len)
 {
 	int vmm = 0, fd_export = 0;
@@ -231,7 +277,7 @@ static int ctx_enter(int device, CUcontext *prev, char *reason, size_t len)
 
 	ret = rt_device(device, reason, len);
 	if (!ret)
-		ret = drv_load(reason, len);
+		ret = kvp_cuda_drv_load(reason, len);
 	if (!ret)
 		ret = device_usable(device, reason, len);
 	if (ret)
@@ -463,7 +509,7 @@ void kvp_cuda_mem_destroy(struct kvp_cuda_mem *m)
 
 	if (!m)
 		return;
-	if (m->bytes && g_drv_loaded) {
+	if (m->bytes && drv_loaded()) {
 		have_ctx = g_drv.ctx_get_current(&prev) == CUDA_SUCCESS;
 		if (cudaSetDevice(m->device) != cudaSuccess)
 			cudaGetLastError();
@@ -560,7 +606,7 @@ int kvp_cuda_probe(char *reason, size_t len)
 	count = rt_count(reason, len);
 	if (count < 0)
 		return count;
-	ret = drv_load(reason, len);
+	ret = kvp_cuda_drv_load(reason, len);
 	if (ret)
 		return ret;
 	for (int d = 0; d < count; d++) {
