@@ -4,6 +4,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "kv_copy.h" /* enum kvp_copy_dir */
 #include "pages.h"
 
 enum kvp_tier_id {
@@ -17,11 +18,6 @@ enum kvp_evict_policy {
 	KVP_EVICT_POLICY_LRU = 0, /* least recently matched or inserted first */
 	KVP_EVICT_POLICY_LFU,	  /* fewest match hits first, ties by LRU */
 	KVP_EVICT_POLICY_MAX,
-};
-
-enum kvp_copy_dir {
-	KVP_COPY_DEMOTE = 0, /* device -> host */
-	KVP_COPY_PROMOTE,    /* host -> device */
 };
 
 /* Copies n pages' K/V bytes between tiers: src ids in the source tier, dst ids in the

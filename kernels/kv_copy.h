@@ -24,6 +24,12 @@
 extern "C" {
 #endif
 
+/* The two directions between tiers. */
+enum kvp_copy_dir {
+	KVP_COPY_DEMOTE = 0, /* device -> host */
+	KVP_COPY_PROMOTE,    /* host -> device */
+};
+
 struct kvp_copy_geom {
 	uint32_t layers;      /* transformer layers, >= 1 */
 	uint32_t page_tokens; /* token slots per page, >= 1 */
