@@ -18,10 +18,10 @@
 struct kvp_tier_copy {
 	struct kvp_copy_geom g;
 	struct kvp_copy_cuda *cc;
-	void *dev;	    /* device tier */
-	void *host;	    /* host tier, registered with CUDA */
+	void *dev;  /* device tier */
+	void *host; /* host tier, registered with CUDA */
 	uint64_t host_bytes;
-	void *gpu_view;	    /* the host tier's address for the GPU's kernels */
+	void *gpu_view; /* the host tier's address for the GPU's kernels */
 	bool registered;
 };
 
@@ -69,7 +69,7 @@ static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec
 		return kvp_tier_err(tf, KVP_TIER_E_INVALID, "%s: adopting needs an fd", s->name);
 	r = kvp_cuda_mem_import(s->cuda_device, fd, s->bytes, &m, why, sizeof(why));
 	if (r < 0) {
-		code = r == -EBADF ? KVP_TIER_E_BAD_FD
+		code = r == -EBADF    ? KVP_TIER_E_BAD_FD
 		       : r == -EINVAL ? KVP_TIER_E_SIZE
 				      : KVP_TIER_E_UNAVAILABLE;
 		return kvp_tier_err(tf, code, "%s: cuda:%d cannot adopt fd %d: %s", s->name,
@@ -82,12 +82,12 @@ static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec
 static void cuda_destroy(struct kvp_tier_mem *t)
 {
 	struct kvp_cuda_mem m = {
-		.device = t->cuda_device,
-		.fd = t->fd,
-		.bytes = t->bytes,
-		.dptr = (uint64_t)(uintptr_t)t->base,
-		.handle = t->cuda_handle,
-		.granularity = t->cuda_granularity,
+	    .device = t->cuda_device,
+	    .fd = t->fd,
+	    .bytes = t->bytes,
+	    .dptr = (uint64_t)(uintptr_t)t->base,
+	    .handle = t->cuda_handle,
+	    .granularity = t->cuda_granularity,
 	};
 
 	kvp_cuda_mem_destroy(&m);
@@ -113,7 +113,8 @@ static int cuda_copy_open(struct kvp_tier_mem *dev, struct kvp_tier_mem *host,
 	int r;
 
 	if (!dev->base || !host->base || kvp_copy_geom_check(g))
-		return kvp_tier_err(tf, KVP_TIER_E_INVALID, "cuda copies: no tier or a bad geometry");
+		return kvp_tier_err(tf, KVP_TIER_E_INVALID,
+				    "cuda copies: no tier or a bad geometry");
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return kvp_tier_err(tf, KVP_TIER_E_INTERNAL, "cuda copies: out of memory");
@@ -161,15 +162,15 @@ static int cuda_copy_wait(struct kvp_tier_copy *c)
 }
 
 const struct kvp_tier_ops kvp_tier_cuda_ops = {
-	.name = "cuda",
-	.kind = KVP_BACKEND_KIND_CUDA,
-	.create = cuda_create,
-	.adopt = cuda_adopt,
-	.destroy = cuda_destroy,
-	.copy_open = cuda_copy_open,
-	.copy = cuda_copy,
-	.copy_wait = cuda_copy_wait,
-	.copy_close = cuda_copy_close,
+    .name = "cuda",
+    .kind = KVP_BACKEND_KIND_CUDA,
+    .create = cuda_create,
+    .adopt = cuda_adopt,
+    .destroy = cuda_destroy,
+    .copy_open = cuda_copy_open,
+    .copy = cuda_copy,
+    .copy_wait = cuda_copy_wait,
+    .copy_close = cuda_copy_close,
 };
 
 #else
@@ -228,15 +229,15 @@ static void cuda_copy_close(struct kvp_tier_copy *c)
 }
 
 const struct kvp_tier_ops kvp_tier_cuda_ops = {
-	.name = "cuda",
-	.kind = KVP_BACKEND_KIND_CUDA,
-	.create = cuda_create,
-	.adopt = cuda_adopt,
-	.destroy = cuda_destroy,
-	.copy_open = cuda_copy_open,
-	.copy = cuda_copy,
-	.copy_wait = cuda_copy_wait,
-	.copy_close = cuda_copy_close,
+    .name = "cuda",
+    .kind = KVP_BACKEND_KIND_CUDA,
+    .create = cuda_create,
+    .adopt = cuda_adopt,
+    .destroy = cuda_destroy,
+    .copy_open = cuda_copy_open,
+    .copy = cuda_copy,
+    .copy_wait = cuda_copy_wait,
+    .copy_close = cuda_copy_close,
 };
 
 #endif

@@ -114,7 +114,8 @@ int kvp_tier_shm_create(struct kvp_tier_mem *t, const struct kvp_tier_spec *s, c
 			    s->name, (unsigned long)size, strerror(-fd));
 		if (fd < 0) {
 			if (note)
-				snprintf(note, notelen, "huge pages unavailable (%s), using 4 KiB pages",
+				snprintf(note, notelen,
+					 "huge pages unavailable (%s), using 4 KiB pages",
 					 strerror(-fd));
 			huge = false;
 			size = s->bytes;

@@ -53,7 +53,8 @@ static int sim_copy_open(struct kvp_tier_mem *dev, struct kvp_tier_mem *host,
 	struct kvp_tier_copy *c;
 
 	if (!dev->base || !host->base || kvp_copy_geom_check(g))
-		return kvp_tier_err(tf, KVP_TIER_E_INVALID, "sim copies: no tier or a bad geometry");
+		return kvp_tier_err(tf, KVP_TIER_E_INVALID,
+				    "sim copies: no tier or a bad geometry");
 	c = malloc(sizeof(*c));
 	if (!c)
 		return kvp_tier_err(tf, KVP_TIER_E_INTERNAL, "sim copies: out of memory");
@@ -85,13 +86,13 @@ static void sim_copy_close(struct kvp_tier_copy *c)
 }
 
 const struct kvp_tier_ops kvp_tier_sim_ops = {
-	.name = "sim",
-	.kind = KVP_BACKEND_KIND_SIM,
-	.create = sim_create,
-	.adopt = sim_adopt,
-	.destroy = kvp_tier_shm_destroy,
-	.copy_open = sim_copy_open,
-	.copy = sim_copy,
-	.copy_wait = sim_copy_wait,
-	.copy_close = sim_copy_close,
+    .name = "sim",
+    .kind = KVP_BACKEND_KIND_SIM,
+    .create = sim_create,
+    .adopt = sim_adopt,
+    .destroy = kvp_tier_shm_destroy,
+    .copy_open = sim_copy_open,
+    .copy = sim_copy,
+    .copy_wait = sim_copy_wait,
+    .copy_close = sim_copy_close,
 };

@@ -96,8 +96,12 @@ struct worker {
 static void *worker_run(void *arg)
 {
 	struct worker *w = arg;
-	struct kvp_cuda_mem m = {.device = 0, .fd = -1, .bytes = 2 << 20, .dptr = 1 << 21,
-				 .handle = 7, .granularity = 2 << 20};
+	struct kvp_cuda_mem m = {.device = 0,
+				 .fd = -1,
+				 .bytes = 2 << 20,
+				 .dptr = 1 << 21,
+				 .handle = 7,
+				 .granularity = 2 << 20};
 
 	pthread_barrier_wait(&g_go);
 	if (w->loads)

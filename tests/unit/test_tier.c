@@ -62,7 +62,7 @@ static void test_kvp_tier_ops_of_table(void)
 	}
 	CU_ASSERT_PTR_NULL(kvp_tier_ops_of(KVP_BACKEND_KIND_NONE));
 	CU_ASSERT_PTR_NULL(kvp_tier_ops_of(KVP_BACKEND_KIND_MAX));
-	CU_ASSERT_PTR_NULL(kvp_tier_ops_of((enum kvp_backend_kind)-1));
+	CU_ASSERT_PTR_NULL(kvp_tier_ops_of((enum kvp_backend_kind) - 1));
 	CU_ASSERT_STRING_EQUAL(kvp_backend_kind_name(KVP_BACKEND_KIND_NONE), "none");
 }
 
@@ -262,9 +262,9 @@ static void test_kvp_tier_sim_copy(void)
 	for (int i = 0; i < 3; i++)
 		for (uint32_t l = 0; l < g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				const uint8_t *d = (const uint8_t *)dev.base +
-						   kvp_dev_offset(&g, l, kv,
-								  (uint64_t)dsrc[i] * g.page_tokens);
+				const uint8_t *d =
+				    (const uint8_t *)dev.base +
+				    kvp_dev_offset(&g, l, kv, (uint64_t)dsrc[i] * g.page_tokens);
 				const uint8_t *h = (const uint8_t *)host.base +
 						   kvp_host_offset(&g, hdst[i], l, kv, 0);
 
@@ -280,9 +280,9 @@ static void test_kvp_tier_sim_copy(void)
 	for (int i = 0; i < 3; i++)
 		for (uint32_t l = 0; l < g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				const uint8_t *d = (const uint8_t *)dev.base +
-						   kvp_dev_offset(&g, l, kv,
-								  (uint64_t)dback[i] * g.page_tokens);
+				const uint8_t *d =
+				    (const uint8_t *)dev.base +
+				    kvp_dev_offset(&g, l, kv, (uint64_t)dback[i] * g.page_tokens);
 				const uint8_t *h = (const uint8_t *)host.base +
 						   kvp_host_offset(&g, hdst[i], l, kv, 0);
 
