@@ -17,6 +17,11 @@
 #include "suite.h"
 #include "tier.h"
 
+/* tier.h stands without the wire types (fail.h, kvpool.pb-c.h) */
+#if defined(PROTOBUF_C_kvpool_2eproto__INCLUDED) || defined(PROTOBUF_C_VERSION_NUMBER)
+#error "tier.h brings in generated wire types"
+#endif
+
 #define PAGE 4096u
 
 static struct kvp_tier_spec spec(const char *name, uint64_t bytes)
