@@ -15,7 +15,7 @@
 #include "kvp_config.h"
 #include "kvp_internal.h"
 #if KVP_HAVE_CUDA
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 #endif
 
 _Static_assert((int)KVP_E_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");

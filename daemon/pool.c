@@ -1,4 +1,5 @@
-/* pool.c - pools: tier memory, page leases, eviction before any capacity error. */
+/* pool.c - pools: tier memory (through the tier backends' table), page leases, eviction before
+ * any capacity error. */
 #include "pool.h"
 
 #include <errno.h>
@@ -8,9 +9,16 @@
 
 #include "fault.h"
 #include "log.h"
-#if KVP_HAVE_CUDA
-#include "kv_copy_cuda.h"
-#endif
+
+/* tier.h numbers backends and options without the wire's or the config's types */
+_Static_assert((int)KVP_BACKEND_KIND_NONE == (int)KVPOOL__BACKEND__BACKEND_NONE &&
+		       (int)KVP_BACKEND_KIND_SIM == (int)KVPOOL__BACKEND__SIM &&
+		       (int)KVP_BACKEND_KIND_CUDA == (int)KVPOOL__BACKEND__CUDA &&
+		       (int)KVP_BACKEND_KIND_MEMFD == (int)KVPOOL__BACKEND__MEMFD,
+	       "tier backends follow the wire's Backend");
+_Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_TRY &&
+		       (int)KVP_OPT_ON == (int)KVP_ON,
+	       "tier options follow the config's tristate");
 
 static const char *const tier_names[KVP_TIER_MAX] = { "device", "host" };
 
@@ -19,30 +27,47 @@ bool kvp_pool_has_tier(const struct kvp_pool *p, int tier)
 	return tier >= 0 && tier < KVP_TIER_MAX && p->pages[tier] != NULL;
 }
 
-/* Transfer between tiers for demotion and promotion: the CPU kernels for sim device tiers,
- * the CUDA kernels for cuda ones. */
+/* Transfer between tiers for demotion and promotion, through the device tier's backend (the CPU
+ * kernels for sim, the CUDA kernels for cuda); returns once the bytes are in place. */
 static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const uint32_t *dst,
 		     uint32_t n)
 {
 	struct kvp_pool *p = ctx;
-	void *dev = p->mem[KVP_TIER_DEVICE].base, *host = p->mem[KVP_TIER_HOST].base;
+	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_DEVICE].ops;
+	int r = ops->copy(p->copy, dir, src, dst, n);
 
-#if KVP_HAVE_CUDA
-	if (p->mem[KVP_TIER_DEVICE].backend == KVPOOL__BACKEND__CUDA) {
-		int r;
+	return r < 0 ? r : ops->copy_wait(p->copy);
+}
 
-		host = p->mem[KVP_TIER_HOST].gpu_view;
-		r = dir == KVP_COPY_DEMOTE
-				? kvp_copy_dev_to_host_cuda(p->cuda_copy, &p->geom, dev, host, src,
-							    dst, n)
-				: kvp_copy_host_to_dev_cuda(p->cuda_copy, &p->geom, host, dev, src,
-							    dst, n);
-		return r < 0 ? r : kvp_copy_cuda_sync(p->cuda_copy);
-	}
-#endif
-	if (dir == KVP_COPY_DEMOTE)
-		return kvp_copy_dev_to_host_cpu(&p->geom, dev, host, src, dst, n);
-	return kvp_copy_host_to_dev_cpu(&p->geom, host, dev, src, dst, n);
+/* The wire code of a tier failure. */
+static Kvpool__Code tier_code(const struct kvp_tier_fail *tf)
+{
+	static const Kvpool__Code codes[KVP_TIER_E_MAX] = {
+		[KVP_TIER_E_INTERNAL] = KVPOOL__CODE__INTERNAL,
+		[KVP_TIER_E_BUDGET] = KVPOOL__CODE__HOST_BUDGET_EXCEEDED,
+		[KVP_TIER_E_UNAVAILABLE] = KVPOOL__CODE__UNAVAILABLE,
+		[KVP_TIER_E_INVALID] = KVPOOL__CODE__INVALID_ARGUMENT,
+		[KVP_TIER_E_BAD_FD] = KVPOOL__CODE__INVALID_ARGUMENT,
+		[KVP_TIER_E_SIZE] = KVPOOL__CODE__INVALID_ARGUMENT,
+		[KVP_TIER_E_SEALS] = KVPOOL__CODE__INVALID_ARGUMENT,
+	};
+
+	if ((unsigned)tf->code >= KVP_TIER_E_MAX || tf->code == KVP_TIER_OK)
+		return KVPOOL__CODE__INTERNAL;
+	return codes[tf->code];
+}
+
+static int create_tier(struct kvp_pool *p, int tier, enum kvp_backend_kind kind,
+		       const struct kvp_tier_spec *s, struct kvp_fail *f)
+{
+	const struct kvp_tier_ops *ops = kvp_tier_ops_of(kind);
+	struct kvp_tier_fail tf = { 0 };
+
+	if (!ops)
+		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "%s: no backend %d", s->name, (int)kind);
+	if (ops->create(&p->mem[tier], s, p->note, sizeof(p->note), &tf) < 0)
+		return kvp_fail(f, tier_code(&tf), "%s", tf.msg);
+	return 0;
 }
 
 static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
@@ -50,19 +75,20 @@ static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
 	const struct kvp_pool_conf *c = &p->conf;
 	int node = c->numa_node;
 	char name[96];
+	struct kvp_tier_spec s = { .name = name };
 	int r = 0;
 
 	for (int t = 0; t < KVP_TIER_MAX; t++)
-		p->mem[t].fd = -1;
+		kvp_tier_mem_init(&p->mem[t]);
 	if (c->device != KVP_DEVICE_NONE && c->device_pages) {
-		uint64_t bytes = c->device_pages * p->page_bytes;
-
 		snprintf(name, sizeof(name), "%s:device", c->name);
-		if (c->device == KVP_DEVICE_CUDA)
-			r = kvp_tier_cuda_create(&p->mem[KVP_TIER_DEVICE], c->cuda_device, bytes, f);
-		else
-			r = kvp_tier_sim_create(&p->mem[KVP_TIER_DEVICE], name, bytes,
-						node < 0 ? 0 : node, f);
+		s.bytes = c->device_pages * p->page_bytes;
+		s.numa_node = node < 0 ? 0 : node;
+		s.cuda_device = c->cuda_device;
+		r = create_tier(p, KVP_TIER_DEVICE,
+				c->device == KVP_DEVICE_CUDA ? KVP_BACKEND_KIND_CUDA
+							     : KVP_BACKEND_KIND_SIM,
+				&s, f);
 		if (r < 0)
 			return r;
 		if (node < 0 && p->mem[KVP_TIER_DEVICE].numa_node >= 0)
@@ -70,12 +96,31 @@ static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
 	}
 	if (c->host_pages) {
 		snprintf(name, sizeof(name), "%s:host", c->name);
-		r = kvp_tier_memfd_create(&p->mem[KVP_TIER_HOST], name, c->host_pages * p->page_bytes,
-					  node < 0 ? 0 : node, (int)c->hugepages, (int)c->mlock,
-					  p->note, sizeof(p->note), f);
+		s.bytes = c->host_pages * p->page_bytes;
+		s.numa_node = node < 0 ? 0 : node;
+		s.cuda_device = -1;
+		s.hugepages = (enum kvp_tristate_opt)c->hugepages;
+		s.mlock = (enum kvp_tristate_opt)c->mlock;
+		r = create_tier(p, KVP_TIER_HOST, KVP_BACKEND_KIND_MEMFD, &s, f);
 		if (r < 0)
 			return r;
 	}
+	return 0;
+}
+
+/* Transfers between the two tiers, when the pool has both. */
+static int open_copies(struct kvp_pool *p, struct kvp_fail *f)
+{
+	struct kvp_tier_mem *dev = &p->mem[KVP_TIER_DEVICE];
+	struct kvp_tier_fail tf = { 0 };
+
+	if (!p->pages[KVP_TIER_DEVICE] || !p->pages[KVP_TIER_HOST])
+		return 0;
+	if (!dev->ops->copy_open)
+		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: the %s backend cannot copy",
+				p->conf.name, dev->ops->name);
+	if (dev->ops->copy_open(dev, &p->mem[KVP_TIER_HOST], &p->geom, &p->copy, &tf) < 0)
+		return kvp_fail(f, tier_code(&tf), "pool %s: %s", p->conf.name, tf.msg);
 	return 0;
 }
 
@@ -97,6 +142,7 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 	p->geom.page_tokens = pc->page_tokens;
 	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
 	p->geom.dev_slots = (npages[KVP_TIER_DEVICE] ? npages[KVP_TIER_DEVICE] : 1) * pc->page_tokens;
+	p->geom.host_pages = npages[KVP_TIER_HOST];
 	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
 		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
@@ -116,27 +162,8 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 			goto fail;
 		}
 	}
-#if KVP_HAVE_CUDA
-	if (p->mem[KVP_TIER_DEVICE].backend == KVPOOL__BACKEND__CUDA && p->pages[KVP_TIER_HOST]) {
-		struct kvp_copy_cuda *cc = NULL;
-		int r = kvp_copy_cuda_new(pc->cuda_device, &cc);
-
-		if (r < 0) {
-			kvp_fail(f, KVPOOL__CODE__UNAVAILABLE,
-				 "pool %s: CUDA transfer stream on device %d: error %d", pc->name,
-				 pc->cuda_device, r);
-			goto fail;
-		}
-		p->cuda_copy = cc;
-		r = kvp_tier_cuda_register_host(&p->mem[KVP_TIER_HOST]);
-		if (r < 0) {
-			kvp_fail(f, KVPOOL__CODE__UNAVAILABLE,
-				 "pool %s: cudaHostRegister of the host tier failed (%d)", pc->name,
-				 r);
-			goto fail;
-		}
-	}
-#endif
+	if (open_copies(p, f) < 0)
+		goto fail;
 	xc.page_tokens = pc->page_tokens;
 	xc.policy = pc->eviction == KVP_EVICT_LFU ? KVP_EVICT_POLICY_LFU : KVP_EVICT_POLICY_LRU;
 	xc.dev = p->pages[KVP_TIER_DEVICE];
@@ -159,12 +186,8 @@ void kvp_pool_destroy(struct kvp_pool *p)
 	if (!p)
 		return;
 	kvp_prefix_free(p->pfx);
-#if KVP_HAVE_CUDA
-	if (p->cuda_copy)
-		kvp_copy_cuda_free(p->cuda_copy);
-	if (p->mem[KVP_TIER_HOST].host_registered)
-		kvp_tier_cuda_unregister_host(&p->mem[KVP_TIER_HOST]);
-#endif
+	if (p->copy)
+		p->mem[KVP_TIER_DEVICE].ops->copy_close(p->copy);
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
 		kvp_pages_free(p->pages[t]);
 		free(p->lease_of[t]);

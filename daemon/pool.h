@@ -24,7 +24,7 @@ struct kvp_pool {
 	struct kvp_prefix *pfx;
 	struct kvp_pool_stats st;
 	uint32_t sessions; /* attached */
-	void *cuda_copy;   /* struct kvp_copy_cuda *, cuda pools only */
+	struct kvp_tier_copy *copy; /* demotion and promotion: pools with both tiers */
 	char note[256];	   /* start-up fallbacks worth a log line */
 	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
 };

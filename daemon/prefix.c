@@ -33,8 +33,10 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "fault.h"
@@ -622,10 +624,48 @@ static struct kvp_prefix_node *split_commit(struct kvp_prefix *pfx, struct kvp_p
 
 /* ---- construction ---- */
 
+/* The hash seed: clients choose the token ids, so the seed must be unpredictable to them.
+ * getrandom(2); /dev/urandom only on a kernel without it (ENOSYS). 0 or -1. */
+static int seed_of(uint64_t *seed)
+{
+	unsigned char b[sizeof(*seed)];
+	size_t got = 0;
+	FILE *f;
+
+	while (got < sizeof(b)) {
+		ssize_t n = getrandom(b + got, sizeof(b) - got, 0);
+
+		if (n > 0) {
+			got += (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == ENOSYS)
+			break;
+		return -1;
+	}
+	if (got < sizeof(b)) {
+		f = fopen("/dev/urandom", "rbe");
+		if (!f)
+			return -1;
+		got += fread(b + got, 1, sizeof(b) - got, f);
+		fclose(f);
+		if (got < sizeof(b))
+			return -1;
+	}
+	memcpy(seed, b, sizeof(*seed));
+	return 0;
+}
+
+uint64_t kvp_prefix_seed(const struct kvp_prefix *pfx)
+{
+	return pfx->seed;
+}
+
 struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf)
 {
 	struct kvp_prefix *pfx;
-	struct timespec ts;
 
 	if (!conf || !conf->page_tokens || conf->page_tokens > PT_MAX ||
 	    (unsigned)conf->policy >= KVP_EVICT_POLICY_MAX || (!conf->dev && !conf->host) ||
@@ -638,9 +678,10 @@ struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf)
 	pfx->pt = conf->page_tokens;
 	pfx->tier[KVP_TIER_DEVICE] = conf->dev;
 	pfx->tier[KVP_TIER_HOST] = conf->host;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	pfx->seed = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uintptr_t)pfx ^
-			  ((uint64_t)(uintptr_t)&ts << 16));
+	if (seed_of(&pfx->seed) < 0) {
+		free(pfx);
+		return NULL;
+	}
 	pfx->st.metadata_bytes = sizeof(*pfx);
 	/* not md_alloc: its failure injection ("prefix") is for serving, not for start-up */
 	pfx->buckets = calloc(BUCKETS_MIN, sizeof(*pfx->buckets));

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "kv_copy.h" /* enum kvp_copy_dir */
 #include "pages.h"
 
 enum kvp_tier_id {
@@ -17,11 +18,6 @@ enum kvp_evict_policy {
 	KVP_EVICT_POLICY_LRU = 0, /* least recently matched or inserted first */
 	KVP_EVICT_POLICY_LFU,	  /* fewest match hits first, ties by LRU */
 	KVP_EVICT_POLICY_MAX,
-};
-
-enum kvp_copy_dir {
-	KVP_COPY_DEMOTE = 0, /* device -> host */
-	KVP_COPY_PROMOTE,    /* host -> device */
 };
 
 /* Copies n pages' K/V bytes between tiers: src ids in the source tier, dst ids in the
@@ -44,10 +40,13 @@ struct kvp_prefix;	/* opaque */
 struct kvp_prefix_node; /* opaque; a lock handle is a node pointer */
 
 /* Returns a new, empty tree; NULL on a bad conf (page_tokens 0 or above 65536, bad policy, no
- * tier, dev == host, two tiers without copy) or ENOMEM. The allocators must outlive the tree. */
+ * tier, dev == host, two tiers without copy), ENOMEM, or no randomness for the hash seed. The
+ * allocators must outlive the tree. */
 struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf);
 /* Accepts NULL. Does not touch the allocators' page states. */
 void kvp_prefix_free(struct kvp_prefix *pfx);
+/* The tree's hash seed, from getrandom(2) at kvp_prefix_new (for tests). */
+uint64_t kvp_prefix_seed(const struct kvp_prefix *pfx);
 
 struct kvp_insert_result {
 	uint32_t new_pages;  /* pages the tree took: new positions and host->device upgrades */

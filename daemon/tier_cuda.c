@@ -1,583 +1,243 @@
-/* tier_cuda.c - CUDA device tier memory exported as a POSIX fd (see tier_cuda.h).
- *
- * The static CUDA runtime finds the driver (libcuda.so.1) at run time; driver calls are looked up
- * once through cudaGetDriverEntryPointByVersion and cuda.h supplies only types, so nothing here
- * links libcuda and a machine without a driver gets -ENODEV and a reason. Each call makes the
- * device's primary context current (retained by the runtime for the life of the process, which
- * keeps the mappings valid) and puts the caller's context back before returning.
- * No daemon dependencies: libkvpool compiles this file too.
- */
-#include <ctype.h>
-#include <cuda.h>	  /* types only */
-#include <cudaTypedefs.h> /* PFN_* types only */
-#include <cuda_runtime_api.h>
+/* tier_cuda.c - the cuda backend of device tiers: GPU memory from the CUDA virtual memory API,
+ * exported as a POSIX fd (kernels/cuda_drv.c), with the CUDA kernels (kernels/kv_copy.cu) for
+ * demotion and promotion, which reach the host tier through its CUDA registration. A build or a
+ * machine without CUDA gets a typed refusal (KVP_TIER_E_UNAVAILABLE) with the reason. */
 #include <errno.h>
-#include <fcntl.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "tier_cuda.h"
+#include "kvp_config.h"
+#include "tier.h"
 
-/* ABI of the driver symbols we ask for: every one used here exists in this form since <= 10.2,
- * and a driver able to run CUDA 13 runtime code is newer than this. */
-#define KVP_CUDA_DRV_ABI 12000
+#if KVP_HAVE_CUDA
+#include <cuda_runtime_api.h>
 
-struct drv_api {
-	PFN_cuGetErrorString_v6000 get_error_string;
-	PFN_cuDeviceGet_v2000 device_get;
-	PFN_cuDeviceGetAttribute_v2000 device_get_attribute;
-	PFN_cuCtxGetCurrent_v4000 ctx_get_current;
-	PFN_cuCtxSetCurrent_v4000 ctx_set_current;
-	PFN_cuMemGetAllocationGranularity_v10020 mem_get_granularity;
-	PFN_cuMemCreate_v10020 mem_create;
-	PFN_cuMemRelease_v10020 mem_release;
-	PFN_cuMemExportToShareableHandle_v10020 mem_export;
-	PFN_cuMemImportFromShareableHandle_v10020 mem_import;
-	PFN_cuMemAddressReserve_v10020 mem_address_reserve;
-	PFN_cuMemAddressFree_v10020 mem_address_free;
-	PFN_cuMemMap_v10020 mem_map;
-	PFN_cuMemUnmap_v10020 mem_unmap;
-	PFN_cuMemSetAccess_v10020 mem_set_access;
+#include "cuda_drv.h"
+#include "kv_copy_cuda.h"
+
+struct kvp_tier_copy {
+	struct kvp_copy_geom g;
+	struct kvp_copy_cuda *cc;
+	void *dev;  /* device tier */
+	void *host; /* host tier, registered with CUDA */
+	uint64_t host_bytes;
+	void *gpu_view; /* the host tier's address for the GPU's kernels */
+	bool registered;
 };
 
-/* Filled once under g_drv_lock; read-only once g_drv_loaded is set (readers take the lock). */
-static struct drv_api g_drv;
-static int g_drv_loaded;
-static pthread_mutex_t g_drv_lock = PTHREAD_MUTEX_INITIALIZER;
-
-__attribute__((format(printf, 3, 4))) static void say(char *reason, size_t len, const char *fmt,
-						      ...)
+static void fill(struct kvp_tier_mem *t, const struct kvp_cuda_mem *m, int device, int fd)
 {
-	va_list ap;
-
-	if (!reason || !len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(reason, len, fmt, ap);
-	va_end(ap);
+	t->ops = &kvp_tier_cuda_ops;
+	t->backend = KVP_BACKEND_KIND_CUDA;
+	t->fd = fd;
+	t->base = (void *)(uintptr_t)m->dptr;
+	t->bytes = m->bytes;
+	t->cuda_device = device;
+	t->cuda_handle = m->handle;
+	t->cuda_granularity = m->granularity;
+	t->numa_node = kvp_cuda_device_numa_node(device);
+	t->has_uuid = kvp_cuda_device_uuid(device, t->cuda_uuid, NULL, 0) == 0;
 }
 
-static const char *drv_str(CUresult r)
+static int cuda_create(struct kvp_tier_mem *t, const struct kvp_tier_spec *s, char *note,
+		       size_t notelen, struct kvp_tier_fail *tf)
 {
-	const char *s = NULL;
+	struct kvp_cuda_mem m;
+	char why[256] = "";
+	int r;
 
-	if (!g_drv.get_error_string || g_drv.get_error_string(r, &s) != CUDA_SUCCESS || !s)
-		return "unknown driver error";
-	return s;
-}
-
-static int drv_errno(CUresult r)
-{
-	switch (r) {
-	case CUDA_ERROR_OUT_OF_MEMORY:
-		return -ENOMEM;
-	case CUDA_ERROR_NOT_SUPPORTED:
-		return -ENOTSUP;
-	case CUDA_ERROR_INVALID_VALUE:
-		return -EINVAL;
-	default:
-		return -EIO;
-	}
-}
-
-/* Number of devices the runtime sees (>= 1), or -ENODEV (no driver, an older one, no GPU) or
- * -EIO (the runtime failed otherwise) with a reason. */
-static int rt_count(char *reason, size_t len)
-{
-	int count = 0, drv = 0, rt = 0;
-	cudaError_t e;
-
-	e = cudaGetDeviceCount(&count);
-	if (e != cudaSuccess) {
-		cudaDriverGetVersion(&drv);
-		cudaRuntimeGetVersion(&rt);
-		if (!drv)
-			say(reason, len, "no CUDA driver (cudaGetDeviceCount: %s)",
-			    cudaGetErrorString(e));
-		else if (e == cudaErrorInsufficientDriver)
-			say(reason, len,
-			    "CUDA driver %d.%d is older than the runtime %d.%d "
-			    "(cudaGetDeviceCount: %s)",
-			    drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10,
-			    cudaGetErrorString(e));
-		else if (e == cudaErrorNoDevice)
-			say(reason, len, "no CUDA GPU (cudaGetDeviceCount: %s)",
-			    cudaGetErrorString(e));
-		else
-			say(reason, len, "CUDA unusable (cudaGetDeviceCount: %s)",
-			    cudaGetErrorString(e));
-		cudaGetLastError();
-		/* no driver, an older one or no GPU: none to use; anything else is a failure */
-		return !drv || e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice ? -ENODEV
-											    : -EIO;
-	}
-	if (count <= 0) {
-		say(reason, len, "no CUDA GPU (cudaGetDeviceCount: 0 devices)");
-		return -ENODEV;
-	}
-	return count;
-}
-
-static int rt_device(int device, char *reason, size_t len)
-{
-	int count = rt_count(reason, len);
-
-	if (count < 0)
-		return count;
-	if (device < 0 || device >= count) {
-		say(reason, len, "device %d not present (%d GPU%s)", device, count,
-		    count == 1 ? "" : "s");
-		return -ENODEV;
-	}
+	(void)note, (void)notelen;
+	kvp_tier_mem_init(t);
+	r = kvp_cuda_mem_create(s->cuda_device, s->bytes, &m, why, sizeof(why));
+	if (r < 0)
+		return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
+				    s->cuda_device, why[0] ? why : strerror(-r));
+	fill(t, &m, s->cuda_device, m.fd);
 	return 0;
 }
 
-/* Look the driver entry points up once. The runtime must already be initialised (rt_count). */
-static int drv_load(char *reason, size_t len)
+static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec *s,
+		      struct kvp_tier_fail *tf)
 {
-	struct {
-		const char *name;
-		void **slot;
-	} syms[] = {
-	    {"cuGetErrorString", (void **)&g_drv.get_error_string},
-	    {"cuDeviceGet", (void **)&g_drv.device_get},
-	    {"cuDeviceGetAttribute", (void **)&g_drv.device_get_attribute},
-	    {"cuCtxGetCurrent", (void **)&g_drv.ctx_get_current},
-	    {"cuCtxSetCurrent", (void **)&g_drv.ctx_set_current},
-	    {"cuMemGetAllocationGranularity", (void **)&g_drv.mem_get_granularity},
-	    {"cuMemCreate", (void **)&g_drv.mem_create},
-	    {"cuMemRelease", (void **)&g_drv.mem_release},
-	    {"cuMemExportToShareableHandle", (void **)&g_drv.mem_export},
-	    {"cuMemImportFromShareableHandle", (void **)&g_drv.mem_import},
-	    {"cuMemAddressReserve", (void **)&g_drv.mem_address_reserve},
-	    {"cuMemAddressFree", (void **)&g_drv.mem_address_free},
-	    {"cuMemMap", (void **)&g_drv.mem_map},
-	    {"cuMemUnmap", (void **)&g_drv.mem_unmap},
-	    {"cuMemSetAccess", (void **)&g_drv.mem_set_access},
+	struct kvp_cuda_mem m;
+	char why[256] = "";
+	enum kvp_tier_error code;
+	int r;
+
+	kvp_tier_mem_init(t);
+	if (fd < 0)
+		return kvp_tier_err(tf, KVP_TIER_E_INVALID, "%s: adopting needs an fd", s->name);
+	r = kvp_cuda_mem_import(s->cuda_device, fd, s->bytes, &m, why, sizeof(why));
+	if (r < 0) {
+		code = r == -EBADF    ? KVP_TIER_E_BAD_FD
+		       : r == -EINVAL ? KVP_TIER_E_SIZE
+				      : KVP_TIER_E_UNAVAILABLE;
+		return kvp_tier_err(tf, code, "%s: cuda:%d cannot adopt fd %d: %s", s->name,
+				    s->cuda_device, fd, why[0] ? why : strerror(-r));
+	}
+	fill(t, &m, s->cuda_device, fd);
+	return 0;
+}
+
+static void cuda_destroy(struct kvp_tier_mem *t)
+{
+	struct kvp_cuda_mem m = {
+	    .device = t->cuda_device,
+	    .fd = t->fd,
+	    .bytes = t->bytes,
+	    .dptr = (uint64_t)(uintptr_t)t->base,
+	    .handle = t->cuda_handle,
+	    .granularity = t->cuda_granularity,
 	};
-	int ret = 0;
 
-	pthread_mutex_lock(&g_drv_lock);
-	if (g_drv_loaded)
-		goto out;
-	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
-		enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-		void *fn = NULL;
-		cudaError_t e;
-
-		e = cudaGetDriverEntryPointByVersion(syms[i].name, &fn, KVP_CUDA_DRV_ABI,
-						     cudaEnableDefault, &q);
-		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
-			say(reason, len, "CUDA driver lacks %s for CUDA %d.%d ABI (%s, status %d)",
-			    syms[i].name, KVP_CUDA_DRV_ABI / 1000, KVP_CUDA_DRV_ABI % 1000 / 10,
-			    cudaGetErrorString(e), (int)q);
-			cudaGetLastError();
-			memset(&g_drv, 0, sizeof(g_drv));
-			ret = -ENOSYS;
-			goto out;
-		}
-		*syms[i].slot = fn;
-	}
-	g_drv_loaded = 1;
-out:
-	pthread_mutex_unlock(&g_drv_lock);
-	return ret;
+	kvp_cuda_mem_destroy(&m);
+	kvp_tier_mem_init(t);
 }
 
-/* Can `device` back a cuda tier? 0, or -ENOTSUP/-EIO with a reason. Needs drv_load. */
-static int device_usable(int device, char *reason, size_t len)
+static void cuda_copy_close(struct kvp_tier_copy *c)
 {
-	int vmm = 0, fd_export = 0;
-	CUdevice dev;
-	CUresult r;
-
-	r = g_drv.device_get(&dev, device);
-	if (r == CUDA_SUCCESS)
-		r = g_drv.device_get_attribute(
-		    &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
-	if (r == CUDA_SUCCESS)
-		r = g_drv.device_get_attribute(
-		    &fd_export, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-		    dev);
-	if (r != CUDA_SUCCESS) {
-		say(reason, len, "device %d: cuDeviceGetAttribute: %s", device, drv_str(r));
-		return -EIO;
-	}
-	if (!vmm) {
-		say(reason, len, "device %d does not support CUDA virtual memory management",
-		    device);
-		return -ENOTSUP;
-	}
-	if (!fd_export) {
-		say(reason, len, "device %d cannot export memory as a POSIX fd", device);
-		return -ENOTSUP;
-	}
-	return 0;
-}
-
-/*
- * Everything a create or import needs before touching memory: runtime and driver present, the
- * device there and usable, its primary context current. *prev gets the caller's context, to be
- * given back with ctx_leave.
- */
-static int ctx_enter(int device, CUcontext *prev, char *reason, size_t len)
-{
-	cudaError_t e;
-	CUresult r;
-	int ret;
-
-	ret = rt_device(device, reason, len);
-	if (!ret)
-		ret = drv_load(reason, len);
-	if (!ret)
-		ret = device_usable(device, reason, len);
-	if (ret)
-		return ret;
-	r = g_drv.ctx_get_current(prev);
-	if (r != CUDA_SUCCESS) {
-		say(reason, len, "cuCtxGetCurrent: %s", drv_str(r));
-		return -EIO;
-	}
-	/* cudaSetDevice makes the primary context current; cudaFree(NULL) makes sure it exists */
-	e = cudaSetDevice(device);
-	if (e == cudaSuccess)
-		e = cudaFree(NULL);
-	if (e != cudaSuccess) {
-		say(reason, len, "device %d: cannot initialise its context: %s", device,
-		    cudaGetErrorString(e));
-		cudaGetLastError();
-		g_drv.ctx_set_current(*prev);
-		return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
-	}
-	return 0;
-}
-
-static void ctx_leave(CUcontext prev)
-{
-	g_drv.ctx_set_current(prev);
-}
-
-static void prop_init(int device, CUmemAllocationProp *prop)
-{
-	memset(prop, 0, sizeof(*prop));
-	prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-	prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	prop->location.id = device;
-}
-
-static int granularity(int device, const CUmemAllocationProp *prop, uint64_t *rec, uint64_t *min,
-		       char *reason, size_t len)
-{
-	size_t g_rec = 0, g_min = 0;
-	CUresult r;
-
-	r = g_drv.mem_get_granularity(&g_min, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-	if (r == CUDA_SUCCESS)
-		r = g_drv.mem_get_granularity(&g_rec, prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-	if (r != CUDA_SUCCESS || !g_min) {
-		say(reason, len, "device %d: cuMemGetAllocationGranularity: %s", device,
-		    r != CUDA_SUCCESS ? drv_str(r) : "returned 0");
-		return r != CUDA_SUCCESS ? drv_errno(r) : -EIO;
-	}
-	/* recommended is a multiple of minimum; be safe if a driver says otherwise */
-	if (!g_rec || g_rec % g_min)
-		g_rec = g_min;
-	*rec = g_rec;
-	*min = g_min;
-	return 0;
-}
-
-/* Reserve an address range, map h over all of it and grant `device` read-write access. */
-static int map_rw(int device, CUmemGenericAllocationHandle h, uint64_t bytes, uint64_t align,
-		  uint64_t *dptr, char *reason, size_t len)
-{
-	CUmemAccessDesc access;
-	CUdeviceptr ptr = 0;
-	const char *what;
-	CUresult r;
-
-	r = g_drv.mem_address_reserve(&ptr, bytes, align, 0, 0);
-	if (r != CUDA_SUCCESS) {
-		what = "cuMemAddressReserve";
-		goto err;
-	}
-	r = g_drv.mem_map(ptr, bytes, 0, h, 0);
-	if (r != CUDA_SUCCESS) {
-		what = "cuMemMap";
-		g_drv.mem_address_free(ptr, bytes);
-		goto err;
-	}
-	memset(&access, 0, sizeof(access));
-	access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	access.location.id = device;
-	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	r = g_drv.mem_set_access(ptr, bytes, &access, 1);
-	if (r != CUDA_SUCCESS) {
-		what = "cuMemSetAccess";
-		g_drv.mem_unmap(ptr, bytes);
-		g_drv.mem_address_free(ptr, bytes);
-		goto err;
-	}
-	*dptr = ptr;
-	return 0;
-err:
-	say(reason, len, "device %d: %s(%llu bytes): %s", device, what, (unsigned long long)bytes,
-	    drv_str(r));
-	return drv_errno(r);
-}
-
-int kvp_cuda_mem_create(int device, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
-			size_t len)
-{
-	struct kvp_cuda_mem m = {.device = device, .fd = -1};
-	CUmemGenericAllocationHandle h = 0;
-	CUmemAllocationProp prop;
-	uint64_t g_rec, g_min;
-	CUcontext prev = NULL;
-	int fd = -1, flags, ret;
-	CUresult r;
-
-	if (!out || !bytes) {
-		say(reason, len, "device %d: bad arguments (%s)", device,
-		    !out ? "no output" : "0 bytes");
-		return -EINVAL;
-	}
-	ret = ctx_enter(device, &prev, reason, len);
-	if (ret)
-		return ret;
-	prop_init(device, &prop);
-	ret = granularity(device, &prop, &g_rec, &g_min, reason, len);
-	if (ret)
-		goto out;
-	if (bytes > UINT64_MAX - (g_rec - 1) || bytes > SIZE_MAX - (g_rec - 1)) {
-		say(reason, len, "device %d: %llu bytes is too large", device,
-		    (unsigned long long)bytes);
-		ret = -EINVAL;
-		goto out;
-	}
-	m.bytes = (bytes + g_rec - 1) / g_rec * g_rec;
-	m.granularity = g_rec;
-
-	r = g_drv.mem_create(&h, m.bytes, &prop, 0);
-	if (r != CUDA_SUCCESS) {
-		say(reason, len, "device %d: cuMemCreate(%llu bytes): %s", device,
-		    (unsigned long long)m.bytes, drv_str(r));
-		ret = drv_errno(r);
-		goto out;
-	}
-	r = g_drv.mem_export(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	if (r != CUDA_SUCCESS || fd < 0) {
-		say(reason, len, "device %d: cuMemExportToShareableHandle: %s", device,
-		    r != CUDA_SUCCESS ? drv_str(r) : "no fd");
-		ret = r != CUDA_SUCCESS ? drv_errno(r) : -EIO;
-		goto err_release;
-	}
-	/* the driver does not promise CLOEXEC */
-	flags = fcntl(fd, F_GETFD);
-	if (flags < 0 || (!(flags & FD_CLOEXEC) && fcntl(fd, F_SETFD, flags | FD_CLOEXEC) < 0)) {
-		ret = -errno;
-		say(reason, len, "device %d: fcntl(FD_CLOEXEC) on the exported fd: %s", device,
-		    strerror(errno));
-		goto err_close;
-	}
-	ret = map_rw(device, h, m.bytes, g_rec, &m.dptr, reason, len);
-	if (ret)
-		goto err_close;
-	m.fd = fd;
-	m.handle = (uint64_t)h;
-	*out = m;
-	goto out;
-
-err_close:
-	close(fd);
-err_release:
-	g_drv.mem_release(h);
-out:
-	ctx_leave(prev);
-	return ret;
-}
-
-int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
-			size_t len)
-{
-	struct kvp_cuda_mem m = {.device = device, .fd = -1};
-	CUmemGenericAllocationHandle h = 0;
-	CUmemAllocationProp prop;
-	uint64_t g_rec, g_min;
-	CUcontext prev = NULL;
-	CUresult r;
-	int ret;
-
-	if (!out || fd < 0 || !bytes || bytes > SIZE_MAX) {
-		say(reason, len, "device %d: bad arguments (%s)", device,
-		    !out     ? "no output"
-		    : fd < 0 ? "no fd"
-			     : "size");
-		return -EINVAL;
-	}
-	ret = ctx_enter(device, &prev, reason, len);
-	if (ret)
-		return ret;
-	prop_init(device, &prop);
-	ret = granularity(device, &prop, &g_rec, &g_min, reason, len);
-	if (ret)
-		goto out;
-	if (bytes % g_min) {
-		say(reason, len, "device %d: %llu bytes is not a multiple of the granularity %llu",
-		    device, (unsigned long long)bytes, (unsigned long long)g_min);
-		ret = -EINVAL;
-		goto out;
-	}
-	m.bytes = bytes;
-	m.granularity = g_rec;
-
-	r = g_drv.mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-	if (r != CUDA_SUCCESS) {
-		say(reason, len, "device %d: cuMemImportFromShareableHandle(fd %d): %s", device, fd,
-		    drv_str(r));
-		ret = r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE
-			  ? -EBADF
-			  : drv_errno(r);
-		goto out;
-	}
-	ret = map_rw(device, h, m.bytes, g_rec, &m.dptr, reason, len);
-	if (ret) {
-		g_drv.mem_release(h);
-		goto out;
-	}
-	m.handle = (uint64_t)h;
-	*out = m;
-out:
-	ctx_leave(prev);
-	return ret;
-}
-
-void kvp_cuda_mem_destroy(struct kvp_cuda_mem *m)
-{
-	CUcontext prev = NULL;
-	int have_ctx;
-
-	if (!m)
+	if (!c)
 		return;
-	if (m->bytes && g_drv_loaded) {
-		have_ctx = g_drv.ctx_get_current(&prev) == CUDA_SUCCESS;
-		if (cudaSetDevice(m->device) != cudaSuccess)
-			cudaGetLastError();
-		if (m->dptr) {
-			g_drv.mem_unmap((CUdeviceptr)m->dptr, m->bytes);
-			g_drv.mem_address_free((CUdeviceptr)m->dptr, m->bytes);
-		}
-		g_drv.mem_release((CUmemGenericAllocationHandle)m->handle);
-		if (have_ctx)
-			g_drv.ctx_set_current(prev);
-	}
-	if (m->fd >= 0)
-		close(m->fd);
-	memset(m, 0, sizeof(*m));
-	m->fd = -1;
+	kvp_copy_cuda_free(c->cc); /* waits for queued copies first */
+	if (c->registered)
+		cudaHostUnregister(c->host);
+	free(c);
 }
 
-int kvp_cuda_device_numa_node(int device)
+static int cuda_copy_open(struct kvp_tier_mem *dev, struct kvp_tier_mem *host,
+			  const struct kvp_copy_geom *g, struct kvp_tier_copy **out,
+			  struct kvp_tier_fail *tf)
 {
-	char bus[32], path[96];
-	int node = -1;
-	FILE *f;
-
-	if (rt_device(device, NULL, 0))
-		return -1;
-	if (cudaDeviceGetAttribute(&node, cudaDevAttrHostNumaId, device) == cudaSuccess &&
-	    node >= 0)
-		return node;
-	cudaGetLastError();
-	/* older drivers: the PCI device's node from sysfs */
-	if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) {
-		cudaGetLastError();
-		return -1;
-	}
-	for (char *p = bus; *p; p++)
-		*p = (char)tolower((unsigned char)*p);
-	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", bus);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	if (fscanf(f, "%d", &node) != 1)
-		node = -1;
-	fclose(f);
-	return node >= 0 ? node : -1;
-}
-
-int kvp_cuda_device_uuid(int device, uint8_t uuid[16], char *reason, size_t len)
-{
-	struct cudaDeviceProp prop;
+	struct kvp_tier_copy *c;
 	cudaError_t e;
-	int r = rt_device(device, reason, len);
+	int r;
 
-	if (r)
-		return r;
-	e = cudaGetDeviceProperties(&prop, device);
-	if (e != cudaSuccess) {
-		say(reason, len, "device %d: cudaGetDeviceProperties: %s", device,
-		    cudaGetErrorString(e));
-		cudaGetLastError();
-		return -ENODEV;
+	if (!dev->base || !host->base || kvp_copy_geom_check(g))
+		return kvp_tier_err(tf, KVP_TIER_E_INVALID,
+				    "cuda copies: no tier or a bad geometry");
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return kvp_tier_err(tf, KVP_TIER_E_INTERNAL, "cuda copies: out of memory");
+	c->g = *g;
+	c->dev = dev->base;
+	c->host = host->base;
+	c->host_bytes = host->bytes;
+	r = kvp_copy_cuda_new(dev->cuda_device, &c->cc);
+	if (r < 0) {
+		free(c);
+		return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE,
+				    "CUDA transfer stream on device %d: error %d", dev->cuda_device,
+				    r);
 	}
-	memcpy(uuid, prop.uuid.bytes, 16);
+	/* The kernels may use the host address itself only where the device says
+	 * cudaDevAttrCanUseHostPointerForRegisteredMem; the mapped address works everywhere. */
+	e = cudaHostRegister(host->base, host->bytes,
+			     cudaHostRegisterMapped | cudaHostRegisterPortable);
+	if (e == cudaSuccess) {
+		c->registered = true;
+		e = cudaHostGetDevicePointer(&c->gpu_view, host->base, 0);
+	}
+	if (e != cudaSuccess || !c->gpu_view) {
+		cudaGetLastError();
+		cuda_copy_close(c);
+		return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE,
+				    "cudaHostRegister of the host tier failed (%s)",
+				    cudaGetErrorString(e));
+	}
+	*out = c;
 	return 0;
 }
 
-int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len)
+static int cuda_copy(struct kvp_tier_copy *c, enum kvp_copy_dir dir, const uint32_t *src,
+		     const uint32_t *dst, uint32_t n)
 {
-	int count = rt_count(reason, len);
+	if (dir == KVP_COPY_DEMOTE)
+		return kvp_copy_dev_to_host_cuda(c->cc, &c->g, c->dev, c->gpu_view, src, dst, n);
+	return kvp_copy_host_to_dev_cuda(c->cc, &c->g, c->gpu_view, c->dev, src, dst, n);
+}
 
-	for (int d = 0; d < count; d++) {
-		uint8_t u[16];
+static int cuda_copy_wait(struct kvp_tier_copy *c)
+{
+	return kvp_copy_cuda_sync(c->cc);
+}
 
-		if (kvp_cuda_device_uuid(d, u, NULL, 0) == 0 && memcmp(u, uuid, 16) == 0)
-			return d;
-	}
-	if (count >= 0) {
-		char hex[33];
+const struct kvp_tier_ops kvp_tier_cuda_ops = {
+    .name = "cuda",
+    .kind = KVP_BACKEND_KIND_CUDA,
+    .create = cuda_create,
+    .adopt = cuda_adopt,
+    .destroy = cuda_destroy,
+    .copy_open = cuda_copy_open,
+    .copy = cuda_copy,
+    .copy_wait = cuda_copy_wait,
+    .copy_close = cuda_copy_close,
+};
 
-		for (int i = 0; i < 16; i++)
-			snprintf(hex + 2 * i, 3, "%02x", uuid[i]);
-		say(reason, len,
-		    "the pool's GPU (uuid %s) is not among the %d this process sees "
-		    "(CUDA_VISIBLE_DEVICES=%s)",
-		    hex, count, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
-	}
+#else
+
+static const char no_cuda[] = "this kvpoold was built without CUDA (use device = sim, or "
+			      "rebuild with the CUDA toolkit)";
+
+static int cuda_create(struct kvp_tier_mem *t, const struct kvp_tier_spec *s, char *note,
+		       size_t notelen, struct kvp_tier_fail *tf)
+{
+	(void)note, (void)notelen;
+	kvp_tier_mem_init(t);
+	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
+			    s->cuda_device, no_cuda);
+}
+
+static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec *s,
+		      struct kvp_tier_fail *tf)
+{
+	(void)fd;
+	kvp_tier_mem_init(t);
+	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
+			    s->cuda_device, no_cuda);
+}
+
+/* Nothing can have been created. */
+static void cuda_destroy(struct kvp_tier_mem *t)
+{
+	kvp_tier_mem_init(t);
+}
+
+static int cuda_copy_open(struct kvp_tier_mem *dev, struct kvp_tier_mem *host,
+			  const struct kvp_copy_geom *g, struct kvp_tier_copy **out,
+			  struct kvp_tier_fail *tf)
+{
+	(void)dev, (void)host, (void)g, (void)out;
+	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda copies: %s", no_cuda);
+}
+
+static int cuda_copy(struct kvp_tier_copy *c, enum kvp_copy_dir dir, const uint32_t *src,
+		     const uint32_t *dst, uint32_t n)
+{
+	(void)c, (void)dir, (void)src, (void)dst, (void)n;
 	return -ENODEV;
 }
 
-int kvp_cuda_probe(char *reason, size_t len)
+static int cuda_copy_wait(struct kvp_tier_copy *c)
 {
-	char why[160] = "";
-	int count, usable = 0, ret, failed = 0;
-
-	count = rt_count(reason, len);
-	if (count < 0)
-		return count;
-	ret = drv_load(reason, len);
-	if (ret)
-		return ret;
-	for (int d = 0; d < count; d++) {
-		char one[160];
-		int r = device_usable(d, one, sizeof(one));
-
-		if (!r)
-			usable++;
-		else if (!why[0] || (r != -ENOTSUP && !failed))
-			memcpy(why, one, sizeof(why));
-		if (r && r != -ENOTSUP)
-			failed = r;
-	}
-	if (!usable) {
-		say(reason, len, "%d GPU%s, none usable for a cuda tier: %s", count,
-		    count == 1 ? "" : "s", why);
-		return failed ? failed : -ENOTSUP;
-	}
-	return usable;
+	(void)c;
+	return -ENODEV;
 }
+
+static void cuda_copy_close(struct kvp_tier_copy *c)
+{
+	(void)c;
+}
+
+const struct kvp_tier_ops kvp_tier_cuda_ops = {
+    .name = "cuda",
+    .kind = KVP_BACKEND_KIND_CUDA,
+    .create = cuda_create,
+    .adopt = cuda_adopt,
+    .destroy = cuda_destroy,
+    .copy_open = cuda_copy_open,
+    .copy = cuda_copy,
+    .copy_wait = cuda_copy_wait,
+    .copy_close = cuda_copy_close,
+};
+
+#endif

@@ -240,23 +240,18 @@ static int copy_batch(struct kvp_copy_cuda *c, const struct kvp_copy_geom *g, bo
 		      const uint32_t *host_pages, uint32_t n)
 {
 	uintptr_t dev_addr = (uintptr_t)dev_base, host_addr = (uintptr_t)host_base;
-	uint64_t dev_pages_total, vec_items, blocks, max_blocks;
+	uint64_t vec_items, blocks, max_blocks;
 	unsigned width = 16;
 	struct saved_ctx prev;
 	kvp_copy_args a;
 	cudaError_t e;
 	int ret;
 
-	if (!c || kvp_copy_geom_check(g))
+	if (!c)
 		return -EINVAL;
-	if (!n)
-		return 0;
-	if (!dev_base || !host_base || !dev_pages || !host_pages)
-		return -EINVAL;
-	dev_pages_total = kvp_dev_pages(g);
-	for (uint32_t i = 0; i < n; i++)
-		if (dev_pages[i] >= dev_pages_total)
-			return -EINVAL;
+	ret = kvp_copy_batch_check(g, dev_base, host_base, dev_pages, host_pages, n);
+	if (ret || !n)
+		return ret;
 
 	while (width > 1 && (g->row_bytes % width || dev_addr % width || host_addr % width))
 		width >>= 1;

@@ -24,11 +24,18 @@
 extern "C" {
 #endif
 
+/* The two directions between tiers. */
+enum kvp_copy_dir {
+	KVP_COPY_DEMOTE = 0, /* device -> host */
+	KVP_COPY_PROMOTE,    /* host -> device */
+};
+
 struct kvp_copy_geom {
 	uint32_t layers;      /* transformer layers, >= 1 */
 	uint32_t page_tokens; /* token slots per page, >= 1 */
 	uint64_t row_bytes;   /* kv_heads * head_dim * elem, >= 1 */
 	uint64_t dev_slots;   /* device tier slots = dev_pages * page_tokens */
+	uint64_t host_pages;  /* host tier pages: host page ids of a batch are below it */
 };
 
 /* Byte offset of (layer, kv, slot) in the device tier. No checks: call kvp_copy_geom_check first.
@@ -60,7 +67,8 @@ static inline uint64_t kvp_dev_pages(const struct kvp_copy_geom *g)
 }
 
 /*
- * Validate a geometry. Returns 0, or -EINVAL when g is NULL, a field is zero, dev_slots is not a
+ * Validate a geometry. Returns 0, or -EINVAL when g is NULL, a field but host_pages is zero (no
+ * host tier: every host page id is out of range), dev_slots is not a
  * whole number of pages, or the device tier size (2 * layers * dev_slots * row_bytes) or the size
  * of the host tier at the largest page id (2^32 * page_bytes) does not fit in 64 bits.
  * The second bound means any uint32_t host page id has a representable offset.
@@ -88,11 +96,36 @@ static inline int kvp_copy_geom_check(const struct kvp_copy_geom *g)
 }
 
 /*
+ * Validate one batch before anything of it is copied: the geometry, the pointers, and every page
+ * id against the tiers' sizes (device ids below kvp_dev_pages(g), host ids below g->host_pages).
+ * Both the CPU and the CUDA kernels call it. Returns 0 (n == 0 with any pointers is fine);
+ * -EINVAL for a bad geometry or a NULL base or list with n > 0; -ERANGE for a page id out of
+ * range.
+ */
+static inline int kvp_copy_batch_check(const struct kvp_copy_geom *g, const void *dev_base,
+				       const void *host_base, const uint32_t *dev_pages,
+				       const uint32_t *host_pages, uint32_t n)
+{
+	uint64_t dev_total;
+
+	if (kvp_copy_geom_check(g))
+		return -EINVAL;
+	if (!n)
+		return 0;
+	if (!dev_base || !host_base || !dev_pages || !host_pages)
+		return -EINVAL;
+	dev_total = kvp_dev_pages(g);
+	for (uint32_t i = 0; i < n; i++)
+		if (dev_pages[i] >= dev_total || host_pages[i] >= g->host_pages)
+			return -ERANGE;
+	return 0;
+}
+
+/*
  * Gather device pages dev_pages[i] into host pages host_pages[i] (device layout -> host layout),
  * all layers, K and V, for i < n. dev_base/host_base are the starts of the two tiers.
  * Destination page ids must be distinct; source and destination must not overlap.
- * Returns 0; -EINVAL for a bad geometry, a NULL pointer with n > 0, or a device page id
- * >= kvp_dev_pages(g) (checked before anything is copied).
+ * Returns 0, or what kvp_copy_batch_check returns (-EINVAL, -ERANGE: nothing is copied then).
  */
 int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base, void *host_base,
 			     const uint32_t *dev_pages, const uint32_t *host_pages, uint32_t n);

@@ -64,25 +64,6 @@ static void end_batch(bool stream)
 	(void)stream;
 }
 
-/* Checks shared by both directions; nothing is copied unless the whole batch is valid. */
-static int check_batch(const struct kvp_copy_geom *g, const void *dev_base, const void *host_base,
-		       const uint32_t *dev_pages, const uint32_t *host_pages, uint32_t n)
-{
-	uint64_t dev_pages_total;
-
-	if (kvp_copy_geom_check(g))
-		return -EINVAL;
-	if (!n)
-		return 0;
-	if (!dev_base || !host_base || !dev_pages || !host_pages)
-		return -EINVAL;
-	dev_pages_total = kvp_dev_pages(g);
-	for (uint32_t i = 0; i < n; i++)
-		if (dev_pages[i] >= dev_pages_total)
-			return -EINVAL;
-	return 0;
-}
-
 int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base, void *host_base,
 			     const uint32_t *dev_pages, const uint32_t *host_pages, uint32_t n)
 {
@@ -92,7 +73,7 @@ int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base
 	bool stream;
 	int ret;
 
-	ret = check_batch(g, dev_base, host_base, dev_pages, host_pages, n);
+	ret = kvp_copy_batch_check(g, dev_base, host_base, dev_pages, host_pages, n);
 	if (ret || !n)
 		return ret;
 	run = (uint64_t)g->page_tokens * g->row_bytes;
@@ -123,7 +104,7 @@ int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_bas
 	bool stream;
 	int ret;
 
-	ret = check_batch(g, dev_base, host_base, dev_pages, host_pages, n);
+	ret = kvp_copy_batch_check(g, dev_base, host_base, dev_pages, host_pages, n);
 	if (ret || !n)
 		return ret;
 	run = (uint64_t)g->page_tokens * g->row_bytes;

@@ -33,8 +33,9 @@ int kvp_copy_cuda_new(int device, struct kvp_copy_cuda **out);
 void kvp_copy_cuda_free(struct kvp_copy_cuda *c);
 
 /* Enqueue a gather of device pages dev_pages[i] into host pages host_pages[i], i < n.
- * Returns 0 once enqueued (n == 0 enqueues nothing); -EINVAL for a NULL context, a bad geometry,
- * a NULL pointer with n > 0 or a device page id >= kvp_dev_pages(g) (nothing enqueued);
+ * Returns 0 once enqueued (n == 0 enqueues nothing); -EINVAL for a NULL context or what
+ * kvp_copy_batch_check refuses (-EINVAL, or -ERANGE for a device or host page id out of range:
+ * nothing enqueued);
  * -ENOMEM if the staging buffers cannot grow; -EIO for a CUDA error (see kvp_copy_cuda_error).
  * Destination page ids must be distinct. */
 int kvp_copy_dev_to_host_cuda(struct kvp_copy_cuda *c, const struct kvp_copy_geom *g,

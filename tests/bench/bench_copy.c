@@ -50,7 +50,7 @@ int main(int argc, char **argv)
 	uint32_t pages = quick ? 512 : 2048;
 	int reps = quick ? 3 : 15;
 	struct kvp_copy_geom g = { .layers = LAYERS, .page_tokens = PT, .row_bytes = ROW,
-				   .dev_slots = (uint64_t)pages * PT };
+				   .dev_slots = (uint64_t)pages * PT, .host_pages = pages };
 	uint64_t pb = kvp_host_page_bytes(&g), bytes = pb * BATCH;
 	uint8_t *dev = malloc(pb * pages), *host = malloc(pb * pages);
 	uint32_t *dp = malloc(sizeof(uint32_t) * pages), *hp = malloc(sizeof(uint32_t) * pages);
@@ -180,7 +180,7 @@ static int pcie_limit(int dev, double *gbs, char *what, size_t n)
 static void cuda_rows(int quick, uint32_t pages)
 {
 	struct kvp_copy_geom g = { .layers = LAYERS, .page_tokens = PT, .row_bytes = ROW,
-				   .dev_slots = (uint64_t)pages * PT };
+				   .dev_slots = (uint64_t)pages * PT, .host_pages = pages };
 	uint64_t pb = kvp_host_page_bytes(&g), bytes = pb * BATCH;
 	struct kvp_copy_cuda *cc = NULL;
 	void *dev = NULL, *host = NULL, *host_d = NULL;

@@ -14,7 +14,7 @@
 #include "kvpool.h"
 
 #if KVP_HAVE_CUDA
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 #endif
 
 #define PT 16

@@ -15,7 +15,7 @@
 
 #include "harness.h"
 #include "kvpool.h"
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 
 static const char *const g_conf = "[pool.g]\n"
 				  "layers = 2\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"

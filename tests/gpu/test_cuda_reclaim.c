@@ -22,7 +22,7 @@
 
 #include "harness.h"
 #include "kvpool.h"
-#include "tier_cuda.h"
+#include "cuda_drv.h"
 
 #define LAYERS 2
 #define PT 16

@@ -1,5 +1,7 @@
 /* test_cuda_tier.c - CUnit suite "cuda_tier": device tier memory exported as a POSIX fd
- * (daemon/tier_cuda.c). The parent creates a kvp_cuda_mem and writes a pattern; a child process
+ * (kernels/cuda_drv.c), and the cuda tier backend through its operations table
+ * (daemon/tier_cuda.c: create, adopt of the exported fd, copies to and from a memfd host tier).
+ * The parent creates a kvp_cuda_mem and writes a pattern; a child process
  * receives the fd over a socketpair with SCM_RIGHTS, imports and maps it, checks the pattern and
  * writes a reply pattern that the parent then checks. The child is this binary re-executed
  * (fork + exec): CUDA cannot be used in a child forked after the parent initialised it, and a
@@ -17,8 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "tier_cuda.h"
+#include "cuda_drv.h"
+#include "kv_copy.h"
 #include "suite.h"
+#include "tier.h"
 
 #define REQ_BYTES ((64ull << 20) + 1) /* rounded up to the granularity */
 
@@ -265,6 +269,122 @@ static void test_kvp_cuda_mem_import_bad(void)
 	kvp_cuda_mem_destroy(NULL);
 }
 
+/* The cuda backend: create, adopt a duplicate of the exported fd (a second mapping of the same
+ * memory, nothing zeroed), typed refusals, destroy closing each tier's own fd. */
+static void test_kvp_tier_cuda_create_adopt(void)
+{
+	const struct kvp_tier_ops *ops = &kvp_tier_cuda_ops;
+	struct kvp_tier_spec s = {.name = "t:cuda", .bytes = (3u << 20) + 1, .numa_node = -1};
+	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_mem a, b, c;
+	unsigned char *buf, *back;
+	int dup_fd;
+
+	CU_ASSERT_EQUAL_FATAL(ops->create(&a, &s, NULL, 0, &tf), 0);
+	CU_ASSERT_PTR_EQUAL(a.ops, ops);
+	CU_ASSERT_EQUAL(a.backend, KVP_BACKEND_KIND_CUDA);
+	CU_ASSERT(a.fd >= 0);
+	CU_ASSERT(a.bytes >= s.bytes && a.cuda_granularity && a.bytes % a.cuda_granularity == 0);
+	CU_ASSERT(a.has_uuid);
+	buf = malloc(a.bytes);
+	back = malloc(a.bytes);
+	CU_ASSERT_FATAL(buf && back);
+	for (uint64_t i = 0; i < a.bytes; i++)
+		buf[i] = pattern(i, 5);
+	CU_ASSERT_FATAL(cudaMemcpy(a.base, buf, a.bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+
+	dup_fd = fcntl(a.fd, F_DUPFD_CLOEXEC, 0);
+	CU_ASSERT_FATAL(dup_fd >= 0);
+	s.bytes = a.bytes - 1; /* not the tier's size */
+	CU_ASSERT_EQUAL(ops->adopt(&c, dup_fd, &s, &tf), -KVP_TIER_E_SIZE);
+	CU_ASSERT_EQUAL(tf.code, KVP_TIER_E_SIZE);
+	CU_ASSERT_PTR_NULL(c.ops);
+	CU_ASSERT(fcntl(dup_fd, F_GETFD) >= 0); /* still the caller's */
+	CU_ASSERT_EQUAL(ops->adopt(&c, -1, &s, &tf), -KVP_TIER_E_INVALID);
+	s.bytes = a.bytes;
+	CU_ASSERT_EQUAL_FATAL(ops->adopt(&b, dup_fd, &s, &tf), 0);
+	CU_ASSERT_EQUAL(b.fd, dup_fd);
+	CU_ASSERT_EQUAL(b.bytes, a.bytes);
+	CU_ASSERT_PTR_NOT_EQUAL(b.base, a.base);
+	CU_ASSERT_FATAL(cudaMemcpy(back, b.base, b.bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+	CU_ASSERT(memcmp(buf, back, a.bytes) == 0);
+
+	kvp_tier_mem_destroy(&b);
+	CU_ASSERT(fcntl(dup_fd, F_GETFD) < 0);
+	memset(back, 0, a.bytes);
+	CU_ASSERT_FATAL(cudaMemcpy(back, a.base, a.bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+	CU_ASSERT(memcmp(buf, back, a.bytes) == 0);
+	kvp_tier_mem_destroy(&a);
+	kvp_tier_mem_destroy(&a);
+	free(buf);
+	free(back);
+}
+
+/* The cuda backend's copies between its device tier and a memfd host tier, checked against the
+ * layout helpers, and the host page bound of the batch check. */
+static void test_kvp_tier_cuda_copy(void)
+{
+	const struct kvp_copy_geom g = {
+	    .layers = 3, .page_tokens = 16, .row_bytes = 256, .dev_slots = 8 * 16, .host_pages = 6};
+	const uint64_t pb = kvp_host_page_bytes(&g), run = g.page_tokens * g.row_bytes;
+	struct kvp_tier_spec ds = {.name = "t:device", .bytes = 8 * pb, .numa_node = -1};
+	struct kvp_tier_spec hs = {.name = "t:host", .bytes = 6 * pb, .numa_node = -1};
+	const struct kvp_tier_ops *ops = &kvp_tier_cuda_ops;
+	uint32_t dsrc[3] = {7, 0, 3}, hdst[3] = {5, 2, 0}, dback[3] = {1, 4, 6}, bad[3] = {5, 6, 0};
+	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_copy *c = NULL;
+	struct kvp_tier_mem dev, host;
+	unsigned char *buf, *back;
+
+	CU_ASSERT_EQUAL_FATAL(ops->create(&dev, &ds, NULL, 0, &tf), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_tier_memfd_ops.create(&host, &hs, NULL, 0, &tf), 0);
+	buf = malloc(dev.bytes);
+	back = malloc(dev.bytes);
+	CU_ASSERT_FATAL(buf && back);
+	for (uint64_t i = 0; i < dev.bytes; i++)
+		buf[i] = pattern(i, 9);
+	CU_ASSERT_FATAL(cudaMemcpy(dev.base, buf, dev.bytes, cudaMemcpyHostToDevice) ==
+			cudaSuccess);
+	memset(host.base, 0, host.bytes);
+	if (ops->copy_open(&dev, &host, &g, &c, &tf) < 0)
+		fprintf(stderr, "\n  copy_open: %s\n", tf.msg);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+
+	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_DEMOTE, dsrc, hdst, 3), 0);
+	CU_ASSERT_EQUAL(ops->copy_wait(c), 0);
+	for (int i = 0; i < 3; i++)
+		for (uint32_t l = 0; l < g.layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				CU_ASSERT(memcmp(buf + kvp_dev_offset(&g, l, kv,
+								      (uint64_t)dsrc[i] *
+									  g.page_tokens),
+						 (unsigned char *)host.base +
+						     kvp_host_offset(&g, hdst[i], l, kv, 0),
+						 run) == 0);
+	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_PROMOTE, hdst, dback, 3), 0);
+	CU_ASSERT_EQUAL(ops->copy_wait(c), 0);
+	CU_ASSERT_FATAL(cudaMemcpy(back, dev.base, dev.bytes, cudaMemcpyDeviceToHost) ==
+			cudaSuccess);
+	for (int i = 0; i < 3; i++)
+		for (uint32_t l = 0; l < g.layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				CU_ASSERT(memcmp(back + kvp_dev_offset(&g, l, kv,
+								       (uint64_t)dback[i] *
+									   g.page_tokens),
+						 (unsigned char *)host.base +
+						     kvp_host_offset(&g, hdst[i], l, kv, 0),
+						 run) == 0);
+	/* host page 6 of 6: refused before anything is queued */
+	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_DEMOTE, dsrc, bad, 3), -ERANGE);
+	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_PROMOTE, bad, dsrc, 3), -ERANGE);
+	CU_ASSERT_EQUAL(ops->copy_wait(c), 0);
+	ops->copy_close(c);
+	kvp_tier_mem_destroy(&host);
+	kvp_tier_mem_destroy(&dev);
+	free(buf);
+	free(back);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
@@ -272,6 +392,8 @@ int main(int argc, char **argv)
 	    H_TEST(test_kvp_cuda_mem_create_share),
 	    H_TEST(test_kvp_cuda_mem_create_bad),
 	    H_TEST(test_kvp_cuda_mem_import_bad),
+	    H_TEST(test_kvp_tier_cuda_create_adopt),
+	    H_TEST(test_kvp_tier_cuda_copy),
 	};
 	char reason[256] = "";
 	int n;

@@ -45,6 +45,7 @@ static void tiers_init(struct tiers *t, uint32_t layers, uint32_t page_tokens, u
 	t->g.page_tokens = page_tokens;
 	t->g.row_bytes = row;
 	t->g.dev_slots = (uint64_t)dev_pages * page_tokens;
+	t->g.host_pages = host_pages;
 	CU_ASSERT_FATAL(kvp_copy_geom_check(&t->g) == 0);
 	t->dev_bytes = 2ull * layers * t->g.dev_slots * row;
 	t->host_bytes = host_pages * kvp_host_page_bytes(&t->g);
@@ -293,13 +294,19 @@ static void test_kvp_copy_dev_to_host_cuda_bad_args(void)
 			-EINVAL);
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, NULL, t.dev, t.host_dptr, dp, hp, 1),
 			-EINVAL);
-	/* device page 4 of 4 */
+	/* device page 4 of 4, then host page 4 of 4 */
 	CU_ASSERT_EQUAL(
 	    kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, dp, hp, 2),
-	    -EINVAL);
+	    -ERANGE);
 	CU_ASSERT_EQUAL(
 	    kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, hp, dp, 2),
-	    -EINVAL);
+	    -ERANGE);
+	CU_ASSERT_EQUAL(
+	    kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, hp, dp, 2),
+	    -ERANGE);
+	CU_ASSERT_EQUAL(
+	    kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, dp, hp, 2),
+	    -ERANGE);
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, NULL, t.host_dptr, dp, hp, 1),
 			-EINVAL);
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev, t.host_dptr, NULL, hp, 1),

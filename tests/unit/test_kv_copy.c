@@ -44,6 +44,7 @@ static struct kvp_copy_geom geom_of(const struct case_geom *c)
 	    .page_tokens = c->page_tokens,
 	    .row_bytes = (uint64_t)c->elem * c->kv_heads * c->head_dim,
 	    .dev_slots = (uint64_t)c->dev_pages * c->page_tokens,
+	    .host_pages = c->host_pages,
 	};
 	return g;
 }
@@ -312,14 +313,15 @@ static void test_kvp_copy_geom_check_bad(void)
 	CU_ASSERT_EQUAL(kvp_copy_geom_check(&g), -EINVAL);
 }
 
-/* Bad geometry or arguments: -EINVAL, and not one byte written. */
+/* Bad geometry or arguments: -EINVAL, a page id out of range: -ERANGE, and not one byte
+ * written. */
 static void check_rejected(int to_host)
 {
 	const struct kvp_copy_geom ok = {
-	    .layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 16};
+	    .layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 16, .host_pages = 4};
 	unsigned char dev[2 * 2 * 16 * 8], host[4 * 2 * 2 * 4 * 8];
 	unsigned char dev0[sizeof(dev)], host0[sizeof(host)];
-	uint32_t dp[3] = {0, 3, 1}, hp[3] = {2, 0, 3}, bad_dp[3] = {0, 1, 4};
+	uint32_t dp[3] = {0, 3, 1}, hp[3] = {2, 0, 3}, bad_dp[3] = {0, 1, 4}, bad_hp[3] = {2, 0, 4};
 	struct kvp_copy_geom g;
 	int (*d2h)(const struct kvp_copy_geom *, const void *, void *, const uint32_t *,
 		   const uint32_t *, uint32_t) = kvp_copy_dev_to_host_cpu;
@@ -349,8 +351,12 @@ static void check_rejected(int to_host)
 	/* bad geometry with n = 0 is still bad */
 	g = ok, g.layers = 0;
 	CU_ASSERT_EQUAL(RUN(&g, dev, host, dp, hp, 0), -EINVAL);
-	/* device page 4 of 4: checked before the first page is copied */
-	CU_ASSERT_EQUAL(RUN(&ok, dev, host, bad_dp, hp, 3), -EINVAL);
+	/* device page 4 of 4, host page 4 of 4: checked before the first page is copied */
+	CU_ASSERT_EQUAL(RUN(&ok, dev, host, bad_dp, hp, 3), -ERANGE);
+	CU_ASSERT_EQUAL(RUN(&ok, dev, host, dp, bad_hp, 3), -ERANGE);
+	g = ok, g.host_pages = 0; /* no host tier: no host page id is valid */
+	CU_ASSERT_EQUAL(RUN(&g, dev, host, dp, hp, 3), -ERANGE);
+	CU_ASSERT_EQUAL(RUN(&g, dev, host, dp, hp, 0), 0);
 	CU_ASSERT_EQUAL(RUN(&ok, NULL, host, dp, hp, 3), -EINVAL);
 	CU_ASSERT_EQUAL(RUN(&ok, dev, NULL, dp, hp, 3), -EINVAL);
 	CU_ASSERT_EQUAL(RUN(&ok, dev, host, NULL, hp, 3), -EINVAL);
@@ -362,6 +368,52 @@ static void check_rejected(int to_host)
 	CU_ASSERT(to_host ? memcmp(host, host0, sizeof(host)) != 0
 			  : memcmp(dev, dev0, sizeof(dev)) != 0);
 #undef RUN
+}
+
+/* kvp_copy_batch_check, the one check both kernels run: every id of the batch, either side,
+ * against the geometry's counts, including the last entry and ids far past the end. */
+static void test_kvp_copy_batch_check_bounds(void)
+{
+	const struct kvp_copy_geom g = {
+	    .layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 12, .host_pages = 5};
+	uint32_t dp[4] = {0, 1, 2, 1}, hp[4] = {4, 0, 3, 2};
+	unsigned char d, h;
+
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 4), 0);
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, NULL, NULL, NULL, NULL, 0), 0);
+	hp[3] = 5;
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 4), -ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 3), 0); /* only n entries */
+	hp[3] = UINT32_MAX;
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 4), -ERANGE);
+	hp[3] = 2, dp[3] = 3;
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 4), -ERANGE);
+	dp[3] = 1;
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, NULL, dp, hp, 4), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_copy_batch_check(NULL, &d, &h, dp, hp, 4), -EINVAL);
+}
+
+/* A host page id past the host tier is refused by the copy itself: before, the CPU kernel wrote
+ * (or read) beyond the host tier. The buffer here is exactly the host tier plus a guard that
+ * must stay untouched. */
+static void test_kvp_copy_dev_to_host_cpu_host_page_out_of_range(void)
+{
+	const struct kvp_copy_geom g = {
+	    .layers = 1, .page_tokens = 2, .row_bytes = 4, .dev_slots = 4, .host_pages = 2};
+	uint64_t pb = kvp_host_page_bytes(&g);
+	unsigned char dev[2 * 4 * 4], host[3 * 16], host0[sizeof(host)];
+	uint32_t dp[1] = {1}, hp[1] = {2};
+
+	CU_ASSERT_EQUAL_FATAL(pb, 16);
+	h_fill_random(&g_rng, dev, sizeof(dev));
+	memset(host, CANARY, sizeof(host));
+	memcpy(host0, host, sizeof(host));
+	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cpu(&g, dev, host, dp, hp, 1), -ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_host_to_dev_cpu(&g, host, dev, hp, dp, 1), -ERANGE);
+	CU_ASSERT(memcmp(host, host0, sizeof(host)) == 0);
+	hp[0] = 1;
+	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cpu(&g, dev, host, dp, hp, 1), 0);
+	CU_ASSERT(memcmp(host + 2 * pb, host0 + 2 * pb, pb) == 0);
 }
 
 static void test_kvp_copy_dev_to_host_cpu_bad_geometry(void)
@@ -388,6 +440,8 @@ int main(void)
 	    H_TEST(test_kvp_copy_dev_to_host_cpu_n1),
 	    H_TEST(test_kvp_copy_host_to_dev_cpu_n1),
 	    H_TEST(test_kvp_copy_host_to_dev_cpu_round_trip),
+	    H_TEST(test_kvp_copy_batch_check_bounds),
+	    H_TEST(test_kvp_copy_dev_to_host_cpu_host_page_out_of_range),
 	    H_TEST(test_kvp_copy_dev_to_host_cpu_bad_geometry),
 	    H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
 	};

@@ -3,9 +3,11 @@
  * tree's own consistency checked after every step; typed capacity figures. */
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "pool.h"
@@ -49,6 +51,78 @@ static void test_lease_create_capacity_figures(void)
 	kvp_lease_destroy(a);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_pool_destroy(p);
+}
+
+static struct kvp_pool *make_pool_from(const char *conf, struct kvp_fail *f)
+{
+	static struct kvp_conf c;
+	char err[256];
+
+	if (kvp_conf_load_string(&c, conf, "test", err, sizeof(err)) < 0) {
+		fprintf(stderr, "\n  config: %s\n", err);
+		return NULL;
+	}
+	return kvp_pool_create(&c.pools[0], 0, f);
+}
+
+/* The tiers come from their backends (through the table): a sim device tier and a memfd host
+ * tier, each named as the wire numbers it, with the copies between them open. */
+static void test_pool_create_tier_backends(void)
+{
+	struct kvp_fail f = { 0 };
+	struct kvp_pool *p = make_pool_from(g_conf, &f);
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].backend, KVPOOL__BACKEND__SIM);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_HOST].backend, KVPOOL__BACKEND__MEMFD);
+	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_DEVICE].ops, &kvp_tier_sim_ops);
+	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_HOST].ops, &kvp_tier_memfd_ops);
+	CU_ASSERT(p->mem[KVP_TIER_DEVICE].fd >= 0 && p->mem[KVP_TIER_HOST].fd >= 0);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].bytes, 32 * p->page_bytes);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_HOST].bytes, 16 * p->page_bytes);
+	CU_ASSERT_EQUAL(p->geom.host_pages, 16);
+	CU_ASSERT_PTR_NOT_NULL(p->copy);
+	kvp_pool_destroy(p);
+}
+
+/* A cuda pool on a machine (or a build) without a GPU: a typed refusal, nothing left behind. */
+static void test_pool_create_cuda_unavailable(void)
+{
+	static const char conf[] = "[pool.c]\nlayers = 2\nkv_heads = 1\nhead_dim = 4\n"
+				   "dtype = fp16\npage_tokens = 4\ndevice = cuda:0\n"
+				   "device_capacity = 128t\nhost_capacity = 64t\nmlock = off\n";
+	struct kvp_fail f = { 0 };
+	struct kvp_pool *p = make_pool_from(conf, &f);
+
+	if (p) { /* a GPU is there: the gpu suite covers cuda pools */
+		CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].backend, KVPOOL__BACKEND__CUDA);
+		kvp_pool_destroy(p);
+		return;
+	}
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__UNAVAILABLE);
+	CU_ASSERT(strstr(f.msg, "cuda:0 device tier refused") != NULL);
+}
+
+/* A pool refused before its tiers exist (no tier at all) closes no fd: its empty tiers used to
+ * read as fd 0 and closed it. */
+static void test_pool_create_refused_closes_no_fd(void)
+{
+	static struct kvp_conf c;
+	struct kvp_fail f = { 0 };
+	char err[256];
+	int fd = -1;
+
+	if (fcntl(0, F_GETFD) < 0)
+		fd = open("/dev/null", O_RDONLY); /* make sure fd 0 is there to be closed */
+	CU_ASSERT_FATAL(fcntl(0, F_GETFD) >= 0);
+	CU_ASSERT_FATAL(kvp_conf_load_string(&c, g_conf, "test", err, sizeof(err)) == 0);
+	c.pools[0].device_pages = 0;
+	c.pools[0].host_pages = 0;
+	CU_ASSERT_PTR_NULL(kvp_pool_create(&c.pools[0], 0, &f));
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT(fcntl(0, F_GETFD) >= 0);
+	if (fd >= 0)
+		close(fd);
 }
 
 /* kvp_lease_check (the daemon's books check uses it) sees a lease that lists a page the pool
@@ -234,6 +308,9 @@ static void test_pool_random_sequences_keep_invariant(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
+		H_TEST(test_pool_create_tier_backends),
+		H_TEST(test_pool_create_cuda_unavailable),
+		H_TEST(test_pool_create_refused_closes_no_fd),
 		H_TEST(test_lease_create_capacity_figures),
 		H_TEST(test_lease_check_catches_wrong_books),
 		H_TEST(test_pool_random_sequences_keep_invariant),

@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "pages.h"
 #include "prefix.h"
@@ -16,6 +19,54 @@
 #define PB 16 /* bytes per page in the fake tiers */
 #define DEV KVP_TIER_DEVICE
 #define HOST KVP_TIER_HOST
+
+/* ---- link seam: getrandom ----
+ * This definition of libc's getrandom() takes the place of libc's for the whole test binary
+ * (the tree is linked in statically), so the tests see the tree ask for its seed and can script
+ * the answers. Unscripted, it is the real system call. */
+
+static struct {
+	unsigned calls;
+	int fail_errno;	 /* every call fails with this when nonzero */
+	int eintr_once;	 /* the next call fails with EINTR */
+	size_t chunk;	 /* at most this many bytes per call when nonzero */
+	bool scripted;	 /* bytes come from value (low byte first), not the kernel */
+	uint64_t value;
+	size_t given;	 /* bytes of value handed out so far */
+} g_rnd;
+
+ssize_t getrandom(void *buf, size_t len, unsigned int flags)
+{
+	g_rnd.calls++;
+	if (g_rnd.eintr_once) {
+		g_rnd.eintr_once = 0;
+		errno = EINTR;
+		return -1;
+	}
+	if (g_rnd.fail_errno) {
+		errno = g_rnd.fail_errno;
+		return -1;
+	}
+	if (g_rnd.chunk && len > g_rnd.chunk)
+		len = g_rnd.chunk;
+	if (!g_rnd.scripted)
+		return syscall(SYS_getrandom, buf, len, flags);
+	for (size_t i = 0; i < len; i++, g_rnd.given++)
+		((unsigned char *)buf)[i] = (unsigned char)(g_rnd.value >> (8 * (g_rnd.given % 8)));
+	return (ssize_t)len;
+}
+
+static void rnd_reset(void)
+{
+	memset(&g_rnd, 0, sizeof(g_rnd));
+}
+
+static struct kvp_prefix *host_only_tree(struct kvp_pages *host)
+{
+	struct kvp_prefix_conf c = {.page_tokens = 4, .host = host};
+
+	return kvp_prefix_new(&c);
+}
 
 /* ---- fixture: two fake tiers, a clock, a copy callback ---- */
 
@@ -1526,11 +1577,87 @@ static void test_kvp_prefix_random_host_only(void)
 	CU_ASSERT_EQUAL(c.promote_ok, 0);
 }
 
+/* The seed is what getrandom(2) returns, read whole even when the kernel gives it in parts or a
+ * signal interrupts the call: not a function of the clock and of addresses. */
+static void test_kvp_prefix_new_seed_from_getrandom(void)
+{
+	struct kvp_pages *host = kvp_pages_new(4);
+	struct kvp_prefix *a, *b;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(host);
+	rnd_reset();
+	g_rnd.scripted = true;
+	g_rnd.value = 0x0123456789abcdefULL;
+	a = host_only_tree(host);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT(g_rnd.calls >= 1);
+	CU_ASSERT_EQUAL(kvp_prefix_seed(a), 0x0123456789abcdefULL);
+	rnd_reset();
+	g_rnd.scripted = true;
+	g_rnd.value = 0xfedcba9876543210ULL;
+	g_rnd.chunk = 3;
+	g_rnd.eintr_once = 1;
+	b = host_only_tree(host);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_EQUAL(g_rnd.calls, 4); /* EINTR, then 3 + 3 + 2 bytes */
+	CU_ASSERT_EQUAL(kvp_prefix_seed(b), 0xfedcba9876543210ULL);
+	rnd_reset();
+	kvp_prefix_free(a);
+	kvp_prefix_free(b);
+	kvp_pages_free(host);
+}
+
+/* Two trees of one process get different seeds from the kernel. */
+static void test_kvp_prefix_new_seeds_differ(void)
+{
+	struct kvp_pages *host = kvp_pages_new(4);
+	struct kvp_prefix *a, *b;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(host);
+	rnd_reset();
+	a = host_only_tree(host);
+	b = host_only_tree(host);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT(g_rnd.calls >= 2);
+	CU_ASSERT_NOT_EQUAL(kvp_prefix_seed(a), kvp_prefix_seed(b));
+	kvp_prefix_free(a);
+	kvp_prefix_free(b);
+	kvp_pages_free(host);
+}
+
+/* A kernel without getrandom (ENOSYS): the seed comes from /dev/urandom. Any other failure
+ * refuses the tree rather than seeding it guessably. */
+static void test_kvp_prefix_new_seed_without_getrandom(void)
+{
+	struct kvp_pages *host = kvp_pages_new(4);
+	struct kvp_prefix *a, *b;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(host);
+	rnd_reset();
+	g_rnd.fail_errno = ENOSYS;
+	a = host_only_tree(host);
+	b = host_only_tree(host);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_EQUAL(g_rnd.calls, 2);
+	CU_ASSERT_NOT_EQUAL(kvp_prefix_seed(a), kvp_prefix_seed(b));
+	g_rnd.fail_errno = EIO;
+	CU_ASSERT_PTR_NULL(host_only_tree(host));
+	rnd_reset();
+	kvp_prefix_free(a);
+	kvp_prefix_free(b);
+	kvp_pages_free(host);
+}
+
 /* Registers a test under its function's name. */
 int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_kvp_prefix_new_bad_conf),
+		H_TEST(test_kvp_prefix_new_seed_from_getrandom),
+		H_TEST(test_kvp_prefix_new_seeds_differ),
+		H_TEST(test_kvp_prefix_new_seed_without_getrandom),
 		H_TEST(test_kvp_prefix_match_split_locked),
 		H_TEST(test_kvp_prefix_match_namespace),
 		H_TEST(test_kvp_prefix_match_unaligned),

@@ -1,11 +1,12 @@
-/* tier_cuda.h - CUDA device tier memory, allocated with the CUDA virtual memory API and exported
- * as a POSIX file descriptor so it can be passed to clients with SCM_RIGHTS.
+/* cuda_drv.h - CUDA driver glue shared by kvpoold's cuda tier and libkvpool: device memory
+ * allocated with the CUDA virtual memory API and exported as a POSIX file descriptor (so it can
+ * be passed to clients with SCM_RIGHTS), its import on the client side, and device lookups.
  *
- * Built into both kvpoold and libkvpool (only when meson's have_cuda is true); depends on nothing
- * but the static CUDA runtime. Driver calls go through cudaGetDriverEntryPointByVersion, so
- * nothing links libcuda and a machine without a driver or GPU gets a negative return and a
+ * The static library kvp_cuda_drv (kernels/meson.build, only when have_cuda is true); depends on
+ * nothing but the static CUDA runtime. Driver calls go through cudaGetDriverEntryPointByVersion,
+ * so nothing links libcuda and a machine without a driver or GPU gets a negative return and a
  * reason, never a crash. Every call makes `device` current for its duration and restores the
- * caller's current device afterwards.
+ * caller's current device afterwards. Thread-safe: the entry points are looked up once.
  *
  * Fallback (not built): on a driver without POSIX-fd export (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_
  * POSIX_FILE_DESCRIPTOR_SUPPORTED = 0) a cuda pool is refused with UNAVAILABLE and that reason.
@@ -14,8 +15,8 @@
  * passed through SCM_RIGHTS, and every engine process would need the same device visible, so
  * kvpool does not use it by default.
  */
-#ifndef KVP_TIER_CUDA_H
-#define KVP_TIER_CUDA_H
+#ifndef KVP_CUDA_DRV_H
+#define KVP_CUDA_DRV_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -75,6 +76,23 @@ int kvp_cuda_device_uuid(int device, uint8_t uuid[16], char *reason, size_t len)
 int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len);
 
 /*
+ * Look the driver entry points up: once per process, whichever thread comes first; every call
+ * returns what that first lookup found. 0, or -ENODEV (no driver, or one older than the runtime)
+ * or -ENOSYS (the driver lacks an entry point) with `reason` filled. The calls above and below do
+ * it themselves; it is public for tests and for callers that want the reason early.
+ */
+int kvp_cuda_drv_load(char *reason, size_t len);
+
+/*
+ * Test seam: how one driver entry point is found (by default the runtime's
+ * cudaGetDriverEntryPointByVersion). 0 with *fn set, or a negative errno with `reason` filled.
+ * Takes effect only when set before the first lookup (kvp_cuda_drv_load or any call that needs
+ * the driver); NULL restores the default.
+ */
+typedef int (*kvp_cuda_drv_lookup_fn)(const char *name, void **fn, char *reason, size_t len);
+void kvp_cuda_drv_set_lookup(kvp_cuda_drv_lookup_fn lookup);
+
+/*
  * Number of GPUs usable for a cuda device tier (present, with virtual memory management and POSIX
  * fd export). Returns >= 1, or a negative errno with `reason` (if non-NULL) filled: -ENODEV (no
  * driver, a driver older than the runtime, or no GPU), -ENOTSUP (GPUs present, none with virtual
@@ -88,4 +106,4 @@ int kvp_cuda_probe(char *reason, size_t len);
 }
 #endif
 
-#endif /* KVP_TIER_CUDA_H */
+#endif /* KVP_CUDA_DRV_H */
