@@ -11,6 +11,7 @@
 
 #include "fault.h"
 #include "kvp_config.h"
+#include "kvpool_caps.h"
 #include "log.h"
 
 typedef int (*handler_fn)(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
@@ -357,11 +358,17 @@ static int h_hello(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Re
 {
 	Kvpool__HelloResp *m;
 
-	if (q->hello->protocol_version != KVP_PROTO_VERSION) {
+	/* Any protocol from 1 on, as long as the client requires no capability this daemon
+	 * lacks; the answer is the offer's intersection with what the daemon supports. */
+	if (q->hello->protocol_version < 1 ||
+	    (q->hello->required_capabilities & ~(uint64_t)KVP_CAPS_DAEMON)) {
 		r->close_after = true;
 		return kvp_fail(f, KVPOOL__CODE__VERSION,
-				"client speaks protocol %u, kvpoold %s speaks %u",
-				q->hello->protocol_version, KVP_VERSION, KVP_PROTO_VERSION);
+				"client speaks protocol %u requiring capabilities 0x%llx; kvpoold %s "
+				"speaks %u with 0x%llx",
+				q->hello->protocol_version,
+				(unsigned long long)q->hello->required_capabilities, KVP_VERSION,
+				KVP_PROTO_VERSION, (unsigned long long)KVP_CAPS_DAEMON);
 	}
 	if (s->hello)
 		return kvp_fail(f, KVPOOL__CODE__PROTOCOL, "Hello was already said");
@@ -375,6 +382,7 @@ static int h_hello(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Re
 	m->daemon_version = (char *)KVP_VERSION;
 	m->protocol_version = KVP_PROTO_VERSION;
 	m->keepalive_ms = d->conf.keepalive_ms;
+	m->capabilities = q->hello->capabilities & KVP_CAPS_DAEMON;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_HELLO;
 	r->resp.hello = m;
 	log_info("session %lu: hello from '%s' pid %d uid %u%s", (unsigned long)s->id, s->name,
@@ -461,7 +469,7 @@ static int h_attach(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__R
 				"pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
 				"%u; the client expects layers %u kv_heads %u head_dim %u page_tokens %u",
 				p->conf.name, g.layers, g.kv_heads, g.head_dim,
-				kvp_dtype_name(p->conf.dtype), g.page_tokens, a->expected->layers,
+				kvp_conf_dtype_name(p->conf.dtype), g.page_tokens, a->expected->layers,
 				a->expected->kv_heads, a->expected->head_dim,
 				a->expected->page_tokens);
 	}
