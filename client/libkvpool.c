@@ -26,7 +26,8 @@ _Static_assert((int)KVP_E_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow
 _Static_assert((int)KVP_E_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_DTYPE_FP32 == (int)KVPOOL__DTYPE__FP32, "dtypes follow the wire");
 _Static_assert((int)KVP_BACKEND_MEMFD == (int)KVPOOL__BACKEND__MEMFD, "backends follow the wire");
-_Static_assert((int)KVP_LIMIT_HUGEPAGES_FREE == (int)KVPOOL__LIMIT__HUGEPAGES_FREE, "limits follow");
+_Static_assert((int)KVP_LIMIT_HUGEPAGES_FREE == (int)KVPOOL__LIMIT__HUGEPAGES_FREE,
+	       "limits follow");
 _Static_assert((int)KVP_TIER_HOST == (int)KVPOOL__TIER__HOST, "tiers follow the wire");
 
 /* One tier's memory in this process; freed with its last reference. */
@@ -98,16 +99,26 @@ struct kvp_client {
 };
 
 static const char *const g_code_names[] = {
-	"OK",		    "OUT_OF_CAPACITY", "HOST_BUDGET_EXCEEDED", "QUOTA_EXCEEDED",
-	"NO_SUCH_POOL",	    "GEOMETRY_MISMATCH", "NOT_FOUND",	       "INVALID_ARGUMENT",
-	"PERMISSION_DENIED", "PROTOCOL",	       "VERSION",	       "SHUTTING_DOWN",
-	"LIMIT_EXCEEDED",   "UNAVAILABLE",     "INTERNAL",
+    "OK",
+    "OUT_OF_CAPACITY",
+    "HOST_BUDGET_EXCEEDED",
+    "QUOTA_EXCEEDED",
+    "NO_SUCH_POOL",
+    "GEOMETRY_MISMATCH",
+    "NOT_FOUND",
+    "INVALID_ARGUMENT",
+    "PERMISSION_DENIED",
+    "PROTOCOL",
+    "VERSION",
+    "SHUTTING_DOWN",
+    "LIMIT_EXCEEDED",
+    "UNAVAILABLE",
+    "INTERNAL",
 };
-static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM", "MAP", "BUFFER",
-					      "AGAIN" };
+static const char *const g_local_names[] = {"NO_DAEMON", "TRANSPORT", "NOMEM",
+					    "MAP",	 "BUFFER",    "AGAIN"};
 _Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_INTERNAL + 1, "names");
-_Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) ==
-		       KVP_CODE_MAX - KVP_E_NO_DAEMON,
+_Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
 	       "local names");
 
 KVP_EXPORT const char *kvp_code_name(int code)
@@ -125,29 +136,30 @@ KVP_EXPORT const char *kvp_code_name(int code)
 
 KVP_EXPORT const char *kvp_limit_name(int limit)
 {
-	static const char *const n[] = { "none", "MemAvailable", "NUMA node free memory",
-					  "cgroup memory.max", "RLIMIT_MEMLOCK", "free huge pages" };
+	static const char *const n[] = {
+	    "none",	      "MemAvailable",	"NUMA node free memory", "cgroup memory.max",
+	    "RLIMIT_MEMLOCK", "free huge pages"};
 
 	return limit >= 0 && limit < KVP_LIMIT_MAX ? n[limit] : "?";
 }
 
 KVP_EXPORT const char *kvp_tier_name(int tier)
 {
-	static const char *const n[KVP_TIER_MAX] = { "device", "host" };
+	static const char *const n[KVP_TIER_MAX] = {"device", "host"};
 
 	return tier >= 0 && tier < KVP_TIER_MAX ? n[tier] : "?";
 }
 
 KVP_EXPORT const char *kvp_backend_name(int backend)
 {
-	static const char *const n[KVP_BACKEND_MAX] = { "none", "sim", "cuda", "memfd" };
+	static const char *const n[KVP_BACKEND_MAX] = {"none", "sim", "cuda", "memfd"};
 
 	return backend >= 0 && backend < KVP_BACKEND_MAX ? n[backend] : "?";
 }
 
 KVP_EXPORT const char *kvp_dtype_name(int dtype)
 {
-	static const char *const n[KVP_DTYPE_MAX] = { "?", "fp16", "bf16", "fp8", "fp32" };
+	static const char *const n[KVP_DTYPE_MAX] = {"?", "fp16", "bf16", "fp8", "fp32"};
 
 	return dtype >= 0 && dtype < KVP_DTYPE_MAX ? n[dtype] : "?";
 }
@@ -279,7 +291,7 @@ static int recv_frame(struct kvp_client *c, bool block, const uint8_t **payload,
 			char buf[CMSG_SPACE(sizeof(int) * KVP_CLIENT_MAX_FDS)];
 			size_t align;
 		} cm;
-		struct msghdr msg = { 0 };
+		struct msghdr msg = {0};
 		struct iovec iov;
 		size_t avail;
 		uint8_t *space;
@@ -512,7 +524,7 @@ int kvp__client_fd(const struct kvp_client *c)
 
 KVP_EXPORT int kvp_client_event_fd(struct kvp_client *c)
 {
-	struct epoll_event ev = { .events = EPOLLIN };
+	struct epoll_event ev = {.events = EPOLLIN};
 
 	if (c->epfd >= 0)
 		return c->epfd;
@@ -589,18 +601,17 @@ KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 }
 
 /* Declares req + the call message, fills the oneof. */
-#define CALL_SETUP(req, field, CASE, Type, INIT)      \
-	Kvpool__Request req = KVPOOL__REQUEST__INIT; \
-	Type field = INIT;                            \
-	req.call_case = KVPOOL__REQUEST__CALL_##CASE; \
+#define CALL_SETUP(req, field, CASE, Type, INIT)                                                   \
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;                                               \
+	Type field = INIT;                                                                         \
+	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
 	req.field = &field
 #define RESULT(CASE) KVPOOL__RESPONSE__RESULT_##CASE
 
-KVP_EXPORT struct kvp_client *kvp_client_connect_opts(const char *path,
-						      const struct kvp_client_opts *opts,
-						      struct kvp_error *err)
+KVP_EXPORT struct kvp_client *
+kvp_client_connect_opts(const char *path, const struct kvp_client_opts *opts, struct kvp_error *err)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	CALL_SETUP(req, hello, HELLO, Kvpool__HelloReq, KVPOOL__HELLO_REQ__INIT);
 	Kvpool__Response *resp;
 	struct kvp_client *c;
@@ -678,7 +689,9 @@ KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *n
 						 struct kvp_error *err)
 {
 	struct kvp_client_opts o = {
-		.struct_size = sizeof(o), .name = name, .capabilities = KVP_CAP_ALL,
+	    .struct_size = sizeof(o),
+	    .name = name,
+	    .capabilities = KVP_CAP_ALL,
 	};
 
 	return kvp_client_connect_opts(path, &o, err);
@@ -716,7 +729,7 @@ KVP_EXPORT void kvp_mapping_unref(struct kvp_mapping *m)
 		kvp_cuda_mem_destroy(&m->cm);
 	else
 #endif
-		if (m->base)
+	    if (m->base)
 		munmap(m->base, m->bytes);
 	if (m->fd >= 0)
 		close(m->fd);
@@ -805,7 +818,7 @@ KVP_EXPORT uint64_t kvp_client_capabilities(const struct kvp_client *c)
 
 KVP_EXPORT int kvp_client_set_timeout(struct kvp_client *c, uint32_t ms)
 {
-	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
 
 	if (c->fd < 0 || setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
 		return -KVP_E_INVALID_ARGUMENT;
@@ -1043,16 +1056,18 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 
 		/* the daemon's number for the GPU may not be ours: find it by its UUID */
 		if (ti->cuda_uuid.len != 0 && ti->cuda_uuid.len != 16)
-			return kvp__fail(err, KVP_E_PROTOCOL, 0, "attach reply: a GPU uuid of %zu bytes",
+			return kvp__fail(err, KVP_E_PROTOCOL, 0,
+					 "attach reply: a GPU uuid of %zu bytes",
 					 ti->cuda_uuid.len);
 		if (ti->cuda_uuid.len == 16)
-			r = m->cuda_device = kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why,
-								      sizeof(why));
+			r = m->cuda_device =
+			    kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why, sizeof(why));
 		if (r >= 0)
 			r = kvp_cuda_mem_import(m->cuda_device, fd, ti->bytes, &m->cm, why,
 						sizeof(why));
 		if (r < 0)
-			return kvp__fail(err, KVP_E_MAP, -r, "importing the cuda device tier: %s", why);
+			return kvp__fail(err, KVP_E_MAP, -r, "importing the cuda device tier: %s",
+					 why);
 		m->base = (void *)(uintptr_t)m->cm.dptr;
 #endif
 		return 0;
@@ -1063,7 +1078,8 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 
 		m->base = NULL;
 		return kvp__fail(err, KVP_E_MAP, e, "mapping the %s tier (%lu bytes): %s",
-				 kvp_tier_name((int)ti->tier), (unsigned long)ti->bytes, strerror(e));
+				 kvp_tier_name((int)ti->tier), (unsigned long)ti->bytes,
+				 strerror(e));
 	}
 	return 0;
 }
@@ -1117,10 +1133,9 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 	}
 	p->cg.layers = p->g.layers;
 	p->cg.page_tokens = p->g.page_tokens;
-	p->cg.dev_slots = (uint64_t)(p->tier[KVP_TIER_DEVICE].present
-					     ? p->tier[KVP_TIER_DEVICE].pages
-					     : 1) *
-			  p->g.page_tokens;
+	p->cg.dev_slots =
+	    (uint64_t)(p->tier[KVP_TIER_DEVICE].present ? p->tier[KVP_TIER_DEVICE].pages : 1) *
+	    p->g.page_tokens;
 	close_fds(fds, nfds);
 	kvpool__response__free_unpacked(resp, NULL);
 	p->next = c->pools;
@@ -1241,8 +1256,8 @@ KVP_EXPORT uint64_t kvp_pool_slot_offset(const struct kvp_pool *p, int tier, uin
 	return kvp_host_offset(&p->cg, page, layer, kv, tok);
 }
 
-KVP_EXPORT void *kvp_pool_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer,
-				    uint32_t kv, uint32_t page, uint32_t tok)
+KVP_EXPORT void *kvp_pool_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
+				    uint32_t page, uint32_t tok)
 {
 	uint64_t off = kvp_pool_slot_offset(p, tier, layer, kv, page, tok);
 	void *base = kvp_pool_tier_base(p, tier);
@@ -1325,9 +1340,9 @@ KVP_EXPORT int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint3
 	if (r < 0)
 		return r;
 	r = resp->free->lease_pages > INT32_MAX
-		    ? kvp__fail(err, KVP_E_PROTOCOL, 0, "free answered with %u pages left",
-				resp->free->lease_pages)
-		    : (int)resp->free->lease_pages;
+		? kvp__fail(err, KVP_E_PROTOCOL, 0, "free answered with %u pages left",
+			    resp->free->lease_pages)
+		: (int)resp->free->lease_pages;
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
@@ -1371,7 +1386,8 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 	int r;
 
 	if (!m || m->struct_size < sizeof(*m))
-		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_match_result too small");
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "struct kvp_match_result too small");
 	match.pool_id = p->id;
 	match.namespace_ = ns;
 	match.tokens = (uint32_t *)tokens;
@@ -1429,7 +1445,8 @@ KVP_EXPORT int kvp_cache_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *de
 		return r;
 	n = resp->load->n_device_pages;
 	if (n > cap) {
-		r = kvp__fail(err, KVP_E_BUFFER, 0, "load: %u entries do not hold %zu pages", cap, n);
+		r = kvp__fail(err, KVP_E_BUFFER, 0, "load: %u entries do not hold %zu pages", cap,
+			      n);
 	} else {
 		if (n)
 			memcpy(device_pages, resp->load->device_pages, sizeof(uint32_t) * n);

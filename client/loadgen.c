@@ -217,8 +217,8 @@ static int lease_workload(struct ctx *x)
 				rc = -1;
 				break;
 			}
-			if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, r->npages, &r->lease, r->pages,
-						   &e)) < 0) {
+			if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, r->npages,
+							  &r->lease, r->pages, &e)) < 0) {
 				count_error(x, &e);
 				free(r->pages);
 				free(r->keys);
@@ -276,7 +276,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	uint32_t pt = x->g.page_tokens, cap = n / pt + 1, matched, own_from, nlease;
 	uint32_t *dev = malloc(sizeof(uint32_t) * cap), *host = malloc(sizeof(uint32_t) * cap);
 	uint32_t *lease_pages = malloc(sizeof(uint32_t) * cap);
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	struct kvp_error e;
 	uint64_t lease = 0;
 	int rc = -1;
@@ -317,7 +317,8 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	own_from = matched * pt;
 	nlease = n > own_from ? (n - own_from + pt - 1) / pt : 0;
 	if (nlease) {
-		if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease, lease_pages, &e)) < 0) {
+		if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease,
+						  lease_pages, &e)) < 0) {
 			count_error(x, &e);
 			if (e.code == KVP_E_OUT_OF_CAPACITY) {
 				x->res->backoffs++;
@@ -330,8 +331,8 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 		}
 		if (rows(x, KVP_TIER_DEVICE, lease_pages, own_from, own_from, n, keys, 0) < 0)
 			goto out;
-		if (TIMED(x->res, kvp_cache_insert(x->p, lease, 0, tok, n, matched, lease_pages, nlease,
-					     NULL, &e)) < 0) {
+		if (TIMED(x->res, kvp_cache_insert(x->p, lease, 0, tok, n, matched, lease_pages,
+						   nlease, NULL, &e)) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "insert: %s", e.message);
 			goto out;
@@ -568,12 +569,12 @@ int main(int argc, char **argv)
 		       "\"tokens\":%lu,\"requests_per_s\":%.1f,\"bytes_verified\":%lu,"
 		       "\"mismatches\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,\"loads\":%lu,"
 		       "\"backoffs\":%lu,\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
-		       o.procs, wall, (unsigned long)sum.requests,
-		       (unsigned long)sum.tokens, (double)sum.requests / wall,
-		       (unsigned long)sum.bytes_verified, (unsigned long)sum.mismatches,
-		       (unsigned long)sum.hit_tokens, (unsigned long)sum.queried_tokens,
-		       (unsigned long)sum.loads, (unsigned long)sum.backoffs,
-		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
+		       o.procs, wall, (unsigned long)sum.requests, (unsigned long)sum.tokens,
+		       (double)sum.requests / wall, (unsigned long)sum.bytes_verified,
+		       (unsigned long)sum.mismatches, (unsigned long)sum.hit_tokens,
+		       (unsigned long)sum.queried_tokens, (unsigned long)sum.loads,
+		       (unsigned long)sum.backoffs, lat_quantile(sum.lat, 0.5),
+		       lat_quantile(sum.lat, 0.99));
 		for (int k = 1, first = 1; k < KVP_CODE_MAX; k++) {
 			if (!sum.errors[k])
 				continue;

@@ -58,23 +58,47 @@ enum kvp_code {
 	KVP_E_NO_DAEMON = 100, /* connect failed: sys_errno says why */
 	KVP_E_TRANSPORT = 101, /* the connection failed or closed mid-call: sys_errno says why */
 	KVP_E_NOMEM = 102,
-	KVP_E_MAP = 103,       /* mapping a tier's memory failed: sys_errno or message say why */
-	KVP_E_BUFFER = 104,    /* a caller buffer is too small for the reply */
-	KVP_E_AGAIN = 105,     /* nothing waits now (kvp_client_event_next): poll and retry */
+	KVP_E_MAP = 103,    /* mapping a tier's memory failed: sys_errno or message say why */
+	KVP_E_BUFFER = 104, /* a caller buffer is too small for the reply */
+	KVP_E_AGAIN = 105,  /* nothing waits now (kvp_client_event_next): poll and retry */
 	KVP_CODE_MAX
 };
 
 enum kvp_tier { KVP_TIER_DEVICE = 0, KVP_TIER_HOST = 1, KVP_TIER_MAX };
-enum kvp_backend { KVP_BACKEND_NONE = 0, KVP_BACKEND_SIM = 1, KVP_BACKEND_CUDA = 2,
-		   KVP_BACKEND_MEMFD = 3, KVP_BACKEND_MAX };
-enum kvp_dtype { KVP_DTYPE_NONE = 0, KVP_DTYPE_FP16 = 1, KVP_DTYPE_BF16 = 2, KVP_DTYPE_FP8 = 3,
-		 KVP_DTYPE_FP32 = 4, KVP_DTYPE_MAX };
+enum kvp_backend {
+	KVP_BACKEND_NONE = 0,
+	KVP_BACKEND_SIM = 1,
+	KVP_BACKEND_CUDA = 2,
+	KVP_BACKEND_MEMFD = 3,
+	KVP_BACKEND_MAX
+};
+enum kvp_dtype {
+	KVP_DTYPE_NONE = 0,
+	KVP_DTYPE_FP16 = 1,
+	KVP_DTYPE_BF16 = 2,
+	KVP_DTYPE_FP8 = 3,
+	KVP_DTYPE_FP32 = 4,
+	KVP_DTYPE_MAX
+};
 /* Which host memory limit binds in a HOST_BUDGET_EXCEEDED. */
-enum kvp_limit { KVP_LIMIT_NONE = 0, KVP_LIMIT_MEM_AVAILABLE, KVP_LIMIT_NUMA_NODE_FREE,
-		 KVP_LIMIT_CGROUP_MEMORY_MAX, KVP_LIMIT_RLIMIT_MEMLOCK, KVP_LIMIT_HUGEPAGES_FREE,
-		 KVP_LIMIT_MAX };
-enum kvp_detail { KVP_DETAIL_NONE = 0, KVP_DETAIL_CAPACITY, KVP_DETAIL_BUDGET, KVP_DETAIL_QUOTA,
-		  KVP_DETAIL_GEOMETRY, KVP_DETAIL_LIMIT, KVP_DETAIL_MAX };
+enum kvp_limit {
+	KVP_LIMIT_NONE = 0,
+	KVP_LIMIT_MEM_AVAILABLE,
+	KVP_LIMIT_NUMA_NODE_FREE,
+	KVP_LIMIT_CGROUP_MEMORY_MAX,
+	KVP_LIMIT_RLIMIT_MEMLOCK,
+	KVP_LIMIT_HUGEPAGES_FREE,
+	KVP_LIMIT_MAX
+};
+enum kvp_detail {
+	KVP_DETAIL_NONE = 0,
+	KVP_DETAIL_CAPACITY,
+	KVP_DETAIL_BUDGET,
+	KVP_DETAIL_QUOTA,
+	KVP_DETAIL_GEOMETRY,
+	KVP_DETAIL_LIMIT,
+	KVP_DETAIL_MAX
+};
 
 struct kvp_geometry {
 	uint32_t layers;
@@ -170,13 +194,13 @@ int kvp_client_ping(struct kvp_client *c, struct kvp_error *err);
 #define KVP_CLIENT_MAX_EVENTS 64
 struct kvp_event {
 	size_t struct_size;
-	uint32_t type;	      /* the Response's result field number (kvpool.proto), 0 for none */
-	int32_t code;	      /* the frame's status code (0: OK) */
-	uint64_t id;	      /* the frame's id (0: pushed) */
-	uint64_t dropped;     /* events dropped for a full queue since the last one taken */
-	void *payload;	      /* caller's buffer for the frame's protobuf Response, or NULL */
-	size_t payload_cap;   /* its size */
-	size_t payload_len;   /* set: the frame's size; min(payload_len, payload_cap) were copied */
+	uint32_t type;	    /* the Response's result field number (kvpool.proto), 0 for none */
+	int32_t code;	    /* the frame's status code (0: OK) */
+	uint64_t id;	    /* the frame's id (0: pushed) */
+	uint64_t dropped;   /* events dropped for a full queue since the last one taken */
+	void *payload;	    /* caller's buffer for the frame's protobuf Response, or NULL */
+	size_t payload_cap; /* its size */
+	size_t payload_len; /* set: the frame's size; min(payload_len, payload_cap) were copied */
 };
 /* A descriptor to poll for POLLIN (owned by the client, do not close or read it): readable
  * when an event is queued or bytes from the daemon wait in the socket. When it polls readable,

@@ -1,7 +1,7 @@
-/* bench_rpc_latency.c - Alloc(1 page) + Free round trip through libkvpool (kvp_lease_alloc + kvp_lease_free
- * against a kvpoold this program starts on a temporary socket), one client, p50 and p99, against
- * a raw unix-socket ping-pong between two processes with the same four frame sizes (Alloc
- * request, Alloc reply, Free request, Free reply, packed with kvp_frame_pack from the same
+/* bench_rpc_latency.c - Alloc(1 page) + Free round trip through libkvpool (kvp_lease_alloc +
+ * kvp_lease_free against a kvpoold this program starts on a temporary socket), one client, p50 and
+ * p99, against a raw unix-socket ping-pong between two processes with the same four frame sizes
+ * (Alloc request, Alloc reply, Free request, Free reply, packed with kvp_frame_pack from the same
  * protobuf messages): two raw round trips per pair, the transport's limit. A second baseline is
  * the io_uring frame echo server of echo_server.c (same frames, a reply as long as the request):
  * a server that waits in io_uring_enter like kvpoold does, which on some VMs wakes up much more

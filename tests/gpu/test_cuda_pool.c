@@ -154,7 +154,7 @@ static int reader(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-reader", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t page, tok[PAGE_TOKENS], dev[2], host[2], loaded[2];
 	uint64_t ev;
 
@@ -164,8 +164,8 @@ static int reader(void)
 		return 21;
 	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
 		tok[t] = 500 + t;
-	if (kvp_cache_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 || m.n_device != 1 ||
-	    dev[0] != page)
+	if (kvp_cache_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 ||
+	    m.n_device != 1 || dev[0] != page)
 		return 22;
 	if (check_page(p, KVP_TIER_DEVICE, page) < 0)
 		return 23;

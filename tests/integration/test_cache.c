@@ -61,8 +61,8 @@ static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t ba
 	for (uint32_t pos = from; pos < to; pos++)
 		for (uint32_t l = 0; l < 2; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_pool_slot_addr(p, tier, l, kv, pages[(pos - base) / PT],
-							   (pos - base) % PT);
+				uint8_t *a = kvp_pool_slot_addr(
+				    p, tier, l, kv, pages[(pos - base) / PT], (pos - base) % PT);
 
 				if (!a)
 					return 1000;
@@ -102,7 +102,7 @@ static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages, uint64_t ns
 static struct kvp_tier_status tier(int t)
 {
 	struct kvp_error err;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
 	struct kvp_tier_status z = { 0 };
 
@@ -126,7 +126,7 @@ static int reader(void *arg)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 	int bad;
 
@@ -141,7 +141,8 @@ static int reader(void *arg)
 	bad = rows(b.p, KVP_TIER_DEVICE, dev, 0, 0, 40, 7, 1);
 	if (bad)
 		return 63;
-	if (kvp_cache_release(b.p, m.lock_id, &err) < 0 || kvp_cache_release(b.p, m.lock_id, &err) != -KVP_E_NOT_FOUND)
+	if (kvp_cache_release(b.p, m.lock_id, &err) < 0 ||
+	    kvp_cache_release(b.p, m.lock_id, &err) != -KVP_E_NOT_FOUND)
 		return 64;
 	kvp_client_close(b.c);
 	return 0;
@@ -166,7 +167,7 @@ static void test_insert_after_match_extends_the_prefix(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16], pages[8];
 	uint64_t lease, fresh = 0;
 
@@ -221,7 +222,7 @@ static void test_demotion_then_promotion_keeps_bytes(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16], loaded[16];
 	uint64_t evicted = 0;
 	int n;
@@ -254,13 +255,14 @@ static int locker(void)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 
 	if (eng_open(&b, "locker") < 0)
 		return 70;
 	tokens_of(9, tok, 32);
-	if (kvp_cache_match(b.p, 0, tok, 32, 1, &m, dev, host, 16, &err) < 0 || m.matched_tokens != 32)
+	if (kvp_cache_match(b.p, 0, tok, 32, 1, &m, dev, host, 16, &err) < 0 ||
+	    m.matched_tokens != 32)
 		return 71;
 	if (write(g_pipe[1], "l", 1) != 1)
 		return 72;
@@ -315,7 +317,7 @@ static void test_namespaces_never_share(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
@@ -339,7 +341,8 @@ static void test_admin_calls_refused_for_others(void)
 	if (getuid() != 0)
 		return; /* as root the test client is admin; the fault suite covers non-admins */
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
-	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "nope", KVP_TIER_DEVICE, 4, NULL, &err), -KVP_E_NO_SUCH_POOL);
+	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "nope", KVP_TIER_DEVICE, 4, NULL, &err),
+			-KVP_E_NO_SUCH_POOL);
 	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "c", 5, 4, NULL, &err), -KVP_E_INVALID_ARGUMENT);
 	kvp_client_close(a.c);
 }

@@ -74,7 +74,7 @@ static int cycler(void *arg)
 	for (int i = 0; i < CYCLES; i++) {
 		uint32_t fam = (uint32_t)rand_r(&seed) % 4, n = 1 + (uint32_t)rand_r(&seed) % 4;
 		uint32_t tok[64], dev[8], host[8], pages[8];
-		struct kvp_match_result m = { .struct_size = sizeof(m) };
+		struct kvp_match_result m = {.struct_size = sizeof(m)};
 		uint64_t lease;
 
 		for (uint32_t k = 0; k < n * 16; k++)
@@ -82,9 +82,10 @@ static int cycler(void *arg)
 		if (kvp_cache_match(p, 0, tok, n * 16, 1, &m, dev, host, 8, &e) < 0)
 			continue;
 		if (m.n_device + m.n_host < n &&
-		    kvp_lease_alloc(p, KVP_TIER_DEVICE, n - m.n_device - m.n_host, &lease, pages, &e) == 0) {
+		    kvp_lease_alloc(p, KVP_TIER_DEVICE, n - m.n_device - m.n_host, &lease, pages,
+				    &e) == 0) {
 			kvp_cache_insert(p, lease, 0, tok, n * 16, m.n_device + m.n_host, pages,
-				   n - m.n_device - m.n_host, NULL, &e);
+					 n - m.n_device - m.n_host, NULL, &e);
 			kvp_lease_free(p, lease, NULL, 0, &e);
 		}
 		if (i % 3 == 0 && kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e) == 0) {
@@ -102,7 +103,7 @@ static int cycler(void *arg)
 static void test_sigkill_clients_mid_cycle_returns_pages(void)
 {
 	struct daemon d;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned killed = 0;
 
 	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
@@ -268,19 +269,21 @@ static void test_limits_sessions_and_leases(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
 	for (int i = 0; i < 3; i++)
 		CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
-	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), -KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e),
+			-KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(e.code, KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_LIMIT);
 	CU_ASSERT_EQUAL(e.limit.limit, 3);
 	CU_ASSERT_STRING_EQUAL(e.limit.what, "leases");
 	g_faults++;
 	/* Freeing one lets the next through. */
-	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0); /* the 3rd; output untouched on failure */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e),
+			0); /* the 3rd; output untouched on failure */
 	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
 	/* Locks: cache one page, then the third lock on it is refused. */
 	{
 		uint32_t tok[16], dev[2], host[2];
-		struct kvp_match_result m = { .struct_size = sizeof(m) };
+		struct kvp_match_result m = {.struct_size = sizeof(m)};
 
 		for (uint32_t k = 0; k < 16; k++)
 			tok[k] = 9000 + k;
@@ -293,14 +296,15 @@ static void test_limits_sessions_and_leases(void)
 				-KVP_E_LIMIT_EXCEEDED);
 		CU_ASSERT_STRING_EQUAL(e.limit.what, "locks");
 		CU_ASSERT_EQUAL(e.limit.limit, 2);
-		CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tok, 16, 0, &m, dev, host, 2, &e), 0); /* unlocked ok */
+		CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tok, 16, 0, &m, dev, host, 2, &e),
+				0); /* unlocked ok */
 		g_faults++;
 	}
 	for (int i = 0; i < 4; i++)
 		kvp_client_close(c[i]);
 	/* Sessions came back: a new client gets in. */
 	{
-		struct kvp_status st = { .struct_size = sizeof(st) };
+		struct kvp_status st = {.struct_size = sizeof(st)};
 		uint64_t end = h_now_ms() + 3000;
 		int r = -1;
 
@@ -372,7 +376,7 @@ static void test_sigterm_under_load(void)
 static void test_fork_inheritance_parent_exit_frees(void)
 {
 	struct daemon d;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	int pfd[2];
 	pid_t a, b = 0;
 	uint64_t t0;
@@ -426,7 +430,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 static void test_injected_failures_end_typed_or_closed(void)
 {
 	struct daemon d;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned ok = 0, internal = 0, closed = 0, other = 0;
 
 	setenv("KVPOOLD_FAULTS", "pidfd:1,reply_queue:13:25,reply_alloc:17:25", 1);
@@ -517,7 +521,7 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 {
 	static uint32_t big[BIG_MATCH], dev[BIG_MATCH / 16], host[BIG_MATCH / 16];
 	uint32_t tok[96], lease_pages[6];
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	struct kvp_error e;
 	uint64_t lease = 0;
 	bool alive;
@@ -535,8 +539,10 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 		r = kvp_lease_alloc(p, KVP_TIER_DEVICE, n, &lease, lease_pages, &e);
 		alive = count(t, r, &e);
 		if (alive && r == 0)
-			alive = count(t, kvp_cache_insert(p, lease, 0, tok, 96, m.n_device, lease_pages, n,
-						    NULL, &e), &e);
+			alive = count(t,
+				      kvp_cache_insert(p, lease, 0, tok, 96, m.n_device,
+						       lease_pages, n, NULL, &e),
+				      &e);
 		if (alive && r == 0)
 			alive = count(t, kvp_lease_free(p, lease, NULL, 0, &e), &e);
 	}
@@ -545,8 +551,9 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 	if (alive && step % 5 == 4) {
 		for (uint32_t i = 0; i < BIG_MATCH; i++)
 			big[i] = i < 64 ? 100 + i : 7000000 + i;
-		alive = count(t, kvp_cache_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16,
-					   &e), &e);
+		alive = count(
+		    t, kvp_cache_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16, &e),
+		    &e);
 	}
 	return alive;
 }
@@ -563,7 +570,7 @@ static void test_injected_allocation_failures_keep_the_books(void)
 					     "idmap", "lock", "prefix" };
 	struct tally t = { 0 };
 	struct daemon d;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned step = 0, refused = 0;
 
 	setenv("KVPOOLD_FAULTS",

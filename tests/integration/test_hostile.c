@@ -128,12 +128,13 @@ static bool in(int code, const int *ok)
 /* One bad input: a typed error from ok[] and the state as marked. */
 static void bad(int fd, Kvpool__Request *q, const int *ok, const char *what)
 {
-	struct kvp_status after = { .struct_size = sizeof(after) };
+	struct kvp_status after = {.struct_size = sizeof(after)};
 	int code = rcall(fd, q, NULL);
 
 	g_cases++;
 	if (!in(code, ok))
-		printf("\n    %s: got %d (%s)\n", what, code, code >= 0 ? kvp_code_name(code) : "no reply");
+		printf("\n    %s: got %d (%s)\n", what, code,
+		       code >= 0 ? kvp_code_name(code) : "no reply");
 	CU_ASSERT(in(code, ok));
 	snap(&after);
 	if (!same_state(&g_snap, &after))
@@ -570,15 +571,15 @@ static void test_version_skew_is_version(void)
 		uint64_t required;
 		int code;
 	} cases[] = {
-		{ 0, 0, KVP_E_VERSION },
-		{ KVP_PROTOCOL_VERSION + 1, UINT64_C(1) << 63, KVP_E_VERSION },
-		{ UINT32_MAX, UINT64_MAX, KVP_E_VERSION },
-		{ NEG32, NEG64, KVP_E_VERSION },
-		{ KVP_PROTOCOL_VERSION + 1, 0, 0 },
-		{ UINT32_MAX, KVP_CAP_ALL, 0 },
-		{ NEG32, 0, 0 },
+	    {0, 0, KVP_E_VERSION},
+	    {KVP_PROTOCOL_VERSION + 1, UINT64_C(1) << 63, KVP_E_VERSION},
+	    {UINT32_MAX, UINT64_MAX, KVP_E_VERSION},
+	    {NEG32, NEG64, KVP_E_VERSION},
+	    {KVP_PROTOCOL_VERSION + 1, 0, 0},
+	    {UINT32_MAX, KVP_CAP_ALL, 0},
+	    {NEG32, 0, 0},
 	};
-	struct kvp_status after = { .struct_size = sizeof(after) };
+	struct kvp_status after = {.struct_size = sizeof(after)};
 
 	mark();
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -605,7 +606,7 @@ static void test_random_bytes_after_hello_closes_only_it(void)
 	uint8_t junk[4 + 64];
 	uint64_t lease;
 	uint32_t pg[2];
-	struct kvp_status after = { .struct_size = sizeof(after) };
+	struct kvp_status after = {.struct_size = sizeof(after)};
 	int fd = raw_session();
 	Kvpool__Response *r;
 
@@ -643,7 +644,8 @@ static void test_half_frame_and_silent_connection_dropped(void)
 	int half = raw_session(), silent = h_raw_connect(g_d.sock);
 	uint8_t part[4 + 10] = { 100, 0, 0, 0, 0x08, 0x01 };
 	uint64_t t0, t_half = 0, t_silent = 0, end;
-	struct kvp_status mid = { .struct_size = sizeof(mid) }, after = { .struct_size = sizeof(after) };
+	struct kvp_status mid = {.struct_size = sizeof(mid)},
+			  after = {.struct_size = sizeof(after)};
 
 	CU_ASSERT_FATAL(half >= 0 && silent >= 0);
 	g_cases += 2;
@@ -725,7 +727,7 @@ static void test_zz_daemon_unharmed_and_count(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "after", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	uint32_t pages[64];
 	uint64_t lease;
 

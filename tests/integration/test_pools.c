@@ -47,7 +47,7 @@ static struct kvp_client *conn(const char *name)
 static uint64_t tier_leased(int tier)
 {
 	struct kvp_error e;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *c = conn("probe");
 	uint64_t v = UINT64_MAX;
 
@@ -217,7 +217,8 @@ static void test_free_some_pages_and_foreign_pages(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e), 0);
 	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease, 2, more, &e), 0);
 	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 2, &e), 4); /* 4 left */
-	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 1, &e), -KVP_E_NOT_FOUND); /* already freed */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 1, &e),
+			-KVP_E_NOT_FOUND); /* already freed */
 	{
 		uint32_t dup[2] = { pages[2], pages[2] };
 
@@ -334,7 +335,8 @@ static void test_quota_exceeded(void)
 	uint64_t lease;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 6, &lease, pages, &e), 0); /* 48 tokens */
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 6, &lease, pages, &e),
+			0); /* 48 tokens */
 	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease, 3, pages, &e), -KVP_E_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_QUOTA);
 	CU_ASSERT_EQUAL(e.quota.quota_tokens, 64);

@@ -310,7 +310,7 @@ static void test_socket_activation_serves_passed_fd(void)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct kvp_error e;
 	struct kvp_client *c;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	int fd;
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
@@ -368,7 +368,7 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	uint64_t lease;
 	char cmd[512];
 	int held = 0, r;
@@ -463,8 +463,9 @@ static void test_drain_refuses_leases_then_exits_0(void)
 	kvp_client_set_timeout(c, 5000);
 	p = kvp_pool_attach(c, "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){ 0 }, &e), 0);
-	CU_ASSERT_EQUAL(kvp_admin_drain(c, 5000, &e), 0); /* this process is root or the daemon's uid */
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){0}, &e), 0);
+	CU_ASSERT_EQUAL(kvp_admin_drain(c, 5000, &e),
+			0); /* this process is root or the daemon's uid */
 	r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e);
 	CU_ASSERT_EQUAL(r, -KVP_E_SHUTTING_DOWN);
 	CU_ASSERT_EQUAL(e.code, KVP_E_SHUTTING_DOWN);
@@ -537,7 +538,7 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct family *fam = calloc(256, sizeof(*fam));
 	regex_t sample_re;
 	char cmd[512], line[4096], want[128];
@@ -823,7 +824,8 @@ static int nobody_admin_calls(void *arg)
 	if (kvp_admin_evict(c, "small", KVP_TIER_DEVICE, 16, &ev, &e) != -KVP_E_PERMISSION_DENIED ||
 	    e.code != KVP_E_PERMISSION_DENIED)
 		fails |= 1;
-	if (kvp_admin_drain(c, 1000, &e) != -KVP_E_PERMISSION_DENIED || e.code != KVP_E_PERMISSION_DENIED)
+	if (kvp_admin_drain(c, 1000, &e) != -KVP_E_PERMISSION_DENIED ||
+	    e.code != KVP_E_PERMISSION_DENIED)
 		fails |= 2;
 	if (kvp_admin_flush(c, "small", &ev, &e) != -KVP_E_PERMISSION_DENIED ||
 	    e.code != KVP_E_PERMISSION_DENIED)
