@@ -6,6 +6,7 @@
 
 #include "budget.h"
 #include "config.h"
+#include "json.h"
 
 int kvp_check_config(const char *path, int json);
 
@@ -18,8 +19,11 @@ int kvp_check_config(const char *path, int json)
 
 	r = kvp_conf_load_file(&c, path, err, sizeof(err));
 	if (r < 0) {
-		if (json)
-			printf("{\"valid\":false,\"error\":\"%s\"}\n", err);
+		if (json) {
+			printf("{\"valid\":false,\"error\":");
+			kvp_json_str(stdout, err);
+			printf("}\n");
+		}
 		fprintf(stderr, "kvpoolctl: invalid config: %s\n", err);
 		return 2;
 	}
@@ -35,10 +39,9 @@ int kvp_check_config(const char *path, int json)
 		snprintf(line, sizeof(line), "fits this machine%s%s", v.warning[0] ? "; " : "",
 			 v.warning);
 	if (json) {
-		printf("{\"valid\":true,\"fits\":%s,\"budget\":\"", r == 0 ? "true" : "false");
-		for (const char *p = line; *p; p++)
-			printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-		printf("\",\"pools\":[");
+		printf("{\"valid\":true,\"fits\":%s,\"budget\":", r == 0 ? "true" : "false");
+		kvp_json_str(stdout, line);
+		printf(",\"pools\":[");
 	} else {
 		printf("%s: valid, %u pools\n", path, c.n_pools);
 	}
@@ -48,23 +51,27 @@ int kvp_check_config(const char *path, int json)
 		uint64_t db = kvp_conf_device_bytes(p), hb = kvp_conf_host_bytes(p);
 
 		if (json) {
-			printf("%s{\"name\":\"%s\",\"token_bytes\":%lu,\"page_bytes\":%lu,"
+			printf("%s{\"name\":", i ? "," : "");
+			kvp_json_str(stdout, p->name);
+			printf(",\"token_bytes\":%lu,\"page_bytes\":%lu,"
 			       "\"device\":\"%s\",\"device_bytes\":%lu,\"device_tokens\":%lu,"
 			       "\"host_bytes\":%lu,\"host_tokens\":%lu,\"numa_node\":%d}",
-			       i ? "," : "", p->name, (unsigned long)tb, (unsigned long)pb,
+			       (unsigned long)tb, (unsigned long)pb,
 			       kvp_device_kind_name(p->device), (unsigned long)db,
 			       (unsigned long)(p->device_pages * p->page_tokens), (unsigned long)hb,
 			       (unsigned long)(p->host_pages * p->page_tokens), p->numa_node);
 		} else {
 			printf("pool %s: %lu B/token, %lu B/page (%u tokens)\n", p->name,
 			       (unsigned long)tb, (unsigned long)pb, p->page_tokens);
-			printf("  device %-4s %10.2f GB  %12lu tokens\n", kvp_device_kind_name(p->device),
-			       (double)db / 1e9, (unsigned long)(p->device_pages * p->page_tokens));
-			printf("  host        %10.2f GB  %12lu tokens  NUMA node %s%d, hugepages %s, "
-			       "mlock %s\n",
-			       (double)hb / 1e9, (unsigned long)(p->host_pages * p->page_tokens),
-			       p->numa_node < 0 ? "auto->" : "", p->numa_node < 0 ? 0 : p->numa_node,
-			       kvp_tristate_name(p->hugepages), kvp_tristate_name(p->mlock));
+			printf("  device %-4s %10.2f GB  %12lu tokens\n",
+			       kvp_device_kind_name(p->device), (double)db / 1e9,
+			       (unsigned long)(p->device_pages * p->page_tokens));
+			printf(
+			    "  host        %10.2f GB  %12lu tokens  NUMA node %s%d, hugepages %s, "
+			    "mlock %s\n",
+			    (double)hb / 1e9, (unsigned long)(p->host_pages * p->page_tokens),
+			    p->numa_node < 0 ? "auto->" : "", p->numa_node < 0 ? 0 : p->numa_node,
+			    kvp_tristate_name(p->hugepages), kvp_tristate_name(p->mlock));
 		}
 	}
 	if (json)

@@ -1,5 +1,6 @@
-/* kvp_internal.h - libkvpool internals shared with kvpoolctl and kvpool-loadgen (linked
- * statically): the raw call path that hands back the decoded Response. Not installed. */
+/* kvp_internal.h - libkvpool internals shared with the tests (linked statically): the raw call
+ * path that hands back the decoded Response. Not installed; kvpoolctl and kvpool-loadgen use
+ * only kvpool.h. */
 #pragma once
 #include "frame.h"
 #include "kvpool.h"
@@ -7,17 +8,25 @@
 
 #define KVP_EXPORT __attribute__((visibility("default")))
 #define KVP_CLIENT_MAX_FDS 8
+/* Requests one client may have outstanding at once. */
+#define KVP_CLIENT_MAX_PENDING 16
 
-/* Sends req (its id is assigned here) and waits for its Response. On success returns 0 and
- * *resp (free with kvpool__response__free_unpacked); descriptors that came with it are
- * stored in fds (room for KVP_CLIENT_MAX_FDS, *nfds set; caller owns them), or closed when fds
- * is NULL. On failure returns a negative code with err filled, *resp untouched. */
-int kvp__call(struct kvp_client *c, Kvpool__Request *req, Kvpool__Response **resp, int *fds,
-	      int *nfds, struct kvp_error *err);
-/* Fills err from a Status. */
-void kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err);
+/* Sends req (its id is assigned here), waits for the reply of that id (frames of other ids go
+ * to the event queue or are discarded, see kvpool.h) and checks it: a failed status becomes
+ * its typed code, a result other than `want` (a KVPOOL__RESPONSE__RESULT_*; 0 accepts any) is
+ * KVP_E_PROTOCOL. On success returns 0 and *resp (free with kvpool__response__free_unpacked);
+ * descriptors that came with it are stored in fds (room for KVP_CLIENT_MAX_FDS, *nfds set;
+ * caller owns them), or closed when fds is NULL. On failure returns a negative code with err
+ * filled, *resp untouched, the descriptors closed. */
+int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Response **resp,
+	     int *fds, int *nfds, struct kvp_error *err);
+/* The enum kvp_code (positive) of a failed Status: its code when within the daemon's range,
+ * else KVP_E_PROTOCOL. */
+int kvp__status_code(const Kvpool__Status *st);
+/* Fills err (may be NULL) from a failed Status; returns the negative code. */
+int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err);
 /* Sets err to a library-side code; returns -code. */
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 /* The connected socket, for tests that send raw bytes. */
 int kvp__client_fd(const struct kvp_client *c);

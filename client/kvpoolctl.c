@@ -5,124 +5,123 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_internal.h"
+#include "json.h"
+#include "kvpool.h"
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_NO_DAEMON = 3 };
 
 static int g_json;
 
+/* Library-style failure for kvpoolctl's own errors (out of memory). */
+static int ctl_fail(struct kvp_error *e, int code, int sys_errno, const char *what)
+{
+	memset(e, 0, sizeof(*e));
+	e->code = code;
+	e->sys_errno = sys_errno;
+	snprintf(e->message, sizeof(e->message), "%s", what);
+	return -code;
+}
+
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"Usage: kvpoolctl [--socket PATH] [--json] COMMAND [ARGS]\n"
-		"Inspect and steer kvpoold.\n\n"
-		"Commands:\n"
-		"  status                 daemon, pools and per-tier token counts\n"
-		"  ping                   one round trip\n"
-		"  pools                  pools with geometry, backends and sizes\n"
-		"  sessions               connected sessions: pid, uid, name, leased/locked tokens, age\n"
-		"  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
-		"  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
-		"  flush POOL             drop every unlocked cached prefix (admin)\n"
-		"  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline (admin)\n"
-		"  reload                 re-read the configuration file (admin; like SIGHUP)\n"
-		"  metrics                Prometheus text exposition\n"
-		"  check-config FILE      validate a config and print its memory plan, starting nothing\n\n"
-		"Options:\n"
-		"  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, /run/kvpool/kvpoold.sock\n"
-		"                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
-		"  -j, --json          one JSON object on stdout, stable field names\n"
-		"  -h, --help          this text\n\n"
-		"Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
-		"2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
+	fprintf(
+	    f,
+	    "Usage: kvpoolctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+	    "Inspect and steer kvpoold.\n\n"
+	    "Commands:\n"
+	    "  status                 daemon, pools and per-tier token counts\n"
+	    "  ping                   one round trip\n"
+	    "  pools                  pools with geometry, backends and sizes\n"
+	    "  sessions               connected sessions: pid, uid, name, leased/locked tokens, "
+	    "age\n"
+	    "  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
+	    "  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
+	    "  flush POOL             drop every unlocked cached prefix (admin)\n"
+	    "  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline "
+	    "(admin)\n"
+	    "  reload                 re-read the configuration file (admin; like SIGHUP)\n"
+	    "  metrics                Prometheus text exposition\n"
+	    "  check-config FILE      validate a config and print its memory plan, starting "
+	    "nothing\n\n"
+	    "Options:\n"
+	    "  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, "
+	    "/run/kvpool/kvpoold.sock\n"
+	    "                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
+	    "  -j, --json          one JSON object on stdout, stable field names\n"
+	    "  -h, --help          this text\n\n"
+	    "Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
+	    "2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
 }
 
 static int report(const struct kvp_error *e)
 {
 	if (g_json) {
-		printf("{\"error\":{\"code\":\"%s\",\"message\":\"", kvp_strerror(e->code));
-		for (const char *p = e->message; *p; p++)
-			printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-		printf("\"}}\n");
+		printf("{\"error\":{\"code\":\"%s\",\"message\":", kvp_code_name(e->code));
+		kvp_json_str(stdout, e->message);
+		printf("}}\n");
 	}
-	fprintf(stderr, "kvpoolctl: %s: %s\n", kvp_strerror(e->code), e->message);
+	fprintf(stderr, "kvpoolctl: %s: %s\n", kvp_code_name(e->code), e->message);
 	return e->code >= KVP_E_NO_DAEMON && e->code != KVP_E_BUFFER ? EXIT_NO_DAEMON
 								     : EXIT_REFUSED;
 }
 
 static void json_str(const char *s)
 {
-	putchar('"');
-	for (; s && *s; s++) {
-		if (*s == '"' || *s == '\\')
-			printf("\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			printf("\\u%04x", *s);
-		else
-			putchar(*s);
-	}
-	putchar('"');
+	kvp_json_str(stdout, s);
 }
 
-static const char *tier_str(int t)
+static void json_geometry(const struct kvp_geometry *g)
 {
-	return kvp_tier_name(t);
+	printf(
+	    "{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"page_tokens\":%u}",
+	    g->layers, g->kv_heads, g->head_dim, kvp_dtype_name((int)g->dtype), g->page_tokens);
 }
 
-static const char *dtype_str(int d)
-{
-	static const char *const n[] = { "?", "fp16", "bf16", "fp8", "fp32" };
-
-	return d >= 0 && d < 5 ? n[d] : "?";
-}
-
-static void json_geometry(const Kvpool__Geometry *g)
-{
-	printf("{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"page_tokens\":%u}",
-	       g ? g->layers : 0, g ? g->kv_heads : 0, g ? g->head_dim : 0,
-	       dtype_str(g ? (int)g->dtype : 0), g ? g->page_tokens : 0);
-}
-
-static void json_counters(Kvpool__Counter **c, size_t n)
+static void json_counters(const struct kvp_counter *c, uint32_t n)
 {
 	printf("{");
-	for (size_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		printf("%s", i ? "," : "");
-		json_str(c[i]->name);
-		printf(":%lu", (unsigned long)c[i]->value);
+		json_str(c[i].name);
+		printf(":%lu", (unsigned long)c[i].value);
 	}
 	printf("}");
 }
 
 /* The counter rows: whatever the daemon's stats table lists, in its order. */
-static void text_counters(const char *indent, Kvpool__Counter **c, size_t n)
+static void text_counters(const char *indent, const struct kvp_counter *c, uint32_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		printf("%s%-24s %14lu\n", indent, c[i]->name, (unsigned long)c[i]->value);
+	for (uint32_t i = 0; i < n; i++)
+		printf("%s%-24s %14lu\n", indent, c[i].name, (unsigned long)c[i].value);
 }
 
-static void json_pool(const Kvpool__PoolStats *p)
+static void json_pool(const struct kvp_pool_status *p)
 {
+	int first = 1;
+
 	printf("{\"name\":");
 	json_str(p->name);
 	printf(",\"pool_id\":%u,\"geometry\":", p->pool_id);
-	json_geometry(p->geometry);
+	json_geometry(&p->geometry);
 	printf(",\"token_bytes\":%lu,\"sessions\":%u,\"session_quota_tokens\":%lu,\"eviction\":",
 	       (unsigned long)p->token_bytes, p->sessions, (unsigned long)p->session_quota_tokens);
 	json_str(p->eviction);
 	printf(",\"tiers\":[");
-	for (size_t t = 0; t < p->n_tiers; t++) {
-		const Kvpool__TierStats *s = p->tiers[t];
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		const struct kvp_tier_status *s = &p->tiers[t];
 
+		if (!s->present)
+			continue;
 		printf("%s{\"tier\":\"%s\",\"backend\":\"%s\",\"numa_node\":%d,"
 		       "\"total_tokens\":%lu,\"free_tokens\":%lu,\"leased_tokens\":%lu,"
 		       "\"cached_tokens\":%lu,\"evictable_tokens\":%lu,\"protected_tokens\":%lu,"
 		       "\"evicted_tokens\":%lu}",
-		       t ? "," : "", tier_str((int)s->tier), kvp_backend_name((int)s->backend),
+		       first ? "" : ",", kvp_tier_name(t), kvp_backend_name((int)s->backend),
 		       s->numa_node, (unsigned long)s->total_tokens, (unsigned long)s->free_tokens,
 		       (unsigned long)s->leased_tokens, (unsigned long)s->cached_tokens,
 		       (unsigned long)s->evictable_tokens, (unsigned long)s->protected_tokens,
 		       (unsigned long)s->evicted_tokens);
+		first = 0;
 	}
 	printf("],\"cache\":{\"nodes\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,"
 	       "\"demoted_tokens\":%lu,\"promoted_tokens\":%lu},"
@@ -135,21 +134,23 @@ static void json_pool(const Kvpool__PoolStats *p)
 	printf("}");
 }
 
-static void text_pool(const Kvpool__PoolStats *p)
+static void text_pool(const struct kvp_pool_status *p)
 {
-	const Kvpool__Geometry *g = p->geometry;
+	const struct kvp_geometry *g = &p->geometry;
 
 	printf("pool %s (id %u): %u layers, %u kv heads, head dim %u, %s, %u tokens/page, "
 	       "%lu B/token, %u sessions, eviction %s\n",
-	       p->name, p->pool_id, g ? g->layers : 0, g ? g->kv_heads : 0, g ? g->head_dim : 0,
-	       dtype_str(g ? (int)g->dtype : 0), g ? g->page_tokens : 0,
-	       (unsigned long)p->token_bytes, p->sessions, p->eviction);
+	       p->name, p->pool_id, g->layers, g->kv_heads, g->head_dim,
+	       kvp_dtype_name((int)g->dtype), g->page_tokens, (unsigned long)p->token_bytes,
+	       p->sessions, p->eviction);
 	printf("  %-7s %-6s %12s %12s %12s %12s %12s %12s\n", "tier", "backend", "total", "free",
 	       "leased", "cached", "evictable", "protected");
-	for (size_t t = 0; t < p->n_tiers; t++) {
-		const Kvpool__TierStats *s = p->tiers[t];
+	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		const struct kvp_tier_status *s = &p->tiers[t];
 
-		printf("  %-7s %-6s %12lu %12lu %12lu %12lu %12lu %12lu\n", tier_str((int)s->tier),
+		if (!s->present)
+			continue;
+		printf("  %-7s %-6s %12lu %12lu %12lu %12lu %12lu %12lu\n", kvp_tier_name(t),
 		       kvp_backend_name((int)s->backend), (unsigned long)s->total_tokens,
 		       (unsigned long)s->free_tokens, (unsigned long)s->leased_tokens,
 		       (unsigned long)s->cached_tokens, (unsigned long)s->evictable_tokens,
@@ -157,79 +158,130 @@ static void text_pool(const Kvpool__PoolStats *p)
 	}
 }
 
-static int call(struct kvp_client *c, Kvpool__Request *req, Kvpool__Response **resp)
+static struct kvp_status *get_status(struct kvp_client *c, int *rc)
 {
+	struct kvp_status *s = calloc(1, sizeof(*s));
 	struct kvp_error e;
 
-	if (kvp__call(c, req, resp, NULL, NULL, &e) < 0)
-		return report(&e);
-	return EXIT_OK;
+	if (!s) {
+		ctl_fail(&e, KVP_E_NOMEM, ENOMEM, "out of memory");
+		*rc = report(&e);
+		return NULL;
+	}
+	s->struct_size = sizeof(*s);
+	if (kvp_client_status(c, s, &e) < 0) {
+		free(s);
+		*rc = report(&e);
+		return NULL;
+	}
+	return s;
 }
 
 static int cmd_status(struct kvp_client *c, int pools_only)
 {
-	Kvpool__Request req = KVPOOL__REQUEST__INIT;
-	Kvpool__StatusReq sr = KVPOOL__STATUS_REQ__INIT;
-	Kvpool__Response *resp;
-	Kvpool__StatusResp *s;
+	struct kvp_status *s;
 	int r;
 
-	req.call_case = KVPOOL__REQUEST__CALL_STATUS;
-	req.status = &sr;
-	if ((r = call(c, &req, &resp)) != EXIT_OK)
+	if (!(s = get_status(c, &r)))
 		return r;
-	s = resp->status_info;
 	if (g_json) {
 		printf("{\"daemon_version\":");
 		json_str(s->daemon_version);
 		printf(",\"pid\":%d,\"uptime_ms\":%lu,\"sessions\":%u,\"draining\":%s,\"pools\":[",
 		       s->pid, (unsigned long)s->uptime_ms, s->sessions,
 		       s->draining ? "true" : "false");
-		for (size_t i = 0; i < s->n_pools; i++) {
+		for (uint32_t i = 0; i < s->n_pools; i++) {
 			if (i)
 				putchar(',');
-			json_pool(s->pools[i]);
+			json_pool(&s->pools[i]);
 		}
 		printf("],\"counters\":");
 		json_counters(s->counters, s->n_counters);
 		printf("}\n");
 	} else {
 		if (!pools_only)
-			printf("kvpoold %s (pid %d), up %.1f s, %u sessions%s, %zu pools\n",
+			printf("kvpoold %s (pid %d), up %.1f s, %u sessions%s, %u pools\n",
 			       s->daemon_version, s->pid, (double)s->uptime_ms / 1e3, s->sessions,
 			       s->draining ? ", draining" : "", s->n_pools);
-		for (size_t i = 0; i < s->n_pools; i++) {
-			text_pool(s->pools[i]);
+		for (uint32_t i = 0; i < s->n_pools; i++) {
+			text_pool(&s->pools[i]);
 			if (!pools_only)
-				text_counters("    ", s->pools[i]->counters, s->pools[i]->n_counters);
+				text_counters("    ", s->pools[i].counters, s->pools[i].n_counters);
 		}
 		if (!pools_only) {
 			printf("daemon counters:\n");
 			text_counters("    ", s->counters, s->n_counters);
 		}
 	}
-	kvpool__response__free_unpacked(resp, NULL);
+	free(s);
 	return EXIT_OK;
+}
+
+/* Calls a listing until its array holds every entry. Returns the count (entries in *out, free
+ * it) or a negative code with e filled. */
+typedef int (*list_fn)(struct kvp_client *c, const void *arg, void *entries, uint32_t cap,
+		       struct kvp_error *e);
+
+static int list_all(struct kvp_client *c, list_fn fn, const void *arg, size_t size, void **out,
+		    struct kvp_error *e)
+{
+	uint32_t cap = 64;
+
+	for (;;) {
+		void *v = calloc(cap, size);
+		int n;
+
+		if (!v)
+			return ctl_fail(e, KVP_E_NOMEM, ENOMEM, "out of memory");
+		*(size_t *)v = size;
+		n = fn(c, arg, v, cap, e);
+		if (n < 0 || (uint32_t)n <= cap) {
+			if (n < 0)
+				free(v);
+			else
+				*out = v;
+			return n;
+		}
+		free(v);
+		cap = (uint32_t)n;
+	}
+}
+
+static int sessions_fn(struct kvp_client *c, const void *arg, void *entries, uint32_t cap,
+		       struct kvp_error *e)
+{
+	(void)arg;
+	return kvp_session_list(c, entries, cap, e);
+}
+
+static int cache_fn(struct kvp_client *c, const void *arg, void *entries, uint32_t cap,
+		    struct kvp_error *e)
+{
+	return kvp_cache_list(c, arg, entries, cap, e);
+}
+
+static int reload_fn(struct kvp_client *c, const void *arg, void *entries, uint32_t cap,
+		     struct kvp_error *e)
+{
+	(void)arg;
+	return kvp_admin_reload(c, entries, cap, e);
 }
 
 static int cmd_sessions(struct kvp_client *c)
 {
-	Kvpool__Request req = KVPOOL__REQUEST__INIT;
-	Kvpool__SessionsReq sr = KVPOOL__SESSIONS_REQ__INIT;
-	Kvpool__Response *resp;
-	int r;
+	struct kvp_session_info *v;
+	struct kvp_error e;
+	int n = list_all(c, sessions_fn, NULL, sizeof(*v), (void **)&v, &e);
 
-	req.call_case = KVPOOL__REQUEST__CALL_SESSIONS;
-	req.sessions = &sr;
-	if ((r = call(c, &req, &resp)) != EXIT_OK)
-		return r;
+	if (n < 0)
+		return report(&e);
 	if (g_json)
 		printf("{\"sessions\":[");
 	else
-		printf("%8s %8s %6s %-20s %12s %12s %7s %6s %10s\n", "session", "pid", "uid", "name",
-		       "leased", "locked", "leases", "locks", "age_s");
-	for (size_t i = 0; i < resp->sessions->n_sessions; i++) {
-		const Kvpool__SessionInfo *s = resp->sessions->sessions[i];
+		printf("%8s %8s %6s %-20s %12s %12s %7s %6s %10s\n", "session", "pid", "uid",
+		       "name", "leased", "locked", "leases", "locks", "age_s");
+	for (int i = 0; i < n; i++) {
+		const struct kvp_session_info *s = &v[i];
 
 		if (g_json) {
 			printf("%s{\"session_id\":%lu,\"pid\":%d,\"uid\":%u,\"gid\":%u,\"name\":",
@@ -249,62 +301,135 @@ static int cmd_sessions(struct kvp_client *c)
 	}
 	if (g_json)
 		printf("]}\n");
-	kvpool__response__free_unpacked(resp, NULL);
+	free(v);
 	return EXIT_OK;
 }
 
 static int cmd_cache(struct kvp_client *c, const char *pool)
 {
-	Kvpool__Request req = KVPOOL__REQUEST__INIT;
-	Kvpool__CacheReq cr = KVPOOL__CACHE_REQ__INIT;
-	Kvpool__Response *resp;
-	Kvpool__CacheResp *m;
-	int r;
+	struct kvp_cache_prefix *top;
+	struct kvp_status *s;
+	struct kvp_error e;
+	const char *first = NULL;
+	int n, r;
 
-	cr.pool = (char *)(pool ? pool : "");
-	req.call_case = KVPOOL__REQUEST__CALL_CACHE;
-	req.cache = &cr;
-	if ((r = call(c, &req, &resp)) != EXIT_OK)
+	/* the top prefixes first: they say whether the pool exists */
+	n = list_all(c, cache_fn, pool ? pool : "", sizeof(*top), (void **)&top, &e);
+	if (n < 0)
+		return report(&e);
+	if (!(s = get_status(c, &r))) {
+		free(top);
 		return r;
-	m = resp->cache;
-	if (g_json) {
+	}
+	if (g_json)
 		printf("{\"pools\":[");
-		for (size_t i = 0; i < m->n_pools; i++) {
-			if (i)
+	for (uint32_t i = 0, k = 0; i < s->n_pools; i++) {
+		const struct kvp_pool_status *p = &s->pools[i];
+
+		if (pool && pool[0] && strcmp(pool, p->name) != 0)
+			continue;
+		if (!first)
+			first = p->name;
+		if (g_json) {
+			if (k++)
 				putchar(',');
-			json_pool(m->pools[i]);
+			json_pool(p);
+			continue;
 		}
+		text_pool(p);
+		printf("  prefix cache: %lu nodes, hit %lu of %lu queried tokens (%.1f%%), "
+		       "%lu demoted, %lu promoted\n",
+		       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,
+		       (unsigned long)p->queried_tokens,
+		       p->queried_tokens ? 100.0 * (double)p->hit_tokens / (double)p->queried_tokens
+					 : 0.0,
+		       (unsigned long)p->demoted_tokens, (unsigned long)p->promoted_tokens);
+	}
+	if (g_json) {
 		printf("],\"top\":[");
-		for (size_t i = 0; i < m->n_top; i++)
+		for (int i = 0; i < n; i++)
 			printf("%s{\"tokens\":%lu,\"hits\":%lu,\"namespace\":%lu}", i ? "," : "",
-			       (unsigned long)m->top[i]->tokens, (unsigned long)m->top[i]->hits,
-			       (unsigned long)m->top[i]->namespace_);
+			       (unsigned long)top[i].tokens, (unsigned long)top[i].hits,
+			       (unsigned long)top[i].ns);
+		printf("]}\n");
+	} else if (n) {
+		printf("top prefixes of pool %s:\n  %10s %10s %10s\n", first ? first : "?",
+		       "tokens", "hits", "namespace");
+		for (int i = 0; i < n; i++)
+			printf("  %10lu %10lu %10lu\n", (unsigned long)top[i].tokens,
+			       (unsigned long)top[i].hits, (unsigned long)top[i].ns);
+	}
+	free(top);
+	free(s);
+	return EXIT_OK;
+}
+
+static int cmd_reload(struct kvp_client *c)
+{
+	struct kvp_reload_item *v;
+	struct kvp_error e;
+	int n = list_all(c, reload_fn, NULL, sizeof(*v), (void **)&v, &e);
+
+	if (n < 0)
+		return report(&e);
+	if (g_json) {
+		printf("{\"reload\":\"requested\",\"changes\":[");
+		for (int i = 0, k = 0; i < n; i++) {
+			if (v[i].refused)
+				continue;
+			printf("%s", k++ ? "," : "");
+			json_str(v[i].text);
+		}
+		printf("],\"refused\":[");
+		for (int i = 0, k = 0; i < n; i++) {
+			if (!v[i].refused)
+				continue;
+			printf("%s", k++ ? "," : "");
+			json_str(v[i].text);
+		}
 		printf("]}\n");
 	} else {
-		for (size_t i = 0; i < m->n_pools; i++) {
-			const Kvpool__PoolStats *p = m->pools[i];
-
-			text_pool(p);
-			printf("  prefix cache: %lu nodes, hit %lu of %lu queried tokens (%.1f%%), "
-			       "%lu demoted, %lu promoted\n",
-			       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,
-			       (unsigned long)p->queried_tokens,
-			       p->queried_tokens ? 100.0 * (double)p->hit_tokens /
-							   (double)p->queried_tokens
-						 : 0.0,
-			       (unsigned long)p->demoted_tokens, (unsigned long)p->promoted_tokens);
-		}
-		if (m->n_top) {
-			printf("top prefixes of pool %s:\n  %10s %10s %10s\n", m->pools[0]->name,
-			       "tokens", "hits", "namespace");
-			for (size_t i = 0; i < m->n_top; i++)
-				printf("  %10lu %10lu %10lu\n", (unsigned long)m->top[i]->tokens,
-				       (unsigned long)m->top[i]->hits,
-				       (unsigned long)m->top[i]->namespace_);
-		}
+		printf("reload requested (kvpoold logs what changed or was refused)\n");
+		for (int i = 0; i < n; i++)
+			printf("  %s %s\n", v[i].refused ? "refused:" : "changed:", v[i].text);
 	}
-	kvpool__response__free_unpacked(resp, NULL);
+	free(v);
 	return EXIT_OK;
+}
+
+static int cmd_metrics(struct kvp_client *c)
+{
+	struct kvp_error e;
+	size_t len = 1 << 16;
+
+	for (;;) {
+		char *buf = malloc(len);
+		int r;
+
+		if (!buf) {
+			ctl_fail(&e, KVP_E_NOMEM, ENOMEM, "out of memory");
+			return report(&e);
+		}
+		r = kvp_client_metrics(c, buf, len, &e);
+		if (r == -KVP_E_BUFFER && len < (64u << 20)) {
+			free(buf);
+			len *= 4;
+			continue;
+		}
+		if (r < 0) {
+			free(buf);
+			return report(&e);
+		}
+		if (g_json) {
+			printf("{\"text\":");
+			json_str(buf);
+			printf("}\n");
+		} else {
+			fputs(buf, stdout);
+		}
+		free(buf);
+		return EXIT_OK;
+	}
 }
 
 static int cmd_simple(struct kvp_client *c, int argc, char **argv)
@@ -314,7 +439,7 @@ static int cmd_simple(struct kvp_client *c, int argc, char **argv)
 	uint64_t n = 0;
 
 	if (strcmp(cmd, "ping") == 0) {
-		if (kvp_ping(c, &e) < 0)
+		if (kvp_client_ping(c, &e) < 0)
 			return report(&e);
 		printf(g_json ? "{\"ok\":true}\n" : "pong\n");
 		return EXIT_OK;
@@ -331,7 +456,7 @@ static int cmd_simple(struct kvp_client *c, int argc, char **argv)
 			return EXIT_USAGE;
 		if (argc >= 5 && strcmp(argv[3], "--tier") == 0)
 			tier = strcmp(argv[4], "host") == 0 ? KVP_TIER_HOST : KVP_TIER_DEVICE;
-		if (kvp_evict(c, argv[1], tier, tokens, &n, &e) < 0)
+		if (kvp_admin_evict(c, argv[1], tier, tokens, &n, &e) < 0)
 			return report(&e);
 		printf(g_json ? "{\"evicted_tokens\":%lu}\n" : "evicted %lu tokens\n",
 		       (unsigned long)n);
@@ -340,7 +465,7 @@ static int cmd_simple(struct kvp_client *c, int argc, char **argv)
 	if (strcmp(cmd, "flush") == 0) {
 		if (argc < 2)
 			return EXIT_USAGE;
-		if (kvp_flush(c, argv[1], &n, &e) < 0)
+		if (kvp_admin_flush(c, argv[1], &n, &e) < 0)
 			return report(&e);
 		printf(g_json ? "{\"evicted_tokens\":%lu}\n" : "flushed %lu tokens\n",
 		       (unsigned long)n);
@@ -351,48 +476,17 @@ static int cmd_simple(struct kvp_client *c, int argc, char **argv)
 
 		if (argc >= 3 && strcmp(argv[1], "--deadline") == 0)
 			ms = strtoul(argv[2], NULL, 10);
-		if (kvp_drain(c, (uint32_t)ms, &e) < 0)
+		if (kvp_admin_drain(c, (uint32_t)ms, &e) < 0)
 			return report(&e);
 		printf(g_json ? "{\"draining\":true,\"deadline_ms\":%lu}\n"
 			      : "draining, deadline %lu ms\n",
 		       ms);
 		return EXIT_OK;
 	}
-	if (strcmp(cmd, "reload") == 0) {
-		Kvpool__Request req = KVPOOL__REQUEST__INIT;
-		Kvpool__ReloadReq rr = KVPOOL__RELOAD_REQ__INIT;
-		Kvpool__Response *resp;
-		int r;
-
-		req.call_case = KVPOOL__REQUEST__CALL_RELOAD;
-		req.reload = &rr;
-		if ((r = call(c, &req, &resp)) != EXIT_OK)
-			return r;
-		kvpool__response__free_unpacked(resp, NULL);
-		printf(g_json ? "{\"reload\":\"requested\"}\n"
-			      : "reload requested (kvpoold logs what changed or was refused)\n");
-		return EXIT_OK;
-	}
-	if (strcmp(cmd, "metrics") == 0) {
-		Kvpool__Request req = KVPOOL__REQUEST__INIT;
-		Kvpool__MetricsReq mr = KVPOOL__METRICS_REQ__INIT;
-		Kvpool__Response *resp;
-		int r;
-
-		req.call_case = KVPOOL__REQUEST__CALL_METRICS;
-		req.metrics = &mr;
-		if ((r = call(c, &req, &resp)) != EXIT_OK)
-			return r;
-		if (g_json) {
-			printf("{\"text\":");
-			json_str(resp->metrics->text);
-			printf("}\n");
-		} else {
-			fputs(resp->metrics->text, stdout);
-		}
-		kvpool__response__free_unpacked(resp, NULL);
-		return EXIT_OK;
-	}
+	if (strcmp(cmd, "reload") == 0)
+		return cmd_reload(c);
+	if (strcmp(cmd, "metrics") == 0)
+		return cmd_metrics(c);
 	return -1;
 }
 
@@ -401,15 +495,14 @@ int kvp_check_config(const char *path, int json); /* checkconfig.c */
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{ "socket", required_argument, NULL, 's' },
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
+	    {"socket", required_argument, NULL, 's'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	const char *sock = NULL;
 	struct kvp_client *c;
 	struct kvp_error e;
-	char def[108];
 	int o, r;
 
 	while ((o = getopt_long(argc, argv, "+s:jh", opts, NULL)) != -1) {
@@ -454,8 +547,6 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return EXIT_OK;
 	}
-	if (!sock)
-		sock = kvp_default_socket(def, sizeof(def));
 	c = kvp_client_connect(sock, "kvpoolctl", &e);
 	if (!c)
 		return report(&e);

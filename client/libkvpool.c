@@ -1,10 +1,14 @@
-/* libkvpool.c - the kvpool client library: synchronous calls over the unix socket, and the
- * pool mappings through which an engine reads and writes K/V bytes directly. */
+/* libkvpool.c - the kvpool client library: calls over the unix socket (a table of outstanding
+ * requests matched by id, an event queue for frames nobody asked for), and the reference-counted
+ * tier mappings through which an engine reads and writes K/V bytes directly. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -22,19 +26,28 @@ _Static_assert((int)KVP_E_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow
 _Static_assert((int)KVP_E_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_DTYPE_FP32 == (int)KVPOOL__DTYPE__FP32, "dtypes follow the wire");
 _Static_assert((int)KVP_BACKEND_MEMFD == (int)KVPOOL__BACKEND__MEMFD, "backends follow the wire");
-_Static_assert((int)KVP_LIMIT_HUGEPAGES_FREE == (int)KVPOOL__LIMIT__HUGEPAGES_FREE, "limits follow");
+_Static_assert((int)KVP_LIMIT_HUGEPAGES_FREE == (int)KVPOOL__LIMIT__HUGEPAGES_FREE,
+	       "limits follow");
+_Static_assert((int)KVP_TIER_HOST == (int)KVPOOL__TIER__HOST, "tiers follow the wire");
 
-struct kvp_tier_map {
-	int present;
+/* One tier's memory in this process; freed with its last reference. */
+struct kvp_mapping {
+	int refs; /* atomic */
+	int tier;
 	int backend;
 	int fd;
+	int cuda_device;
 	void *base;
 	uint64_t bytes;
-	uint32_t pages;
-	int cuda_device;
 #if KVP_HAVE_CUDA
 	struct kvp_cuda_mem cm;
 #endif
+};
+
+struct kvp_tier_map {
+	int present;
+	uint32_t pages;
+	struct kvp_mapping *m; /* the pool's reference */
 };
 
 struct kvp_pool {
@@ -48,52 +61,107 @@ struct kvp_pool {
 	struct kvp_pool *next;
 };
 
+/* A request sent and not yet answered. */
+struct pending {
+	uint64_t id; /* 0: the slot is free */
+	bool done;
+	Kvpool__Response *resp;
+	int fds[KVP_CLIENT_MAX_FDS];
+	int nfds;
+};
+
+struct queued_event {
+	uint32_t type;
+	int32_t code;
+	uint64_t id;
+	uint64_t dropped;
+	uint8_t *bytes;
+	size_t len;
+};
+
 struct kvp_client {
 	int fd;
+	int efd;  /* eventfd, readable while events are queued (-1 until kvp_client_event_fd) */
+	int epfd; /* epoll over efd and fd: what kvp_client_event_fd hands out */
 	uint64_t next_id;
 	uint64_t session_id;
+	uint64_t caps;
 	char daemon_version[32];
 	struct kvp_frame_buf in;
+	int rxfds[KVP_CLIENT_MAX_FDS]; /* received, for the next frame completed */
+	int nrxfds;
+	struct pending pend[KVP_CLIENT_MAX_PENDING];
+	Kvpool__Response *notice; /* a refusal of the connection (id 0, no result) */
+	struct queued_event ev[KVP_CLIENT_MAX_EVENTS];
+	unsigned ev_head, ev_n;
+	uint64_t ev_dropped;
 	struct kvp_pool *pools;
 };
 
-KVP_EXPORT const char *kvp_strerror(int code)
-{
-	static const char *const names[] = {
-		"OK",	       "OUT_OF_CAPACITY", "HOST_BUDGET_EXCEEDED", "QUOTA_EXCEEDED",
-		"NO_SUCH_POOL", "GEOMETRY_MISMATCH", "NOT_FOUND",	  "INVALID_ARGUMENT",
-		"PERMISSION_DENIED", "PROTOCOL",  "VERSION",		  "SHUTTING_DOWN",
-		"LIMIT_EXCEEDED", "UNAVAILABLE",  "INTERNAL",
-	};
-	static const char *const local[] = { "NO_DAEMON", "TRANSPORT", "NOMEM", "MAP", "BUFFER" };
+static const char *const g_code_names[] = {
+    "OK",
+    "OUT_OF_CAPACITY",
+    "HOST_BUDGET_EXCEEDED",
+    "QUOTA_EXCEEDED",
+    "NO_SUCH_POOL",
+    "GEOMETRY_MISMATCH",
+    "NOT_FOUND",
+    "INVALID_ARGUMENT",
+    "PERMISSION_DENIED",
+    "PROTOCOL",
+    "VERSION",
+    "SHUTTING_DOWN",
+    "LIMIT_EXCEEDED",
+    "UNAVAILABLE",
+    "INTERNAL",
+};
+static const char *const g_local_names[] = {"NO_DAEMON", "TRANSPORT", "NOMEM",
+					    "MAP",	 "BUFFER",    "AGAIN"};
+_Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_INTERNAL + 1, "names");
+_Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
+	       "local names");
 
+KVP_EXPORT const char *kvp_code_name(int code)
+{
+	if (code == INT32_MIN)
+		return "UNKNOWN";
 	if (code < 0)
 		code = -code;
-	if (code < (int)(sizeof(names) / sizeof(names[0])))
-		return names[code];
+	if (code <= KVP_E_INTERNAL)
+		return g_code_names[code];
 	if (code >= KVP_E_NO_DAEMON && code < KVP_CODE_MAX)
-		return local[code - KVP_E_NO_DAEMON];
+		return g_local_names[code - KVP_E_NO_DAEMON];
 	return "UNKNOWN";
 }
 
 KVP_EXPORT const char *kvp_limit_name(int limit)
 {
-	static const char *const n[] = { "none", "MemAvailable", "NUMA node free memory",
-					  "cgroup memory.max", "RLIMIT_MEMLOCK", "free huge pages" };
+	static const char *const n[] = {
+	    "none",	      "MemAvailable",	"NUMA node free memory", "cgroup memory.max",
+	    "RLIMIT_MEMLOCK", "free huge pages"};
 
 	return limit >= 0 && limit < KVP_LIMIT_MAX ? n[limit] : "?";
 }
 
 KVP_EXPORT const char *kvp_tier_name(int tier)
 {
-	return tier == KVP_TIER_DEVICE ? "device" : tier == KVP_TIER_HOST ? "host" : "?";
+	static const char *const n[KVP_TIER_MAX] = {"device", "host"};
+
+	return tier >= 0 && tier < KVP_TIER_MAX ? n[tier] : "?";
 }
 
 KVP_EXPORT const char *kvp_backend_name(int backend)
 {
-	static const char *const n[] = { "none", "sim", "cuda", "memfd" };
+	static const char *const n[KVP_BACKEND_MAX] = {"none", "sim", "cuda", "memfd"};
 
 	return backend >= 0 && backend < KVP_BACKEND_MAX ? n[backend] : "?";
+}
+
+KVP_EXPORT const char *kvp_dtype_name(int dtype)
+{
+	static const char *const n[KVP_DTYPE_MAX] = {"?", "fp16", "bf16", "fp8", "fp32"};
+
+	return dtype >= 0 && dtype < KVP_DTYPE_MAX ? n[dtype] : "?";
 }
 
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
@@ -123,12 +191,28 @@ static void geom_from(struct kvp_geometry *g, const Kvpool__Geometry *m)
 	g->page_tokens = m->page_tokens;
 }
 
-void kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err)
+int kvp__status_code(const Kvpool__Status *st)
 {
+	/* A code a newer daemon added passes through; one outside the daemon's range (negative,
+	 * or into the library's) cannot be told from ours and says the reply is broken. */
+	int code = (int)st->code;
+
+	return code > 0 && code < KVP_E_NO_DAEMON ? code : KVP_E_PROTOCOL;
+}
+
+int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err)
+{
+	int code = kvp__status_code(st);
+
 	if (!err)
-		return;
+		return -code;
 	memset(err, 0, sizeof(*err));
-	err->code = (int)st->code;
+	err->code = code;
+	if (code == KVP_E_PROTOCOL && (int)st->code != KVP_E_PROTOCOL) {
+		snprintf(err->message, sizeof(err->message), "kvpoold sent unknown code %lld: %s",
+			 (long long)st->code, st->message ? st->message : "");
+		return -code;
+	}
 	snprintf(err->message, sizeof(err->message), "%s", st->message ? st->message : "");
 	switch (st->detail_case) {
 	case KVPOOL__STATUS__DETAIL_CAPACITY:
@@ -170,6 +254,14 @@ void kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err)
 	default:
 		break;
 	}
+	return -code;
+}
+
+static void close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
 }
 
 static int send_all(int fd, const uint8_t *p, size_t n)
@@ -188,16 +280,18 @@ static int send_all(int fd, const uint8_t *p, size_t n)
 	return 0;
 }
 
-/* Reads until one complete frame is buffered; collects passed descriptors. */
-static int recv_frame(struct kvp_client *c, const uint8_t **payload, uint32_t *len, int *fds,
-		      int *nfds)
+/* Reads until one complete frame is buffered. Descriptors received go to c->rxfds: they
+ * belong to the next frame completed (a read never joins bytes sent with descriptors to
+ * earlier bytes). Returns 1 with the frame, 0 when nonblocking and nothing more waits, or
+ * -errno. */
+static int recv_frame(struct kvp_client *c, bool block, const uint8_t **payload, uint32_t *len)
 {
 	for (;;) {
 		union {
 			char buf[CMSG_SPACE(sizeof(int) * KVP_CLIENT_MAX_FDS)];
 			size_t align;
 		} cm;
-		struct msghdr msg = { 0 };
+		struct msghdr msg = {0};
 		struct iovec iov;
 		size_t avail;
 		uint8_t *space;
@@ -205,7 +299,7 @@ static int recv_frame(struct kvp_client *c, const uint8_t **payload, uint32_t *l
 		int r = kvp_frame_next(&c->in, payload, len);
 
 		if (r != 0)
-			return r < 0 ? -EMSGSIZE : 0;
+			return r < 0 ? -EMSGSIZE : 1;
 		space = kvp_frame_buf_space(&c->in, 65536, &avail);
 		if (!space)
 			return -ENOMEM;
@@ -215,95 +309,212 @@ static int recv_frame(struct kvp_client *c, const uint8_t **payload, uint32_t *l
 		msg.msg_iovlen = 1;
 		msg.msg_control = cm.buf;
 		msg.msg_controllen = sizeof(cm.buf);
-		n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+		n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (block ? 0 : MSG_DONTWAIT));
 		if (n < 0 && errno == EINTR)
 			continue;
+		if (n < 0 && !block && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return 0;
 		if (n < 0)
 			return -errno;
-		if (n == 0)
-			return -ECONNRESET;
 		for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
 			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
 				continue;
 			int cnt = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-			int *in = (int *)CMSG_DATA(h);
+			int in[KVP_CLIENT_MAX_FDS];
 
+			memcpy(in, CMSG_DATA(h), sizeof(int) * (size_t)cnt);
 			for (int i = 0; i < cnt; i++) {
-				if (fds && *nfds < KVP_CLIENT_MAX_FDS)
-					fds[(*nfds)++] = in[i];
+				if (c->nrxfds < KVP_CLIENT_MAX_FDS)
+					c->rxfds[c->nrxfds++] = in[i];
 				else
 					close(in[i]);
 			}
 		}
+		if (n == 0)
+			return -ECONNRESET;
 		kvp_frame_buf_commit(&c->in, (size_t)n);
 	}
 }
 
-int kvp__call(struct kvp_client *c, Kvpool__Request *req, Kvpool__Response **resp, int *fds,
-	      int *nfds, struct kvp_error *err)
+static void signal_events(struct kvp_client *c)
 {
-	int got[KVP_CLIENT_MAX_FDS], ngot = 0;
+	uint64_t one = 1;
+
+	if (c->efd >= 0 && write(c->efd, &one, sizeof(one)) < 0) {
+		/* the counter is already nonzero: the fd stays readable */
+	}
+}
+
+static void queue_event(struct kvp_client *c, const Kvpool__Response *m, const uint8_t *payload,
+			uint32_t len)
+{
+	struct queued_event *e;
+	uint8_t *copy;
+
+	if (c->ev_n == KVP_CLIENT_MAX_EVENTS || !(copy = malloc(len ? len : 1))) {
+		c->ev_dropped++;
+		return;
+	}
+	memcpy(copy, payload, len);
+	e = &c->ev[(c->ev_head + c->ev_n++) % KVP_CLIENT_MAX_EVENTS];
+	e->type = (uint32_t)m->result_case;
+	e->code = m->status ? (int32_t)m->status->code : 0;
+	e->id = m->id;
+	e->dropped = c->ev_dropped;
+	e->bytes = copy;
+	e->len = len;
+	c->ev_dropped = 0;
+	signal_events(c);
+}
+
+static struct pending *pending_find(struct kvp_client *c, uint64_t id)
+{
+	for (int i = 0; id && i < KVP_CLIENT_MAX_PENDING; i++)
+		if (c->pend[i].id == id)
+			return &c->pend[i];
+	return NULL;
+}
+
+/* Routes one frame: to the outstanding request of its id; a refusal of the connection (id 0,
+ * a failed status and no result) to c->notice; a reply to a call given up (an id this client
+ * used) nowhere; anything else to the event queue. Returns 0 or -EPROTO. */
+static int route(struct kvp_client *c, const uint8_t *payload, uint32_t len)
+{
+	int fds[KVP_CLIENT_MAX_FDS], nfds = c->nrxfds;
+	Kvpool__Response *m;
+	struct pending *pd;
+
+	memcpy(fds, c->rxfds, sizeof(int) * (size_t)nfds);
+	c->nrxfds = 0;
+	m = kvp_frame_decode_response(payload, len);
+	if (!m) {
+		close_fds(fds, nfds);
+		return -EPROTO;
+	}
+	pd = pending_find(c, m->id);
+	if (pd && !pd->done) {
+		pd->done = true;
+		pd->resp = m;
+		memcpy(pd->fds, fds, sizeof(int) * (size_t)nfds);
+		pd->nfds = nfds;
+		return 0;
+	}
+	close_fds(fds, nfds);
+	if (m->id == 0 && m->result_case == KVPOOL__RESPONSE__RESULT__NOT_SET &&
+	    (!m->status || m->status->code != KVPOOL__CODE__OK)) {
+		if (c->notice)
+			kvpool__response__free_unpacked(c->notice, NULL);
+		c->notice = m;
+		return 0;
+	}
+	if (m->id == 0 || m->id > c->next_id)
+		queue_event(c, m, payload, len);
+	kvpool__response__free_unpacked(m, NULL);
+	return 0;
+}
+
+static void pending_clear(struct pending *pd)
+{
+	if (pd->resp)
+		kvpool__response__free_unpacked(pd->resp, NULL);
+	close_fds(pd->fds, pd->nfds);
+	memset(pd, 0, sizeof(*pd));
+}
+
+/* The connection failed: every outstanding request is given up. Returns the transport code. */
+static int lose(struct kvp_client *c, int e, struct kvp_error *err)
+{
+	for (int i = 0; i < KVP_CLIENT_MAX_PENDING; i++)
+		pending_clear(&c->pend[i]);
+	close_fds(c->rxfds, c->nrxfds);
+	c->nrxfds = 0;
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	signal_events(c); /* a poller learns of it from kvp_client_event_next */
+	return kvp__fail(err, KVP_E_TRANSPORT, e, "connection to kvpoold lost: %s", strerror(e));
+}
+
+/* Handles what waits in the socket (all of it when !block; one frame when block). Returns 0
+ * or -errno. */
+static int pump(struct kvp_client *c, bool block)
+{
+	for (;;) {
+		const uint8_t *payload;
+		uint32_t len;
+		int r = recv_frame(c, block, &payload, &len);
+
+		if (r <= 0)
+			return r;
+		r = route(c, payload, len);
+		if (r < 0 || block)
+			return r;
+	}
+}
+
+int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Response **resp,
+	     int *fds, int *nfds, struct kvp_error *err)
+{
+	struct pending *pd = NULL;
 	uint8_t *buf;
 	size_t len;
 	int r;
 
 	if (c->fd < 0)
 		return kvp__fail(err, KVP_E_TRANSPORT, EPIPE, "the connection was closed before");
+	for (int i = 0; i < KVP_CLIENT_MAX_PENDING && !pd; i++)
+		if (!c->pend[i].id)
+			pd = &c->pend[i];
+	if (!pd)
+		return kvp__fail(err, KVP_E_LIMIT_EXCEEDED, 0, "%d requests outstanding",
+				 KVP_CLIENT_MAX_PENDING);
 	req->id = ++c->next_id;
 	r = kvp_frame_pack(&req->base, &buf, &len);
 	if (r < 0)
 		return kvp__fail(err, r == -EMSGSIZE ? KVP_E_INVALID_ARGUMENT : KVP_E_NOMEM, -r,
 				 "request does not fit in one frame");
+	pd->id = req->id;
 	r = send_all(c->fd, buf, len);
 	free(buf);
 	/* A refusal (id 0) may already wait in the socket when the peer closed: read it first. */
 	if (r < 0 && r != -EPIPE && r != -ECONNRESET)
-		goto transport;
-	for (;;) {
-		const uint8_t *payload;
-		uint32_t plen;
-		Kvpool__Response *m;
-
-		r = recv_frame(c, &payload, &plen, got, &ngot);
+		return lose(c, -r, err);
+	while (!pd->done && !c->notice) {
+		r = pump(c, true);
 		if (r < 0)
-			goto transport;
-		m = kvp_frame_decode_response(payload, plen);
-		if (!m) {
-			r = -EPROTO;
-			goto transport;
-		}
-		if (m->id != req->id && m->id != 0) {
-			kvpool__response__free_unpacked(m, NULL); /* a reply to an abandoned call */
-			continue;
-		}
-		if (!m->status || m->status->code != KVPOOL__CODE__OK) {
-			int code = m->status ? (int)m->status->code : KVP_E_PROTOCOL;
-
-			if (m->status)
-				kvp__status_to_error(m->status, err);
-			else
-				kvp__fail(err, KVP_E_PROTOCOL, 0, "reply without a status");
-			kvpool__response__free_unpacked(m, NULL);
-			for (int i = 0; i < ngot; i++)
-				close(got[i]);
-			return -code;
-		}
-		if (fds) {
-			memcpy(fds, got, sizeof(int) * (size_t)ngot);
-			*nfds = ngot;
-		} else {
-			for (int i = 0; i < ngot; i++)
-				close(got[i]);
-		}
-		*resp = m;
-		return 0;
+			return lose(c, -r, err);
 	}
-transport:
-	for (int i = 0; i < ngot; i++)
-		close(got[i]);
-	close(c->fd);
-	c->fd = -1;
-	return kvp__fail(err, KVP_E_TRANSPORT, -r, "connection to kvpoold lost: %s", strerror(-r));
+	if (!pd->done) {
+		Kvpool__Response *n = c->notice;
+
+		c->notice = NULL;
+		pending_clear(pd);
+		r = n->status ? kvp__status_to_error(n->status, err)
+			      : kvp__fail(err, KVP_E_PROTOCOL, 0, "a refusal without a status");
+		kvpool__response__free_unpacked(n, NULL);
+		return r;
+	}
+	if (!pd->resp->status || pd->resp->status->code != KVPOOL__CODE__OK) {
+		r = pd->resp->status ? kvp__status_to_error(pd->resp->status, err)
+				     : kvp__fail(err, KVP_E_PROTOCOL, 0, "reply without a status");
+		pending_clear(pd);
+		return r;
+	}
+	if (want && (int)pd->resp->result_case != want) {
+		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "call %d answered with result %d",
+			      (int)req->call_case, (int)pd->resp->result_case);
+		pending_clear(pd);
+		return r;
+	}
+	if (fds) {
+		memcpy(fds, pd->fds, sizeof(int) * (size_t)pd->nfds);
+		*nfds = pd->nfds;
+	} else {
+		close_fds(pd->fds, pd->nfds);
+	}
+	*resp = pd->resp;
+	memset(pd, 0, sizeof(*pd));
+	return 0;
 }
 
 int kvp__client_fd(const struct kvp_client *c)
@@ -311,7 +522,71 @@ int kvp__client_fd(const struct kvp_client *c)
 	return c->fd;
 }
 
-KVP_EXPORT const char *kvp_default_socket(char *buf, size_t len)
+KVP_EXPORT int kvp_client_event_fd(struct kvp_client *c)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+
+	if (c->epfd >= 0)
+		return c->epfd;
+	if (c->fd < 0)
+		return -KVP_E_TRANSPORT;
+	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->efd < 0 || c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) < 0 ||
+	    epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) {
+		if (c->efd >= 0)
+			close(c->efd);
+		if (c->epfd >= 0)
+			close(c->epfd);
+		c->efd = c->epfd = -1;
+		return -KVP_E_NOMEM;
+	}
+	if (c->ev_n || kvp_frame_pending(&c->in) || c->in.len > c->in.off)
+		signal_events(c);
+	return c->epfd;
+}
+
+KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
+				     struct kvp_error *err)
+{
+	struct queued_event *q;
+	uint64_t drain;
+
+	if (!ev || ev->struct_size < sizeof(*ev))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_event too small");
+	if (c->fd >= 0) {
+		int r = pump(c, false);
+
+		if (r < 0)
+			lose(c, -r, NULL);
+	}
+	if (!c->ev_n) {
+		if (c->efd >= 0 && read(c->efd, &drain, sizeof(drain)) < 0) {
+			/* already reset */
+		}
+		if (c->fd < 0)
+			return kvp__fail(err, KVP_E_TRANSPORT, ECONNRESET,
+					 "connection to kvpoold lost");
+		return kvp__fail(err, KVP_E_AGAIN, EAGAIN, "no event waits");
+	}
+	q = &c->ev[c->ev_head];
+	c->ev_head = (c->ev_head + 1) % KVP_CLIENT_MAX_EVENTS;
+	c->ev_n--;
+	ev->type = q->type;
+	ev->code = q->code;
+	ev->id = q->id;
+	ev->dropped = q->dropped;
+	ev->payload_len = q->len;
+	if (ev->payload && ev->payload_cap)
+		memcpy(ev->payload, q->bytes, q->len < ev->payload_cap ? q->len : ev->payload_cap);
+	free(q->bytes);
+	if (!c->ev_n && c->efd >= 0 && read(c->efd, &drain, sizeof(drain)) < 0) {
+		/* already reset */
+	}
+	return 0;
+}
+
+KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 {
 	const char *env = getenv("KVPOOL_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
 	int n;
@@ -325,30 +600,45 @@ KVP_EXPORT const char *kvp_default_socket(char *buf, size_t len)
 	return n >= 0 && (size_t)n < len ? buf : NULL;
 }
 
-KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *name,
-						 struct kvp_error *err)
+/* Declares req + the call message, fills the oneof. */
+#define CALL_SETUP(req, field, CASE, Type, INIT)                                                   \
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;                                               \
+	Type field = INIT;                                                                         \
+	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
+	req.field = &field
+#define RESULT(CASE) KVPOOL__RESPONSE__RESULT_##CASE
+
+KVP_EXPORT struct kvp_client *
+kvp_client_connect_opts(const char *path, const struct kvp_client_opts *opts, struct kvp_error *err)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	Kvpool__Request req = KVPOOL__REQUEST__INIT;
-	Kvpool__HelloReq hello = KVPOOL__HELLO_REQ__INIT;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	CALL_SETUP(req, hello, HELLO, Kvpool__HelloReq, KVPOOL__HELLO_REQ__INIT);
 	Kvpool__Response *resp;
 	struct kvp_client *c;
-	char def[108];
+	char def[sizeof(sa.sun_path)];
+	uint64_t agreed;
 
-	if (!path && !(path = kvp_default_socket(def, sizeof(def)))) {
+	if (!opts || opts->struct_size < sizeof(*opts)) {
+		kvp__fail(err, KVP_E_INVALID_ARGUMENT, EINVAL, "struct kvp_client_opts too small");
+		return NULL;
+	}
+	if (!path && !(path = kvp_client_default_socket(def, sizeof(def)))) {
 		kvp__fail(err, KVP_E_INVALID_ARGUMENT, ENAMETOOLONG, "socket path too long");
 		return NULL;
 	}
 	if (strlen(path) >= sizeof(sa.sun_path)) {
-		kvp__fail(err, KVP_E_INVALID_ARGUMENT, ENAMETOOLONG, "socket path too long: %s", path);
+		kvp__fail(err, KVP_E_INVALID_ARGUMENT, ENAMETOOLONG,
+			  "socket path of %zu bytes does not fit a unix socket address (%zu)",
+			  strlen(path), sizeof(sa.sun_path) - 1);
 		return NULL;
 	}
-	strcpy(sa.sun_path, path);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
 	c = calloc(1, sizeof(*c));
 	if (!c) {
 		kvp__fail(err, KVP_E_NOMEM, ENOMEM, "out of memory");
 		return NULL;
 	}
+	c->efd = c->epfd = -1;
 	kvp_frame_buf_init(&c->in);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -361,42 +651,122 @@ KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *n
 		kvp_client_close(c);
 		return NULL;
 	}
-	hello.protocol_version = KVP_PROTOCOL_VERSION;
-	hello.client_name = (char *)(name ? name : "");
-	hello.pid = getpid();
-	req.call_case = KVPOOL__REQUEST__CALL_HELLO;
-	req.hello = &hello;
-	if (kvp__call(c, &req, &resp, NULL, NULL, err) < 0) {
+	if (opts->timeout_ms && kvp_client_set_timeout(c, opts->timeout_ms) < 0) {
+		kvp__fail(err, KVP_E_INVALID_ARGUMENT, errno, "cannot set the timeout");
 		kvp_client_close(c);
 		return NULL;
 	}
-	if (resp->result_case == KVPOOL__RESPONSE__RESULT_HELLO) {
-		c->session_id = resp->hello->session_id;
-		snprintf(c->daemon_version, sizeof(c->daemon_version), "%s",
-			 resp->hello->daemon_version ? resp->hello->daemon_version : "");
+	hello.protocol_version = KVP_PROTOCOL_VERSION;
+	hello.client_name = (char *)(opts->name ? opts->name : "");
+	hello.pid = getpid();
+	hello.capabilities = opts->capabilities | opts->required_capabilities;
+	hello.required_capabilities = opts->required_capabilities;
+	if (kvp__rpc(c, &req, RESULT(HELLO), &resp, NULL, NULL, err) < 0) {
+		kvp_client_close(c);
+		return NULL;
 	}
+	c->session_id = resp->hello->session_id;
+	snprintf(c->daemon_version, sizeof(c->daemon_version), "%s",
+		 resp->hello->daemon_version ? resp->hello->daemon_version : "");
+	agreed = resp->hello->capabilities;
 	kvpool__response__free_unpacked(resp, NULL);
+	/* An answer must be within the offer, and hold what was required (an older daemon that
+	 * ignores the requirement answers without it). */
+	if ((agreed & ~hello.capabilities) ||
+	    (agreed & opts->required_capabilities) != opts->required_capabilities) {
+		kvp__fail(err, KVP_E_VERSION, 0,
+			  "kvpoold agreed to capabilities 0x%llx; asked 0x%llx, required 0x%llx",
+			  (unsigned long long)agreed, (unsigned long long)hello.capabilities,
+			  (unsigned long long)opts->required_capabilities);
+		kvp_client_close(c);
+		return NULL;
+	}
+	c->caps = agreed;
 	return c;
+}
+
+KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *name,
+						 struct kvp_error *err)
+{
+	struct kvp_client_opts o = {
+	    .struct_size = sizeof(o),
+	    .name = name,
+	    .capabilities = KVP_CAP_ALL,
+	};
+
+	return kvp_client_connect_opts(path, &o, err);
+}
+
+/* ---- mappings ---- */
+
+static struct kvp_mapping *mapping_new(int tier, int backend, int fd, uint64_t bytes)
+{
+	struct kvp_mapping *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	m->refs = 1;
+	m->tier = tier;
+	m->backend = backend;
+	m->fd = fd;
+	m->bytes = bytes;
+	m->cuda_device = -1;
+	return m;
+}
+
+KVP_EXPORT struct kvp_mapping *kvp_mapping_ref(struct kvp_mapping *m)
+{
+	__atomic_add_fetch(&m->refs, 1, __ATOMIC_RELAXED);
+	return m;
+}
+
+KVP_EXPORT void kvp_mapping_unref(struct kvp_mapping *m)
+{
+	if (!m || __atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+#if KVP_HAVE_CUDA
+	if (m->backend == KVP_BACKEND_CUDA && m->base)
+		kvp_cuda_mem_destroy(&m->cm);
+	else
+#endif
+	    if (m->base)
+		munmap(m->base, m->bytes);
+	if (m->fd >= 0)
+		close(m->fd);
+	free(m);
+}
+
+KVP_EXPORT void *kvp_mapping_base(const struct kvp_mapping *m)
+{
+	return m->base;
+}
+
+KVP_EXPORT uint64_t kvp_mapping_bytes(const struct kvp_mapping *m)
+{
+	return m->bytes;
+}
+
+KVP_EXPORT int kvp_mapping_tier(const struct kvp_mapping *m)
+{
+	return m->tier;
+}
+
+KVP_EXPORT int kvp_mapping_backend(const struct kvp_mapping *m)
+{
+	return m->backend;
+}
+
+KVP_EXPORT int kvp_mapping_cuda_device(const struct kvp_mapping *m)
+{
+	return m->backend == KVP_BACKEND_CUDA && m->cuda_device >= 0 ? m->cuda_device : -1;
 }
 
 static void pool_unmap(struct kvp_pool *p)
 {
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
-		struct kvp_tier_map *m = &p->tier[t];
-
-		if (!m->present)
-			continue;
-#if KVP_HAVE_CUDA
-		if (m->backend == KVP_BACKEND_CUDA && m->base)
-			kvp_cuda_mem_destroy(&m->cm);
-		else
-#endif
-			if (m->base)
-			munmap(m->base, m->bytes);
-		if (m->fd >= 0)
-			close(m->fd);
-		m->base = NULL;
-		m->fd = -1;
+		kvp_mapping_unref(p->tier[t].m);
+		p->tier[t].m = NULL;
+		p->tier[t].present = 0;
 	}
 }
 
@@ -411,8 +781,22 @@ KVP_EXPORT void kvp_client_close(struct kvp_client *c)
 		pool_unmap(p);
 		free(p);
 	}
+	for (int i = 0; i < KVP_CLIENT_MAX_PENDING; i++)
+		pending_clear(&c->pend[i]);
+	close_fds(c->rxfds, c->nrxfds);
+	while (c->ev_n) {
+		free(c->ev[c->ev_head].bytes);
+		c->ev_head = (c->ev_head + 1) % KVP_CLIENT_MAX_EVENTS;
+		c->ev_n--;
+	}
+	if (c->notice)
+		kvpool__response__free_unpacked(c->notice, NULL);
 	if (c->fd >= 0)
 		close(c->fd);
+	if (c->efd >= 0)
+		close(c->efd);
+	if (c->epfd >= 0)
+		close(c->epfd);
 	kvp_frame_buf_release(&c->in);
 	free(c);
 }
@@ -427,97 +811,243 @@ KVP_EXPORT const char *kvp_client_daemon_version(const struct kvp_client *c)
 	return c->daemon_version;
 }
 
+KVP_EXPORT uint64_t kvp_client_capabilities(const struct kvp_client *c)
+{
+	return c->caps;
+}
+
 KVP_EXPORT int kvp_client_set_timeout(struct kvp_client *c, uint32_t ms)
 {
-	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
 
 	if (c->fd < 0 || setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
 		return -KVP_E_INVALID_ARGUMENT;
 	return 0;
 }
 
-/* Declares req + the call message, fills the oneof. */
-#define CALL_SETUP(req, field, CASE, Type, INIT) \
-	Kvpool__Request req = KVPOOL__REQUEST__INIT; \
-	Type field = INIT;                            \
-	req.call_case = KVPOOL__REQUEST__CALL_##CASE; \
-	req.field = &field
+/* Sends req, expects result `want`, and frees the reply: for calls that return nothing. */
+static int rpc_void(struct kvp_client *c, Kvpool__Request *req, int want, struct kvp_error *err)
+{
+	Kvpool__Response *resp;
+	int r = kvp__rpc(c, req, want, &resp, NULL, NULL, err);
 
-KVP_EXPORT int kvp_ping(struct kvp_client *c, struct kvp_error *err)
+	if (r == 0)
+		kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_client_ping(struct kvp_client *c, struct kvp_error *err)
 {
 	CALL_SETUP(req, ping, PING, Kvpool__PingReq, KVPOOL__PING_REQ__INIT);
 	Kvpool__Response *resp;
 	int r;
 
 	ping.nonce = c->next_id + 1;
-	r = kvp__call(c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(c, &req, RESULT(PING), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	r = resp->result_case == KVPOOL__RESPONSE__RESULT_PING && resp->ping->nonce == ping.nonce
-		    ? 0
-		    : kvp__fail(err, KVP_E_PROTOCOL, 0, "ping answered with the wrong nonce");
+	if (resp->ping->nonce != ping.nonce)
+		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "ping answered with the wrong nonce");
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
 
-KVP_EXPORT int kvp_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err)
+static void counters_from(struct kvp_counter *out, uint32_t *n, Kvpool__Counter **in, size_t nin)
+{
+	*n = 0;
+	for (size_t i = 0; i < nin && i < KVP_STATUS_MAX_COUNTERS; i++) {
+		snprintf(out[i].name, sizeof(out[i].name), "%s", in[i]->name ? in[i]->name : "");
+		out[i].value = in[i]->value;
+		(*n)++;
+	}
+}
+
+static void pool_status_from(struct kvp_pool_status *po, const Kvpool__PoolStats *ps)
+{
+	snprintf(po->name, sizeof(po->name), "%s", ps->name ? ps->name : "");
+	po->pool_id = ps->pool_id;
+	geom_from(&po->geometry, ps->geometry);
+	po->hit_tokens = ps->hit_tokens;
+	po->queried_tokens = ps->queried_tokens;
+	po->token_bytes = ps->token_bytes;
+	po->sessions = ps->sessions;
+	po->session_quota_tokens = ps->session_quota_tokens;
+	snprintf(po->eviction, sizeof(po->eviction), "%s", ps->eviction ? ps->eviction : "");
+	po->nodes = ps->nodes;
+	po->demoted_tokens = ps->demoted_tokens;
+	po->promoted_tokens = ps->promoted_tokens;
+	po->allocs = ps->allocs;
+	po->frees = ps->frees;
+	po->alloc_failures = ps->alloc_failures;
+	counters_from(po->counters, &po->n_counters, ps->counters, ps->n_counters);
+	for (size_t t = 0; t < ps->n_tiers; t++) {
+		const Kvpool__TierStats *ts = ps->tiers[t];
+		struct kvp_tier_status *to;
+
+		if ((int)ts->tier < 0 || (int)ts->tier >= KVP_TIER_MAX)
+			continue;
+		to = &po->tiers[ts->tier];
+		to->present = 1;
+		to->backend = (uint32_t)ts->backend;
+		to->total_tokens = ts->total_tokens;
+		to->free_tokens = ts->free_tokens;
+		to->leased_tokens = ts->leased_tokens;
+		to->cached_tokens = ts->cached_tokens;
+		to->evictable_tokens = ts->evictable_tokens;
+		to->protected_tokens = ts->protected_tokens;
+		to->numa_node = ts->numa_node;
+		to->evicted_tokens = ts->evicted_tokens;
+	}
+}
+
+KVP_EXPORT int kvp_client_status(struct kvp_client *c, struct kvp_status *out,
+				 struct kvp_error *err)
 {
 	CALL_SETUP(req, status, STATUS, Kvpool__StatusReq, KVPOOL__STATUS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__StatusResp *s;
-	int r = kvp__call(c, &req, &resp, NULL, NULL, err);
+	size_t size;
+	int r;
 
+	if (!out || out->struct_size < sizeof(*out))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_status too small");
+	r = kvp__rpc(c, &req, RESULT(STATUS_INFO), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (resp->result_case != KVPOOL__RESPONSE__RESULT_STATUS_INFO) {
-		kvpool__response__free_unpacked(resp, NULL);
-		return kvp__fail(err, KVP_E_PROTOCOL, 0, "status answered with another call");
-	}
 	s = resp->status_info;
+	size = out->struct_size;
 	memset(out, 0, sizeof(*out));
+	out->struct_size = size;
 	snprintf(out->daemon_version, sizeof(out->daemon_version), "%s",
 		 s->daemon_version ? s->daemon_version : "");
 	out->uptime_ms = s->uptime_ms;
 	out->sessions = s->sessions;
-	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++) {
-		const Kvpool__PoolStats *ps = s->pools[i];
-		struct kvp_pool_status *po = &out->pools[out->n_pools++];
-
-		snprintf(po->name, sizeof(po->name), "%s", ps->name ? ps->name : "");
-		po->pool_id = ps->pool_id;
-		geom_from(&po->geometry, ps->geometry);
-		po->hit_tokens = ps->hit_tokens;
-		po->queried_tokens = ps->queried_tokens;
-		for (size_t t = 0; t < ps->n_tiers; t++) {
-			const Kvpool__TierStats *ts = ps->tiers[t];
-			struct kvp_tier_status *to;
-
-			if ((int)ts->tier < 0 || (int)ts->tier >= KVP_TIER_MAX)
-				continue;
-			to = &po->tiers[ts->tier];
-			to->present = 1;
-			to->backend = (uint32_t)ts->backend;
-			to->total_tokens = ts->total_tokens;
-			to->free_tokens = ts->free_tokens;
-			to->leased_tokens = ts->leased_tokens;
-			to->cached_tokens = ts->cached_tokens;
-			to->evictable_tokens = ts->evictable_tokens;
-			to->protected_tokens = ts->protected_tokens;
-		}
-	}
+	out->pid = s->pid;
+	out->draining = s->draining;
+	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++)
+		pool_status_from(&out->pools[out->n_pools++], s->pools[i]);
+	counters_from(out->counters, &out->n_counters, s->counters, s->n_counters);
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
 
+KVP_EXPORT int kvp_client_metrics(struct kvp_client *c, char *buf, size_t len,
+				  struct kvp_error *err)
+{
+	CALL_SETUP(req, metrics, METRICS, Kvpool__MetricsReq, KVPOOL__METRICS_REQ__INIT);
+	Kvpool__Response *resp;
+	size_t n;
+	int r = kvp__rpc(c, &req, RESULT(METRICS), &resp, NULL, NULL, err);
+
+	if (r < 0)
+		return r;
+	n = resp->metrics->text ? strlen(resp->metrics->text) : 0;
+	if (n + 1 > len || n > INT32_MAX)
+		r = kvp__fail(err, KVP_E_BUFFER, 0, "metrics need %zu bytes", n + 1);
+	else {
+		memcpy(buf, n ? resp->metrics->text : "", n + 1);
+		r = (int)n;
+	}
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+/* A listing's entry i at stride entries[0].struct_size, cleared with struct_size set; NULL when
+ * the stride is too small for this version's entry of `size` bytes. */
+static void *list_entry(void *entries, size_t size, uint32_t i)
+{
+	size_t stride = *(size_t *)entries;
+	char *e = (char *)entries + stride * i;
+
+	memset(e, 0, size);
+	*(size_t *)e = stride;
+	return e;
+}
+
+static int list_check(void *entries, uint32_t cap, size_t size, struct kvp_error *err)
+{
+	if (cap && (!entries || *(size_t *)entries < size))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "listing entries too small");
+	return 0;
+}
+
+static int list_count(size_t n, struct kvp_error *err)
+{
+	return n > INT32_MAX ? kvp__fail(err, KVP_E_PROTOCOL, 0, "a listing of %zu", n) : (int)n;
+}
+
+KVP_EXPORT int kvp_session_list(struct kvp_client *c, struct kvp_session_info *entries,
+				uint32_t cap, struct kvp_error *err)
+{
+	CALL_SETUP(req, sessions, SESSIONS, Kvpool__SessionsReq, KVPOOL__SESSIONS_REQ__INIT);
+	Kvpool__Response *resp;
+	Kvpool__SessionsResp *m;
+	int r;
+
+	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
+		return r;
+	if ((r = kvp__rpc(c, &req, RESULT(SESSIONS), &resp, NULL, NULL, err)) < 0)
+		return r;
+	m = resp->sessions;
+	for (uint32_t i = 0; i < m->n_sessions && i < cap; i++) {
+		const Kvpool__SessionInfo *s = m->sessions[i];
+		struct kvp_session_info *o = list_entry(entries, sizeof(*o), i);
+
+		o->session_id = s->session_id;
+		o->pid = s->pid;
+		o->uid = s->uid;
+		o->gid = s->gid;
+		snprintf(o->name, sizeof(o->name), "%s", s->name ? s->name : "");
+		o->leased_tokens = s->leased_tokens;
+		o->locked_tokens = s->locked_tokens;
+		o->leases = s->leases;
+		o->locks = s->locks;
+		o->age_ms = s->age_ms;
+		o->idle_ms = s->idle_ms;
+	}
+	r = list_count(m->n_sessions, err);
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_cache_list(struct kvp_client *c, const char *pool,
+			      struct kvp_cache_prefix *entries, uint32_t cap, struct kvp_error *err)
+{
+	CALL_SETUP(req, cache, CACHE, Kvpool__CacheReq, KVPOOL__CACHE_REQ__INIT);
+	Kvpool__Response *resp;
+	Kvpool__CacheResp *m;
+	int r;
+
+	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
+		return r;
+	cache.pool = (char *)(pool ? pool : "");
+	if ((r = kvp__rpc(c, &req, RESULT(CACHE), &resp, NULL, NULL, err)) < 0)
+		return r;
+	m = resp->cache;
+	for (uint32_t i = 0; i < m->n_top && i < cap; i++) {
+		struct kvp_cache_prefix *o = list_entry(entries, sizeof(*o), i);
+
+		o->tokens = m->top[i]->tokens;
+		o->hits = m->top[i]->hits;
+		o->ns = m->top[i]->namespace_;
+	}
+	r = list_count(m->n_top, err);
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
 static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, struct kvp_error *err)
 {
-	struct kvp_tier_map *m = &p->tier[ti->tier];
+	struct kvp_tier_map *t = &p->tier[ti->tier];
+	struct kvp_mapping *m = mapping_new((int)ti->tier, (int)ti->backend, fd, ti->bytes);
 
-	m->present = 1;
-	m->backend = (int)ti->backend;
-	m->fd = fd;
-	m->bytes = ti->bytes;
-	m->pages = ti->pages;
+	if (!m) {
+		close(fd);
+		return kvp__fail(err, KVP_E_NOMEM, ENOMEM, "out of memory");
+	}
+	t->present = 1;
+	t->pages = ti->pages;
+	t->m = m;
 	m->cuda_device = ti->cuda_device;
 	if (ti->backend == KVPOOL__BACKEND__CUDA) {
 #if KVP_HAVE_CUDA
@@ -526,16 +1056,18 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 
 		/* the daemon's number for the GPU may not be ours: find it by its UUID */
 		if (ti->cuda_uuid.len != 0 && ti->cuda_uuid.len != 16)
-			return kvp__fail(err, KVP_E_PROTOCOL, 0, "attach reply: a GPU uuid of %zu bytes",
+			return kvp__fail(err, KVP_E_PROTOCOL, 0,
+					 "attach reply: a GPU uuid of %zu bytes",
 					 ti->cuda_uuid.len);
 		if (ti->cuda_uuid.len == 16)
-			r = m->cuda_device = kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why,
-								      sizeof(why));
+			r = m->cuda_device =
+			    kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why, sizeof(why));
 		if (r >= 0)
 			r = kvp_cuda_mem_import(m->cuda_device, fd, ti->bytes, &m->cm, why,
 						sizeof(why));
 		if (r < 0)
-			return kvp__fail(err, KVP_E_MAP, -r, "importing the cuda device tier: %s", why);
+			return kvp__fail(err, KVP_E_MAP, -r, "importing the cuda device tier: %s",
+					 why);
 		m->base = (void *)(uintptr_t)m->cm.dptr;
 #endif
 		return 0;
@@ -546,7 +1078,8 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 
 		m->base = NULL;
 		return kvp__fail(err, KVP_E_MAP, e, "mapping the %s tier (%lu bytes): %s",
-				 kvp_tier_name((int)ti->tier), (unsigned long)ti->bytes, strerror(e));
+				 kvp_tier_name((int)ti->tier), (unsigned long)ti->bytes,
+				 strerror(e));
 	}
 	return 0;
 }
@@ -571,11 +1104,11 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 		eg.page_tokens = expected->page_tokens;
 		attach.expected = &eg;
 	}
-	if (kvp__call(c, &req, &resp, fds, &nfds, err) < 0)
+	if (kvp__rpc(c, &req, RESULT(ATTACH), &resp, fds, &nfds, err) < 0)
 		return NULL;
 	p = calloc(1, sizeof(*p));
-	if (!p || resp->result_case != KVPOOL__RESPONSE__RESULT_ATTACH) {
-		kvp__fail(err, p ? KVP_E_PROTOCOL : KVP_E_NOMEM, 0, "attach failed");
+	if (!p) {
+		kvp__fail(err, KVP_E_NOMEM, ENOMEM, "out of memory");
 		goto fail;
 	}
 	a = resp->attach;
@@ -583,32 +1116,27 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 	p->id = a->pool_id;
 	snprintf(p->name, sizeof(p->name), "%s", a->pool ? a->pool : "");
 	geom_from(&p->g, a->geometry);
-	for (int t = 0; t < KVP_TIER_MAX; t++)
-		p->tier[t].fd = -1;
 	for (size_t i = 0; i < a->n_tiers; i++) {
 		const Kvpool__TierInfo *ti = a->tiers[i];
 
 		if ((int)ti->tier < 0 || (int)ti->tier >= KVP_TIER_MAX || ti->fd_index < 0 ||
-		    ti->fd_index >= nfds || p->tier[ti->tier].present) {
+		    ti->fd_index >= nfds || fds[ti->fd_index] < 0 || p->tier[ti->tier].present) {
 			kvp__fail(err, KVP_E_PROTOCOL, 0, "attach reply names a bad tier or fd");
 			goto fail;
 		}
 		p->cg.row_bytes = ti->row_bytes;
 		p->page_bytes = ti->page_bytes;
 		r = map_tier(p, ti, fds[ti->fd_index], err);
-		fds[ti->fd_index] = -1; /* the tier owns it, mapped or not: pool_unmap closes it */
+		fds[ti->fd_index] = -1; /* the mapping owns it, mapped or not */
 		if (r < 0)
 			goto fail;
 	}
 	p->cg.layers = p->g.layers;
 	p->cg.page_tokens = p->g.page_tokens;
-	p->cg.dev_slots = (uint64_t)(p->tier[KVP_TIER_DEVICE].present
-					     ? p->tier[KVP_TIER_DEVICE].pages
-					     : 1) *
-			  p->g.page_tokens;
-	for (int i = 0; i < nfds; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
+	p->cg.dev_slots =
+	    (uint64_t)(p->tier[KVP_TIER_DEVICE].present ? p->tier[KVP_TIER_DEVICE].pages : 1) *
+	    p->g.page_tokens;
+	close_fds(fds, nfds);
 	kvpool__response__free_unpacked(resp, NULL);
 	p->next = c->pools;
 	c->pools = p;
@@ -616,9 +1144,7 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 fail:
 	if (p)
 		pool_unmap(p);
-	for (int i = 0; i < nfds; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
+	close_fds(fds, nfds);
 	free(p);
 	kvpool__response__free_unpacked(resp, NULL);
 	return NULL;
@@ -627,7 +1153,6 @@ fail:
 KVP_EXPORT int kvp_pool_detach(struct kvp_pool *p, struct kvp_error *err)
 {
 	CALL_SETUP(req, detach, DETACH, Kvpool__DetachReq, KVPOOL__DETACH_REQ__INIT);
-	Kvpool__Response *resp;
 	struct kvp_client *c;
 	int r;
 
@@ -635,9 +1160,7 @@ KVP_EXPORT int kvp_pool_detach(struct kvp_pool *p, struct kvp_error *err)
 		return 0;
 	c = p->c;
 	detach.pool_id = p->id;
-	r = kvp__call(c, &req, &resp, NULL, NULL, err);
-	if (r == 0)
-		kvpool__response__free_unpacked(resp, NULL);
+	r = rpc_void(c, &req, RESULT(DETACH), err);
 	for (struct kvp_pool **pp = &c->pools; *pp; pp = &(*pp)->next) {
 		if (*pp == p) {
 			*pp = p->next;
@@ -671,29 +1194,34 @@ KVP_EXPORT uint32_t kvp_pool_tier_pages(const struct kvp_pool *p, int tier)
 
 KVP_EXPORT int kvp_pool_tier_backend(const struct kvp_pool *p, int tier)
 {
-	return tmap(p, tier) ? tmap(p, tier)->backend : KVP_BACKEND_NONE;
+	return tmap(p, tier) ? tmap(p, tier)->m->backend : KVP_BACKEND_NONE;
 }
 
 KVP_EXPORT int kvp_pool_tier_cuda_device(const struct kvp_pool *p, int tier)
 {
-	const struct kvp_tier_map *m = tmap(p, tier);
-
-	return m && m->backend == KVP_BACKEND_CUDA && m->cuda_device >= 0 ? m->cuda_device : -1;
+	return tmap(p, tier) ? kvp_mapping_cuda_device(tmap(p, tier)->m) : -1;
 }
 
 KVP_EXPORT void *kvp_pool_tier_base(const struct kvp_pool *p, int tier)
 {
-	return tmap(p, tier) ? tmap(p, tier)->base : NULL;
+	return tmap(p, tier) ? tmap(p, tier)->m->base : NULL;
 }
 
 KVP_EXPORT int kvp_pool_tier_fd(const struct kvp_pool *p, int tier)
 {
-	return tmap(p, tier) ? tmap(p, tier)->fd : -1;
+	return tmap(p, tier) ? tmap(p, tier)->m->fd : -1;
 }
 
 KVP_EXPORT uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier)
 {
-	return tmap(p, tier) ? tmap(p, tier)->bytes : 0;
+	return tmap(p, tier) ? tmap(p, tier)->m->bytes : 0;
+}
+
+KVP_EXPORT struct kvp_mapping *kvp_pool_tier_mapping(struct kvp_pool *p, int tier)
+{
+	const struct kvp_tier_map *t = tmap(p, tier);
+
+	return t && t->m->base ? kvp_mapping_ref(t->m) : NULL;
 }
 
 KVP_EXPORT uint64_t kvp_pool_row_bytes(const struct kvp_pool *p)
@@ -708,11 +1236,16 @@ KVP_EXPORT uint64_t kvp_pool_page_bytes(const struct kvp_pool *p)
 
 KVP_EXPORT uint32_t kvp_pool_pages_for(const struct kvp_pool *p, uint64_t tokens)
 {
-	return (uint32_t)((tokens + p->g.page_tokens - 1) / p->g.page_tokens);
+	uint64_t pt = p->g.page_tokens, n;
+
+	if (!pt)
+		return 0;
+	n = tokens / pt + (tokens % pt != 0);
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-KVP_EXPORT uint64_t kvp_slot_offset(const struct kvp_pool *p, int tier, uint32_t layer,
-				    uint32_t kv, uint32_t page, uint32_t tok)
+KVP_EXPORT uint64_t kvp_pool_slot_offset(const struct kvp_pool *p, int tier, uint32_t layer,
+					 uint32_t kv, uint32_t page, uint32_t tok)
 {
 	const struct kvp_tier_map *m = tmap(p, tier);
 
@@ -723,17 +1256,19 @@ KVP_EXPORT uint64_t kvp_slot_offset(const struct kvp_pool *p, int tier, uint32_t
 	return kvp_host_offset(&p->cg, page, layer, kv, tok);
 }
 
-KVP_EXPORT void *kvp_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
-			       uint32_t page, uint32_t tok)
+KVP_EXPORT void *kvp_pool_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
+				    uint32_t page, uint32_t tok)
 {
-	uint64_t off = kvp_slot_offset(p, tier, layer, kv, page, tok);
+	uint64_t off = kvp_pool_slot_offset(p, tier, layer, kv, page, tok);
 	void *base = kvp_pool_tier_base(p, tier);
 
 	return off == UINT64_MAX || !base ? NULL : (char *)base + off;
 }
 
-KVP_EXPORT int kvp_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id,
-			 uint32_t *pages, struct kvp_error *err)
+/* ---- leases ---- */
+
+KVP_EXPORT int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id,
+			       uint32_t *pages, struct kvp_error *err)
 {
 	CALL_SETUP(req, alloc, ALLOC, Kvpool__AllocReq, KVPOOL__ALLOC_REQ__INIT);
 	Kvpool__Response *resp;
@@ -742,22 +1277,29 @@ KVP_EXPORT int kvp_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t
 	alloc.pool_id = p->id;
 	alloc.pages = npages;
 	alloc.tier = (Kvpool__Tier)tier;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(ALLOC), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (resp->result_case != KVPOOL__RESPONSE__RESULT_ALLOC || resp->alloc->n_pages != npages) {
-		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "alloc answered with %zu pages, not %u",
-			      resp->alloc ? resp->alloc->n_pages : 0, npages);
-	} else {
-		*lease_id = resp->alloc->lease_id;
-		memcpy(pages, resp->alloc->pages, sizeof(uint32_t) * npages);
+	if (resp->alloc->n_pages != npages) {
+		uint64_t lease = resp->alloc->lease_id;
+		size_t got = resp->alloc->n_pages;
+
+		kvpool__response__free_unpacked(resp, NULL);
+		/* The caller cannot use a lease of another size: give it back. */
+		if (lease)
+			kvp_lease_free(p, lease, NULL, 0, NULL);
+		return kvp__fail(err, KVP_E_PROTOCOL, 0, "alloc answered with %zu pages, not %u",
+				 got, npages);
 	}
+	*lease_id = resp->alloc->lease_id;
+	if (npages)
+		memcpy(pages, resp->alloc->pages, sizeof(uint32_t) * npages);
 	kvpool__response__free_unpacked(resp, NULL);
-	return r;
+	return 0;
 }
 
-KVP_EXPORT int kvp_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages, uint32_t *pages,
-			  struct kvp_error *err)
+KVP_EXPORT int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages,
+				uint32_t *pages, struct kvp_error *err)
 {
 	CALL_SETUP(req, extend, EXTEND, Kvpool__ExtendReq, KVPOOL__EXTEND_REQ__INIT);
 	Kvpool__Response *resp;
@@ -765,19 +1307,27 @@ KVP_EXPORT int kvp_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages
 
 	extend.lease_id = lease_id;
 	extend.pages = npages;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(EXTEND), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (resp->result_case != KVPOOL__RESPONSE__RESULT_EXTEND || resp->extend->n_pages != npages)
-		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "extend answered with the wrong page count");
-	else
+	if (resp->extend->n_pages != npages) {
+		size_t got = resp->extend->n_pages;
+
+		/* Pages of another count cannot be handed out: return the ones added. */
+		if (got && got <= UINT32_MAX)
+			kvp_lease_free(p, lease_id, resp->extend->pages, (uint32_t)got, NULL);
+		kvpool__response__free_unpacked(resp, NULL);
+		return kvp__fail(err, KVP_E_PROTOCOL, 0, "extend answered with %zu pages, not %u",
+				 got, npages);
+	}
+	if (npages)
 		memcpy(pages, resp->extend->pages, sizeof(uint32_t) * npages);
 	kvpool__response__free_unpacked(resp, NULL);
-	return r;
+	return 0;
 }
 
-KVP_EXPORT int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint32_t n,
-			struct kvp_error *err)
+KVP_EXPORT int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages,
+			      uint32_t n, struct kvp_error *err)
 {
 	CALL_SETUP(req, free, FREE, Kvpool__FreeReq, KVPOOL__FREE_REQ__INIT);
 	Kvpool__Response *resp;
@@ -786,18 +1336,23 @@ KVP_EXPORT int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *p
 	free.lease_id = lease_id;
 	free.pages = (uint32_t *)pages;
 	free.n_pages = n;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(FREE), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	r = resp->result_case == KVPOOL__RESPONSE__RESULT_FREE ? (int)resp->free->lease_pages : 0;
+	r = resp->free->lease_pages > INT32_MAX
+		? kvp__fail(err, KVP_E_PROTOCOL, 0, "free answered with %u pages left",
+			    resp->free->lease_pages)
+		: (int)resp->free->lease_pages;
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
 
-KVP_EXPORT int kvp_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
-			  const uint32_t *tokens, uint32_t ntokens, uint32_t cached_pages,
-			  const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
-			  struct kvp_error *err)
+/* ---- prefix cache ---- */
+
+KVP_EXPORT int kvp_cache_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
+				const uint32_t *tokens, uint32_t ntokens, uint32_t cached_pages,
+				const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
+				struct kvp_error *err)
 {
 	CALL_SETUP(req, insert, INSERT, Kvpool__InsertReq, KVPOOL__INSERT_REQ__INIT);
 	Kvpool__Response *resp;
@@ -810,45 +1365,51 @@ KVP_EXPORT int kvp_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
 	insert.pages = (uint32_t *)pages;
 	insert.n_pages = npages;
 	insert.cached_pages = cached_pages;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(INSERT), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (new_tokens && resp->result_case == KVPOOL__RESPONSE__RESULT_INSERT)
+	if (new_tokens)
 		*new_tokens = resp->insert->new_tokens;
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
 
-KVP_EXPORT int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-			 int lock, struct kvp_match *m, uint32_t *device_pages,
-			 uint32_t *host_pages, uint32_t cap, struct kvp_error *err)
+KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens,
+			       uint32_t ntokens, int lock, struct kvp_match_result *m,
+			       uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,
+			       struct kvp_error *err)
 {
 	CALL_SETUP(req, match, MATCH, Kvpool__MatchReq, KVPOOL__MATCH_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchResp *mr;
+	size_t size;
 	int r;
 
+	if (!m || m->struct_size < sizeof(*m))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "struct kvp_match_result too small");
 	match.pool_id = p->id;
 	match.namespace_ = ns;
 	match.tokens = (uint32_t *)tokens;
 	match.n_tokens = ntokens;
 	match.lock = lock != 0;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(MATCH), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (resp->result_case != KVPOOL__RESPONSE__RESULT_MATCH) {
-		kvpool__response__free_unpacked(resp, NULL);
-		return kvp__fail(err, KVP_E_PROTOCOL, 0, "match answered with another call");
-	}
 	mr = resp->match;
 	if (mr->n_device_pages > cap || mr->n_host_pages > cap) {
+		uint64_t lock_id = mr->lock_id;
+
 		/* The caller cannot take the pages: give the lock back rather than leak it. */
-		if (mr->lock_id)
-			kvp_release(p, mr->lock_id, NULL);
 		kvpool__response__free_unpacked(resp, NULL);
+		if (lock_id)
+			kvp_cache_release(p, lock_id, NULL);
 		return kvp__fail(err, KVP_E_BUFFER, 0, "match: %u entries do not hold the reply",
 				 cap);
 	}
+	size = m->struct_size;
+	memset(m, 0, sizeof(*m));
+	m->struct_size = size;
 	m->matched_tokens = mr->matched_tokens;
 	m->n_device = (uint32_t)mr->n_device_pages;
 	m->n_host = (uint32_t)mr->n_host_pages;
@@ -862,47 +1423,43 @@ KVP_EXPORT int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens
 	return 0;
 }
 
-KVP_EXPORT int kvp_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err)
+KVP_EXPORT int kvp_cache_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err)
 {
 	CALL_SETUP(req, release, RELEASE, Kvpool__ReleaseReq, KVPOOL__RELEASE_REQ__INIT);
-	Kvpool__Response *resp;
-	int r;
 
 	release.lock_id = lock_id;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
-	if (r == 0)
-		kvpool__response__free_unpacked(resp, NULL);
-	return r;
+	return rpc_void(p->c, &req, RESULT(RELEASE), err);
 }
 
-KVP_EXPORT int kvp_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages, uint32_t cap,
-			struct kvp_error *err)
+KVP_EXPORT int kvp_cache_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages,
+			      uint32_t cap, struct kvp_error *err)
 {
 	CALL_SETUP(req, load, LOAD, Kvpool__LoadReq, KVPOOL__LOAD_REQ__INIT);
 	Kvpool__Response *resp;
+	size_t n;
 	int r;
 
 	load.lock_id = lock_id;
-	r = kvp__call(p->c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(p->c, &req, RESULT(LOAD), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (resp->result_case != KVPOOL__RESPONSE__RESULT_LOAD)
-		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "load answered with another call");
-	else if (resp->load->n_device_pages > cap)
+	n = resp->load->n_device_pages;
+	if (n > cap) {
 		r = kvp__fail(err, KVP_E_BUFFER, 0, "load: %u entries do not hold %zu pages", cap,
-			      resp->load->n_device_pages);
-	else {
-		if (resp->load->n_device_pages)
-			memcpy(device_pages, resp->load->device_pages,
-			       sizeof(uint32_t) * resp->load->n_device_pages);
-		r = (int)resp->load->n_device_pages;
+			      n);
+	} else {
+		if (n)
+			memcpy(device_pages, resp->load->device_pages, sizeof(uint32_t) * n);
+		r = (int)n;
 	}
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
 
-KVP_EXPORT int kvp_evict(struct kvp_client *c, const char *pool, int tier, uint64_t tokens,
-			 uint64_t *evicted, struct kvp_error *err)
+/* ---- administration ---- */
+
+KVP_EXPORT int kvp_admin_evict(struct kvp_client *c, const char *pool, int tier, uint64_t tokens,
+			       uint64_t *evicted, struct kvp_error *err)
 {
 	CALL_SETUP(req, evict, EVICT, Kvpool__EvictReq, KVPOOL__EVICT_REQ__INIT);
 	Kvpool__Response *resp;
@@ -911,63 +1468,69 @@ KVP_EXPORT int kvp_evict(struct kvp_client *c, const char *pool, int tier, uint6
 	evict.pool = (char *)pool;
 	evict.tier = (Kvpool__Tier)tier;
 	evict.tokens = tokens;
-	r = kvp__call(c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(c, &req, RESULT(EVICT), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (evicted && resp->result_case == KVPOOL__RESPONSE__RESULT_EVICT)
+	if (evicted)
 		*evicted = resp->evict->evicted_tokens;
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
 
-KVP_EXPORT int kvp_flush(struct kvp_client *c, const char *pool, uint64_t *evicted,
-			 struct kvp_error *err)
+KVP_EXPORT int kvp_admin_flush(struct kvp_client *c, const char *pool, uint64_t *evicted,
+			       struct kvp_error *err)
 {
 	CALL_SETUP(req, flush, FLUSH, Kvpool__FlushReq, KVPOOL__FLUSH_REQ__INIT);
 	Kvpool__Response *resp;
 	int r;
 
 	flush.pool = (char *)pool;
-	r = kvp__call(c, &req, &resp, NULL, NULL, err);
+	r = kvp__rpc(c, &req, RESULT(FLUSH), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
-	if (evicted && resp->result_case == KVPOOL__RESPONSE__RESULT_FLUSH)
+	if (evicted)
 		*evicted = resp->flush->evicted_tokens;
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
 
-KVP_EXPORT int kvp_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err)
+KVP_EXPORT int kvp_admin_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err)
 {
 	CALL_SETUP(req, drain, DRAIN, Kvpool__DrainReq, KVPOOL__DRAIN_REQ__INIT);
-	Kvpool__Response *resp;
-	int r;
 
 	drain.deadline_ms = deadline_ms;
-	r = kvp__call(c, &req, &resp, NULL, NULL, err);
-	if (r == 0)
-		kvpool__response__free_unpacked(resp, NULL);
-	return r;
+	return rpc_void(c, &req, RESULT(DRAIN), err);
 }
 
-KVP_EXPORT int kvp_metrics(struct kvp_client *c, char *buf, size_t len, struct kvp_error *err)
+KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
+				struct kvp_error *err)
 {
-	CALL_SETUP(req, metrics, METRICS, Kvpool__MetricsReq, KVPOOL__METRICS_REQ__INIT);
+	CALL_SETUP(req, reload, RELOAD, Kvpool__ReloadReq, KVPOOL__RELOAD_REQ__INIT);
 	Kvpool__Response *resp;
-	size_t n;
-	int r = kvp__call(c, &req, &resp, NULL, NULL, err);
+	Kvpool__ReloadResp *m;
+	uint32_t k = 0;
+	int r;
 
-	if (r < 0)
+	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
 		return r;
-	n = resp->result_case == KVPOOL__RESPONSE__RESULT_METRICS && resp->metrics->text
-		    ? strlen(resp->metrics->text)
-		    : 0;
-	if (n + 1 > len || n > INT32_MAX)
-		r = kvp__fail(err, KVP_E_BUFFER, 0, "metrics need %zu bytes", n + 1);
-	else {
-		memcpy(buf, n ? resp->metrics->text : "", n + 1);
-		r = (int)n;
+	if ((r = kvp__rpc(c, &req, RESULT(RELOAD), &resp, NULL, NULL, err)) < 0)
+		return r;
+	m = resp->reload;
+	for (int refused = 0; refused < 2; refused++) {
+		char **lines = refused ? m->refused : m->changes;
+		size_t n = refused ? m->n_refused : m->n_changes;
+
+		for (size_t i = 0; i < n; i++, k++) {
+			struct kvp_reload_item *o;
+
+			if (k >= cap)
+				continue;
+			o = list_entry(entries, sizeof(*o), k);
+			o->refused = (uint32_t)refused;
+			snprintf(o->text, sizeof(o->text), "%s", lines[i] ? lines[i] : "");
+		}
 	}
+	r = list_count(m->n_changes + m->n_refused, err);
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }

@@ -20,7 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kvp_internal.h"
+#include "json.h"
+#include "kvpool.h"
 
 struct opts {
 	const char *socket, *pool, *workload;
@@ -154,7 +155,7 @@ static int rows(struct ctx *x, int tier, const uint32_t *pages, uint32_t base, u
 
 		for (uint32_t l = 0; l < x->g.layers; l++) {
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_slot_addr(x->p, tier, l, kv, page, tok);
+				uint8_t *a = kvp_pool_slot_addr(x->p, tier, l, kv, page, tok);
 
 				if (!a)
 					return -1;
@@ -216,14 +217,14 @@ static int lease_workload(struct ctx *x)
 				rc = -1;
 				break;
 			}
-			if (TIMED(x->res, kvp_alloc(x->p, KVP_TIER_DEVICE, r->npages, &r->lease, r->pages,
-						   &e)) < 0) {
+			if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, r->npages,
+							  &r->lease, r->pages, &e)) < 0) {
 				count_error(x, &e);
 				free(r->pages);
 				free(r->keys);
 				if (e.code != KVP_E_OUT_OF_CAPACITY && e.code != KVP_E_QUOTA_EXCEEDED) {
 					snprintf(x->res->why, sizeof(x->res->why), "alloc: %s: %s",
-						 kvp_strerror(e.code), e.message);
+						 kvp_code_name(e.code), e.message);
 					rc = -1;
 					break;
 				}
@@ -252,7 +253,7 @@ static int lease_workload(struct ctx *x)
 
 			if (rc == 0 && rows(x, KVP_TIER_DEVICE, r->pages, 0, 0, r->ntokens, r->keys, 1) < 0)
 				rc = -1;
-			if (TIMED(x->res, kvp_free(x->p, r->lease, NULL, 0, &e)) < 0) {
+			if (TIMED(x->res, kvp_lease_free(x->p, r->lease, NULL, 0, &e)) < 0) {
 				count_error(x, &e);
 				snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 				rc = -1;
@@ -275,14 +276,14 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	uint32_t pt = x->g.page_tokens, cap = n / pt + 1, matched, own_from, nlease;
 	uint32_t *dev = malloc(sizeof(uint32_t) * cap), *host = malloc(sizeof(uint32_t) * cap);
 	uint32_t *lease_pages = malloc(sizeof(uint32_t) * cap);
-	struct kvp_match m = { 0 };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	struct kvp_error e;
 	uint64_t lease = 0;
 	int rc = -1;
 
 	if (!dev || !host || !lease_pages)
 		goto out;
-	if (TIMED(x->res, kvp_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e)) < 0) {
+	if (TIMED(x->res, kvp_cache_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e)) < 0) {
 		count_error(x, &e);
 		snprintf(x->res->why, sizeof(x->res->why), "match: %s", e.message);
 		goto out;
@@ -292,7 +293,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	x->res->hit_tokens += (uint64_t)matched * pt;
 	if (m.n_host) {
 		/* Promote the host continuation; the lock keeps the path while we read it. */
-		int k = kvp_load(x->p, m.lock_id, dev, cap, &e);
+		int k = kvp_cache_load(x->p, m.lock_id, dev, cap, &e);
 
 		if (k == (int)matched) {
 			x->res->loads++;
@@ -316,7 +317,8 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	own_from = matched * pt;
 	nlease = n > own_from ? (n - own_from + pt - 1) / pt : 0;
 	if (nlease) {
-		if (TIMED(x->res, kvp_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease, lease_pages, &e)) < 0) {
+		if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease,
+						  lease_pages, &e)) < 0) {
 			count_error(x, &e);
 			if (e.code == KVP_E_OUT_OF_CAPACITY) {
 				x->res->backoffs++;
@@ -329,13 +331,13 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 		}
 		if (rows(x, KVP_TIER_DEVICE, lease_pages, own_from, own_from, n, keys, 0) < 0)
 			goto out;
-		if (TIMED(x->res, kvp_insert(x->p, lease, 0, tok, n, matched, lease_pages, nlease,
-					     NULL, &e)) < 0) {
+		if (TIMED(x->res, kvp_cache_insert(x->p, lease, 0, tok, n, matched, lease_pages,
+						   nlease, NULL, &e)) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "insert: %s", e.message);
 			goto out;
 		}
-		if (TIMED(x->res, kvp_free(x->p, lease, NULL, 0, &e)) < 0) {
+		if (TIMED(x->res, kvp_lease_free(x->p, lease, NULL, 0, &e)) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 			goto out;
@@ -347,8 +349,8 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	rc = 0;
 out:
 	if (lease)
-		kvp_free(x->p, lease, NULL, 0, NULL);
-	if (m.lock_id && kvp_release(x->p, m.lock_id, &e) < 0 && rc == 0) {
+		kvp_lease_free(x->p, lease, NULL, 0, NULL);
+	if (m.lock_id && kvp_cache_release(x->p, m.lock_id, &e) < 0 && rc == 0) {
 		snprintf(x->res->why, sizeof(x->res->why), "release: %s", e.message);
 		rc = -1;
 	}
@@ -561,20 +563,22 @@ int main(int argc, char **argv)
 			fprintf(stderr, "kvpool-loadgen: process %d: %s\n", i, res[i].why);
 	}
 	if (o.json) {
-		printf("{\"workload\":\"%s\",\"procs\":%d,\"wall_s\":%.3f,\"requests\":%lu,"
+		printf("{\"workload\":");
+		kvp_json_str(stdout, o.workload);
+		printf(",\"procs\":%d,\"wall_s\":%.3f,\"requests\":%lu,"
 		       "\"tokens\":%lu,\"requests_per_s\":%.1f,\"bytes_verified\":%lu,"
 		       "\"mismatches\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,\"loads\":%lu,"
 		       "\"backoffs\":%lu,\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
-		       o.workload, o.procs, wall, (unsigned long)sum.requests,
-		       (unsigned long)sum.tokens, (double)sum.requests / wall,
-		       (unsigned long)sum.bytes_verified, (unsigned long)sum.mismatches,
-		       (unsigned long)sum.hit_tokens, (unsigned long)sum.queried_tokens,
-		       (unsigned long)sum.loads, (unsigned long)sum.backoffs,
-		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
+		       o.procs, wall, (unsigned long)sum.requests, (unsigned long)sum.tokens,
+		       (double)sum.requests / wall, (unsigned long)sum.bytes_verified,
+		       (unsigned long)sum.mismatches, (unsigned long)sum.hit_tokens,
+		       (unsigned long)sum.queried_tokens, (unsigned long)sum.loads,
+		       (unsigned long)sum.backoffs, lat_quantile(sum.lat, 0.5),
+		       lat_quantile(sum.lat, 0.99));
 		for (int k = 1, first = 1; k < KVP_CODE_MAX; k++) {
 			if (!sum.errors[k])
 				continue;
-			printf("%s\"%s\":%lu", first ? "" : ",", kvp_strerror(k),
+			printf("%s\"%s\":%lu", first ? "" : ",", kvp_code_name(k),
 			       (unsigned long)sum.errors[k]);
 			first = 0;
 		}
@@ -600,7 +604,7 @@ int main(int argc, char **argv)
 		printf("  errors by code ");
 		for (int k = 1, any = 0; k < KVP_CODE_MAX; k++) {
 			if (sum.errors[k]) {
-				printf(" %s=%lu", kvp_strerror(k), (unsigned long)sum.errors[k]);
+				printf(" %s=%lu", kvp_code_name(k), (unsigned long)sum.errors[k]);
 				any = 1;
 			}
 			if (k == KVP_CODE_MAX - 1 && !any)

@@ -1079,7 +1079,7 @@ uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p)
 	return kvp_conf_token_bytes(p) * p->page_tokens;
 }
 
-const char *kvp_dtype_name(enum kvp_dtype d)
+const char *kvp_conf_dtype_name(enum kvp_dtype d)
 {
 	return (unsigned)d < KVP_DTYPE_MAX ? g_dtype_names[d] : "?";
 }

@@ -109,7 +109,7 @@ uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p);
 uint32_t kvp_dtype_size(enum kvp_dtype d);
 
 /* Names as written in the file ("bf16", "sim", "try", "lru"); "?" for out-of-range values. */
-const char *kvp_dtype_name(enum kvp_dtype d);
+const char *kvp_conf_dtype_name(enum kvp_dtype d);
 const char *kvp_device_kind_name(enum kvp_device_kind k);
 const char *kvp_tristate_name(enum kvp_tristate t);
 const char *kvp_eviction_name(enum kvp_eviction e);

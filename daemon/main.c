@@ -168,7 +168,7 @@ static int create_pools(struct kvp_daemon *d, uint32_t from)
 		log_notice("pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
 			   "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
 			   "(%lu MiB, NUMA %d%s%s)%s%s",
-			   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_dtype_name(pc->dtype),
+			   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
 			   pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
 			   kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? kvp_device_kind_name(pc->device)
 								  : "none",

@@ -7,17 +7,24 @@
 #include <string.h>
 
 #include "kvp_config.h"
+#include "kvpool_caps.h"
 #include "log.h"
 
 KVP_RPC_HANDLER(kvp_rpc_hello)
 {
 	Kvpool__HelloResp *m;
 
-	if (q->hello->protocol_version != KVP_PROTO_VERSION) {
+	/* Any protocol from 1 on, as long as the client requires no capability this daemon
+	 * lacks; the answer is the offer's intersection with what the daemon supports. */
+	if (q->hello->protocol_version < 1 ||
+	    (q->hello->required_capabilities & ~(uint64_t)KVP_CAPS_DAEMON)) {
 		r->close_after = true;
 		return kvp_fail(f, KVPOOL__CODE__VERSION,
-				"client speaks protocol %u, kvpoold %s speaks %u",
-				q->hello->protocol_version, KVP_VERSION, KVP_PROTO_VERSION);
+				"client speaks protocol %u requiring capabilities 0x%llx; kvpoold %s "
+				"speaks %u with 0x%llx",
+				q->hello->protocol_version,
+				(unsigned long long)q->hello->required_capabilities, KVP_VERSION,
+				KVP_PROTO_VERSION, (unsigned long long)KVP_CAPS_DAEMON);
 	}
 	if (s->hello)
 		return kvp_fail(f, KVPOOL__CODE__PROTOCOL, "Hello was already said");
@@ -32,6 +39,7 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	m->daemon_version = (char *)KVP_VERSION;
 	m->protocol_version = KVP_PROTO_VERSION;
 	m->keepalive_ms = d->conf.keepalive_ms;
+	m->capabilities = q->hello->capabilities & KVP_CAPS_DAEMON;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_HELLO;
 	r->resp.hello = m;
 	log_info("session %lu: hello from '%s' pid %d uid %u%s", (unsigned long)s->id, s->name,
@@ -84,7 +92,7 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		    f, KVPOOL__CODE__GEOMETRY_MISMATCH,
 		    "pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
 		    "%u; the client expects layers %u kv_heads %u head_dim %u page_tokens %u",
-		    p->conf.name, g.layers, g.kv_heads, g.head_dim, kvp_dtype_name(p->conf.dtype),
+		    p->conf.name, g.layers, g.kv_heads, g.head_dim, kvp_conf_dtype_name(p->conf.dtype),
 		    g.page_tokens, a->expected->layers, a->expected->kv_heads,
 		    a->expected->head_dim, a->expected->page_tokens);
 	}

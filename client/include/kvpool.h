@@ -14,6 +14,13 @@
  * - Output parameters are untouched on failure.
  * - Threads: a struct kvp_client (and the pools attached through it) is not thread-safe.
  *   Use one client per thread, or serialise calls on a shared one with a lock of your own.
+ *   A struct kvp_mapping's references may be taken and dropped from any thread.
+ * - Structs the library fills or reads that may grow start with `size_t struct_size`, which
+ *   the caller sets to sizeof(the struct it was compiled with): the library reads and writes
+ *   only that many bytes, so a newer library serves an older caller. A struct_size smaller
+ *   than the struct's first version is -KVP_E_INVALID_ARGUMENT.
+ * - Names are kvp_<object>_<verb>: kvp_client_*, kvp_pool_*, kvp_mapping_*, kvp_lease_*,
+ *   kvp_cache_*, kvp_session_*, kvp_admin_*.
  * - Plain C types only, so the library can be called through ctypes or cffi.
  */
 #ifndef KVPOOL_H
@@ -22,13 +29,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpool_caps.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define KVP_PROTOCOL_VERSION 1
 
-/* Codes 0..14 are the daemon's (the wire's Code); 100.. are raised by the library itself. */
+/* Codes 0..14 are the daemon's (the wire's Code; a newer daemon may send others below 100, an
+ * out-of-range one is reported as KVP_E_PROTOCOL); 100.. are raised by the library itself. */
 enum kvp_code {
 	KVP_OK = 0,
 	KVP_E_OUT_OF_CAPACITY = 1,
@@ -48,22 +58,47 @@ enum kvp_code {
 	KVP_E_NO_DAEMON = 100, /* connect failed: sys_errno says why */
 	KVP_E_TRANSPORT = 101, /* the connection failed or closed mid-call: sys_errno says why */
 	KVP_E_NOMEM = 102,
-	KVP_E_MAP = 103,       /* mapping a tier's memory failed: sys_errno or message say why */
-	KVP_E_BUFFER = 104,    /* a caller buffer is too small for the reply */
+	KVP_E_MAP = 103,    /* mapping a tier's memory failed: sys_errno or message say why */
+	KVP_E_BUFFER = 104, /* a caller buffer is too small for the reply */
+	KVP_E_AGAIN = 105,  /* nothing waits now (kvp_client_event_next): poll and retry */
 	KVP_CODE_MAX
 };
 
 enum kvp_tier { KVP_TIER_DEVICE = 0, KVP_TIER_HOST = 1, KVP_TIER_MAX };
-enum kvp_backend { KVP_BACKEND_NONE = 0, KVP_BACKEND_SIM = 1, KVP_BACKEND_CUDA = 2,
-		   KVP_BACKEND_MEMFD = 3, KVP_BACKEND_MAX };
-enum kvp_dtype { KVP_DTYPE_NONE = 0, KVP_DTYPE_FP16 = 1, KVP_DTYPE_BF16 = 2, KVP_DTYPE_FP8 = 3,
-		 KVP_DTYPE_FP32 = 4, KVP_DTYPE_MAX };
+enum kvp_backend {
+	KVP_BACKEND_NONE = 0,
+	KVP_BACKEND_SIM = 1,
+	KVP_BACKEND_CUDA = 2,
+	KVP_BACKEND_MEMFD = 3,
+	KVP_BACKEND_MAX
+};
+enum kvp_dtype {
+	KVP_DTYPE_NONE = 0,
+	KVP_DTYPE_FP16 = 1,
+	KVP_DTYPE_BF16 = 2,
+	KVP_DTYPE_FP8 = 3,
+	KVP_DTYPE_FP32 = 4,
+	KVP_DTYPE_MAX
+};
 /* Which host memory limit binds in a HOST_BUDGET_EXCEEDED. */
-enum kvp_limit { KVP_LIMIT_NONE = 0, KVP_LIMIT_MEM_AVAILABLE, KVP_LIMIT_NUMA_NODE_FREE,
-		 KVP_LIMIT_CGROUP_MEMORY_MAX, KVP_LIMIT_RLIMIT_MEMLOCK, KVP_LIMIT_HUGEPAGES_FREE,
-		 KVP_LIMIT_MAX };
-enum kvp_detail { KVP_DETAIL_NONE = 0, KVP_DETAIL_CAPACITY, KVP_DETAIL_BUDGET, KVP_DETAIL_QUOTA,
-		  KVP_DETAIL_GEOMETRY, KVP_DETAIL_LIMIT, KVP_DETAIL_MAX };
+enum kvp_limit {
+	KVP_LIMIT_NONE = 0,
+	KVP_LIMIT_MEM_AVAILABLE,
+	KVP_LIMIT_NUMA_NODE_FREE,
+	KVP_LIMIT_CGROUP_MEMORY_MAX,
+	KVP_LIMIT_RLIMIT_MEMLOCK,
+	KVP_LIMIT_HUGEPAGES_FREE,
+	KVP_LIMIT_MAX
+};
+enum kvp_detail {
+	KVP_DETAIL_NONE = 0,
+	KVP_DETAIL_CAPACITY,
+	KVP_DETAIL_BUDGET,
+	KVP_DETAIL_QUOTA,
+	KVP_DETAIL_GEOMETRY,
+	KVP_DETAIL_LIMIT,
+	KVP_DETAIL_MAX
+};
 
 struct kvp_geometry {
 	uint32_t layers;
@@ -99,13 +134,17 @@ struct kvp_error {
 		char what[64];
 		uint64_t limit;
 	} limit;
+	uint64_t reserved[16]; /* room for details a later version adds, without an ABI change */
 };
 
-/* Static name of a code ("OUT_OF_CAPACITY"); "UNKNOWN" for others. */
-const char *kvp_strerror(int code);
+/* Static names: of a code ("OUT_OF_CAPACITY", the sign ignored), a limit, a tier ("device",
+ * "host"), a backend ("sim", "cuda", "memfd", "none"), a dtype ("fp16", ...); "UNKNOWN" or "?"
+ * for values out of range. */
+const char *kvp_code_name(int code);
 const char *kvp_limit_name(int limit);
 const char *kvp_tier_name(int tier);
 const char *kvp_backend_name(int backend);
+const char *kvp_dtype_name(int dtype);
 
 /* ---- connection ---- */
 struct kvp_client;
@@ -113,31 +152,81 @@ struct kvp_client;
 /* Writes the socket path a client uses when none is given: $KVPOOL_SOCKET, else
  * /run/kvpool/kvpoold.sock for root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock.
  * Returns buf, or NULL when it does not fit in len. */
-const char *kvp_default_socket(char *buf, size_t len);
-/* Connects to path (NULL: kvp_default_socket) and says Hello with `name`.
- * Returns the client, or NULL with err filled (KVP_E_NO_DAEMON, KVP_E_VERSION,
- * KVP_E_PERMISSION_DENIED, KVP_E_TRANSPORT, ...). */
+const char *kvp_client_default_socket(char *buf, size_t len);
+
+struct kvp_client_opts {
+	size_t struct_size;
+	const char *name;		/* shown by `kvpoolctl sessions`; NULL: "" */
+	uint64_t capabilities;		/* KVP_CAP_* offered (kvp_client_connect: KVP_CAP_ALL) */
+	uint64_t required_capabilities; /* KVP_CAP_* the daemon must agree to, else KVP_E_VERSION */
+	uint32_t timeout_ms;		/* as kvp_client_set_timeout, applied from Hello on */
+};
+/* Connects to path (NULL: kvp_client_default_socket) and says Hello. A path that does not fit
+ * a unix socket address is refused (KVP_E_INVALID_ARGUMENT), never truncated. Returns the
+ * client, or NULL with err filled (KVP_E_NO_DAEMON, KVP_E_VERSION, KVP_E_PERMISSION_DENIED,
+ * KVP_E_TRANSPORT, KVP_E_INVALID_ARGUMENT, ...). */
+struct kvp_client *kvp_client_connect_opts(const char *path, const struct kvp_client_opts *opts,
+					   struct kvp_error *err);
+/* kvp_client_connect_opts with name, every capability offered and none required. */
 struct kvp_client *kvp_client_connect(const char *path, const char *name, struct kvp_error *err);
 /* Closes the connection; the daemon returns every lease and lock of the session. Detaches
- * (unmaps) every pool still attached. Accepts NULL. */
+ * every pool still attached (a struct kvp_mapping still referenced stays mapped). Accepts
+ * NULL. */
 void kvp_client_close(struct kvp_client *c);
 uint64_t kvp_client_session_id(const struct kvp_client *c);
 /* Daemon version string as sent in the Hello reply. */
 const char *kvp_client_daemon_version(const struct kvp_client *c);
+/* The capabilities both sides agreed to in Hello (0 from a daemon that knows none). */
+uint64_t kvp_client_capabilities(const struct kvp_client *c);
 /* Sets a receive timeout for every call (0 = wait forever, the default). Returns 0 or
  * -KVP_E_INVALID_ARGUMENT. A call that times out returns -KVP_E_TRANSPORT (sys_errno EAGAIN)
  * and the client must then be closed. */
 int kvp_client_set_timeout(struct kvp_client *c, uint32_t ms);
 
 /* Round trip. Returns 0 or a negative code. */
-int kvp_ping(struct kvp_client *c, struct kvp_error *err);
+int kvp_client_ping(struct kvp_client *c, struct kvp_error *err);
+
+/* ---- events: frames the daemon sends unasked ----
+ * A frame that answers no call of this client (id 0 carrying a result, or an id the client
+ * never used) is queued as an event (at most KVP_CLIENT_MAX_EVENTS; later ones are dropped and
+ * counted); descriptors arriving with it are closed. A reply to a call given up earlier is
+ * discarded with its descriptors. Calls never return an event's frame. */
+#define KVP_CLIENT_MAX_EVENTS 64
+struct kvp_event {
+	size_t struct_size;
+	uint32_t type;	    /* the Response's result field number (kvpool.proto), 0 for none */
+	int32_t code;	    /* the frame's status code (0: OK) */
+	uint64_t id;	    /* the frame's id (0: pushed) */
+	uint64_t dropped;   /* events dropped for a full queue since the last one taken */
+	void *payload;	    /* caller's buffer for the frame's protobuf Response, or NULL */
+	size_t payload_cap; /* its size */
+	size_t payload_len; /* set: the frame's size; min(payload_len, payload_cap) were copied */
+};
+/* A descriptor to poll for POLLIN (owned by the client, do not close or read it): readable
+ * when an event is queued or bytes from the daemon wait in the socket. When it polls readable,
+ * call kvp_client_event_next until it returns -KVP_E_AGAIN, then poll again (a call made
+ * meanwhile may have queued events: poll readable again tells). Returns the fd, or
+ * -KVP_E_TRANSPORT when the connection was lost, -KVP_E_NOMEM. */
+int kvp_client_event_fd(struct kvp_client *c);
+/* Reads what waits in the socket without blocking, then takes the oldest queued event into
+ * ev (struct_size, payload and payload_cap set by the caller). Returns 0, -KVP_E_AGAIN when
+ * none is queued, -KVP_E_INVALID_ARGUMENT, or -KVP_E_TRANSPORT (the connection failed; queued
+ * events are still handed out first). */
+int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev, struct kvp_error *err);
 
 #define KVP_STATUS_MAX_POOLS 16
+#define KVP_STATUS_MAX_COUNTERS 32
+struct kvp_counter {
+	char name[48];
+	uint64_t value;
+};
 struct kvp_tier_status {
 	uint32_t present;
 	uint32_t backend; /* enum kvp_backend */
 	uint64_t total_tokens, free_tokens, leased_tokens, cached_tokens;
 	uint64_t evictable_tokens, protected_tokens;
+	int32_t numa_node;
+	uint64_t evicted_tokens;
 };
 struct kvp_pool_status {
 	char name[64];
@@ -145,19 +234,53 @@ struct kvp_pool_status {
 	struct kvp_geometry geometry;
 	struct kvp_tier_status tiers[KVP_TIER_MAX];
 	uint64_t hit_tokens, queried_tokens;
+	uint64_t token_bytes;
+	uint32_t sessions;
+	uint64_t session_quota_tokens;
+	char eviction[16];
+	uint64_t nodes, demoted_tokens, promoted_tokens;
+	uint64_t allocs, frees, alloc_failures;
+	uint32_t n_counters; /* the pool's counters, in the daemon's order */
+	struct kvp_counter counters[KVP_STATUS_MAX_COUNTERS];
 };
 struct kvp_status {
+	size_t struct_size;
 	char daemon_version[32];
 	uint64_t uptime_ms;
 	uint32_t sessions;
+	int32_t pid;
+	uint32_t draining;
 	uint32_t n_pools; /* pools beyond KVP_STATUS_MAX_POOLS are not listed */
 	struct kvp_pool_status pools[KVP_STATUS_MAX_POOLS];
+	uint32_t n_counters; /* the daemon's counters */
+	struct kvp_counter counters[KVP_STATUS_MAX_COUNTERS];
 };
-/* Daemon status. Returns 0 or a negative code. */
-int kvp_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);
+/* Daemon status into out (out->struct_size set). Returns 0 or a negative code. */
+int kvp_client_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);
+/* Prometheus text exposition into buf (NUL-terminated). Returns the length, or a negative
+ * code (KVP_E_BUFFER when len is too small). */
+int kvp_client_metrics(struct kvp_client *c, char *buf, size_t len, struct kvp_error *err);
+
+/* Listings fill an array of entries: the caller sets entries[0].struct_size, which is the
+ * array's stride, and the library sets it in every entry written. They return the number of
+ * entries the daemon listed (entries[0..min(count, cap)) written), or a negative code. */
+struct kvp_session_info {
+	size_t struct_size;
+	uint64_t session_id;
+	int32_t pid;
+	uint32_t uid, gid;
+	char name[64];
+	uint64_t leased_tokens, locked_tokens;
+	uint32_t leases, locks;
+	uint64_t age_ms, idle_ms;
+};
+/* The connected sessions. */
+int kvp_session_list(struct kvp_client *c, struct kvp_session_info *entries, uint32_t cap,
+		     struct kvp_error *err);
 
 /* ---- pools ---- */
 struct kvp_pool;
+struct kvp_mapping;
 
 /* Attaches to pool `name` and maps its tiers. expected may be NULL; otherwise every nonzero
  * field must equal the pool's (else KVP_E_GEOMETRY_MISMATCH with both geometries in err).
@@ -166,8 +289,10 @@ struct kvp_pool;
  * Returns the pool or NULL (KVP_E_NO_SUCH_POOL, KVP_E_GEOMETRY_MISMATCH, KVP_E_MAP, ...). */
 struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *name,
 				 const struct kvp_geometry *expected, struct kvp_error *err);
-/* Detaches: the session's leases in this pool are freed, its locks released, the mappings
- * undone. Returns 0 or a negative code; the handle is freed either way. Accepts NULL. */
+/* Detaches: the session's leases in this pool are freed, its locks released, and the pool's
+ * references to its mappings dropped (memory still referenced through kvp_pool_tier_mapping
+ * stays mapped until the last kvp_mapping_unref). Returns 0 or a negative code; the handle is
+ * freed either way. Accepts NULL. */
 int kvp_pool_detach(struct kvp_pool *p, struct kvp_error *err);
 
 uint32_t kvp_pool_id(const struct kvp_pool *p);
@@ -179,41 +304,62 @@ int kvp_pool_tier_backend(const struct kvp_pool *p, int tier);
  * under any CUDA_VISIBLE_DEVICES that shows the GPU; -1 for other tiers. From a daemon that
  * sends no UUID, the daemon's own number. */
 int kvp_pool_tier_cuda_device(const struct kvp_pool *p, int tier);
-/* The tier's mapping in this process (a device pointer for cuda), NULL when absent or unmapped. */
+/* The tier's mapping in this process (a device pointer for cuda), NULL when absent or unmapped.
+ * Valid while the pool is attached; take a kvp_pool_tier_mapping to keep it longer. */
 void *kvp_pool_tier_base(const struct kvp_pool *p, int tier);
-/* The tier's memory fd as received (owned by the pool handle), -1 when absent. */
+/* The tier's memory fd as received (owned by the mapping), -1 when absent. */
 int kvp_pool_tier_fd(const struct kvp_pool *p, int tier);
 uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier);
 /* Bytes of one token of one layer of K (or V); of one page in the host layout (all layers). */
 uint64_t kvp_pool_row_bytes(const struct kvp_pool *p);
 uint64_t kvp_pool_page_bytes(const struct kvp_pool *p);
-/* Pages needed for `tokens` tokens. */
+/* Pages needed for `tokens` tokens, UINT32_MAX when that is more than a uint32_t counts (no
+ * lease holds that many); 0 for a pool without page_tokens. */
 uint32_t kvp_pool_pages_for(const struct kvp_pool *p, uint64_t tokens);
 /* Byte offset in the tier of (layer, kv = 0 for K / 1 for V, page, token offset in the page);
  * UINT64_MAX when out of range. Device tier layer-first [layer][k|v][slot][head][dim], host
  * tier page-first [page][layer][k|v][page_tokens][head][dim]. */
-uint64_t kvp_slot_offset(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
+uint64_t kvp_pool_slot_offset(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
+			      uint32_t page, uint32_t tok);
+/* The address of that row: kvp_pool_tier_base + kvp_pool_slot_offset, NULL when unmapped or
+ * out of range. */
+void *kvp_pool_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv,
 			 uint32_t page, uint32_t tok);
-/* The address of that row: kvp_pool_tier_base + kvp_slot_offset, NULL when unmapped or out
- * of range. */
-void *kvp_slot_addr(const struct kvp_pool *p, int tier, uint32_t layer, uint32_t kv, uint32_t page,
-		    uint32_t tok);
+
+/* ---- mappings: a tier's memory, reference-counted ----
+ * The pool holds one reference to each tier's mapping and drops it at detach (or client
+ * close); the memory is unmapped (cuda: released) and its fd closed when the last reference
+ * goes, so a view taken over the memory may outlive the pool handle and the connection. */
+/* Takes a reference to the tier's mapping. Returns it, or NULL when the pool has no such tier
+ * or it is not mapped in this process (a cuda tier without CUDA support). */
+struct kvp_mapping *kvp_pool_tier_mapping(struct kvp_pool *p, int tier);
+/* Takes one more reference; returns m. */
+struct kvp_mapping *kvp_mapping_ref(struct kvp_mapping *m);
+/* Drops a reference; the last one unmaps. Accepts NULL. */
+void kvp_mapping_unref(struct kvp_mapping *m);
+void *kvp_mapping_base(const struct kvp_mapping *m); /* a device pointer for cuda */
+uint64_t kvp_mapping_bytes(const struct kvp_mapping *m);
+int kvp_mapping_tier(const struct kvp_mapping *m);
+int kvp_mapping_backend(const struct kvp_mapping *m);
+/* As kvp_pool_tier_cuda_device; -1 unless cuda. */
+int kvp_mapping_cuda_device(const struct kvp_mapping *m);
 
 /* ---- leases ---- */
 /* Leases npages pages of `tier`, evicting cold cached prefixes when free pages are short.
  * Writes the lease id and the page ids (room for npages). Returns 0 or a negative code:
  * KVP_E_OUT_OF_CAPACITY (err->capacity says what was asked, free, evictable, protected),
- * KVP_E_QUOTA_EXCEEDED (err->quota), KVP_E_INVALID_ARGUMENT, KVP_E_LIMIT_EXCEEDED. */
-int kvp_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id, uint32_t *pages,
-	      struct kvp_error *err);
+ * KVP_E_QUOTA_EXCEEDED (err->quota), KVP_E_INVALID_ARGUMENT, KVP_E_LIMIT_EXCEEDED,
+ * KVP_E_PROTOCOL (a reply with another page count: the lease is freed). */
+int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id,
+		    uint32_t *pages, struct kvp_error *err);
 /* Adds npages pages to a lease; writes the new ids (room for npages). */
-int kvp_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages, uint32_t *pages,
-	       struct kvp_error *err);
+int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages, uint32_t *pages,
+		     struct kvp_error *err);
 /* Returns n pages of a lease (n == 0: all of them, and the lease ends). Returns the pages
  * left in the lease, or a negative code (KVP_E_NOT_FOUND for a lease or page that is not
  * this session's). */
-int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint32_t n,
-	     struct kvp_error *err);
+int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint32_t n,
+		   struct kvp_error *err);
 
 /* ---- prefix cache ---- */
 /* Publishes tokens[0..ntokens). The first cached_pages whole pages of the sequence are ones the
@@ -227,44 +373,64 @@ int kvp_free(struct kvp_pool *p, uint64_t lease_id, const uint32_t *pages, uint3
  * that wrote them. From the call on, other engines may read them and the daemon may demote them.
  * Writes the number of newly cached tokens to *new_tokens (may be NULL). Returns 0 or a
  * negative code. */
-int kvp_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns, const uint32_t *tokens,
-	       uint32_t ntokens, uint32_t cached_pages, const uint32_t *pages, uint32_t npages,
-	       uint64_t *new_tokens, struct kvp_error *err);
+int kvp_cache_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t ns, const uint32_t *tokens,
+		     uint32_t ntokens, uint32_t cached_pages, const uint32_t *pages,
+		     uint32_t npages, uint64_t *new_tokens, struct kvp_error *err);
 
-struct kvp_match {
+struct kvp_match_result {
+	size_t struct_size;
 	uint64_t matched_tokens;
 	uint32_t n_device; /* leading device-resident pages written to device_pages */
 	uint32_t n_host;   /* host-only continuation written to host_pages */
-	uint64_t lock_id;  /* nonzero when locked: release with kvp_release */
+	uint64_t lock_id;  /* nonzero when locked: release with kvp_cache_release */
 };
-/* Longest cached prefix of tokens. With lock, pins the matched pages until kvp_release or the
- * session ends. device_pages and host_pages need room for cap entries each
- * (ntokens / page_tokens suffices). Returns 0 or a negative code. */
-int kvp_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens, int lock,
-	      struct kvp_match *m, uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,
-	      struct kvp_error *err);
+/* Longest cached prefix of tokens. With lock, pins the matched pages until kvp_cache_release or
+ * the session ends. device_pages and host_pages need room for cap entries each
+ * (ntokens / page_tokens suffices). m->struct_size set by the caller. Returns 0 or a negative
+ * code (KVP_E_BUFFER: cap too small, the lock is given back). */
+int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		    int lock, struct kvp_match_result *m, uint32_t *device_pages,
+		    uint32_t *host_pages, uint32_t cap, struct kvp_error *err);
 /* Releases a lock. Returns 0 or a negative code (KVP_E_NOT_FOUND). */
-int kvp_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err);
+int kvp_cache_release(struct kvp_pool *p, uint64_t lock_id, struct kvp_error *err);
 /* Promotes the host-only pages of a locked match to device pages (copied by the daemon's
  * transfer kernels) and writes the device page ids of the whole locked path (room for cap).
  * Returns the number of pages written, or a negative code: KVP_E_OUT_OF_CAPACITY (no device
  * room), KVP_E_UNAVAILABLE (another session's lock pins the same host pages: read them in the
  * host tier, they stay valid while your lock holds). */
-int kvp_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages, uint32_t cap,
-	     struct kvp_error *err);
+int kvp_cache_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages, uint32_t cap,
+		   struct kvp_error *err);
+
+struct kvp_cache_prefix {
+	size_t struct_size;
+	uint64_t tokens, hits, ns;
+};
+/* The most-hit cached prefixes of pool `pool` (NULL or "": the first pool), a listing (see
+ * kvp_session_list). Returns the count or a negative code (KVP_E_NO_SUCH_POOL). */
+int kvp_cache_list(struct kvp_client *c, const char *pool, struct kvp_cache_prefix *entries,
+		   uint32_t cap, struct kvp_error *err);
 
 /* ---- administration (root or the admin group) ---- */
 /* Evicts up to `tokens` tokens of cached prefixes from a tier of pool `name`. Writes the tokens
  * evicted. Returns 0 or a negative code (KVP_E_PERMISSION_DENIED, KVP_E_NO_SUCH_POOL). */
-int kvp_evict(struct kvp_client *c, const char *pool, int tier, uint64_t tokens,
-	      uint64_t *evicted, struct kvp_error *err);
+int kvp_admin_evict(struct kvp_client *c, const char *pool, int tier, uint64_t tokens,
+		    uint64_t *evicted, struct kvp_error *err);
 /* Drops every unlocked cached prefix of pool `name`. */
-int kvp_flush(struct kvp_client *c, const char *pool, uint64_t *evicted, struct kvp_error *err);
+int kvp_admin_flush(struct kvp_client *c, const char *pool, uint64_t *evicted,
+		    struct kvp_error *err);
 /* Stops new leases; sessions may finish until deadline_ms, then the daemon exits 0. */
-int kvp_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err);
-/* Prometheus text exposition into buf (NUL-terminated). Returns the length, or a negative
- * code (KVP_E_BUFFER when len is too small). */
-int kvp_metrics(struct kvp_client *c, char *buf, size_t len, struct kvp_error *err);
+int kvp_admin_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err);
+
+struct kvp_reload_item {
+	size_t struct_size;
+	uint32_t refused; /* 0: a change made, 1: a change refused */
+	char text[256];
+};
+/* Re-reads the daemon's configuration file (as SIGHUP) and lists what changed and what was
+ * refused, a listing (see kvp_session_list): changes first, then refusals. Returns the count
+ * or a negative code. */
+int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
+		     struct kvp_error *err);
 
 #ifdef __cplusplus
 }

@@ -69,17 +69,17 @@ static double window(struct kvp_pool *p, int k, const uint32_t *tok, double secs
 	struct kvp_error e;
 	uint64_t n = 0, lease;
 	uint32_t page, dev[PREFIX_PAGES], host[PREFIX_PAGES];
-	struct kvp_match m;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 
 	do {
 		for (int i = 0; i < 64; i++, n++) {
 			if (k == 0) {
-				if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
-				    kvp_free(p, lease, NULL, 0, &e) < 0)
+				if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+				    kvp_lease_free(p, lease, NULL, 0, &e) < 0)
 					return -1;
-			} else if (kvp_match(p, 0, tok, PREFIX_PAGES * PT, 1, &m, dev, host,
+			} else if (kvp_cache_match(p, 0, tok, PREFIX_PAGES * PT, 1, &m, dev, host,
 					     PREFIX_PAGES, &e) < 0 ||
-				   m.n_device != PREFIX_PAGES || kvp_release(p, m.lock_id, &e) < 0) {
+				   m.n_device != PREFIX_PAGES || kvp_cache_release(p, m.lock_id, &e) < 0) {
 				return -1;
 			}
 		}
@@ -114,8 +114,8 @@ static int client(void *arg)
 			return 2;
 		}
 		/* the bytes do not matter to the daemon: publish the pages as they are */
-		if (kvp_alloc(p[i], KVP_TIER_DEVICE, PREFIX_PAGES, &lease, pages, &e) < 0 ||
-		    kvp_insert(p[i], lease, 0, tok, PREFIX_PAGES * PT, 0, pages, PREFIX_PAGES,
+		if (kvp_lease_alloc(p[i], KVP_TIER_DEVICE, PREFIX_PAGES, &lease, pages, &e) < 0 ||
+		    kvp_cache_insert(p[i], lease, 0, tok, PREFIX_PAGES * PT, 0, pages, PREFIX_PAGES,
 			       &fresh, &e) < 0) {
 			fprintf(stderr, "insert %s: %s\n", names[i], e.message);
 			return 3;

@@ -1,7 +1,7 @@
-/* bench_rpc_latency.c - Alloc(1 page) + Free round trip through libkvpool (kvp_alloc + kvp_free
- * against a kvpoold this program starts on a temporary socket), one client, p50 and p99, against
- * a raw unix-socket ping-pong between two processes with the same four frame sizes (Alloc
- * request, Alloc reply, Free request, Free reply, packed with kvp_frame_pack from the same
+/* bench_rpc_latency.c - Alloc(1 page) + Free round trip through libkvpool (kvp_lease_alloc +
+ * kvp_lease_free against a kvpoold this program starts on a temporary socket), one client, p50 and
+ * p99, against a raw unix-socket ping-pong between two processes with the same four frame sizes
+ * (Alloc request, Alloc reply, Free request, Free reply, packed with kvp_frame_pack from the same
  * protobuf messages): two raw round trips per pair, the transport's limit. A second baseline is
  * the io_uring frame echo server of echo_server.c (same frames, a reply as long as the request):
  * a server that waits in io_uring_enter like kvpoold does, which on some VMs wakes up much more
@@ -114,8 +114,8 @@ static void run_blocks(const struct sides *x, uint32_t blocks, uint64_t *lk, uin
 		for (uint32_t i = 0; i < BLOCK; i++) {
 			uint64_t t0 = b_now_ns();
 
-			if (kvp_alloc(x->p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
-			    kvp_free(x->p, lease, NULL, 0, &e) < 0)
+			if (kvp_lease_alloc(x->p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+			    kvp_lease_free(x->p, lease, NULL, 0, &e) < 0)
 				B_DIE("alloc/free: %s", e.message);
 			lk[b * BLOCK + i] = b_now_ns() - t0;
 		}
@@ -220,8 +220,8 @@ int main(int argc, char **argv)
 		B_DIE("attach default: %s", e.message);
 	/* warm up, and take live values for the frame sizes from the middle of the run */
 	for (int i = 0; i < 2000; i++) {
-		if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
-		    kvp_free(p, lease, NULL, 0, &e) < 0)
+		if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0 ||
+		    kvp_lease_free(p, lease, NULL, 0, &e) < 0)
 			B_DIE("alloc/free: %s", e.message);
 	}
 	frame_sizes(2000 + (uint64_t)blocks * BLOCK, kvp_pool_id(p), lease + (uint64_t)blocks * BLOCK,

@@ -85,12 +85,12 @@ static int writer(void)
 	    kvp_pool_tier_cuda_device(p, KVP_TIER_DEVICE) != 0 ||
 	    kvp_pool_tier_cuda_device(p, KVP_TIER_HOST) != -1)
 		return 11;
-	if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
+	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
 		return 12;
 	for (uint32_t l = 0; l < LAYERS; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			for (uint32_t t = 0; t < PAGE_TOKENS; t++) {
-				void *row = kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
+				void *row = kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
 
 				for (uint32_t i = 0; i < ROW; i++)
 					buf[i] = pattern(l, kv, t, i);
@@ -103,7 +103,7 @@ static int writer(void)
 		return 13;
 	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
 		tok[t] = 500 + t;
-	if (kvp_insert(p, lease, 0, tok, PAGE_TOKENS, 0, &page, 1, &fresh, &e) < 0 ||
+	if (kvp_cache_insert(p, lease, 0, tok, PAGE_TOKENS, 0, &page, 1, &fresh, &e) < 0 ||
 	    fresh != PAGE_TOKENS)
 		return 14;
 	if (write(g_pipe[1], &page, sizeof(page)) != sizeof(page))
@@ -121,7 +121,7 @@ static int check_page(struct kvp_pool *p, int tier, uint32_t page)
 	for (uint32_t l = 0; l < LAYERS; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			for (uint32_t t = 0; t < PAGE_TOKENS; t++) {
-				const uint8_t *row = kvp_slot_addr(p, tier, l, kv, page, t);
+				const uint8_t *row = kvp_pool_slot_addr(p, tier, l, kv, page, t);
 
 				if (!row)
 					return -1;
@@ -143,7 +143,7 @@ static int clear_page(struct kvp_pool *p, uint32_t page)
 {
 	for (uint32_t l = 0; l < LAYERS; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
-			if (cudaMemset(kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, 0), 0,
+			if (cudaMemset(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, 0), 0,
 				       (size_t)PAGE_TOKENS * ROW) != cudaSuccess)
 				return -1;
 	return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
@@ -154,7 +154,7 @@ static int reader(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-reader", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t page, tok[PAGE_TOKENS], dev[2], host[2], loaded[2];
 	uint64_t ev;
 
@@ -164,22 +164,22 @@ static int reader(void)
 		return 21;
 	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
 		tok[t] = 500 + t;
-	if (kvp_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 || m.n_device != 1 ||
-	    dev[0] != page)
+	if (kvp_cache_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 ||
+	    m.n_device != 1 || dev[0] != page)
 		return 22;
 	if (check_page(p, KVP_TIER_DEVICE, page) < 0)
 		return 23;
 	/* Demote through the CUDA kernels: the bytes are in the host page. */
-	if (kvp_evict(c, "g", KVP_TIER_DEVICE, PAGE_TOKENS, &ev, &e) < 0 || ev != PAGE_TOKENS)
+	if (kvp_admin_evict(c, "g", KVP_TIER_DEVICE, PAGE_TOKENS, &ev, &e) < 0 || ev != PAGE_TOKENS)
 		return 24;
-	if (kvp_match(p, 0, tok, PAGE_TOKENS, 1, &m, dev, host, 2, &e) < 0 || m.n_host != 1)
+	if (kvp_cache_match(p, 0, tok, PAGE_TOKENS, 1, &m, dev, host, 2, &e) < 0 || m.n_host != 1)
 		return 25;
 	if (check_page(p, KVP_TIER_HOST, host[0]) < 0)
 		return 27;
 	/* The freed device page may be the one the promotion gets: clear it first. */
 	if (clear_page(p, page) < 0)
 		return 28;
-	if (kvp_load(p, m.lock_id, loaded, 2, &e) != 1 ||
+	if (kvp_cache_load(p, m.lock_id, loaded, 2, &e) != 1 ||
 	    check_page(p, KVP_TIER_DEVICE, loaded[0]) < 0)
 		return 26;
 	kvp_client_close(c);

@@ -39,7 +39,7 @@ static const char *const g_conf = "[pool.g]\n"
 				  "host_capacity = 16384t\nmlock = off\n";
 static struct daemon g_d;
 static struct kvp_client *g_obs; /* the parent's status connection: no CUDA */
-static uint64_t g_demoted;	 /* tokens kvp_evict demoted over the cycles */
+static uint64_t g_demoted;	 /* tokens kvp_admin_evict demoted over the cycles */
 static uint32_t g_sessions;	 /* sessions when no engine runs */
 
 /* The byte every row of (cycle, layer, kv) holds. */
@@ -171,7 +171,7 @@ static bool reclaimed(uint32_t sessions, int ms, struct kvp_status *st)
 	struct kvp_error e;
 
 	do {
-		bool clean = kvp_status(g_obs, st, &e) == 0 && st->n_pools == 1 &&
+		bool clean = kvp_client_status(g_obs, st, &e) == 0 && st->n_pools == 1 &&
 			     st->sessions == sessions;
 
 		for (int t = 0; clean && t < KVP_TIER_MAX; t++)
@@ -205,7 +205,7 @@ static int fill_page(struct kvp_pool *p, uint32_t page, uint32_t cycle)
 {
 	for (uint32_t l = 0; l < LAYERS; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
-			if (cudaMemset(kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, 0),
+			if (cudaMemset(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, 0),
 				       fill(cycle, l, kv), (size_t)PT * ROW) != cudaSuccess)
 				return -1;
 	return 0;
@@ -224,7 +224,7 @@ static int engine(void *arg)
 	struct kvp_client *c;
 	struct kvp_pool *p = attach("gpu-engine", &c);
 	struct kvp_error e;
-	struct kvp_match m;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[CACHED_PAGES * PT], pages[CACHED_PAGES], held[HELD_PAGES], dev[CACHED_PAGES];
 	uint32_t host[CACHED_PAGES];
 	uint64_t lease, fresh, held_lease;
@@ -233,7 +233,7 @@ static int engine(void *arg)
 
 	if (!p)
 		return 10;
-	if (kvp_alloc(p, KVP_TIER_DEVICE, CACHED_PAGES, &lease, pages, &e) < 0)
+	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, CACHED_PAGES, &lease, pages, &e) < 0)
 		return 11;
 	for (uint32_t i = 0; i < CACHED_PAGES; i++)
 		if (fill_page(p, pages[i], en->cycle) < 0)
@@ -241,22 +241,22 @@ static int engine(void *arg)
 	if (cudaDeviceSynchronize() != cudaSuccess)
 		return 12;
 	tokens_of(en->cycle, tok);
-	if (kvp_insert(p, lease, 0, tok, CACHED_PAGES * PT, 0, pages, CACHED_PAGES, &fresh, &e) <
+	if (kvp_cache_insert(p, lease, 0, tok, CACHED_PAGES * PT, 0, pages, CACHED_PAGES, &fresh, &e) <
 		    0 ||
 	    fresh != CACHED_PAGES * PT)
 		return 13;
-	if (kvp_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) < 0 ||
+	if (kvp_cache_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) < 0 ||
 	    m.n_device != CACHED_PAGES || !m.lock_id)
 		return 14;
-	if (kvp_alloc(p, KVP_TIER_DEVICE, HELD_PAGES, &held_lease, held, &e) < 0 ||
-	    kvp_alloc(p, KVP_TIER_HOST, HELD_PAGES, &held_lease, held, &e) < 0)
+	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, HELD_PAGES, &held_lease, held, &e) < 0 ||
+	    kvp_lease_alloc(p, KVP_TIER_HOST, HELD_PAGES, &held_lease, held, &e) < 0)
 		return 15;
 	/* GPU work still queued when the kill comes: memsets of the held device pages */
-	if (kvp_alloc(p, KVP_TIER_DEVICE, 1, &held_lease, held, &e) < 0 ||
+	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &held_lease, held, &e) < 0 ||
 	    cudaStreamCreate(&s) != cudaSuccess)
 		return 16;
 	for (int i = 0; i < 2000; i++)
-		if (cudaMemsetAsync(kvp_slot_addr(p, KVP_TIER_DEVICE, i % LAYERS, 0, held[0], 0),
+		if (cudaMemsetAsync(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, i % LAYERS, 0, held[0], 0),
 				    i & 0xff, (size_t)PT * ROW, s) != cudaSuccess)
 			return 17;
 	if (write(en->ready, &one, 1) != 1)
@@ -275,12 +275,12 @@ static bool wait_ready(int fd, int ms)
 
 static void test_reclaim_sigkill_cycles(void)
 {
-	struct kvp_status st;
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_error e;
 	uint64_t gpu0 = 0, gpu1 = 0;
 	long rss0 = -1, rss1 = -1;
 	int fds0 = -1, fds1 = -1;
-	CU_ASSERT_FATAL(kvp_status(g_obs, &st, &e) == 0);
+	CU_ASSERT_FATAL(kvp_client_status(g_obs, &st, &e) == 0);
 	g_sessions = st.sessions;
 	CU_ASSERT_EQUAL(tier(&st, KVP_TIER_DEVICE)->backend, KVP_BACKEND_CUDA);
 	CU_ASSERT_EQUAL(tier(&st, KVP_TIER_DEVICE)->total_tokens, DEV_TOKENS);
@@ -305,7 +305,7 @@ static void test_reclaim_sigkill_cycles(void)
 			CU_FAIL_FATAL("engine not ready");
 		}
 		close(p[0]);
-		CU_ASSERT_FATAL(kvp_status(g_obs, &st, &e) == 0);
+		CU_ASSERT_FATAL(kvp_client_status(g_obs, &st, &e) == 0);
 		CU_ASSERT_EQUAL(st.sessions, g_sessions + 1);
 		CU_ASSERT_EQUAL(tier(&st, KVP_TIER_DEVICE)->leased_tokens, (HELD_PAGES + 1) * PT);
 		CU_ASSERT_EQUAL(tier(&st, KVP_TIER_HOST)->leased_tokens, HELD_PAGES * PT);
@@ -329,7 +329,7 @@ static void test_reclaim_sigkill_cycles(void)
 				(uint64_t)(cycle + 1) * CACHED_PAGES * PT);
 		/* every other cycle the daemon demotes a prefix through its CUDA kernels */
 		if (cycle % 2 == 0) {
-			CU_ASSERT(kvp_evict(g_obs, "g", KVP_TIER_DEVICE, CACHED_PAGES * PT, &ev, &e) ==
+			CU_ASSERT(kvp_admin_evict(g_obs, "g", KVP_TIER_DEVICE, CACHED_PAGES * PT, &ev, &e) ==
 				  0);
 			CU_ASSERT_EQUAL(ev, CACHED_PAGES * PT);
 			g_demoted += ev;
@@ -374,13 +374,13 @@ static int check_prefixes(void *arg)
 	int out = *(int *)arg;
 	uint8_t buf[ROW];
 	struct kvp_error e;
-	struct kvp_match m;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 
 	if (!p)
 		return 40;
 	for (uint32_t cycle = 0; cycle < CYCLES; cycle++) {
 		tokens_of(cycle, tok);
-		if (kvp_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) <
+		if (kvp_cache_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) <
 			    0 ||
 		    m.matched_tokens != CACHED_PAGES * PT || m.n_device + m.n_host != CACHED_PAGES) {
 			printf("cycle %u's prefix: matched %llu tokens\n", cycle,
@@ -396,7 +396,7 @@ static int check_prefixes(void *arg)
 				for (uint32_t kv = 0; kv < 2; kv++)
 					for (uint32_t r = 0; r < PT; r++) {
 						const uint8_t *row =
-							kvp_slot_addr(p, t, l, kv, page, r);
+							kvp_pool_slot_addr(p, t, l, kv, page, r);
 
 						if (!row)
 							return 42;
@@ -418,7 +418,7 @@ static int check_prefixes(void *arg)
 							}
 					}
 		}
-		if (kvp_release(p, m.lock_id, &e) < 0)
+		if (kvp_cache_release(p, m.lock_id, &e) < 0)
 			return 45;
 	}
 	kvp_client_close(c);
@@ -439,12 +439,12 @@ static int lease_all(void *arg)
 	if (!p || n != DEV_TOKENS / PT)
 		return 50;
 	pages = calloc(n, sizeof(*pages));
-	if (!pages || kvp_alloc(p, KVP_TIER_DEVICE, n, &lease, pages, &e) < 0) {
+	if (!pages || kvp_lease_alloc(p, KVP_TIER_DEVICE, n, &lease, pages, &e) < 0) {
 		printf("lease of all %u device pages: %s\n", n, e.message);
 		return 51;
 	}
 	if (fill_page(p, pages[n - 1], 3) < 0 || cudaDeviceSynchronize() != cudaSuccess ||
-	    cudaMemcpy(buf, kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, pages[n - 1], PT - 1), ROW,
+	    cudaMemcpy(buf, kvp_pool_slot_addr(p, KVP_TIER_DEVICE, 1, 1, pages[n - 1], PT - 1), ROW,
 		       cudaMemcpyDeviceToHost) != cudaSuccess)
 		return 52;
 	for (uint32_t b = 0; b < ROW; b++)
@@ -457,7 +457,7 @@ static int lease_all(void *arg)
 
 static void test_reclaim_keeps_prefixes_and_capacity(void)
 {
-	struct kvp_status st;
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_error e;
 	uint64_t host_pages = 0, ev = 0;
 	int p[2];
@@ -471,9 +471,9 @@ static void test_reclaim_keeps_prefixes_and_capacity(void)
 	/* each demoted page is host-only now, none was promoted back */
 	CU_ASSERT_EQUAL(host_pages * PT, g_demoted);
 	CU_ASSERT(reclaimed(g_sessions, 5000, &st));
-	CU_ASSERT(kvp_flush(g_obs, "g", &ev, &e) == 0);
+	CU_ASSERT(kvp_admin_flush(g_obs, "g", &ev, &e) == 0);
 	CU_ASSERT_EQUAL(ev, (uint64_t)CYCLES * CACHED_PAGES * PT);
-	CU_ASSERT_FATAL(kvp_status(g_obs, &st, &e) == 0);
+	CU_ASSERT_FATAL(kvp_client_status(g_obs, &st, &e) == 0);
 	CU_ASSERT_EQUAL(tier(&st, KVP_TIER_DEVICE)->free_tokens, DEV_TOKENS);
 	CU_ASSERT_EQUAL(run_child(lease_all, NULL), 0);
 	CU_ASSERT(reclaimed(g_sessions, 5000, &st));

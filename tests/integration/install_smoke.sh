@@ -22,13 +22,13 @@ int main(int argc, char **argv)
 	uint64_t lease;
 
 	if (!c) {
-		fprintf(stderr, "engine: %s: %s\n", kvp_strerror(e.code), e.message);
+		fprintf(stderr, "engine: %s: %s\n", kvp_code_name(e.code), e.message);
 		return 1;
 	}
 	p = kvp_pool_attach(c, "default", NULL, &e);
-	if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e) < 0 ||
-	    kvp_free(p, lease, NULL, 0, &e) < 0) {
-		fprintf(stderr, "engine: %s: %s\n", kvp_strerror(e.code), e.message);
+	if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e) < 0 ||
+	    kvp_lease_free(p, lease, NULL, 0, &e) < 0) {
+		fprintf(stderr, "engine: %s: %s\n", kvp_code_name(e.code), e.message);
 		return 1;
 	}
 	printf("engine: leased and freed 4 pages of pool default through the installed libkvpool\n");
@@ -48,6 +48,13 @@ if [ -n "$bad" ]; then
 	echo "libkvpool exports non-API symbols: $bad"
 	exit 1
 fi
+# Every export carries the version node of this API.
+unversioned=$(objdump -T "$libdir/libkvpool.so.0" | awk '$NF ~ /^kvp_/ && $(NF-1) != "KVPOOL_0.2" { print $NF }')
+if [ -n "$unversioned" ]; then
+	echo "libkvpool exports symbols outside KVPOOL_0.2: $unversioned"
+	exit 1
+fi
+[ "$(pkg-config --modversion kvpool)" = 0.2.0 ] || { echo "kvpool.pc is not version 0.2.0"; exit 1; }
 bin=$(dirname "$(find "$root" -name kvpoold -type f | head -1)")
 "$bin/kvpoold" --socket "$root/s.sock" --log-level warning &
 pid=$!

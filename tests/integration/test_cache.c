@@ -61,8 +61,8 @@ static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t ba
 	for (uint32_t pos = from; pos < to; pos++)
 		for (uint32_t l = 0; l < 2; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_slot_addr(p, tier, l, kv, pages[(pos - base) / PT],
-							   (pos - base) % PT);
+				uint8_t *a = kvp_pool_slot_addr(
+				    p, tier, l, kv, pages[(pos - base) / PT], (pos - base) % PT);
 
 				if (!a)
 					return 1000;
@@ -90,23 +90,23 @@ static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages, uint64_t ns
 	uint64_t lease, fresh = 0;
 
 	tokens_of(seq, tok, npages * PT);
-	if (kvp_alloc(e->p, KVP_TIER_DEVICE, npages, &lease, pages, &err) < 0)
+	if (kvp_lease_alloc(e->p, KVP_TIER_DEVICE, npages, &lease, pages, &err) < 0)
 		return -1;
 	rows(e->p, KVP_TIER_DEVICE, pages, 0, 0, npages * PT, seq, 0);
-	if (kvp_insert(e->p, lease, ns, tok, npages * PT, 0, pages, npages, &fresh, &err) < 0)
+	if (kvp_cache_insert(e->p, lease, ns, tok, npages * PT, 0, pages, npages, &fresh, &err) < 0)
 		return -1;
-	kvp_free(e->p, lease, NULL, 0, &err);
+	kvp_lease_free(e->p, lease, NULL, 0, &err);
 	return (int64_t)fresh;
 }
 
 static struct kvp_tier_status tier(int t)
 {
 	struct kvp_error err;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
 	struct kvp_tier_status z = { 0 };
 
-	if (c && kvp_status(c, &st, &err) == 0)
+	if (c && kvp_client_status(c, &st, &err) == 0)
 		z = st.pools[0].tiers[t];
 	kvp_client_close(c);
 	return z;
@@ -118,7 +118,7 @@ static void flush_all(void)
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "admin", &err);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-	CU_ASSERT_EQUAL(kvp_flush(c, "c", NULL, &err), 0);
+	CU_ASSERT_EQUAL(kvp_admin_flush(c, "c", NULL, &err), 0);
 	kvp_client_close(c);
 }
 
@@ -126,7 +126,7 @@ static int reader(void *arg)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 	int bad;
 
@@ -134,14 +134,15 @@ static int reader(void *arg)
 	if (eng_open(&b, "engine-b") < 0)
 		return 60;
 	tokens_of(7, tok, 40 + 2); /* a longer query: the cached 40 tokens match */
-	if (kvp_match(b.p, 0, tok, 42, 1, &m, dev, host, 16, &err) < 0)
+	if (kvp_cache_match(b.p, 0, tok, 42, 1, &m, dev, host, 16, &err) < 0)
 		return 61;
 	if (m.matched_tokens != 40 || m.n_device != 10 || m.n_host != 0 || !m.lock_id)
 		return 62;
 	bad = rows(b.p, KVP_TIER_DEVICE, dev, 0, 0, 40, 7, 1);
 	if (bad)
 		return 63;
-	if (kvp_release(b.p, m.lock_id, &err) < 0 || kvp_release(b.p, m.lock_id, &err) != -KVP_E_NOT_FOUND)
+	if (kvp_cache_release(b.p, m.lock_id, &err) < 0 ||
+	    kvp_cache_release(b.p, m.lock_id, &err) != -KVP_E_NOT_FOUND)
 		return 64;
 	kvp_client_close(b.c);
 	return 0;
@@ -166,23 +167,23 @@ static void test_insert_after_match_extends_the_prefix(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16], pages[8];
 	uint64_t lease, fresh = 0;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 3, 4, 0), 16);
 	tokens_of(3, tok, 30);
-	CU_ASSERT_EQUAL_FATAL(kvp_match(a.p, 0, tok, 30, 1, &m, dev, host, 16, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(a.p, 0, tok, 30, 1, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 16);
 	/* Compute tokens 16..30 (3 whole pages + a tail of 2) and publish the whole sequence. */
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(a.p, KVP_TIER_DEVICE, 4, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 4, &lease, pages, &err), 0);
 	rows(a.p, KVP_TIER_DEVICE, pages, 16, 16, 30, 3, 0);
-	CU_ASSERT_EQUAL(kvp_insert(a.p, lease, 0, tok, 30, 4, pages, 4, &fresh, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert(a.p, lease, 0, tok, 30, 4, pages, 4, &fresh, &err), 0);
 	CU_ASSERT_EQUAL(fresh, 12);
-	CU_ASSERT_EQUAL(kvp_free(a.p, lease, NULL, 0, &err), 0); /* the tail page */
-	CU_ASSERT_EQUAL(kvp_release(a.p, m.lock_id, &err), 0);
-	CU_ASSERT_EQUAL_FATAL(kvp_match(a.p, 0, tok, 30, 0, &m, dev, host, 16, &err), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(a.p, lease, NULL, 0, &err), 0); /* the tail page */
+	CU_ASSERT_EQUAL(kvp_cache_release(a.p, m.lock_id, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(a.p, 0, tok, 30, 0, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 28);
 	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_DEVICE, dev, 0, 0, 28, 3, 1), 0);
 	kvp_client_close(a.c);
@@ -204,7 +205,7 @@ static void test_eviction_frees_exactly_the_shortfall(void)
 	CU_ASSERT_EQUAL(d0.cached_tokens, 160);
 	CU_ASSERT_EQUAL(d0.free_tokens, 96);
 	/* 30 pages asked, 24 free: exactly 6 pages must go (demoted to host pages). */
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(a.p, KVP_TIER_DEVICE, 30, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 30, &lease, pages, &err), 0);
 	d1 = tier(KVP_TIER_DEVICE);
 	h1 = tier(KVP_TIER_HOST);
 	CU_ASSERT_EQUAL(d1.free_tokens, 0);
@@ -212,7 +213,7 @@ static void test_eviction_frees_exactly_the_shortfall(void)
 	CU_ASSERT_EQUAL(d1.leased_tokens, 120);
 	CU_ASSERT_EQUAL(h1.cached_tokens, 24);
 	CU_ASSERT_EQUAL(d1.free_tokens + d1.leased_tokens + d1.cached_tokens, d1.total_tokens);
-	CU_ASSERT_EQUAL(kvp_free(a.p, lease, NULL, 0, &err), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(a.p, lease, NULL, 0, &err), 0);
 	kvp_client_close(a.c);
 	flush_all();
 }
@@ -221,7 +222,7 @@ static void test_demotion_then_promotion_keeps_bytes(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16], loaded[16];
 	uint64_t evicted = 0;
 	int n;
@@ -229,21 +230,21 @@ static void test_demotion_then_promotion_keeps_bytes(void)
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 42, 12, 0), 48);
 	/* Admin eviction of the device tier demotes every cached page to the host tier. */
-	CU_ASSERT_EQUAL(kvp_evict(a.c, "c", KVP_TIER_DEVICE, 48, &evicted, &err), 0);
+	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "c", KVP_TIER_DEVICE, 48, &evicted, &err), 0);
 	CU_ASSERT_EQUAL(evicted, 48);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).cached_tokens, 0);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_HOST).cached_tokens, 48);
 	tokens_of(42, tok, 48);
-	CU_ASSERT_EQUAL_FATAL(kvp_match(a.p, 0, tok, 48, 1, &m, dev, host, 16, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(a.p, 0, tok, 48, 1, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.n_device, 0);
 	CU_ASSERT_EQUAL_FATAL(m.n_host, 12);
 	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_HOST, host, 0, 0, 48, 42, 1), 0); /* host layout */
-	n = kvp_load(a.p, m.lock_id, loaded, 16, &err);
+	n = kvp_cache_load(a.p, m.lock_id, loaded, 16, &err);
 	CU_ASSERT_EQUAL_FATAL(n, 12);
 	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_DEVICE, loaded, 0, 0, 48, 42, 1), 0); /* device layout */
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).cached_tokens, 48);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_HOST).cached_tokens, 0);
-	CU_ASSERT_EQUAL(kvp_release(a.p, m.lock_id, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_release(a.p, m.lock_id, &err), 0);
 	kvp_client_close(a.c);
 	flush_all();
 }
@@ -254,13 +255,14 @@ static int locker(void)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 
 	if (eng_open(&b, "locker") < 0)
 		return 70;
 	tokens_of(9, tok, 32);
-	if (kvp_match(b.p, 0, tok, 32, 1, &m, dev, host, 16, &err) < 0 || m.matched_tokens != 32)
+	if (kvp_cache_match(b.p, 0, tok, 32, 1, &m, dev, host, 16, &err) < 0 ||
+	    m.matched_tokens != 32)
 		return 71;
 	if (write(g_pipe[1], "l", 1) != 1)
 		return 72;
@@ -288,7 +290,7 @@ static void test_killed_client_locks_are_released(void)
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).protected_tokens, 32);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).evictable_tokens, 16);
 	/* Asking for more than free + evictable: the error carries the real figures. */
-	CU_ASSERT_EQUAL(kvp_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err),
+	CU_ASSERT_EQUAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err),
 			-KVP_E_OUT_OF_CAPACITY);
 	CU_ASSERT_EQUAL(err.capacity.requested_tokens, 256);
 	CU_ASSERT_EQUAL(err.capacity.free_tokens, 256 - 48);
@@ -303,8 +305,8 @@ static void test_killed_client_locks_are_released(void)
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).protected_tokens, 0);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).evictable_tokens, 48);
 	/* Now the whole tier can be had: every cached page gives way. */
-	CU_ASSERT_EQUAL(kvp_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err), 0);
-	CU_ASSERT_EQUAL(kvp_free(a.p, lease, NULL, 0, &err), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(a.p, lease, NULL, 0, &err), 0);
 	close(g_pipe[0]);
 	close(g_pipe[1]);
 	kvp_client_close(a.c);
@@ -315,16 +317,16 @@ static void test_namespaces_never_share(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match m;
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	uint32_t tok[64], dev[16], host[16];
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 5, 4, 1), 16);
 	CU_ASSERT_EQUAL(publish(&a, 5, 4, 2), 16); /* same tokens, another adapter: new pages */
 	tokens_of(5, tok, 16);
-	CU_ASSERT_EQUAL(kvp_match(a.p, 0, tok, 16, 0, &m, dev, host, 16, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_match(a.p, 0, tok, 16, 0, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 0);
-	CU_ASSERT_EQUAL(kvp_match(a.p, 2, tok, 16, 0, &m, dev, host, 16, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_match(a.p, 2, tok, 16, 0, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 16);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).cached_tokens, 32);
 	kvp_client_close(a.c);
@@ -339,8 +341,9 @@ static void test_admin_calls_refused_for_others(void)
 	if (getuid() != 0)
 		return; /* as root the test client is admin; the fault suite covers non-admins */
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
-	CU_ASSERT_EQUAL(kvp_evict(a.c, "nope", KVP_TIER_DEVICE, 4, NULL, &err), -KVP_E_NO_SUCH_POOL);
-	CU_ASSERT_EQUAL(kvp_evict(a.c, "c", 5, 4, NULL, &err), -KVP_E_INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "nope", KVP_TIER_DEVICE, 4, NULL, &err),
+			-KVP_E_NO_SUCH_POOL);
+	CU_ASSERT_EQUAL(kvp_admin_evict(a.c, "c", 5, 4, NULL, &err), -KVP_E_INVALID_ARGUMENT);
 	kvp_client_close(a.c);
 }
 

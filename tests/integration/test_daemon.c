@@ -29,16 +29,17 @@ static int clean_suite(void)
 static int client_pings(void *arg)
 {
 	struct kvp_error e;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *c = kvp_client_connect(g_d.sock, (const char *)arg, &e);
 
 	if (!c)
 		return 10;
 	for (int i = 0; i < 100; i++)
-		if (kvp_ping(c, &e) < 0)
+		if (kvp_client_ping(c, &e) < 0)
 			return 11;
-	if (kvp_status(c, &st, &e) < 0 || st.sessions < 1 || strcmp(st.daemon_version, "") == 0 ||
-	    st.n_pools != 1 || strcmp(st.pools[0].name, "default") != 0)
+	if (kvp_client_status(c, &st, &e) < 0 || st.sessions < 1 ||
+	    strcmp(st.daemon_version, "") == 0 || st.n_pools != 1 ||
+	    strcmp(st.pools[0].name, "default") != 0)
 		return 12;
 	if (kvp_client_session_id(c) == 0)
 		return 13;
@@ -66,13 +67,13 @@ static void test_hello_ping_status_several_processes(void)
 static void test_status_counts_sessions(void)
 {
 	struct kvp_error e;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *a = kvp_client_connect(g_d.sock, "a", &e);
 	struct kvp_client *b = kvp_client_connect(g_d.sock, "b", &e);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
-	CU_ASSERT_EQUAL(kvp_status(a, &st, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_status(a, &st, &e), 0);
 	CU_ASSERT_EQUAL(st.sessions, 2);
 	CU_ASSERT_NOT_EQUAL(kvp_client_session_id(a), kvp_client_session_id(b));
 	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].present, 1);
@@ -83,13 +84,15 @@ static void test_status_counts_sessions(void)
 	kvp_client_close(a);
 }
 
-static Kvpool__Response *raw_hello(int fd, uint32_t version)
+static Kvpool__Response *raw_hello(int fd, uint32_t version, uint64_t offer, uint64_t required)
 {
 	Kvpool__Request req = KVPOOL__REQUEST__INIT;
 	Kvpool__HelloReq h = KVPOOL__HELLO_REQ__INIT;
 
 	h.protocol_version = version;
 	h.client_name = (char *)"raw";
+	h.capabilities = offer;
+	h.required_capabilities = required;
 	req.id = 1;
 	req.call_case = KVPOOL__REQUEST__CALL_HELLO;
 	req.hello = &h;
@@ -98,20 +101,91 @@ static Kvpool__Response *raw_hello(int fd, uint32_t version)
 	return h_raw_recv(fd, 3000);
 }
 
+/* A requirement the daemon lacks is refused with both sides' versions and bits, and the
+ * connection closed; protocol 0 likewise. */
 static void test_version_mismatch(void)
 {
-	int fd = h_raw_connect(g_d.sock);
-	Kvpool__Response *r;
+	const struct {
+		uint32_t version;
+		uint64_t required;
+	} bad[] = {{99, UINT64_C(1) << 40}, {0, 0}};
 
-	CU_ASSERT_FATAL(fd >= 0);
-	r = raw_hello(fd, 99);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-	CU_ASSERT_EQUAL(r->id, 1);
-	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__VERSION);
-	CU_ASSERT_PTR_NOT_NULL(strstr(r->status->message, "protocol 99"));
-	kvpool__response__free_unpacked(r, NULL);
-	CU_ASSERT(h_raw_closed(fd, 3000));
-	close(fd);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int fd = h_raw_connect(g_d.sock);
+		Kvpool__Response *r;
+		char want[32];
+
+		CU_ASSERT_FATAL(fd >= 0);
+		r = raw_hello(fd, bad[i].version, bad[i].required, bad[i].required);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+		CU_ASSERT_EQUAL(r->id, 1);
+		CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__VERSION);
+		snprintf(want, sizeof(want), "protocol %u", bad[i].version);
+		CU_ASSERT_PTR_NOT_NULL(strstr(r->status->message, want));
+		kvpool__response__free_unpacked(r, NULL);
+		CU_ASSERT(h_raw_closed(fd, 3000));
+		close(fd);
+	}
+}
+
+/* Hello without capabilities (the old form) is served and agrees to none; a newer protocol is
+ * served too; the answer is the offer's intersection with what the daemon supports. */
+static void test_hello_capabilities(void)
+{
+	const struct {
+		uint32_t version;
+		uint64_t offer, required, agreed;
+	} ok[] = {
+	    {1, 0, 0, 0},
+	    {99, 0, 0, 0},
+	    {1, UINT64_MAX, 0, KVP_CAPS_DAEMON},
+	    {2, KVP_CAP_EVENTS, KVP_CAP_EVENTS, KVP_CAP_EVENTS},
+	    {1, UINT64_C(1) << 40, 0, 0},
+	};
+
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		int fd = h_raw_connect(g_d.sock);
+		Kvpool__Response *r;
+
+		CU_ASSERT_FATAL(fd >= 0);
+		r = raw_hello(fd, ok[i].version, ok[i].offer, ok[i].required);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+		CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__OK);
+		CU_ASSERT_EQUAL_FATAL(r->result_case, KVPOOL__RESPONSE__RESULT_HELLO);
+		CU_ASSERT_EQUAL(r->hello->capabilities, ok[i].agreed);
+		kvpool__response__free_unpacked(r, NULL);
+		close(fd);
+	}
+}
+
+/* The library offers every bit it knows and reports the agreement; asking for nothing still
+ * connects; requiring a bit the daemon lacks is KVP_E_VERSION. */
+static void test_client_connect_capabilities(void)
+{
+	struct kvp_client_opts o = {.struct_size = sizeof(o), .name = "caps"};
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "caps", &e);
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_EQUAL(kvp_client_capabilities(c), KVP_CAP_ALL & KVP_CAPS_DAEMON);
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+	kvp_client_close(c);
+	c = kvp_client_connect_opts(g_d.sock, &o, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_EQUAL(kvp_client_capabilities(c), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+	kvp_client_close(c);
+	o.required_capabilities = KVP_CAP_EVENTS;
+	c = kvp_client_connect_opts(g_d.sock, &o, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_EQUAL(kvp_client_capabilities(c), KVP_CAP_EVENTS);
+	kvp_client_close(c);
+	o.required_capabilities = UINT64_C(1) << 40;
+	CU_ASSERT_PTR_NULL(kvp_client_connect_opts(g_d.sock, &o, &e));
+	CU_ASSERT_EQUAL(e.code, KVP_E_VERSION);
+	o.struct_size = sizeof(size_t);
+	CU_ASSERT_PTR_NULL(kvp_client_connect_opts(g_d.sock, &o, &e));
+	CU_ASSERT_EQUAL(e.code, KVP_E_INVALID_ARGUMENT);
 }
 
 static void test_call_before_hello_is_protocol(void)
@@ -143,7 +217,7 @@ static void hostile_while_bystander(const void *bytes, size_t n, int expect_prot
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(ok);
 	CU_ASSERT_FATAL(fd >= 0);
-	r = raw_hello(fd, KVP_PROTOCOL_VERSION);
+	r = raw_hello(fd, KVP_PROTOCOL_VERSION, 0, 0);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
 	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__OK);
 	kvpool__response__free_unpacked(r, NULL);
@@ -158,7 +232,7 @@ static void hostile_while_bystander(const void *bytes, size_t n, int expect_prot
 	}
 	CU_ASSERT(h_raw_closed(fd, 3000));
 	close(fd);
-	CU_ASSERT_EQUAL(kvp_ping(ok, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(ok, &e), 0);
 	kvp_client_close(ok);
 }
 
@@ -236,7 +310,7 @@ static void test_unknown_call_is_typed(void)
 	uint8_t unk[] = { 5, 0, 0, 0, 0x08, 0x02, 0x9a, 0x06, 0x00 };
 
 	CU_ASSERT_FATAL(fd >= 0 && c);
-	r = raw_hello(fd, KVP_PROTOCOL_VERSION);
+	r = raw_hello(fd, KVP_PROTOCOL_VERSION, 0, 0);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
 	kvpool__response__free_unpacked(r, NULL);
 	CU_ASSERT_EQUAL(send(fd, unk, sizeof(unk), MSG_NOSIGNAL), (ssize_t)sizeof(unk));
@@ -245,7 +319,7 @@ static void test_unknown_call_is_typed(void)
 	CU_ASSERT_EQUAL(r->id, 2);
 	CU_ASSERT_EQUAL(r->status->code, KVPOOL__CODE__INVALID_ARGUMENT);
 	kvpool__response__free_unpacked(r, NULL);
-	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
 	close(fd);
 	kvp_client_close(c);
 }
@@ -269,7 +343,7 @@ static void test_permission_denied_for_uid_not_allowed(void)
 	struct daemon saved = g_d, d;
 	char uid[32];
 	const char *args[] = { "--allow-uid", uid, NULL };
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_error e;
 	struct kvp_client *c;
 
@@ -284,7 +358,7 @@ static void test_permission_denied_for_uid_not_allowed(void)
 	if (getuid() == 0) {
 		c = kvp_client_connect(d.sock, "root", &e);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-		CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+		CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 		CU_ASSERT_EQUAL(st.sessions, 1); /* the refused one made no session */
 		kvp_client_close(c);
 	}
@@ -341,7 +415,7 @@ static void test_sigterm_with_clients_connected_exits_0(void)
 		if (!c[i])
 			continue;
 		/* The session is gone: a call sees a clean EOF, not a hang. */
-		CU_ASSERT(kvp_ping(c[i], &e) < 0);
+		CU_ASSERT(kvp_client_ping(c[i], &e) < 0);
 		CU_ASSERT_EQUAL(e.code, KVP_E_TRANSPORT);
 		kvp_client_close(c[i]);
 	}
@@ -362,19 +436,21 @@ static void test_no_daemon_is_typed(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-		H_TEST(test_hello_ping_status_several_processes),
-		H_TEST(test_status_counts_sessions),
-		H_TEST(test_version_mismatch),
-		H_TEST(test_call_before_hello_is_protocol),
-		H_TEST(test_garbage_frame_closes_only_its_connection),
-		H_TEST(test_oversized_frame_closes_only_its_connection),
-		H_TEST(test_split_and_merged_frames),
-		H_TEST(test_unknown_call_is_typed),
-		H_TEST(test_permission_denied_for_uid_not_allowed),
-		H_TEST(test_socket_mode_0660),
-		H_TEST(test_runtime_directory_mode_0750),
-		H_TEST(test_sigterm_with_clients_connected_exits_0),
-		H_TEST(test_no_daemon_is_typed),
+	    H_TEST(test_hello_ping_status_several_processes),
+	    H_TEST(test_status_counts_sessions),
+	    H_TEST(test_version_mismatch),
+	    H_TEST(test_hello_capabilities),
+	    H_TEST(test_client_connect_capabilities),
+	    H_TEST(test_call_before_hello_is_protocol),
+	    H_TEST(test_garbage_frame_closes_only_its_connection),
+	    H_TEST(test_oversized_frame_closes_only_its_connection),
+	    H_TEST(test_split_and_merged_frames),
+	    H_TEST(test_unknown_call_is_typed),
+	    H_TEST(test_permission_denied_for_uid_not_allowed),
+	    H_TEST(test_socket_mode_0660),
+	    H_TEST(test_runtime_directory_mode_0750),
+	    H_TEST(test_sigterm_with_clients_connected_exits_0),
+	    H_TEST(test_no_daemon_is_typed),
 	};
 
 	return H_RUN_SUITE("daemon", init_suite, clean_suite, tests);

@@ -31,7 +31,8 @@ static int status_of(const char *sock, struct kvp_status *st)
 	if (!c)
 		return -1;
 	kvp_client_set_timeout(c, 5000);
-	r = kvp_status(c, st, &e);
+	st->struct_size = sizeof(*st);
+	r = kvp_client_status(c, st, &e);
 	kvp_client_close(c);
 	return r;
 }
@@ -73,26 +74,27 @@ static int cycler(void *arg)
 	for (int i = 0; i < CYCLES; i++) {
 		uint32_t fam = (uint32_t)rand_r(&seed) % 4, n = 1 + (uint32_t)rand_r(&seed) % 4;
 		uint32_t tok[64], dev[8], host[8], pages[8];
-		struct kvp_match m = { 0 };
+		struct kvp_match_result m = {.struct_size = sizeof(m)};
 		uint64_t lease;
 
 		for (uint32_t k = 0; k < n * 16; k++)
 			tok[k] = fam * 1000 + k;
-		if (kvp_match(p, 0, tok, n * 16, 1, &m, dev, host, 8, &e) < 0)
+		if (kvp_cache_match(p, 0, tok, n * 16, 1, &m, dev, host, 8, &e) < 0)
 			continue;
 		if (m.n_device + m.n_host < n &&
-		    kvp_alloc(p, KVP_TIER_DEVICE, n - m.n_device - m.n_host, &lease, pages, &e) == 0) {
-			kvp_insert(p, lease, 0, tok, n * 16, m.n_device + m.n_host, pages,
-				   n - m.n_device - m.n_host, NULL, &e);
-			kvp_free(p, lease, NULL, 0, &e);
+		    kvp_lease_alloc(p, KVP_TIER_DEVICE, n - m.n_device - m.n_host, &lease, pages,
+				    &e) == 0) {
+			kvp_cache_insert(p, lease, 0, tok, n * 16, m.n_device + m.n_host, pages,
+					 n - m.n_device - m.n_host, NULL, &e);
+			kvp_lease_free(p, lease, NULL, 0, &e);
 		}
-		if (i % 3 == 0 && kvp_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e) == 0) {
-			kvp_extend(p, lease, 1, pages + 2, &e);
-			kvp_free(p, lease, pages, 1, &e);
-			kvp_free(p, lease, NULL, 0, &e);
+		if (i % 3 == 0 && kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e) == 0) {
+			kvp_lease_extend(p, lease, 1, pages + 2, &e);
+			kvp_lease_free(p, lease, pages, 1, &e);
+			kvp_lease_free(p, lease, NULL, 0, &e);
 		}
 		if (m.lock_id)
-			kvp_release(p, m.lock_id, &e);
+			kvp_cache_release(p, m.lock_id, &e);
 	}
 	kvp_client_close(c);
 	return 0;
@@ -101,7 +103,7 @@ static int cycler(void *arg)
 static void test_sigkill_clients_mid_cycle_returns_pages(void)
 {
 	struct daemon d;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned killed = 0;
 
 	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
@@ -207,7 +209,7 @@ static void test_pipelining_client_does_not_stall_others(void)
 	for (int i = 0; i < 200; i++) {
 		uint64_t t0 = h_now_ms();
 
-		if (kvp_ping(c, &e) == 0)
+		if (kvp_client_ping(c, &e) == 0)
 			ok++;
 		lat[i] = h_now_ms() - t0;
 	}
@@ -266,40 +268,43 @@ static void test_limits_sessions_and_leases(void)
 	p = kvp_pool_attach(c[0], "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
 	for (int i = 0; i < 3; i++)
-		CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), -KVP_E_LIMIT_EXCEEDED);
+		CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e),
+			-KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(e.code, KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_LIMIT);
 	CU_ASSERT_EQUAL(e.limit.limit, 3);
 	CU_ASSERT_STRING_EQUAL(e.limit.what, "leases");
 	g_faults++;
 	/* Freeing one lets the next through. */
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0); /* the 3rd; output untouched on failure */
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e),
+			0); /* the 3rd; output untouched on failure */
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
 	/* Locks: cache one page, then the third lock on it is refused. */
 	{
 		uint32_t tok[16], dev[2], host[2];
-		struct kvp_match m;
+		struct kvp_match_result m = {.struct_size = sizeof(m)};
 
 		for (uint32_t k = 0; k < 16; k++)
 			tok[k] = 9000 + k;
-		CU_ASSERT_EQUAL(kvp_insert(p, lease, 0, tok, 16, 0, &page, 1, NULL, &e), 0);
+		CU_ASSERT_EQUAL(kvp_cache_insert(p, lease, 0, tok, 16, 0, &page, 1, NULL, &e), 0);
 		for (int k = 0; k < 2; k++) {
-			CU_ASSERT_EQUAL(kvp_match(p, 0, tok, 16, 1, &m, dev, host, 2, &e), 0);
+			CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tok, 16, 1, &m, dev, host, 2, &e), 0);
 			CU_ASSERT(m.lock_id != 0);
 		}
-		CU_ASSERT_EQUAL(kvp_match(p, 0, tok, 16, 1, &m, dev, host, 2, &e),
+		CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tok, 16, 1, &m, dev, host, 2, &e),
 				-KVP_E_LIMIT_EXCEEDED);
 		CU_ASSERT_STRING_EQUAL(e.limit.what, "locks");
 		CU_ASSERT_EQUAL(e.limit.limit, 2);
-		CU_ASSERT_EQUAL(kvp_match(p, 0, tok, 16, 0, &m, dev, host, 2, &e), 0); /* unlocked ok */
+		CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tok, 16, 0, &m, dev, host, 2, &e),
+				0); /* unlocked ok */
 		g_faults++;
 	}
 	for (int i = 0; i < 4; i++)
 		kvp_client_close(c[i]);
 	/* Sessions came back: a new client gets in. */
 	{
-		struct kvp_status st;
+		struct kvp_status st = {.struct_size = sizeof(st)};
 		uint64_t end = h_now_ms() + 3000;
 		int r = -1;
 
@@ -326,12 +331,12 @@ static int loader(void *arg)
 		return 10;
 	kvp_client_set_timeout(c, 5000);
 	for (uint64_t end = h_now_ms() + 15000; h_now_ms() < end;) {
-		int r = kvp_ping(c, &e);
+		int r = kvp_client_ping(c, &e);
 
 		if (r == 0)
-			r = kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e);
+			r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e);
 		if (r == 0)
-			r = kvp_free(p, lease, NULL, 0, &e) < 0 ? -e.code : 0;
+			r = kvp_lease_free(p, lease, NULL, 0, &e) < 0 ? -e.code : 0;
 		if (r == 0 || r == -KVP_E_OUT_OF_CAPACITY)
 			continue;
 		if (e.code == KVP_E_SHUTTING_DOWN)
@@ -371,7 +376,7 @@ static void test_sigterm_under_load(void)
 static void test_fork_inheritance_parent_exit_frees(void)
 {
 	struct daemon d;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	int pfd[2];
 	pid_t a, b = 0;
 	uint64_t t0;
@@ -387,7 +392,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 		uint64_t lease;
 		pid_t kid;
 
-		if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e) < 0)
+		if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e) < 0)
 			_exit(1);
 		kid = fork();
 		if (kid == 0) {
@@ -425,7 +430,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 static void test_injected_failures_end_typed_or_closed(void)
 {
 	struct daemon d;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned ok = 0, internal = 0, closed = 0, other = 0;
 
 	setenv("KVPOOLD_FAULTS", "pidfd:1,reply_queue:13:25,reply_alloc:17:25", 1);
@@ -442,14 +447,14 @@ static void test_injected_failures_end_typed_or_closed(void)
 			uint32_t pages[2];
 			uint64_t lease;
 
-			r = kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e) < 0 ? -1 : 0;
+			r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e) < 0 ? -1 : 0;
 			if (r == 0) {
 				ok++;
-				r = kvp_free(p, lease, NULL, 0, &e) < 0 ? -1 : 0;
+				r = kvp_lease_free(p, lease, NULL, 0, &e) < 0 ? -1 : 0;
 			}
 			if (r == 0) {
 				ok++;
-				r = kvp_ping(c, &e) < 0 ? -1 : 0;
+				r = kvp_client_ping(c, &e) < 0 ? -1 : 0;
 			}
 			if (r == 0)
 				ok++;
@@ -516,7 +521,7 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 {
 	static uint32_t big[BIG_MATCH], dev[BIG_MATCH / 16], host[BIG_MATCH / 16];
 	uint32_t tok[96], lease_pages[6];
-	struct kvp_match m = { 0 };
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
 	struct kvp_error e;
 	uint64_t lease = 0;
 	bool alive;
@@ -524,28 +529,31 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 
 	for (uint32_t i = 0; i < 96; i++)
 		tok[i] = i < 64 ? 100 + (step % 5) * 1000 + i : 900000 + step * 32 + i;
-	r = kvp_match(p, 0, tok, 96, 1, &m, dev, host, 6, &e);
+	r = kvp_cache_match(p, 0, tok, 96, 1, &m, dev, host, 6, &e);
 	alive = count(t, r, &e);
 	if (alive && r == 0 && m.n_host)
-		alive = count(t, kvp_load(p, m.lock_id, dev, 6, &e), &e);
+		alive = count(t, kvp_cache_load(p, m.lock_id, dev, 6, &e), &e);
 	if (alive && r == 0 && m.n_device < 6) {
 		uint32_t n = 6 - m.n_device;
 
-		r = kvp_alloc(p, KVP_TIER_DEVICE, n, &lease, lease_pages, &e);
+		r = kvp_lease_alloc(p, KVP_TIER_DEVICE, n, &lease, lease_pages, &e);
 		alive = count(t, r, &e);
 		if (alive && r == 0)
-			alive = count(t, kvp_insert(p, lease, 0, tok, 96, m.n_device, lease_pages, n,
-						    NULL, &e), &e);
+			alive = count(t,
+				      kvp_cache_insert(p, lease, 0, tok, 96, m.n_device,
+						       lease_pages, n, NULL, &e),
+				      &e);
 		if (alive && r == 0)
-			alive = count(t, kvp_free(p, lease, NULL, 0, &e), &e);
+			alive = count(t, kvp_lease_free(p, lease, NULL, 0, &e), &e);
 	}
 	if (alive && m.lock_id)
-		alive = count(t, kvp_release(p, m.lock_id, &e), &e);
+		alive = count(t, kvp_cache_release(p, m.lock_id, &e), &e);
 	if (alive && step % 5 == 4) {
 		for (uint32_t i = 0; i < BIG_MATCH; i++)
 			big[i] = i < 64 ? 100 + i : 7000000 + i;
-		alive = count(t, kvp_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16,
-					   &e), &e);
+		alive = count(
+		    t, kvp_cache_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16, &e),
+		    &e);
 	}
 	return alive;
 }
@@ -562,7 +570,7 @@ static void test_injected_allocation_failures_keep_the_books(void)
 					     "idmap", "lock", "prefix" };
 	struct tally t = { 0 };
 	struct daemon d;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	unsigned step = 0, refused = 0;
 
 	setenv("KVPOOLD_FAULTS",

@@ -57,7 +57,8 @@ static void snap(struct kvp_status *st)
 	struct kvp_error e;
 
 	memset(st, 0, sizeof(*st));
-	CU_ASSERT_EQUAL_FATAL(kvp_status(g_obs, st, &e), 0);
+	st->struct_size = sizeof(*st);
+	CU_ASSERT_EQUAL_FATAL(kvp_client_status(g_obs, st, &e), 0);
 }
 
 /* Same sessions, same pools, same counts in every tier. */
@@ -127,12 +128,13 @@ static bool in(int code, const int *ok)
 /* One bad input: a typed error from ok[] and the state as marked. */
 static void bad(int fd, Kvpool__Request *q, const int *ok, const char *what)
 {
-	struct kvp_status after;
+	struct kvp_status after = {.struct_size = sizeof(after)};
 	int code = rcall(fd, q, NULL);
 
 	g_cases++;
 	if (!in(code, ok))
-		printf("\n    %s: got %d (%s)\n", what, code, code >= 0 ? kvp_strerror(code) : "no reply");
+		printf("\n    %s: got %d (%s)\n", what, code,
+		       code >= 0 ? kvp_code_name(code) : "no reply");
 	CU_ASSERT(in(code, ok));
 	snap(&after);
 	if (!same_state(&g_snap, &after))
@@ -149,16 +151,23 @@ static const int TOO_BIG[] = { KVP_E_INVALID_ARGUMENT, KVP_E_OUT_OF_CAPACITY, KV
 static const int PAGE_BAD[] = { KVP_E_NOT_FOUND, KVP_E_INVALID_ARGUMENT, END };
 static const int ANY_TYPED[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, END };
 
-static int raw_hello(int fd, uint32_t version)
+static int raw_hello_caps(int fd, uint32_t version, uint64_t offer, uint64_t required)
 {
 	Kvpool__Request q = KVPOOL__REQUEST__INIT;
 	Kvpool__HelloReq h = KVPOOL__HELLO_REQ__INIT;
 
 	h.protocol_version = version;
 	h.client_name = (char *)"hostile";
+	h.capabilities = offer;
+	h.required_capabilities = required;
 	q.call_case = KVPOOL__REQUEST__CALL_HELLO;
 	q.hello = &h;
 	return rcall(fd, &q, NULL);
+}
+
+static int raw_hello(int fd, uint32_t version)
+{
+	return raw_hello_caps(fd, version, 0, 0);
 }
 
 static int raw_session(void)
@@ -347,7 +356,7 @@ static void test_extend_free_insert_bad_ids_and_pages(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(bp);
 	CU_ASSERT_FATAL(fd >= 0);
 	CU_ASSERT_EQUAL_FATAL(raw_attach(fd, "small"), 0);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(bp, KVP_TIER_DEVICE, 2, &blease, bpages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(bp, KVP_TIER_DEVICE, 2, &blease, bpages, &e), 0);
 	lease = raw_alloc(fd, 0, 4, pages);
 	CU_ASSERT_FATAL(lease != 0);
 	gone = raw_alloc(fd, 0, 1, one);
@@ -429,7 +438,7 @@ static void test_extend_free_insert_bad_ids_and_pages(void)
 		free_case(fd, lease, NULL, 0, NOT_FOUND, "double free");
 	}
 	/* The bystander's lease is untouched too. */
-	CU_ASSERT_EQUAL(kvp_free(bp, blease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(bp, blease, NULL, 0, &e), 0);
 	kvp_client_close(b);
 	close(fd);
 }
@@ -553,19 +562,35 @@ static void test_hello_twice_is_protocol(void)
 	close(fd);
 }
 
+/* Protocol 0 and any requirement the daemon lacks are refused and close the connection; newer
+ * protocols that require nothing new are served. */
 static void test_version_skew_is_version(void)
 {
-	const uint32_t versions[] = { 0, KVP_PROTOCOL_VERSION + 1, UINT32_MAX, NEG32 };
-	struct kvp_status after;
+	static const struct {
+		uint32_t version;
+		uint64_t required;
+		int code;
+	} cases[] = {
+	    {0, 0, KVP_E_VERSION},
+	    {KVP_PROTOCOL_VERSION + 1, UINT64_C(1) << 63, KVP_E_VERSION},
+	    {UINT32_MAX, UINT64_MAX, KVP_E_VERSION},
+	    {NEG32, NEG64, KVP_E_VERSION},
+	    {KVP_PROTOCOL_VERSION + 1, 0, 0},
+	    {UINT32_MAX, KVP_CAP_ALL, 0},
+	    {NEG32, 0, 0},
+	};
+	struct kvp_status after = {.struct_size = sizeof(after)};
 
 	mark();
-	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		int fd = h_raw_connect(g_d.sock);
 
 		CU_ASSERT_FATAL(fd >= 0);
 		g_cases++;
-		CU_ASSERT_EQUAL(raw_hello(fd, versions[i]), KVP_E_VERSION);
-		CU_ASSERT(h_raw_closed(fd, 3000));
+		CU_ASSERT_EQUAL(raw_hello_caps(fd, cases[i].version, UINT64_MAX, cases[i].required),
+				cases[i].code);
+		if (cases[i].code)
+			CU_ASSERT(h_raw_closed(fd, 3000));
 		close(fd);
 	}
 	usleep(100000);
@@ -581,13 +606,13 @@ static void test_random_bytes_after_hello_closes_only_it(void)
 	uint8_t junk[4 + 64];
 	uint64_t lease;
 	uint32_t pg[2];
-	struct kvp_status after;
+	struct kvp_status after = {.struct_size = sizeof(after)};
 	int fd = raw_session();
 	Kvpool__Response *r;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(bp);
 	CU_ASSERT_FATAL(fd >= 0);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(bp, KVP_TIER_DEVICE, 2, &lease, pg, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(bp, KVP_TIER_DEVICE, 2, &lease, pg, &e), 0);
 	mark();
 	srand(42);
 	junk[0] = 64;
@@ -605,12 +630,12 @@ static void test_random_bytes_after_hello_closes_only_it(void)
 	}
 	CU_ASSERT(h_raw_closed(fd, 3000));
 	close(fd);
-	CU_ASSERT_EQUAL(kvp_ping(by, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(by, &e), 0);
 	usleep(100000);
 	snap(&after);
 	CU_ASSERT_EQUAL(after.sessions + 1, g_snap.sessions); /* only the hostile one went */
 	CU_ASSERT_EQUAL(after.pools[0].tiers[0].leased_tokens, 32);
-	CU_ASSERT_EQUAL(kvp_free(bp, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(bp, lease, NULL, 0, &e), 0);
 	kvp_client_close(by);
 }
 
@@ -619,7 +644,8 @@ static void test_half_frame_and_silent_connection_dropped(void)
 	int half = raw_session(), silent = h_raw_connect(g_d.sock);
 	uint8_t part[4 + 10] = { 100, 0, 0, 0, 0x08, 0x01 };
 	uint64_t t0, t_half = 0, t_silent = 0, end;
-	struct kvp_status mid, after;
+	struct kvp_status mid = {.struct_size = sizeof(mid)},
+			  after = {.struct_size = sizeof(after)};
 
 	CU_ASSERT_FATAL(half >= 0 && silent >= 0);
 	g_cases += 2;
@@ -681,7 +707,7 @@ static void test_extend_huge_pages_no_stall(void)
 	t0 = h_now_ms();
 	CU_ASSERT_EQUAL(h_raw_send_request(fd, &q), 0);
 	usleep(20000);
-	CU_ASSERT_EQUAL(kvp_ping(by, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(by, &e), 0);
 	ping_ms = h_now_ms() - t0;
 	r = h_raw_recv(fd, 30000);
 	printf("\n    extend by UINT32_MAX pages: reply after %lu ms, bystander ping after %lu ms\n",
@@ -701,16 +727,16 @@ static void test_zz_daemon_unharmed_and_count(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "after", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	uint32_t pages[64];
 	uint64_t lease;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
 	usleep(200000); /* sessions closed by earlier tests are gone */
 	/* Every page is still there to lease. */
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 64, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0);
-	CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 64, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 	CU_ASSERT_EQUAL(st.sessions, 2); /* observer and this one */
 	CU_ASSERT_EQUAL(st.pools[0].tiers[0].leased_tokens, 0);
 	CU_ASSERT_EQUAL(st.pools[0].tiers[0].free_tokens, st.pools[0].tiers[0].total_tokens);

@@ -47,11 +47,11 @@ static struct kvp_client *conn(const char *name)
 static uint64_t tier_leased(int tier)
 {
 	struct kvp_error e;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct kvp_client *c = conn("probe");
 	uint64_t v = UINT64_MAX;
 
-	if (c && kvp_status(c, &st, &e) == 0)
+	if (c && kvp_client_status(c, &st, &e) == 0)
 		v = st.pools[0].tiers[tier].leased_tokens;
 	kvp_client_close(c);
 	return v;
@@ -81,11 +81,11 @@ static void test_attach_geometry_and_backend(void)
 	CU_ASSERT_EQUAL(kvp_pool_page_bytes(p), 2 * 2 * 16 * 64);
 	CU_ASSERT_PTR_NOT_NULL(kvp_pool_tier_base(p, KVP_TIER_DEVICE));
 	/* layer-first device layout, page-first host layout */
-	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_DEVICE, 1, 1, 3, 5),
+	CU_ASSERT_EQUAL(kvp_pool_slot_offset(p, KVP_TIER_DEVICE, 1, 1, 3, 5),
 			((1 * 2 + 1) * (64 * 16) + 3 * 16 + 5) * 64);
-	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_HOST, 1, 0, 3, 5),
+	CU_ASSERT_EQUAL(kvp_pool_slot_offset(p, KVP_TIER_HOST, 1, 0, 3, 5),
 			(((3 * 2 + 1) * 2 + 0) * 16 + 5) * 64);
-	CU_ASSERT_EQUAL(kvp_slot_offset(p, KVP_TIER_DEVICE, 2, 0, 0, 0), UINT64_MAX);
+	CU_ASSERT_EQUAL(kvp_pool_slot_offset(p, KVP_TIER_DEVICE, 2, 0, 0, 0), UINT64_MAX);
 	kvp_client_close(c);
 }
 
@@ -119,19 +119,19 @@ static int writer(void *arg)
 	char done;
 
 	(void)arg;
-	if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
+	if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e) < 0)
 		return 30;
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			for (uint32_t t = 0; t < 16; t++)
-				memset(kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t),
+				memset(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t),
 				       (int)(0x10 + l * 4 + kv * 2 + (t & 1)), 64);
 	if (write(g_pipe[1], &page, sizeof(page)) != sizeof(page))
 		return 31;
 	if (read(g_back[0], &done, 1) != 1 || done != 'k')
 		return 32; /* the reader saw it */
 	/* And the reader's write is visible here. */
-	if (*(uint8_t *)kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15) != 0xee)
+	if (*(uint8_t *)kvp_pool_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15) != 0xee)
 		return 33;
 	kvp_client_close(c);
 	return 0;
@@ -156,13 +156,13 @@ static void test_two_clients_share_bytes(void)
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			for (uint32_t t = 0; t < 16; t++) {
-				uint8_t *a = kvp_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
+				uint8_t *a = kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
 
 				for (int i = 0; i < 64; i++)
 					ok &= a[i] == (uint8_t)(0x10 + l * 4 + kv * 2 + (t & 1));
 			}
 	CU_ASSERT(ok);
-	memset(kvp_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15), 0xee, 64);
+	memset(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, 1, 1, page, 15), 0xee, 64);
 	CU_ASSERT_EQUAL(write(g_back[1], "k", 1), 1);
 	CU_ASSERT_EQUAL(waitpid(pid, &st, 0), pid);
 	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
@@ -180,8 +180,8 @@ static void test_exhaustion_is_out_of_capacity_with_numbers(void)
 	uint64_t lease, lease2;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 60, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 5, &lease2, pages, &e),
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 60, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 5, &lease2, pages, &e),
 			-KVP_E_OUT_OF_CAPACITY);
 	CU_ASSERT_EQUAL(e.code, KVP_E_OUT_OF_CAPACITY);
 	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_CAPACITY);
@@ -194,12 +194,12 @@ static void test_exhaustion_is_out_of_capacity_with_numbers(void)
 	CU_ASSERT_EQUAL(e.capacity.total_tokens, 1024);
 	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "asked for 80 tokens"));
 	/* Exactly what is free still works; one more page does not. */
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease2, pages, &e), 0);
-	CU_ASSERT_EQUAL(kvp_extend(p, lease2, 1, pages, &e), -KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &lease2, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease2, 1, pages, &e), -KVP_E_OUT_OF_CAPACITY);
 	/* Absurd and zero sizes are typed too. */
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 0, &lease2, pages, &e),
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 0, &lease2, pages, &e),
 			-KVP_E_INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 64);
 	kvp_client_close(c);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
@@ -214,18 +214,19 @@ static void test_free_some_pages_and_foreign_pages(void)
 	uint64_t lease;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL(kvp_extend(p, lease, 2, more, &e), 0);
-	CU_ASSERT_EQUAL(kvp_free(p, lease, pages, 2, &e), 4); /* 4 left */
-	CU_ASSERT_EQUAL(kvp_free(p, lease, pages, 1, &e), -KVP_E_NOT_FOUND); /* already freed */
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease, 2, more, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 2, &e), 4); /* 4 left */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 1, &e),
+			-KVP_E_NOT_FOUND); /* already freed */
 	{
 		uint32_t dup[2] = { pages[2], pages[2] };
 
-		CU_ASSERT_EQUAL(kvp_free(p, lease, dup, 2, &e), -KVP_E_NOT_FOUND);
+		CU_ASSERT_EQUAL(kvp_lease_free(p, lease, dup, 2, &e), -KVP_E_NOT_FOUND);
 	}
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 64); /* nothing changed by the refusals */
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0);
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), -KVP_E_NOT_FOUND); /* double free */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), -KVP_E_NOT_FOUND); /* double free */
 	kvp_client_close(c);
 }
 
@@ -239,9 +240,9 @@ static int foreign(void *arg)
 
 	if (!p)
 		return 40;
-	if (kvp_free(p, lease, NULL, 0, &e) != -KVP_E_NOT_FOUND)
+	if (kvp_lease_free(p, lease, NULL, 0, &e) != -KVP_E_NOT_FOUND)
 		return 41;
-	if (kvp_extend(p, lease, 1, pages, &e) != -KVP_E_NOT_FOUND)
+	if (kvp_lease_extend(p, lease, 1, pages, &e) != -KVP_E_NOT_FOUND)
 		return 42;
 	kvp_client_close(c);
 	return 0;
@@ -256,9 +257,9 @@ static void test_foreign_lease_is_not_found(void)
 	uint64_t lease;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e), 0);
 	CU_ASSERT_EQUAL(h_in_child(foreign, &lease), 0);
-	CU_ASSERT_EQUAL(kvp_free(p, lease, NULL, 0, &e), 0); /* still ours, untouched */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0); /* still ours, untouched */
 	kvp_client_close(c);
 }
 
@@ -271,8 +272,8 @@ static int holder(void *arg)
 	uint64_t lease;
 
 	(void)arg;
-	if (!p || kvp_alloc(p, KVP_TIER_DEVICE, 40, &lease, pages, &e) < 0 ||
-	    kvp_alloc(p, KVP_TIER_HOST, 8, &lease, pages, &e) < 0)
+	if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 40, &lease, pages, &e) < 0 ||
+	    kvp_lease_alloc(p, KVP_TIER_HOST, 8, &lease, pages, &e) < 0)
 		_exit(50);
 	if (write(g_pipe[1], "r", 1) != 1)
 		_exit(51);
@@ -313,14 +314,14 @@ static void test_keepalive_reclaims_hung_session(void)
 	uint64_t lease, end;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 48);
 	/* No call for longer than keepalive_ms (1500): the session is reclaimed. */
 	end = h_now_ms() + 6000;
 	while (h_now_ms() < end && tier_leased(KVP_TIER_DEVICE) != 0)
 		usleep(100000);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
-	CU_ASSERT(kvp_ping(c, &e) < 0);
+	CU_ASSERT(kvp_client_ping(c, &e) < 0);
 	CU_ASSERT(h_log_contains(&g_d, "keepalive"));
 	kvp_client_close(c);
 }
@@ -334,13 +335,14 @@ static void test_quota_exceeded(void)
 	uint64_t lease;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 6, &lease, pages, &e), 0); /* 48 tokens */
-	CU_ASSERT_EQUAL(kvp_extend(p, lease, 3, pages, &e), -KVP_E_QUOTA_EXCEEDED);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 6, &lease, pages, &e),
+			0); /* 48 tokens */
+	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease, 3, pages, &e), -KVP_E_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(e.detail, KVP_DETAIL_QUOTA);
 	CU_ASSERT_EQUAL(e.quota.quota_tokens, 64);
 	CU_ASSERT_EQUAL(e.quota.held_tokens, 48);
 	CU_ASSERT_EQUAL(e.quota.requested_tokens, 24);
-	CU_ASSERT_EQUAL(kvp_extend(p, lease, 2, pages, &e), 0); /* exactly the quota */
+	CU_ASSERT_EQUAL(kvp_lease_extend(p, lease, 2, pages, &e), 0); /* exactly the quota */
 	kvp_client_close(c);
 }
 
@@ -359,7 +361,7 @@ static void test_tier_fd_is_sealed(void)
 		CU_ASSERT_EQUAL(errno, EPERM);
 		CU_ASSERT_EQUAL(ftruncate(fd, (off_t)kvp_pool_tier_bytes(p, t) * 2), -1);
 	}
-	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0); /* the daemon did not notice a thing */
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0); /* the daemon did not notice a thing */
 	kvp_client_close(c);
 }
 

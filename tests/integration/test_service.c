@@ -285,7 +285,7 @@ static void test_notify_ready_status_watchdog_stopping(void)
 
 		CU_ASSERT_PTR_NOT_NULL(c);
 		if (c)
-			CU_ASSERT_EQUAL(kvp_ping(c, &e), 0);
+			CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
 		kvp_client_close(c);
 	}
 	n.watchdog = 0;
@@ -310,7 +310,7 @@ static void test_socket_activation_serves_passed_fd(void)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct kvp_error e;
 	struct kvp_client *c;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	int fd;
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
@@ -325,8 +325,8 @@ static void test_socket_activation_serves_passed_fd(void)
 	CU_ASSERT_PTR_NOT_NULL(c);
 	if (c) {
 		kvp_client_set_timeout(c, 5000);
-		CU_ASSERT_EQUAL(kvp_ping(c, &e), 0);
-		CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+		CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+		CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 		CU_ASSERT_EQUAL(st.sessions, 1);
 		kvp_client_close(c);
 	}
@@ -342,7 +342,7 @@ static int alloc_one(struct kvp_pool *p, uint64_t *lease, struct kvp_error *e)
 {
 	uint32_t page;
 
-	return kvp_alloc(p, KVP_TIER_DEVICE, 1, lease, &page, e);
+	return kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, lease, &page, e);
 }
 
 static int retry_alloc(struct kvp_pool *p, int want, int ms)
@@ -356,7 +356,7 @@ static int retry_alloc(struct kvp_pool *p, int want, int ms)
 		if (r == want || (want == 0 && r == 0))
 			return r;
 		if (r == 0)
-			kvp_free(p, lease, NULL, 0, &e);
+			kvp_lease_free(p, lease, NULL, 0, &e);
 		usleep(20000);
 	} while (h_now_ms() < end);
 	return r;
@@ -368,7 +368,7 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	uint64_t lease;
 	char cmd[512];
 	int held = 0, r;
@@ -414,8 +414,8 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	write_small_conf(s.config, 32, 64);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload refused", 3000));
-	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0);
-	CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 	CU_ASSERT_EQUAL(st.pools[0].geometry.page_tokens, 16);
 	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].leased_tokens, (uint64_t)held * 16);
 	CU_ASSERT_EQUAL(waitpid(s.pid, NULL, WNOHANG), 0);
@@ -463,12 +463,13 @@ static void test_drain_refuses_leases_then_exits_0(void)
 	kvp_client_set_timeout(c, 5000);
 	p = kvp_pool_attach(c, "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){ 0 }, &e), 0);
-	CU_ASSERT_EQUAL(kvp_drain(c, 5000, &e), 0); /* this process is root or the daemon's uid */
-	r = kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){0}, &e), 0);
+	CU_ASSERT_EQUAL(kvp_admin_drain(c, 5000, &e),
+			0); /* this process is root or the daemon's uid */
+	r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e);
 	CU_ASSERT_EQUAL(r, -KVP_E_SHUTTING_DOWN);
 	CU_ASSERT_EQUAL(e.code, KVP_E_SHUTTING_DOWN);
-	CU_ASSERT_EQUAL(kvp_ping(c, &e), 0); /* the session itself still works */
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0); /* the session itself still works */
 	/* New connections are refused while draining. */
 	{
 		struct kvp_error e2;
@@ -537,7 +538,7 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st;
+	struct kvp_status st = {.struct_size = sizeof(st)};
 	struct family *fam = calloc(256, sizeof(*fam));
 	regex_t sample_re;
 	char cmd[512], line[4096], want[128];
@@ -569,8 +570,8 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	kvp_client_set_timeout(c, 5000);
 	p = kvp_pool_attach(c, "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL_FATAL(kvp_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL(kvp_status(c, &st, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].leased_tokens, 48);
 
 	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics", kvpoolctl(), s.sock);
@@ -656,7 +657,7 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	CU_ASSERT(nsamples > 5);
 	CU_ASSERT_EQUAL(bad, 0);
 	CU_ASSERT_EQUAL(leased_gauge, st.pools[0].tiers[KVP_TIER_DEVICE].leased_tokens);
-	kvp_free(p, lease, NULL, 0, &e);
+	kvp_lease_free(p, lease, NULL, 0, &e);
 	kvp_client_close(c);
 	regfree(&sample_re);
 	free(fam);
@@ -820,15 +821,16 @@ static int nobody_admin_calls(void *arg)
 	if (!c)
 		return 51;
 	kvp_client_set_timeout(c, 5000);
-	if (kvp_evict(c, "small", KVP_TIER_DEVICE, 16, &ev, &e) != -KVP_E_PERMISSION_DENIED ||
+	if (kvp_admin_evict(c, "small", KVP_TIER_DEVICE, 16, &ev, &e) != -KVP_E_PERMISSION_DENIED ||
 	    e.code != KVP_E_PERMISSION_DENIED)
 		fails |= 1;
-	if (kvp_drain(c, 1000, &e) != -KVP_E_PERMISSION_DENIED || e.code != KVP_E_PERMISSION_DENIED)
+	if (kvp_admin_drain(c, 1000, &e) != -KVP_E_PERMISSION_DENIED ||
+	    e.code != KVP_E_PERMISSION_DENIED)
 		fails |= 2;
-	if (kvp_flush(c, "small", &ev, &e) != -KVP_E_PERMISSION_DENIED ||
+	if (kvp_admin_flush(c, "small", &ev, &e) != -KVP_E_PERMISSION_DENIED ||
 	    e.code != KVP_E_PERMISSION_DENIED)
 		fails |= 4;
-	if (kvp_ping(c, &e) != 0) /* refused calls do not end the session */
+	if (kvp_client_ping(c, &e) != 0) /* refused calls do not end the session */
 		fails |= 8;
 	kvp_client_close(c);
 	return fails;
@@ -870,7 +872,7 @@ static void test_admin_calls_permission_denied_for_others(void)
 	p = kvp_pool_attach(c, "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL(p);
 	if (p)
-		CU_ASSERT_EQUAL(kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
+		CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e), 0);
 	kvp_client_close(c);
 	CU_ASSERT(svc_log_contains(&s, "uid 65534"));
 	CU_ASSERT_EQUAL(stop_pid(s.pid), 0);

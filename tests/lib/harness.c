@@ -270,6 +270,95 @@ Kvpool__Response *h_raw_recv(int fd, int ms)
 	return m;
 }
 
+Kvpool__Request *h_fake_recv(int fd, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	Kvpool__Request *m = NULL;
+	uint8_t hdr[4], *payload;
+	uint32_t len;
+
+	if (read_exact(fd, hdr, 4, end) < 0)
+		return NULL;
+	len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+	      (uint32_t)hdr[3] << 24;
+	if (len > KVP_FRAME_MAX || !(payload = malloc(len ? len : 1)))
+		return NULL;
+	if (read_exact(fd, payload, len, end) == 0)
+		m = kvp_frame_decode_request(payload, len);
+	free(payload);
+	return m;
+}
+
+int h_fake_send(int fd, Kvpool__Response *resp, const int *fds, int nfds)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * 8)];
+		struct cmsghdr align;
+	} cm;
+	struct msghdr msg = {0};
+	struct iovec iov;
+	uint8_t *buf;
+	size_t len;
+	int r = kvp_frame_pack(&resp->base, &buf, &len);
+
+	if (r < 0)
+		return r;
+	if (nfds < 0 || nfds > 8) {
+		free(buf);
+		return -EINVAL;
+	}
+	iov.iov_base = buf;
+	iov.iov_len = len;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	if (nfds) {
+		struct cmsghdr *h;
+
+		memset(&cm, 0, sizeof(cm));
+		msg.msg_control = cm.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+		h = CMSG_FIRSTHDR(&msg);
+		h->cmsg_level = SOL_SOCKET;
+		h->cmsg_type = SCM_RIGHTS;
+		h->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+		memcpy(CMSG_DATA(h), fds, sizeof(int) * (size_t)nfds);
+	}
+	r = sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)len ? 0 : -errno;
+	free(buf);
+	return r;
+}
+
+int h_fake_daemon(const char *sock, int (*script)(int fd, void *arg), void *arg, pid_t *pid)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (lfd < 0 || strlen(sock) >= sizeof(sa.sun_path))
+		return -1;
+	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	unlink(sock);
+	if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lfd, 4) < 0) {
+		close(lfd);
+		return -1;
+	}
+	*pid = fork();
+	if (*pid < 0) {
+		close(lfd);
+		return -1;
+	}
+	if (*pid == 0) {
+		struct pollfd pf = {.fd = lfd, .events = POLLIN};
+		int fd;
+
+		alarm(20);
+		if (poll(&pf, 1, 10000) <= 0 || (fd = accept(lfd, NULL, NULL)) < 0)
+			_exit(90);
+		_exit(script(fd, arg));
+	}
+	close(lfd);
+	return 0;
+}
+
 bool h_raw_closed(int fd, int ms)
 {
 	uint64_t end = h_now_ms() + (uint64_t)ms;

@@ -53,6 +53,15 @@ Kvpool__Response *h_raw_recv(int fd, int ms);
 /* Whether the peer closed the connection within ms (reads and discards). */
 bool h_raw_closed(int fd, int ms);
 
+/* A fake kvpoold for client tests: listens on sock, forks a child that accepts one connection
+ * and exits with script(fd, arg) (90 when no client came within 10 s). Returns 0 with *pid, or
+ * -1. */
+int h_fake_daemon(const char *sock, int (*script)(int fd, void *arg), void *arg, pid_t *pid);
+/* Reads one request frame within ms. NULL on EOF, timeout or garbage. */
+Kvpool__Request *h_fake_recv(int fd, int ms);
+/* Sends one response frame with nfds (at most 8) descriptors. 0 or -errno. */
+int h_fake_send(int fd, Kvpool__Response *resp, const int *fds, int nfds);
+
 /* h_run_suite, H_TEST: suite.h */
 
 /* Milliseconds of the monotonic clock. */

@@ -657,8 +657,8 @@ static void test_kvp_pool_page_bytes_dtypes(void)
 	p.dtype = KVP_DTYPE_FP32;
 	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 262144);
 	CU_ASSERT_EQUAL(kvp_conf_page_bytes(&p), 262144 * 16);
-	CU_ASSERT_STRING_EQUAL(kvp_dtype_name(KVP_DTYPE_BF16), "bf16");
-	CU_ASSERT_STRING_EQUAL(kvp_dtype_name(KVP_DTYPE_MAX), "?");
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_DTYPE_BF16), "bf16");
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_DTYPE_MAX), "?");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name(KVP_DEVICE_CUDA), "cuda");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name(KVP_DEVICE_SIM), "sim");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name((enum kvp_device_kind) - 1), "?");
