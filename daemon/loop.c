@@ -627,8 +627,9 @@ static void pidfd_failed(struct server *sv, pid_t pid, int err)
 }
 
 /* The peer's pidfd: SO_PEERPIDFD names the process that connected even when its pid was reused
- * since; pidfd_open of the SO_PEERCRED pid is the fallback for kernels without it. -1 when
- * neither works (counted and logged). */
+ * since; pidfd_open of the SO_PEERCRED pid is the fallback for kernels without it. -ESRCH when
+ * SO_PEERPIDFD says that process is gone already (pidfd_open could then find another process
+ * under its pid); -1 when neither way gives a pidfd (counted and logged). */
 static int peer_pidfd(struct server *sv, int fd, pid_t pid)
 {
 	int pfd = -1, err;
@@ -644,10 +645,15 @@ static int peer_pidfd(struct server *sv, int fd, pid_t pid)
 			errno = ENOPROTOOPT;
 		else if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0)
 			return pfd;
-		if (errno == ENOPROTOOPT || errno == EINVAL) {
+		if (errno == ESRCH)
+			return -ESRCH;
+		if (errno == ENOPROTOOPT) {
 			log_info("SO_PEERPIDFD not supported here: peers' pidfds come from "
 				 "pidfd_open after accept");
 			sv->no_peerpidfd = true;
+		} else {
+			log_debug("SO_PEERPIDFD of pid %d: %s: trying pidfd_open", (int)pid,
+				  strerror(errno));
 		}
 	}
 	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -668,7 +674,7 @@ static void on_accept(struct server *sv, int fd)
 	struct kvp_fail f = {0};
 	struct peer *p;
 	bool admin = false;
-	int ngroups, r;
+	int ngroups, r, pidfd;
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
 		log_warn("accept: SO_PEERCRED: %s", strerror(errno));
@@ -698,29 +704,33 @@ static void on_accept(struct server *sv, int fd)
 		reject(sv, fd, &f);
 		return;
 	}
+	/* The session belongs to the peer process: when it exits, even with the socket still
+	 * open in a forked child, everything it held returns. */
+	pidfd = peer_pidfd(sv, fd, cred.pid);
+	if (pidfd == -ESRCH) {
+		log_info("pid %d exited before its connection was accepted", (int)cred.pid);
+		close(fd);
+		return;
+	}
 	p = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*p)));
 	if (!p) {
 		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
 		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
-		reject(sv, fd, &f);
-		return;
+		goto refuse;
 	}
 	p->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
 	if (!p->sess) {
 		free(p);
 		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
-		reject(sv, fd, &f);
-		return;
+		goto refuse;
 	}
 	p->fd = fd;
+	p->pidfd = pidfd;
 	conn_init(&p->c, &sv->lim, kvp_now_ms());
 	kvp_src_init(&p->recv_src, KVP_SRC_RECV, on_recv, p);
 	kvp_src_init(&p->send_src, KVP_SRC_SEND, on_send, p);
 	kvp_src_init(&p->pid_src, KVP_SRC_PIDFD, on_pidfd, p);
 	kvp_frame_buf_init(&p->in);
-	/* The session belongs to the peer process: when it exits, even with the socket still
-	 * open in a forked child, everything it held returns. */
-	p->pidfd = peer_pidfd(sv, fd, cred.pid);
 	p->next = sv->conns;
 	if (sv->conns)
 		sv->conns->prev = p;
@@ -728,6 +738,11 @@ static void on_accept(struct server *sv, int fd)
 	sv->nconns++;
 	arm_recv(sv, p);
 	arm_pidfd(sv, p);
+	return;
+refuse:
+	if (pidfd >= 0)
+		close(pidfd);
+	reject(sv, fd, &f);
 }
 
 static void on_accept_cqe(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
