@@ -1,11 +1,13 @@
 /* loop.c - kvpoold's io_uring event loop.
  *
- * One thread owns all state. Multishot accept on the listening socket; each connection
- * has at most one recv (buffer-selected from a shared provided-buffer ring) and one sendmsg
- * in flight; signals arrive through a signalfd read in the ring; a timeout SQE ticks the
- * keep-alive, deadline and watchdog checks. A connection gets KVP_TURN_BUDGET frames per
- * turn, and is not read while KVP_OUTQ_MAX reply bytes wait for it, so a client that pipelines
- * without reading stalls only itself. */
+ * One thread owns all state. Every SQE carries a loop source (src.h): multishot accept on the
+ * listening socket; per connection at most one recv (buffer-selected from a shared
+ * provided-buffer ring), one send and one poll of the peer's pidfd; a read of the signalfd; a
+ * timeout that ticks the deadline and watchdog checks; a read of the worker's eventfd (work.h)
+ * that completes jobs such as a reload's pool creation off this thread. A connection's state,
+ * budget and deadlines are conn.c's: it gets its turn budget of frames per turn and is not
+ * read while its output queue is full, so a client that pipelines without reading stalls only
+ * itself. When no SQE is to be had (the ring is full), the operation is retried next turn. */
 #include "loop.h"
 
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "dispatch.h"
 #include "fault.h"
 #include "frame.h"
@@ -27,6 +30,13 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
+#include "reload.h"
+#include "src.h"
+#include "work.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
 
 #define RING_ENTRIES 1024
 #define BUF_GROUP 7
@@ -34,8 +44,8 @@
 #define BUFSZ (16u << 10)
 #define TICK_MS 100
 #define ARENA_BYTES (64u << 10) /* a decoded request beyond this spills to malloc */
-
-enum tag { TAG_ACCEPT = 1, TAG_RECV, TAG_SEND, TAG_SIGNAL, TAG_TIMER, TAG_PIDFD, TAG_IGNORE };
+#define FAIL_FLUSH_MS 1000	/* a connection closed for an error has this long to read why */
+#define PIDFD_LOG_MS 60000	/* at most one log line per interval about failed pidfds */
 
 /* Queued reply bytes: one or more whole frames. Replies of a turn are packed one after another
  * into the tail buffer; one that carries descriptors gets a buffer of its own. Bytes appended
@@ -50,23 +60,19 @@ struct obuf {
 
 #define OBUF_CAP (4u << 10) /* a turn of small replies; each connection keeps one spare */
 
-struct conn {
+/* A connection: its state machine (conn.h) and its I/O. */
+struct peer {
+	struct conn c;
 	int fd;
 	int pidfd;
-	bool closing;	    /* session gone; waiting for in-flight ops */
-	bool serving;	    /* in serve_frames: closing must not free it yet */
-	bool flush_close;   /* close once the output queue is empty */
-	bool recv_armed, send_armed, pid_armed;
-	int inflight;
+	struct kvp_src recv_src, send_src, pid_src;
+	bool pid_cancel_sent; /* the poll of pidfd is being removed */
 	struct kvp_frame_buf in;
 	struct obuf *oq_head, *oq_tail;
 	struct obuf *spare; /* a sent OBUF_CAP buffer, reused by the next reply */
-	size_t out_bytes;
 	struct kvp_session *sess;
-	uint64_t accepted_ms, partial_since_ms, flush_deadline_ms;
-	bool in_ready;
-	struct conn *ready_next;
-	struct conn *prev, *next;
+	struct peer *ready_next;
+	struct peer *prev, *next;
 	struct msghdr msg;
 	struct iovec iov[KVP_SEND_IOV];
 	union {
@@ -80,36 +86,46 @@ struct server {
 	struct kvp_daemon *d;
 	int listen_fd;
 	const char *unlink_path;
-	bool accept_armed;
+	struct kvp_src accept_src, signal_src, timer_src, work_src, ignore_src;
+	bool accept_armed, accept_cancel_sent, signal_armed, timer_armed, work_armed;
+	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
 	int sig_fd;
 	struct signalfd_siginfo si;
 	struct __kernel_timespec tick;
 	struct io_uring_buf_ring *br;
 	uint8_t *bufs;
-	struct conn *conns;
+	struct peer *conns;
 	uint32_t nconns;
-	struct conn *ready;
+	struct peer *ready;
 	bool stopping;
 	uint64_t stop_deadline_ms;
 	uint64_t watchdog_ms, last_watchdog_ms, last_status_ms, last_metrics_ms, last_summary_ms;
 	struct kvp_metrics_http *http;
 	struct kvp_arena arena; /* the request being served is decoded into it */
+	struct conn_limits lim;
+	struct kvp_work *work;
+	uint64_t work_count;
+	bool reload_busy; /* a reload job is queued or running */
+	bool no_peerpidfd;
+	uint64_t pidfd_log_ms, pidfd_unlogged;
 	int exit_code;
 };
 
-static void *tagged(void *p, enum tag t)
-{
-	return (void *)((uintptr_t)p | (uintptr_t)t);
-}
-
+/* An SQE for src, or NULL when the ring is full even after a submit (then sv->retry is set:
+ * the caller leaves its operation unarmed and it is tried again next turn). */
 static struct io_uring_sqe *get_sqe(struct server *sv)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&sv->ring);
+	struct io_uring_sqe *sqe = NULL;
 
-	if (!sqe) {
-		io_uring_submit(&sv->ring);
+	if (!kvp_fault_hit(KVP_FAULT_SQE)) {
 		sqe = io_uring_get_sqe(&sv->ring);
+		if (!sqe) {
+			io_uring_submit(&sv->ring);
+			sqe = io_uring_get_sqe(&sv->ring);
+		}
 	}
+	if (!sqe)
+		sv->retry = true;
 	return sqe;
 }
 
@@ -120,182 +136,250 @@ static void arm_accept(struct server *sv)
 	if (sv->accept_armed || sv->listen_fd < 0 || sv->stopping)
 		return;
 	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
 	io_uring_prep_multishot_accept(sqe, sv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-	io_uring_sqe_set_data(sqe, tagged(sv, TAG_ACCEPT));
+	io_uring_sqe_set_data(sqe, &sv->accept_src);
 	sv->accept_armed = true;
+}
+
+static void cancel_accept(struct server *sv)
+{
+	struct io_uring_sqe *sqe;
+
+	if (!sv->accept_armed || sv->accept_cancel_sent)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
+	io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)&sv->accept_src, 0);
+	io_uring_sqe_set_data(sqe, &sv->ignore_src);
+	sv->accept_cancel_sent = true;
 }
 
 static void arm_signal(struct server *sv)
 {
-	struct io_uring_sqe *sqe = get_sqe(sv);
+	struct io_uring_sqe *sqe;
 
+	if (sv->signal_armed)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
 	io_uring_prep_read(sqe, sv->sig_fd, &sv->si, sizeof(sv->si), 0);
-	io_uring_sqe_set_data(sqe, tagged(sv, TAG_SIGNAL));
+	io_uring_sqe_set_data(sqe, &sv->signal_src);
+	sv->signal_armed = true;
 }
 
 static void arm_timer(struct server *sv)
 {
-	struct io_uring_sqe *sqe = get_sqe(sv);
+	struct io_uring_sqe *sqe;
 
+	if (sv->timer_armed)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
 	sv->tick.tv_sec = 0;
 	sv->tick.tv_nsec = TICK_MS * 1000000L;
 	io_uring_prep_timeout(sqe, &sv->tick, 0, 0);
-	io_uring_sqe_set_data(sqe, tagged(sv, TAG_TIMER));
+	io_uring_sqe_set_data(sqe, &sv->timer_src);
+	sv->timer_armed = true;
 }
 
-static bool paused(const struct conn *c)
-{
-	return c->out_bytes >= KVP_OUTQ_MAX;
-}
-
-static void arm_recv(struct server *sv, struct conn *c)
+static void arm_work(struct server *sv)
 {
 	struct io_uring_sqe *sqe;
 
-	if (c->recv_armed || c->closing || c->flush_close || paused(c) || sv->stopping)
+	if (sv->work_armed || !sv->work)
 		return;
 	sqe = get_sqe(sv);
-	io_uring_prep_recv(sqe, c->fd, NULL, BUFSZ, 0);
+	if (!sqe)
+		return;
+	io_uring_prep_read(sqe, kvp_work_fd(sv->work), &sv->work_count, sizeof(sv->work_count), 0);
+	io_uring_sqe_set_data(sqe, &sv->work_src);
+	sv->work_armed = true;
+}
+
+/* Puts p on the ready list: it is looked at again next turn (served, re-armed, or freed). */
+static void mark_ready(struct server *sv, struct peer *p)
+{
+	if (conn_held(&p->c, CONN_HOLD_READY))
+		return;
+	conn_hold(&p->c, CONN_HOLD_READY);
+	p->ready_next = sv->ready;
+	sv->ready = p;
+}
+
+static void arm_recv(struct server *sv, struct peer *p)
+{
+	struct io_uring_sqe *sqe;
+
+	if (!conn_may_recv(&p->c) || sv->stopping)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe) {
+		mark_ready(sv, p);
+		return;
+	}
+	io_uring_prep_recv(sqe, p->fd, NULL, BUFSZ, 0);
 	sqe->flags |= IOSQE_BUFFER_SELECT;
 	sqe->buf_group = BUF_GROUP;
-	io_uring_sqe_set_data(sqe, tagged(c, TAG_RECV));
-	c->recv_armed = true;
-	c->inflight++;
+	io_uring_sqe_set_data(sqe, &p->recv_src);
+	conn_hold(&p->c, CONN_HOLD_RECV);
 }
 
-static void arm_pidfd(struct server *sv, struct conn *c)
+static void arm_pidfd(struct server *sv, struct peer *p)
 {
 	struct io_uring_sqe *sqe;
 
-	if (c->pidfd < 0 || c->pid_armed)
+	if (p->pidfd < 0 || conn_held(&p->c, CONN_HOLD_PIDFD) || conn_closing(&p->c))
 		return;
 	sqe = get_sqe(sv);
-	io_uring_prep_poll_add(sqe, c->pidfd, POLLIN);
-	io_uring_sqe_set_data(sqe, tagged(c, TAG_PIDFD));
-	c->pid_armed = true;
-	c->inflight++;
+	if (!sqe) {
+		mark_ready(sv, p);
+		return;
+	}
+	io_uring_prep_poll_add(sqe, p->pidfd, POLLIN);
+	io_uring_sqe_set_data(sqe, &p->pid_src);
+	conn_hold(&p->c, CONN_HOLD_PIDFD);
 }
 
 /* One send for as many queued replies as fit in KVP_SEND_IOV (a plain send for one buffer, else
  * sendmsg); a reply that carries descriptors goes alone, so they travel with its first byte. */
-static void arm_send(struct server *sv, struct conn *c)
+static void arm_send(struct server *sv, struct peer *p)
 {
-	struct obuf *o = c->oq_head;
+	struct obuf *o = p->oq_head;
 	struct io_uring_sqe *sqe;
 	size_t n = 0;
 
-	if (c->send_armed || !o || c->closing)
+	if (conn_held(&p->c, CONN_HOLD_SEND) || !o || conn_closing(&p->c))
 		return;
-	memset(&c->msg, 0, sizeof(c->msg));
+	sqe = get_sqe(sv);
+	if (!sqe) {
+		mark_ready(sv, p);
+		return;
+	}
+	memset(&p->msg, 0, sizeof(p->msg));
 	if (o->nfds && o->off == 0) {
 		struct cmsghdr *cm;
 
-		c->msg.msg_control = c->cmsg.buf;
-		c->msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)o->nfds);
-		cm = CMSG_FIRSTHDR(&c->msg);
+		p->msg.msg_control = p->cmsg.buf;
+		p->msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)o->nfds);
+		cm = CMSG_FIRSTHDR(&p->msg);
 		cm->cmsg_level = SOL_SOCKET;
 		cm->cmsg_type = SCM_RIGHTS;
 		cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)o->nfds);
 		memcpy(CMSG_DATA(cm), o->fds, sizeof(int) * (size_t)o->nfds);
-		c->iov[n].iov_base = o->data;
-		c->iov[n++].iov_len = o->len;
+		p->iov[n].iov_base = o->data;
+		p->iov[n++].iov_len = o->len;
 	} else {
 		for (; o && n < KVP_SEND_IOV && !(o->nfds && o->off == 0); o = o->next) {
-			c->iov[n].iov_base = o->data + o->off;
-			c->iov[n++].iov_len = o->len - o->off;
+			p->iov[n].iov_base = o->data + o->off;
+			p->iov[n++].iov_len = o->len - o->off;
 		}
 	}
-	sqe = get_sqe(sv);
-	if (n == 1 && !c->msg.msg_control) { /* the common case: no msghdr for the kernel to read */
-		io_uring_prep_send(sqe, c->fd, c->iov[0].iov_base, c->iov[0].iov_len, MSG_NOSIGNAL);
+	if (n == 1 && !p->msg.msg_control) { /* the common case: no msghdr for the kernel to read */
+		io_uring_prep_send(sqe, p->fd, p->iov[0].iov_base, p->iov[0].iov_len, MSG_NOSIGNAL);
 	} else {
-		c->msg.msg_iov = c->iov;
-		c->msg.msg_iovlen = n;
-		io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+		p->msg.msg_iov = p->iov;
+		p->msg.msg_iovlen = n;
+		io_uring_prep_sendmsg(sqe, p->fd, &p->msg, MSG_NOSIGNAL);
 	}
-	io_uring_sqe_set_data(sqe, tagged(c, TAG_SEND));
-	c->send_armed = true;
-	c->inflight++;
+	io_uring_sqe_set_data(sqe, &p->send_src);
+	conn_hold(&p->c, CONN_HOLD_SEND);
 }
 
-static void mark_ready(struct server *sv, struct conn *c)
-{
-	if (c->in_ready || c->closing)
-		return;
-	c->in_ready = true;
-	c->ready_next = sv->ready;
-	sv->ready = c;
-}
-
-static void conn_free(struct server *sv, struct conn *c)
+static void conn_free(struct server *sv, struct peer *p)
 {
 	struct obuf *o, *n;
 
-	for (o = c->oq_head; o; o = n) {
+	for (o = p->oq_head; o; o = n) {
 		n = o->next;
 		free(o);
 	}
-	free(c->spare);
-	kvp_frame_buf_release(&c->in);
-	if (c->pidfd >= 0)
-		close(c->pidfd);
-	close(c->fd);
-	if (c->prev)
-		c->prev->next = c->next;
+	free(p->spare);
+	kvp_frame_buf_release(&p->in);
+	if (p->pidfd >= 0)
+		close(p->pidfd);
+	close(p->fd);
+	if (p->prev)
+		p->prev->next = p->next;
 	else
-		sv->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+		sv->conns = p->next;
+	if (p->next)
+		p->next->prev = p->prev;
 	sv->nconns--;
-	free(c);
+	free(p);
 }
 
-/* Frees a closing connection once nothing refers to it: no operation in flight and not on
- * the ready list (a receive and a close can complete in the same batch). */
-static void conn_maybe_free(struct server *sv, struct conn *c)
+/* Frees a closing connection once nothing refers to it: no operation in flight, not on the
+ * ready list, not being served (a receive and a close can complete in the same batch). */
+static void conn_maybe_free(struct server *sv, struct peer *p)
 {
-	if (c->closing && c->inflight == 0 && !c->in_ready && !c->serving)
-		conn_free(sv, c);
+	if (conn_freeable(&p->c))
+		conn_free(sv, p);
 }
 
-/* Ends a connection: its session (leases, locks) is returned at once; the memory goes when
- * the last in-flight operation completes. */
-static void conn_close(struct server *sv, struct conn *c, const char *why)
+/* Removes the poll of p's pidfd (its completion then releases the hold); retried next turn
+ * when no SQE is to be had. */
+static void cancel_pidfd(struct server *sv, struct peer *p)
 {
 	struct io_uring_sqe *sqe;
 
-	if (c->closing)
+	if (!conn_held(&p->c, CONN_HOLD_PIDFD) || p->pid_cancel_sent)
 		return;
-	c->closing = true;
-	if (c->sess) {
-		if (why)
-			log_info("session %lu ('%s' pid %d): %s", (unsigned long)c->sess->id,
-				 c->sess->name, (int)c->sess->pid, why);
-		kvp_session_destroy(sv->d, c->sess);
-		c->sess = NULL;
+	sqe = get_sqe(sv);
+	if (!sqe) {
+		mark_ready(sv, p);
+		return;
 	}
-	shutdown(c->fd, SHUT_RDWR);
-	if (c->pid_armed) {
-		sqe = get_sqe(sv);
-		io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)tagged(c, TAG_PIDFD));
-		io_uring_sqe_set_data(sqe, tagged(sv, TAG_IGNORE));
-	}
-	conn_maybe_free(sv, c);
+	io_uring_prep_poll_remove(sqe, (uint64_t)(uintptr_t)&p->pid_src);
+	io_uring_sqe_set_data(sqe, &sv->ignore_src);
+	p->pid_cancel_sent = true;
 }
 
-/* Room for a frame of len bytes at the tail of c's queue: the tail buffer when the frame fits
- * and neither carries descriptors, else a new buffer. NULL on ENOMEM. */
-static struct obuf *queue_room(struct conn *c, size_t len, int nfds)
+/* Ends a connection: its session (leases, locks) is returned at once; the memory goes when
+ * the last hold is released. */
+static void conn_close(struct server *sv, struct peer *p, const char *why)
 {
-	struct obuf *o = c->oq_tail;
+	if (conn_closing(&p->c))
+		return;
+	conn_set_state(&p->c, CONN_CLOSING);
+	if (p->sess) {
+		if (why)
+			log_info("session %lu ('%s' pid %d): %s", (unsigned long)p->sess->id,
+				 p->sess->name, (int)p->sess->pid, why);
+		kvp_session_destroy(sv->d, p->sess);
+		p->sess = NULL;
+	}
+	shutdown(p->fd, SHUT_RDWR);
+	cancel_pidfd(sv, p);
+	conn_maybe_free(sv, p);
+}
+
+/* After the last reply is queued: nothing more is read; the connection closes once it is
+ * sent (by deadline_ms when nonzero). */
+static void conn_flush(struct peer *p, uint64_t deadline_ms)
+{
+	if (p->c.state == CONN_FLUSHING || conn_set_state(&p->c, CONN_FLUSHING) == 0)
+		if (deadline_ms)
+			conn_flush_deadline(&p->c, deadline_ms);
+}
+
+/* Room for a frame of len bytes at the tail of p's queue: the tail buffer when the frame fits
+ * and neither carries descriptors, else a new buffer. NULL on ENOMEM. */
+static struct obuf *queue_room(struct peer *p, size_t len, int nfds)
+{
+	struct obuf *o = p->oq_tail;
 
 	if (o && !o->nfds && !nfds && o->cap - o->len >= len)
 		return o;
 	if (kvp_fault_hit(KVP_FAULT_REPLY_QUEUE))
 		return NULL;
-	if (c->spare && len <= OBUF_CAP) {
-		o = c->spare;
-		c->spare = NULL;
+	if (p->spare && len <= OBUF_CAP) {
+		o = p->spare;
+		p->spare = NULL;
 	} else {
 		o = malloc(sizeof(*o) + (len > OBUF_CAP ? len : OBUF_CAP));
 		if (!o)
@@ -305,24 +389,24 @@ static struct obuf *queue_room(struct conn *c, size_t len, int nfds)
 	o->len = o->off = 0;
 	o->cap = len > OBUF_CAP ? len : OBUF_CAP;
 	o->nfds = 0;
-	if (c->oq_tail)
-		c->oq_tail->next = o;
+	if (p->oq_tail)
+		p->oq_tail->next = o;
 	else
-		c->oq_head = o;
-	c->oq_tail = o;
+		p->oq_head = o;
+	p->oq_tail = o;
 	return o;
 }
 
-/* Packs a reply straight into c's queue; a reply too large for one frame becomes an INTERNAL
+/* Packs a reply straight into p's queue; a reply too large for one frame becomes an INTERNAL
  * status. */
-static void send_reply(struct server *sv, struct conn *c, struct kvp_reply *r)
+static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 {
 	struct kvp_frame_plan plan;
 	size_t len = kvp_frame_plan(&plan, &r->resp.base);
 	struct obuf *o;
 
 	if (len > KVP_FRAME_HDR + KVP_FRAME_MAX) {
-		struct kvp_fail f = { 0 };
+		struct kvp_fail f = {0};
 		uint64_t id = r->resp.id;
 
 		kvp_reply_release(r);
@@ -331,18 +415,18 @@ static void send_reply(struct server *sv, struct conn *c, struct kvp_reply *r)
 		kvp_reply_fail(r, &f);
 		len = kvp_frame_plan(&plan, &r->resp.base);
 	}
-	o = queue_room(c, len, r->nfds);
+	o = queue_room(p, len, r->nfds);
 	if (!o) {
-		conn_close(sv, c, "out of memory queueing a reply");
+		conn_close(sv, p, "out of memory queueing a reply");
 		return;
 	}
 	o->len += kvp_frame_pack_plan(&plan, o->data + o->len);
 	o->nfds = r->nfds;
 	memcpy(o->fds, r->fds, sizeof(int) * (size_t)r->nfds);
-	c->out_bytes += len;
+	conn_outq_add(&p->c, len);
 	sv->d->st.frames_out++;
 	if (r->close_after)
-		c->flush_close = true;
+		conn_flush(p, 0);
 }
 
 static bool decode_spill_fails(void)
@@ -351,32 +435,32 @@ static bool decode_spill_fails(void)
 }
 
 /* A typed status with id 0 (the request could not be read, so it belongs to no call), then the
- * connection ends. c stays allocated until the caller is done with it (it checks
- * c->closing). */
-static void fail_close(struct server *sv, struct conn *c, int code, const char *what)
+ * connection ends. p stays allocated until the caller is done with it (it checks the state). */
+static void fail_close(struct server *sv, struct peer *p, int code, const char *what)
 {
 	struct kvp_reply r;
-	struct kvp_fail f = { 0 };
-	bool serving = c->serving;
+	struct kvp_fail f = {0};
+	bool serving = conn_held(&p->c, CONN_HOLD_SERVE);
 
-	c->serving = true;
-	log_warn("connection of pid %d: %s: closing it", c->sess ? (int)c->sess->pid : -1, what);
+	conn_hold(&p->c, CONN_HOLD_SERVE);
+	log_warn("connection of pid %d: %s: closing it", p->sess ? (int)p->sess->pid : -1, what);
 	kvp_reply_init(&r, 0);
 	kvp_fail(&f, code, "%s", what);
 	kvp_reply_fail(&r, &f);
 	r.close_after = true;
-	send_reply(sv, c, &r);
+	send_reply(sv, p, &r);
 	kvp_reply_release(&r);
-	arm_send(sv, c);
-	c->in.len = c->in.off = 0; /* nothing more is read from this stream */
-	c->flush_deadline_ms = kvp_now_ms() + 1000;
-	c->serving = serving;
+	conn_flush(p, kvp_now_ms() + FAIL_FLUSH_MS);
+	arm_send(sv, p);
+	p->in.len = p->in.off = 0; /* nothing more is read from this stream */
+	if (!serving)
+		conn_release(&p->c, CONN_HOLD_SERVE);
 }
 
-static void protocol_error(struct server *sv, struct conn *c, const char *what)
+static void protocol_error(struct server *sv, struct peer *p, const char *what)
 {
 	sv->d->st.protocol_errors++;
-	fail_close(sv, c, KVPOOL__CODE__PROTOCOL, what);
+	fail_close(sv, p, KVPOOL__CODE__PROTOCOL, what);
 }
 
 static uint64_t ms_of(const struct timespec *t)
@@ -389,32 +473,32 @@ static double elapsed_us(const struct timespec *a, const struct timespec *b)
 	return (double)(b->tv_sec - a->tv_sec) * 1e6 + (double)(b->tv_nsec - a->tv_nsec) / 1e3;
 }
 
-/* Serves c's complete frames, up to its budget. Each request is decoded into the server's
- * arena, dispatched and its reply packed into c's queue; the time from the end of one to the
+/* Serves p's complete frames, up to its budget. Each request is decoded into the server's
+ * arena, dispatched and its reply packed into p's queue; the time from the end of one to the
  * end of the next (decode, dispatch, pack: one clock read per request) is the call's
  * server-side latency. */
-static void serve_frames_budget(struct server *sv, struct conn *c)
+static void serve_frames_budget(struct server *sv, struct peer *p)
 {
-	int budget = KVP_TURN_BUDGET;
 	struct timespec prev, now;
 	bool served = false;
 
 	clock_gettime(CLOCK_MONOTONIC, &prev);
 	now = prev;
-	while (!c->closing && !c->flush_close && !paused(c)) {
+	conn_turn_begin(&p->c);
+	while (conn_serving(&p->c) && !conn_paused(&p->c)) {
 		const uint8_t *payload;
 		Kvpool__Request *req;
 		struct kvp_reply r;
 		uint32_t len;
 		int n, code;
 
-		if (budget-- == 0) {
-			mark_ready(sv, c); /* more next turn, after everyone else */
+		if (!conn_turn_take(&p->c)) {
+			mark_ready(sv, p); /* more next turn, after everyone else */
 			break;
 		}
-		n = kvp_frame_next(&c->in, &payload, &len);
+		n = kvp_frame_next(&p->in, &payload, &len);
 		if (n < 0) {
-			protocol_error(sv, c, "frame larger than the maximum");
+			protocol_error(sv, p, "frame larger than the maximum");
 			return;
 		}
 		if (n == 0)
@@ -426,17 +510,19 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 
 			kvp_arena_reset(&sv->arena);
 			if (oom) /* the request may be fine; its id is not known */
-				fail_close(sv, c, KVPOOL__CODE__INTERNAL,
+				fail_close(sv, p, KVPOOL__CODE__INTERNAL,
 					   "out of memory decoding a request");
 			else
-				protocol_error(sv, c, "frame is not a valid Request");
+				protocol_error(sv, p, "frame is not a valid Request");
 			return;
 		}
 		if (!served)
-			c->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
+			p->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
 		kvp_reply_init(&r, req->id);
-		code = kvp_dispatch(sv->d, c->sess, req, &r);
-		send_reply(sv, c, &r);
+		code = kvp_dispatch(sv->d, p->sess, req, &r);
+		if (p->c.state == CONN_HANDSHAKE && p->sess->hello)
+			conn_set_state(&p->c, CONN_OPEN);
+		send_reply(sv, p, &r);
 		kvp_reply_release(&r);
 		clock_gettime(CLOCK_MONOTONIC, &now);
 		kvp_rpc_observe(&sv->d->rpc, (int)req->call_case, code, elapsed_us(&prev, &now));
@@ -444,28 +530,25 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 		prev = now;
 		served = true;
 	}
-	if (served && c->sess)
-		c->sess->last_ms = ms_of(&now);
-	if (kvp_frame_pending(&c->in)) {
-		if (!c->partial_since_ms)
-			c->partial_since_ms = kvp_now_ms();
-	} else {
-		c->partial_since_ms = 0;
+	if (served && p->sess) {
+		p->sess->last_ms = ms_of(&now);
+		conn_activity(&p->c, ms_of(&now));
 	}
+	conn_input_note(&p->c, kvp_frame_pending(&p->in), kvp_now_ms());
 }
 
 /* Serves a connection's complete frames (up to its budget), then sends the replies of the
  * turn together. A connection closed meanwhile (a reply that could not be queued) is freed
- * here, not under the code still using it. Returns false when c is closing: the caller must
+ * here, not under the code still using it. Returns false when p is closing: the caller must
  * not touch it any more. */
-static bool serve_frames(struct server *sv, struct conn *c)
+static bool serve_frames(struct server *sv, struct peer *p)
 {
-	c->serving = true;
-	serve_frames_budget(sv, c);
-	arm_send(sv, c);
-	c->serving = false;
-	if (c->closing) {
-		conn_maybe_free(sv, c);
+	conn_hold(&p->c, CONN_HOLD_SERVE);
+	serve_frames_budget(sv, p);
+	arm_send(sv, p);
+	conn_release(&p->c, CONN_HOLD_SERVE);
+	if (conn_closing(&p->c)) {
+		conn_maybe_free(sv, p);
 		return false;
 	}
 	return true;
@@ -497,121 +580,244 @@ static void reject(struct server *sv, int fd, const struct kvp_fail *f)
 	sv->d->st.connections_refused++;
 }
 
+/* Every supplementary group of the peer (SO_PEERGROUPS, grown until they fit): *out is groups
+ * when they fit in it, else malloc'ed. Returns the count, or a negative errno. */
+static int peer_groups(int fd, gid_t *groups, int ngroups, gid_t **out)
+{
+	socklen_t len = (socklen_t)(sizeof(gid_t) * (size_t)ngroups);
+	gid_t *g = groups;
+
+	for (;;) {
+		socklen_t got = len;
+
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+			*out = g;
+			return (int)(got / sizeof(gid_t));
+		}
+		if (errno != ERANGE || got <= len) {
+			int e = -errno;
+
+			if (g != groups)
+				free(g);
+			return e;
+		}
+		if (g != groups)
+			free(g);
+		len = got;
+		g = malloc(len);
+		if (!g)
+			return -ENOMEM;
+	}
+}
+
+/* A failed pidfd: the peer's exit is not tracked (keep-alive still reclaims its session).
+ * Counted; logged at most once per PIDFD_LOG_MS. */
+static void pidfd_failed(struct server *sv, pid_t pid, int err)
+{
+	uint64_t now = kvp_now_ms();
+
+	sv->d->st.pidfd_failures++;
+	sv->pidfd_unlogged++;
+	if (sv->pidfd_log_ms && now - sv->pidfd_log_ms < PIDFD_LOG_MS)
+		return;
+	log_warn("no pidfd for pid %d (%s): its exit is not tracked, only keep-alive reclaims its "
+		 "session (%lu peers so far without one)",
+		 (int)pid, strerror(err), (unsigned long)sv->d->st.pidfd_failures);
+	sv->pidfd_log_ms = now ? now : 1;
+	sv->pidfd_unlogged = 0;
+}
+
+/* The peer's pidfd: SO_PEERPIDFD names the process that connected even when its pid was reused
+ * since; pidfd_open of the SO_PEERCRED pid is the fallback for kernels without it. -ESRCH when
+ * SO_PEERPIDFD says that process is gone already (pidfd_open could then find another process
+ * under its pid); -1 when neither way gives a pidfd (counted and logged). */
+static int peer_pidfd(struct server *sv, int fd, pid_t pid)
+{
+	int pfd = -1, err;
+
+	if (kvp_fault_hit(KVP_FAULT_PIDFD)) {
+		pidfd_failed(sv, pid, EMFILE);
+		return -1;
+	}
+	if (!sv->no_peerpidfd) {
+		socklen_t len = sizeof(pfd);
+
+		if (kvp_fault_hit(KVP_FAULT_PEER_PIDFD))
+			errno = ENOPROTOOPT;
+		else if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0)
+			return pfd;
+		if (errno == ESRCH)
+			return -ESRCH;
+		if (errno == ENOPROTOOPT) {
+			log_info("SO_PEERPIDFD not supported here: peers' pidfds come from "
+				 "pidfd_open after accept");
+			sv->no_peerpidfd = true;
+		} else {
+			log_debug("SO_PEERPIDFD of pid %d: %s: trying pidfd_open", (int)pid,
+				  strerror(errno));
+		}
+	}
+	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pfd >= 0)
+		return pfd;
+	err = errno;
+	pidfd_failed(sv, pid, err);
+	return -1;
+}
+
+static kvp_src_fn on_recv, on_send, on_pidfd;
+
 static void on_accept(struct server *sv, int fd)
 {
 	struct ucred cred;
 	socklen_t clen = sizeof(cred);
-	gid_t groups[64];
-	socklen_t glen = sizeof(groups);
-	struct kvp_fail f = { 0 };
-	struct conn *c;
+	gid_t groups_buf[64], *groups = groups_buf;
+	struct kvp_fail f = {0};
+	struct peer *p;
 	bool admin = false;
-	int ngroups = 0;
+	int ngroups, r, pidfd;
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
 		log_warn("accept: SO_PEERCRED: %s", strerror(errno));
 		close(fd);
 		return;
 	}
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
-		ngroups = (int)(glen / sizeof(gid_t));
+	ngroups = peer_groups(fd, groups_buf, 64, &groups);
+	if (ngroups < 0) {
+		log_warn("accept: pid %d: SO_PEERGROUPS: %s: its supplementary groups do not count",
+			 (int)cred.pid, strerror(-ngroups));
+		groups = groups_buf;
+		ngroups = 0;
+	}
 	if (sv->stopping || sv->d->draining) {
 		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is shutting down");
+		r = -1;
+	} else {
+		r = kvp_daemon_admit(sv->d, cred.pid, cred.uid, cred.gid, groups, ngroups, &admin,
+				     &f);
+		if (r < 0)
+			log_notice("refused connection of pid %d uid %u: not allowed",
+				   (int)cred.pid, (unsigned)cred.uid);
+	}
+	if (groups != groups_buf)
+		free(groups);
+	if (r < 0) {
 		reject(sv, fd, &f);
 		return;
 	}
-	if (kvp_daemon_admit(sv->d, cred.pid, cred.uid, cred.gid, groups, ngroups, &admin, &f) < 0) {
-		log_notice("refused connection of pid %d uid %u: not allowed", (int)cred.pid,
-			   (unsigned)cred.uid);
-		reject(sv, fd, &f);
-		return;
-	}
-	c = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*c)));
-	if (!c) {
-		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
-		reject(sv, fd, &f);
-		return;
-	}
-	c->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
-	if (!c->sess) {
-		free(c);
-		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
-		reject(sv, fd, &f);
-		return;
-	}
-	c->fd = fd;
-	c->accepted_ms = kvp_now_ms();
-	kvp_frame_buf_init(&c->in);
 	/* The session belongs to the peer process: when it exits, even with the socket still
 	 * open in a forked child, everything it held returns. */
-	c->pidfd = -1;
-	if (!kvp_fault_hit(KVP_FAULT_PIDFD))
-		c->pidfd = (int)syscall(SYS_pidfd_open, cred.pid, 0);
-	c->next = sv->conns;
+	pidfd = peer_pidfd(sv, fd, cred.pid);
+	if (pidfd == -ESRCH) {
+		log_info("pid %d exited before its connection was accepted", (int)cred.pid);
+		close(fd);
+		return;
+	}
+	p = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*p)));
+	if (!p) {
+		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
+		goto refuse;
+	}
+	p->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
+	if (!p->sess) {
+		free(p);
+		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
+		goto refuse;
+	}
+	p->fd = fd;
+	p->pidfd = pidfd;
+	conn_init(&p->c, &sv->lim, kvp_now_ms());
+	kvp_src_init(&p->recv_src, KVP_SRC_RECV, on_recv, p);
+	kvp_src_init(&p->send_src, KVP_SRC_SEND, on_send, p);
+	kvp_src_init(&p->pid_src, KVP_SRC_PIDFD, on_pidfd, p);
+	kvp_frame_buf_init(&p->in);
+	p->next = sv->conns;
 	if (sv->conns)
-		sv->conns->prev = c;
-	sv->conns = c;
+		sv->conns->prev = p;
+	sv->conns = p;
 	sv->nconns++;
-	arm_recv(sv, c);
-	arm_pidfd(sv, c);
+	arm_recv(sv, p);
+	arm_pidfd(sv, p);
+	return;
+refuse:
+	if (pidfd >= 0)
+		close(pidfd);
+	reject(sv, fd, &f);
 }
 
-static void on_recv(struct server *sv, struct conn *c, struct io_uring_cqe *cqe)
+static void on_accept_cqe(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
+	struct server *sv = loop;
+
+	(void)src;
+	if (!(cqe->flags & IORING_CQE_F_MORE)) {
+		sv->accept_armed = false;
+		sv->accept_cancel_sent = false;
+	}
+	if (cqe->res >= 0)
+		on_accept(sv, cqe->res);
+	else if (cqe->res != -ECANCELED)
+		log_warn("accept: %s", strerror(-cqe->res));
+}
+
+static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+	struct peer *p = src->owner;
 	int res = cqe->res;
 
-	c->recv_armed = false;
-	c->inflight--;
+	conn_release(&p->c, CONN_HOLD_RECV);
 	if (cqe->flags & IORING_CQE_F_BUFFER) {
 		unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
-
 		int r = 0;
 
-		if (res > 0 && !c->closing && !c->flush_close)
+		if (res > 0 && conn_serving(&p->c))
 			r = kvp_fault_hit(KVP_FAULT_INPUT)
-				    ? -ENOMEM
-				    : kvp_frame_buf_append(&c->in, sv->bufs + (size_t)bid * BUFSZ,
-							   (size_t)res);
+				? -ENOMEM
+				: kvp_frame_buf_append(&p->in, sv->bufs + (size_t)bid * BUFSZ,
+						       (size_t)res);
 		if (r == -EMSGSIZE)
-			protocol_error(sv, c, "frame larger than the maximum");
+			protocol_error(sv, p, "frame larger than the maximum");
 		else if (r < 0)
-			fail_close(sv, c, KVPOOL__CODE__INTERNAL,
+			fail_close(sv, p, KVPOOL__CODE__INTERNAL,
 				   "out of memory for the connection's input");
 		recycle_buffer(sv, bid);
 	}
-	if (c->closing) {
-		conn_maybe_free(sv, c);
+	if (conn_closing(&p->c)) {
+		conn_maybe_free(sv, p);
 		return;
 	}
 	if (res == -ENOBUFS) {
-		mark_ready(sv, c); /* re-armed next turn, once buffers came back */
+		mark_ready(sv, p); /* re-armed next turn, once buffers came back */
 		return;
 	}
 	if (res <= 0) {
-		conn_close(sv, c, res == 0 ? "client closed the connection" : "receive failed");
+		conn_close(sv, p, res == 0 ? "client closed the connection" : "receive failed");
 		return;
 	}
-	mark_ready(sv, c);
+	mark_ready(sv, p);
 }
 
-static void on_send(struct server *sv, struct conn *c, int res)
+static void on_send(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
+	struct server *sv = loop;
+	struct peer *p = src->owner;
+	int res = cqe->res;
 	size_t sent = res > 0 ? (size_t)res : 0;
 
-	c->send_armed = false;
-	c->inflight--;
-	if (c->closing) {
-		conn_maybe_free(sv, c);
+	conn_release(&p->c, CONN_HOLD_SEND);
+	if (conn_closing(&p->c)) {
+		conn_maybe_free(sv, p);
 		return;
 	}
 	if (res < 0) {
-		conn_close(sv, c, "send failed (client gone)");
+		conn_close(sv, p, "send failed (client gone)");
 		return;
 	}
-	c->out_bytes -= sent;
-	while (sent && c->oq_head) {
-		struct obuf *o = c->oq_head;
+	conn_outq_sent(&p->c, sent);
+	while (sent && p->oq_head) {
+		struct obuf *o = p->oq_head;
 		size_t take = o->len - o->off < sent ? o->len - o->off : sent;
 
 		o->off += take;
@@ -619,53 +825,66 @@ static void on_send(struct server *sv, struct conn *c, int res)
 		o->nfds = 0; /* descriptors went with the first byte */
 		if (o->off < o->len)
 			break;
-		c->oq_head = o->next;
-		if (!c->oq_head)
-			c->oq_tail = NULL;
-		if (!c->spare && o->cap == OBUF_CAP)
-			c->spare = o;
+		p->oq_head = o->next;
+		if (!p->oq_head)
+			p->oq_tail = NULL;
+		if (!p->spare && o->cap == OBUF_CAP)
+			p->spare = o;
 		else
 			free(o);
 	}
-	if (c->oq_head) {
-		arm_send(sv, c);
-	} else if (c->flush_close) {
-		conn_close(sv, c, NULL);
+	if (p->oq_head) {
+		arm_send(sv, p);
+	} else if (p->c.state == CONN_FLUSHING) {
+		conn_close(sv, p, NULL);
 		return;
 	}
-	if (!paused(c))
-		mark_ready(sv, c); /* reading resumes when the queue drained below the limit */
+	if (!conn_paused(&p->c))
+		mark_ready(sv, p); /* reading resumes when the queue drained below the limit */
+}
+
+static void on_pidfd(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+	struct peer *p = src->owner;
+
+	conn_release(&p->c, CONN_HOLD_PIDFD);
+	p->pid_cancel_sent = false;
+	if (conn_closing(&p->c)) {
+		conn_maybe_free(sv, p);
+	} else if (cqe->res > 0) {
+		sv->d->st.sessions_reclaimed++;
+		conn_close(sv, p, "client process exited");
+	}
 }
 
 static void begin_stop(struct server *sv, const char *why)
 {
-	struct io_uring_sqe *sqe;
-
 	if (sv->stopping)
 		return;
 	log_notice("stopping: %s", why);
 	kvp_notify("STOPPING=1");
 	sv->stopping = true;
 	sv->stop_deadline_ms = kvp_now_ms() + KVP_STOP_FLUSH_MS;
-	if (sv->accept_armed) {
-		sqe = get_sqe(sv);
-		io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)tagged(sv, TAG_ACCEPT), 0);
-		io_uring_sqe_set_data(sqe, tagged(sv, TAG_IGNORE));
-	}
+	cancel_accept(sv);
 	/* Answer every complete request already received, then close after the flush. */
-	for (struct conn *c = sv->conns, *n; c; c = n) {
-		n = c->next;
-		if (c->closing || !serve_frames(sv, c))
+	for (struct peer *p = sv->conns, *n; p; p = n) {
+		n = p->next;
+		if (conn_closing(&p->c) || !serve_frames(sv, p))
 			continue;
-		c->flush_close = true;
-		if (!c->oq_head)
-			conn_close(sv, c, "kvpoold is stopping");
+		conn_flush(p, 0);
+		if (!p->oq_head)
+			conn_close(sv, p, "kvpoold is stopping");
 	}
 }
 
-static void on_signal(struct server *sv, int res)
+static void on_signal(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
-	if (res == (int)sizeof(sv->si)) {
+	struct server *sv = loop;
+
+	(void)src;
+	sv->signal_armed = false;
+	if (cqe->res == (int)sizeof(sv->si)) {
 		switch (sv->si.ssi_signo) {
 		case SIGTERM:
 		case SIGINT:
@@ -695,36 +914,39 @@ static void status_line(struct server *sv)
 			used += c.leased + c.cached;
 		}
 	}
-	snprintf(buf, sizeof(buf), "STATUS=%u pools, %u sessions, %.1f%% of pages in use%s",
-		 sv->d->n_pools, sv->d->n_sessions, total ? 100.0 * (double)used / (double)total : 0.0,
-		 sv->d->draining ? ", draining" : "");
+	snprintf(buf, sizeof(buf), "STATUS=%u pools, %u sessions, %.1f%% of pages in use%s%s",
+		 sv->d->n_pools, sv->d->n_sessions,
+		 total ? 100.0 * (double)used / (double)total : 0.0,
+		 sv->d->draining ? ", draining" : "", sv->reload_busy ? ", reloading" : "");
 	kvp_notify(buf);
 }
 
-static void on_tick(struct server *sv)
+static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
+	struct server *sv = loop;
 	struct kvp_daemon *d = sv->d;
 	uint64_t now = kvp_now_ms();
 
-	for (struct conn *c = sv->conns, *n; c; c = n) {
-		n = c->next;
-		if (c->closing)
+	(void)src;
+	(void)cqe;
+	sv->timer_armed = false;
+	sv->lim.keepalive_ms = d->conf.keepalive_ms; /* a reload may change it */
+	for (struct peer *p = sv->conns, *n; p; p = n) {
+		enum conn_expiry e;
+
+		n = p->next;
+		e = conn_expiry(&p->c, now);
+		if (e == CONN_LIVE)
 			continue;
-		if (c->flush_close && c->flush_deadline_ms && now > c->flush_deadline_ms) {
-			conn_close(sv, c, "reply not read in time");
-		} else if (c->sess && !c->sess->hello && now - c->accepted_ms > KVP_HANDSHAKE_MS) {
-			conn_close(sv, c, "no Hello within the handshake deadline");
-		} else if (c->partial_since_ms && now - c->partial_since_ms > KVP_PARTIAL_FRAME_MS) {
-			sv->d->st.protocol_errors++;
-			conn_close(sv, c, "half-sent frame not completed in time");
-		} else if (c->sess && c->sess->hello && d->conf.keepalive_ms &&
-			   now - c->sess->last_ms > d->conf.keepalive_ms) {
+		if (e == CONN_EXPIRED_PARTIAL)
+			d->st.protocol_errors++;
+		else if (e == CONN_EXPIRED_KEEPALIVE)
 			d->st.sessions_reclaimed++;
-			conn_close(sv, c, "reclaimed: no call within keepalive_ms");
-		}
+		conn_close(sv, p, conn_expiry_reason(e));
 	}
 	if (d->draining && !sv->stopping && (d->n_sessions == 0 || now >= d->drain_deadline_ms))
-		begin_stop(sv, d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
+		begin_stop(sv,
+			   d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
 	if (sv->watchdog_ms && now - sv->last_watchdog_ms >= sv->watchdog_ms / 2) {
 		kvp_notify("WATCHDOG=1");
 		sv->last_watchdog_ms = now;
@@ -749,54 +971,37 @@ static void on_tick(struct server *sv)
 	arm_timer(sv);
 }
 
-static void handle_cqe(struct server *sv, struct io_uring_cqe *cqe)
+/* The worker finished jobs: their completions run here, on the loop thread. */
+static void on_work(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
-	void *ud = io_uring_cqe_get_data(cqe);
-	enum tag t = (enum tag)((uintptr_t)ud & 7);
-	void *p = (void *)((uintptr_t)ud & ~(uintptr_t)7);
+	struct server *sv = loop;
 
-	switch (t) {
-	case TAG_ACCEPT:
-		if (!(cqe->flags & IORING_CQE_F_MORE))
-			sv->accept_armed = false;
-		if (cqe->res >= 0)
-			on_accept(sv, cqe->res);
-		else if (cqe->res != -ECANCELED)
-			log_warn("accept: %s", strerror(-cqe->res));
-		break;
-	case TAG_RECV:
-		on_recv(sv, p, cqe);
-		break;
-	case TAG_SEND:
-		on_send(sv, p, cqe->res);
-		break;
-	case TAG_PIDFD: {
-		struct conn *c = p;
+	(void)src;
+	sv->work_armed = false;
+	if (cqe->res < 0 && cqe->res != -ECANCELED)
+		log_warn("worker eventfd: %s", strerror(-cqe->res));
+	kvp_work_reap(sv->work);
+	arm_work(sv);
+}
 
-		c->pid_armed = false;
-		c->inflight--;
-		if (c->closing) {
-			conn_maybe_free(sv, c);
-		} else if (cqe->res > 0) {
-			sv->d->st.sessions_reclaimed++;
-			conn_close(sv, c, "client process exited");
-		}
-		break;
-	}
-	case TAG_SIGNAL:
-		on_signal(sv, cqe->res);
-		break;
-	case TAG_TIMER:
-		on_tick(sv);
-		break;
-	default:
-		break;
-	}
+static void on_ignore(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	(void)loop;
+	(void)src;
+	(void)cqe;
+}
+
+static void reload_finished(void *ctx)
+{
+	struct server *sv = ctx;
+
+	sv->reload_busy = false;
+	status_line(sv);
 }
 
 static int setup(struct server *sv)
 {
-	struct io_uring_params params = { 0 };
+	struct io_uring_params params = {0};
 	sigset_t mask;
 	int r;
 
@@ -805,10 +1010,10 @@ static int setup(struct server *sv)
 	 * flags; then cooperative task work (5.19+), then none. */
 	{
 		static const unsigned tries[] = {
-			IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
-				IORING_SETUP_DEFER_TASKRUN,
-			IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
-			0,
+		    IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
+			IORING_SETUP_DEFER_TASKRUN,
+		    IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
+		    0,
 		};
 
 		for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
@@ -829,7 +1034,7 @@ static int setup(struct server *sv)
 		return -ENOMEM;
 	sv->arena.deny = decode_spill_fails;
 	{
-		struct io_uring_buf_reg reg = { 0 };
+		struct io_uring_buf_reg reg = {0};
 		size_t sz = sizeof(struct io_uring_buf) * NBUFS;
 		void *mem = aligned_alloc(4096, (sz + 4095) / 4096 * 4096);
 
@@ -869,20 +1074,68 @@ void kvp_signals_block(sigset_t *mask)
 	sigprocmask(SIG_BLOCK, mask, NULL);
 }
 
-/* Reload hook: main.c provides it (config re-read). */
-void kvp_daemon_reload(struct kvp_daemon *d);
+/* A connection taken off the ready list: served and re-armed, or, closing, freed once nothing
+ * refers to it. An operation that found no SQE last turn is tried again here. */
+static void look_again(struct server *sv, struct peer *p)
+{
+	conn_release(&p->c, CONN_HOLD_READY);
+	if (conn_closing(&p->c)) {
+		cancel_pidfd(sv, p);
+		conn_maybe_free(sv, p);
+		return;
+	}
+	if (sv->stopping)
+		arm_send(sv, p); /* only what was answered before the stop leaves */
+	else if (!serve_frames(sv, p))
+		return;
+	arm_recv(sv, p);
+	arm_pidfd(sv, p);
+}
+
+/* The server's own operations, re-armed when a completion or a full ring left them unarmed. */
+static void rearm(struct server *sv)
+{
+	if (sv->stopping)
+		cancel_accept(sv);
+	else
+		arm_accept(sv);
+	arm_signal(sv);
+	arm_timer(sv);
+	arm_work(sv);
+}
 
 int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 {
-	struct server sv = { 0 };
+	struct server sv = {0};
 	int r;
 
 	sv.d = d;
 	sv.listen_fd = listen_fd;
 	sv.unlink_path = unlink_path;
 	sv.sig_fd = -1;
+	sv.lim = (struct conn_limits){
+	    .turn_budget = KVP_TURN_BUDGET,
+	    .outq_max = KVP_OUTQ_MAX,
+	    .handshake_ms = KVP_HANDSHAKE_MS,
+	    .partial_ms = KVP_PARTIAL_FRAME_MS,
+	    .keepalive_ms = d->conf.keepalive_ms,
+	};
+	kvp_src_init(&sv.accept_src, KVP_SRC_ACCEPT, on_accept_cqe, &sv);
+	kvp_src_init(&sv.signal_src, KVP_SRC_SIGNAL, on_signal, &sv);
+	kvp_src_init(&sv.timer_src, KVP_SRC_TIMER, on_tick, &sv);
+	kvp_src_init(&sv.work_src, KVP_SRC_WORK, on_work, &sv);
+	kvp_src_init(&sv.ignore_src, KVP_SRC_IGNORE, on_ignore, &sv);
 	r = setup(&sv);
+	if (r == 0) {
+		sv.work = kvp_work_start();
+		if (!sv.work) {
+			log_err("cannot start the worker thread: %s", strerror(errno));
+			r = -1;
+		}
+	}
 	if (r < 0) {
+		if (sv.sig_fd >= 0)
+			close(sv.sig_fd);
 		free(sv.bufs);
 		free(sv.br);
 		kvp_arena_release(&sv.arena);
@@ -892,9 +1145,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	sv.last_summary_ms = kvp_now_ms();
 	if (d->conf.metrics_listen[0])
 		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
-	arm_accept(&sv);
-	arm_signal(&sv);
-	arm_timer(&sv);
+	rearm(&sv);
 	kvp_notify("READY=1");
 	status_line(&sv);
 	log_notice("kvpoold ready: %u pools, listening", d->n_pools);
@@ -902,14 +1153,16 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	while (!(sv.stopping && (sv.nconns == 0 || kvp_now_ms() > sv.stop_deadline_ms))) {
 		struct io_uring_cqe *cqe;
 		unsigned head, n = 0;
-		struct conn *ready;
+		struct peer *ready;
 
-		/* With connections still to serve, collect what completed without waiting (with
-		 * DEFER_TASKRUN a plain submit would leave completions unposted). */
-		if (sv.ready)
+		/* With connections still to serve or operations to retry, collect what completed
+		 * without waiting (with DEFER_TASKRUN a plain submit would leave completions
+		 * unposted). */
+		if (sv.ready || sv.retry)
 			r = io_uring_submit_and_get_events(&sv.ring);
 		else
 			r = io_uring_submit_and_wait(&sv.ring, 1);
+		sv.retry = false;
 		if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) {
 			log_err("io_uring_submit: %s", strerror(-r));
 			sv.exit_code = 1;
@@ -917,7 +1170,10 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		}
 		io_uring_for_each_cqe(&sv.ring, head, cqe)
 		{
-			handle_cqe(&sv, cqe);
+			struct kvp_src *src = io_uring_cqe_get_data(cqe);
+
+			if (src)
+				src->fn(&sv, src, cqe);
 			n++;
 		}
 		io_uring_cq_advance(&sv.ring, n);
@@ -925,31 +1181,28 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		ready = sv.ready;
 		sv.ready = NULL;
 		while (ready) {
-			struct conn *c = ready;
+			struct peer *p = ready;
 
-			ready = c->ready_next;
-			c->in_ready = false;
-			if (c->closing) {
-				conn_maybe_free(&sv, c);
-				continue;
-			}
-			if (!sv.stopping && !serve_frames(&sv, c))
-				continue;
-			arm_recv(&sv, c);
+			ready = p->ready_next;
+			look_again(&sv, p);
 		}
-		if (d->reload_requested) {
+		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
-			kvp_daemon_reload(d);
+			if (kvp_reload_start(d, sv.work, reload_finished, &sv) == 0) {
+				sv.reload_busy = true;
+				status_line(&sv);
+			}
 		}
-		if (!sv.accept_armed && !sv.stopping)
-			arm_accept(&sv);
+		rearm(&sv);
 	}
-	/* Past the flush deadline: whatever is left goes now. Sessions first (their pages
-	 * return), then the ring (cancelling what is in flight), then the connections. */
-	for (struct conn *c = sv.conns; c; c = c->next) {
-		if (c->sess) {
-			kvp_session_destroy(d, c->sess);
-			c->sess = NULL;
+	/* Past the flush deadline: whatever is left goes now. A reload in progress ends first
+	 * (its pools are dropped or join, to be destroyed with the others), then sessions (their
+	 * pages return), then the ring (cancelling what is in flight), then the connections. */
+	kvp_work_stop(sv.work);
+	for (struct peer *p = sv.conns; p; p = p->next) {
+		if (p->sess) {
+			kvp_session_destroy(d, p->sess);
+			p->sess = NULL;
 		}
 	}
 	io_uring_queue_exit(&sv.ring);

@@ -1,11 +1,12 @@
 /* loop.h - the io_uring server: accept, receive, dispatch, send, signals and timers, all on
- * one thread. */
+ * one thread (sources: src.h; connection state: conn.h). Blocking work such as a reload's pool
+ * creation runs on a worker thread (work.h, reload.h) and is applied back on this one. */
 #pragma once
 #include <signal.h>
 
 #include "daemon.h"
 
-/* Per-connection limits. */
+/* Per-connection limits (conn.h applies them). */
 #define KVP_TURN_BUDGET 32		/* frames served per connection per loop turn */
 #define KVP_SEND_IOV 64		/* replies gathered into one sendmsg */
 #define KVP_OUTQ_MAX (8u << 20)	/* queued reply bytes before a connection stops being read */

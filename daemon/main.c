@@ -10,13 +10,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "budget.h"
 #include "daemon.h"
 #include "fault.h"
 #include "kvp_config.h"
 #include "log.h"
 #include "loop.h"
 #include "notify.h"
+#include "reload.h"
 
 #define DEFAULT_ROOT_SOCKET "/run/kvpool/kvpoold.sock"
 
@@ -127,150 +127,28 @@ static int parse_id(const char *s, uint32_t *out)
 	return 0;
 }
 
-/* Budget check of every pool of c; logs the refusal. 0, or -ENOMEM when it does not fit. */
-static int check_budget(const struct kvp_conf *c)
+static int create_pools(struct kvp_daemon *d)
 {
-	struct kvp_budget_verdict v;
-	char line[512];
-	int r = kvp_budget_check(c, kvp_budget_env_system(), &v);
+	for (uint32_t i = 0; i < d->conf.n_pools; i++) {
+		struct kvp_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i);
 
-	if (r == -ENOMEM) {
-		kvp_budget_format(&v, line, sizeof(line));
-		log_err("%s: HOST_BUDGET_EXCEEDED", line);
-		return r;
-	}
-	if (r == -ENODEV) {
-		log_err("pool %s: NUMA node %d does not exist on this machine", v.pool, v.numa_node);
-		return -EINVAL;
-	}
-	if (r < 0) {
-		log_err("budget check: cannot read this machine's memory limits: %s", strerror(-r));
-		return r;
-	}
-	if (v.warning[0])
-		log_warn("%s", v.warning);
-	return 0;
-}
-
-static int create_pools(struct kvp_daemon *d, uint32_t from)
-{
-	for (uint32_t i = from; i < d->conf.n_pools; i++) {
-		const struct kvp_pool_conf *pc = &d->conf.pools[i];
-		struct kvp_fail f = { 0 };
-		struct kvp_pool *p = kvp_pool_create(pc, i, &f);
-
-		if (!p) {
-			log_err("pool %s: %s", pc->name, f.msg);
+		if (!p)
 			return -1;
-		}
 		d->pools[i] = p;
 		d->n_pools = i + 1;
-		log_notice("pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
-			   "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
-			   "(%lu MiB, NUMA %d%s%s)%s%s",
-			   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
-			   pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
-			   kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? kvp_device_kind_name(pc->device)
-								  : "none",
-			   (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? pc->device_pages : 0),
-			   (unsigned long)(p->mem[KVP_TIER_DEVICE].bytes >> 20),
-			   p->mem[KVP_TIER_DEVICE].numa_node, (unsigned long)pc->host_pages,
-			   (unsigned long)(p->mem[KVP_TIER_HOST].bytes >> 20),
-			   p->mem[KVP_TIER_HOST].numa_node,
-			   p->mem[KVP_TIER_HOST].locked ? ", locked" : "",
-			   p->mem[KVP_TIER_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "",
-			   p->note);
 	}
 	return 0;
 }
 
-static bool same_pool_shape(const struct kvp_pool_conf *a, const struct kvp_pool_conf *b)
+/* A socket path that does not fit in sun_path would be bound truncated, somewhere else. */
+static int check_socket_path(const char *path, const char *from)
 {
-	return a->layers == b->layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-	       a->page_tokens == b->page_tokens && a->dtype == b->dtype && a->device == b->device &&
-	       a->cuda_device == b->cuda_device && a->device_pages == b->device_pages &&
-	       a->host_pages == b->host_pages && a->numa_node == b->numa_node &&
-	       a->hugepages == b->hugepages && a->mlock == b->mlock && a->eviction == b->eviction;
-}
-
-/* SIGHUP / Reload: re-read the file; apply what can change safely, refuse the rest. */
-void kvp_daemon_reload(struct kvp_daemon *d);
-void kvp_daemon_reload(struct kvp_daemon *d)
-{
-	struct kvp_conf *n;
-	char err[512];
-	uint32_t old_pools = d->n_pools;
-
-	if (!d->config_path) {
-		log_notice("reload: running on the embedded config; nothing to re-read");
-		return;
-	}
-	n = malloc(sizeof(*n));
-	if (!n)
-		return;
-	if (kvp_conf_load_file(n, d->config_path, err, sizeof(err)) < 0) {
-		log_err("reload refused, keeping the running config: %s", err);
-		free(n);
-		return;
-	}
-	for (uint32_t i = 0; i < d->n_pools; i++) {
-		const struct kvp_pool_conf *cur = &d->conf.pools[i];
-		bool found = false;
-
-		for (uint32_t j = 0; j < n->n_pools; j++) {
-			if (strcmp(n->pools[j].name, cur->name))
-				continue;
-			found = true;
-			if (!same_pool_shape(cur, &n->pools[j]) || j != i) {
-				log_err("reload refused, keeping the running config: pool %s changes "
-					"size, geometry or place; restart kvpoold for that",
-					cur->name);
-				free(n);
-				return;
-			}
-		}
-		if (!found) {
-			log_err("reload refused, keeping the running config: pool %s was removed; "
-				"restart kvpoold for that",
-				cur->name);
-			free(n);
-			return;
-		}
-	}
-	if (n->n_pools > old_pools && check_budget(n) < 0) {
-		log_err("reload refused, keeping the running config: new pools do not fit");
-		free(n);
-		return;
-	}
-	/* Safe changes: quotas, access lists, log level, keep-alive, limits; new pools. */
-	for (uint32_t i = 0; i < old_pools; i++) {
-		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens)
-			log_notice("reload: pool %s session quota %lu -> %lu tokens", n->pools[i].name,
-				   (unsigned long)d->conf.pools[i].session_quota_tokens,
-				   (unsigned long)n->pools[i].session_quota_tokens);
-		d->pools[i]->conf.session_quota_tokens = n->pools[i].session_quota_tokens;
-	}
-	{
-		struct kvp_pool_conf keep[KVP_MAX_POOLS];
-
-		memcpy(keep, d->conf.pools, sizeof(keep));
-		d->conf = *n;
-		memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
-		for (uint32_t i = 0; i < old_pools; i++)
-			d->conf.pools[i].session_quota_tokens = n->pools[i].session_quota_tokens;
-		d->conf.n_pools = old_pools;
-	}
-	g_log_level = n->log_level;
-	for (uint32_t i = old_pools; i < n->n_pools; i++) {
-		d->conf.pools[i] = n->pools[i];
-		d->conf.n_pools = i + 1;
-		if (create_pools(d, i) < 0) {
-			d->conf.n_pools = d->n_pools;
-			break;
-		}
-	}
-	log_notice("reload: done (%u pools)", d->n_pools);
-	free(n);
+	if (strlen(path) < sizeof(((struct sockaddr_un *)0)->sun_path))
+		return 0;
+	log_err("%s: socket path is %zu bytes, longer than the %zu a unix socket address holds: "
+		"%s",
+		from, strlen(path), sizeof(((struct sockaddr_un *)0)->sun_path) - 1, path);
+	return -ENAMETOOLONG;
 }
 
 int main(int argc, char **argv)
@@ -362,13 +240,15 @@ int main(int argc, char **argv)
 	if (getenv("KVPOOLD_FAULTS") && *getenv("KVPOOLD_FAULTS"))
 		log_warn("failure injection armed: KVPOOLD_FAULTS=%s", getenv("KVPOOLD_FAULTS"));
 
-	if (check_budget(&d.conf) < 0)
+	if (socket_flag && check_socket_path(socket_flag, "--socket") < 0)
+		return 2;
+	if (kvp_daemon_check_budget(&d.conf) < 0)
 		return 3;
 	if (check_only) {
 		log_notice("configuration %s fits this machine", d.config_path ? d.config_path : "<embedded>");
 		return 0;
 	}
-	if (create_pools(&d, 0) < 0) {
+	if (create_pools(&d) < 0) {
 		code = 4;
 		goto out;
 	}
@@ -382,9 +262,16 @@ int main(int argc, char **argv)
 	if (socket_flag)
 		snprintf(sock, sizeof(sock), "%s", socket_flag);
 	else if (getenv("KVPOOL_SOCKET") || !d.config_path || strcmp(d.conf.socket, DEFAULT_ROOT_SOCKET) == 0)
-		default_socket(sock, sizeof(sock));
+		r = default_socket(sock, sizeof(sock));
 	else
-		snprintf(sock, sizeof(sock), "%s", d.conf.socket);
+		r = snprintf(sock, sizeof(sock), "%s", d.conf.socket) < (int)sizeof(sock) ? 0 : -ENAMETOOLONG;
+	if (!socket_flag && r < 0) {
+		log_err("socket path: longer than the %zu bytes a unix socket address holds "
+			"($KVPOOL_SOCKET, $XDG_RUNTIME_DIR or the config's socket)",
+			sizeof(sock) - 1);
+		code = 2;
+		goto out;
+	}
 	fd = listen_unix(sock);
 	if (fd < 0) {
 		code = 1;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "kvp_config.h"
+#include "log.h"
 #if KVP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -57,19 +59,109 @@ uint64_t kvp_watchdog_ms(void)
 	return strtoull(usec, NULL, 10) / 1000;
 }
 
+/* Whether fd is a listening unix stream socket: the only kind kvpoold serves. */
+static bool is_unix_listener(int fd, const char **why)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(int), alen = sizeof(ss);
+	int type = 0, acc = 0;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0) {
+		*why = errno == ENOTSOCK ? "not a socket" : "not a usable fd";
+		return false;
+	}
+	len = sizeof(int);
+	if (type != SOCK_STREAM) {
+		*why = "not a stream socket";
+		return false;
+	}
+	if (getsockname(fd, (struct sockaddr *)&ss, &alen) < 0 || ss.ss_family != AF_UNIX) {
+		*why = "not a unix socket";
+		return false;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) < 0 || !acc) {
+		*why = "not listening";
+		return false;
+	}
+	return true;
+}
+
+static bool control_name(const char *name)
+{
+	return strcmp(name, "kvpoold.sock") == 0 || strcmp(name, "kvpoold") == 0 ||
+	       strcmp(name, "kvpoold.socket") == 0;
+}
+
 int kvp_activation_fd(void)
 {
 	const char *fds = getenv("LISTEN_FDS"), *pid = getenv("LISTEN_PID");
-	int fd = 3;
+	const char *names = getenv("LISTEN_FDNAMES");
+	char namebuf[1024], *tok;
+	char fdname[KVP_ACTIVATION_MAX][64];
+	int n, chosen = -1, first_ok = -1;
 
 	if (!fds || !pid || strtol(pid, NULL, 10) != getpid() || strtol(fds, NULL, 10) < 1)
 		return -1;
-	/* One socket is ours (kvpoold.socket has one ListenStream); extra ones are closed. */
-	for (int i = 1; i < atoi(fds); i++)
-		close(3 + i);
-	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	n = (int)strtol(fds, NULL, 10);
+	if (n > KVP_ACTIVATION_MAX) {
+		log_warn("socket activation: %d fds passed, only the first %d are looked at", n,
+			 KVP_ACTIVATION_MAX);
+		for (int i = KVP_ACTIVATION_MAX; i < n; i++)
+			close(3 + i);
+		n = KVP_ACTIVATION_MAX;
+	}
+	/* LISTEN_FDNAMES: colon-separated, one name per fd, in order. */
+	memset(fdname, 0, sizeof(fdname));
+	snprintf(namebuf, sizeof(namebuf), "%s", names ? names : "");
+	tok = namebuf;
+	for (int i = 0; names && i < n; i++) {
+		char *colon = strchr(tok, ':');
+
+		if (colon)
+			*colon = 0;
+		snprintf(fdname[i], sizeof(fdname[i]), "%.63s", tok);
+		if (!colon)
+			break;
+		tok = colon + 1;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *why = NULL;
+		int fd = 3 + i;
+
+		fcntl(fd, F_SETFD, FD_CLOEXEC);
+		if (!is_unix_listener(fd, &why)) {
+			log_warn("socket activation: fd %d ('%s') is %s: closed", fd,
+				 fdname[i][0] ? fdname[i] : "unnamed", why);
+			close(fd);
+			continue;
+		}
+		if (first_ok < 0)
+			first_ok = fd;
+		if (chosen < 0 && names && control_name(fdname[i]))
+			chosen = fd;
+	}
+	/* Without names (or with none ours) the first unix listener is the control socket. */
+	if (chosen < 0)
+		chosen = first_ok;
+	for (int i = 0; i < n; i++) {
+		const char *why;
+		int fd = 3 + i;
+
+		if (fd == chosen || fcntl(fd, F_GETFD) < 0)
+			continue;
+		if (is_unix_listener(fd, &why))
+			log_warn("socket activation: fd %d ('%s') is not kvpoold's control socket "
+				 "(named kvpoold.sock or kvpoold): closed",
+				 fd, fdname[i][0] ? fdname[i] : "unnamed");
+		close(fd);
+	}
+	if (chosen >= 0)
+		log_info("socket activation: serving fd %d ('%s')", chosen,
+			 fdname[chosen - 3][0] ? fdname[chosen - 3] : "unnamed");
+	else
+		log_err("socket activation: none of the %d fds passed is a listening unix socket", n);
 	unsetenv("LISTEN_FDS");
 	unsetenv("LISTEN_PID");
 	unsetenv("LISTEN_FDNAMES");
-	return fd;
+	return chosen;
 }

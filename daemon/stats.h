@@ -25,7 +25,8 @@
 	  "Connections refused (credentials, limits)")                                             \
 	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")     \
 	X(frames_in, "frames_in_total", "Request frames received")                                 \
-	X(frames_out, "frames_out_total", "Response frames sent")
+	X(frames_out, "frames_out_total", "Response frames sent") \
+	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

@@ -1,0 +1,271 @@
+/* reload.c - budget check, pool creation and the two-half reload (reload.h). */
+#include "reload.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "budget.h"
+#include "log.h"
+
+int kvp_daemon_check_budget(const struct kvp_conf *c)
+{
+	struct kvp_budget_verdict v;
+	char line[512];
+	int r = kvp_budget_check(c, kvp_budget_env_system(), &v);
+
+	if (r == -ENOMEM) {
+		kvp_budget_format(&v, line, sizeof(line));
+		log_err("%s: HOST_BUDGET_EXCEEDED", line);
+		return r;
+	}
+	if (r == -ENODEV) {
+		log_err("pool %s: NUMA node %d does not exist on this machine", v.pool,
+			v.numa_node);
+		return -EINVAL;
+	}
+	if (r < 0) {
+		log_err("budget check: cannot read this machine's memory limits: %s", strerror(-r));
+		return r;
+	}
+	if (v.warning[0])
+		log_warn("%s", v.warning);
+	return 0;
+}
+
+struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id)
+{
+	struct kvp_fail f = {0};
+	struct kvp_pool *p = kvp_pool_create(pc, id, &f);
+
+	if (!p) {
+		log_err("pool %s: %s", pc->name, f.msg);
+		return NULL;
+	}
+	log_notice(
+	    "pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
+	    "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
+	    "(%lu MiB, NUMA %d%s%s)%s%s",
+	    pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
+	    pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
+	    kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? kvp_device_kind_name(pc->device) : "none",
+	    (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? pc->device_pages : 0),
+	    (unsigned long)(p->mem[KVP_TIER_DEVICE].bytes >> 20), p->mem[KVP_TIER_DEVICE].numa_node,
+	    (unsigned long)pc->host_pages, (unsigned long)(p->mem[KVP_TIER_HOST].bytes >> 20),
+	    p->mem[KVP_TIER_HOST].numa_node, p->mem[KVP_TIER_HOST].locked ? ", locked" : "",
+	    p->mem[KVP_TIER_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "", p->note);
+	return p;
+}
+
+static bool same_pool_shape(const struct kvp_pool_conf *a, const struct kvp_pool_conf *b)
+{
+	return a->layers == b->layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+	       a->page_tokens == b->page_tokens && a->dtype == b->dtype && a->device == b->device &&
+	       a->cuda_device == b->cuda_device && a->device_pages == b->device_pages &&
+	       a->host_pages == b->host_pages && a->numa_node == b->numa_node &&
+	       a->hugepages == b->hugepages && a->mlock == b->mlock && a->eviction == b->eviction;
+}
+
+struct reload_job {
+	struct kvp_job job;
+	struct kvp_daemon *d;
+	void (*finished)(void *ctx);
+	void *ctx;
+	char path[4096];
+	struct kvp_conf cur;		       /* the running configuration when the reload began */
+	struct kvp_conf next;		       /* the file's */
+	bool refused;			       /* logged; nothing to apply */
+	struct kvp_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
+	uint32_t n_new;			       /* how many of them were created */
+};
+
+/* KVPOOLD_RELOAD_DELAY_MS (tests): the worker sleeps that long before creating pools, so a test
+ * can show the loop serving while a reload is slow. */
+static void test_delay(void)
+{
+	const char *v = getenv("KVPOOLD_RELOAD_DELAY_MS");
+	long ms = v ? strtol(v, NULL, 10) : 0;
+
+	if (ms > 0) {
+		struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+
+		log_warn("reload: delayed %ld ms (KVPOOLD_RELOAD_DELAY_MS)", ms);
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
+}
+
+/* Whether next may replace cur: every running pool is still there, unchanged and in its
+ * place. Logs the refusal. */
+static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next)
+{
+	for (uint32_t i = 0; i < cur->n_pools; i++) {
+		const struct kvp_pool_conf *c = &cur->pools[i];
+		bool found = false;
+
+		for (uint32_t j = 0; j < next->n_pools; j++) {
+			if (strcmp(next->pools[j].name, c->name))
+				continue;
+			found = true;
+			if (!same_pool_shape(c, &next->pools[j]) || j != i) {
+				log_err(
+				    "reload refused, keeping the running config: pool %s changes "
+				    "size, geometry or place; restart kvpoold for that",
+				    c->name);
+				return false;
+			}
+		}
+		if (!found) {
+			log_err("reload refused, keeping the running config: pool %s was removed; "
+				"restart kvpoold for that",
+				c->name);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* The new pools alone: the running pools' memory exists already and the machine's free
+ * memory (and locked-memory room) no longer includes it, so counting it again would refuse a
+ * reload that fits. */
+static int check_new_pools(const struct kvp_conf *cur, const struct kvp_conf *next)
+{
+	struct kvp_conf *added;
+	int r;
+
+	if (next->n_pools <= cur->n_pools)
+		return 0;
+	added = malloc(sizeof(*added));
+	if (!added)
+		return -ENOMEM;
+	*added = *next;
+	memmove(added->pools, next->pools + cur->n_pools,
+		sizeof(added->pools[0]) * (next->n_pools - cur->n_pools));
+	added->n_pools = next->n_pools - cur->n_pools;
+	r = kvp_daemon_check_budget(added);
+	free(added);
+	return r;
+}
+
+static void reload_run(struct kvp_job *job)
+{
+	struct reload_job *j = (struct reload_job *)job;
+	char err[512];
+
+	if (kvp_conf_load_file(&j->next, j->path, err, sizeof(err)) < 0) {
+		log_err("reload refused, keeping the running config: %s", err);
+		j->refused = true;
+		return;
+	}
+	if (!compatible(&j->cur, &j->next)) {
+		j->refused = true;
+		return;
+	}
+	if (check_new_pools(&j->cur, &j->next) < 0) {
+		log_err("reload refused, keeping the running config: new pools do not fit");
+		j->refused = true;
+		return;
+	}
+	if (j->next.n_pools > j->cur.n_pools)
+		test_delay();
+	for (uint32_t i = j->cur.n_pools; i < j->next.n_pools; i++) {
+		struct kvp_pool *p = kvp_daemon_create_pool(&j->next.pools[i], i);
+
+		if (!p)
+			break;
+		j->pools[j->n_new++] = p;
+	}
+}
+
+/* On the loop thread: the quotas, access lists, log level, keep-alive and limits of the file
+ * take effect, and the new pools join. */
+static void apply(struct kvp_daemon *d, struct reload_job *j)
+{
+	const struct kvp_conf *n = &j->next;
+	uint32_t old_pools = d->n_pools;
+	struct kvp_pool_conf keep[KVP_MAX_POOLS];
+
+	for (uint32_t i = 0; i < old_pools; i++) {
+		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens)
+			log_notice("reload: pool %s session quota %lu -> %lu tokens",
+				   n->pools[i].name,
+				   (unsigned long)d->conf.pools[i].session_quota_tokens,
+				   (unsigned long)n->pools[i].session_quota_tokens);
+		d->pools[i]->conf.session_quota_tokens = n->pools[i].session_quota_tokens;
+	}
+	memcpy(keep, d->conf.pools, sizeof(keep));
+	d->conf = *n;
+	memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
+	for (uint32_t i = 0; i < old_pools; i++)
+		d->conf.pools[i].session_quota_tokens = n->pools[i].session_quota_tokens;
+	d->conf.n_pools = old_pools;
+	g_log_level = n->log_level;
+	for (uint32_t k = 0; k < j->n_new; k++) {
+		uint32_t i = old_pools + k;
+
+		d->conf.pools[i] = n->pools[i];
+		d->pools[i] = j->pools[k];
+		j->pools[k] = NULL;
+		d->conf.n_pools = d->n_pools = i + 1;
+	}
+	log_notice("reload: done (%u pools)", d->n_pools);
+}
+
+static void reload_done(struct kvp_job *job, bool cancelled)
+{
+	struct reload_job *j = (struct reload_job *)job;
+	struct kvp_daemon *d = j->d;
+
+	if (cancelled) {
+		log_notice("reload: dropped, kvpoold is stopping");
+	} else if (!j->refused) {
+		/* Only a reload changes the pools, and one runs at a time: d is as it was copied.
+		 */
+		if (d->n_pools != j->cur.n_pools)
+			log_err("reload refused: the pools changed while it ran");
+		else
+			apply(d, j);
+	}
+	for (uint32_t k = 0; k < j->n_new; k++)
+		kvp_pool_destroy(j->pools[k]);
+	if (j->finished)
+		j->finished(j->ctx);
+	free(j);
+}
+
+int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(void *ctx),
+		     void *ctx)
+{
+	struct reload_job *j;
+	int r;
+
+	if (!d->config_path) {
+		log_notice("reload: running on the embedded config; nothing to re-read");
+		return 1;
+	}
+	if (strlen(d->config_path) >= sizeof(j->path)) {
+		log_err("reload refused: config path too long");
+		return -ENAMETOOLONG;
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		log_err("reload refused: out of memory");
+		return -ENOMEM;
+	}
+	j->job.run = reload_run;
+	j->job.done = reload_done;
+	j->d = d;
+	j->finished = finished;
+	j->ctx = ctx;
+	strcpy(j->path, d->config_path);
+	j->cur = d->conf;
+	j->cur.n_pools = d->n_pools;
+	r = kvp_work_submit(w, &j->job);
+	if (r < 0) {
+		log_err("reload refused: %s", strerror(-r));
+		free(j);
+	}
+	return r;
+}

@@ -1,0 +1,23 @@
+/* reload.h - putting a configuration into effect: the budget check, pool creation, and the
+ * reload (SIGHUP, the Reload call). A reload runs in two halves: the worker re-reads the file,
+ * checks it against a copy of the running configuration and creates the new pools (memfd,
+ * prefault, mlock: slow, blocking) while the loop keeps serving; the loop then applies the
+ * result. main.c uses the first two at start-up; loop.c starts reloads. */
+#pragma once
+#include <stdbool.h>
+
+#include "daemon.h"
+#include "work.h"
+
+/* Budget check of every pool of c against what the machine has free now; logs a refusal.
+ * 0, -ENOMEM when it does not fit, -EINVAL for a NUMA node that does not exist, or the
+ * negative errno of reading the machine's limits. */
+int kvp_daemon_check_budget(const struct kvp_conf *c);
+/* Creates pool number id of pc and logs its shape. NULL, with the reason logged, on failure. */
+struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id);
+
+/* Starts a reload of d->config_path on w. finished(ctx) runs on the loop thread once the
+ * result is applied (or refused). Returns 0 when the reload job was queued, 1 when there is
+ * nothing to do (embedded config: logged), or a negative errno (nothing queued). */
+int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(void *ctx),
+		     void *ctx);
