@@ -18,6 +18,7 @@
 #include "kv_copy.h"
 #include "kvp_config.h"
 #include "kvp_internal.h"
+#include "names.h"
 #if KVP_HAVE_CUDA
 #include "cuda_drv.h"
 #endif
@@ -145,16 +146,12 @@ KVP_EXPORT const char *kvp_limit_name(int limit)
 
 KVP_EXPORT const char *kvp_tier_name(int tier)
 {
-	static const char *const n[KVP_TIER_MAX] = {"device", "host"};
-
-	return tier >= 0 && tier < KVP_TIER_MAX ? n[tier] : "?";
+	return kvp_names_tier(tier);
 }
 
 KVP_EXPORT const char *kvp_backend_name(int backend)
 {
-	static const char *const n[KVP_BACKEND_MAX] = {"none", "sim", "cuda", "memfd"};
-
-	return backend >= 0 && backend < KVP_BACKEND_MAX ? n[backend] : "?";
+	return kvp_names_backend(backend);
 }
 
 KVP_EXPORT const char *kvp_dtype_name(int dtype)
@@ -588,16 +585,7 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 
 KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 {
-	const char *env = getenv("KVPOOL_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-	int n;
-
-	if (env && env[0])
-		n = snprintf(buf, len, "%s", env);
-	else if (geteuid() == 0 || !xdg || !xdg[0])
-		n = snprintf(buf, len, "/run/kvpool/kvpoold.sock");
-	else
-		n = snprintf(buf, len, "%s/kvpool/kvpoold.sock", xdg);
-	return n >= 0 && (size_t)n < len ? buf : NULL;
+	return kvp_names_default_socket(buf, len) == 0 ? buf : NULL;
 }
 
 /* Declares req + the call message, fills the oneof. */

@@ -7,6 +7,7 @@
  * continuation lines, which this format does not take). Parsing stops at the first error.
  * Everything goes into a temporary that is copied out only when the whole file is valid. */
 #include "config.h"
+#include "names.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -983,7 +984,7 @@ static struct parse *parse_new(const char *origin)
 void kvp_conf_defaults(struct kvp_conf *c)
 {
 	memset(c, 0, sizeof(*c));
-	snprintf(c->socket, sizeof(c->socket), "%s", "/run/kvpool/kvpoold.sock");
+	snprintf(c->socket, sizeof(c->socket), "%s", KVP_ROOT_SOCKET);
 	c->keepalive_ms = 10000;
 	c->log_level = LOG_INFO;
 	c->max_sessions = 1024;

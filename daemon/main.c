@@ -14,11 +14,11 @@
 #include "fault.h"
 #include "kvp_config.h"
 #include "log.h"
+#include "names.h"
 #include "loop.h"
 #include "notify.h"
 #include "reload.h"
 
-#define DEFAULT_ROOT_SOCKET "/run/kvpool/kvpoold.sock"
 
 static void usage(FILE *f)
 {
@@ -42,17 +42,6 @@ static void usage(FILE *f)
 		"SIGHUP reloads the configuration.\n"
 		"Exit status: 0 clean stop, 1 runtime failure, 2 usage or configuration error,\n"
 		"3 host memory budget exceeded, 4 a pool could not be created.\n");
-}
-
-static int default_socket(char *buf, size_t len)
-{
-	const char *env = getenv("KVPOOL_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-
-	if (env && env[0])
-		return snprintf(buf, len, "%s", env) < (int)len ? 0 : -ENAMETOOLONG;
-	if (geteuid() == 0 || !xdg || !xdg[0])
-		return snprintf(buf, len, "%s", DEFAULT_ROOT_SOCKET) < (int)len ? 0 : -ENAMETOOLONG;
-	return snprintf(buf, len, "%s/kvpool/kvpoold.sock", xdg) < (int)len ? 0 : -ENAMETOOLONG;
 }
 
 static int mkdir_parents(const char *path)
@@ -261,8 +250,8 @@ int main(int argc, char **argv)
 	}
 	if (socket_flag)
 		snprintf(sock, sizeof(sock), "%s", socket_flag);
-	else if (getenv("KVPOOL_SOCKET") || !d.config_path || strcmp(d.conf.socket, DEFAULT_ROOT_SOCKET) == 0)
-		r = default_socket(sock, sizeof(sock));
+	else if (getenv("KVPOOL_SOCKET") || !d.config_path || strcmp(d.conf.socket, KVP_ROOT_SOCKET) == 0)
+		r = kvp_names_default_socket(sock, sizeof(sock));
 	else
 		r = snprintf(sock, sizeof(sock), "%s", d.conf.socket) < (int)sizeof(sock) ? 0 : -ENAMETOOLONG;
 	if (!socket_flag && r < 0) {

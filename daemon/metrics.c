@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kvpool.pb-c.h"
+#include "names.h"
 #include "pool_cache.h"
 
 const double kvp_lat_bounds_us[KVP_LAT_BUCKETS] = {10,	 25,   50,   100,   250,   500,
@@ -141,7 +142,6 @@ static void rpc_family(struct out *o, int id, const struct kvp_daemon *d)
 
 char *kvp_metrics_render(const struct kvp_daemon *d)
 {
-	static const char *const tier_name[KVP_TIER_MAX] = {"device", "host"};
 	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_MAX];
 	struct kvp_pool_figures pf[KVP_MAX_POOLS];
 	struct kvp_daemon_figures df;
@@ -178,7 +178,7 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 		for (int k = 0; k < KVP_TIER_MAX; k++)                                             \
 			if (kvp_pool_has_tier(d->pools[i], k))                                     \
 				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",             \
-				    d->pools[i]->conf.name, tier_name[k],                          \
+				    d->pools[i]->conf.name, kvp_names_tier(k),                          \
 				    (unsigned long)tf[i][k].f);
 	KVP_TIER_FIGURES(TIER_FIGURE)
 #undef TIER_FIGURE

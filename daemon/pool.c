@@ -9,6 +9,7 @@
 
 #include "fault.h"
 #include "log.h"
+#include "names.h"
 
 /* tier.h numbers backends and options without the wire's or the config's types */
 _Static_assert((int)KVP_BACKEND_KIND_NONE == (int)KVPOOL__BACKEND__BACKEND_NONE &&
@@ -20,7 +21,6 @@ _Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_
 		       (int)KVP_OPT_ON == (int)KVP_ON,
 	       "tier options follow the config's tristate");
 
-static const char *const tier_names[KVP_TIER_MAX] = { "device", "host" };
 
 bool kvp_pool_has_tier(const struct kvp_pool *p, int tier)
 {
@@ -288,10 +288,10 @@ static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct k
 			"pool %s %s tier: asked for %lu tokens, %lu free, %lu evictable, "
 			"%lu leased, %lu protected by locks (of %lu): free leases, release "
 			"locks, or give the pool more %s capacity",
-			p->conf.name, tier_names[tier], (unsigned long)f->cap.requested,
+			p->conf.name, kvp_names_tier(tier), (unsigned long)f->cap.requested,
 			(unsigned long)f->cap.free, (unsigned long)f->cap.evictable,
 			(unsigned long)f->cap.leased, (unsigned long)f->cap.protected_,
-			(unsigned long)f->cap.total, tier_names[tier]);
+			(unsigned long)f->cap.total, kvp_names_tier(tier));
 }
 
 /* npages pages of tier into out: free pages first, then exactly the shortfall evicted. */
@@ -347,14 +347,14 @@ static int check_size(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_
 {
 	if (!kvp_pool_has_tier(p, tier))
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no %s tier",
-				p->conf.name, tier < 0 || tier >= KVP_TIER_MAX ? "such" : tier_names[tier]);
+				p->conf.name, tier < 0 || tier >= KVP_TIER_MAX ? "such" : kvp_names_tier(tier));
 	if (npages == 0)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "zero pages asked");
 	if (npages > kvp_pages_total(p->pages[tier])) {
 		capacity_fail(p, tier, npages, f);
 		snprintf(f->msg, sizeof(f->msg),
 			 "pool %s %s tier: asked for %lu tokens but the tier holds %lu in all",
-			 p->conf.name, tier_names[tier],
+			 p->conf.name, kvp_names_tier(tier),
 			 (unsigned long)npages * p->conf.page_tokens,
 			 (unsigned long)kvp_pages_total(p->pages[tier]) * p->conf.page_tokens);
 		return -KVPOOL__CODE__OUT_OF_CAPACITY;
