@@ -6,16 +6,17 @@
 # reached for a package that is missing.
 #   KVP_VENV=DIR         the venv (default .venv)
 #   KVP_BUILDDIR=DIR     the meson build folder kvpoold and kvpoolctl come from (default build)
-#   KVP_PY_TORCH=1       also install torch and transformers (pinned below). PyPI's torch for
-#                        x86_64 Linux is the CUDA build (its wheel and the CUDA wheels it pulls
-#                        are several GiB); without it the torch tests skip and say so.
+#   KVP_PY_TORCH=0       do not install torch and transformers (pinned below): their tests
+#                        then skip and say why. PyPI's torch for x86_64 Linux is the CUDA build
+#                        (with the CUDA wheels it pulls, about 5.5 GiB in the venv); it runs on
+#                        the CPU all the same.
 #   KVP_PY_SETUP_ARGS    meson options for the package build (e.g. -Dcuda=disabled)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVP_VENV:-.venv}
 builddir=${KVP_BUILDDIR:-build}
 torch_pin="torch==2.15.0"
-transformers_pin="transformers==5.25.0"
+transformers_pin="transformers==4.57.1"
 
 if [ ! -x "$venv/bin/python" ]; then
 	python3 -m venv "$venv" || { echo "pytest.sh: python3 -m venv $venv failed"; exit 1; }
@@ -25,7 +26,7 @@ pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
 
 need="numpy pytest meson-python meson ninja"
 mods="import numpy, pytest, mesonpy"
-if [ "${KVP_PY_TORCH:-0}" = 1 ]; then
+if [ "${KVP_PY_TORCH:-1}" = 1 ]; then
 	need="$need $torch_pin $transformers_pin"
 	mods="$mods, torch, transformers"
 fi

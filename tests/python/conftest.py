@@ -17,7 +17,8 @@ KVPOOLD = os.environ.get("KVPOOLD", os.path.join(ROOT, "build", "daemon", "kvpoo
 KVPOOLCTL = os.environ.get("KVPOOLCTL", os.path.join(ROOT, "build", "client", "kvpoolctl"))
 
 # Pool "c": 64 device pages and 64 host pages of 4 tokens; "f32": the same in fp32; "small":
-# 16 device pages and no host tier, for capacity errors; "bf16" and "fp8" for dtype mapping.
+# 16 device pages and no host tier, for capacity errors; "bf16" and "fp8" for dtype mapping;
+# "llama" for the random-weight model of test_transformers.py (fp32).
 DEFAULT_CONF = """
 [pool.c]
 layers = 2
@@ -61,6 +62,17 @@ page_tokens = 4
 device = sim
 device_capacity = 64t
 host_capacity = 64t
+mlock = off
+
+[pool.llama]
+layers = 2
+kv_heads = 2
+head_dim = 16
+dtype = fp32
+page_tokens = 4
+device = sim
+device_capacity = 1024t
+host_capacity = 1024t
 mlock = off
 
 [pool.fp8]
@@ -138,7 +150,7 @@ class Daemon:
 
 @pytest.fixture(scope="module")
 def daemon():
-    """A kvpoold shared by the tests of one module (pools c, f32, small, bf16, fp8)."""
+    """A kvpoold shared by the tests of one module (pools c, f32, small, bf16, llama, fp8)."""
     d = Daemon()
     yield d
     d.stop()

@@ -51,7 +51,7 @@ def test_connect_ping_status(daemon):
         assert c.daemon_version == "0.1.0"
         st = c.status()
         names = [p["name"] for p in st["pools"]]
-        assert names == ["c", "f32", "small", "bf16", "fp8"]
+        assert names == ["c", "f32", "small", "bf16", "llama", "fp8"]
         p = st["pools"][0]
         assert p["geometry"] == kvpool.Geometry((2, 2, 8, "fp16", 4))
         assert p["tiers"]["device"]["total_tokens"] == 256
