@@ -1666,9 +1666,13 @@ static PyObject *lease_free(LeaseObject *self, PyObject *args, PyObject *kw)
 		return NULL;
 	if (self->ended)
 		return PyLong_FromLong(0);
-	p = pool_handle(self->pool);
-	if (!p)
-		return NULL;
+	p = self->pool->p;
+	if (!p || self->pool->detached || !self->pool->client->c || self->pool->client->closed) {
+		/* the lease went (or goes, with the last view) with the pool or the session */
+		self->ended = 1;
+		self->n = 0;
+		return PyLong_FromLong(0);
+	}
 	if (pages_o != Py_None) {
 		if (u32list_from(pages_o, "pages", &pages))
 			return NULL;
@@ -1731,7 +1735,8 @@ static PyMethodDef lease_methods[] = {
      "extend(npages)\n--\n\nAdds `npages` pages to the lease; returns the new page ids."},
     {"free", (PyCFunction)(void (*)(void))lease_free, METH_VARARGS | METH_KEYWORDS,
      "free(pages=None)\n--\n\nReturns `pages` of the lease (None: all of them, and the lease "
-     "ends). Returns the pages left."},
+     "ends). Returns the pages left. After Pool.detach() or Client.close() the lease has "
+     "gone with them: it ends and 0 is returned."},
     {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the lease."},
     {"__exit__", (PyCFunction)lease_exit_ctx, METH_VARARGS, "Frees the whole lease."},
     {NULL, NULL, 0, NULL}};

@@ -77,6 +77,7 @@ class KvpoolLayer(CacheLayerMixin):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
+        """Takes dtype and device from the first K/V given."""
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -98,18 +99,23 @@ class KvpoolLayer(CacheLayerMixin):
         return self.keys, self.values
 
     def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the attention mask: the held tokens and the new ones."""
         return self.length + cache_position.shape[0], 0
 
     def get_seq_length(self) -> int:
+        """Tokens whose K/V this layer holds."""
         return self.length
 
     def get_max_cache_shape(self) -> int:
+        """-1: the sequence grows as pages are leased."""
         return -1
 
     def reset(self) -> None:
+        """Forgets the held tokens (the pages stay with the cache)."""
         self.length = 0
 
     def crop(self, max_length: int) -> None:
+        """Keeps the first max_length tokens (negative: drops that many from the end)."""
         if max_length < 0:
             max_length = self.length + max_length
         self.length = max(0, min(self.length, max_length))
@@ -233,10 +239,13 @@ class KvpoolCache(Cache):
         self._set_length(0)
 
     def __enter__(self) -> "KvpoolCache":
+        """Returns the cache."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        """Closes the cache."""
         self.close()
 
     def reset(self) -> None:
+        """Closes the cache: it is empty and may reuse() again."""
         self.close()

@@ -434,6 +434,20 @@ def test_view_outlives_detach_and_close(daemon):
     assert daemon.status()["sessions"] == sessions - 1
 
 
+def test_detach_waits_for_views(daemon, client):
+    pool = client.attach("c")
+    lease = pool.alloc(3)
+    v = pool.kv("device", 0, 1)
+    pool.detach()                   # deferred: the view needs the mapping
+    assert pool.detached and daemon.pool_books("c")["device"]["leased_tokens"] == 3 * PT
+    with pytest.raises(ValueError):
+        lease.extend(1)
+    del v                           # the last view goes: the pool is detached for real
+    assert daemon.pool_books("c")["device"]["leased_tokens"] == 0
+    assert lease.free() == 0 and lease.ended   # it went with the pool
+    client.ping()
+
+
 def test_client_busy_and_gil_released(own_daemon):
     c = kvpool.connect(own_daemon.sock)
     own_daemon.signal(signal.SIGSTOP)
@@ -498,6 +512,7 @@ def test_daemon_killed_mid_call(own_daemon):
 
 def test_no_leaks_10000_cycles(daemon):
     c = kvpool.connect(daemon.sock, name="leaks")
+    sessions = daemon.status()["sessions"]
     pool = c.attach("c")
     toks = numpy.arange(9000, 9016, dtype=numpy.uint32)
     with pool.alloc(4) as lease:
@@ -512,6 +527,8 @@ def test_no_leaks_10000_cycles(daemon):
             m = pool.match(toks)
             m.device_pages
             m.release()
+            numpy.from_dlpack(pool.kv("device", 1, 0))[0, 0, 0]
+            pool.host_pages_view().__dlpack__(max_version=(1, 0))
 
     cycles(500)
     gc.collect()
@@ -526,6 +543,7 @@ def test_no_leaks_10000_cycles(daemon):
     assert after_books["device"]["leased_tokens"] == 0
     assert after_books["device"]["protected_tokens"] == 0
     assert rss1 - rss0 < 1024, f"RSS grew by {rss1 - rss0} KiB over 10000 cycles"
+    assert daemon.status()["sessions"] == sessions
     c.flush("c")
     pool.detach()
     c.close()
