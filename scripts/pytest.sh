@@ -22,6 +22,8 @@ if [ ! -x "$venv/bin/python" ]; then
 	python3 -m venv "$venv" || { echo "pytest.sh: python3 -m venv $venv failed"; exit 1; }
 fi
 py="$(realpath "$venv")/bin/python"
+# meson-python runs the venv's meson and ninja (the system's may be older than it needs)
+export PATH="$(dirname "$py"):$PATH"
 pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
 
 need="numpy pytest meson-python meson ninja"

@@ -605,6 +605,9 @@ static void client_leave(ClientObject *self)
 
 static void client_close_now(ClientObject *self)
 {
+	/* kvp_client_close frees every pool handle still attached */
+	for (struct PoolObject *po = self->pools; po; po = po->next)
+		po->p = NULL;
 	kvp_client_close(self->c);
 	self->c = NULL;
 }
