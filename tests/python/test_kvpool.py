@@ -380,13 +380,21 @@ with kvpool.connect(sock, name="child") as c:
 """
 
 
-def test_write_seen_by_other_process(daemon, client):
+@pytest.mark.parametrize("writer", ["numpy", "torch"])
+def test_write_seen_by_other_process(daemon, client, writer):
     pool = client.attach("f32")
     with pool.alloc(1) as lease:
         page = int(lease.pages[0])
         a = numpy.from_dlpack(pool.kv("device", 1, 0))
         want = numpy.arange(16, dtype=numpy.float32).reshape(2, 8) + 0.25
-        a[page * PT + 1] = want
+        if writer == "torch":
+            torch = pytest.importorskip("torch", reason="torch is not installed "
+                                        "(see scripts/pytest.sh)")
+            t = torch.from_dlpack(pool.kv("device", 1, 0))
+            t[page * PT + 1] = torch.from_numpy(want)
+            del t
+        else:
+            a[page * PT + 1] = want
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         out = subprocess.run([sys.executable, "-c", CHILD, daemon.sock, "read", str(page)],
                              capture_output=True, text=True, timeout=60, env=env)
@@ -547,3 +555,30 @@ def test_no_leaks_10000_cycles(daemon):
     c.flush("c")
     pool.detach()
     c.close()
+
+
+def test_page_lists_without_numpy(daemon):
+    """Without numpy, page lists are array('I') and lists of ints still go in."""
+    code = r"""
+import sys
+sys.modules["numpy"] = None          # numpy cannot be imported
+import array, kvpool
+with kvpool.connect(sys.argv[1]) as c:
+    pool = c.attach("c")
+    with pool.alloc(2) as lease:
+        p = lease.pages
+        assert isinstance(p, array.array) and p.typecode == "I" and len(p) == 2, p
+        assert pool.insert(lease, [4242, 1, 2, 3, 4, 5, 6, 7]) == 8
+    with pool.match(array.array("I", [4242, 1, 2, 3])) as m:
+        assert m.tokens == 4 and isinstance(m.device_pages, array.array)
+    try:
+        pool.match(object())
+    except TypeError as e:
+        assert "tokens" in str(e)
+    pool.detach()
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code, daemon.sock], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
