@@ -582,3 +582,20 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code, daemon.sock], capture_output=True,
                          text=True, timeout=60, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_c_baselines_of_the_benchmarks(daemon, client):
+    pool = client.attach("c")
+    books = daemon.pool_books("c")["device"]
+    assert kvpool._kvpool._c_alloc_free(pool, 50) > 0
+    toks = numpy.arange(31000, 31008, dtype=numpy.uint32)
+    with pool.alloc(2) as lease:
+        pool.insert(lease, toks)
+    assert kvpool._kvpool._c_match(pool, toks, 20) > 0
+    after = daemon.pool_books("c")["device"]
+    assert after["leased_tokens"] == books["leased_tokens"] == 0
+    assert after["protected_tokens"] == 0
+    with pytest.raises(TypeError):
+        kvpool._kvpool._c_alloc_free(client, 1)
+    client.flush("c")
+    pool.detach()
