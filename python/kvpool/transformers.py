@@ -1,0 +1,251 @@
+"""kvpool.transformers: a Hugging Face transformers Cache whose K/V live in kvpool pages.
+
+KvpoolCache keeps every layer's K and V in device-tier pages of an attached pool (the sim
+tier on a machine without a GPU, the cuda tier on one), so prefixes computed by one process
+are reused by every other process serving the same model::
+
+    cache = KvpoolCache(pool, model.config)
+    reused = cache.reuse(input_ids)                 # matched, locked, loaded from host pages
+    out = model(input_ids[:, reused:], past_key_values=cache)   # computes only the rest
+    cache.publish(input_ids)                        # the whole pages go into the shared cache
+    cache.close()                                   # locks and leased pages go back
+
+model.generate(input_ids, past_key_values=cache, ...) after reuse() works the same way.
+One sequence per cache (batch size 1). Tested with transformers 4.57.1 and torch 2.15.0
+(scripts/pytest.sh pins them).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+import kvpool
+
+__all__ = ["KvpoolCache", "KvpoolLayer", "expected_geometry"]
+
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+_POOL_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def expected_geometry(config: Any, dtype: Optional[torch.dtype] = None) -> kvpool.Geometry:
+    """The pool geometry a model config needs (page_tokens 0: any)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dtype is None:
+        dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return kvpool.Geometry((config.num_hidden_layers, kv_heads, head_dim,
+                            _POOL_DTYPES.get(dtype, ""), 0))
+
+
+def _check_geometry(pool: kvpool.Pool, want: kvpool.Geometry) -> None:
+    have = pool.geometry
+    bad = [f for f in ("layers", "kv_heads", "head_dim", "dtype")
+           if getattr(want, f) and getattr(want, f) != getattr(have, f)]
+    if bad:
+        e = kvpool.GeometryMismatch(
+            f"pool {pool.name}: {', '.join(bad)} differ from the model's "
+            f"(model {tuple(want)}, pool {tuple(have)})")
+        e.expected, e.actual, e.message, e.name = want, have, str(e), "GEOMETRY_MISMATCH"
+        raise e
+
+
+def _token_list(input_ids: Any) -> numpy.ndarray:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError("input_ids: KvpoolCache holds one sequence (batch size 1)")
+            input_ids = input_ids[0]
+        return input_ids.detach().to("cpu", torch.int64).numpy()
+    return numpy.asarray(input_ids, dtype=numpy.int64).reshape(-1)
+
+
+class KvpoolLayer(CacheLayerMixin):
+    """One layer of a KvpoolCache: writes K/V into the pool's pages and reads them back."""
+
+    is_sliding = False
+
+    def __init__(self, cache: "KvpoolCache", layer_idx: int):
+        super().__init__()
+        self._cache = cache
+        self._idx = layer_idx
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor) -> None:
+        """Takes dtype and device from the first K/V given."""
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+               cache_kwargs: Optional[dict[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stores the new K/V [1, kv_heads, T, head_dim] and returns all of the sequence's."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states)
+        if key_states.shape[0] != 1:
+            raise ValueError("KvpoolCache holds one sequence (batch size 1)")
+        start, t = self.length, key_states.shape[-2]
+        slots = self._cache._slots(start + t)
+        kplane, vplane = self._cache._planes[self._idx]
+        kplane[slots[start:]] = key_states[0].transpose(0, 1).to(kplane.dtype)
+        vplane[slots[start:]] = value_states[0].transpose(0, 1).to(vplane.dtype)
+        self.length = start + t
+        self.keys = kplane[slots].transpose(0, 1).unsqueeze(0).to(key_states.dtype)
+        self.values = vplane[slots].transpose(0, 1).unsqueeze(0).to(value_states.dtype)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the attention mask: the held tokens and the new ones."""
+        return self.length + cache_position.shape[0], 0
+
+    def get_seq_length(self) -> int:
+        """Tokens whose K/V this layer holds."""
+        return self.length
+
+    def get_max_cache_shape(self) -> int:
+        """-1: the sequence grows as pages are leased."""
+        return -1
+
+    def reset(self) -> None:
+        """Forgets the held tokens (the pages stay with the cache)."""
+        self.length = 0
+
+    def crop(self, max_length: int) -> None:
+        """Keeps the first max_length tokens (negative: drops that many from the end)."""
+        if max_length < 0:
+            max_length = self.length + max_length
+        self.length = max(0, min(self.length, max_length))
+
+
+class KvpoolCache(Cache):
+    """A transformers Cache over leased device-tier pages of an attached kvpool Pool.
+
+    pool: a kvpool.Pool whose geometry matches the model (GeometryMismatch otherwise).
+    config: the model's config (checked against the pool's geometry when given).
+    namespace: the prefix-cache namespace (e.g. one per LoRA adapter).
+    """
+
+    def __init__(self, pool: kvpool.Pool, config: Any = None, namespace: int = 0):
+        g = pool.geometry
+        if config is not None:
+            _check_geometry(pool, expected_geometry(config))
+        if g.dtype not in _TORCH_DTYPES:
+            raise ValueError(f"pool {pool.name}: dtype {g.dtype} has no torch dtype here")
+        super().__init__(layers=[KvpoolLayer(self, i) for i in range(g.layers)])
+        self.pool = pool
+        self.namespace = namespace
+        self.page_tokens = g.page_tokens
+        self._planes = [(torch.from_dlpack(pool.kv("device", i, 0)),
+                         torch.from_dlpack(pool.kv("device", i, 1))) for i in range(g.layers)]
+        self._pages: list[int] = []  # page of each page_tokens tokens of the sequence
+        self._n_cached = 0           # leading pages that are the cache's (locked), not ours
+        self._lease: Optional[kvpool.Lease] = None
+        self._match: Optional[kvpool.Match] = None
+
+    # -- pages --
+    def _slots(self, n: int) -> torch.Tensor:
+        """Slots of tokens [0, n), leasing pages as the sequence grows."""
+        need = -(-n // self.page_tokens) - len(self._pages)
+        if need > 0:
+            if self._lease is None or self._lease.ended:
+                self._lease = self.pool.alloc(need)
+                new = self._lease.pages
+            else:
+                new = self._lease.extend(need)
+            self._pages.extend(int(p) for p in new)
+        device = self._planes[0][0].device
+        pages = torch.tensor(self._pages, dtype=torch.int64, device=device)
+        pos = torch.arange(n, dtype=torch.int64, device=device)
+        return pages[pos // self.page_tokens] * self.page_tokens + pos % self.page_tokens
+
+    def _set_length(self, n: int) -> None:
+        for layer in self.layers:
+            layer.length = n
+
+    def _lock(self, tokens: numpy.ndarray) -> kvpool.Match:
+        m = self.pool.match(tokens, namespace=self.namespace, lock=True)
+        if len(m.host_pages):
+            try:
+                m.load()
+            except kvpool.Unavailable:
+                pass  # another session pins the host pages: use the device-resident part
+        return m
+
+    # -- the kvpool side --
+    def reuse(self, input_ids: Any) -> int:
+        """Matches and locks the longest cached prefix of input_ids (loading host-resident
+        pages to the device tier first) and returns the tokens reused; at least one token is
+        left to compute. Call on an empty cache."""
+        if self.get_seq_length() or self._pages:
+            raise ValueError("reuse() needs an empty cache")
+        tokens = _token_list(input_ids)
+        m = self._lock(tokens)
+        pt = self.page_tokens
+        usable = min(len(m.device_pages), m.tokens // pt, (len(tokens) - 1) // pt)
+        if usable <= 0:
+            m.release()
+            return 0
+        self._match = m
+        self._pages = [int(p) for p in m.device_pages[:usable]]
+        self._n_cached = usable
+        self._set_length(usable * pt)
+        return usable * pt
+
+    def publish(self, input_ids: Any) -> int:
+        """Inserts the whole pages of the sequence this cache holds (the first
+        get_seq_length() tokens of input_ids) into the shared prefix cache and keeps them
+        locked for further use. Returns the newly cached tokens."""
+        n = self.get_seq_length()
+        tokens = _token_list(input_ids)
+        if len(tokens) < n:
+            raise ValueError(f"input_ids: {len(tokens)} tokens, the cache holds {n}")
+        tokens = tokens[:n]
+        if self._lease is None or self._lease.ended or n == 0:
+            return 0
+        if self._planes[0][0].device.type == "cuda":
+            torch.cuda.synchronize(self._planes[0][0].device)
+        new = self.pool.insert(self._lease, tokens, cached_pages=self._n_cached,
+                               namespace=self.namespace, pages=self._pages[self._n_cached:])
+        # the whole pages are the cache's now: lock them, as matched (duplicates resolve to
+        # the pages another process cached first)
+        m = self._lock(tokens)
+        pt = self.page_tokens
+        k = min(len(m.device_pages), n // pt)
+        if k < n // pt:
+            # a page went between insert and lock: keep what is still held
+            self._set_length(k * pt)
+            del self._pages[k + 1:]
+        self._pages[:k] = [int(p) for p in m.device_pages[:k]]
+        self._n_cached = k
+        if self._match is not None:
+            self._match.release()
+        self._match = m
+        return new
+
+    def close(self) -> None:
+        """Releases the lock and frees the leased pages."""
+        if self._match is not None:
+            self._match.release()
+            self._match = None
+        if self._lease is not None and not self._lease.ended:
+            self._lease.free()
+        self._lease = None
+        self._pages = []
+        self._n_cached = 0
+        self._set_length(0)
+
+    def __enter__(self) -> "KvpoolCache":
+        """Returns the cache."""
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Closes the cache."""
+        self.close()
+
+    def reset(self) -> None:
+        """Closes the cache: it is empty and may reuse() again."""
+        self.close()

@@ -1,0 +1,137 @@
+"""Tests of kvpool.transformers: a random-weight Llama across processes reuses a published
+prefix from kvpool pages and gets the logits and tokens of a full recompute."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/pytest.sh "
+                            "installs it unless KVP_PY_TORCH=0)")
+pytest.importorskip("transformers", reason="transformers is not installed")
+
+import kvpool  # noqa: E402
+from kvpool.transformers import KvpoolCache  # noqa: E402
+
+import hf_model  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PUBLISHER = r"""
+import sys, torch, kvpool, hf_model
+from kvpool.transformers import KvpoolCache
+model = hf_model.build_model()
+ids = hf_model.system_prompt()
+with kvpool.connect(sys.argv[1], name="publisher") as c:
+    pool = c.attach("llama")
+    with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+        reused = cache.reuse(ids)
+        model(ids[:, reused:], past_key_values=cache)
+        print(reused, cache.publish(ids))
+    pool.detach()
+"""
+
+
+def publish_in_other_process(sock):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE] + sys.path))
+    out = subprocess.run([sys.executable, "-c", PUBLISHER, sock], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    return [int(x) for x in out.stdout.split()]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hf_model.build_model()
+
+
+@pytest.fixture
+def pool(daemon):
+    c = kvpool.connect(daemon.sock, name="pytest-hf")
+    c.flush("llama")
+    p = c.attach("llama")
+    yield p
+    p.detach()
+    c.flush("llama")
+    c.close()
+
+
+def suffix_logits(model, pool, ids):
+    with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+        reused = cache.reuse(ids)
+        out = model(ids[:, reused:], past_key_values=cache).logits
+        assert out.shape[1] == ids.shape[1] - reused  # only the rest was computed
+    return reused, out
+
+
+def check_against_full(model, ids, reused, out):
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits[:, reused:]
+    assert (out - full).abs().max().item() <= 1e-5
+    assert torch.equal(out.argmax(-1), full.argmax(-1))
+
+
+def test_reuse_across_processes_matches_full_recompute(daemon, model, pool):
+    assert publish_in_other_process(daemon.sock) == [0, 36]  # 9 whole pages of 4
+    ids = hf_model.user_prompt()
+    reused, out = suffix_logits(model, pool, ids)
+    assert reused == 36
+    check_against_full(model, ids, reused, out)
+    # a second engine publishing the same prefix adds nothing new
+    assert publish_in_other_process(daemon.sock) == [36, 0]
+
+
+def test_reuse_after_device_tier_evicted(daemon, model, pool):
+    publish_in_other_process(daemon.sock)
+    assert pool.client.evict("llama", 1 << 20, tier="device") >= 36
+    books = daemon.pool_books("llama")
+    assert books["device"]["cached_tokens"] == 0 and books["host"]["cached_tokens"] >= 36
+    with pool.match(hf_model.system_prompt()[0]) as m:
+        assert len(m.device_pages) == 0 and len(m.host_pages) == 9
+    ids = hf_model.user_prompt(seed=12)
+    reused, out = suffix_logits(model, pool, ids)  # loaded from the host pages
+    assert reused == 36
+    check_against_full(model, ids, reused, out)
+
+
+def test_generate_16_tokens_same_as_without_kvpool(daemon, model, pool):
+    publish_in_other_process(daemon.sock)
+    ids = hf_model.user_prompt(seed=13)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+              pad_token_id=0)
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        with KvpoolCache(pool, model.config) as cache:
+            assert cache.reuse(ids) == 36
+            out = model.generate(ids, past_key_values=cache, **kw)
+            assert cache.get_seq_length() == ids.shape[1] + 15
+            # the prompt and the generated tokens' whole pages go into the cache
+            assert cache.publish(out) == (ids.shape[1] + 15) // 4 * 4 - 36
+    assert out.shape[1] == ids.shape[1] + 16
+    assert torch.equal(out, ref)
+
+
+def test_geometry_checked_against_model(model, pool):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(kvpool.GeometryMismatch) as ei:
+        KvpoolCache(pool, cfg)
+    assert ei.value.expected.layers == 3 and ei.value.actual.layers == 2
+    assert isinstance(ei.value, kvpool.Error)
+
+
+def test_example_hf_shared_prefix_runs():
+    from conftest import KVPOOLD, ROOT
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf_shared_prefix.py"),
+                          "--kvpoold", KVPOOLD, "--procs", "2", "--prompts", "2",
+                          "--system-tokens", "64", "--user-tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4
+    assert lines[0].startswith("process 0 prompt 0: 0 tokens reused, 72 computed")
+    for line in lines[1:]:
+        assert ": 64 tokens reused, 8 computed; prefill" in line, line
