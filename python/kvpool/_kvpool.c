@@ -174,13 +174,13 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 	PyObject *cls =
 	    code > 0 && code < KVP_CODE_MAX && g_code_exc[code] ? g_code_exc[code] : g_error;
 	PyObject *exc =
-	    PyObject_CallFunction(cls, "s", e->message[0] ? e->message : kvp_strerror(code));
+	    PyObject_CallFunction(cls, "s", e->message[0] ? e->message : kvp_code_name(code));
 	int r = 0;
 
 	if (!exc)
 		return NULL;
 	r |= set_attr_u64(exc, "code", (uint64_t)code);
-	r |= set_attr_str(exc, "name", kvp_strerror(code));
+	r |= set_attr_str(exc, "name", kvp_code_name(code));
 	r |= set_attr_str(exc, "message", e->message);
 	if (code == KVP_E_NO_DAEMON || code == KVP_E_TRANSPORT || code == KVP_E_MAP)
 		r |= set_attr_u64(exc, "errno", (uint64_t)e->sys_errno);
@@ -687,7 +687,7 @@ static PyObject *client_ping(ClientObject *self, PyObject *unused)
 	(void)unused;
 	if (!c)
 		return NULL;
-	KVPY_WAIT(r = kvp_ping(c, &err));
+	KVPY_WAIT(r = kvp_client_ping(c, &err));
 	client_leave(self);
 	if (r < 0)
 		return raise_kvp(&err);
@@ -792,7 +792,9 @@ static PyObject *client_status(ClientObject *self, PyObject *unused)
 		client_leave(self);
 		return PyErr_NoMemory();
 	}
-	KVPY_WAIT(r = kvp_status(c, st, &err));
+	memset(st, 0, sizeof(*st));
+	st->struct_size = sizeof(*st);
+	KVPY_WAIT(r = kvp_client_status(c, st, &err));
 	client_leave(self);
 	if (r < 0) {
 		PyMem_Free(st);
@@ -949,7 +951,7 @@ static PyObject *client_evict(ClientObject *self, PyObject *args, PyObject *kw)
 	c = client_enter(self);
 	if (!c)
 		return NULL;
-	KVPY_WAIT(r = kvp_evict(c, pool, tier, tokens, &evicted, &err));
+	KVPY_WAIT(r = kvp_admin_evict(c, pool, tier, tokens, &evicted, &err));
 	client_leave(self);
 	if (r < 0)
 		return raise_kvp(&err);
@@ -969,7 +971,7 @@ static PyObject *client_flush(ClientObject *self, PyObject *args)
 	c = client_enter(self);
 	if (!c)
 		return NULL;
-	KVPY_WAIT(r = kvp_flush(c, pool, &evicted, &err));
+	KVPY_WAIT(r = kvp_admin_flush(c, pool, &evicted, &err));
 	client_leave(self);
 	if (r < 0)
 		return raise_kvp(&err);
@@ -1251,7 +1253,7 @@ static PyObject *pool_slot_address(PoolObject *self, PyObject *args, PyObject *k
 		return NULL;
 	if (tier_from(tier_o, "tier", &tier))
 		return NULL;
-	a = kvp_slot_addr(p, tier, layer, kv, page, tok);
+	a = kvp_pool_slot_addr(p, tier, layer, kv, page, tok);
 	if (!a) {
 		PyErr_SetString(PyExc_ValueError,
 				"slot_address: out of range, or the tier is not mapped");
@@ -1295,7 +1297,7 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 		PyMem_Free(pages);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_alloc(p, tier, n, &id, pages, &err));
+	KVPY_WAIT(r = kvp_lease_alloc(p, tier, n, &id, pages, &err));
 	client_leave(self->client);
 	if (r < 0) {
 		PyMem_Free(pages);
@@ -1361,7 +1363,7 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 		u32list_done(&pages);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv, npages,
+	KVPY_WAIT(r = kvp_cache_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv, npages,
 				 &new_tokens, &err));
 	client_leave(self->client);
 	if (r == 0 && pages_o == Py_None) {
@@ -1386,7 +1388,7 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	PyObject *tokens_o, *ns_o = NULL;
 	struct kvp_pool *p = pool_handle(self);
 	struct u32list tokens;
-	struct kvp_match m = {0};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	struct kvp_error err;
 	uint32_t *dev, *host, cap;
 	uint64_t ns = 0;
@@ -1412,7 +1414,7 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	if (!client_enter(self->client)) {
 		r = -1;
 	} else {
-		KVPY_WAIT(r = kvp_match(p, ns, tokens.v, (uint32_t)tokens.n, lock, &m, dev, host,
+		KVPY_WAIT(r = kvp_cache_match(p, ns, tokens.v, (uint32_t)tokens.n, lock, &m, dev, host,
 					cap, &err));
 		client_leave(self->client);
 		if (r < 0)
@@ -1424,7 +1426,7 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	mo = (MatchObject *)alloc_obj(g_match_type);
 	if (!mo) {
 		if (m.lock_id && client_enter(self->client)) {
-			KVPY_WAIT(kvp_release(p, m.lock_id, NULL));
+			KVPY_WAIT(kvp_cache_release(p, m.lock_id, NULL));
 			client_leave(self->client);
 		}
 		goto fail;
@@ -1474,7 +1476,7 @@ static PyObject *pool_kv(PoolObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_ValueError, "kv(): the pool has no device tier");
 		return NULL;
 	}
-	a = kvp_slot_addr(p, tier, layer, kv, 0, 0);
+	a = kvp_pool_slot_addr(p, tier, layer, kv, 0, 0);
 	if (!a) {
 		PyErr_SetString(PyExc_ValueError,
 				"kv(): the device tier is not mapped in this process (a cuda tier "
@@ -1528,7 +1530,7 @@ static PyMethodDef pool_methods[] = {
      "pages_for(tokens)\n--\n\nPages needed for `tokens` tokens."},
     {"slot_address", (PyCFunction)(void (*)(void))pool_slot_address, METH_VARARGS | METH_KEYWORDS,
      "slot_address(tier, layer, kv, page, tok=0)\n--\n\nThe address of one row (K: kv=0, V: "
-     "kv=1) in this process, as kvp_slot_addr gives it."},
+     "kv=1) in this process, as kvp_pool_slot_addr gives it."},
     {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(npages, tier='device')\n--\n\nLeases `npages` pages, evicting cold prefixes when "
      "free pages are short. Returns a Lease; OutOfCapacity says why when it cannot."},
@@ -1584,7 +1586,7 @@ static void lease_dealloc(LeaseObject *self)
 	/* an unreleased lease goes back now when the client can take a call */
 	if (!self->ended && p && !self->pool->detached && c->c && !c->closed && !c->busy) {
 		c->busy = 1;
-		KVPY_WAIT(kvp_free(p, self->id, NULL, 0, NULL));
+		KVPY_WAIT(kvp_lease_free(p, self->id, NULL, 0, NULL));
 		c->busy = 0;
 	}
 	PyMem_Free(self->pages);
@@ -1649,7 +1651,7 @@ static PyObject *lease_extend(LeaseObject *self, PyObject *arg)
 	}
 	if (!client_enter(self->pool->client))
 		return NULL;
-	KVPY_WAIT(r = kvp_extend(p, self->id, n, self->pages + self->n, &err));
+	KVPY_WAIT(r = kvp_lease_extend(p, self->id, n, self->pages + self->n, &err));
 	client_leave(self->pool->client);
 	if (r < 0)
 		return raise_kvp(&err);
@@ -1689,7 +1691,7 @@ static PyObject *lease_free(LeaseObject *self, PyObject *args, PyObject *kw)
 		u32list_done(&pages);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_free(p, self->id, pages.v, (uint32_t)pages.n, &err));
+	KVPY_WAIT(r = kvp_lease_free(p, self->id, pages.v, (uint32_t)pages.n, &err));
 	client_leave(self->pool->client);
 	if (r >= 0) {
 		if (pages_o == Py_None || r == 0) {
@@ -1772,7 +1774,7 @@ static void match_dealloc(MatchObject *self)
 
 	if (self->lock_id && p && !self->pool->detached && c->c && !c->closed && !c->busy) {
 		c->busy = 1;
-		KVPY_WAIT(kvp_release(p, self->lock_id, NULL));
+		KVPY_WAIT(kvp_cache_release(p, self->lock_id, NULL));
 		c->busy = 0;
 	}
 	PyMem_Free(self->device_pages);
@@ -1797,7 +1799,7 @@ static PyObject *match_release(MatchObject *self, PyObject *unused)
 	}
 	if (!client_enter(self->pool->client))
 		return NULL;
-	KVPY_WAIT(r = kvp_release(p, self->lock_id, &err));
+	KVPY_WAIT(r = kvp_cache_release(p, self->lock_id, &err));
 	client_leave(self->pool->client);
 	if (r < 0)
 		return raise_kvp(&err);
@@ -1826,7 +1828,7 @@ static PyObject *match_load(MatchObject *self, PyObject *unused)
 		PyMem_Free(dev);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_load(p, self->lock_id, dev, cap, &err));
+	KVPY_WAIT(r = kvp_cache_load(p, self->lock_id, dev, cap, &err));
 	client_leave(self->pool->client);
 	if (r < 0) {
 		PyMem_Free(dev);
@@ -2288,7 +2290,7 @@ static PyObject *mod_default_socket(PyObject *mod, PyObject *unused)
 	char buf[256];
 
 	(void)mod, (void)unused;
-	if (!kvp_default_socket(buf, sizeof(buf)))
+	if (!kvp_client_default_socket(buf, sizeof(buf)))
 		Py_RETURN_NONE;
 	return PyUnicode_FromString(buf);
 }
@@ -2310,9 +2312,9 @@ static int c_alloc_free_loop(struct kvp_pool *p, unsigned int n, struct kvp_erro
 		uint64_t lease;
 		uint32_t page;
 
-		r = kvp_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, err);
+		r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, err);
 		if (r >= 0)
-			r = kvp_free(p, lease, NULL, 0, err);
+			r = kvp_lease_free(p, lease, NULL, 0, err);
 	}
 	return r;
 }
@@ -2344,11 +2346,11 @@ static PyObject *mod_c_alloc_free(PyObject *mod, PyObject *args)
 static int c_match_loop(struct kvp_pool *p, const struct u32list *tokens, unsigned int n,
 			uint32_t *dev, uint32_t *host, uint32_t cap, struct kvp_error *err)
 {
-	struct kvp_match m;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	int r = 0;
 
 	for (unsigned int i = 0; i < n && r >= 0; i++)
-		r = kvp_match(p, 0, tokens->v, (uint32_t)tokens->n, 0, &m, dev, host, cap, err);
+		r = kvp_cache_match(p, 0, tokens->v, (uint32_t)tokens->n, 0, &m, dev, host, cap, err);
 	return r;
 }
 

@@ -25,8 +25,16 @@ def rss_kib():
     raise RuntimeError("no VmRSS")
 
 
+def project_version():
+    """The version meson.build declares (the package and kvpoold both carry it)."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "meson.build")) as f:
+        return re.search(r"version:\s*'([^']+)'", f.read()).group(1)
+
+
 def test_version_and_names():
-    assert kvpool.__version__ == "0.1.0"
+    assert kvpool.__version__ == project_version()
     assert kvpool.PROTOCOL_VERSION == 1
     assert issubclass(kvpool.OutOfCapacity, kvpool.Error)
     assert kvpool.OutOfCapacity.code == 1 and kvpool.TransportError.code == 101
@@ -48,7 +56,7 @@ def test_connect_ping_status(daemon):
     with kvpool.connect(daemon.sock, name="pytest") as c:
         assert not c.closed
         c.ping()
-        assert c.daemon_version == "0.1.0"
+        assert c.daemon_version == project_version()
         st = c.status()
         names = [p["name"] for p in st["pools"]]
         assert names == ["c", "f32", "small", "bf16", "llama", "fp8"]
