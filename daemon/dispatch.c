@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "frame.h"
 #include "rpc.h"
 
 int kvp_rpc_oom(struct kvp_fail *f)
@@ -28,6 +29,31 @@ struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name)
 		if (strcmp(d->pools[i]->conf.name, name) == 0)
 			return d->pools[i];
 	return NULL;
+}
+
+uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p)
+{
+	uint32_t top = 0, bytes = 1;
+
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		if (p->pages[t] && kvp_pages_total(p->pages[t]) > top)
+			top = kvp_pages_total(p->pages[t]);
+	for (uint32_t v = top ? top - 1 : 0; v >= 0x80; v >>= 7)
+		bytes++;
+	/* Room for the envelope, the status and the reply's other fields. */
+	return (KVP_FRAME_MAX - 4096) / bytes;
+}
+
+int kvp_rpc_reply_too_large(const struct kvp_pool *p, const char *what, uint64_t npages,
+			    struct kvp_fail *f)
+{
+	uint32_t max = kvp_rpc_pages_per_reply(p);
+
+	kvp_fail_limit(f, "pages per reply", max);
+	return kvp_fail(f, KVPOOL__CODE__LIMIT_EXCEEDED,
+			"%s: %lu pages of pool %s do not fit in one reply frame (at most %u); ask "
+			"in smaller steps",
+			what, (unsigned long)npages, p->conf.name, max);
 }
 
 int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kvp_fail *f)
@@ -71,6 +97,9 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 			      (int)req->call_case);
 	} else if (!s->hello && req->call_case != KVPOOL__REQUEST__CALL_HELLO) {
 		rc = kvp_fail(&f, KVPOOL__CODE__PROTOCOL, "the first call must be Hello");
+		r->close_after = true;
+	} else if (s->evicted) {
+		rc = kvp_fail(&f, KVPOOL__CODE__PERMISSION_DENIED, "%s", s->evict_reason);
 		r->close_after = true;
 	} else {
 		rc = h(d, s, req, r, &f);

@@ -540,6 +540,7 @@ static void on_accept(struct server *sv, int fd)
 		reject(sv, fd, &f);
 		return;
 	}
+	kvp_session_set_groups(c->sess, groups, ngroups);
 	c->fd = fd;
 	c->accepted_ms = kvp_now_ms();
 	kvp_frame_buf_init(&c->in);
@@ -710,7 +711,9 @@ static void on_tick(struct server *sv)
 		n = c->next;
 		if (c->closing)
 			continue;
-		if (c->flush_close && c->flush_deadline_ms && now > c->flush_deadline_ms) {
+		if (c->sess && c->sess->evicted) {
+			conn_close(sv, c, c->sess->evict_reason);
+		} else if (c->flush_close && c->flush_deadline_ms && now > c->flush_deadline_ms) {
 			conn_close(sv, c, "reply not read in time");
 		} else if (c->sess && !c->sess->hello && now - c->accepted_ms > KVP_HANDSHAKE_MS) {
 			conn_close(sv, c, "no Hello within the handshake deadline");

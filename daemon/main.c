@@ -248,7 +248,7 @@ void kvp_daemon_reload(struct kvp_daemon *d)
 			log_notice("reload: pool %s session quota %lu -> %lu tokens", n->pools[i].name,
 				   (unsigned long)d->conf.pools[i].session_quota_tokens,
 				   (unsigned long)n->pools[i].session_quota_tokens);
-		d->pools[i]->conf.session_quota_tokens = n->pools[i].session_quota_tokens;
+		kvp_pool_conf_copy_access(&d->pools[i]->conf, &n->pools[i]);
 	}
 	{
 		struct kvp_pool_conf keep[KVP_MAX_POOLS];
@@ -257,7 +257,7 @@ void kvp_daemon_reload(struct kvp_daemon *d)
 		d->conf = *n;
 		memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
 		for (uint32_t i = 0; i < old_pools; i++)
-			d->conf.pools[i].session_quota_tokens = n->pools[i].session_quota_tokens;
+			kvp_pool_conf_copy_access(&d->conf.pools[i], &n->pools[i]);
 		d->conf.n_pools = old_pools;
 	}
 	g_log_level = n->log_level;
@@ -269,6 +269,7 @@ void kvp_daemon_reload(struct kvp_daemon *d)
 			break;
 		}
 	}
+	kvp_daemon_recheck_sessions(d);
 	log_notice("reload: done (%u pools)", d->n_pools);
 	free(n);
 }
