@@ -3,6 +3,7 @@
  * anything, so a refused call leaves no trace. */
 #include "dispatch.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -112,4 +113,71 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 		return (int)f.code;
 	}
 	return 0;
+}
+
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+	*v = 0;
+	for (unsigned i = 0; i < 10 && *p < end; i++) {
+		uint8_t b = *(*p)++;
+
+		*v |= (uint64_t)(b & 0x7f) << (7 * i);
+		if (!(b & 0x80))
+			return true;
+	}
+	return false;
+}
+
+/* Whether a string field of message d in data[0, len), or of one nested in it, holds a NUL
+ * byte. The payload decoded already, so it is well-formed; anything odd stops the walk. */
+static bool string_has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+			   const uint8_t *end, int depth)
+{
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t tag, v;
+
+		if (!wire_varint(&p, end, &tag))
+			return false;
+		switch (tag & 7) {
+		case 0:
+			if (!wire_varint(&p, end, &v))
+				return false;
+			break;
+		case 1:
+			p += 8;
+			break;
+		case 5:
+			p += 4;
+			break;
+		case 2:
+			if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+				return false;
+			f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+			if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v))
+				return true;
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
+			    string_has_nul(f->descriptor, p, p + v, depth + 1))
+				return true;
+			p += v;
+			break;
+		default:
+			return false;
+		}
+	}
+	return false;
+}
+
+int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
+		       const uint8_t *payload, size_t len, struct kvp_reply *r)
+{
+	struct kvp_fail f;
+
+	if (!string_has_nul(&kvpool__request__descriptor, payload, payload + len, 0))
+		return kvp_dispatch(d, s, req, r);
+	kvp_fail_init(&f);
+	kvp_fail(&f, KVPOOL__CODE__INVALID_ARGUMENT,
+		 "a string field holds a NUL byte (names and strings are NUL-free)");
+	kvp_reply_fail(r, &f);
+	return (int)f.code;
 }

@@ -435,7 +435,7 @@ static void serve_frames_budget(struct server *sv, struct conn *c)
 		if (!served)
 			c->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
 		kvp_reply_init(&r, req->id);
-		code = kvp_dispatch(sv->d, c->sess, req, &r);
+		code = kvp_dispatch_frame(sv->d, c->sess, req, payload, len, &r);
 		send_reply(sv, c, &r);
 		kvp_reply_release(&r);
 		clock_gettime(CLOCK_MONOTONIC, &now);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -580,6 +581,44 @@ static void test_geometry_mismatch_names_dtype(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "dtype fp16"));
 }
 
+static void test_attach_name_with_nul_refused(void)
+{
+	Kvpool__Request q = KVPOOL__REQUEST__INIT;
+	Kvpool__AttachReq a = KVPOOL__ATTACH_REQ__INIT;
+	Kvpool__Request ping = KVPOOL__REQUEST__INIT;
+	Kvpool__PingReq pr = KVPOOL__PING_REQ__INIT;
+	Kvpool__Response *r;
+	uint8_t *buf, *at;
+	size_t len;
+	int fd = raw_session("nul-name");
+
+	CU_ASSERT_FATAL(fd >= 0);
+	a.pool = (char *)"openXtra"; /* sent as "open\0tra": read as a C string, "open" */
+	q.call_case = KVPOOL__REQUEST__CALL_ATTACH;
+	q.attach = &a;
+	q.id = ++g_next_id;
+	CU_ASSERT_EQUAL_FATAL(kvp_frame_pack(&q.base, &buf, &len), 0);
+	at = memmem(buf, len, "openXtra", 8);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+	at[4] = '\0';
+	CU_ASSERT_EQUAL(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+	free(buf);
+	r = h_raw_recv(fd, 5000);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+	CU_ASSERT_EQUAL(r->id, q.id);
+	CU_ASSERT_EQUAL(raw_code(r), KVP_E_INVALID_ARGUMENT);
+	CU_ASSERT_NOT_EQUAL(r->result_case, KVPOOL__RESPONSE__RESULT_ATTACH);
+	kvpool__response__free_unpacked(r, NULL);
+	/* The connection goes on. */
+	ping.call_case = KVPOOL__REQUEST__CALL_PING;
+	ping.ping = &pr;
+	r = raw_call(fd, &ping);
+	CU_ASSERT_EQUAL(raw_code(r), 0);
+	if (r)
+		kvpool__response__free_unpacked(r, NULL);
+	close(fd);
+}
+
 static void test_insert_on_emptied_lease(void)
 {
 	struct kvp_error e;
@@ -694,12 +733,16 @@ static void test_reload_revokes_open_sessions(void)
 	char b;
 	int status;
 
+	signal(SIGPIPE, SIG_IGN);
 	CU_ASSERT_EQUAL_FATAL(pipe(rc.to_parent), 0);
 	CU_ASSERT_EQUAL_FATAL(pipe(rc.to_child), 0);
 	pid = fork();
 	CU_ASSERT_FATAL(pid >= 0);
 	if (pid == 0)
 		_exit(child_reload(&rc));
+	/* The child's ends: a child that gives up reads as EOF here, never a hang. */
+	close(rc.to_parent[1]);
+	close(rc.to_child[0]);
 	CU_ASSERT_EQUAL(read(rc.to_parent[0], &b, 1), 1);
 	rewrite_and_reload("", ADMIN_GID + 1, PRIVATE_GID + 1);
 	CU_ASSERT_EQUAL(count_in_log("('revoked' pid"), 2);
@@ -726,8 +769,6 @@ static void test_reload_revokes_open_sessions(void)
 	CU_ASSERT_EQUAL(status, 0);
 	CU_ASSERT_EQUAL(kvp_status(g_root, &st, &e), 0);
 	close(rc.to_parent[0]);
-	close(rc.to_parent[1]);
-	close(rc.to_child[0]);
 	close(rc.to_child[1]);
 }
 
@@ -743,6 +784,7 @@ int main(void)
 		H_TEST(test_ids_not_sequential_across_sessions),
 		H_TEST(test_client_names_sanitised),
 		H_TEST(test_geometry_mismatch_names_dtype),
+		H_TEST(test_attach_name_with_nul_refused),
 		H_TEST(test_insert_on_emptied_lease),
 		H_TEST(test_reload_revokes_open_sessions),
 	};
