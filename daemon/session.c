@@ -489,6 +489,7 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 	 * quota counts them; with the per-tier totals equal, no leased page is anyone else's. */
 	for (const struct kvp_session *s = d->sessions; s; s = s->next) {
 		uint64_t mine[2 * KVP_MAX_POOLS] = { 0 }, id; /* leased, then locked pages */
+		uint32_t empty = 0;
 		void *v;
 
 		for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
@@ -498,7 +499,10 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 				return -EFAULT;
 			mine[l->pool->id] += l->n;
 			held[l->pool->id][l->tier] += l->n;
+			empty += l->n == 0;
 		}
+		if (empty != s->empty_leases)
+			return -EFAULT;
 		for (uint32_t i = 0; (i = kvp_idmap_next(&s->locks, i, &id, &v)) != 0;) {
 			const struct kvp_lock *k = v;
 

@@ -371,6 +371,7 @@ static void test_quota_counts_locked_tokens(void)
 		CU_ASSERT_EQUAL(kvp_insert(pa, lease, 0, tokens, (i + 1) * 64, i * 4, pages, 4,
 					   NULL, &e),
 				0);
+		CU_ASSERT_EQUAL(kvp_free(pa, lease, NULL, 0, &e), 0); /* emptied: gone */
 		rc = kvp_match(pa, 0, tokens, (i + 1) * 64, 1, &m, dev, host, 64, &e);
 		if (rc < 0) {
 			CU_ASSERT_EQUAL(e.code, KVP_E_QUOTA_EXCEEDED);
