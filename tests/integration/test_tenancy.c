@@ -19,8 +19,8 @@
 #include "kvpool.h"
 
 #define OTHER_UID 60001
-#define ADMIN_GID 60010	 /* admin_groups at start */
-#define NS7_GID 60020	 /* owns namespace 7 of pool open */
+#define ADMIN_GID 60010	  /* admin_groups at start */
+#define NS7_GID 60020	  /* owns namespace 7 of pool open */
 #define PRIVATE_GID 60030 /* allowed_groups of pool private at start */
 
 #define TINY_PAGES 2200000u /* page ids above 2^21: four bytes each in a reply */
@@ -262,11 +262,11 @@ static int child_namespace(void *arg)
 static void test_namespace_bound_to_users(void)
 {
 	struct ns_case cases[] = {
-		{ 0, 5, KVP_E_PERMISSION_DENIED },	 /* root's namespace */
-		{ 0, 7, KVP_E_PERMISSION_DENIED },	 /* a group's, not a member */
-		{ NS7_GID, 7, 0 },			 /* a member */
-		{ 0, 6, 0 },				 /* unbound: shared */
-		{ NS7_GID, 5, KVP_E_PERMISSION_DENIED }, /* the group does not own 5 */
+	    {0, 5, KVP_E_PERMISSION_DENIED},	   /* root's namespace */
+	    {0, 7, KVP_E_PERMISSION_DENIED},	   /* a group's, not a member */
+	    {NS7_GID, 7, 0},			   /* a member */
+	    {0, 6, 0},				   /* unbound: shared */
+	    {NS7_GID, 5, KVP_E_PERMISSION_DENIED}, /* the group does not own 5 */
 	};
 
 	root_insert(5, 100);
@@ -368,9 +368,8 @@ static void test_quota_counts_locked_tokens(void)
 			refused++;
 			break;
 		}
-		CU_ASSERT_EQUAL(kvp_insert(pa, lease, 0, tokens, (i + 1) * 64, i * 4, pages, 4,
-					   NULL, &e),
-				0);
+		CU_ASSERT_EQUAL(
+		    kvp_insert(pa, lease, 0, tokens, (i + 1) * 64, i * 4, pages, 4, NULL, &e), 0);
 		CU_ASSERT_EQUAL(kvp_free(pa, lease, NULL, 0, &e), 0); /* emptied: gone */
 		rc = kvp_match(pa, 0, tokens, (i + 1) * 64, 1, &m, dev, host, 64, &e);
 		if (rc < 0) {
@@ -440,7 +439,7 @@ static void test_locked_match_too_large_keeps_no_lock(void)
 	struct kvp_pool *p = kvp_pool_attach(g_root, "tiny", NULL, &e);
 	uint32_t *tokens = malloc(sizeof(uint32_t) * n), *pages = malloc(sizeof(uint32_t) * n);
 	uint32_t *dev = malloc(sizeof(uint32_t) * n), *host = malloc(sizeof(uint32_t) * n);
-	struct kvp_match m = { 0 };
+	struct kvp_match m = {0};
 	struct kvp_status st;
 	uint64_t lease, evicted = 0;
 	int rc;
@@ -573,7 +572,7 @@ static void test_client_names_sanitised(void)
 
 static void test_geometry_mismatch_names_dtype(void)
 {
-	struct kvp_geometry want = { .dtype = KVP_DTYPE_FP32 };
+	struct kvp_geometry want = {.dtype = KVP_DTYPE_FP32};
 	struct kvp_error e;
 
 	CU_ASSERT_PTR_NULL(kvp_pool_attach(g_root, "open", &want, &e));
@@ -658,7 +657,7 @@ struct reload_child {
 static int child_reload(void *arg)
 {
 	struct reload_child *rc = arg;
-	gid_t groups[] = { ADMIN_GID, PRIVATE_GID };
+	gid_t groups[] = {ADMIN_GID, PRIVATE_GID};
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
@@ -776,18 +775,18 @@ static void test_reload_revokes_open_sessions(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-		H_TEST(test_attach_pool_allowed_lists),
-		H_TEST(test_namespace_bound_to_users),
-		H_TEST(test_sessions_and_cache_detail_own_only),
-		H_TEST(test_quota_counts_locked_tokens),
-		H_TEST(test_alloc_reply_too_large_keeps_nothing),
-		H_TEST(test_locked_match_too_large_keeps_no_lock),
-		H_TEST(test_ids_not_sequential_across_sessions),
-		H_TEST(test_client_names_sanitised),
-		H_TEST(test_geometry_mismatch_names_dtype),
-		H_TEST(test_attach_name_with_nul_refused),
-		H_TEST(test_insert_on_emptied_lease),
-		H_TEST(test_reload_revokes_open_sessions),
+	    H_TEST(test_attach_pool_allowed_lists),
+	    H_TEST(test_namespace_bound_to_users),
+	    H_TEST(test_sessions_and_cache_detail_own_only),
+	    H_TEST(test_quota_counts_locked_tokens),
+	    H_TEST(test_alloc_reply_too_large_keeps_nothing),
+	    H_TEST(test_locked_match_too_large_keeps_no_lock),
+	    H_TEST(test_ids_not_sequential_across_sessions),
+	    H_TEST(test_client_names_sanitised),
+	    H_TEST(test_geometry_mismatch_names_dtype),
+	    H_TEST(test_attach_name_with_nul_refused),
+	    H_TEST(test_insert_on_emptied_lease),
+	    H_TEST(test_reload_revokes_open_sessions),
 	};
 
 	return H_RUN_SUITE("tenancy", init_suite, clean_suite, tests);

@@ -118,7 +118,7 @@ static void test_pool_arrays_per_page_measured(void)
 {
 	const uint32_t n = 1u << 20;
 	static struct kvp_conf c;
-	struct kvp_fail f = { 0 };
+	struct kvp_fail f = {0};
 	struct kvp_pool *p;
 	struct kvp_pages *pg;
 	struct kvp_lease *l;
@@ -153,12 +153,12 @@ static void test_pool_arrays_per_page_measured(void)
 /* The prefix tree at its worst: every cached page its own node (branches at the root). */
 static void test_prefix_per_page_measured(void)
 {
-	static const uint32_t pts[] = { 1, 16 };
+	static const uint32_t pts[] = {1, 16};
 
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const uint32_t n = 1u << 16, pt = pts[k];
 		static struct kvp_conf c;
-		struct kvp_fail f = { 0 };
+		struct kvp_fail f = {0};
 		struct kvp_pool *p;
 		struct kvp_lease *l;
 		uint32_t tokens[16];
@@ -180,9 +180,10 @@ static void test_prefix_per_page_measured(void)
 			    kvp_lease_insert(l, 0, tokens, pt, 0, &page, 1, &nt, &dt, &f), 0);
 		}
 		tree_b = heap_bytes() - before;
-		printf("    page_tokens %u: the tree holds %.1f B per cached page (budget %lu)\n",
-		       pt, (double)tree_b / n,
-		       (unsigned long)(KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES));
+		printf(
+		    "    page_tokens %u: the tree holds %.1f B per cached page (budget %lu)\n", pt,
+		    (double)tree_b / n,
+		    (unsigned long)(KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES));
 		CU_ASSERT(tree_b <=
 			  (KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES) * n);
 		CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
