@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "pool.h"
+
 #define CAP_IPC_LOCK_BIT 14
 
 /* What one pool adds to each limit. */
@@ -20,8 +22,17 @@ struct share {
 	uint64_t normal; /* seen by MemAvailable, cgroup and its node */
 	uint64_t huge;	 /* seen by free huge pages */
 	uint64_t lock;	 /* seen by RLIMIT_MEMLOCK */
+	uint64_t meta;	 /* kvpoold's bookkeeping: seen by MemAvailable and cgroup */
 	int node;
 };
+
+/* The fixed part, from the structures that hold it. */
+_Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
+		   sizeof(uint32_t) + sizeof(uint8_t) +
+		       sizeof(**((struct kvp_pool *)0)->lease_of) +
+		       sizeof(**((struct kvp_pool *)0)->lease_idx) +
+		       2 * sizeof(*((struct kvp_lease *)0)->pages),
+	       "per-page bookkeeping of pages.c, pool.h and leases");
 
 static uint64_t add_sat(uint64_t a, uint64_t b)
 {
@@ -47,9 +58,17 @@ uint64_t kvp_conf_device_bytes(const struct kvp_pool_conf *p)
 	return mul_sat(p->device_pages, kvp_conf_page_bytes(p));
 }
 
+uint64_t kvp_conf_meta_bytes(const struct kvp_pool_conf *p)
+{
+	uint64_t pages = p->host_pages + (p->device == KVP_DEVICE_NONE ? 0 : p->device_pages);
+
+	return mul_sat(pages, KVP_BUDGET_PAGE_META_BYTES(p->page_tokens));
+}
+
 static void pool_share(const struct kvp_pool_conf *p, struct share *s)
 {
 	memset(s, 0, sizeof(*s));
+	s->meta = kvp_conf_meta_bytes(p);
 	s->host = kvp_conf_host_bytes(p);
 	s->sim = p->device == KVP_DEVICE_SIM ? kvp_conf_device_bytes(p) : 0;
 	if (p->hugepages == KVP_ON)
@@ -107,7 +126,7 @@ static int read_limits(const struct kvp_conf *c, const struct share *sh,
 	r->mem = r->cgroup = r->huge = r->lock = UINT64_MAX;
 	r->n_nodes = 0;
 	for (uint32_t i = 0; i < c->n_pools; i++) {
-		need_normal |= sh[i].normal > 0;
+		need_normal |= sh[i].normal > 0 || sh[i].meta > 0;
 		need_huge |= sh[i].huge > 0;
 		need_lock |= sh[i].lock > 0;
 		if (!sh[i].normal && !sh[i].huge)
@@ -145,7 +164,7 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 	struct share sh[KVP_MAX_POOLS];
 	struct readings r;
 	struct kvp_budget_verdict out;
-	uint64_t mem = 0, huge = 0, lock_on = 0, lock_all = 0;
+	uint64_t mem = 0, huge = 0, lock_on = 0, lock_all = 0, meta = 0;
 	int bad = -1;
 	int ret;
 
@@ -172,6 +191,8 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 		uint64_t node = 0;
 
 		mem = add_sat(mem, s->normal);
+		meta = add_sat(meta, s->meta);
+		out.metadata = meta;
 		huge = add_sat(huge, s->huge);
 		lock_all = add_sat(lock_all, s->lock);
 		if (c->pools[i].mlock == KVP_ON)
@@ -180,12 +201,12 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 			if (sh[j].node == s->node)
 				node = add_sat(node, sh[j].normal);
 
-		if (s->normal && mem > r.mem) {
+		if ((s->normal || s->meta) && add_sat(mem, meta) > r.mem) {
 			verdict(&out, KVP_LIMIT_MEM_AVAILABLE, name, mem, s->normal, r.mem, -1,
 				share_tiers(s, !s->huge));
 			break;
 		}
-		if (s->normal && mem > r.cgroup) {
+		if ((s->normal || s->meta) && add_sat(mem, meta) > r.cgroup) {
 			verdict(&out, KVP_LIMIT_CGROUP_MEMORY_MAX, name, mem, s->normal, r.cgroup,
 				-1, share_tiers(s, !s->huge));
 			break;
@@ -255,6 +276,12 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 	if (v->earlier)
 		snprintf(before, sizeof(before), " (with %.2f GB for the pools before it)",
 			 (double)v->earlier / 1e9);
+	if (v->metadata && v->requested <= v->available)
+		return snprintf(buf, len,
+				"pool %s: %s %.2f GB%s and %.2f GB of kvpoold's bookkeeping for the "
+				"pools' pages, but only %.2f GB is available (%s)",
+				v->pool, what, (double)v->requested / 1e9, before,
+				(double)v->metadata / 1e9, (double)v->available / 1e9, limit);
 	return snprintf(buf, len, "pool %s: %s %.2f GB%s but only %.2f GB is available (%s)",
 			v->pool, what, (double)v->requested / 1e9, before,
 			(double)v->available / 1e9, limit);

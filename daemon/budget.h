@@ -54,7 +54,28 @@ struct kvp_budget_verdict {
 	int numa_node;	    /* the node, for KVP_LIMIT_NUMA_NODE_FREE; else -1 */
 	unsigned tiers;	    /* KVP_BUDGET_TIER_* of pool's share */
 	char warning[256];  /* a limit that only warns (mlock = try); "" when none */
+	/* kvpoold's own bookkeeping of the pages of the pools up to and including pool
+	 * (kvp_conf_meta_bytes), checked on top of requested against MemAvailable and cgroup
+	 * memory.max. */
+	uint64_t metadata;
 };
+
+/* Host bytes kvpoold keeps per page of a pool, on top of the page, whatever its tier:
+ * - pages.c: a free-stack slot (uint32) and a state byte;
+ * - pool.h: lease_of (uint64) and lease_idx (uint32);
+ * - a lease's page array: a uint32 per leased page, up to twice that as it grows;
+ * - prefix.c, per cached page: its tokens (page_tokens uint32) and its page id in a node, and,
+ *   in the worst case a client can force (one node per page), the node itself, its malloc
+ *   header and two hash-bucket slots: KVP_BUDGET_NODE_BYTES.
+ * tests/unit/test_budget_meta.c measures each part against the real structures. */
+#define KVP_BUDGET_PAGE_FIXED_BYTES 25u
+#define KVP_BUDGET_NODE_BYTES 192u
+/* Per page of a pool of page_tokens tokens per page. */
+#define KVP_BUDGET_PAGE_META_BYTES(page_tokens)                                                   \
+	(KVP_BUDGET_PAGE_FIXED_BYTES + 4u * (uint64_t)(page_tokens) + 4u + KVP_BUDGET_NODE_BYTES)
+
+/* kvpoold's bookkeeping for all pages of p (both tiers, any backend). */
+uint64_t kvp_conf_meta_bytes(const struct kvp_pool_conf *p);
 
 /* Host-resident bytes of the host tier: host_pages * page bytes. */
 uint64_t kvp_conf_host_bytes(const struct kvp_pool_conf *p);
@@ -76,6 +97,8 @@ uint64_t kvp_conf_device_bytes(const struct kvp_pool_conf *p);
  *   the limits above count);
  * - RLIMIT_MEMLOCK: host-resident bytes of mlock = on pools. mlock = try pools only warn
  *   (in v->warning) when on + try pools together exceed it: the daemon locks on pools first.
+ * - kvpoold's own per-page bookkeeping (kvp_conf_meta_bytes, every tier of every pool) is
+ *   counted on top against MemAvailable and cgroup memory.max, in v->metadata.
  * At the first pool where a running sum exceeds its limit, the limit binds; when several do
  * at that pool, the first in the order above. Limits no pool needs are not read.
  *
@@ -93,5 +116,8 @@ const char *kvp_budget_limit_name(enum kvp_limit l);
 /* Writes one line explaining v, with GB = 1e9 bytes and 2 decimals:
  * "pool llama3-8b: host tier needs 68.72 GB but only 41.30 GB is available (NUMA node 0 free
  * memory)". With earlier pools in the sum: "... needs 68.72 GB (with 20.00 GB for the pools
- * before it) but ...". Returns what snprintf returns. */
+ * before it) but ...". When the tiers alone fit and the bookkeeping makes the difference:
+ * "pool tiny: sim device tier needs 0.40 GB and 45.00 GB of kvpoold's bookkeeping for the
+ * pools' pages, but only 21.47 GB is available (MemAvailable)". Returns what snprintf
+ * returns. */
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len);

@@ -570,9 +570,136 @@ static void set_mlock(struct parse *s, const char *key, const char *v)
 		s->pool->mlock = (enum kvp_tristate)i;
 }
 
+/* Tokens: "64", "64t" or "64 tokens". */
+static void parse_tokens(struct parse *s, const char *key, const char *v, uint64_t *out)
+{
+	const char *end;
+	uint64_t x;
+	int r = parse_u64(v, &end, &x);
+
+	if (r == 0) {
+		while (*end == ' ' || *end == '\t')
+			end++;
+		if (*end && strcmp(end, "t") != 0 && strcmp(end, "tokens") != 0)
+			r = -EINVAL;
+	}
+	if (r == -ERANGE) {
+		key_fail(s, key, "'%s' does not fit in 64 bits", v);
+		return;
+	}
+	if (r < 0) {
+		key_fail(s, key, "expected a non-negative integer, got '%s'", v);
+		return;
+	}
+	*out = x;
+}
+
 static void set_session_quota(struct parse *s, const char *key, const char *v)
 {
-	parse_range(s, key, v, 0, UINT64_MAX, &s->pool->session_quota_tokens);
+	parse_tokens(s, key, v, &s->pool->session_quota_tokens);
+}
+
+static void set_session_lock_quota(struct parse *s, const char *key, const char *v)
+{
+	parse_tokens(s, key, v, &s->pool->session_lock_quota_tokens);
+}
+
+static void set_uid_quota(struct parse *s, const char *key, const char *v)
+{
+	parse_tokens(s, key, v, &s->pool->uid_quota_tokens);
+}
+
+static void set_pool_allowed_users(struct parse *s, const char *key, const char *v)
+{
+	parse_ids(s, key, v, false, s->pool->allowed_uids, &s->pool->n_allowed_uids);
+}
+
+static void set_pool_allowed_groups(struct parse *s, const char *key, const char *v)
+{
+	parse_ids(s, key, v, true, s->pool->allowed_gids, &s->pool->n_allowed_gids);
+}
+
+/* namespace.N = user:alice, group:gpu, user:1000 (the key's N: a namespace number). */
+static void set_namespace(struct parse *s, const char *key, const char *v)
+{
+	struct kvp_pool_conf *p = s->pool;
+	struct kvp_ns_owner *o;
+	uint64_t ns;
+
+	if (parse_u64(key + strlen("namespace."), NULL, &ns) < 0) {
+		key_fail(s, key, "expected namespace.N with N a namespace number");
+		return;
+	}
+	for (uint32_t i = 0; i < p->n_ns_owners; i++) {
+		if (p->ns_owners[i].ns == ns) {
+			key_fail(s, key, "namespace %" PRIu64 " is bound twice", ns);
+			return;
+		}
+	}
+	if (p->n_ns_owners == KVP_MAX_NS_OWNERS) {
+		key_fail(s, key, "more than %d namespace.N keys", KVP_MAX_NS_OWNERS);
+		return;
+	}
+	o = &p->ns_owners[p->n_ns_owners];
+	memset(o, 0, sizeof(*o));
+	o->ns = ns;
+	while (*v && !s->err_set) {
+		char tok[256];
+		size_t len = strcspn(v, " \t,");
+		bool group;
+		const char *name;
+		uint32_t *ids, *n;
+
+		if (len == 0) {
+			v++;
+			continue;
+		}
+		if (len >= sizeof(tok)) {
+			key_fail(s, key, "entry longer than %zu characters", sizeof(tok) - 1);
+			return;
+		}
+		memcpy(tok, v, len);
+		tok[len] = '\0';
+		v += len;
+		if (strncmp(tok, "user:", 5) == 0) {
+			group = false;
+			name = tok + 5;
+		} else if (strncmp(tok, "group:", 6) == 0) {
+			group = true;
+			name = tok + 6;
+		} else {
+			key_fail(s, key, "expected user:NAME or group:NAME entries, got '%s'", tok);
+			return;
+		}
+		ids = group ? o->gids : o->uids;
+		n = group ? &o->n_gids : &o->n_uids;
+		if (*n == KVP_MAX_IDS) {
+			key_fail(s, key, "more than %d %s entries", KVP_MAX_IDS,
+				 group ? "group" : "user");
+			return;
+		}
+		if (isdigit((unsigned char)name[0])) {
+			uint64_t num;
+
+			if (parse_u64(name, NULL, &num) < 0 || num >= UINT32_MAX) {
+				key_fail(s, key, "'%s' is not a valid %s id", name,
+					 group ? "group" : "user");
+				return;
+			}
+			ids[(*n)++] = (uint32_t)num;
+		} else {
+			if (resolve_name(s, key, name, group, &ids[*n]) < 0)
+				return;
+			(*n)++;
+		}
+	}
+	if (s->err_set)
+		return;
+	if (!o->n_uids && !o->n_gids) {
+		key_fail(s, key, "no owner: give user:NAME or group:NAME entries");
+		return;
+	}
+	p->n_ns_owners++;
 }
 
 static void set_eviction(struct parse *s, const char *key, const char *v)
@@ -599,6 +726,10 @@ static const struct key_def g_pool_keys[] = {
     {"mlock", set_mlock},
     {"session_quota", set_session_quota},
     {"eviction", set_eviction},
+    {"session_lock_quota", set_session_lock_quota},
+    {"uid_quota", set_uid_quota},
+    {"allowed_users", set_pool_allowed_users},
+    {"allowed_groups", set_pool_allowed_groups},
 };
 
 _Static_assert(sizeof(g_pool_keys) / sizeof(g_pool_keys[0]) <= KEY_BITS, "too many pool keys");
@@ -820,6 +951,11 @@ static int on_key(void *user, const char *section, const char *name, const char 
 		n = sizeof(g_pool_keys) / sizeof(g_pool_keys[0]);
 		seen = &s->pst->seen;
 		lines = s->pst->key_line;
+	}
+	/* namespace.N keys of a pool: their own duplicate check (set_namespace). */
+	if (s->kind == SECT_POOL && strncmp(name, "namespace.", 10) == 0) {
+		set_namespace(s, name, value);
+		return s->err_set ? 0 : 1;
 	}
 	for (i = 0; i < (int)n; i++)
 		if (strcmp(keys[i].name, name) == 0)
@@ -1061,6 +1197,27 @@ int kvp_conf_load_embedded(struct kvp_conf *c, char *err, size_t errlen)
 const char *kvp_conf_embedded_text(void)
 {
 	return g_embedded;
+}
+
+void kvp_pool_conf_copy_access(struct kvp_pool_conf *dst, const struct kvp_pool_conf *src)
+{
+	dst->session_quota_tokens = src->session_quota_tokens;
+	dst->session_lock_quota_tokens = src->session_lock_quota_tokens;
+	dst->uid_quota_tokens = src->uid_quota_tokens;
+	memcpy(dst->allowed_uids, src->allowed_uids, sizeof(dst->allowed_uids));
+	dst->n_allowed_uids = src->n_allowed_uids;
+	memcpy(dst->allowed_gids, src->allowed_gids, sizeof(dst->allowed_gids));
+	dst->n_allowed_gids = src->n_allowed_gids;
+	memcpy(dst->ns_owners, src->ns_owners, sizeof(dst->ns_owners));
+	dst->n_ns_owners = src->n_ns_owners;
+}
+
+const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p, uint64_t ns)
+{
+	for (uint32_t i = 0; i < p->n_ns_owners; i++)
+		if (p->ns_owners[i].ns == ns)
+			return &p->ns_owners[i];
+	return NULL;
 }
 
 /* ---- geometry and names ---- */

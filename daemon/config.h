@@ -9,6 +9,7 @@
 #define KVP_SOCKET_PATH_MAX 108
 #define KVP_LISTEN_MAX 64
 #define KVP_NUMA_NODE_AUTO (-1)
+#define KVP_MAX_NS_OWNERS 16 /* namespace.N keys per pool */
 
 enum kvp_dtype {
 	KVP_DTYPE_FP16,
@@ -38,11 +39,22 @@ enum kvp_eviction {
 	KVP_EVICT_MAX,
 };
 
+/* One namespace.N key of a pool: only these users and groups (and root) insert or match in
+ * namespace ns. */
+struct kvp_ns_owner {
+	uint64_t ns;
+	uint32_t uids[KVP_MAX_IDS];
+	uint32_t n_uids;
+	uint32_t gids[KVP_MAX_IDS];
+	uint32_t n_gids;
+};
+
 /* One [pool.NAME] section. Capacities are resolved to whole pages at load time:
  * bytes -> floor(bytes / page_bytes), tokens -> ceil(tokens / page_tokens).
  * A tier with 0 pages does not exist. Both counts are <= UINT32_MAX - 1.
  * Defaults of the optional keys: device none, numa_node auto, hugepages off, mlock try,
- * session_quota 0, eviction lru. */
+ * session_quota 0, eviction lru, no per-pool access lists (every admitted user may attach), no
+ * owned namespaces. Quotas are in tokens ("64t" or "64"); 0 = none. */
 struct kvp_pool_conf {
 	char name[KVP_POOL_NAME_MAX];
 	uint32_t layers;
@@ -57,8 +69,17 @@ struct kvp_pool_conf {
 	int numa_node; /* KVP_NUMA_NODE_AUTO or a node number */
 	enum kvp_tristate hugepages;
 	enum kvp_tristate mlock;
-	uint64_t session_quota_tokens; /* 0 = no quota */
+	uint64_t session_quota_tokens; /* leased + locked tokens of one session; 0 = no quota */
+	uint64_t session_lock_quota_tokens; /* locked tokens of one session; 0 = none */
+	uint64_t uid_quota_tokens;	    /* leased + locked tokens of all of one uid's sessions */
 	enum kvp_eviction eviction;
+	/* allowed_users / allowed_groups of the pool: empty = every admitted user may attach. */
+	uint32_t allowed_uids[KVP_MAX_IDS];
+	uint32_t n_allowed_uids;
+	uint32_t allowed_gids[KVP_MAX_IDS];
+	uint32_t n_allowed_gids;
+	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
+	uint32_t n_ns_owners;
 };
 
 struct kvp_conf {
@@ -107,6 +128,12 @@ uint64_t kvp_conf_token_bytes(const struct kvp_pool_conf *p);
 uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one element of dtype d; 0 for an out-of-range d. */
 uint32_t kvp_dtype_size(enum kvp_dtype d);
+
+/* Copies what a reload may change in a running pool (quotas, access lists, owned namespaces)
+ * from src to dst. */
+void kvp_pool_conf_copy_access(struct kvp_pool_conf *dst, const struct kvp_pool_conf *src);
+/* The namespace.N entry of ns in p, or NULL when ns is shared. */
+const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p, uint64_t ns);
 
 /* Names as written in the file ("bf16", "sim", "try", "lru"); "?" for out-of-range values. */
 const char *kvp_conf_dtype_name(enum kvp_dtype d);

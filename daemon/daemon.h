@@ -11,19 +11,28 @@
 #include "pool.h"
 #include "stats.h"
 
+
 struct kvp_session {
 	uint64_t id;
 	pid_t pid; /* SO_PEERCRED */
 	uid_t uid;
 	gid_t gid;
+	gid_t *groups; /* every SO_PEERGROUPS group, for pool, namespace and reload checks */
+	int ngroups;
 	bool admin;
 	bool hello;
-	char name[64];
+	/* Set when a reload took this session's access away: the loop closes the connection
+	 * (conn_close with evict_reason) and dispatch refuses its calls until then. */
+	bool evicted;
+	char evict_reason[128];
+	char name[64]; /* sanitised at Hello: valid UTF-8, no control characters */
 	uint64_t started_ms, last_ms;
 	struct kvp_idmap leases; /* lease id -> struct kvp_lease */
+	uint32_t empty_leases;	 /* of them, holding no page: not counted against the limit */
 	struct kvp_idmap locks;	 /* lock id -> struct kvp_lock */
 	bool attached[KVP_MAX_POOLS];
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
+	uint64_t locked_pages[KVP_MAX_POOLS]; /* pages its locks pin, counted in the quotas too */
 	uint64_t locked_tokens;
 	struct kvp_session *prev, *next;
 };
@@ -43,6 +52,10 @@ struct kvp_daemon {
 	struct kvp_session *sessions;
 	uint32_t n_sessions;
 	uint64_t next_session_id, next_lease_id, next_lock_id;
+	/* Lease and lock ids are the counters through a keyed bijection (kvp_daemon_new_id), so
+	 * one session cannot guess another's ids. Drawn at the first id. */
+	uint64_t id_key[2];
+	bool id_keyed;
 	uint64_t started_ms;
 	uid_t self_uid;
 	bool draining, stopping;
@@ -66,6 +79,32 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 				    bool admin, struct kvp_fail *f);
 /* Returns every lease and lock, unlinks and frees the session. Accepts NULL. */
 void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s);
+/* Keeps a copy of every supplementary group of the caller for later checks. 0 or -ENOMEM
+ * (the session then has none and must be refused: group-based access would be skipped). */
+int kvp_session_set_groups(struct kvp_session *s, const gid_t *groups, int ngroups);
+/* Marks s for closing with reason (logged once by whoever closes it: the loop's tick). */
+void kvp_session_evict(struct kvp_session *s, const char *reason);
+/* Whether s may attach p (the pool's allowed_users / allowed_groups). 0 or
+ * -PERMISSION_DENIED with f filled, naming the pool. */
+int kvp_session_may_attach(const struct kvp_daemon *d, const struct kvp_session *s,
+			   const struct kvp_pool *p, struct kvp_fail *f);
+/* Whether s may insert or match (what) in namespace ns of p: an unbound namespace is shared,
+ * a bound one (namespace.N) only for its users and groups. 0 or -PERMISSION_DENIED. */
+int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session *s,
+			   const struct kvp_pool *p, uint64_t ns, const char *what,
+			   struct kvp_fail *f);
+/* Whether s may lock npages more pages of p: the session quota (leased + locked), the session
+ * lock quota and the uid quota. 0 or -QUOTA_EXCEEDED with f filled. */
+int kvp_session_may_lock_pages(const struct kvp_daemon *d, const struct kvp_session *s,
+			       const struct kvp_pool *p, uint64_t npages, struct kvp_fail *f);
+/* A fresh lease or lock id from counter *ctr: nonzero, never UINT64_MAX, distinct for every
+ * counter value, and not predictable from another session's ids. */
+uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr);
+/* After a reload changed d->conf: re-checks every open session against the new access lists.
+ * Sessions no longer admitted are evicted, sessions that lost admin are demoted, sessions
+ * whose pool refuses them now are detached from it; each change is logged once. Returns the
+ * number of sessions changed. */
+uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d);
 /* Frees the session's leases and locks in one pool (Detach). Returns tokens freed. */
 uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p);
 /* Session accounting (session.c): every change to what a session holds goes through these, so
@@ -81,6 +120,9 @@ struct kvp_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_s
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
 			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f);
+/* Ends s's empty leases (those an Insert emptied, kept for their Free) once the lease limit is
+ * reached, so they never count against it. Returns how many ended. */
+uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s);
 /* Books lease l as s's, its pages counted for the quota. 0, or -ENOMEM (nothing booked). */
 int kvp_session_lease_add(struct kvp_session *s, struct kvp_lease *l);
 /* s's lease id; NULL with f filled (NOT_FOUND). */

@@ -3,9 +3,11 @@
  * anything, so a refused call leaves no trace. */
 #include "dispatch.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "frame.h"
 #include "rpc.h"
 
 int kvp_rpc_oom(struct kvp_fail *f)
@@ -28,6 +30,31 @@ struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name)
 		if (strcmp(d->pools[i]->conf.name, name) == 0)
 			return d->pools[i];
 	return NULL;
+}
+
+uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p)
+{
+	uint32_t top = 0, bytes = 1;
+
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		if (p->pages[t] && kvp_pages_total(p->pages[t]) > top)
+			top = kvp_pages_total(p->pages[t]);
+	for (uint32_t v = top ? top - 1 : 0; v >= 0x80; v >>= 7)
+		bytes++;
+	/* Room for the envelope, the status and the reply's other fields. */
+	return (KVP_FRAME_MAX - 4096) / bytes;
+}
+
+int kvp_rpc_reply_too_large(const struct kvp_pool *p, const char *what, uint64_t npages,
+			    struct kvp_fail *f)
+{
+	uint32_t max = kvp_rpc_pages_per_reply(p);
+
+	kvp_fail_limit(f, "pages per reply", max);
+	return kvp_fail(f, KVPOOL__CODE__LIMIT_EXCEEDED,
+			"%s: %lu pages of pool %s do not fit in one reply frame (at most %u); ask "
+			"in smaller steps",
+			what, (unsigned long)npages, p->conf.name, max);
 }
 
 int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kvp_fail *f)
@@ -72,6 +99,9 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 	} else if (!s->hello && req->call_case != KVPOOL__REQUEST__CALL_HELLO) {
 		rc = kvp_fail(&f, KVPOOL__CODE__PROTOCOL, "the first call must be Hello");
 		r->close_after = true;
+	} else if (s->evicted) {
+		rc = kvp_fail(&f, KVPOOL__CODE__PERMISSION_DENIED, "%s", s->evict_reason);
+		r->close_after = true;
 	} else {
 		rc = h(d, s, req, r, &f);
 	}
@@ -83,4 +113,71 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 		return (int)f.code;
 	}
 	return 0;
+}
+
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+	*v = 0;
+	for (unsigned i = 0; i < 10 && *p < end; i++) {
+		uint8_t b = *(*p)++;
+
+		*v |= (uint64_t)(b & 0x7f) << (7 * i);
+		if (!(b & 0x80))
+			return true;
+	}
+	return false;
+}
+
+/* Whether a string field of message d in data[0, len), or of one nested in it, holds a NUL
+ * byte. The payload decoded already, so it is well-formed; anything odd stops the walk. */
+static bool string_has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+			   const uint8_t *end, int depth)
+{
+	while (p < end) {
+		const ProtobufCFieldDescriptor *f;
+		uint64_t tag, v;
+
+		if (!wire_varint(&p, end, &tag))
+			return false;
+		switch (tag & 7) {
+		case 0:
+			if (!wire_varint(&p, end, &v))
+				return false;
+			break;
+		case 1:
+			p += 8;
+			break;
+		case 5:
+			p += 4;
+			break;
+		case 2:
+			if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+				return false;
+			f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
+			if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v))
+				return true;
+			if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8 &&
+			    string_has_nul(f->descriptor, p, p + v, depth + 1))
+				return true;
+			p += v;
+			break;
+		default:
+			return false;
+		}
+	}
+	return false;
+}
+
+int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
+		       const uint8_t *payload, size_t len, struct kvp_reply *r)
+{
+	struct kvp_fail f;
+
+	if (!string_has_nul(&kvpool__request__descriptor, payload, payload + len, 0))
+		return kvp_dispatch(d, s, req, r);
+	kvp_fail_init(&f);
+	kvp_fail(&f, KVPOOL__CODE__INVALID_ARGUMENT,
+		 "a string field holds a NUL byte (names and strings are NUL-free)");
+	kvp_reply_fail(r, &f);
+	return (int)f.code;
 }

@@ -8,3 +8,9 @@
  * Returns the Code of the answer. */
 int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
 		 struct kvp_reply *r);
+
+/* kvp_dispatch for a request decoded from payload[0, len): a string field holding a NUL byte
+ * (which the decoded C string would silently cut: "pool\0x" read as "pool") is refused
+ * INVALID_ARGUMENT before any handler runs. */
+int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
+		       const uint8_t *payload, size_t len, struct kvp_reply *r);

@@ -519,7 +519,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 		if (!served)
 			p->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
 		kvp_reply_init(&r, req->id);
-		code = kvp_dispatch(sv->d, p->sess, req, &r);
+		code = kvp_dispatch_frame(sv->d, p->sess, req, payload, len, &r);
 		if (p->c.state == CONN_HANDSHAKE && p->sess->hello)
 			conn_set_state(&p->c, CONN_OPEN);
 		send_reply(sv, p, &r);
@@ -699,11 +699,9 @@ static void on_accept(struct server *sv, int fd)
 			log_notice("refused connection of pid %d uid %u: not allowed",
 				   (int)cred.pid, (unsigned)cred.uid);
 	}
-	if (groups != groups_buf)
-		free(groups);
 	if (r < 0) {
 		reject(sv, fd, &f);
-		return;
+		goto out;
 	}
 	/* The session belongs to the peer process: when it exits, even with the socket still
 	 * open in a forked child, everything it held returns. */
@@ -711,7 +709,7 @@ static void on_accept(struct server *sv, int fd)
 	if (pidfd == -ESRCH) {
 		log_info("pid %d exited before its connection was accepted", (int)cred.pid);
 		close(fd);
-		return;
+		goto out;
 	}
 	p = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*p)));
 	if (!p) {
@@ -723,6 +721,13 @@ static void on_accept(struct server *sv, int fd)
 	if (!p->sess) {
 		free(p);
 		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
+		goto refuse;
+	}
+	if (kvp_session_set_groups(p->sess, groups, ngroups) < 0) {
+		kvp_session_destroy(sv->d, p->sess);
+		free(p);
+		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
 		goto refuse;
 	}
 	p->fd = fd;
@@ -739,11 +744,14 @@ static void on_accept(struct server *sv, int fd)
 	sv->nconns++;
 	arm_recv(sv, p);
 	arm_pidfd(sv, p);
-	return;
+	goto out;
 refuse:
 	if (pidfd >= 0)
 		close(pidfd);
 	reject(sv, fd, &f);
+out:
+	if (groups != groups_buf)
+		free(groups);
 }
 
 static void on_accept_cqe(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
@@ -935,6 +943,10 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		enum conn_expiry e;
 
 		n = p->next;
+		if (p->sess && p->sess->evicted) { /* a reload took its access away */
+			conn_close(sv, p, p->sess->evict_reason);
+			continue;
+		}
 		e = conn_expiry(&p->c, now);
 		if (e == CONN_LIVE)
 			continue;

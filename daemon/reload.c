@@ -193,13 +193,13 @@ static void apply(struct kvp_daemon *d, struct reload_job *j)
 				   n->pools[i].name,
 				   (unsigned long)d->conf.pools[i].session_quota_tokens,
 				   (unsigned long)n->pools[i].session_quota_tokens);
-		d->pools[i]->conf.session_quota_tokens = n->pools[i].session_quota_tokens;
+		kvp_pool_conf_copy_access(&d->pools[i]->conf, &n->pools[i]);
 	}
 	memcpy(keep, d->conf.pools, sizeof(keep));
 	d->conf = *n;
 	memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
 	for (uint32_t i = 0; i < old_pools; i++)
-		d->conf.pools[i].session_quota_tokens = n->pools[i].session_quota_tokens;
+		kvp_pool_conf_copy_access(&d->conf.pools[i], &n->pools[i]);
 	d->conf.n_pools = old_pools;
 	g_log_level = n->log_level;
 	for (uint32_t k = 0; k < j->n_new; k++) {
@@ -210,6 +210,7 @@ static void apply(struct kvp_daemon *d, struct reload_job *j)
 		j->pools[k] = NULL;
 		d->conf.n_pools = d->n_pools = i + 1;
 	}
+	kvp_daemon_recheck_sessions(d);
 	log_notice("reload: done (%u pools)", d->n_pools);
 }
 

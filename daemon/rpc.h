@@ -46,5 +46,12 @@ int kvp_rpc_oom(struct kvp_fail *f);
 void kvp_rpc_pool_geom(const struct kvp_pool *p, struct kvp_geom *g);
 /* The pool of that name, or NULL. */
 struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name);
+/* Most page ids one reply may list for pool p (every id at the varint size of p's largest page
+ * id) so that the reply fits in one frame. */
+uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p);
+/* LIMIT_EXCEEDED for a reply of npages page ids over kvp_rpc_pages_per_reply. Returns its
+ * negative Code. */
+int kvp_rpc_reply_too_large(const struct kvp_pool *p, const char *what, uint64_t npages,
+			    struct kvp_fail *f);
 /* NO_SUCH_POOL naming the pools there are. Returns its negative Code. */
 int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kvp_fail *f);

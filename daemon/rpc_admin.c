@@ -246,14 +246,16 @@ KVP_RPC_HANDLER(kvp_rpc_sessions)
 	uint64_t now = kvp_now_ms();
 	size_t i = 0;
 
-	(void)s;
 	(void)q;
 	if (!m || !(m->sessions = kvp_reply_alloc(r, sizeof(*m->sessions) * (d->n_sessions + 1))))
 		return kvp_rpc_oom(f);
 	for (struct kvp_session *x = d->sessions; x; x = x->next) {
-		Kvpool__SessionInfo *e =
-		    KVP_REPLY_NEW(r, Kvpool__SessionInfo, kvpool__session_info__descriptor);
+		Kvpool__SessionInfo *e;
 
+		/* Others' pids, names and holdings are for admins; a user sees their own. */
+		if (!s->admin && x->uid != s->uid)
+			continue;
+		e = KVP_REPLY_NEW(r, Kvpool__SessionInfo, kvpool__session_info__descriptor);
 		if (!e)
 			return kvp_rpc_oom(f);
 		e->session_id = x->id;
@@ -282,7 +284,6 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 	struct kvp_pool_top top[16];
 	uint32_t ntop;
 
-	(void)s;
 	if (!m || !(m->pools = kvp_reply_alloc(r, sizeof(*m->pools) * (d->n_pools + 1))))
 		return kvp_rpc_oom(f);
 	for (uint32_t i = 0; i < d->n_pools; i++) {
@@ -293,7 +294,9 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 	}
 	if (name[0] && !m->n_pools)
 		return kvp_rpc_no_such_pool(d, name, f);
-	if (m->n_pools) {
+	/* The top prefixes say what others cache (namespaces, lengths, hits): admins only;
+	 * everyone gets the aggregate figures. */
+	if (m->n_pools && s->admin) {
 		struct kvp_pool *p = d->pools[m->pools[0]->pool_id];
 
 		ntop = kvp_pool_top(p, top, 16);

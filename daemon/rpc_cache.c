@@ -17,9 +17,15 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 	uint32_t before;
 	int rc;
 
-	(void)d;
 	if (!l)
 		return -(int)f->code;
+	/* An earlier Insert took every page: the lease waits only for its Free. */
+	if (l->n == 0)
+		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+				"insert: lease %lu is empty (an earlier Insert took all its pages)",
+				(unsigned long)l->id);
+	if ((rc = kvp_session_may_use_ns(d, s, l->pool, a->namespace_, "insert", f)) < 0)
+		return rc;
 	if (a->n_tokens > UINT32_MAX / 2 || a->n_pages > l->n)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
 				"insert: %zu tokens in %zu pages do not fit lease %lu (%u pages)",
@@ -47,12 +53,14 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	Kvpool__MatchResp *m;
 	struct kvp_lock *k = NULL;
 	uint32_t cap;
-	int rc;
+	int rc = 0;
 
 	if (!p)
 		return -(int)f->code;
 	if (a->n_tokens > UINT32_MAX / 2)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "match: too many tokens");
+	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "match", f)) < 0)
+		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
 		return rc;
 	cap = (uint32_t)a->n_tokens / p->conf.page_tokens;
@@ -65,6 +73,17 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 			   m->device_pages, m->host_pages) < 0) {
 		free(k);
 		return kvp_rpc_oom(f);
+	}
+	/* A match whose pages cannot be answered, or whose lock the quotas refuse, leaves no
+	 * lock behind. */
+	if ((uint64_t)mt.dev_pages + mt.host_pages > kvp_rpc_pages_per_reply(p))
+		rc = kvp_rpc_reply_too_large(p, "match", (uint64_t)mt.dev_pages + mt.host_pages, f);
+	else if (k && mt.lock)
+		rc = kvp_session_may_lock_pages(d, s, p, (uint64_t)mt.dev_pages + mt.host_pages, f);
+	if (rc < 0) {
+		kvp_pool_unlock(p, mt.lock);
+		free(k);
+		return rc;
 	}
 	m->n_device_pages = mt.dev_pages;
 	m->n_host_pages = mt.host_pages;

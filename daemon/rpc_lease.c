@@ -65,10 +65,15 @@ KVP_RPC_HANDLER(kvp_rpc_alloc)
 		return -(int)f->code;
 	if ((rc = kvp_session_may_lease(d, s, p, npages, true, f)) < 0)
 		return rc;
+	kvp_session_reap_empty(d, s);
+	/* Sizes beyond the whole tier get the capacity figures; a lease whose page list cannot
+	 * be answered is never made (its id would be lost with the reply). */
+	if (npages <= kvp_pages_total(p->pages[a->tier]) && npages > kvp_rpc_pages_per_reply(p))
+		return kvp_rpc_reply_too_large(p, "alloc", npages, f);
 	m = KVP_REPLY_NEW(r, Kvpool__AllocResp, kvpool__alloc_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);
-	l = kvp_lease_create(p, (int)a->tier, ++d->next_lease_id, npages, f);
+	l = kvp_lease_create(p, (int)a->tier, kvp_daemon_new_id(d, &d->next_lease_id), npages, f);
 	if (!l)
 		return -(int)f->code;
 	if (kvp_session_lease_add(s, l) < 0) {
@@ -110,6 +115,8 @@ KVP_RPC_HANDLER(kvp_rpc_extend)
 	 * reply memory is sized by them. */
 	if (npages > kvp_pages_total(l->pool->pages[l->tier]))
 		return kvp_lease_extend(l, npages, f);
+	if (npages > kvp_rpc_pages_per_reply(l->pool))
+		return kvp_rpc_reply_too_large(l->pool, "extend", npages, f);
 	if (!(m->pages = kvp_reply_alloc(r, sizeof(uint32_t) * npages)))
 		return kvp_rpc_oom(f);
 	old = l->n;

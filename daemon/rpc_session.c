@@ -10,6 +10,66 @@
 #include "kvpool_caps.h"
 #include "log.h"
 
+/* Length of the UTF-8 sequence at s (n bytes left) when it is valid and not a control character
+ * (C0, DEL, C1); 0 otherwise. */
+static size_t printable_utf8(const unsigned char *s, size_t n)
+{
+	uint32_t cp;
+	size_t len;
+
+	if (s[0] < 0x80)
+		return s[0] >= 0x20 && s[0] != 0x7f;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		len = 2, cp = s[0] & 0x1f;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		len = 3, cp = s[0] & 0x0f;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		len = 4, cp = s[0] & 0x07;
+	else
+		return 0;
+	if (len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+	    (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp < 0xa0))
+		return 0;
+	return len;
+}
+
+/* The client's name as kvpoold keeps, logs and lists it: valid UTF-8 cut on a character
+ * boundary to fit cap - 1 bytes, each control character or invalid byte written as \xNN. */
+static void clean_name(char *dst, size_t cap, const char *src)
+{
+	const unsigned char *p = (const unsigned char *)src;
+	size_t n = strlen(src), o = 0;
+
+	while (n) {
+		size_t len = printable_utf8(p, n);
+
+		if (len) {
+			if (o + len >= cap)
+				break;
+			memcpy(dst + o, p, len);
+		} else {
+			len = 1;
+			if (o + 4 >= cap)
+				break;
+			snprintf(dst + o, cap - o, "\\x%02x", p[0]);
+			o += 4;
+			p++, n--;
+			continue;
+		}
+		o += len;
+		p += len;
+		n -= len;
+	}
+	dst[o] = '\0';
+}
+
 KVP_RPC_HANDLER(kvp_rpc_hello)
 {
 	Kvpool__HelloResp *m;
@@ -31,8 +91,7 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	m = KVP_REPLY_NEW(r, Kvpool__HelloResp, kvpool__hello_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);
-	snprintf(s->name, sizeof(s->name), "%s",
-		 q->hello->client_name ? q->hello->client_name : "");
+	clean_name(s->name, sizeof(s->name), q->hello->client_name ? q->hello->client_name : "");
 	s->hello = true;
 	d->st.sessions_opened++;
 	m->session_id = s->id;
@@ -61,6 +120,15 @@ KVP_RPC_HANDLER(kvp_rpc_ping)
 	return 0;
 }
 
+/* The wire Dtype (FP16 = 1, 0 = unset) by its config name. */
+static const char *wire_dtype_name(int dtype)
+{
+	if (dtype == 0)
+		return "none";
+	return dtype > 0 && dtype <= KVP_DTYPE_MAX ? kvp_conf_dtype_name((enum kvp_dtype)(dtype - 1))
+						    : "unknown";
+}
+
 static bool geom_matches(const Kvpool__Geometry *e, const struct kvp_geom *a)
 {
 	return (!e->layers || e->layers == a->layers) &&
@@ -77,10 +145,14 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 	Kvpool__AttachResp *m;
 	struct kvp_geom g;
 
+	int rc;
+
 	if (!p)
 		return kvp_rpc_no_such_pool(d, a->pool ? a->pool : "", f);
 	if (d->draining)
 		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is draining");
+	if ((rc = kvp_session_may_attach(d, s, p, f)) < 0)
+		return rc;
 	kvp_rpc_pool_geom(p, &g);
 	if (a->expected && !geom_matches(a->expected, &g)) {
 		f->detail = KVP_FAIL_GEOMETRY;
@@ -91,10 +163,12 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		return kvp_fail(
 		    f, KVPOOL__CODE__GEOMETRY_MISMATCH,
 		    "pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
-		    "%u; the client expects layers %u kv_heads %u head_dim %u page_tokens %u",
+		    "%u; the client expects layers %u kv_heads %u head_dim %u dtype %s page_tokens "
+		    "%u (0 or none: any)",
 		    p->conf.name, g.layers, g.kv_heads, g.head_dim, kvp_conf_dtype_name(p->conf.dtype),
 		    g.page_tokens, a->expected->layers, a->expected->kv_heads,
-		    a->expected->head_dim, a->expected->page_tokens);
+		    a->expected->head_dim, wire_dtype_name(a->expected->dtype),
+		    a->expected->page_tokens);
 	}
 	m = KVP_REPLY_NEW(r, Kvpool__AttachResp, kvpool__attach_resp__descriptor);
 	if (!m || !(m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_MAX)) ||

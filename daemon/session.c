@@ -3,9 +3,12 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fault.h"
 #include "log.h"
@@ -87,6 +90,102 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 	return s;
 }
 
+int kvp_session_set_groups(struct kvp_session *s, const gid_t *groups, int ngroups)
+{
+	gid_t *g = NULL;
+
+	if (ngroups > 0) {
+		g = KVP_FAULT_OR(KVP_FAULT_SESSION, malloc(sizeof(gid_t) * (size_t)ngroups));
+		if (!g)
+			return -ENOMEM;
+		memcpy(g, groups, sizeof(gid_t) * (size_t)ngroups);
+	}
+	free(s->groups);
+	s->groups = g;
+	s->ngroups = ngroups > 0 ? ngroups : 0;
+	return 0;
+}
+
+void kvp_session_evict(struct kvp_session *s, const char *reason)
+{
+	if (s->evicted)
+		return;
+	s->evicted = true;
+	snprintf(s->evict_reason, sizeof(s->evict_reason), "%s", reason);
+}
+
+/* Root and the daemon's own user hold every page already: no list binds them. */
+static bool trusted(const struct kvp_daemon *d, const struct kvp_session *s)
+{
+	return s->uid == 0 || s->uid == d->self_uid;
+}
+
+static bool pool_allows(const struct kvp_daemon *d, const struct kvp_session *s,
+			const struct kvp_pool_conf *pc)
+{
+	if (!pc->n_allowed_uids && !pc->n_allowed_gids)
+		return true;
+	return trusted(d, s) || in_list(s->uid, pc->allowed_uids, pc->n_allowed_uids) ||
+	       any_group(pc->allowed_gids, pc->n_allowed_gids, s->gid, s->groups, s->ngroups);
+}
+
+int kvp_session_may_attach(const struct kvp_daemon *d, const struct kvp_session *s,
+			   const struct kvp_pool *p, struct kvp_fail *f)
+{
+	if (pool_allows(d, s, &p->conf))
+		return 0;
+	return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+			"pool %s: uid %u is not in its allowed_users or allowed_groups", p->conf.name,
+			(unsigned)s->uid);
+}
+
+int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session *s,
+			   const struct kvp_pool *p, uint64_t ns, const char *what,
+			   struct kvp_fail *f)
+{
+	const struct kvp_ns_owner *o = kvp_pool_conf_ns_owner(&p->conf, ns);
+
+	if (!o || trusted(d, s) || in_list(s->uid, o->uids, o->n_uids) ||
+	    any_group(o->gids, o->n_gids, s->gid, s->groups, s->ngroups))
+		return 0;
+	return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+			"%s: namespace %lu of pool %s is bound to other users (namespace.%lu); uid "
+			"%u may not use it",
+			what, (unsigned long)ns, p->conf.name, (unsigned long)ns, (unsigned)s->uid);
+}
+
+static uint64_t mix(uint64_t x, const uint64_t k[2])
+{
+	/* Each step is invertible (xor, xorshift, odd multiply): distinct in, distinct out. */
+	x ^= k[0];
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdull;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ull;
+	x ^= x >> 33;
+	return x ^ k[1];
+}
+
+uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr)
+{
+	uint64_t id;
+
+	if (!d->id_keyed) {
+		if (getrandom(d->id_key, sizeof(d->id_key), GRND_NONBLOCK) != sizeof(d->id_key)) {
+			struct timespec ts;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			d->id_key[0] = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec;
+			d->id_key[1] = mix((uint64_t)getpid(), d->id_key) ^ (uint64_t)(uintptr_t)d;
+		}
+		d->id_keyed = true;
+	}
+	do
+		id = mix(++*ctr, d->id_key);
+	while (id == 0 || id == UINT64_MAX);
+	return id;
+}
+
 void kvp_session_attach(struct kvp_session *s, struct kvp_pool *p)
 {
 	if (!s->attached[p->id]) {
@@ -110,25 +209,85 @@ struct kvp_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_s
 	return d->pools[pool_id];
 }
 
-int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
-			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
-			  struct kvp_fail *f)
+static int quota_fail(struct kvp_fail *f, const struct kvp_pool *p, const char *which,
+		      const char *holder, uint64_t q, uint64_t held, uint64_t want)
 {
-	uint64_t pt = p->conf.page_tokens, q = p->conf.session_quota_tokens;
-	uint64_t held = s->leased_pages[p->id] * pt, want = (uint64_t)npages * pt;
-
-	if (new_lease && s->leases.count >= d->conf.max_leases_per_session)
-		return kvp_fail_limit(f, "leases", d->conf.max_leases_per_session);
-	if (!q || held + want <= q)
-		return 0;
 	f->detail = KVP_FAIL_QUOTA;
 	f->quota.quota = q;
 	f->quota.held = held;
 	f->quota.requested = want;
 	return kvp_fail(f, KVPOOL__CODE__QUOTA_EXCEEDED,
-			"pool %s: session quota is %lu tokens; this session holds %lu and asked "
-			"for %lu more",
-			p->conf.name, (unsigned long)q, (unsigned long)held, (unsigned long)want);
+			"pool %s: %s is %lu tokens; %s holds %lu and asked for %lu more",
+			p->conf.name, which, (unsigned long)q, holder, (unsigned long)held,
+			(unsigned long)want);
+}
+
+/* Leased + locked tokens of every session of uid in p. */
+static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvp_pool *p)
+{
+	uint64_t pages = 0;
+
+	for (const struct kvp_session *x = d->sessions; x; x = x->next)
+		if (x->uid == uid)
+			pages += x->leased_pages[p->id] + x->locked_pages[p->id];
+	return pages * p->conf.page_tokens;
+}
+
+/* The session and uid quotas for want more tokens held (leased or locked). */
+static int check_held(const struct kvp_daemon *d, const struct kvp_session *s,
+		      const struct kvp_pool *p, uint64_t want, struct kvp_fail *f)
+{
+	uint64_t pt = p->conf.page_tokens, q = p->conf.session_quota_tokens;
+	uint64_t held = (s->leased_pages[p->id] + s->locked_pages[p->id]) * pt;
+
+	if (q && (want > q || held > q - want))
+		return quota_fail(f, p, "session quota (leased and locked)", "this session", q,
+				  held, want);
+	q = p->conf.uid_quota_tokens;
+	if (q && (held = uid_held(d, s->uid, p), want > q || held > q - want))
+		return quota_fail(f, p, "uid quota (leased and locked)", "this uid", q, held,
+				  want);
+	return 0;
+}
+
+uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s)
+{
+	uint32_t ended = 0;
+	uint64_t id;
+	void *v;
+
+	if (!s->empty_leases || s->leases.count < d->conf.max_leases_per_session)
+		return 0;
+	for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
+		struct kvp_lease *l = v;
+
+		if (l->n == 0) {
+			kvp_session_lease_end(s, l);
+			ended++;
+		}
+	}
+	return ended;
+}
+
+int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
+			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
+			  struct kvp_fail *f)
+{
+	if (new_lease && s->leases.count - s->empty_leases >= d->conf.max_leases_per_session)
+		return kvp_fail_limit(f, "leases", d->conf.max_leases_per_session);
+	return check_held(d, s, p, (uint64_t)npages * p->conf.page_tokens, f);
+}
+
+int kvp_session_may_lock_pages(const struct kvp_daemon *d, const struct kvp_session *s,
+			       const struct kvp_pool *p, uint64_t npages, struct kvp_fail *f)
+{
+	uint64_t pt = p->conf.page_tokens, q = p->conf.session_lock_quota_tokens;
+	uint64_t want = npages * pt, locked = s->locked_pages[p->id] * pt;
+
+	if (q && (want > q || locked > q - want))
+		return quota_fail(f, p, "session lock quota", "this session's locks", q, locked,
+				  want);
+	return check_held(d, s, p, want, f);
 }
 
 int kvp_session_lease_add(struct kvp_session *s, struct kvp_lease *l)
@@ -151,6 +310,7 @@ struct kvp_lease *kvp_session_lease(const struct kvp_session *s, uint64_t id, st
 
 void kvp_session_lease_resized(struct kvp_session *s, const struct kvp_lease *l, uint32_t before)
 {
+	s->empty_leases += (l->n == 0) - (before == 0);
 	s->leased_pages[l->pool->id] += l->n;
 	s->leased_pages[l->pool->id] -= before;
 }
@@ -160,6 +320,7 @@ uint32_t kvp_session_lease_end(struct kvp_session *s, struct kvp_lease *l)
 	uint32_t n = l->n;
 
 	s->leased_pages[l->pool->id] -= n;
+	s->empty_leases -= n == 0;
 	kvp_idmap_del(&s->leases, l->id);
 	kvp_lease_destroy(l);
 	return n;
@@ -180,13 +341,14 @@ struct kvp_lock *kvp_session_lock_alloc(void)
 
 int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp_lock *k)
 {
-	k->id = ++d->next_lock_id;
+	k->id = kvp_daemon_new_id(d, &d->next_lock_id);
 	if (kvp_idmap_put(&s->locks, k->id, k) < 0) {
 		kvp_pool_unlock(k->pool, k->node);
 		free(k);
 		return -ENOMEM;
 	}
 	s->locked_tokens += (uint64_t)k->pages * k->pool->conf.page_tokens;
+	s->locked_pages[k->pool->id] += k->pages;
 	return 0;
 }
 
@@ -204,6 +366,7 @@ void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k)
 {
 	kvp_pool_unlock(k->pool, k->node);
 	s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
+	s->locked_pages[k->pool->id] -= k->pages;
 	kvp_idmap_del(&s->locks, k->id);
 	free(k);
 }
@@ -253,6 +416,50 @@ uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct 
 	return t;
 }
 
+uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d)
+{
+	uint32_t changed = 0;
+
+	for (struct kvp_session *s = d->sessions; s; s = s->next) {
+		struct kvp_fail f;
+		bool admin = false, touched = false;
+
+		if (s->evicted)
+			continue;
+		kvp_fail_init(&f);
+		if (kvp_daemon_admit(d, s->pid, s->uid, s->gid, s->groups, s->ngroups, &admin,
+				     &f) < 0) {
+			log_notice("reload: session %lu ('%s' pid %d uid %u) lost access to "
+				   "kvpoold; closing it",
+				   (unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid);
+			kvp_session_evict(s, "closed: a reload revoked its access to kvpoold");
+			changed++;
+			continue;
+		}
+		if (s->admin && !admin) {
+			log_notice("reload: session %lu ('%s' pid %d uid %u) is no longer an admin",
+				   (unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid);
+			touched = true;
+		}
+		s->admin = admin;
+		for (uint32_t i = 0; i < d->n_pools; i++) {
+			struct kvp_pool *p = d->pools[i];
+			uint64_t freed;
+
+			if (!s->attached[i] || pool_allows(d, s, &p->conf))
+				continue;
+			freed = kvp_session_detach(d, s, p);
+			log_notice("reload: session %lu ('%s' pid %d uid %u) lost access to pool %s; "
+				   "detached (%lu tokens freed)",
+				   (unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid,
+				   p->conf.name, (unsigned long)freed);
+			touched = true;
+		}
+		changed += touched;
+	}
+	return changed;
+}
+
 void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 {
 	if (!s)
@@ -272,6 +479,7 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 	d->n_sessions--;
 	if (s->hello)
 		d->st.sessions_closed++;
+	free(s->groups);
 	free(s);
 	/* Under injected failures, every session's end proves the books still balance. */
 	if (kvp_fault_armed() && kvp_daemon_check(d) < 0) {
@@ -287,7 +495,8 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 	/* Every page a live session's lease lists is booked to that lease, and the session's
 	 * quota counts them; with the per-tier totals equal, no leased page is anyone else's. */
 	for (const struct kvp_session *s = d->sessions; s; s = s->next) {
-		uint64_t mine[KVP_MAX_POOLS] = { 0 }, id;
+		uint64_t mine[2 * KVP_MAX_POOLS] = { 0 }, id; /* leased, then locked pages */
+		uint32_t empty = 0;
 		void *v;
 
 		for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
@@ -297,9 +506,20 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 				return -EFAULT;
 			mine[l->pool->id] += l->n;
 			held[l->pool->id][l->tier] += l->n;
+			empty += l->n == 0;
+		}
+		if (empty != s->empty_leases)
+			return -EFAULT;
+		for (uint32_t i = 0; (i = kvp_idmap_next(&s->locks, i, &id, &v)) != 0;) {
+			const struct kvp_lock *k = v;
+
+			if (k->id != id)
+				return -EFAULT;
+			mine[k->pool->id + KVP_MAX_POOLS] += k->pages;
 		}
 		for (uint32_t p = 0; p < d->n_pools; p++)
-			if (mine[p] != s->leased_pages[p])
+			if (mine[p] != s->leased_pages[p] ||
+			    mine[p + KVP_MAX_POOLS] != s->locked_pages[p])
 				return -EFAULT;
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {

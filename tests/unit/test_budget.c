@@ -157,7 +157,10 @@ static void test_kvp_budget_check_fits(void)
 	new_conf(&c);
 	add_pool(&c, "a", KVP_DEVICE_SIM, 100, 100, KVP_NUMA_NODE_AUTO);
 	add_pool(&c, "b", KVP_DEVICE_CUDA, 100000, 100, 1);
-	g_f.mem = g_f.cgroup = 300 * MiB; /* exactly enough: the cuda tier is not host memory */
+	/* exactly enough: the cuda tier is not host memory, but kvpoold's bookkeeping of its
+	 * pages is */
+	g_f.mem = g_f.cgroup =
+	    300 * MiB + kvp_conf_meta_bytes(&c.pools[0]) + kvp_conf_meta_bytes(&c.pools[1]);
 	g_f.node[0] = 200 * MiB;
 	g_f.node[1] = 100 * MiB;
 	memset(&v, 0xff, sizeof(v));
@@ -330,8 +333,9 @@ static void test_kvp_budget_check_hugepages_binds_on(void)
 
 	new_conf(&c);
 	add_pool(&c, "h", KVP_DEVICE_SIM, 100, 1024, 0)->hugepages = KVP_ON;
-	/* huge pages are not MemAvailable: only the sim tier counts there */
-	g_f.mem = g_f.cgroup = g_f.node[0] = 100 * MiB;
+	/* huge pages are not MemAvailable: only the sim tier (and the bookkeeping) counts there */
+	g_f.mem = g_f.cgroup = 100 * MiB + kvp_conf_meta_bytes(&c.pools[0]);
+	g_f.node[0] = 100 * MiB;
 	g_f.huge = 512 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
 	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_HUGEPAGES_FREE);

@@ -666,6 +666,73 @@ static void test_kvp_pool_page_bytes_dtypes(void)
 	CU_ASSERT_STRING_EQUAL(kvp_eviction_name(KVP_EVICT_LFU), "lfu");
 }
 
+static void test_kvp_conf_load_string_pool_access(void)
+{
+	struct kvp_conf c, d;
+	const struct kvp_ns_owner *o;
+	char err[512];
+
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P "allowed_users = 0, 1000 root\n"
+					  "allowed_groups = root 5\n"
+					  "session_quota = 64t\n"
+					  "session_lock_quota = 32 tokens\n"
+					  "uid_quota = 1000\n"
+					  "namespace.7 = user:0, group:root,group:60020\n"
+					  "namespace.18446744073709551615 = user:1000\n",
+				   &c, err, sizeof(err)),
+			       0);
+	CU_ASSERT_EQUAL(c.pools[0].n_allowed_uids, 3);
+	CU_ASSERT_EQUAL(c.pools[0].allowed_uids[1], 1000);
+	CU_ASSERT_EQUAL(c.pools[0].allowed_uids[2], 0);
+	CU_ASSERT_EQUAL(c.pools[0].n_allowed_gids, 2);
+	CU_ASSERT_EQUAL(c.pools[0].allowed_gids[1], 5);
+	CU_ASSERT_EQUAL(c.n_allowed_uids, 0); /* the daemon's lists are apart */
+	CU_ASSERT_EQUAL(c.pools[0].session_quota_tokens, 64);
+	CU_ASSERT_EQUAL(c.pools[0].session_lock_quota_tokens, 32);
+	CU_ASSERT_EQUAL(c.pools[0].uid_quota_tokens, 1000);
+	CU_ASSERT_EQUAL(c.pools[0].n_ns_owners, 2);
+	o = kvp_pool_conf_ns_owner(&c.pools[0], 7);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+	CU_ASSERT_EQUAL(o->n_uids, 1);
+	CU_ASSERT_EQUAL(o->uids[0], 0);
+	CU_ASSERT_EQUAL(o->n_gids, 2);
+	CU_ASSERT_EQUAL(o->gids[1], 60020);
+	CU_ASSERT_PTR_NOT_NULL(kvp_pool_conf_ns_owner(&c.pools[0], UINT64_MAX));
+	CU_ASSERT_PTR_NULL(kvp_pool_conf_ns_owner(&c.pools[0], 0));
+	/* What a reload carries over to a running pool. */
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P, &d, err, sizeof(err)), 0);
+	kvp_pool_conf_copy_access(&d.pools[0], &c.pools[0]);
+	CU_ASSERT_EQUAL(d.pools[0].n_allowed_uids, 3);
+	CU_ASSERT_EQUAL(d.pools[0].session_quota_tokens, 64);
+	CU_ASSERT_EQUAL(d.pools[0].uid_quota_tokens, 1000);
+	CU_ASSERT_PTR_NOT_NULL(kvp_pool_conf_ns_owner(&d.pools[0], 7));
+
+	expect_err(POOL_P "namespace.x = user:0\n",
+		   "t.conf:9: key 'namespace.x' in [pool.p]: expected namespace.N with N a "
+		   "namespace number");
+	expect_err(POOL_P "namespace.3 = user:0\nnamespace.3 = user:1\n",
+		   "t.conf:10: key 'namespace.3' in [pool.p]: namespace 3 is bound twice");
+	expect_err(POOL_P "namespace.3 = alice\n",
+		   "t.conf:9: key 'namespace.3' in [pool.p]: expected user:NAME or group:NAME "
+		   "entries, got 'alice'");
+	expect_err(POOL_P "namespace.3 =\n",
+		   "t.conf:9: key 'namespace.3' in [pool.p]: no owner: give user:NAME or "
+		   "group:NAME entries");
+	expect_err(POOL_P "namespace.3 = user:kvp-no-such-user-x\n",
+		   "t.conf:9: key 'namespace.3' in [pool.p]: unknown user 'kvp-no-such-user-x'");
+	expect_err(POOL_P "allowed_groups = kvp-no-such-group-x\n",
+		   "t.conf:9: key 'allowed_groups' in [pool.p]: unknown group "
+		   "'kvp-no-such-group-x'");
+	expect_err(POOL_P "session_quota = 64G\n",
+		   "t.conf:9: key 'session_quota' in [pool.p]: expected a non-negative integer, "
+		   "got '64G'");
+	expect_err(POOL_P "uid_quota = 99999999999999999999t\n",
+		   "t.conf:9: key 'uid_quota' in [pool.p]: '99999999999999999999t' does not fit "
+		   "in 64 bits");
+	expect_err("[daemon]\nnamespace.3 = user:0\n",
+		   "t.conf:2: unknown key 'namespace.3' in [daemon]");
+}
+
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
@@ -695,6 +762,7 @@ int main(int argc, char **argv)
 	    H_TEST(test_kvp_conf_load_string_daemon_values),
 	    H_TEST(test_kvp_conf_load_string_error_truncated),
 	    H_TEST(test_kvp_pool_page_bytes_dtypes),
+	    H_TEST(test_kvp_conf_load_string_pool_access),
 	};
 	static char example[4096];
 	const char *srcdir = getenv("KVP_SRCDIR");
