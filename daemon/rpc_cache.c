@@ -17,9 +17,10 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 	uint32_t before;
 	int rc;
 
-	(void)d;
 	if (!l)
 		return -(int)f->code;
+	if ((rc = kvp_rpc_namespace(d, s, l->pool, a->namespace_, false, f)) < 0)
+		return rc;
 	if (a->n_tokens > UINT32_MAX / 2 || a->n_pages > l->n)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
 				"insert: %zu tokens in %zu pages do not fit lease %lu (%u pages)",
@@ -51,6 +52,8 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 
 	if (!p)
 		return -(int)f->code;
+	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, false, f)) < 0)
+		return rc;
 	if (a->n_tokens > UINT32_MAX / 2)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "match: too many tokens");
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
@@ -118,7 +121,10 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	m = KVP_REPLY_NEW(r, Kvpool__LoadResp, kvpool__load_resp__descriptor);
 	if (!m || !(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (k->pages + 1))))
 		return kvp_rpc_oom(f);
-	rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
+	if (k->keys)
+		rc = kvp_pool_keys_load(k->pool, k->keys, m->device_pages, k->pages, &n, &promoted);
+	else
+		rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
 	if (rc == -ENOSPC) {
 		kvp_pool_capacity_detail(k->pool, KVP_TIER_DEVICE, k->pages, f);
 		return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
