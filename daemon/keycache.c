@@ -670,50 +670,87 @@ int kvp_keys_insert(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys
 
 /* ---- match ---- */
 
+/* Looks up keys[0 .. m) (m <= BATCH) of namespace record nsi into out[]; returns how many
+ * leading ones are present. Hashes and bucket prefetches first, then the entries', then the
+ * keys', so the batch's cache misses overlap. */
+static uint32_t batch_find(const struct kvp_keys *kc, uint64_t ns, uint32_t nsi,
+			   const struct kvp_key *keys, uint32_t m, uint32_t *out)
+{
+	uint32_t h[BATCH], head[BATCH];
+
+	for (uint32_t j = 0; j < m; j++) {
+		const struct kvp_key *k = &keys[j];
+
+		if (!key_ok(k)) {
+			m = j;
+			break;
+		}
+		h[j] = key_hash(kc, ns, k->data, k->len);
+		__builtin_prefetch(&kc->buckets[bucket_of(kc, h[j])]);
+	}
+	for (uint32_t j = 0; j < m; j++) {
+		head[j] = kc->buckets[bucket_of(kc, h[j])];
+		if (head[j] != NONE)
+			__builtin_prefetch(&kc->ent[head[j]]);
+	}
+	for (uint32_t j = 0; j < m; j++)
+		if (head[j] != NONE && kc->ent[head[j]].hash == h[j])
+			__builtin_prefetch(key_at(kc, &kc->ent[head[j]]));
+	for (uint32_t j = 0; j < m; j++) {
+		const struct kvp_key *k = &keys[j];
+		uint32_t i = head[j];
+
+		for (; i != NONE; i = kc->ent[i].hnext) {
+			const struct kc_entry *e = &kc->ent[i];
+
+			if (e->hash == h[j] && e->ns == nsi && e->klen1 + 1u == k->len &&
+			    !memcmp(key_at(kc, e), k->data, k->len))
+				break;
+		}
+		if (i == NONE)
+			return j;
+		out[j] = i;
+	}
+	return m;
+}
+
+/* Whether entry g holds key k of namespace record nsi (a guess, checked in full). */
+static inline bool guess_ok(const struct kvp_keys *kc, uint32_t g, uint32_t nsi,
+			    const struct kvp_key *k)
+{
+	const struct kc_entry *e = &kc->ent[g];
+
+	return g < kc->ent_hw && e->list != LIST_FREE && e->ns == nsi && key_ok(k) &&
+	       e->klen1 + 1u == k->len && !memcmp(key_at(kc, e), k->data, k->len);
+}
+
 /* Indices of the entries of the leading run of keys[0 .. n) present, in out[] (n entries);
- * returns the run's length. Lookups go in batches: hashes and bucket prefetches first, then the
- * entries', then the keys', so a batch's cache misses overlap. */
+ * returns the run's length. A chain inserted in one call sits in consecutive entries, so the
+ * entry after the previous key's is tried first (compared in full: no hash, no table); where
+ * that fails, keys are looked up through the table in batches that grow while guesses keep
+ * failing. */
 static uint32_t run_of(const struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys,
 		       uint32_t n, uint32_t *out)
 {
-	uint32_t nsi = ns_find(kc, ns), h[BATCH], head[BATCH];
+	uint32_t nsi = ns_find(kc, ns), j = 0, w = 1;
 
 	if (nsi == NONE)
 		return 0;
-	for (uint32_t base = 0; base < n; base += BATCH) {
-		uint32_t m = n - base < BATCH ? n - base : BATCH;
+	while (j < n) {
+		uint32_t m, got;
 
-		for (uint32_t j = 0; j < m; j++) {
-			const struct kvp_key *k = &keys[base + j];
-
-			if (!key_ok(k))
-				return base + j;
-			h[j] = key_hash(kc, ns, k->data, k->len);
-			__builtin_prefetch(&kc->buckets[bucket_of(kc, h[j])]);
+		if (j && guess_ok(kc, out[j - 1] + 1, nsi, &keys[j])) {
+			out[j] = out[j - 1] + 1;
+			j++;
+			w = 1;
+			continue;
 		}
-		for (uint32_t j = 0; j < m; j++) {
-			head[j] = kc->buckets[bucket_of(kc, h[j])];
-			if (head[j] != NONE)
-				__builtin_prefetch(&kc->ent[head[j]]);
-		}
-		for (uint32_t j = 0; j < m; j++)
-			if (head[j] != NONE && kc->ent[head[j]].hash == h[j])
-				__builtin_prefetch(key_at(kc, &kc->ent[head[j]]));
-		for (uint32_t j = 0; j < m; j++) {
-			const struct kvp_key *k = &keys[base + j];
-			uint32_t i = head[j];
-
-			for (; i != NONE; i = kc->ent[i].hnext) {
-				const struct kc_entry *e = &kc->ent[i];
-
-				if (e->hash == h[j] && e->ns == nsi && e->klen1 + 1u == k->len &&
-				    !memcmp(key_at(kc, e), k->data, k->len))
-					break;
-			}
-			if (i == NONE)
-				return base + j;
-			out[base + j] = i;
-		}
+		m = n - j < w ? n - j : w;
+		got = batch_find(kc, ns, nsi, keys + j, m, out + j);
+		j += got;
+		if (got < m)
+			return j;
+		w = w * 2 > BATCH ? BATCH : w * 2;
 	}
 	return n;
 }

@@ -154,6 +154,34 @@ static void test_kvp_keys_insert_match_run(void)
 	fix_done(&x);
 }
 
+/* A chain whose entries are not consecutive (inserted in pieces between other chains, in another
+ * namespace with the same key bytes, over freed entries) is still matched in full, and only it. */
+static void test_kvp_keys_match_chain_not_consecutive(void)
+{
+	struct fix x;
+	struct kvp_key a[6], b[3];
+
+	fix_init(&x, 32, 0);
+	chain(a, 0, 6);
+	chain(b, 1, 3);
+	put(&x, 0, a, 2, 0, DEV, 1);
+	put(&x, 1, a, 3, 0, DEV, 1); /* the same bytes in namespace 1, right after a1 */
+	put(&x, 0, b, 3, 0, DEV, 1);
+	put(&x, 0, a, 4, 2, DEV, 1);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, a, 6), 4);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 1, a, 6), 3);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, b, 3), 3);
+	/* namespace 1's chain goes; its entries are reused by a new chain of namespace 0 */
+	CU_ASSERT_EQUAL(kvp_keys_evict(x.kc, DEV, 3 + 3 + 4), 10);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 1, a, 3), 0);
+	put(&x, 0, a, 6, 0, DEV, 1);
+	put(&x, 0, b, 3, 0, DEV, 1);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, a, 6), 6);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, b, 3), 3);
+	CU_ASSERT_EQUAL(matched(&x, 0, a, 6), 6);
+	fix_done(&x);
+}
+
 static void test_kvp_keys_insert_bad(void)
 {
 	struct fix x;
@@ -414,6 +442,7 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 	    H_TEST(test_kvp_keys_insert_match_run),
+	    H_TEST(test_kvp_keys_match_chain_not_consecutive),
 	    H_TEST(test_kvp_keys_insert_bad),
 	    H_TEST(test_kvp_keys_evict_leaves_first_lru),
 	    H_TEST(test_kvp_keys_insert_parent_evicted),
