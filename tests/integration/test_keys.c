@@ -240,6 +240,33 @@ static void test_keys_bad_keys_are_typed_errors(void)
 	kvp_client_close(a.c);
 }
 
+/* The caller matched keys that are evicted before it inserts the rest: nothing is taken, its
+ * pages stay in its lease. */
+static void test_keys_insert_after_matched_keys_evicted(void)
+{
+	struct eng a;
+	struct kvp_error err;
+	struct kvp_page_key k[4];
+	struct kvp_insert_keys_result r;
+	uint32_t pages[2];
+	uint64_t lease;
+
+	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
+	CU_ASSERT_EQUAL(publish(&a, 11, 2, KVP_TIER_DEVICE), 2);
+	flush_all();
+	keys_of(11, k, 4);
+	CU_ASSERT_EQUAL_FATAL(kvp_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL(kvp_insert_keys(a.c, lease, NS, k, 4, 2, pages, 2, &r, &err), 0);
+	CU_ASSERT_EQUAL(r.done_keys, 0);
+	CU_ASSERT_EQUAL(r.new_pages, 0);
+	CU_ASSERT_EQUAL(r.lease_pages, 2);
+	CU_ASSERT_EQUAL(kvp_exists_keys(a.c, a.p, NS, k + 2, 2, &err), 0);
+	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).leased_tokens, 2 * PT);
+	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).cached_tokens, 0);
+	CU_ASSERT_EQUAL(kvp_free(a.p, lease, NULL, 0, &err), 0);
+	kvp_client_close(a.c);
+}
+
 static void test_keys_a_million_keys_is_limit_exceeded(void)
 {
 	struct eng a;
@@ -331,6 +358,7 @@ int main(void)
 	    H_TEST(test_keys_insert_in_a_match_in_b_reads_a_bytes),
 	    H_TEST(test_keys_host_chain_loads_to_device),
 	    H_TEST(test_keys_bad_keys_are_typed_errors),
+	    H_TEST(test_keys_insert_after_matched_keys_evicted),
 	    H_TEST(test_keys_a_million_keys_is_limit_exceeded),
 	    H_TEST(test_keys_namespace_kinds_do_not_mix),
 	    H_TEST(test_keys_leasing_every_page_evicts_keyed_pages),
