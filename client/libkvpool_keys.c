@@ -5,7 +5,7 @@
 
 #include "kvp_internal.h"
 
-#define KEYS_CALL(req, var, member, CASE, Type, INIT)                                               \
+#define KEYS_CALL(req, var, member, CASE, Type, INIT)                                              \
 	Kvpool__Request req = KVPOOL__REQUEST__INIT;                                               \
 	Type var = INIT;                                                                           \
 	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
@@ -50,7 +50,8 @@ KVP_EXPORT int kvp_insert_keys(struct kvp_client *c, uint64_t lease_id, uint64_t
 			       uint32_t cached_keys, const uint32_t *pages, uint32_t npages,
 			       struct kvp_insert_keys_result *out, struct kvp_error *err)
 {
-	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq, KVPOOL__INSERT_KEYS_REQ__INIT);
+	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq,
+		  KVPOOL__INSERT_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	int r;
 
@@ -83,7 +84,8 @@ KVP_EXPORT int kvp_match_keys(struct kvp_client *c, struct kvp_pool *p, uint64_t
 			      struct kvp_match_keys *m, uint32_t *device_pages,
 			      uint32_t *host_pages, uint32_t cap, struct kvp_error *err)
 {
-	KEYS_CALL(req, a, match_keys, MATCH_KEYS, Kvpool__MatchKeysReq, KVPOOL__MATCH_KEYS_REQ__INIT);
+	KEYS_CALL(req, a, match_keys, MATCH_KEYS, Kvpool__MatchKeysReq,
+		  KVPOOL__MATCH_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchKeysResp *mr;
 	int r;
@@ -107,8 +109,8 @@ KVP_EXPORT int kvp_match_keys(struct kvp_client *c, struct kvp_pool *p, uint64_t
 		if (mr->lock_id)
 			kvp_release(p, mr->lock_id, NULL);
 		kvpool__response__free_unpacked(resp, NULL);
-		return kvp__fail(err, KVP_E_BUFFER, 0, "match keys: %u entries do not hold the reply",
-				 cap);
+		return kvp__fail(err, KVP_E_BUFFER, 0,
+				 "match keys: %u entries do not hold the reply", cap);
 	}
 	m->matched_keys = mr->matched_keys;
 	m->n_device = (uint32_t)mr->n_device_pages;
@@ -126,7 +128,8 @@ KVP_EXPORT int kvp_exists_keys(struct kvp_client *c, struct kvp_pool *p, uint64_
 			       const struct kvp_page_key *keys, uint32_t nkeys,
 			       struct kvp_error *err)
 {
-	KEYS_CALL(req, a, exists_keys, EXISTS_KEYS, Kvpool__ExistsKeysReq, KVPOOL__EXISTS_KEYS_REQ__INIT);
+	KEYS_CALL(req, a, exists_keys, EXISTS_KEYS, Kvpool__ExistsKeysReq,
+		  KVPOOL__EXISTS_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	int r;
 

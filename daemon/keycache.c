@@ -420,8 +420,8 @@ static int reserve(struct kvp_keys *kc, uint32_t need, const uint32_t need_class
 			cap *= 2;
 		if (cap > NONE - 1)
 			cap = NONE - 1;
-		e = md_realloc(kc, kc->ent, (size_t)kc->ent_cap * sizeof(*e), (size_t)cap * sizeof(*e),
-			       &kc->st.metadata_bytes);
+		e = md_realloc(kc, kc->ent, (size_t)kc->ent_cap * sizeof(*e),
+			       (size_t)cap * sizeof(*e), &kc->st.metadata_bytes);
 		if (!e)
 			return -ENOMEM;
 		kc->ent = e;
@@ -430,7 +430,8 @@ static int reserve(struct kvp_keys *kc, uint32_t need, const uint32_t need_class
 	for (uint32_t c = 0; c < NCLASS; c++) {
 		struct slab *s = &kc->slab[c];
 		size_t sz = (size_t)(c + 1) * CLASS_BYTES;
-		uint64_t w = (uint64_t)s->hw + (need_class[c] > s->nfree ? need_class[c] - s->nfree : 0);
+		uint64_t w =
+		    (uint64_t)s->hw + (need_class[c] > s->nfree ? need_class[c] - s->nfree : 0);
 		uint64_t cap;
 		uint8_t *m;
 
@@ -830,7 +831,8 @@ uint32_t kvp_keys_exists(struct kvp_keys *kc, uint64_t ns, const struct kvp_key 
 		return 0;
 	/* in windows: run_of stores indices, which exists does not keep */
 	while (run < n) {
-		uint32_t w = n - run < 256 ? n - run : 256, got = run_of(kc, ns, keys + run, w, buf);
+		uint32_t w = n - run < 256 ? n - run : 256,
+			 got = run_of(kc, ns, keys + run, w, buf);
 
 		run += got;
 		if (got < w)
@@ -974,7 +976,8 @@ static uint32_t demote(struct kvp_keys *kc, uint32_t i)
 	uint32_t dst, src = kc->ent[i].page;
 
 	if (!kvp_pages_count(hp, KVP_PAGE_FREE))
-		evict_host(kc, 1); /* a host leaf: never one of i's ancestors (they have children) */
+		evict_host(kc,
+			   1); /* a host leaf: never one of i's ancestors (they have children) */
 	if (kvp_pages_alloc(hp, 1, &dst) < 0)
 		return 0;
 	if (kc->conf.copy(kc->conf.copy_ctx, KVP_COPY_DEMOTE, &src, &dst, 1) < 0) {
@@ -1083,8 +1086,8 @@ static int check_lists(const struct kvp_keys *kc, const uint64_t inlist[3])
 		uint32_t prev = NONE;
 
 		for (uint32_t i = kc->lru[l].head; i != NONE; i = kc->ent[i].next) {
-			if (i >= kc->ent_hw || (int)kc->ent[i].list != l || kc->ent[i].prev != prev ||
-			    ++cnt > inlist[l])
+			if (i >= kc->ent_hw || (int)kc->ent[i].list != l ||
+			    kc->ent[i].prev != prev || ++cnt > inlist[l])
 				return -EFAULT;
 			prev = i;
 		}
@@ -1158,7 +1161,8 @@ int kvp_keys_check(const struct kvp_keys *kc)
 		if (!kc->nsr[i].used)
 			continue;
 		nsl++;
-		if (!nscount[i] || nscount[i] != kc->nsr[i].count || ns_find(kc, kc->nsr[i].ns) != i)
+		if (!nscount[i] || nscount[i] != kc->nsr[i].count ||
+		    ns_find(kc, kc->nsr[i].ns) != i)
 			goto out;
 	}
 	if (nsl != kc->st.namespaces)

@@ -37,9 +37,9 @@ void kvp_keys_free(struct kvp_keys *kc);
 int kvp_keys_has_ns(const struct kvp_keys *kc, uint64_t ns);
 
 struct kvp_keys_insert_result {
-	uint32_t new_pages;  /* pages the cache took */
-	uint32_t dup_pages;  /* keys already cached: their pages stay LEASED, listed in dup_idx */
-	uint32_t done_keys;  /* keys processed: n, or the first of the first `cached` not present */
+	uint32_t new_pages; /* pages the cache took */
+	uint32_t dup_pages; /* keys already cached: their pages stay LEASED, listed in dup_idx */
+	uint32_t done_keys; /* keys processed: n, or the first of the first `cached` not present */
 };
 
 /* Inserts the chain keys[0 .. n) of namespace ns: keys[0 .. cached) must be cached already (the

@@ -8,8 +8,8 @@
 
 #include "pool_cache.h"
 
-int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p,
-		      uint64_t ns, bool keyed, struct kvp_fail *f)
+int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p, uint64_t ns,
+		      bool keyed, struct kvp_fail *f)
 {
 	(void)d;
 	(void)s;
@@ -36,9 +36,10 @@ static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (k[i].len == 0 || k[i].len > d->conf.max_key_bytes) {
-			kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
-				 "%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
-				 call, i, k[i].len, d->conf.max_key_bytes);
+			kvp_fail(
+			    f, KVPOOL__CODE__INVALID_ARGUMENT,
+			    "%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
+			    call, i, k[i].len, d->conf.max_key_bytes);
 			return NULL;
 		}
 	}
@@ -69,10 +70,11 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 		return -(int)f->code;
 	if (a->n_pages > l->n || a->cached_keys > a->n_keys) {
 		free(keys);
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
-				"insert keys: %zu keys (%u cached) in %zu pages do not fit lease %lu "
-				"(%u pages)",
-				a->n_keys, a->cached_keys, a->n_pages, (unsigned long)l->id, l->n);
+		return kvp_fail(
+		    f, KVPOOL__CODE__INVALID_ARGUMENT,
+		    "insert keys: %zu keys (%u cached) in %zu pages do not fit lease %lu "
+		    "(%u pages)",
+		    a->n_keys, a->cached_keys, a->n_pages, (unsigned long)l->id, l->n);
 	}
 	m = KVP_REPLY_NEW(r, Kvpool__InsertKeysResp, kvpool__insert_keys_resp__descriptor);
 	if (!m) {
@@ -81,7 +83,8 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 	}
 	before = l->n;
 	rc = kvp_lease_insert_keys(l, a->namespace_, keys, (uint32_t)a->n_keys, a->cached_keys,
-				   a->pages, (uint32_t)a->n_pages, &m->new_pages, &m->dup_pages, &m->done_keys, f);
+				   a->pages, (uint32_t)a->n_pages, &m->new_pages, &m->dup_pages,
+				   &m->done_keys, f);
 	free(keys);
 	if (rc < 0)
 		return rc;
@@ -118,8 +121,8 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 		free(keys);
 		return kvp_rpc_oom(f);
 	}
-	rc = kvp_pool_match_keys(p, a->namespace_, keys, (uint32_t)n, a->lock, &mt,
-				 m->device_pages, m->host_pages);
+	rc = kvp_pool_match_keys(p, a->namespace_, keys, (uint32_t)n, a->lock, &mt, m->device_pages,
+				 m->host_pages);
 	free(keys);
 	if (rc < 0) {
 		free(k);

@@ -439,8 +439,9 @@ static void test_kvp_keys_new_bad_conf(void)
 	kvp_pages_free(b);
 }
 
-#define POOL "[pool.p]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 4\n" \
-	     "device = none\nhost_capacity = 64t\nmlock = off\n"
+#define POOL                                                                                       \
+	"[pool.p]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 4\n"        \
+	"device = none\nhost_capacity = 64t\nmlock = off\n"
 
 /* The hash-keyed limits of the [daemon] section: defaults, values, bounds. */
 static void test_kvp_conf_keys_limits(void)
@@ -451,17 +452,19 @@ static void test_kvp_conf_keys_limits(void)
 	kvp_conf_defaults(&c);
 	CU_ASSERT_EQUAL(c.max_keys_per_call, 65536);
 	CU_ASSERT_EQUAL(c.max_key_bytes, 64);
-	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 10\n"
-						 "max_key_bytes = 32\n" POOL, NULL, err, sizeof(err)),
+	CU_ASSERT_EQUAL(kvp_conf_load_string(&c,
+					     "[daemon]\nmax_keys_per_call = 10\n"
+					     "max_key_bytes = 32\n" POOL,
+					     NULL, err, sizeof(err)),
 			0);
 	CU_ASSERT_EQUAL(c.max_keys_per_call, 10);
 	CU_ASSERT_EQUAL(c.max_key_bytes, 32);
-	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_key_bytes = 65\n" POOL, NULL, err,
-					     sizeof(err)),
-			-EINVAL);
+	CU_ASSERT_EQUAL(
+	    kvp_conf_load_string(&c, "[daemon]\nmax_key_bytes = 65\n" POOL, NULL, err, sizeof(err)),
+	    -EINVAL);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "max_key_bytes"));
-	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 0\n" POOL, NULL, err,
-					     sizeof(err)),
+	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 0\n" POOL, NULL,
+					     err, sizeof(err)),
 			-EINVAL);
 	CU_ASSERT_EQUAL(c.max_keys_per_call, 10); /* untouched on failure */
 }
