@@ -593,7 +593,7 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 {
 	struct kvp_pool *p = l->pool;
 	struct kvp_keys_insert_result res = { 0 };
-	uint32_t *dup;
+	uint32_t *dup, *own;
 	int r;
 
 	if (!n || cached > n || npages != n - cached)
@@ -605,9 +605,13 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 				"insert keys: a page listed is not in lease %lu (or listed twice)",
 				(unsigned long)l->id);
 	*new_pages = *dup_pages = 0;
-	dup = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*dup) * (npages + 1)));
+	/* pages may be the lease's own array, which lease_drop reorders: work on a copy */
+	dup = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*dup) * (2 * (size_t)npages + 1)));
 	if (!dup)
 		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+	own = dup + npages;
+	memcpy(own, pages, sizeof(*own) * npages);
+	pages = own;
 	r = kvp_keys_insert(p->keys, ns, keys, n, cached, l->tier, pages, &res, dup);
 	if (r < 0) {
 		free(dup);
