@@ -1522,3 +1522,8 @@ KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *en
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
+
+struct kvp_client *kvp__pool_client(const struct kvp_pool *p)
+{
+	return p ? p->c : NULL;
+}

@@ -440,6 +440,16 @@ static void set_max_locks(struct parse *s, const char *key, const char *v)
 	parse_u32(s, key, v, 1, 1u << 20, &s->conf.max_locks_per_session);
 }
 
+static void set_max_keys(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 1u << 20, &s->conf.max_keys_per_call);
+}
+
+static void set_max_key_bytes(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 64, &s->conf.max_key_bytes);
+}
+
 static const struct key_def g_daemon_keys[] = {
     {"socket", set_socket},
     {"allowed_users", set_allowed_users},
@@ -451,6 +461,8 @@ static const struct key_def g_daemon_keys[] = {
     {"max_sessions", set_max_sessions},
     {"max_leases_per_session", set_max_leases},
     {"max_locks_per_session", set_max_locks},
+    {"max_keys_per_call", set_max_keys},
+    {"max_key_bytes", set_max_key_bytes},
 };
 
 /* ---- [pool.NAME] keys ---- */
@@ -1126,6 +1138,8 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_sessions = 1024;
 	c->max_leases_per_session = 4096;
 	c->max_locks_per_session = 4096;
+	c->max_keys_per_call = 65536;
+	c->max_key_bytes = 64;
 }
 
 int kvp_conf_load_string(struct kvp_conf *c, const char *text, const char *origin, char *err,

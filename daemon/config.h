@@ -97,13 +97,15 @@ struct kvp_conf {
 	uint32_t max_sessions;
 	uint32_t max_leases_per_session;
 	uint32_t max_locks_per_session;
+	uint32_t max_keys_per_call; /* hash-keyed calls: keys in one call */
+	uint32_t max_key_bytes;	    /* hash-keyed calls: bytes of one key, 1 .. 64 */
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 };
 
 /* Fills c with the daemon defaults and no pools: socket /run/kvpool/kvpoold.sock,
  * keepalive 10000 ms, log level info, no metrics endpoint, 1024 sessions,
- * 4096 leases and 4096 locks per session. */
+ * 4096 leases and 4096 locks per session, 65536 keys per call of up to 64 bytes each. */
 void kvp_conf_defaults(struct kvp_conf *c);
 
 /* The three loaders start from kvp_conf_defaults(), apply the INI text and check it whole.

@@ -40,7 +40,8 @@ struct kvp_session {
 struct kvp_lock {
 	uint64_t id;
 	struct kvp_pool *pool;
-	struct kvp_prefix_node *node;
+	struct kvp_prefix_node *node; /* a token-keyed lock, or */
+	struct kvp_keys_lock *keys;   /* a hash-keyed one */
 	uint32_t pages;
 };
 

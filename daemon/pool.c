@@ -175,6 +175,11 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 		kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
 		goto fail;
 	}
+	p->keys = kvp_keys_new(&(struct kvp_keys_conf){xc.dev, xc.host, pool_copy, p});
+	if (!p->keys) {
+		kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: key cache: out of memory", pc->name);
+		goto fail;
+	}
 	return p;
 fail:
 	kvp_pool_destroy(p);
@@ -186,6 +191,7 @@ void kvp_pool_destroy(struct kvp_pool *p)
 	if (!p)
 		return;
 	kvp_prefix_free(p->pfx);
+	kvp_keys_free(p->keys);
 	if (p->copy)
 		p->mem[KVP_TIER_DEVICE].ops->copy_close(p->copy);
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
@@ -200,21 +206,25 @@ void kvp_pool_destroy(struct kvp_pool *p)
 void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out)
 {
 	struct kvp_prefix_stats ps;
+	struct kvp_keys_stats ks;
 
 	memset(out, 0, sizeof(*out));
 	if (!kvp_pool_has_tier(p, tier))
 		return;
 	kvp_prefix_stats(p->pfx, &ps);
+	kvp_keys_stats(p->keys, &ks);
 	out->total = kvp_pages_total(p->pages[tier]);
 	out->free = kvp_pages_count(p->pages[tier], KVP_PAGE_FREE);
 	out->leased = kvp_pages_count(p->pages[tier], KVP_PAGE_LEASED);
 	out->cached = kvp_pages_count(p->pages[tier], KVP_PAGE_CACHED);
-	out->evictable = ps.evictable_pages[tier];
-	out->protected_ = ps.protected_pages[tier];
+	out->evictable = ps.evictable_pages[tier] + ks.evictable_pages[tier];
+	out->protected_ = ps.protected_pages[tier] + ks.protected_pages[tier];
 }
 
 int kvp_pool_check(const struct kvp_pool *p)
 {
+	struct kvp_keys_stats ks;
+
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
 		struct kvp_tier_counts c;
 		uint64_t owned = 0;
@@ -236,7 +246,10 @@ int kvp_pool_check(const struct kvp_pool *p)
 		if (owned != c.leased)
 			return -EFAULT;
 	}
-	return kvp_prefix_check(p->pfx) < 0 ? -EFAULT : 0;
+	kvp_keys_stats(p->keys, &ks);
+	if (kvp_keys_check(p->keys) < 0)
+		return -EFAULT;
+	return kvp_prefix_check_shared(p->pfx, ks.cached_pages) < 0 ? -EFAULT : 0;
 }
 
 int kvp_lease_check(const struct kvp_lease *l)
@@ -307,7 +320,7 @@ static int take_pages(struct kvp_pool *p, int tier, uint32_t npages, uint32_t *o
 		kvp_pool_counts(p, tier, &c);
 		if (npages - nfree > c.evictable)
 			return capacity_fail(p, tier, npages, f);
-		kvp_prefix_evict(p->pfx, tier, npages - nfree);
+		kvp_pool_evict(p, tier, npages - nfree);
 		if (kvp_pages_count(pg, KVP_PAGE_FREE) < npages)
 			return capacity_fail(p, tier, npages, f);
 	}
@@ -551,9 +564,70 @@ void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms)
 	p->logged = now;
 }
 
+/* Both caches give up pages in proportion to what each can evict, then either tops up. */
 uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages)
 {
-	if (!kvp_pool_has_tier(p, tier))
+	struct kvp_prefix_stats ps;
+	struct kvp_keys_stats ks;
+	uint64_t ep, ek;
+	uint32_t share, freed;
+
+	if (!kvp_pool_has_tier(p, tier) || !pages)
 		return 0;
-	return kvp_prefix_evict(p->pfx, tier, pages);
+	kvp_prefix_stats(p->pfx, &ps);
+	kvp_keys_stats(p->keys, &ks);
+	ep = ps.evictable_pages[tier];
+	ek = ks.evictable_pages[tier];
+	share = ep + ek ? (uint32_t)((uint64_t)pages * ek / (ep + ek)) : 0;
+	freed = kvp_keys_evict(p->keys, tier, share);
+	freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+	if (freed < pages)
+		freed += kvp_keys_evict(p->keys, tier, pages - freed);
+	return freed;
+}
+
+int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+			  uint32_t cached, const uint32_t *pages, uint32_t npages,
+			  uint32_t *new_pages, uint32_t *dup_pages, uint32_t *done_keys,
+			  struct kvp_fail *f)
+{
+	struct kvp_pool *p = l->pool;
+	struct kvp_keys_insert_result res = { 0 };
+	uint32_t *dup, *own;
+	int r;
+
+	if (!n || cached > n || npages != n - cached)
+		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+				"insert keys: %u keys, %u cached, need %u lease pages, got %u", n,
+				cached, n >= cached ? n - cached : 0, npages);
+	if (lease_owns_all(l, pages, npages) < 0)
+		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+				"insert keys: a page listed is not in lease %lu (or listed twice)",
+				(unsigned long)l->id);
+	*new_pages = *dup_pages = 0;
+	/* pages may be the lease's own array, which lease_drop reorders: work on a copy */
+	dup = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*dup) * (2 * (size_t)npages + 1)));
+	if (!dup)
+		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+	own = dup + npages;
+	memcpy(own, pages, sizeof(*own) * npages);
+	pages = own;
+	r = kvp_keys_insert(p->keys, ns, keys, n, cached, l->tier, pages, &res, dup);
+	if (r < 0) {
+		free(dup);
+		return kvp_fail(f, r == -ENOMEM ? KVPOOL__CODE__INTERNAL : KVPOOL__CODE__INVALID_ARGUMENT,
+				"insert into the key cache failed (%d)", r);
+	}
+	for (uint32_t i = cached; i < res.done_keys; i++)
+		lease_drop(l, pages[i - cached]);
+	for (uint32_t i = 0; i < res.dup_pages; i++)
+		dup[i] = pages[dup[i]];
+	if (res.dup_pages)
+		kvp_pages_release(p->pages[l->tier], dup, res.dup_pages);
+	free(dup);
+	p->st.inserted_tokens += (uint64_t)res.new_pages * p->conf.page_tokens;
+	*new_pages = res.new_pages;
+	*dup_pages = res.dup_pages;
+	*done_keys = res.done_keys;
+	return 0;
 }

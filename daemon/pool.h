@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "fail.h"
+#include "keycache.h"
 #include "kv_copy.h"
 #include "pages.h"
 #include "prefix.h"
@@ -22,6 +23,7 @@ struct kvp_pool {
 	uint64_t *lease_of[KVP_TIER_MAX];      /* owning lease of each LEASED page, else 0 */
 	uint32_t *lease_idx[KVP_TIER_MAX];     /* its index in that lease's page array */
 	struct kvp_prefix *pfx;
+	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
 	struct kvp_pool_stats st;
 	uint32_t sessions; /* attached */
 	struct kvp_tier_copy *copy; /* demotion and promotion: pools with both tiers */
@@ -77,6 +79,16 @@ void kvp_lease_destroy(struct kvp_lease *l);
 int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
 		     uint32_t cached, const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
 		     uint64_t *dup_tokens, struct kvp_fail *f);
+
+/* Publishes the chain keys[0 .. n) of hash-keyed namespace ns: keys[0 .. cached) already cached
+ * (the caller matched them), pages[] (npages == n - cached, in the lease) for the rest (see
+ * kvp_keys_insert). Pages taken or duplicate leave the lease (duplicates are freed); past a
+ * matched key evicted meanwhile they stay. 0 or negative Code (INVALID_ARGUMENT, NOT_FOUND,
+ * INTERNAL). */
+int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+			  uint32_t cached, const uint32_t *pages, uint32_t npages,
+			  uint32_t *new_pages, uint32_t *dup_pages, uint32_t *done_keys,
+			  struct kvp_fail *f);
 
 /* One log line summarising evictions, demotions, promotions and capacity refusals since the
  * previous call, when there were any (called every few seconds, never per page). */

@@ -2,6 +2,7 @@
  * sessions call these, never prefix.c. */
 #include "pool_cache.h"
 
+#include <errno.h>
 #include <stdint.h>
 
 int kvp_pool_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
@@ -34,7 +35,62 @@ int kvp_pool_load(struct kvp_pool *p, struct kvp_prefix_node *lock, uint32_t *de
 
 uint32_t kvp_pool_flush(struct kvp_pool *p)
 {
-	return kvp_prefix_flush(p->pfx);
+	return kvp_prefix_flush(p->pfx) + kvp_keys_flush(p->keys);
+}
+
+int kvp_pool_ns_use(const struct kvp_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f)
+{
+	bool other = keyed ? kvp_prefix_has_ns(p->pfx, ns) : kvp_keys_has_ns(p->keys, ns);
+
+	if (!other)
+		return 0;
+	return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+			"namespace %lu of pool %s is %s-keyed: %s calls cannot use it",
+			(unsigned long)ns, p->conf.name, keyed ? "token" : "hash",
+			keyed ? "hash-keyed" : "token-keyed");
+}
+
+int kvp_pool_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+			bool lock, struct kvp_keys_match *m, uint32_t *dev, uint32_t *host)
+{
+	p->st.matches++;
+	return kvp_keys_match(p->keys, ns, keys, n, lock, m, dev, host);
+}
+
+uint32_t kvp_pool_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys,
+			      uint32_t n)
+{
+	return kvp_keys_exists(p->keys, ns, keys, n);
+}
+
+void kvp_pool_keys_unlock(struct kvp_pool *p, struct kvp_keys_lock *lock)
+{
+	kvp_keys_unlock(p->keys, lock);
+}
+
+int kvp_pool_keys_load(struct kvp_pool *p, struct kvp_keys_lock *lock, uint32_t *dev_out,
+		       uint32_t cap, uint32_t *n, uint32_t *promoted)
+{
+	uint32_t nh, nfree;
+	struct kvp_tier_counts c;
+	int rc;
+
+	p->st.loads++;
+	if (!kvp_pool_has_tier(p, KVP_TIER_DEVICE))
+		return -EINVAL;
+	nh = kvp_keys_lock_host_pages(p->keys, lock);
+	nfree = kvp_pages_count(p->pages[KVP_TIER_DEVICE], KVP_PAGE_FREE);
+	if (nh > nfree) {
+		kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+		if (nh - nfree > c.evictable)
+			return -ENOSPC;
+		kvp_pool_evict(p, KVP_TIER_DEVICE, nh - nfree); /* the run is locked: kept */
+	}
+	rc = kvp_keys_promote(p->keys, lock, dev_out, cap, n);
+	if (rc < 0)
+		return rc;
+	*promoted = nh;
+	return 0;
 }
 
 uint32_t kvp_pool_top(const struct kvp_pool *p, struct kvp_pool_top *out, uint32_t cap)
@@ -59,6 +115,7 @@ uint32_t kvp_pool_pages_of(const struct kvp_pool *p, uint64_t tokens)
 void kvp_pool_tier_figures(const struct kvp_pool *p, int tier, struct kvp_tier_figures *out)
 {
 	struct kvp_prefix_stats ps;
+	struct kvp_keys_stats ks;
 	struct kvp_tier_counts c;
 	uint64_t pt = p->conf.page_tokens;
 
@@ -70,20 +127,23 @@ void kvp_pool_tier_figures(const struct kvp_pool *p, int tier, struct kvp_tier_f
 	out->cached_tokens = c.cached * pt;
 	out->evictable_tokens = c.evictable * pt;
 	out->protected_tokens = c.protected_ * pt;
-	out->evicted_tokens = ps.evicted_pages[tier] * pt;
+	kvp_keys_stats(p->keys, &ks);
+	out->evicted_tokens = (ps.evicted_pages[tier] + ks.evicted_pages[tier]) * pt;
 }
 
 void kvp_pool_figures(const struct kvp_pool *p, struct kvp_pool_figures *out)
 {
 	struct kvp_prefix_stats ps;
+	struct kvp_keys_stats ks;
 	uint64_t pt = p->conf.page_tokens;
 
 	kvp_prefix_stats(p->pfx, &ps);
-	out->nodes = ps.nodes;
-	out->hit_tokens = ps.hit_tokens;
-	out->queried_tokens = ps.queried_tokens;
-	out->demoted_tokens = ps.demoted_pages * pt;
-	out->promoted_tokens = ps.promoted_pages * pt;
+	kvp_keys_stats(p->keys, &ks);
+	out->nodes = ps.nodes + ks.entries;
+	out->hit_tokens = ps.hit_tokens + ks.hit_keys * pt;
+	out->queried_tokens = ps.queried_tokens + ks.queried_keys * pt;
+	out->demoted_tokens = (ps.demoted_pages + ks.demoted_pages) * pt;
+	out->promoted_tokens = (ps.promoted_pages + ks.promoted_pages) * pt;
 	out->sessions = p->sessions;
 	out->session_quota_tokens = p->conf.session_quota_tokens;
 	out->token_bytes = kvp_conf_token_bytes(&p->conf);

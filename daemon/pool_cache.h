@@ -20,6 +20,24 @@ void kvp_pool_unlock(struct kvp_pool *p, struct kvp_prefix_node *lock);
  * from the host tier to *promoted. 0, -EINVAL, -ENOSPC, -EBUSY, -ENOMEM or the copy's error. */
 int kvp_pool_load(struct kvp_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out, uint32_t cap,
 		  uint32_t *n, uint32_t *promoted);
+/* Namespaces: token-keyed or hash-keyed, fixed while the namespace holds cached pages. Returns 0
+ * when ns may be used with that keying (keyed: hash-keyed), else -INVALID_ARGUMENT with f
+ * filled. */
+int kvp_pool_ns_use(const struct kvp_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f);
+/* The longest leading run of keys[0 .. n) cached in hash-keyed namespace ns (see kvp_keys_match;
+ * dev[] and host[] have room for n ids); counts a match. With lock and a non-empty run, *lock
+ * pins it until kvp_pool_keys_unlock. 0, -EINVAL or -ENOMEM. */
+int kvp_pool_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+			bool lock, struct kvp_keys_match *m, uint32_t *dev, uint32_t *host);
+/* Count of leading keys of keys[0 .. n) cached in ns. */
+uint32_t kvp_pool_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys,
+			      uint32_t n);
+/* Drops a lock kvp_pool_match_keys took. Accepts NULL. */
+void kvp_pool_keys_unlock(struct kvp_pool *p, struct kvp_keys_lock *lock);
+/* Brings the locked run into the device tier, evicting other unlocked pages of the pool to make
+ * room (see kvp_keys_promote). Like kvp_pool_load. */
+int kvp_pool_keys_load(struct kvp_pool *p, struct kvp_keys_lock *lock, uint32_t *dev_out,
+		       uint32_t cap, uint32_t *n, uint32_t *promoted);
 /* Drops every unlocked cached page in both tiers. Returns the pages freed. */
 uint32_t kvp_pool_flush(struct kvp_pool *p);
 /* One of the most-hit cached prefixes (`kvpoolctl cache`). */

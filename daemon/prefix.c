@@ -298,6 +298,11 @@ static struct kvp_prefix_node *root_find(const struct kvp_prefix *pfx, uint64_t 
 	return NULL;
 }
 
+int kvp_prefix_has_ns(const struct kvp_prefix *pfx, uint64_t ns)
+{
+	return pfx && root_find(pfx, ns) != NULL;
+}
+
 /* ---- eviction heaps ---- */
 
 /* True when a goes before b. */
@@ -1470,6 +1475,13 @@ static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **al
 
 int kvp_prefix_check(const struct kvp_prefix *pfx)
 {
+	const uint64_t none[KVP_TIER_MAX] = {0, 0};
+
+	return kvp_prefix_check_shared(pfx, none);
+}
+
+int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_MAX])
+{
 	struct kvp_prefix scratch;
 	struct kvp_prefix_node **all = NULL;
 	struct check_sums *sum = NULL;
@@ -1531,7 +1543,8 @@ int kvp_prefix_check(const struct kvp_prefix *pfx)
 		    scratch.st.protected_pages[t] != pfx->st.protected_pages[t])
 			goto out;
 		if (pfx->tier[t] &&
-		    kvp_pages_count(pfx->tier[t], KVP_PAGE_CACHED) != pfx->st.cached_pages[t])
+		    kvp_pages_count(pfx->tier[t], KVP_PAGE_CACHED) !=
+			pfx->st.cached_pages[t] + others[t])
 			goto out;
 		if (!pfx->tier[t] && pfx->st.cached_pages[t])
 			goto out;

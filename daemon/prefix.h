@@ -45,6 +45,8 @@ struct kvp_prefix_node; /* opaque; a lock handle is a node pointer */
 struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf);
 /* Accepts NULL. Does not touch the allocators' page states. */
 void kvp_prefix_free(struct kvp_prefix *pfx);
+/* Whether namespace ns holds pages in the tree now. */
+int kvp_prefix_has_ns(const struct kvp_prefix *pfx, uint64_t ns);
 /* The tree's hash seed, from getrandom(2) at kvp_prefix_new (for tests). */
 uint64_t kvp_prefix_seed(const struct kvp_prefix *pfx);
 
@@ -150,3 +152,6 @@ uint32_t kvp_prefix_top(const struct kvp_prefix *pfx, struct kvp_prefix_top *out
  * the tree's, no page twice, lock counts consistent, eviction heaps exact.
  * Returns 0, -EFAULT, or -ENOMEM (could not allocate the scratch it needs). */
 int kvp_prefix_check(const struct kvp_prefix *pfx);
+/* The same when others[t] more pages of tier t are CACHED outside the tree (the pool's key
+ * cache): the allocators' CACHED counts must equal the tree's plus those. */
+int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_MAX]);

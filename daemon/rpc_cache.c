@@ -24,7 +24,7 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
 				"insert: lease %lu is empty (an earlier Insert took all its pages)",
 				(unsigned long)l->id);
-	if ((rc = kvp_session_may_use_ns(d, s, l->pool, a->namespace_, "insert", f)) < 0)
+	if ((rc = kvp_rpc_namespace(d, s, l->pool, a->namespace_, false, "insert", f)) < 0)
 		return rc;
 	if (a->n_tokens > UINT32_MAX / 2 || a->n_pages > l->n)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
@@ -57,10 +57,10 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 
 	if (!p)
 		return -(int)f->code;
+	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, false, "match", f)) < 0)
+		return rc;
 	if (a->n_tokens > UINT32_MAX / 2)
 		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "match: too many tokens");
-	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "match", f)) < 0)
-		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
 		return rc;
 	cap = (uint32_t)a->n_tokens / p->conf.page_tokens;
@@ -137,7 +137,10 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	m = KVP_REPLY_NEW(r, Kvpool__LoadResp, kvpool__load_resp__descriptor);
 	if (!m || !(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (k->pages + 1))))
 		return kvp_rpc_oom(f);
-	rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
+	if (k->keys)
+		rc = kvp_pool_keys_load(k->pool, k->keys, m->device_pages, k->pages, &n, &promoted);
+	else
+		rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
 	if (rc == -ENOSPC) {
 		kvp_pool_capacity_detail(k->pool, KVP_TIER_DEVICE, k->pages, f);
 		return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,

@@ -52,7 +52,7 @@ qarg=
 rows=$tmp/rows.jsonl
 : >"$rows"
 failed=0
-for b in bench_rpc_latency bench_rpc_throughput bench_prefix bench_pages bench_copy bench_cuda_pool \
+for b in bench_rpc_latency bench_rpc_throughput bench_prefix bench_keys bench_pages bench_copy bench_cuda_pool \
 	bench_e2e; do
 	t0=$(date +%s.%N)
 	if "$dir/tests/bench/$b" $qarg >"$tmp/$b.out" 2>"$tmp/$b.err"; then

@@ -432,6 +432,56 @@ struct kvp_reload_item {
 int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
 		     struct kvp_error *err);
 
+/* ---- hash-keyed pages ---- */
+/* A namespace's pages may be named by an engine's chain of page keys instead of token ids: each
+ * key an opaque string of 1 .. 64 bytes that already folds in its parent (a chained page hash).
+ * A namespace is token-keyed or hash-keyed while it holds cached pages; a call of the other kind
+ * on it answers KVP_E_INVALID_ARGUMENT. More keys in one call than the daemon's
+ * max_keys_per_call (default 65536) answer KVP_E_LIMIT_EXCEEDED (detail: limit); a key of 0
+ * or more than max_key_bytes (64) bytes KVP_E_INVALID_ARGUMENT. Locks from kvp_cache_match_keys are
+ * released with kvp_cache_release and promoted with kvp_cache_load like kvp_cache_match's. */
+struct kvp_page_key {
+	const void *data;
+	size_t len;
+};
+
+struct kvp_insert_keys_result {
+	uint32_t new_pages;   /* lease pages the cache took */
+	uint32_t dup_pages;   /* keys already cached: their lease pages were freed */
+	uint32_t done_keys;   /* keys processed; below nkeys when a matched key was evicted since */
+	uint32_t lease_pages; /* pages left in the lease */
+};
+/* Publishes the chain keys[0 .. nkeys) of namespace ns: keys[0 .. cached_keys) are ones the
+ * caller matched earlier; pages[0 .. npages) (npages == nkeys - cached_keys) are lease pages
+ * holding the rest, pages[i] for keys[cached_keys + i]. Pages taken and duplicates leave the
+ * lease; past a matched key evicted meanwhile, pages stay in the lease. The pages' bytes must be
+ * complete before the call. Writes *out (may be NULL). Returns 0 or a negative code
+ * (KVP_E_NOT_FOUND for a lease or page not the session's). */
+int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
+			  const struct kvp_page_key *keys, uint32_t nkeys, uint32_t cached_keys,
+			  const uint32_t *pages, uint32_t npages, struct kvp_insert_keys_result *out,
+			  struct kvp_error *err);
+
+struct kvp_match_keys_result {
+	size_t struct_size;    /* set by the caller: sizeof(struct kvp_match_keys_result) */
+	uint32_t matched_keys; /* n_device + n_host */
+	uint32_t n_device;     /* leading device-resident pages written to device_pages */
+	uint32_t n_host;       /* host-only continuation written to host_pages */
+	uint64_t lock_id;      /* nonzero when locked: release with kvp_cache_release */
+};
+/* The longest leading run of keys[0 .. nkeys) cached in ns of pool p. With lock, pins the run
+ * until kvp_cache_release or the session ends. device_pages and host_pages need room for cap entries
+ * each (nkeys suffices). Returns 0 or a negative code (KVP_E_BUFFER when cap is short: the lock,
+ * if taken, is released). */
+int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
+			 uint32_t nkeys, int lock, struct kvp_match_keys_result *m,
+			 uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,
+			 struct kvp_error *err);
+/* Count of leading keys of keys[0 .. nkeys) cached in ns of pool p (no lock), or a negative
+ * code. */
+int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
+			  uint32_t nkeys, struct kvp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,12 @@ def chunks(who, data, size=40):
 
 HELLO, PING, STATUS, ATTACH, DETACH, ALLOC, EXTEND, FREE, INSERT, MATCH, RELEASE, LOAD, EVICT = range(10, 23)
 toks = list(range(100, 132))
+INSERT_KEYS, MATCH_KEYS, EXISTS_KEYS = 40, 41, 42
+pkeys = [bytes([i]) * 32 for i in range(1, 7)]
+
+def keys_body(head, keys, tail=b""):
+    """A hash-keyed call: head fields, then the keys as repeated bytes field 3, then tail."""
+    return head + b"".join(field(3, 2, k) for k in keys) + tail
 seqs = {
     "hello_ping": [(0, request(1, HELLO, msg(v=(1, 1)))), (0, request(2, PING, msg(n=(1, 7))))],
     "alloc_free": [(0, request(1, ATTACH, msg(p=(1, b"f")))),
@@ -62,6 +68,19 @@ seqs = {
                      (1, request(4, RELEASE, msg(k=(1, 1)))),
                      (0, request(4, EVICT, msg(pid=(1, 0), tok=(3, 16)))),
                      (1, request(5, FREE, msg(l=(1, 1))))],
+    "insert_match_keys": [(0, request(1, ATTACH, msg(p=(1, b"f")))),
+                          (1, request(1, ATTACH, msg(p=(1, b"f")))),
+                          (0, request(2, ALLOC, msg(pid=(1, 0), pages=(3, 4)))),
+                          (0, request(3, INSERT_KEYS, keys_body(msg(l=(1, 1), ns=(2, 5)), pkeys[:4],
+                                                                msg(pg=(4, [0, 1, 2, 3]))))),
+                          (1, request(2, EXISTS_KEYS, keys_body(msg(pid=(1, 0), ns=(2, 5)), pkeys))),
+                          (1, request(3, MATCH_KEYS, keys_body(msg(pid=(1, 0), ns=(2, 5)), pkeys,
+                                                               msg(lock=(4, 1))))),
+                          (1, request(4, LOAD, msg(k=(1, 1)))),
+                          (1, request(5, RELEASE, msg(k=(1, 1)))),
+                          (0, request(4, MATCH, msg(pid=(1, 0), t=(2, toks), ns=(3, 5)))),
+                          (0, request(5, EXISTS_KEYS, keys_body(msg(pid=(1, 0), ns=(2, 6)),
+                                                                [b"", b"x" * 65])))],
     "foreign": [(0, request(1, ATTACH, msg(p=(1, b"f")))), (1, request(1, ATTACH, msg(p=(1, b"f")))),
                 (0, request(2, ALLOC, msg(pid=(1, 0), pages=(3, 3)))),
                 (1, request(2, FREE, msg(l=(1, 1)))), (1, request(3, DETACH, msg(pid=(1, 0))))],

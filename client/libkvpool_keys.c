@@ -1,0 +1,142 @@
+/* libkvpool_keys.c - libkvpool's hash-keyed page calls (kvpool.h, "hash-keyed pages"):
+ * InsertKeys, MatchKeys, ExistsKeys over the library's call path (kvp_internal.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_internal.h"
+
+#define KEYS_CALL(req, var, member, CASE, Type, INIT)                                              \
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;                                               \
+	Type var = INIT;                                                                           \
+	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
+	req.member = &var
+
+/* The keys as the wire's bytes fields in *out (free with free()). 0 or a negative code. */
+static int wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
+		     struct kvp_error *err)
+{
+	ProtobufCBinaryData *b;
+
+	if (n && !keys)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "keys is NULL");
+	b = malloc(((size_t)n + 1) * sizeof(*b));
+	if (!b)
+		return kvp__fail(err, KVP_E_NOMEM, 0, "out of memory for %u keys", n);
+	for (uint32_t i = 0; i < n; i++) {
+		b[i].len = keys[i].len;
+		b[i].data = (uint8_t *)keys[i].data;
+	}
+	*out = b;
+	return 0;
+}
+
+KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
+				     const struct kvp_page_key *keys, uint32_t nkeys,
+				     uint32_t cached_keys, const uint32_t *pages, uint32_t npages,
+				     struct kvp_insert_keys_result *out, struct kvp_error *err)
+{
+	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq,
+		  KVPOOL__INSERT_KEYS_REQ__INIT);
+	Kvpool__Response *resp;
+	int r;
+
+	struct kvp_client *c = kvp__pool_client(p);
+
+	if (!c || (npages && !pages))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool or pages is NULL");
+	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+		return r;
+	a.n_keys = nkeys;
+	a.lease_id = lease_id;
+	a.namespace_ = ns;
+	a.pages = (uint32_t *)pages;
+	a.n_pages = npages;
+	a.cached_keys = cached_keys;
+	r = kvp__rpc(c, &req, KVPOOL__RESPONSE__RESULT_INSERT_KEYS, &resp, NULL, NULL, err);
+	free(a.keys);
+	if (r < 0)
+		return r;
+	if (out) {
+		out->new_pages = resp->insert_keys->new_pages;
+		out->dup_pages = resp->insert_keys->dup_pages;
+		out->done_keys = resp->insert_keys->done_keys;
+		out->lease_pages = resp->insert_keys->lease_pages;
+	}
+	kvpool__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
+				    const struct kvp_page_key *keys, uint32_t nkeys, int lock,
+				    struct kvp_match_keys_result *m, uint32_t *device_pages,
+				    uint32_t *host_pages, uint32_t cap, struct kvp_error *err)
+{
+	KEYS_CALL(req, a, match_keys, MATCH_KEYS, Kvpool__MatchKeysReq,
+		  KVPOOL__MATCH_KEYS_REQ__INIT);
+	Kvpool__Response *resp;
+	Kvpool__MatchKeysResp *mr;
+	int r;
+
+	struct kvp_client *c = kvp__pool_client(p);
+
+	if (!c || !m || m->struct_size < sizeof(*m))
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "pool or m is NULL, or m->struct_size is not set");
+	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+		return r;
+	a.n_keys = nkeys;
+	a.pool_id = kvp_pool_id(p);
+	a.namespace_ = ns;
+	a.lock = lock != 0;
+	r = kvp__rpc(c, &req, KVPOOL__RESPONSE__RESULT_MATCH_KEYS, &resp, NULL, NULL, err);
+	free(a.keys);
+	if (r < 0)
+		return r;
+	mr = resp->match_keys;
+	if (mr->n_device_pages > cap || mr->n_host_pages > cap ||
+	    (mr->n_device_pages && !device_pages) || (mr->n_host_pages && !host_pages)) {
+		/* The caller cannot take the pages: give the lock back rather than leak it. */
+		if (mr->lock_id)
+			kvp_cache_release(p, mr->lock_id, NULL);
+		kvpool__response__free_unpacked(resp, NULL);
+		return kvp__fail(err, KVP_E_BUFFER, 0,
+				 "match keys: %u entries do not hold the reply", cap);
+	}
+	m->matched_keys = mr->matched_keys;
+	m->n_device = (uint32_t)mr->n_device_pages;
+	m->n_host = (uint32_t)mr->n_host_pages;
+	m->lock_id = mr->lock_id;
+	if (mr->n_device_pages)
+		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
+	if (mr->n_host_pages)
+		memcpy(host_pages, mr->host_pages, sizeof(uint32_t) * mr->n_host_pages);
+	kvpool__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+KVP_EXPORT int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns,
+				     const struct kvp_page_key *keys, uint32_t nkeys,
+				     struct kvp_error *err)
+{
+	KEYS_CALL(req, a, exists_keys, EXISTS_KEYS, Kvpool__ExistsKeysReq,
+		  KVPOOL__EXISTS_KEYS_REQ__INIT);
+	Kvpool__Response *resp;
+	int r;
+
+	struct kvp_client *c = kvp__pool_client(p);
+
+	if (!c)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool is NULL");
+	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+		return r;
+	a.n_keys = nkeys;
+	a.pool_id = kvp_pool_id(p);
+	a.namespace_ = ns;
+	r = kvp__rpc(c, &req, KVPOOL__RESPONSE__RESULT_EXISTS_KEYS, &resp, NULL, NULL, err);
+	free(a.keys);
+	if (r < 0)
+		return r;
+	r = (int)resp->exists_keys->count;
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}

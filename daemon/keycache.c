@@ -1,0 +1,1191 @@
+/* keycache.c - hash-keyed cached pages of one pool (keycache.h).
+ *
+ * Layout. Entries live in one array and name each other by 32-bit index: a chain hash table
+ * (buckets[] heads, entry.hnext links) keyed by (namespace, key bytes), the parent (the key
+ * before it in the chain it was inserted with), and the LRU links of the eviction lists. Key
+ * bytes sit in four slabs by size class (16, 32, 48, 64 bytes), named by a slot index. An entry
+ * is 48 bytes; with its share of the table (4 .. 8 bytes) a cached page costs at most 56 bytes of
+ * metadata plus its key's slab slot. Namespaces are small records in their own open-addressing
+ * map (ns -> record with an entry count), so an entry carries a 32-bit namespace index.
+ *
+ * Eviction. Two doubly linked lists of candidates, appended when an entry becomes one:
+ *  - device: unlocked device entries that no device entry names as parent;
+ *  - host: unlocked host entries that no entry names as parent (leaves).
+ * A match sets an entry's referenced bit instead of moving it (so a match writes only the entries
+ * it reads); eviction gives a referenced head a second pass at the tail (clock-style LRU).
+ *
+ * Complexity: insert, match, exists O(keys) expected (one hash and one memcmp per key, lookups
+ * batched with prefetches); unlock O(pages); evict O(pages freed + second passes); flush, check
+ * O(entries). */
+#include "keycache.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "fault.h"
+
+#define NONE UINT32_MAX
+#define NCLASS 4u
+#define CLASS_BYTES 16u
+#define BATCH 32u
+
+enum { LIST_NONE = 0, LIST_DEV, LIST_HOST, LIST_FREE };
+
+struct kc_entry {
+	uint32_t hash;	     /* of (namespace, key) */
+	uint32_t ns;	     /* namespace record index */
+	uint32_t parent;     /* entry index, NONE for a chain's first key */
+	uint32_t page;	     /* page id in its tier */
+	uint32_t hnext;	     /* hash chain; next free entry when unused */
+	uint32_t prev, next; /* LRU list of its tier's candidates */
+	uint32_t nchild;     /* entries naming this one as parent */
+	uint32_t ndchild;    /* of those, device-resident */
+	uint32_t lock;	     /* locks pinning it */
+	uint32_t key;	     /* slot in the slab of its size class */
+	uint32_t hits : 21;  /* saturating */
+	uint32_t ref : 1;    /* matched since the eviction scan last passed it */
+	uint32_t tier : 1;
+	uint32_t list : 2;
+	uint32_t klen1 : 6; /* key length - 1 */
+	uint32_t spare : 1;
+};
+_Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
+
+struct kvp_keys_lock {
+	uint32_t n;
+	uint32_t idx[];
+};
+
+struct slab {
+	uint8_t *mem;
+	uint32_t cap, hw, free_head, nfree;
+};
+
+struct ns_rec {
+	uint64_t ns;
+	uint32_t count; /* entries */
+	uint32_t used;	/* a live record (else on the free list, count = next free) */
+};
+
+struct list {
+	uint32_t head, tail;
+};
+
+struct kvp_keys {
+	struct kvp_keys_conf conf;
+	struct kvp_pages *tier[KVP_TIER_MAX];
+	struct kc_entry *ent;
+	uint32_t ent_cap, ent_hw, free_head, nfree;
+	uint32_t *buckets;
+	uint32_t nbuckets; /* power of two */
+	struct slab slab[NCLASS];
+	struct ns_rec *nsr; /* records */
+	uint32_t nsr_cap, nsr_hw, nsr_free;
+	uint32_t *nsmap; /* open addressing: record index + 1, 0 empty */
+	uint32_t nsmap_cap;
+	uint64_t seed;
+	struct list lru[3];
+	struct kvp_keys_stats st;
+};
+
+/* ---- helpers ---- */
+
+static inline uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return x;
+}
+
+/* Seeded: keys come from clients, who must not be able to build long chains. */
+static uint32_t key_hash(const struct kvp_keys *kc, uint64_t ns, const uint8_t *k, size_t len)
+{
+	uint64_t h = kc->seed ^ (ns * 0x9e3779b97f4a7c15ULL) ^ len;
+	size_t i = 0;
+
+	for (; i + 8 <= len; i += 8) {
+		uint64_t v;
+
+		memcpy(&v, k + i, 8);
+		h = (h ^ (v * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
+		h ^= h >> 29;
+	}
+	if (i < len) {
+		uint64_t v = 0;
+
+		memcpy(&v, k + i, len - i);
+		h = (h ^ (v * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
+	}
+	return (uint32_t)mix64(h);
+}
+
+static inline uint32_t class_of(size_t len)
+{
+	return (uint32_t)((len - 1) / CLASS_BYTES);
+}
+
+static inline uint8_t *key_at(const struct kvp_keys *kc, const struct kc_entry *e)
+{
+	uint32_t c = class_of(e->klen1 + 1u);
+
+	return kc->slab[c].mem + (size_t)e->key * (c + 1) * CLASS_BYTES;
+}
+
+static inline bool key_ok(const struct kvp_key *k)
+{
+	return k->len >= 1 && k->len <= KVP_KEY_MAX && k->data;
+}
+
+static void *md_realloc(struct kvp_keys *kc, void *p, size_t old, size_t sz, uint64_t *count)
+{
+	void *q = KVP_FAULT_OR(KVP_FAULT_PREFIX, realloc(p, sz));
+
+	if (q)
+		*count += sz - old;
+	(void)kc;
+	return q;
+}
+
+/* ---- namespaces ---- */
+
+static inline uint32_t ns_slot0(const struct kvp_keys *kc, uint64_t ns)
+{
+	return (uint32_t)mix64(ns ^ kc->seed) & (kc->nsmap_cap - 1);
+}
+
+/* Record index of ns, or NONE. */
+static uint32_t ns_find(const struct kvp_keys *kc, uint64_t ns)
+{
+	if (!kc->nsmap_cap)
+		return NONE;
+	for (uint32_t i = ns_slot0(kc, ns);; i = (i + 1) & (kc->nsmap_cap - 1)) {
+		uint32_t r = kc->nsmap[i];
+
+		if (!r)
+			return NONE;
+		if (kc->nsr[r - 1].ns == ns)
+			return r - 1;
+	}
+}
+
+static void nsmap_put(struct kvp_keys *kc, uint32_t rec)
+{
+	uint32_t i = ns_slot0(kc, kc->nsr[rec].ns);
+
+	while (kc->nsmap[i])
+		i = (i + 1) & (kc->nsmap_cap - 1);
+	kc->nsmap[i] = rec + 1;
+}
+
+/* Room for one more namespace (map at most half full, one free record). 0 or -ENOMEM. */
+static int ns_reserve(struct kvp_keys *kc)
+{
+	if (kc->nsr_free == NONE && kc->nsr_hw == kc->nsr_cap) {
+		uint32_t cap = kc->nsr_cap ? kc->nsr_cap * 2 : 8;
+		struct ns_rec *r = md_realloc(kc, kc->nsr, (size_t)kc->nsr_cap * sizeof(*r),
+					      (size_t)cap * sizeof(*r), &kc->st.metadata_bytes);
+
+		if (!r)
+			return -ENOMEM;
+		kc->nsr = r;
+		kc->nsr_cap = cap;
+	}
+	if ((kc->st.namespaces + 1) * 2 > kc->nsmap_cap) {
+		uint32_t cap = kc->nsmap_cap ? kc->nsmap_cap * 2 : 16, *old = kc->nsmap;
+		uint32_t oldcap = kc->nsmap_cap;
+		uint32_t *m = KVP_FAULT_OR(KVP_FAULT_PREFIX, calloc(cap, sizeof(*m)));
+
+		if (!m)
+			return -ENOMEM;
+		kc->st.metadata_bytes += (uint64_t)cap * sizeof(*m);
+		kc->nsmap = m;
+		kc->nsmap_cap = cap;
+		for (uint32_t i = 0; i < oldcap; i++)
+			if (old[i])
+				nsmap_put(kc, old[i] - 1);
+		free(old);
+		kc->st.metadata_bytes -= (uint64_t)oldcap * sizeof(*old);
+	}
+	return 0;
+}
+
+/* The record of ns, made when missing (ns_reserve called first). */
+static uint32_t ns_get(struct kvp_keys *kc, uint64_t ns)
+{
+	uint32_t r = ns_find(kc, ns);
+
+	if (r != NONE)
+		return r;
+	if (kc->nsr_free != NONE) {
+		r = kc->nsr_free;
+		kc->nsr_free = kc->nsr[r].count;
+	} else {
+		r = kc->nsr_hw++;
+	}
+	kc->nsr[r] = (struct ns_rec){ns, 0, 1};
+	nsmap_put(kc, r);
+	kc->st.namespaces++;
+	return r;
+}
+
+/* Drops ns record r (count 0): backward-shift deletion keeps probe runs unbroken. */
+static void ns_drop(struct kvp_keys *kc, uint32_t r)
+{
+	uint32_t mask = kc->nsmap_cap - 1, i = ns_slot0(kc, kc->nsr[r].ns);
+
+	while (kc->nsmap[i] != r + 1)
+		i = (i + 1) & mask;
+	for (uint32_t j = (i + 1) & mask; kc->nsmap[j]; j = (j + 1) & mask) {
+		uint32_t home = ns_slot0(kc, kc->nsr[kc->nsmap[j] - 1].ns);
+
+		/* j's entry may move to i when its home is not in (i, j] cyclically */
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			kc->nsmap[i] = kc->nsmap[j];
+			i = j;
+		}
+	}
+	kc->nsmap[i] = 0;
+	kc->nsr[r].used = 0;
+	kc->nsr[r].count = kc->nsr_free;
+	kc->nsr_free = r;
+	kc->st.namespaces--;
+}
+
+int kvp_keys_has_ns(const struct kvp_keys *kc, uint64_t ns)
+{
+	return kc && ns_find(kc, ns) != NONE;
+}
+
+/* ---- lists, counters ---- */
+
+static inline int want_list(const struct kvp_keys *kc, const struct kc_entry *e)
+{
+	(void)kc;
+	if (e->lock)
+		return LIST_NONE;
+	if (e->tier == KVP_TIER_DEVICE)
+		return e->ndchild ? LIST_NONE : LIST_DEV;
+	return e->nchild ? LIST_NONE : LIST_HOST;
+}
+
+static void list_del(struct kvp_keys *kc, uint32_t i)
+{
+	struct kc_entry *e = &kc->ent[i];
+	struct list *l = &kc->lru[e->list];
+
+	if (e->prev != NONE)
+		kc->ent[e->prev].next = e->next;
+	else
+		l->head = e->next;
+	if (e->next != NONE)
+		kc->ent[e->next].prev = e->prev;
+	else
+		l->tail = e->prev;
+	e->prev = e->next = NONE;
+	e->list = LIST_NONE;
+}
+
+static void list_add(struct kvp_keys *kc, uint32_t i, int which)
+{
+	struct kc_entry *e = &kc->ent[i];
+	struct list *l = &kc->lru[which];
+
+	e->list = (uint32_t)which;
+	e->next = NONE;
+	e->prev = l->tail;
+	if (l->tail != NONE)
+		kc->ent[l->tail].next = i;
+	else
+		l->head = i;
+	l->tail = i;
+}
+
+static void list_add_head(struct kvp_keys *kc, uint32_t i, int which)
+{
+	struct kc_entry *e = &kc->ent[i];
+	struct list *l = &kc->lru[which];
+
+	e->list = (uint32_t)which;
+	e->prev = NONE;
+	e->next = l->head;
+	if (l->head != NONE)
+		kc->ent[l->head].prev = i;
+	else
+		l->tail = i;
+	l->head = i;
+}
+
+/* Puts entry i on the list its state asks for: at the tail (most recent), or at the head for a
+ * parent whose last child just left the tier (it was used no later than that child, the
+ * coldest candidate). */
+static void refresh_at(struct kvp_keys *kc, uint32_t i, bool head)
+{
+	int w = want_list(kc, &kc->ent[i]);
+
+	if ((int)kc->ent[i].list == w)
+		return;
+	if (kc->ent[i].list != LIST_NONE)
+		list_del(kc, i);
+	if (w != LIST_NONE && head)
+		list_add_head(kc, i, w);
+	else if (w != LIST_NONE)
+		list_add(kc, i, w);
+}
+
+static void refresh(struct kvp_keys *kc, uint32_t i)
+{
+	refresh_at(kc, i, false);
+}
+
+static void acct(struct kvp_keys *kc, const struct kc_entry *e, int d)
+{
+	kc->st.cached_pages[e->tier] += (uint64_t)(int64_t)d;
+	if (e->lock)
+		kc->st.protected_pages[e->tier] += (uint64_t)(int64_t)d;
+	else
+		kc->st.evictable_pages[e->tier] += (uint64_t)(int64_t)d;
+}
+
+/* ---- table ---- */
+
+static inline uint32_t bucket_of(const struct kvp_keys *kc, uint32_t hash)
+{
+	return hash & (kc->nbuckets - 1);
+}
+
+static uint32_t find(const struct kvp_keys *kc, uint32_t ns, uint32_t h, const struct kvp_key *k)
+{
+	for (uint32_t i = kc->buckets[bucket_of(kc, h)]; i != NONE; i = kc->ent[i].hnext) {
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (e->hash == h && e->ns == ns && e->klen1 + 1u == k->len &&
+		    !memcmp(key_at(kc, e), k->data, k->len))
+			return i;
+	}
+	return NONE;
+}
+
+/* Doubles the table while it holds more entries than buckets. Failure lengthens chains only. */
+static void table_grow(struct kvp_keys *kc)
+{
+	while (kc->st.entries > kc->nbuckets && kc->nbuckets < (1u << 31)) {
+		uint32_t nb = kc->nbuckets * 2;
+		uint32_t *b = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nb * sizeof(*b)));
+
+		if (!b)
+			return;
+		memset(b, 0xff, (size_t)nb * sizeof(*b));
+		for (uint32_t i = 0; i < kc->ent_hw; i++) {
+			struct kc_entry *e = &kc->ent[i];
+
+			if (e->list == LIST_FREE)
+				continue;
+			e->hnext = b[e->hash & (nb - 1)];
+			b[e->hash & (nb - 1)] = i;
+		}
+		free(kc->buckets);
+		kc->st.metadata_bytes += (uint64_t)(nb - kc->nbuckets) * sizeof(*b);
+		kc->buckets = b;
+		kc->nbuckets = nb;
+	}
+}
+
+static void table_del(struct kvp_keys *kc, uint32_t i)
+{
+	uint32_t *pp = &kc->buckets[bucket_of(kc, kc->ent[i].hash)];
+
+	while (*pp != i)
+		pp = &kc->ent[*pp].hnext;
+	*pp = kc->ent[i].hnext;
+}
+
+/* Room for `need` more entries and key slots (need_class[c] per class). 0 or -ENOMEM. */
+static int reserve(struct kvp_keys *kc, uint32_t need, const uint32_t need_class[NCLASS])
+{
+	uint64_t want = (uint64_t)kc->ent_hw + (need > kc->nfree ? need - kc->nfree : 0);
+
+	if (want > NONE - 1)
+		return -ENOMEM;
+	if (want > kc->ent_cap) {
+		uint64_t cap = kc->ent_cap ? (uint64_t)kc->ent_cap * 2 : 64;
+		struct kc_entry *e;
+
+		while (cap < want)
+			cap *= 2;
+		if (cap > NONE - 1)
+			cap = NONE - 1;
+		e = md_realloc(kc, kc->ent, (size_t)kc->ent_cap * sizeof(*e),
+			       (size_t)cap * sizeof(*e), &kc->st.metadata_bytes);
+		if (!e)
+			return -ENOMEM;
+		kc->ent = e;
+		kc->ent_cap = (uint32_t)cap;
+	}
+	for (uint32_t c = 0; c < NCLASS; c++) {
+		struct slab *s = &kc->slab[c];
+		size_t sz = (size_t)(c + 1) * CLASS_BYTES;
+		uint64_t w =
+		    (uint64_t)s->hw + (need_class[c] > s->nfree ? need_class[c] - s->nfree : 0);
+		uint64_t cap;
+		uint8_t *m;
+
+		if (w <= s->cap)
+			continue;
+		cap = s->cap ? (uint64_t)s->cap * 2 : 64;
+		while (cap < w)
+			cap *= 2;
+		if (cap > NONE - 1)
+			return -ENOMEM;
+		m = md_realloc(kc, s->mem, s->cap * sz, (size_t)cap * sz, &kc->st.key_bytes);
+		if (!m)
+			return -ENOMEM;
+		s->mem = m;
+		s->cap = (uint32_t)cap;
+	}
+	return 0;
+}
+
+static uint32_t slot_take(struct slab *s, size_t sz)
+{
+	uint32_t i;
+
+	if (s->nfree) {
+		i = s->free_head;
+		memcpy(&s->free_head, s->mem + (size_t)i * sz, sizeof(uint32_t));
+		s->nfree--;
+		return i;
+	}
+	return s->hw++;
+}
+
+static void slot_put(struct slab *s, size_t sz, uint32_t i)
+{
+	memcpy(s->mem + (size_t)i * sz, &s->free_head, sizeof(uint32_t));
+	s->free_head = i;
+	s->nfree++;
+}
+
+/* A new entry (room reserved): in the table, counted, parent linked. */
+static uint32_t entry_new(struct kvp_keys *kc, uint32_t ns, uint32_t h, const struct kvp_key *k,
+			  uint32_t parent, int tier, uint32_t page)
+{
+	uint32_t i, c = class_of(k->len);
+	struct kc_entry *e;
+
+	if (kc->nfree) {
+		i = kc->free_head;
+		kc->free_head = kc->ent[i].hnext;
+		kc->nfree--;
+	} else {
+		i = kc->ent_hw++;
+	}
+	e = &kc->ent[i];
+	memset(e, 0, sizeof(*e));
+	e->hash = h;
+	e->ns = ns;
+	e->parent = parent;
+	e->page = page;
+	e->prev = e->next = NONE;
+	e->tier = (uint32_t)tier;
+	e->klen1 = (uint32_t)(k->len - 1);
+	e->key = slot_take(&kc->slab[c], (size_t)(c + 1) * CLASS_BYTES);
+	memcpy(key_at(kc, e), k->data, k->len);
+	e->hnext = kc->buckets[bucket_of(kc, h)];
+	kc->buckets[bucket_of(kc, h)] = i;
+	kc->nsr[ns].count++;
+	kc->st.entries++;
+	acct(kc, e, 1);
+	if (parent != NONE) {
+		kc->ent[parent].nchild++;
+		kc->ent[parent].ndchild += tier == KVP_TIER_DEVICE;
+		refresh(kc, parent);
+	}
+	refresh(kc, i);
+	return i;
+}
+
+/* Removes entry i (unlocked, no children): page freed, parent updated. */
+static void entry_drop(struct kvp_keys *kc, uint32_t i)
+{
+	struct kc_entry *e = &kc->ent[i];
+	uint32_t c = class_of(e->klen1 + 1u), p = e->parent;
+
+	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
+	kc->st.evicted_pages[e->tier]++;
+	acct(kc, e, -1);
+	if (e->list != LIST_NONE)
+		list_del(kc, i);
+	table_del(kc, i);
+	slot_put(&kc->slab[c], (size_t)(c + 1) * CLASS_BYTES, e->key);
+	if (--kc->nsr[e->ns].count == 0)
+		ns_drop(kc, e->ns);
+	kc->st.entries--;
+	if (p != NONE) {
+		kc->ent[p].nchild--;
+		kc->ent[p].ndchild -= e->tier == KVP_TIER_DEVICE;
+		refresh_at(kc, p, true);
+	}
+	e->list = LIST_FREE;
+	e->hnext = kc->free_head;
+	kc->free_head = i;
+	kc->nfree++;
+}
+
+/* ---- life ---- */
+
+static int seed_of(uint64_t *seed)
+{
+	uint8_t *b = (uint8_t *)seed;
+	size_t got = 0;
+
+	while (got < sizeof(*seed)) {
+		ssize_t r = getrandom(b + got, sizeof(*seed) - got, 0);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+struct kvp_keys *kvp_keys_new(const struct kvp_keys_conf *conf)
+{
+	struct kvp_keys *kc;
+
+	if (!conf || (!conf->dev && !conf->host) || conf->dev == conf->host ||
+	    (conf->dev && conf->host && !conf->copy))
+		return NULL;
+	kc = calloc(1, sizeof(*kc));
+	if (!kc)
+		return NULL;
+	kc->conf = *conf;
+	kc->tier[KVP_TIER_DEVICE] = conf->dev;
+	kc->tier[KVP_TIER_HOST] = conf->host;
+	kc->free_head = kc->nsr_free = NONE;
+	for (int l = 0; l < 3; l++)
+		kc->lru[l].head = kc->lru[l].tail = NONE;
+	kc->nbuckets = 64;
+	kc->buckets = malloc(kc->nbuckets * sizeof(*kc->buckets));
+	if (!kc->buckets || seed_of(&kc->seed) < 0) {
+		free(kc->buckets);
+		free(kc);
+		return NULL;
+	}
+	memset(kc->buckets, 0xff, kc->nbuckets * sizeof(*kc->buckets));
+	kc->st.metadata_bytes = sizeof(*kc) + kc->nbuckets * sizeof(*kc->buckets);
+	return kc;
+}
+
+void kvp_keys_free(struct kvp_keys *kc)
+{
+	if (!kc)
+		return;
+	free(kc->ent);
+	free(kc->buckets);
+	for (uint32_t c = 0; c < NCLASS; c++)
+		free(kc->slab[c].mem);
+	free(kc->nsr);
+	free(kc->nsmap);
+	free(kc);
+}
+
+/* ---- insert ---- */
+
+static int u32_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int kvp_keys_insert(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+		    uint32_t cached, enum kvp_tier_id tier, const uint32_t *pages,
+		    struct kvp_keys_insert_result *res, uint32_t *dup_idx)
+{
+	struct kvp_keys_insert_result r = {0, 0, 0};
+	uint32_t need_class[NCLASS] = {0}, own, parent = NONE, nsi, *sorted;
+
+	if (!kc || !keys || !n || cached > n || (unsigned)tier >= KVP_TIER_MAX || !kc->tier[tier] ||
+	    (n > cached && !pages))
+		return -EINVAL;
+	own = n - cached;
+	for (uint32_t i = 0; i < n; i++) {
+		if (!key_ok(&keys[i]))
+			return -EINVAL;
+		if (i >= cached)
+			need_class[class_of(keys[i].len)]++;
+	}
+	if (own) {
+		sorted = malloc((size_t)own * sizeof(*sorted));
+		if (!sorted)
+			return -ENOMEM;
+		memcpy(sorted, pages, (size_t)own * sizeof(*sorted));
+		qsort(sorted, own, sizeof(*sorted), u32_cmp);
+		for (uint32_t i = 0; i < own; i++) {
+			if ((i && sorted[i] == sorted[i - 1]) ||
+			    kvp_pages_state(kc->tier[tier], sorted[i]) != KVP_PAGE_LEASED) {
+				free(sorted);
+				return -EINVAL;
+			}
+		}
+		free(sorted);
+	}
+	if (ns_reserve(kc) < 0 || reserve(kc, own, need_class) < 0)
+		return -ENOMEM;
+	nsi = ns_get(kc, ns);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t h = key_hash(kc, ns, keys[i].data, keys[i].len);
+		uint32_t at = find(kc, nsi, h, &keys[i]);
+
+		if (i < cached) {
+			if (at == NONE)
+				break; /* evicted since the caller matched it */
+		} else if (at != NONE) {
+			if (dup_idx)
+				dup_idx[r.dup_pages] = i - cached;
+			r.dup_pages++;
+		} else {
+			kvp_pages_move(kc->tier[tier], pages[i - cached], KVP_PAGE_LEASED,
+				       KVP_PAGE_CACHED);
+			at = entry_new(kc, nsi, h, &keys[i], parent, tier, pages[i - cached]);
+			r.new_pages++;
+		}
+		parent = at;
+		r.done_keys = i + 1;
+	}
+	if (!kc->nsr[nsi].count)
+		ns_drop(kc, nsi);
+	table_grow(kc);
+	if (res)
+		*res = r;
+	return 0;
+}
+
+/* ---- match ---- */
+
+/* Looks up keys[0 .. m) (m <= BATCH) of namespace record nsi into out[]; returns how many
+ * leading ones are present. Hashes and bucket prefetches first, then the entries', then the
+ * keys', so the batch's cache misses overlap. */
+static uint32_t batch_find(const struct kvp_keys *kc, uint64_t ns, uint32_t nsi,
+			   const struct kvp_key *keys, uint32_t m, uint32_t *out)
+{
+	uint32_t h[BATCH], head[BATCH];
+
+	for (uint32_t j = 0; j < m; j++) {
+		const struct kvp_key *k = &keys[j];
+
+		if (!key_ok(k)) {
+			m = j;
+			break;
+		}
+		h[j] = key_hash(kc, ns, k->data, k->len);
+		__builtin_prefetch(&kc->buckets[bucket_of(kc, h[j])]);
+	}
+	for (uint32_t j = 0; j < m; j++) {
+		head[j] = kc->buckets[bucket_of(kc, h[j])];
+		if (head[j] != NONE)
+			__builtin_prefetch(&kc->ent[head[j]]);
+	}
+	for (uint32_t j = 0; j < m; j++)
+		if (head[j] != NONE && kc->ent[head[j]].hash == h[j])
+			__builtin_prefetch(key_at(kc, &kc->ent[head[j]]));
+	for (uint32_t j = 0; j < m; j++) {
+		const struct kvp_key *k = &keys[j];
+		uint32_t i = head[j];
+
+		for (; i != NONE; i = kc->ent[i].hnext) {
+			const struct kc_entry *e = &kc->ent[i];
+
+			if (e->hash == h[j] && e->ns == nsi && e->klen1 + 1u == k->len &&
+			    !memcmp(key_at(kc, e), k->data, k->len))
+				break;
+		}
+		if (i == NONE)
+			return j;
+		out[j] = i;
+	}
+	return m;
+}
+
+/* Whether entry g holds key k of namespace record nsi (a guess, checked in full). */
+static inline bool guess_ok(const struct kvp_keys *kc, uint32_t g, uint32_t nsi,
+			    const struct kvp_key *k)
+{
+	const struct kc_entry *e = &kc->ent[g];
+
+	return g < kc->ent_hw && e->list != LIST_FREE && e->ns == nsi && key_ok(k) &&
+	       e->klen1 + 1u == k->len && !memcmp(key_at(kc, e), k->data, k->len);
+}
+
+/* Indices of the entries of the leading run of keys[0 .. n) present, in out[] (n entries);
+ * returns the run's length. A chain inserted in one call sits in consecutive entries, so the
+ * entry after the previous key's is tried first (compared in full: no hash, no table); where
+ * that fails, keys are looked up through the table in batches that grow while guesses keep
+ * failing. */
+static uint32_t run_of(const struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys,
+		       uint32_t n, uint32_t *out)
+{
+	uint32_t nsi = ns_find(kc, ns), j = 0, w = 1;
+
+	if (nsi == NONE)
+		return 0;
+	while (j < n) {
+		uint32_t m, got;
+
+		if (j && guess_ok(kc, out[j - 1] + 1, nsi, &keys[j])) {
+			out[j] = out[j - 1] + 1;
+			j++;
+			w = 1;
+			continue;
+		}
+		m = n - j < w ? n - j : w;
+		got = batch_find(kc, ns, nsi, keys + j, m, out + j);
+		j += got;
+		if (got < m)
+			return j;
+		w = w * 2 > BATCH ? BATCH : w * 2;
+	}
+	return n;
+}
+
+static void lock_get(struct kvp_keys *kc, uint32_t i)
+{
+	acct(kc, &kc->ent[i], -1);
+	kc->ent[i].lock++;
+	acct(kc, &kc->ent[i], 1);
+	refresh(kc, i);
+}
+
+static void lock_put(struct kvp_keys *kc, uint32_t i)
+{
+	acct(kc, &kc->ent[i], -1);
+	kc->ent[i].lock--;
+	acct(kc, &kc->ent[i], 1);
+	refresh(kc, i);
+}
+
+int kvp_keys_match(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+		   int lock, struct kvp_keys_match *m, uint32_t *dev, uint32_t *host)
+{
+	uint32_t *idx, run, nd = 0, nh = 0;
+	struct kvp_keys_lock *lk = NULL;
+
+	if (!kc || !m || (n && (!keys || ((!dev || !host) && lock))))
+		return -EINVAL;
+	kc->st.queried_keys += n;
+	m->dev_pages = m->host_pages = 0;
+	m->lock = NULL;
+	if (!n)
+		return 0;
+	lk = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*lk) + (size_t)n * sizeof(uint32_t)));
+	if (!lk)
+		return -ENOMEM;
+	idx = lk->idx;
+	run = run_of(kc, ns, keys, n, idx);
+	for (uint32_t j = 0; j < run; j++) {
+		struct kc_entry *e = &kc->ent[idx[j]];
+
+		if (e->tier == KVP_TIER_DEVICE) {
+			if (nh)
+				break; /* a device page after a host page ends the run */
+			if (dev)
+				dev[nd] = e->page;
+			nd++;
+		} else {
+			if (host)
+				host[nh] = e->page;
+			nh++;
+		}
+		e->ref = 1;
+		if (e->hits < (1u << 21) - 1)
+			e->hits++;
+	}
+	run = nd + nh;
+	kc->st.hit_keys += run;
+	m->dev_pages = nd;
+	m->host_pages = nh;
+	if (lock && run) {
+		lk->n = run;
+		for (uint32_t j = 0; j < run; j++)
+			lock_get(kc, idx[j]);
+		m->lock = lk;
+	} else {
+		free(lk);
+	}
+	return 0;
+}
+
+uint32_t kvp_keys_exists(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys, uint32_t n)
+{
+	uint32_t buf[256], run = 0;
+
+	if (!kc || !keys)
+		return 0;
+	/* in windows: run_of stores indices, which exists does not keep */
+	while (run < n) {
+		uint32_t w = n - run < 256 ? n - run : 256,
+			 got = run_of(kc, ns, keys + run, w, buf);
+
+		run += got;
+		if (got < w)
+			break;
+	}
+	return run;
+}
+
+void kvp_keys_unlock(struct kvp_keys *kc, struct kvp_keys_lock *lock)
+{
+	if (!kc || !lock)
+		return;
+	for (uint32_t j = 0; j < lock->n; j++)
+		lock_put(kc, lock->idx[j]);
+	free(lock);
+}
+
+uint32_t kvp_keys_lock_pages(const struct kvp_keys_lock *lock)
+{
+	return lock ? lock->n : 0;
+}
+
+uint32_t kvp_keys_lock_host_pages(const struct kvp_keys *kc, const struct kvp_keys_lock *lock)
+{
+	uint32_t nh = 0;
+
+	for (uint32_t j = 0; lock && j < lock->n; j++)
+		nh += kc->ent[lock->idx[j]].tier == KVP_TIER_HOST;
+	return nh;
+}
+
+/* ---- promotion ---- */
+
+/* Entry i moves to tier `to`, its page now `page` (the old one already freed by the caller). */
+static void retier(struct kvp_keys *kc, uint32_t i, int to, uint32_t page)
+{
+	struct kc_entry *e = &kc->ent[i];
+	int from = (int)e->tier;
+
+	acct(kc, e, -1);
+	e->tier = (uint32_t)to;
+	e->page = page;
+	acct(kc, e, 1);
+	if (e->parent != NONE) {
+		struct kc_entry *p = &kc->ent[e->parent];
+
+		if (from == KVP_TIER_DEVICE)
+			p->ndchild--;
+		if (to == KVP_TIER_DEVICE)
+			p->ndchild++;
+		refresh_at(kc, e->parent, from == KVP_TIER_DEVICE);
+	}
+	refresh(kc, i);
+}
+
+int kvp_keys_promote(struct kvp_keys *kc, struct kvp_keys_lock *lock, uint32_t *dev_out,
+		     uint32_t cap, uint32_t *n)
+{
+	struct kvp_pages *dp;
+	uint32_t nh, *src, *dst, k = 0;
+	int r;
+
+	if (!kc || !lock || !dev_out || !n || !(dp = kc->tier[KVP_TIER_DEVICE]) || cap < lock->n)
+		return -EINVAL;
+	nh = kvp_keys_lock_host_pages(kc, lock);
+	for (uint32_t j = 0; j < lock->n; j++) {
+		const struct kc_entry *e = &kc->ent[lock->idx[j]];
+
+		if (e->tier == KVP_TIER_HOST && e->lock > 1)
+			return -EBUSY;
+	}
+	if (nh) {
+		if (kvp_pages_count(dp, KVP_PAGE_FREE) < nh)
+			return -ENOSPC;
+		src = malloc((size_t)nh * 2 * sizeof(*src));
+		if (!src)
+			return -ENOMEM;
+		dst = src + nh;
+		for (uint32_t j = 0; j < lock->n; j++)
+			if (kc->ent[lock->idx[j]].tier == KVP_TIER_HOST)
+				src[k++] = kc->ent[lock->idx[j]].page;
+		if (kvp_pages_alloc(dp, nh, dst) < 0) {
+			free(src);
+			return -ENOSPC;
+		}
+		r = kc->conf.copy(kc->conf.copy_ctx, KVP_COPY_PROMOTE, src, dst, nh);
+		if (r < 0) {
+			kvp_pages_release(dp, dst, nh);
+			free(src);
+			return r;
+		}
+		kvp_pages_release(kc->tier[KVP_TIER_HOST], src, nh);
+		k = 0;
+		for (uint32_t j = 0; j < lock->n; j++) {
+			if (kc->ent[lock->idx[j]].tier != KVP_TIER_HOST)
+				continue;
+			kvp_pages_move(dp, dst[k], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
+			retier(kc, lock->idx[j], KVP_TIER_DEVICE, dst[k++]);
+		}
+		free(src);
+		kc->st.promoted_pages += nh;
+	}
+	for (uint32_t j = 0; j < lock->n; j++)
+		dev_out[j] = kc->ent[lock->idx[j]].page;
+	*n = lock->n;
+	return 0;
+}
+
+/* ---- eviction ---- */
+
+/* Head of list l after second passes for referenced heads; NONE when empty. */
+static uint32_t coldest(struct kvp_keys *kc, int l)
+{
+	uint32_t i;
+
+	while ((i = kc->lru[l].head) != NONE && kc->ent[i].ref) {
+		kc->ent[i].ref = 0;
+		if (kc->lru[l].tail == i)
+			break;
+		list_del(kc, i);
+		list_add(kc, i, l);
+	}
+	return i;
+}
+
+static uint32_t evict_host(struct kvp_keys *kc, uint32_t want)
+{
+	uint32_t freed = 0, i;
+
+	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
+		entry_drop(kc, i);
+		freed++;
+	}
+	return freed;
+}
+
+/* Demotes device entry i to a host page. 1 when done, 0 when no host page or the copy failed. */
+static uint32_t demote(struct kvp_keys *kc, uint32_t i)
+{
+	struct kvp_pages *hp = kc->tier[KVP_TIER_HOST];
+	uint32_t dst, src = kc->ent[i].page;
+
+	if (!kvp_pages_count(hp, KVP_PAGE_FREE))
+		evict_host(kc,
+			   1); /* a host leaf: never one of i's ancestors (they have children) */
+	if (kvp_pages_alloc(hp, 1, &dst) < 0)
+		return 0;
+	if (kc->conf.copy(kc->conf.copy_ctx, KVP_COPY_DEMOTE, &src, &dst, 1) < 0) {
+		kvp_pages_release(hp, &dst, 1);
+		return 0;
+	}
+	kvp_pages_release(kc->tier[KVP_TIER_DEVICE], &src, 1);
+	kvp_pages_move(hp, dst, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
+	retier(kc, i, KVP_TIER_HOST, dst);
+	kc->st.demoted_pages++;
+	kc->st.evicted_pages[KVP_TIER_DEVICE]++;
+	return 1;
+}
+
+static uint32_t evict_dev(struct kvp_keys *kc, uint32_t want)
+{
+	uint32_t freed = 0, i;
+
+	while (freed < want && (i = coldest(kc, LIST_DEV)) != NONE) {
+		if (kc->tier[KVP_TIER_HOST] && demote(kc, i)) {
+			freed++;
+			continue;
+		}
+		if (kc->ent[i].nchild)
+			break; /* host entries below it and no host page to be had: it must stay */
+		entry_drop(kc, i);
+		freed++;
+	}
+	return freed;
+}
+
+uint32_t kvp_keys_evict(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pages)
+{
+	if (!kc || (unsigned)tier >= KVP_TIER_MAX || !kc->tier[tier] || !pages)
+		return 0;
+	return tier == KVP_TIER_DEVICE ? evict_dev(kc, pages) : evict_host(kc, pages);
+}
+
+uint32_t kvp_keys_flush(struct kvp_keys *kc)
+{
+	uint32_t *stack, sp = 0, freed = 0;
+
+	if (!kc || !kc->st.entries)
+		return 0;
+	stack = malloc((size_t)kc->ent_hw * sizeof(*stack));
+	if (!stack) { /* without scratch: leaves one by one through the lists */
+		uint32_t f;
+
+		while ((f = evict_host(kc, UINT32_MAX) + evict_dev(kc, UINT32_MAX)) != 0)
+			freed += f;
+		return freed;
+	}
+	for (uint32_t i = 0; i < kc->ent_hw; i++) {
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (e->list != LIST_FREE && !e->lock && !e->nchild)
+			stack[sp++] = i;
+	}
+	while (sp) {
+		uint32_t i = stack[--sp], p = kc->ent[i].parent;
+
+		entry_drop(kc, i);
+		freed++;
+		if (p != NONE && !kc->ent[p].lock && !kc->ent[p].nchild)
+			stack[sp++] = p;
+	}
+	free(stack);
+	return freed;
+}
+
+/* ---- stats, check ---- */
+
+void kvp_keys_stats(const struct kvp_keys *kc, struct kvp_keys_stats *st)
+{
+	if (!st)
+		return;
+	if (!kc) {
+		memset(st, 0, sizeof(*st));
+		return;
+	}
+	*st = kc->st;
+}
+
+double kvp_keys_bytes_per_page(const struct kvp_keys *kc)
+{
+	if (!kc || !kc->st.entries)
+		return 0;
+	return (double)sizeof(struct kc_entry) +
+	       (double)kc->nbuckets * sizeof(*kc->buckets) / (double)kc->st.entries;
+}
+
+/* Counts entry e's pages into sum as acct does. */
+static void acct_into(struct kvp_keys_stats *sum, const struct kc_entry *e)
+{
+	sum->cached_pages[e->tier]++;
+	if (e->lock)
+		sum->protected_pages[e->tier]++;
+	else
+		sum->evictable_pages[e->tier]++;
+}
+
+static int check_lists(const struct kvp_keys *kc, const uint64_t inlist[3])
+{
+	for (int l = LIST_DEV; l <= LIST_HOST; l++) {
+		uint64_t cnt = 0;
+		uint32_t prev = NONE;
+
+		for (uint32_t i = kc->lru[l].head; i != NONE; i = kc->ent[i].next) {
+			if (i >= kc->ent_hw || (int)kc->ent[i].list != l ||
+			    kc->ent[i].prev != prev || ++cnt > inlist[l])
+				return -EFAULT;
+			prev = i;
+		}
+		if (cnt != inlist[l] || kc->lru[l].tail != prev)
+			return -EFAULT;
+	}
+	return 0;
+}
+
+int kvp_keys_check(const struct kvp_keys *kc)
+{
+	struct kvp_keys_stats sum = {0};
+	uint32_t *nchild = NULL, *ndchild = NULL, *nscount = NULL;
+	uint8_t *seen[KVP_TIER_MAX] = {NULL, NULL};
+	uint64_t live = 0, inlist[3] = {0, 0, 0}, md, kb = 0, nfree = 0, nsl = 0;
+	int r = -ENOMEM;
+
+	if (!kc)
+		return -EFAULT;
+	nchild = calloc((size_t)kc->ent_hw + 1, sizeof(*nchild));
+	ndchild = calloc((size_t)kc->ent_hw + 1, sizeof(*ndchild));
+	nscount = calloc((size_t)kc->nsr_hw + 1, sizeof(*nscount));
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		if (kc->tier[t] && !(seen[t] = calloc(kvp_pages_total(kc->tier[t]), 1)))
+			goto out;
+	if (!nchild || !ndchild || !nscount)
+		goto out;
+	r = -EFAULT;
+	for (uint32_t i = 0; i < kc->ent_hw; i++) {
+		const struct kc_entry *e = &kc->ent[i];
+		struct kvp_key k;
+		struct kvp_pages *tp;
+
+		if (e->list == LIST_FREE) {
+			nfree++;
+			continue;
+		}
+		live++;
+		tp = kc->tier[e->tier];
+		if (!tp || e->page >= kvp_pages_total(tp) || seen[e->tier][e->page] ||
+		    kvp_pages_state(tp, e->page) != KVP_PAGE_CACHED)
+			goto out;
+		seen[e->tier][e->page] = 1;
+		if (e->ns >= kc->nsr_hw || !kc->nsr[e->ns].used)
+			goto out;
+		nscount[e->ns]++;
+		k.len = e->klen1 + 1u;
+		k.data = key_at(kc, e);
+		if (key_hash(kc, kc->nsr[e->ns].ns, k.data, k.len) != e->hash ||
+		    find(kc, e->ns, e->hash, &k) != i)
+			goto out;
+		if (e->parent != NONE) {
+			if (e->parent >= kc->ent_hw || kc->ent[e->parent].list == LIST_FREE)
+				goto out;
+			nchild[e->parent]++;
+			ndchild[e->parent] += e->tier == KVP_TIER_DEVICE;
+		}
+		if ((int)e->list != want_list(kc, e))
+			goto out;
+		if (e->list != LIST_NONE)
+			inlist[e->list]++;
+		acct_into(&sum, e);
+	}
+	if (live != kc->st.entries || nfree != kc->nfree || check_lists(kc, inlist) < 0)
+		goto out;
+	for (uint32_t i = 0; i < kc->ent_hw; i++)
+		if (kc->ent[i].list != LIST_FREE &&
+		    (kc->ent[i].nchild != nchild[i] || kc->ent[i].ndchild != ndchild[i]))
+			goto out;
+	for (uint32_t i = 0; i < kc->nsr_hw; i++) {
+		if (!kc->nsr[i].used)
+			continue;
+		nsl++;
+		if (!nscount[i] || nscount[i] != kc->nsr[i].count ||
+		    ns_find(kc, kc->nsr[i].ns) != i)
+			goto out;
+	}
+	if (nsl != kc->st.namespaces)
+		goto out;
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		if (sum.cached_pages[t] != kc->st.cached_pages[t] ||
+		    sum.evictable_pages[t] != kc->st.evictable_pages[t] ||
+		    sum.protected_pages[t] != kc->st.protected_pages[t] ||
+		    (!kc->tier[t] && sum.cached_pages[t]))
+			goto out;
+	md = sizeof(*kc) + (uint64_t)kc->nbuckets * sizeof(*kc->buckets) +
+	     (uint64_t)kc->ent_cap * sizeof(*kc->ent) + (uint64_t)kc->nsr_cap * sizeof(*kc->nsr) +
+	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap);
+	for (uint32_t c = 0; c < NCLASS; c++)
+		kb += (uint64_t)kc->slab[c].cap * (c + 1) * CLASS_BYTES;
+	if (md != kc->st.metadata_bytes || kb != kc->st.key_bytes)
+		goto out;
+	r = 0;
+out:
+	free(nchild);
+	free(ndchild);
+	free(nscount);
+	for (int t = 0; t < KVP_TIER_MAX; t++)
+		free(seen[t]);
+	return r;
+}
