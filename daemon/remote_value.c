@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 
 static const char *const rv_err_names[KVP_RV_ERR_MAX] = {
 	[KVP_RV_OK] = "ok",
@@ -168,41 +168,36 @@ int kvp_rv_decode(const struct kvp_rv_fp *fp, uint64_t page_bytes, const void *v
 
 uint64_t kvp_rv_fp_id(const struct kvp_rv_fp *fp)
 {
-	uint8_t b[24], md[EVP_MAX_MD_SIZE];
-	unsigned int mdlen = 0;
+	struct sha256_ctx ctx;
+	uint8_t b[24], md[SHA256_DIGEST_SIZE];
 
 	fp_put(b, fp);
-	if (!EVP_Digest(b, sizeof(b), md, &mdlen, EVP_sha256(), NULL) || mdlen < 8)
-		return 0;
+	sha256_init(&ctx);
+	sha256_update(&ctx, sizeof(b), b);
+	sha256_digest(&ctx, sizeof(md), md);
 	return get64(md);
 }
 
 int kvp_rv_page_hash(const uint8_t *prior, const uint32_t *tokens, size_t n,
 		     uint8_t out[KVP_RV_HASH_SIZE])
 {
-	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	struct sha256_ctx ctx;
 	uint8_t buf[256];
-	unsigned int len = 0;
-	int ok;
 
-	if (!ctx)
-		return -EIO;
-	ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
-	if (ok && prior)
-		ok = EVP_DigestUpdate(ctx, prior, KVP_RV_HASH_SIZE);
-	while (ok && n) {
+	sha256_init(&ctx);
+	if (prior)
+		sha256_update(&ctx, KVP_RV_HASH_SIZE, prior);
+	while (n) {
 		size_t k = n < sizeof(buf) / 4 ? n : sizeof(buf) / 4;
 
 		for (size_t i = 0; i < k; i++)
 			put32(buf + 4 * i, tokens[i]);
-		ok = EVP_DigestUpdate(ctx, buf, 4 * k);
+		sha256_update(&ctx, 4 * k, buf);
 		tokens += k;
 		n -= k;
 	}
-	if (ok)
-		ok = EVP_DigestFinal_ex(ctx, out, &len);
-	EVP_MD_CTX_free(ctx);
-	return ok && len == KVP_RV_HASH_SIZE ? 0 : -EIO;
+	sha256_digest(&ctx, KVP_RV_HASH_SIZE, out);
+	return 0;
 }
 
 int kvp_rv_key(const struct kvp_rv_fp *fp, const char *ns, const uint8_t hash[KVP_RV_HASH_SIZE],
