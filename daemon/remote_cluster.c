@@ -291,6 +291,7 @@ static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 		node_failed(n);
 		return;
 	}
+	ac->c.reader->maxbuf = 0; /* keep the read buffer: page-sized replies would regrow it */
 	n->ac = ac;
 	n->state = N_CONNECTING;
 	n->connect_deadline = rc->now + rc->cfg.connect_timeout_ms;
@@ -643,7 +644,7 @@ static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *ke
 	const char *name = names[kind];
 	char ttlbuf[16];
 	int argc = kind == OP_SET ? (ttl ? 5 : 3) : 2;
-	size_t cap = 64 + strlen(name) + klen + hlen + vlen + 32, len;
+	size_t cap = 192 + klen + hlen + vlen, len; /* 192: every length line, EX and NUL */
 	struct rc_op *op;
 	char *p;
 
