@@ -87,15 +87,15 @@ struct kvp_rc {
 #define REFRESH_MIN_MS 100
 
 static const char *const status_names[KVP_RC_STATUS_MAX] = {
-	[KVP_RC_OK] = "ok",
-	[KVP_RC_HIT] = "hit",
-	[KVP_RC_MISS] = "miss",
-	[KVP_RC_ETIMEOUT] = "timeout",
-	[KVP_RC_ENODE_DOWN] = "node down",
-	[KVP_RC_ENO_MASTER] = "no master for slot",
-	[KVP_RC_EREDIRECTS] = "redirect limit",
-	[KVP_RC_EPROTOCOL] = "protocol",
-	[KVP_RC_ECLOSED] = "closed",
+    [KVP_RC_OK] = "ok",
+    [KVP_RC_HIT] = "hit",
+    [KVP_RC_MISS] = "miss",
+    [KVP_RC_ETIMEOUT] = "timeout",
+    [KVP_RC_ENODE_DOWN] = "node down",
+    [KVP_RC_ENO_MASTER] = "no master for slot",
+    [KVP_RC_EREDIRECTS] = "redirect limit",
+    [KVP_RC_EPROTOCOL] = "protocol",
+    [KVP_RC_ECLOSED] = "closed",
 };
 
 const char *kvp_rc_strstatus(enum kvp_rc_status st)
@@ -133,7 +133,8 @@ unsigned kvp_rc_slot(const void *key, size_t len)
 		const char *close = memchr(open + 1, '}', len - off);
 
 		if (close && close > open + 1)
-			return kvp_rc_crc16(open + 1, (size_t)(close - open - 1)) & (KVP_RC_SLOTS - 1);
+			return kvp_rc_crc16(open + 1, (size_t)(close - open - 1)) &
+			       (KVP_RC_SLOTS - 1);
 	}
 	return kvp_rc_crc16(k, len) & (KVP_RC_SLOTS - 1);
 }
@@ -638,7 +639,8 @@ void kvp_rc_free(struct kvp_rc *rc)
 /* "*argc\r\n" then "$len\r\n<bytes>\r\n" per argument, the last argument's bytes in up to
  * two parts (header, value). */
 static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
-			    const void *hdr, size_t hlen, const void *val, size_t vlen, uint32_t ttl)
+			    const void *hdr, size_t hlen, const void *val, size_t vlen,
+			    uint32_t ttl)
 {
 	static const char *const names[] = {"SET", "GET", "EXISTS", "DEL"};
 	const char *name = names[kind];

@@ -23,26 +23,26 @@
 struct kvp_rc_config {
 	const char *seeds;	     /* "host:port,host:port" (at least one) */
 	uint32_t connect_timeout_ms; /* 0: 1000 */
-	uint32_t op_timeout_ms;	     /* a node whose oldest command waits longer is dropped; 0: 1000 */
-	uint32_t backoff_min_ms;     /* first reconnect delay, doubled per failure; 0: 50 */
-	uint32_t backoff_max_ms;     /* 0: 2000 */
-	uint32_t refresh_ms;	     /* slot map refresh period; 0: 10000 */
-	uint32_t max_redirects;	     /* per operation; 0: 5 */
+	uint32_t op_timeout_ms;	 /* a node whose oldest command waits longer is dropped; 0: 1000 */
+	uint32_t backoff_min_ms; /* first reconnect delay, doubled per failure; 0: 50 */
+	uint32_t backoff_max_ms; /* 0: 2000 */
+	uint32_t refresh_ms;	 /* slot map refresh period; 0: 10000 */
+	uint32_t max_redirects;	 /* per operation; 0: 5 */
 	uint32_t max_inflight_cmds;  /* operations submitted and not completed; 0: 4096 */
 	uint64_t max_inflight_bytes; /* their key and value bytes; 0: 256 MiB */
 };
 
 /* How an operation ended. */
 enum kvp_rc_status {
-	KVP_RC_OK = 0,	      /* SET stored, DEL done */
-	KVP_RC_HIT,	      /* GET found the value, EXISTS found the key */
-	KVP_RC_MISS,	      /* no such key */
-	KVP_RC_ETIMEOUT,      /* the node did not answer within op_timeout_ms */
-	KVP_RC_ENODE_DOWN,    /* the slot's master is not connected (failing fast) */
-	KVP_RC_ENO_MASTER,    /* no master for the slot in the map (or the cluster says so) */
-	KVP_RC_EREDIRECTS,    /* more than max_redirects MOVED/ASK answers */
-	KVP_RC_EPROTOCOL,     /* an unexpected answer */
-	KVP_RC_ECLOSED,	      /* kvp_rc_free() while it was in flight */
+	KVP_RC_OK = 0,	   /* SET stored, DEL done */
+	KVP_RC_HIT,	   /* GET found the value, EXISTS found the key */
+	KVP_RC_MISS,	   /* no such key */
+	KVP_RC_ETIMEOUT,   /* the node did not answer within op_timeout_ms */
+	KVP_RC_ENODE_DOWN, /* the slot's master is not connected (failing fast) */
+	KVP_RC_ENO_MASTER, /* no master for the slot in the map (or the cluster says so) */
+	KVP_RC_EREDIRECTS, /* more than max_redirects MOVED/ASK answers */
+	KVP_RC_EPROTOCOL,  /* an unexpected answer */
+	KVP_RC_ECLOSED,	   /* kvp_rc_free() while it was in flight */
 	KVP_RC_STATUS_MAX,
 };
 

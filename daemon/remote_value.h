@@ -15,8 +15,8 @@
 #define KVP_RV_MAGIC 0x5650564bu /* "KVPV" read little-endian */
 #define KVP_RV_VERSION 1
 #define KVP_RV_HDR_SIZE 48
-#define KVP_RV_HASH_SIZE 32		/* SHA-256 */
-#define KVP_RV_NS_MAX 64		/* namespace bytes in a key */
+#define KVP_RV_HASH_SIZE 32 /* SHA-256 */
+#define KVP_RV_NS_MAX 64    /* namespace bytes in a key */
 #define KVP_RV_KEY_MAX (4 + 16 + 1 + KVP_RV_NS_MAX + 1 + 2 * KVP_RV_HASH_SIZE + 1)
 
 /* The pool geometry a page's bytes only make sense in. Pools that differ in any field never
@@ -33,13 +33,13 @@ struct kvp_rv_fp {
 /* Why a value was refused (returned negated). */
 enum kvp_rv_err {
 	KVP_RV_OK = 0,
-	KVP_RV_ESHORT,	   /* shorter than a header */
-	KVP_RV_EMAGIC,	   /* not a kvpool value */
-	KVP_RV_EVERSION,   /* another format version (or header size) */
-	KVP_RV_EHEADER,	   /* header checksum mismatch */
-	KVP_RV_EFOREIGN,   /* written by a pool of another geometry */
-	KVP_RV_ELENGTH,	   /* payload length differs from the header's, or from the page size */
-	KVP_RV_ECHECKSUM,  /* payload checksum mismatch */
+	KVP_RV_ESHORT,	  /* shorter than a header */
+	KVP_RV_EMAGIC,	  /* not a kvpool value */
+	KVP_RV_EVERSION,  /* another format version (or header size) */
+	KVP_RV_EHEADER,	  /* header checksum mismatch */
+	KVP_RV_EFOREIGN,  /* written by a pool of another geometry */
+	KVP_RV_ELENGTH,	  /* payload length differs from the header's, or from the page size */
+	KVP_RV_ECHECKSUM, /* payload checksum mismatch */
 	KVP_RV_ERR_MAX,
 };
 

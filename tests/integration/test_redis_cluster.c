@@ -194,8 +194,10 @@ static void get_page(int i)
 static int init(void)
 {
 	const char *p = getenv("KVP_REDIS_PORTS");
-	struct kvp_rc_config cfg = {.op_timeout_ms = 1000, .connect_timeout_ms = 1000,
-				    .max_inflight_bytes = 4u << 20, .backoff_max_ms = 500};
+	struct kvp_rc_config cfg = {.op_timeout_ms = 1000,
+				    .connect_timeout_ms = 1000,
+				    .max_inflight_bytes = 4u << 20,
+				    .backoff_max_ms = 500};
 	char seeds[128];
 	uint8_t h[32], prev[32];
 	uint32_t toks[16];
@@ -383,7 +385,7 @@ static void test_rc_corrupt_and_foreign_values_are_refused(void)
 	for (int i = 0; i < 3; i++) {
 		if (res[i].decode_err != want[i])
 			fprintf(stderr, "value %d: %s\n", i, kvp_rv_strerror(res[i].decode_err));
-		CU_ASSERT_EQUAL(res[i].st, KVP_RC_HIT); /* the bytes came back... */
+		CU_ASSERT_EQUAL(res[i].st, KVP_RC_HIT);	     /* the bytes came back... */
 		CU_ASSERT_EQUAL(res[i].decode_err, want[i]); /* ...and are refused */
 		CU_ASSERT_FALSE(res[i].verified);
 	}
@@ -470,7 +472,8 @@ static void test_rc_ask_while_migrating_then_moved(void)
 	CU_ASSERT(r && r->type == REDIS_REPLY_STATUS);
 	freeReplyObject(r);
 	for (int k = 0; k < 3; k++)
-		CU_ASSERT(admin_ok(admin(ports[(b + k) % 3], "CLUSTER SETSLOT %u NODE %s", s, idb)));
+		CU_ASSERT(
+		    admin_ok(admin(ports[(b + k) % 3], "CLUSTER SETSLOT %u NODE %s", s, idb)));
 	(void)c;
 	moved0 = kvp_rc_stats(rc)->moved;
 	reset();
@@ -621,13 +624,13 @@ static void test_rc_killed_master_fails_fast_then_recovers(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-		H_TEST(test_rc_map_loads_from_one_seed),
-		H_TEST(test_rc_slot_matches_server),
-		H_TEST(test_rc_set_get_exists_1000_pages),
-		H_TEST(test_rc_corrupt_and_foreign_values_are_refused),
-		H_TEST(test_rc_ask_while_migrating_then_moved),
-		H_TEST(test_rc_slow_node_times_out),
-		H_TEST(test_rc_killed_master_fails_fast_then_recovers),
+	    H_TEST(test_rc_map_loads_from_one_seed),
+	    H_TEST(test_rc_slot_matches_server),
+	    H_TEST(test_rc_set_get_exists_1000_pages),
+	    H_TEST(test_rc_corrupt_and_foreign_values_are_refused),
+	    H_TEST(test_rc_ask_while_migrating_then_moved),
+	    H_TEST(test_rc_slow_node_times_out),
+	    H_TEST(test_rc_killed_master_fails_fast_then_recovers),
 	};
 
 	if (!getenv("KVP_REDIS_PORTS")) {

@@ -37,8 +37,8 @@ static void test_rc_slot_hash_tags(void)
 
 static void test_rc_new_rejects_bad_seeds(void)
 {
-	static const char *const bad[] = {"", "localhost", "127.0.0.1:", "127.0.0.1:x",
-					  "127.0.0.1:70000", "127.0.0.1:1,", ":5"};
+	static const char *const bad[] = {
+	    "", "localhost", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:70000", "127.0.0.1:1,", ":5"};
 	struct kvp_rc_config cfg = {0};
 
 	CU_ASSERT_PTR_NULL(kvp_rc_new(&cfg));
@@ -111,10 +111,10 @@ static void test_rc_submit_without_map_fails_from_tick(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-		H_TEST(test_rc_crc16_known_vector),
-		H_TEST(test_rc_slot_hash_tags),
-		H_TEST(test_rc_new_rejects_bad_seeds),
-		H_TEST(test_rc_submit_without_map_fails_from_tick),
+	    H_TEST(test_rc_crc16_known_vector),
+	    H_TEST(test_rc_slot_hash_tags),
+	    H_TEST(test_rc_new_rejects_bad_seeds),
+	    H_TEST(test_rc_submit_without_map_fails_from_tick),
 	};
 
 	return H_RUN_SUITE("remote_cluster", NULL, NULL, tests);

@@ -141,20 +141,25 @@ static void test_rv_page_hash_matches_sglang(void)
 		t300[i] = (uint32_t)i;
 	CU_ASSERT_EQUAL(kvp_rv_page_hash(NULL, t1, 4, a), 0);
 	hex(a, s);
-	CU_ASSERT_STRING_EQUAL(s, "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
+	CU_ASSERT_STRING_EQUAL(s,
+			       "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
 	CU_ASSERT_EQUAL(kvp_rv_page_hash(a, t2, 4, b), 0);
 	hex(b, s);
-	CU_ASSERT_STRING_EQUAL(s, "4ebfa8a1f3c341517621838c6e1b9aa350307e3f00b3cbd1a07ef740f54396d6");
+	CU_ASSERT_STRING_EQUAL(s,
+			       "4ebfa8a1f3c341517621838c6e1b9aa350307e3f00b3cbd1a07ef740f54396d6");
 	CU_ASSERT_EQUAL(kvp_rv_page_hash(b, t3, 4, c), 0);
 	hex(c, s);
-	CU_ASSERT_STRING_EQUAL(s, "ddde2320ec2ae9c74512f20ca6255b63a04fc3490758f0e88134541c1d7a8277");
+	CU_ASSERT_STRING_EQUAL(s,
+			       "ddde2320ec2ae9c74512f20ca6255b63a04fc3490758f0e88134541c1d7a8277");
 	/* more tokens than one internal chunk */
 	CU_ASSERT_EQUAL(kvp_rv_page_hash(NULL, t300, 300, d), 0);
 	hex(d, s);
-	CU_ASSERT_STRING_EQUAL(s, "31c4d357f4440759108dcb4b14645a7d75bc02cf3597e7c6e20d8173e33e0fc3");
+	CU_ASSERT_STRING_EQUAL(s,
+			       "31c4d357f4440759108dcb4b14645a7d75bc02cf3597e7c6e20d8173e33e0fc3");
 	CU_ASSERT_EQUAL(kvp_rv_page_hash(d, t300, 300, e), 0);
 	hex(e, s);
-	CU_ASSERT_STRING_EQUAL(s, "0b0277fea470a8221d76eb411fd56996b222b37d9c77154f146a3a4a2959d455");
+	CU_ASSERT_STRING_EQUAL(s,
+			       "0b0277fea470a8221d76eb411fd56996b222b37d9c77154f146a3a4a2959d455");
 }
 
 static void test_rv_key_text_and_refusals(void)
@@ -168,8 +173,9 @@ static void test_rv_key_text_and_refusals(void)
 	kvp_rv_page_hash(NULL, t1, 4, h);
 	len = kvp_rv_key(&fp, "llama", h, key);
 	CU_ASSERT_EQUAL(len, (int)strlen(key));
-	CU_ASSERT_STRING_EQUAL(key, "kvp:567568aee78ee655:llama:"
-				    "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
+	CU_ASSERT_STRING_EQUAL(key,
+			       "kvp:567568aee78ee655:llama:"
+			       "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
 	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "", h, key), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a{b", h, key), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a}b", h, key), -EINVAL);
@@ -210,12 +216,9 @@ static void test_rv_key_pages_of_one_prefix_spread(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-		H_TEST(test_crc32c_known_vector),
-		H_TEST(test_rv_decode_round_trip),
-		H_TEST(test_rv_decode_each_corruption),
-		H_TEST(test_rv_page_hash_matches_sglang),
-		H_TEST(test_rv_key_text_and_refusals),
-		H_TEST(test_rv_key_pages_of_one_prefix_spread),
+	    H_TEST(test_crc32c_known_vector),	    H_TEST(test_rv_decode_round_trip),
+	    H_TEST(test_rv_decode_each_corruption), H_TEST(test_rv_page_hash_matches_sglang),
+	    H_TEST(test_rv_key_text_and_refusals),  H_TEST(test_rv_key_pages_of_one_prefix_spread),
 	};
 
 	return H_RUN_SUITE("remote_value", NULL, NULL, tests);
