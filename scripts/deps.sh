@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc python3 liburing-dev libnuma-dev libprotobuf-c-dev
-	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd)
+	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd
+	libhiredis-dev nettle-dev)
 if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
 	pkgs+=(clang libclang-rt-14-dev)
 fi

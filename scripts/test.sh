@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
-# integration, fault, gpu), then the whole suite again under ASan+UBSan. GPU tests exit 77
+# integration, fault, gpu, remote), then the whole suite again under ASan+UBSan. GPU tests exit 77
 # (skipped) on machines without a GPU. Then a 60 s soak of 16 processes, each libFuzzer target
 # for 60 s and a --quick run of every benchmark (each counts as one check). Ends with one line:
 # "N passed, N failed, N skipped".
@@ -24,7 +24,7 @@ run_suite() { # builddir label [meson options]
 	fi
 	echo "== $label: tests"
 	meson test -C "$dir" --print-errorlogs --num-processes 2 \
-		--suite unit --suite integration --suite fault --suite gpu
+		--suite unit --suite integration --suite fault --suite gpu --suite remote
 	read -r p f s < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
 import json, sys
 p = f = s = 0

@@ -1,0 +1,900 @@
+/* remote_cluster.c - Redis Cluster on hiredis's async contexts, driven through fd readiness
+ * and timeouts by whoever owns the loop (see remote_cluster.h).
+ *
+ * Each node has at most one connection. Operations are formatted once (so a redirect resends
+ * the same bytes), sent to the slot's master and kept in a FIFO per node: replies come back in
+ * order, so the head of the FIFO is the oldest and its deadline is the node's timeout. A node
+ * that times out or drops is closed, its pending operations fail, and until it reconnects
+ * (exponential backoff) operations for its slots fail at once. Failures found at submission
+ * wait in a queue that kvp_rc_tick() drains, so no callback runs inside a submission. */
+#include "remote_cluster.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+enum rc_kind { OP_SET, OP_GET, OP_EXISTS, OP_DEL };
+enum rc_state { N_IDLE, N_CONNECTING, N_UP, N_DOWN };
+
+struct rc_group {
+	kvp_rc_multi_cb *cb;
+	void *arg;
+	size_t n, left;
+	enum kvp_rc_status st[];
+};
+
+struct rc_node;
+
+struct rc_op {
+	struct rc_op *next, *prev;
+	struct kvp_rc *rc;
+	struct rc_node *node; /* whose FIFO it is in; NULL in the fail queue */
+	enum rc_kind kind;
+	enum kvp_rc_status fail_st;
+	kvp_rc_cb *cb;
+	void *arg;
+	struct rc_group *grp;
+	size_t idx;
+	uint32_t redirects;
+	uint16_t slot;
+	uint64_t deadline;
+	size_t cmdlen;
+	char cmd[];
+};
+
+struct rc_list {
+	struct rc_op *head, *tail;
+};
+
+struct rc_node {
+	struct kvp_rc *rc;
+	char host[64];
+	int port;
+	int seed;
+	enum rc_state state;
+	redisAsyncContext *ac;
+	short events;
+	uint32_t fails; /* consecutive failures; 0: never failed since last up */
+	uint64_t retry_at, connect_deadline;
+	enum kvp_rc_status drop_st; /* what the pending operations fail with when it closes */
+	struct rc_list fifo;
+};
+
+struct kvp_rc {
+	struct kvp_rc_config cfg;
+	struct rc_node *nodes[KVP_RC_NODES_MAX];
+	int nnodes;
+	int8_t slots[KVP_RC_SLOTS]; /* node index, -1: no master */
+	int loaded;
+	int refresh_wanted, refresh_inflight;
+	uint64_t refresh_at;   /* periodic */
+	uint64_t refresh_gate; /* earliest next refresh (rate limit) */
+	unsigned rr;
+	uint64_t now;
+	uint64_t gen;
+	int closing;
+	uint32_t inflight;
+	uint64_t inflight_bytes;
+	struct rc_list failq;
+	struct kvp_rc_stats stats;
+};
+
+#define REFRESH_MIN_MS 100
+
+static const char *const status_names[KVP_RC_STATUS_MAX] = {
+    [KVP_RC_OK] = "ok",
+    [KVP_RC_HIT] = "hit",
+    [KVP_RC_MISS] = "miss",
+    [KVP_RC_ETIMEOUT] = "timeout",
+    [KVP_RC_ENODE_DOWN] = "node down",
+    [KVP_RC_ENO_MASTER] = "no master for slot",
+    [KVP_RC_EREDIRECTS] = "redirect limit",
+    [KVP_RC_EPROTOCOL] = "protocol",
+    [KVP_RC_ECLOSED] = "closed",
+};
+
+const char *kvp_rc_strstatus(enum kvp_rc_status st)
+{
+	return (unsigned)st < KVP_RC_STATUS_MAX ? status_names[st] : "unknown";
+}
+
+uint64_t kvp_rc_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint16_t kvp_rc_crc16(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint16_t crc = 0;
+
+	while (n--) {
+		crc ^= (uint16_t)(*b++ << 8);
+		for (int i = 0; i < 8; i++)
+			crc = crc & 0x8000 ? (uint16_t)(crc << 1 ^ 0x1021) : (uint16_t)(crc << 1);
+	}
+	return crc;
+}
+
+unsigned kvp_rc_slot(const void *key, size_t len)
+{
+	const char *k = key, *open = memchr(k, '{', len);
+
+	if (open) {
+		size_t off = (size_t)(open - k) + 1;
+		const char *close = memchr(open + 1, '}', len - off);
+
+		if (close && close > open + 1)
+			return kvp_rc_crc16(open + 1, (size_t)(close - open - 1)) &
+			       (KVP_RC_SLOTS - 1);
+	}
+	return kvp_rc_crc16(k, len) & (KVP_RC_SLOTS - 1);
+}
+
+static void list_add(struct rc_list *l, struct rc_op *op)
+{
+	op->next = NULL;
+	op->prev = l->tail;
+	if (l->tail)
+		l->tail->next = op;
+	else
+		l->head = op;
+	l->tail = op;
+}
+
+static void list_del(struct rc_list *l, struct rc_op *op)
+{
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		l->head = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	else
+		l->tail = op->prev;
+	op->next = op->prev = NULL;
+}
+
+/* Completes op (already out of every list) and frees it. */
+static void op_finish(struct rc_op *op, enum kvp_rc_status st, const void *val, size_t len)
+{
+	struct kvp_rc *rc = op->rc;
+	struct rc_group *g = op->grp;
+
+	rc->inflight--;
+	rc->inflight_bytes -= op->cmdlen;
+	rc->stats.status[st]++;
+	if (st == KVP_RC_HIT && op->kind == OP_GET)
+		rc->stats.recv_bytes += len;
+	if (g) {
+		g->st[op->idx] = st;
+		if (!--g->left) {
+			g->cb(g->arg, g->n, g->st);
+			free(g);
+		}
+	} else {
+		op->cb(op->arg, st, val, len);
+	}
+	free(op);
+}
+
+static void op_fail_later(struct kvp_rc *rc, struct rc_op *op, enum kvp_rc_status st)
+{
+	op->node = NULL;
+	op->fail_st = st;
+	list_add(&rc->failq, op);
+}
+
+static void drain_failq(struct kvp_rc *rc)
+{
+	struct rc_op *op;
+
+	while ((op = rc->failq.head)) {
+		list_del(&rc->failq, op);
+		op_finish(op, op->fail_st, NULL, 0);
+	}
+}
+
+/* hiredis event hooks: record what the connection waits for; the owner polls it. */
+static void ev_set(void *priv, short add, short del)
+{
+	struct rc_node *n = priv;
+	short ev = (short)((n->events | add) & ~del);
+
+	if (ev != n->events) {
+		n->events = ev;
+		n->rc->gen++;
+	}
+}
+
+static void ev_add_read(void *priv)
+{
+	ev_set(priv, POLLIN, 0);
+}
+
+static void ev_del_read(void *priv)
+{
+	ev_set(priv, 0, POLLIN);
+}
+
+static void ev_add_write(void *priv)
+{
+	ev_set(priv, POLLOUT, 0);
+}
+
+static void ev_del_write(void *priv)
+{
+	ev_set(priv, 0, POLLOUT);
+}
+
+static void node_failed(struct rc_node *n)
+{
+	struct kvp_rc *rc = n->rc;
+	uint64_t delay;
+
+	if (n->state == N_UP)
+		rc->stats.disconnects++;
+	n->fails++;
+	delay = (uint64_t)rc->cfg.backoff_min_ms << (n->fails < 16 ? n->fails - 1 : 15);
+	if (delay > rc->cfg.backoff_max_ms)
+		delay = rc->cfg.backoff_max_ms;
+	n->state = N_DOWN;
+	n->retry_at = rc->now + delay;
+	rc->refresh_wanted = 1;
+}
+
+/* Called by hiredis when the context goes away, whoever freed it. */
+static void ev_cleanup(void *priv)
+{
+	struct rc_node *n = priv;
+
+	n->ac = NULL;
+	n->events = 0;
+	n->rc->gen++;
+	if (n->state == N_UP || n->state == N_CONNECTING)
+		node_failed(n);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+	struct rc_node *n = ac->data;
+
+	if (status != REDIS_OK)
+		return; /* hiredis frees the context: ev_cleanup marks the node down */
+	n->state = N_UP;
+	n->fails = 0;
+	n->rc->stats.connects++;
+	n->rc->refresh_wanted = 1;
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+	(void)ac;
+	(void)status; /* ev_cleanup follows */
+}
+
+static void node_connect(struct kvp_rc *rc, struct rc_node *n)
+{
+	redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
+
+	if (!ac || ac->err) {
+		if (ac)
+			redisAsyncFree(ac);
+		n->state = N_CONNECTING; /* so that node_failed counts it */
+		node_failed(n);
+		return;
+	}
+	ac->c.reader->maxbuf = 0; /* keep the read buffer: page-sized replies would regrow it */
+	n->ac = ac;
+	n->state = N_CONNECTING;
+	n->connect_deadline = rc->now + rc->cfg.connect_timeout_ms;
+	n->drop_st = KVP_RC_ENODE_DOWN;
+	ac->data = n;
+	ac->ev.data = n;
+	ac->ev.addRead = ev_add_read;
+	ac->ev.delRead = ev_del_read;
+	ac->ev.addWrite = ev_add_write;
+	ac->ev.delWrite = ev_del_write;
+	ac->ev.cleanup = ev_cleanup;
+	redisAsyncSetDisconnectCallback(ac, on_disconnect);
+	redisAsyncSetConnectCallback(ac, on_connect); /* arms the write event */
+	rc->gen++;
+}
+
+/* Closes the node's connection: its pending operations complete with st. Never call it from
+ * inside this node's own hiredis callbacks. */
+static void node_drop(struct rc_node *n, enum kvp_rc_status st)
+{
+	redisAsyncContext *ac = n->ac;
+
+	if (!ac)
+		return;
+	n->drop_st = st;
+	redisAsyncFree(ac); /* replies NULL to every pending callback, then ev_cleanup */
+	n->drop_st = KVP_RC_ENODE_DOWN;
+}
+
+/* The node for host:port, created (idle) when new; NULL when the table is full. */
+static struct rc_node *node_get(struct kvp_rc *rc, const char *host, size_t hlen, int port)
+{
+	struct rc_node *n;
+
+	if (!hlen || hlen >= sizeof(n->host) || port <= 0 || port > 65535)
+		return NULL;
+	for (int i = 0; i < rc->nnodes; i++) {
+		n = rc->nodes[i];
+		if (n->port == port && strlen(n->host) == hlen && !memcmp(n->host, host, hlen))
+			return n;
+	}
+	if (rc->nnodes == KVP_RC_NODES_MAX || !(n = calloc(1, sizeof(*n))))
+		return NULL;
+	n->rc = rc;
+	memcpy(n->host, host, hlen);
+	n->port = port;
+	n->state = N_IDLE;
+	n->drop_st = KVP_RC_ENODE_DOWN;
+	rc->nodes[rc->nnodes++] = n;
+	return n;
+}
+
+static int node_index(const struct kvp_rc *rc, const struct rc_node *n)
+{
+	for (int i = 0; i < rc->nnodes; i++)
+		if (rc->nodes[i] == n)
+			return i;
+	return -1;
+}
+
+static void op_reply(redisAsyncContext *ac, void *r, void *priv);
+
+/* Sends op to n (ASKING first when asking); failures go to the fail queue. */
+static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int asking)
+{
+	if (rc->closing) {
+		op_fail_later(rc, op, KVP_RC_ECLOSED);
+		return;
+	}
+	if (!n) {
+		op_fail_later(rc, op, KVP_RC_ENO_MASTER);
+		return;
+	}
+	if (n->state == N_IDLE)
+		node_connect(rc, n);
+	if (!n->ac || !(n->state == N_UP || (n->state == N_CONNECTING && !n->fails))) {
+		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+		return;
+	}
+	if (asking && redisAsyncCommand(n->ac, NULL, NULL, "ASKING") != REDIS_OK) {
+		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+		return;
+	}
+	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
+		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+		return;
+	}
+	op->node = n;
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	list_add(&n->fifo, op);
+}
+
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": returns the target node or NULL. */
+static struct rc_node *parse_redirect(struct kvp_rc *rc, const char *s, unsigned *slot)
+{
+	const char *sp = strchr(s, ' '), *addr, *colon;
+	char *end;
+	unsigned long sl;
+	long port;
+
+	if (!sp)
+		return NULL;
+	sl = strtoul(sp + 1, &end, 10);
+	if (*end != ' ' || sl >= KVP_RC_SLOTS)
+		return NULL;
+	addr = end + 1;
+	colon = strrchr(addr, ':');
+	if (!colon)
+		return NULL;
+	port = strtol(colon + 1, &end, 10);
+	if (*end)
+		return NULL;
+	*slot = (unsigned)sl;
+	return node_get(rc, addr, (size_t)(colon - addr), (int)port);
+}
+
+static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, int ask)
+{
+	struct rc_node *to;
+	unsigned slot;
+
+	if (++op->redirects > rc->cfg.max_redirects) {
+		op_finish(op, KVP_RC_EREDIRECTS, NULL, 0);
+		return;
+	}
+	to = parse_redirect(rc, err, &slot);
+	if (!to) {
+		op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
+		return;
+	}
+	if (ask) {
+		rc->stats.ask++;
+	} else {
+		rc->stats.moved++;
+		rc->slots[slot] = (int8_t)node_index(rc, to);
+		rc->refresh_wanted = 1;
+	}
+	op_send(rc, op, to, ask);
+}
+
+static void op_reply(redisAsyncContext *ac, void *reply, void *priv)
+{
+	struct rc_op *op = priv;
+	struct rc_node *n = op->node;
+	struct kvp_rc *rc = op->rc;
+	redisReply *r = reply;
+
+	(void)ac;
+	list_del(&n->fifo, op);
+	op->node = NULL;
+	if (!r) {
+		op_finish(op, n->drop_st, NULL, 0);
+		return;
+	}
+	if (r->type == REDIS_REPLY_ERROR) {
+		if (!strncmp(r->str, "MOVED ", 6))
+			op_redirect(rc, op, r->str, 0);
+		else if (!strncmp(r->str, "ASK ", 4))
+			op_redirect(rc, op, r->str, 1);
+		else if (!strncmp(r->str, "CLUSTERDOWN", 11))
+			op_finish(op, KVP_RC_ENO_MASTER, NULL, 0);
+		else
+			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
+		return;
+	}
+	switch (op->kind) {
+	case OP_SET:
+		if (r->type == REDIS_REPLY_STATUS && !strcmp(r->str, "OK"))
+			op_finish(op, KVP_RC_OK, NULL, 0);
+		else
+			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
+		break;
+	case OP_GET:
+		if (r->type == REDIS_REPLY_STRING)
+			op_finish(op, KVP_RC_HIT, r->str, r->len);
+		else if (r->type == REDIS_REPLY_NIL)
+			op_finish(op, KVP_RC_MISS, NULL, 0);
+		else
+			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
+		break;
+	case OP_EXISTS:
+	case OP_DEL:
+		if (r->type != REDIS_REPLY_INTEGER)
+			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
+		else if (!r->integer)
+			op_finish(op, KVP_RC_MISS, NULL, 0);
+		else
+			op_finish(op, op->kind == OP_DEL ? KVP_RC_OK : KVP_RC_HIT, NULL, 0);
+		break;
+	}
+}
+
+/* CLUSTER SLOTS: [[start, end, [host, port, id, ...], replicas...], ...] */
+static void slots_reply(redisAsyncContext *ac, void *reply, void *priv)
+{
+	struct kvp_rc *rc = priv;
+	struct rc_node *asked = ac->data;
+	redisReply *r = reply;
+	int8_t map[KVP_RC_SLOTS];
+
+	rc->refresh_inflight = 0;
+	if (!r || r->type != REDIS_REPLY_ARRAY)
+		return; /* refresh_wanted stays: tried again on another node */
+	memset(map, -1, sizeof(map));
+	for (size_t i = 0; i < r->elements; i++) {
+		redisReply *e = r->element[i], *m;
+		struct rc_node *n;
+		const char *host;
+		size_t hlen;
+
+		if (e->type != REDIS_REPLY_ARRAY || e->elements < 3)
+			continue;
+		m = e->element[2];
+		if (e->element[0]->type != REDIS_REPLY_INTEGER ||
+		    e->element[1]->type != REDIS_REPLY_INTEGER || m->type != REDIS_REPLY_ARRAY ||
+		    m->elements < 2 || m->element[0]->type != REDIS_REPLY_STRING ||
+		    m->element[1]->type != REDIS_REPLY_INTEGER)
+			continue;
+		host = m->element[0]->str;
+		hlen = m->element[0]->len;
+		if (!hlen) { /* the node asked does not know its address */
+			host = asked->host;
+			hlen = strlen(host);
+		}
+		n = node_get(rc, host, hlen, (int)m->element[1]->integer);
+		if (!n)
+			continue;
+		for (long long s = e->element[0]->integer;
+		     s <= e->element[1]->integer && s < KVP_RC_SLOTS; s++)
+			if (s >= 0)
+				map[s] = (int8_t)node_index(rc, n);
+		if (n->state == N_IDLE)
+			node_connect(rc, n);
+	}
+	memcpy(rc->slots, map, sizeof(map));
+	rc->loaded = 1;
+	rc->refresh_wanted = 0;
+	rc->refresh_at = rc->now + rc->cfg.refresh_ms;
+	rc->stats.refreshes++;
+}
+
+static struct rc_node *any_up(struct kvp_rc *rc)
+{
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[(rc->rr + (unsigned)i) % (unsigned)rc->nnodes];
+
+		if (n->state == N_UP) {
+			rc->rr++;
+			return n;
+		}
+	}
+	return NULL;
+}
+
+static int refresh_due(const struct kvp_rc *rc, uint64_t *at)
+{
+	if (rc->refresh_inflight)
+		return 0;
+	if (rc->refresh_wanted)
+		*at = rc->refresh_gate;
+	else
+		*at = rc->refresh_at;
+	return 1;
+}
+
+static void maybe_refresh(struct kvp_rc *rc)
+{
+	struct rc_node *n;
+	uint64_t at;
+
+	if (!refresh_due(rc, &at) || rc->now < at || !(n = any_up(rc)))
+		return;
+	if (redisAsyncCommand(n->ac, slots_reply, rc, "CLUSTER SLOTS") != REDIS_OK)
+		return;
+	rc->refresh_inflight = 1;
+	rc->refresh_gate = rc->now + REFRESH_MIN_MS;
+	rc->refresh_at = rc->now + rc->cfg.refresh_ms;
+}
+
+struct kvp_rc *kvp_rc_new(const struct kvp_rc_config *cfg)
+{
+	struct kvp_rc *rc;
+	const char *s;
+
+	if (!cfg || !cfg->seeds || !*cfg->seeds || !(rc = calloc(1, sizeof(*rc))))
+		return NULL;
+	rc->cfg = *cfg;
+	rc->cfg.seeds = NULL;
+#define DEF(f, v)                                                                                  \
+	if (!rc->cfg.f)                                                                            \
+	rc->cfg.f = (v)
+	DEF(connect_timeout_ms, 1000);
+	DEF(op_timeout_ms, 1000);
+	DEF(backoff_min_ms, 50);
+	DEF(backoff_max_ms, 2000);
+	DEF(refresh_ms, 10000);
+	DEF(max_redirects, 5);
+	DEF(max_inflight_cmds, 4096);
+	DEF(max_inflight_bytes, 256ull << 20);
+#undef DEF
+	memset(rc->slots, -1, sizeof(rc->slots));
+	rc->now = kvp_rc_now_ms();
+	rc->refresh_wanted = 1;
+	for (s = cfg->seeds; *s;) {
+		size_t len = strcspn(s, ",");
+		const char *colon = memchr(s, ':', len);
+		struct rc_node *n;
+		char *end;
+		long port;
+
+		if (!colon)
+			goto fail;
+		port = strtol(colon + 1, &end, 10);
+		if (end != s + len || !(n = node_get(rc, s, (size_t)(colon - s), (int)port)))
+			goto fail;
+		n->seed = 1;
+		s += len;
+		if (*s == ',' && !*++s)
+			goto fail;
+	}
+	for (int i = 0; i < rc->nnodes; i++)
+		node_connect(rc, rc->nodes[i]);
+	return rc;
+fail:
+	kvp_rc_free(rc);
+	return NULL;
+}
+
+void kvp_rc_free(struct kvp_rc *rc)
+{
+	if (!rc)
+		return;
+	rc->closing = 1;
+	for (int i = 0; i < rc->nnodes; i++) {
+		rc->nodes[i]->state = N_IDLE; /* no backoff bookkeeping on the way out */
+		node_drop(rc->nodes[i], KVP_RC_ECLOSED);
+	}
+	drain_failq(rc);
+	for (int i = 0; i < rc->nnodes; i++)
+		free(rc->nodes[i]);
+	free(rc);
+}
+
+/* "*argc\r\n" then "$len\r\n<bytes>\r\n" per argument, the last argument's bytes in up to
+ * two parts (header, value). */
+static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
+			    const void *hdr, size_t hlen, const void *val, size_t vlen,
+			    uint32_t ttl)
+{
+	static const char *const names[] = {"SET", "GET", "EXISTS", "DEL"};
+	const char *name = names[kind];
+	char ttlbuf[16];
+	int argc = kind == OP_SET ? (ttl ? 5 : 3) : 2;
+	size_t cap = 192 + klen + hlen + vlen, len; /* 192: every length line, EX and NUL */
+	struct rc_op *op;
+	char *p;
+
+	if (!klen)
+		return NULL;
+	op = malloc(sizeof(*op) + cap);
+	if (!op)
+		return NULL;
+	memset(op, 0, sizeof(*op));
+	op->rc = rc;
+	op->kind = kind;
+	op->slot = (uint16_t)kvp_rc_slot(key, klen);
+	p = op->cmd;
+	p += sprintf(p, "*%d\r\n$%zu\r\n%s\r\n$%zu\r\n", argc, strlen(name), name, klen);
+	memcpy(p, key, klen);
+	p += klen;
+	p += sprintf(p, "\r\n");
+	if (kind == OP_SET) {
+		p += sprintf(p, "$%zu\r\n", hlen + vlen);
+		if (hlen)
+			memcpy(p, hdr, hlen);
+		p += hlen;
+		if (vlen)
+			memcpy(p, val, vlen);
+		p += vlen;
+		p += sprintf(p, "\r\n");
+		if (ttl) {
+			len = (size_t)snprintf(ttlbuf, sizeof(ttlbuf), "%u", ttl);
+			p += sprintf(p, "$2\r\nEX\r\n$%zu\r\n%s\r\n", len, ttlbuf);
+		}
+	}
+	op->cmdlen = (size_t)(p - op->cmd);
+	return op;
+}
+
+static int room(struct kvp_rc *rc, uint32_t cmds, uint64_t bytes)
+{
+	if (rc->inflight + cmds > rc->cfg.max_inflight_cmds ||
+	    rc->inflight_bytes + bytes > rc->cfg.max_inflight_bytes) {
+		rc->stats.rejected++;
+		return 0;
+	}
+	return 1;
+}
+
+static void op_submit(struct kvp_rc *rc, struct rc_op *op)
+{
+	int8_t i = rc->slots[op->slot];
+
+	rc->inflight++;
+	rc->inflight_bytes += op->cmdlen;
+	op_send(rc, op, i >= 0 ? rc->nodes[i] : NULL, 0);
+}
+
+static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
+		      const void *hdr, size_t hlen, const void *val, size_t vlen, uint32_t ttl,
+		      kvp_rc_cb *cb, void *arg)
+{
+	struct rc_op *op;
+
+	if (!klen || !cb)
+		return -EINVAL;
+	rc->now = kvp_rc_now_ms();
+	if (!room(rc, 1, klen + hlen + vlen + 64))
+		return -EAGAIN;
+	op = op_new(rc, kind, key, klen, hdr, hlen, val, vlen, ttl);
+	if (!op)
+		return -ENOMEM;
+	op->cb = cb;
+	op->arg = arg;
+	if (kind == OP_SET)
+		rc->stats.sent_bytes += hlen + vlen;
+	op_submit(rc, op);
+	return 0;
+}
+
+int kvp_rc_set(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
+	       const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg)
+{
+	return submit_one(rc, OP_SET, key, klen, hdr, hlen, val, vlen, ttl_s, cb, arg);
+}
+
+int kvp_rc_get(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
+{
+	return submit_one(rc, OP_GET, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+}
+
+int kvp_rc_del(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
+{
+	return submit_one(rc, OP_DEL, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+}
+
+int kvp_rc_exists_many(struct kvp_rc *rc, size_t n, const void *const *keys, const size_t *klens,
+		       kvp_rc_multi_cb *cb, void *arg)
+{
+	struct rc_group *g;
+	struct rc_op **ops;
+	uint64_t bytes = 0;
+
+	if (!n || !cb || n > UINT32_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (!klens[i])
+			return -EINVAL;
+		bytes += klens[i] + 64;
+	}
+	rc->now = kvp_rc_now_ms();
+	if (!room(rc, (uint32_t)n, bytes))
+		return -EAGAIN;
+	g = malloc(sizeof(*g) + n * sizeof(g->st[0]));
+	ops = calloc(n, sizeof(*ops));
+	if (!g || !ops)
+		goto nomem;
+	for (size_t i = 0; i < n; i++) {
+		ops[i] = op_new(rc, OP_EXISTS, keys[i], klens[i], NULL, 0, NULL, 0, 0);
+		if (!ops[i])
+			goto nomem;
+		ops[i]->grp = g;
+		ops[i]->idx = i;
+	}
+	g->cb = cb;
+	g->arg = arg;
+	g->n = g->left = n;
+	/* Submitted in key order: each node's commands leave in one write, the replies come back
+	 * in that order. */
+	for (size_t i = 0; i < n; i++)
+		op_submit(rc, ops[i]);
+	free(ops);
+	return 0;
+nomem:
+	if (ops)
+		for (size_t i = 0; i < n; i++)
+			free(ops[i]);
+	free(ops);
+	free(g);
+	return -ENOMEM;
+}
+
+int kvp_rc_fds(struct kvp_rc *rc, struct pollfd *pfds, int max)
+{
+	int k = 0;
+
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[i];
+
+		if (!n->ac || !n->events)
+			continue;
+		if (k < max) {
+			pfds[k].fd = n->ac->c.fd;
+			pfds[k].events = n->events;
+			pfds[k].revents = 0;
+		}
+		k++;
+	}
+	return k;
+}
+
+uint64_t kvp_rc_fds_gen(const struct kvp_rc *rc)
+{
+	return rc->gen;
+}
+
+void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
+{
+	rc->now = kvp_rc_now_ms();
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[i];
+
+		if (!n->ac || n->ac->c.fd != fd)
+			continue;
+		if (revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL))
+			redisAsyncHandleRead(n->ac);
+		if (n->ac && (revents & POLLOUT))
+			redisAsyncHandleWrite(n->ac);
+		break;
+	}
+	maybe_refresh(rc);
+	drain_failq(rc);
+}
+
+static void at_min(int64_t *best, uint64_t at, uint64_t now)
+{
+	int64_t d = at > now ? (int64_t)(at - now) : 0;
+
+	if (*best < 0 || d < *best)
+		*best = d;
+}
+
+int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
+{
+	uint64_t now = kvp_rc_now_ms(), at;
+	int64_t best = -1;
+	int up = 0;
+
+	if (rc->failq.head)
+		return 0;
+	for (int i = 0; i < rc->nnodes; i++) {
+		const struct rc_node *n = rc->nodes[i];
+
+		if (n->state == N_UP)
+			up = 1;
+		if (n->state == N_CONNECTING)
+			at_min(&best, n->connect_deadline, now);
+		if (n->state == N_DOWN)
+			at_min(&best, n->retry_at, now);
+		if (n->fifo.head)
+			at_min(&best, n->fifo.head->deadline, now);
+	}
+	if (up && refresh_due(rc, &at))
+		at_min(&best, at, now);
+	return best > 1000000 ? 1000000 : (int)best;
+}
+
+void kvp_rc_tick(struct kvp_rc *rc, uint64_t now_ms)
+{
+	rc->now = now_ms;
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[i];
+
+		if (n->state == N_CONNECTING && now_ms >= n->connect_deadline)
+			node_drop(n, KVP_RC_ENODE_DOWN);
+		else if (n->fifo.head && now_ms >= n->fifo.head->deadline)
+			node_drop(n, KVP_RC_ETIMEOUT);
+		if (n->state == N_DOWN && now_ms >= n->retry_at)
+			node_connect(rc, n);
+	}
+	maybe_refresh(rc);
+	drain_failq(rc);
+}
+
+int kvp_rc_ready(const struct kvp_rc *rc)
+{
+	if (!rc->loaded)
+		return 0;
+	for (int s = 0; s < KVP_RC_SLOTS; s++)
+		if (rc->slots[s] < 0 || rc->nodes[rc->slots[s]]->state != N_UP)
+			return 0;
+	return 1;
+}
+
+uint32_t kvp_rc_inflight(const struct kvp_rc *rc, uint64_t *bytes)
+{
+	if (bytes)
+		*bytes = rc->inflight_bytes;
+	return rc->inflight;
+}
+
+const struct kvp_rc_stats *kvp_rc_stats(const struct kvp_rc *rc)
+{
+	return &rc->stats;
+}

@@ -1,0 +1,222 @@
+/* remote_value.c - the remote tier's value format and content keys (see remote_value.h). */
+#include "remote_value.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <nettle/sha2.h>
+
+static const char *const rv_err_names[KVP_RV_ERR_MAX] = {
+    [KVP_RV_OK] = "ok",
+    [KVP_RV_ESHORT] = "short value",
+    [KVP_RV_EMAGIC] = "bad magic",
+    [KVP_RV_EVERSION] = "unknown version",
+    [KVP_RV_EHEADER] = "header checksum mismatch",
+    [KVP_RV_EFOREIGN] = "foreign pool fingerprint",
+    [KVP_RV_ELENGTH] = "payload length mismatch",
+    [KVP_RV_ECHECKSUM] = "payload checksum mismatch",
+};
+
+const char *kvp_rv_strerror(int err)
+{
+	if (err < 0)
+		err = -err;
+	return err < KVP_RV_ERR_MAX ? rv_err_names[err] : "unknown";
+}
+
+static uint32_t crc_table[256];
+
+/* Filled before main so that threads never race on it. */
+__attribute__((constructor)) static void crc_table_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+		crc_table[i] = c;
+	}
+}
+
+static uint32_t crc32c_sw(uint32_t c, const uint8_t *p, size_t n)
+{
+	while (n--)
+		c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+	return c;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const uint8_t *p, size_t n)
+{
+	uint64_t c64 = c;
+
+	for (; n && ((uintptr_t)p & 7); n--)
+		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+	for (; n >= 8; n -= 8, p += 8) {
+		uint64_t w;
+
+		memcpy(&w, p, 8);
+		c64 = __builtin_ia32_crc32di(c64, w);
+	}
+	for (; n; n--)
+		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+	return (uint32_t)c64;
+}
+#endif
+
+uint32_t kvp_rv_crc32c(const void *p, size_t n)
+{
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("sse4.2"))
+		return ~crc32c_hw(~0u, p, n);
+#endif
+	return ~crc32c_sw(~0u, p, n);
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static void fp_put(uint8_t *p, const struct kvp_rv_fp *fp)
+{
+	put32(p, fp->layers);
+	put32(p + 4, fp->kv_heads);
+	put32(p + 8, fp->head_dim);
+	put32(p + 12, fp->dtype);
+	put32(p + 16, fp->page_tokens);
+	put32(p + 20, fp->layout);
+}
+
+void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *hdr)
+{
+	uint8_t *h = hdr;
+
+	put32(h, KVP_RV_MAGIC);
+	put16(h + 4, KVP_RV_VERSION);
+	put16(h + 6, KVP_RV_HDR_SIZE);
+	fp_put(h + 8, fp);
+	put64(h + 32, n);
+	put32(h + 40, kvp_rv_crc32c(p, n));
+	put32(h + 44, kvp_rv_crc32c(h, 44));
+}
+
+size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *out)
+{
+	kvp_rv_header(fp, p, n, out);
+	memcpy((uint8_t *)out + KVP_RV_HDR_SIZE, p, n);
+	return KVP_RV_HDR_SIZE + n;
+}
+
+int kvp_rv_decode(const struct kvp_rv_fp *fp, uint64_t page_bytes, const void *v, size_t len,
+		  const void **payload, uint64_t *n)
+{
+	const uint8_t *h = v;
+	uint8_t want[24];
+	uint64_t plen;
+
+	if (len < KVP_RV_HDR_SIZE)
+		return -KVP_RV_ESHORT;
+	if (get32(h) != KVP_RV_MAGIC)
+		return -KVP_RV_EMAGIC;
+	if (get16(h + 4) != KVP_RV_VERSION || get16(h + 6) != KVP_RV_HDR_SIZE)
+		return -KVP_RV_EVERSION;
+	if (get32(h + 44) != kvp_rv_crc32c(h, 44))
+		return -KVP_RV_EHEADER;
+	fp_put(want, fp);
+	if (memcmp(want, h + 8, sizeof(want)))
+		return -KVP_RV_EFOREIGN;
+	plen = get64(h + 32);
+	if (plen != len - KVP_RV_HDR_SIZE || (page_bytes && plen != page_bytes))
+		return -KVP_RV_ELENGTH;
+	if (get32(h + 40) != kvp_rv_crc32c(h + KVP_RV_HDR_SIZE, plen))
+		return -KVP_RV_ECHECKSUM;
+	*payload = h + KVP_RV_HDR_SIZE;
+	*n = plen;
+	return 0;
+}
+
+uint64_t kvp_rv_fp_id(const struct kvp_rv_fp *fp)
+{
+	struct sha256_ctx ctx;
+	uint8_t b[24], md[SHA256_DIGEST_SIZE];
+
+	fp_put(b, fp);
+	sha256_init(&ctx);
+	sha256_update(&ctx, sizeof(b), b);
+	sha256_digest(&ctx, sizeof(md), md);
+	return get64(md);
+}
+
+int kvp_rv_page_hash(const uint8_t *prior, const uint32_t *tokens, size_t n,
+		     uint8_t out[KVP_RV_HASH_SIZE])
+{
+	struct sha256_ctx ctx;
+	uint8_t buf[256];
+
+	sha256_init(&ctx);
+	if (prior)
+		sha256_update(&ctx, KVP_RV_HASH_SIZE, prior);
+	while (n) {
+		size_t k = n < sizeof(buf) / 4 ? n : sizeof(buf) / 4;
+
+		for (size_t i = 0; i < k; i++)
+			put32(buf + 4 * i, tokens[i]);
+		sha256_update(&ctx, 4 * k, buf);
+		tokens += k;
+		n -= k;
+	}
+	sha256_digest(&ctx, KVP_RV_HASH_SIZE, out);
+	return 0;
+}
+
+int kvp_rv_key(const struct kvp_rv_fp *fp, const char *ns, const uint8_t hash[KVP_RV_HASH_SIZE],
+	       char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t nl = strlen(ns);
+	int len;
+
+	if (!nl || nl > KVP_RV_NS_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < nl; i++)
+		if (ns[i] <= ' ' || ns[i] > '~' || ns[i] == '{' || ns[i] == '}' || ns[i] == ':')
+			return -EINVAL;
+	len = snprintf(out, KVP_RV_KEY_MAX, "kvp:%016llx:%s:", (unsigned long long)kvp_rv_fp_id(fp),
+		       ns);
+	for (int i = 0; i < KVP_RV_HASH_SIZE; i++) {
+		out[len++] = hex[hash[i] >> 4];
+		out[len++] = hex[hash[i] & 15];
+	}
+	out[len] = '\0';
+	return len;
+}

@@ -1,0 +1,261 @@
+/* bench_remote.c - the remote tier's transfer rate: 1,000 page values SET (spill) and GET
+ * (fetch, header and checksum verified) through the cluster layer (remote_cluster.c), against
+ * redis-benchmark SET / GET of values of the same size with the same number of requests in
+ * flight, both on one redis-server (cluster mode, all slots) started here on loopback.
+ * Rows say skipped when redis-server or redis-benchmark is missing. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <hiredis/hiredis.h>
+
+#include "bench.h"
+#include "remote_cluster.h"
+#include "remote_value.h"
+
+#define NPAGES 1000
+#define DEPTH 16
+
+static const struct kvp_rv_fp g_fp = {32, 8, 128, 1, 16, 0};
+static struct kvp_rc *g_rc;
+static int g_left, g_bad;
+static size_t g_page;
+static char g_dir[] = "/tmp/kvp-bench-redis.XXXXXX";
+static pid_t g_redis = -1;
+
+static void stop_redis(void)
+{
+	char cmd[512];
+
+	if (g_redis > 0) {
+		kill(g_redis, SIGKILL);
+		waitpid(g_redis, NULL, 0);
+		g_redis = -1;
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", g_dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "bench: could not remove %s\n", g_dir);
+}
+
+static int have(const char *prog)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "command -v %s >/dev/null 2>&1", prog);
+	return system(cmd) == 0;
+}
+
+static redisReply *cmd(int port, const char *c)
+{
+	struct timeval tv = {2, 0};
+	redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
+	redisReply *r = NULL;
+
+	if (ctx && !ctx->err)
+		r = redisCommand(ctx, c);
+	redisFree(ctx);
+	return r;
+}
+
+/* One cluster-mode redis-server owning every slot; returns its port. */
+static int start_redis(void)
+{
+	char port_s[16], cfgf[600];
+	int port = 20000 + (int)(getpid() % 9000);
+
+	if (!mkdtemp(g_dir))
+		B_DIE("mkdtemp: %s", strerror(errno));
+	snprintf(port_s, sizeof(port_s), "%d", port);
+	snprintf(cfgf, sizeof(cfgf), "%s/nodes.conf", g_dir);
+	g_redis = fork();
+	if (g_redis < 0)
+		B_DIE("fork: %s", strerror(errno));
+	if (!g_redis) {
+		execlp("redis-server", "redis-server", "--port", port_s, "--bind", "127.0.0.1",
+		       "--dir", g_dir, "--cluster-enabled", "yes", "--cluster-config-file", cfgf,
+		       "--save", "", "--appendonly", "no", "--logfile", "/dev/null", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 100; i++) {
+		redisReply *r = cmd(port, "PING");
+		int up = r != NULL;
+
+		freeReplyObject(r);
+		if (up)
+			break;
+		usleep(50000);
+	}
+	freeReplyObject(cmd(port, "CLUSTER ADDSLOTSRANGE 0 16383"));
+	for (int i = 0; i < 100; i++) {
+		redisReply *r = cmd(port, "CLUSTER INFO");
+		int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+
+		freeReplyObject(r);
+		if (ok)
+			return port;
+		usleep(50000);
+	}
+	stop_redis();
+	B_DIE("redis-server on port %d never reached cluster_state:ok", port);
+}
+
+static void pump(void)
+{
+	struct pollfd p[KVP_RC_NODES_MAX];
+	int n = kvp_rc_fds(g_rc, p, KVP_RC_NODES_MAX), t = kvp_rc_next_timeout_ms(g_rc);
+
+	if (t < 0 || t > 10)
+		t = 10;
+	if (poll(p, (nfds_t)n, t) > 0)
+		for (int i = 0; i < n; i++)
+			if (p[i].revents)
+				kvp_rc_on_ready(g_rc, p[i].fd, p[i].revents);
+	kvp_rc_tick(g_rc, kvp_rc_now_ms());
+}
+
+static void on_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	const void *pl;
+	uint64_t n;
+
+	if (arg) { /* a GET: the value must decode */
+		if (st != KVP_RC_HIT || kvp_rv_decode(&g_fp, g_page, val, len, &pl, &n))
+			g_bad++;
+	} else if (st != KVP_RC_OK) {
+		g_bad++;
+	}
+	g_left--;
+}
+
+static void key_of(int i, char *k)
+{
+	snprintf(k, 64, "kvp:bench:%d", i);
+}
+
+/* GB/s of NPAGES SETs (get = 0) or GETs through the layer, DEPTH in flight. */
+static double run_layer(int get, uint8_t *page)
+{
+	uint8_t hdr[KVP_RV_HDR_SIZE];
+	char k[64];
+	uint64_t t0 = b_now_ns();
+
+	g_left = 0;
+	for (int i = 0; i < NPAGES; i++) {
+		int rc;
+
+		key_of(i, k);
+		while (g_left >= DEPTH)
+			pump();
+		if (get) {
+			rc = kvp_rc_get(g_rc, k, strlen(k), on_done, g_rc);
+		} else {
+			memcpy(page, &i, sizeof(i));
+			kvp_rv_header(&g_fp, page, g_page, hdr);
+			rc = kvp_rc_set(g_rc, k, strlen(k), hdr, sizeof(hdr), page, g_page, 0,
+					on_done, NULL);
+		}
+		if (rc)
+			B_DIE("submission failed: %d", rc);
+		g_left++;
+	}
+	while (g_left > 0)
+		pump();
+	if (g_bad)
+		B_DIE("%d operations failed", g_bad);
+	return (double)NPAGES * (double)(g_page + KVP_RV_HDR_SIZE) /
+	       ((double)(b_now_ns() - t0) / 1e9) / 1e9;
+}
+
+/* redis-benchmark's requests/s for test (set / get), as GB/s of values of the same size. */
+static double run_redis_benchmark(int port, const char *test)
+{
+	char c[512], line[512];
+	double rps = 0, best = 0;
+	FILE *f;
+
+	for (int rep = 0; rep < 3; rep++) {
+		snprintf(c, sizeof(c),
+			 "redis-benchmark -h 127.0.0.1 -p %d -t %s -n %d -d %zu -c %d -P 1 -r %d "
+			 "--csv 2>/dev/null",
+			 port, test, NPAGES, g_page + KVP_RV_HDR_SIZE, DEPTH, NPAGES);
+		f = popen(c, "r");
+		if (!f)
+			B_DIE("popen redis-benchmark failed");
+		while (fgets(line, sizeof(line), f))
+			if (!strncasecmp(line, "\"SET\"", 5) || !strncasecmp(line, "\"GET\"", 5))
+				rps = strtod(line + 7, NULL);
+		if (pclose(f) != 0 || rps <= 0)
+			B_DIE("redis-benchmark -t %s failed", test);
+		if (rps > best)
+			best = rps;
+	}
+	return best * (double)(g_page + KVP_RV_HDR_SIZE) / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	int quick = b_quick(argc, argv), port;
+	char seeds[64];
+	struct kvp_rc_config cfg = {
+	    .max_inflight_cmds = DEPTH, .max_inflight_bytes = 1ull << 30, .op_timeout_ms = 10000};
+	double set_best = 0, get_best = 0, set_redis, get_redis;
+	uint8_t *page;
+
+	g_page = quick ? 64 << 10 : 256 << 10;
+	if (!have("redis-server") || !have("redis-benchmark")) {
+		for (int g = 0; g < 2; g++)
+			b_row_print(
+			    &(struct b_row){.name = g ? "remote.fetch" : "remote.spill",
+					    .unit = "GB/s",
+					    .note = "skipped: no redis-server/redis-benchmark"});
+		return 0;
+	}
+	page = malloc(g_page);
+	if (!page)
+		B_DIE("out of memory");
+	for (size_t i = 0; i < g_page; i++)
+		page[i] = (uint8_t)(i * 131 + 7);
+	port = start_redis();
+	snprintf(seeds, sizeof(seeds), "127.0.0.1:%d", port);
+	cfg.seeds = seeds;
+	g_rc = kvp_rc_new(&cfg);
+	if (!g_rc) {
+		stop_redis();
+		B_DIE("kvp_rc_new failed");
+	}
+	for (int i = 0; i < 500 && !kvp_rc_ready(g_rc); i++)
+		pump();
+	if (!kvp_rc_ready(g_rc)) {
+		stop_redis();
+		B_DIE("slot map never loaded");
+	}
+	for (int rep = 0; rep < (quick ? 1 : 3); rep++) {
+		double s = run_layer(0, page), g = run_layer(1, page);
+
+		set_best = s > set_best ? s : set_best;
+		get_best = g > get_best ? g : get_best;
+	}
+	kvp_rc_free(g_rc);
+	set_redis = run_redis_benchmark(port, "set");
+	get_redis = run_redis_benchmark(port, "get");
+	stop_redis();
+	for (int g = 0; g < 2; g++)
+		b_row_print(&(struct b_row){
+		    .name = g ? "remote.fetch" : "remote.spill",
+		    .params = b_fmt("{\"pages\":%d,\"value_bytes\":%zu,\"in_flight\":%d,"
+				    "\"redis_masters\":1}",
+				    NPAGES, g_page + KVP_RV_HDR_SIZE, DEPTH),
+		    .baseline_what = g ? "redis-benchmark GET, same value size and clients"
+				       : "redis-benchmark SET, same value size and clients",
+		    .baseline = g ? get_redis : set_redis,
+		    .have_base = 1,
+		    .value = g ? get_best : set_best,
+		    .have_value = 1,
+		    .unit = "GB/s",
+		    .target = "ratio >= 0.8",
+		    .note = g ? "GET + header and CRC32C check" : "header + CRC32C + SET",
+		});
+	free(page);
+	return 0;
+}

@@ -1,0 +1,225 @@
+/* test_remote_value.c - the remote tier's value format (round trip, every corruption refused)
+ * and content keys (page hashes equal to SGLang's get_hash_str, key text, slot spread).
+ *
+ * The hash vectors come from this Python run (hashlib, the same algorithm as get_hash_str:
+ * previous digest bytes, then each token id as 4 bytes little-endian):
+ *   def h(toks, prior=None):
+ *       m = hashlib.sha256()
+ *       if prior: m.update(bytes.fromhex(prior))
+ *       for t in toks: m.update(t.to_bytes(4, 'little', signed=False))
+ *       return m.hexdigest()
+ *   a = h([1, 2, 3, 4]); b = h([5, 6, 7, 8], a); c = h([0, 4294967295, 151643, 128000], b)
+ *   d = h(list(range(300))); e = h(list(range(300)), d)
+ *   fp id: hashlib.sha256(struct.pack('<6I', 32, 8, 128, 1, 16, 0)).digest()[:8][::-1].hex() */
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "remote_cluster.h"
+#include "remote_value.h"
+#include "suite.h"
+
+static const struct kvp_rv_fp fp = {32, 8, 128, 1, 16, 0};
+
+static void hex(const uint8_t *h, char *out)
+{
+	for (int i = 0; i < KVP_RV_HASH_SIZE; i++)
+		sprintf(out + 2 * i, "%02x", h[i]);
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		p[i] = (uint8_t)(seed >> 16);
+	}
+}
+
+static void test_crc32c_known_vector(void)
+{
+	uint8_t a[1024], big[1027];
+
+	CU_ASSERT_EQUAL(kvp_rv_crc32c("123456789", 9), 0xe3069283u);
+	CU_ASSERT_EQUAL(kvp_rv_crc32c("", 0), 0);
+	/* unaligned starts and odd tails give the same answer as the aligned whole */
+	fill(a, sizeof(a), 7);
+	for (size_t off = 0; off < 4; off++) {
+		memcpy(big + off, a, sizeof(a));
+		CU_ASSERT_EQUAL(kvp_rv_crc32c(big + off, 1021), kvp_rv_crc32c(a, 1021));
+	}
+}
+
+static void test_rv_decode_round_trip(void)
+{
+	size_t n = 16384;
+	uint8_t *page = malloc(n), *v = malloc(KVP_RV_HDR_SIZE + n), hdr[KVP_RV_HDR_SIZE];
+	const void *pl = NULL;
+	uint64_t pn = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(page);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+	fill(page, n, 1);
+	CU_ASSERT_EQUAL(kvp_rv_encode(&fp, page, n, v), KVP_RV_HDR_SIZE + n);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, n, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
+	CU_ASSERT_EQUAL(pn, n);
+	CU_ASSERT_PTR_EQUAL(pl, v + KVP_RV_HDR_SIZE);
+	CU_ASSERT_EQUAL(memcmp(pl, page, n), 0);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, 0, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
+	/* the header alone (sent before the page without copying it) is the same bytes */
+	kvp_rv_header(&fp, page, n, hdr);
+	CU_ASSERT_EQUAL(memcmp(hdr, v, KVP_RV_HDR_SIZE), 0);
+	CU_ASSERT_EQUAL(memcmp(v, "KVPV", 4), 0);
+	free(page);
+	free(v);
+}
+
+static int decode(const uint8_t *v, size_t len, uint64_t page)
+{
+	const void *pl = (const void *)1;
+	uint64_t pn = 7;
+	int rc = kvp_rv_decode(&fp, page, v, len, &pl, &pn);
+
+	if (rc) /* outputs untouched on failure */
+		CU_ASSERT(pl == (const void *)1 && pn == 7);
+	return rc;
+}
+
+static void test_rv_decode_each_corruption(void)
+{
+	enum { N = 256 };
+	uint8_t page[N], v[KVP_RV_HDR_SIZE + N], w[KVP_RV_HDR_SIZE + N];
+	struct kvp_rv_fp other = fp;
+
+	fill(page, N, 2);
+	kvp_rv_encode(&fp, page, N, v);
+	CU_ASSERT_EQUAL(decode(v, KVP_RV_HDR_SIZE - 1, 0), -KVP_RV_ESHORT);
+	memcpy(w, v, sizeof(v));
+	w[0] ^= 1;
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EMAGIC);
+	memcpy(w, v, sizeof(v));
+	w[4] = 2;
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EVERSION);
+	memcpy(w, v, sizeof(v));
+	w[6] = 40;
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EVERSION);
+	memcpy(w, v, sizeof(v));
+	w[33] ^= 1; /* payload length, header checksum not redone */
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EHEADER);
+	memcpy(w, v, sizeof(v));
+	w[KVP_RV_HDR_SIZE + N / 2] ^= 0x80;
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_ECHECKSUM);
+	CU_ASSERT_EQUAL(decode(v, sizeof(v) - 1, 0), -KVP_RV_ELENGTH);
+	CU_ASSERT_EQUAL(decode(v, sizeof(v), N * 2), -KVP_RV_ELENGTH);
+	/* each geometry field on its own makes the value foreign */
+	for (int f = 0; f < 6; f++) {
+		other = fp;
+		((uint32_t *)&other)[f] += 1;
+		kvp_rv_encode(&other, page, N, w);
+		CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EFOREIGN);
+	}
+	/* any single flipped bit anywhere is refused */
+	for (size_t i = 0; i < sizeof(v); i++) {
+		memcpy(w, v, sizeof(v));
+		w[i] ^= (uint8_t)(1u << (i % 8));
+		CU_ASSERT_NOT_EQUAL(decode(w, sizeof(w), 0), 0);
+	}
+	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(-KVP_RV_EFOREIGN), "foreign pool fingerprint");
+	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(999), "unknown");
+}
+
+static void test_rv_page_hash_matches_sglang(void)
+{
+	static const uint32_t t1[] = {1, 2, 3, 4}, t2[] = {5, 6, 7, 8};
+	static const uint32_t t3[] = {0, 4294967295u, 151643, 128000};
+	uint32_t t300[300];
+	uint8_t a[32], b[32], c[32], d[32], e[32];
+	char s[65];
+
+	for (int i = 0; i < 300; i++)
+		t300[i] = (uint32_t)i;
+	CU_ASSERT_EQUAL(kvp_rv_page_hash(NULL, t1, 4, a), 0);
+	hex(a, s);
+	CU_ASSERT_STRING_EQUAL(s,
+			       "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
+	CU_ASSERT_EQUAL(kvp_rv_page_hash(a, t2, 4, b), 0);
+	hex(b, s);
+	CU_ASSERT_STRING_EQUAL(s,
+			       "4ebfa8a1f3c341517621838c6e1b9aa350307e3f00b3cbd1a07ef740f54396d6");
+	CU_ASSERT_EQUAL(kvp_rv_page_hash(b, t3, 4, c), 0);
+	hex(c, s);
+	CU_ASSERT_STRING_EQUAL(s,
+			       "ddde2320ec2ae9c74512f20ca6255b63a04fc3490758f0e88134541c1d7a8277");
+	/* more tokens than one internal chunk */
+	CU_ASSERT_EQUAL(kvp_rv_page_hash(NULL, t300, 300, d), 0);
+	hex(d, s);
+	CU_ASSERT_STRING_EQUAL(s,
+			       "31c4d357f4440759108dcb4b14645a7d75bc02cf3597e7c6e20d8173e33e0fc3");
+	CU_ASSERT_EQUAL(kvp_rv_page_hash(d, t300, 300, e), 0);
+	hex(e, s);
+	CU_ASSERT_STRING_EQUAL(s,
+			       "0b0277fea470a8221d76eb411fd56996b222b37d9c77154f146a3a4a2959d455");
+}
+
+static void test_rv_key_text_and_refusals(void)
+{
+	uint8_t h[32];
+	char key[KVP_RV_KEY_MAX], ns[KVP_RV_NS_MAX + 2];
+	static const uint32_t t1[] = {1, 2, 3, 4};
+	int len;
+
+	CU_ASSERT_EQUAL(kvp_rv_fp_id(&fp), 0x567568aee78ee655ull);
+	kvp_rv_page_hash(NULL, t1, 4, h);
+	len = kvp_rv_key(&fp, "llama", h, key);
+	CU_ASSERT_EQUAL(len, (int)strlen(key));
+	CU_ASSERT_STRING_EQUAL(key,
+			       "kvp:567568aee78ee655:llama:"
+			       "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72");
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "", h, key), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a{b", h, key), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a}b", h, key), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a:b", h, key), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, "a b", h, key), -EINVAL);
+	memset(ns, 'n', KVP_RV_NS_MAX);
+	ns[KVP_RV_NS_MAX] = '\0';
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, ns, h, key), KVP_RV_KEY_MAX - 1);
+	ns[KVP_RV_NS_MAX] = 'n';
+	ns[KVP_RV_NS_MAX + 1] = '\0';
+	CU_ASSERT_EQUAL(kvp_rv_key(&fp, ns, h, key), -EINVAL);
+}
+
+/* The 1,000 pages of one prompt land on many slots (no shared hash tag). */
+static void test_rv_key_pages_of_one_prefix_spread(void)
+{
+	static unsigned char seen[KVP_RC_SLOTS];
+	uint8_t h[32], prev[32];
+	uint32_t toks[16];
+	char key[KVP_RV_KEY_MAX];
+	int distinct = 0;
+
+	for (int p = 0; p < 1000; p++) {
+		for (int i = 0; i < 16; i++)
+			toks[i] = (uint32_t)(p * 16 + i);
+		kvp_rv_page_hash(p ? prev : NULL, toks, 16, h);
+		memcpy(prev, h, 32);
+		int len = kvp_rv_key(&fp, "ns", h, key);
+		unsigned s = kvp_rc_slot(key, (size_t)len);
+
+		distinct += !seen[s];
+		seen[s] = 1;
+	}
+	/* 1,000 uniform draws from 16,384 slots give ~970 distinct; one tag would give 1 */
+	CU_ASSERT(distinct > 900);
+}
+
+int main(void)
+{
+	static const struct h_test tests[] = {
+	    H_TEST(test_crc32c_known_vector),	    H_TEST(test_rv_decode_round_trip),
+	    H_TEST(test_rv_decode_each_corruption), H_TEST(test_rv_page_hash_matches_sglang),
+	    H_TEST(test_rv_key_text_and_refusals),  H_TEST(test_rv_key_pages_of_one_prefix_spread),
+	};
+
+	return H_RUN_SUITE("remote_value", NULL, NULL, tests);
+}
