@@ -7,7 +7,9 @@
  * that completes jobs such as a reload's pool creation off this thread. A connection's state,
  * budget and deadlines are conn.c's: it gets its turn budget of frames per turn and is not
  * read while its output queue is full, so a client that pipelines without reading stalls only
- * itself. When no SQE is to be had (the ring is full), the operation is retried next turn. */
+ * itself. When no SQE is to be had (the ring is full), the operation is retried next turn. A
+ * call whose handler defers its answer (defer.h: a Reload waiting for its pools) is answered
+ * by deliver_deferred when the work completes, to its session's connection if still open. */
 #include "loop.h"
 
 #include <errno.h>
