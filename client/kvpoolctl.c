@@ -39,7 +39,8 @@ static void usage(FILE *f)
 	    "  flush POOL             drop every unlocked cached prefix (admin)\n"
 	    "  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline "
 	    "(admin)\n"
-	    "  reload                 re-read the configuration file (admin; like SIGHUP)\n"
+	    "  reload                 re-read the configuration file and print what changed, once "
+	    "applied (admin)\n"
 	    "  metrics                Prometheus text exposition\n"
 	    "  check-config FILE      validate a config and print its memory plan, starting "
 	    "nothing\n\n"
@@ -373,7 +374,7 @@ static int cmd_reload(struct kvp_client *c)
 	if (n < 0)
 		return report(&e);
 	if (g_json) {
-		printf("{\"reload\":\"requested\",\"changes\":[");
+		printf("{\"reload\":\"done\",\"changes\":[");
 		for (int i = 0, k = 0; i < n; i++) {
 			if (v[i].refused)
 				continue;
@@ -389,7 +390,7 @@ static int cmd_reload(struct kvp_client *c)
 		}
 		printf("]}\n");
 	} else {
-		printf("reload requested (kvpoold logs what changed or was refused)\n");
+		printf("reload done%s\n", n ? ":" : ": nothing changed");
 		for (int i = 0; i < n; i++)
 			printf("  %s %s\n", v[i].refused ? "refused:" : "changed:", v[i].text);
 	}

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include "config.h"
+#include "defer.h"
 #include "fail.h"
 #include "idmap.h"
 #include "pool.h"
@@ -67,6 +68,7 @@ struct kvp_daemon {
 	uint32_t flag_uids[KVP_MAX_IDS], n_flag_uids;
 	uint32_t flag_gids[KVP_MAX_IDS], n_flag_gids;
 	bool reload_requested;
+	struct kvp_defers defers; /* deferred replies (defer.h) */
 };
 
 uint64_t kvp_now_ms(void);

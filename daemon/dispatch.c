@@ -108,6 +108,8 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 	} else {
 		rc = h(d, s, req, r, &f);
 	}
+	if (rc == KVP_DEFERRED)
+		return rc; /* answered later through its ticket (defer.h) */
 	if (rc < 0) {
 		/* A failed handler's partial result is dropped: only the Status goes back. */
 		r->resp.result_case = KVPOOL__RESPONSE__RESULT__NOT_SET;

@@ -7,7 +7,9 @@
  * that completes jobs such as a reload's pool creation off this thread. A connection's state,
  * budget and deadlines are conn.c's: it gets its turn budget of frames per turn and is not
  * read while its output queue is full, so a client that pipelines without reading stalls only
- * itself. When no SQE is to be had (the ring is full), the operation is retried next turn. */
+ * itself. When no SQE is to be had (the ring is full), the operation is retried next turn. A
+ * call whose handler defers its answer (defer.h: a Reload waiting for its pools) is answered
+ * by deliver_deferred when the work completes, to its session's connection if still open. */
 #include "loop.h"
 
 #include <errno.h>
@@ -522,10 +524,13 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 		code = kvp_dispatch_frame(sv->d, p->sess, req, payload, len, &r);
 		if (p->c.state == CONN_HANDSHAKE && p->sess->hello)
 			conn_set_state(&p->c, CONN_OPEN);
-		send_reply(sv, p, &r);
+		if (code != KVP_DEFERRED) /* else deliver_deferred sends it later */
+			send_reply(sv, p, &r);
 		kvp_reply_release(&r);
 		clock_gettime(CLOCK_MONOTONIC, &now);
-		kvp_rpc_observe(&sv->d->rpc, (int)req->call_case, code, elapsed_us(&prev, &now));
+		if (code != KVP_DEFERRED)
+			kvp_rpc_observe(&sv->d->rpc, (int)req->call_case, code,
+					elapsed_us(&prev, &now));
 		kvp_arena_reset(&sv->arena);
 		prev = now;
 		served = true;
@@ -551,6 +556,33 @@ static bool serve_frames(struct server *sv, struct peer *p)
 		conn_maybe_free(sv, p);
 		return false;
 	}
+	return true;
+}
+
+/* A deferred reply (defer.h) is ready: it goes to the connection of its session, if that
+ * session is still served; its latency runs from the call's arrival. */
+static bool deliver_deferred(void *ctx, const struct kvp_defer *t, struct kvp_reply *r, int code)
+{
+	struct server *sv = ctx;
+	struct timespec now;
+	struct peer *p;
+
+	for (p = sv->conns; p; p = p->next)
+		if (p->sess && p->sess->id == t->session_id)
+			break;
+	if (!p || conn_closing(&p->c)) {
+		log_info("deferred reply to request %lu of session %lu dropped: the session ended",
+			 (unsigned long)t->req_id, (unsigned long)t->session_id);
+		return false;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	kvp_rpc_observe(&sv->d->rpc, t->call_case, code, elapsed_us(&t->started, &now));
+	conn_hold(&p->c, CONN_HOLD_SERVE); /* a reply that cannot be queued closes p */
+	send_reply(sv, p, r);
+	arm_send(sv, p);
+	conn_release(&p->c, CONN_HOLD_SERVE);
+	if (conn_closing(&p->c))
+		conn_maybe_free(sv, p);
 	return true;
 }
 
@@ -1137,6 +1169,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	kvp_src_init(&sv.timer_src, KVP_SRC_TIMER, on_tick, &sv);
 	kvp_src_init(&sv.work_src, KVP_SRC_WORK, on_work, &sv);
 	kvp_src_init(&sv.ignore_src, KVP_SRC_IGNORE, on_ignore, &sv);
+	d->defers.deliver = deliver_deferred;
+	d->defers.ctx = &sv;
 	r = setup(&sv);
 	if (r == 0) {
 		sv.work = kvp_work_start();
@@ -1211,6 +1245,20 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	 * (its pools are dropped or join, to be destroyed with the others), then sessions (their
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
 	kvp_work_stop(sv.work);
+	while (d->defers.reload_waiting) {
+		struct kvp_defer *t = d->defers.reload_waiting;
+		struct kvp_fail f;
+
+		d->defers.reload_waiting = t->next;
+		kvp_fail_init(&f);
+		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is stopping");
+		kvp_defer_fail(&d->defers, t, &f);
+	}
+	if (d->defers.n) {
+		log_err("at exit: %u deferred replies still held", d->defers.n);
+		sv.exit_code = 70;
+	}
+	d->defers.deliver = NULL;
 	for (struct peer *p = sv.conns; p; p = p->next) {
 		if (p->sess) {
 			kvp_session_destroy(d, p->sess);

@@ -2,12 +2,14 @@
 #include "reload.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "budget.h"
+#include "defer.h"
 #include "log.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)
@@ -68,6 +70,106 @@ static bool same_pool_shape(const struct kvp_pool_conf *a, const struct kvp_pool
 	       a->hugepages == b->hugepages && a->mlock == b->mlock && a->eviction == b->eviction;
 }
 
+#define RELOAD_LINES 24
+#define RELOAD_LINE 160
+
+/* What a reload did, as its callers are told: code OK with the changes made and the parts
+ * refused, or a failure (nothing changed) with its reason. */
+struct reload_result {
+	Kvpool__Code code;
+	char err[384];
+	char line[2][RELOAD_LINES][RELOAD_LINE]; /* [0] changes, [1] refused */
+	uint32_t n[2];
+};
+
+static void note(struct reload_result *res, int refused, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void note(struct reload_result *res, int refused, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (res->n[refused] >= RELOAD_LINES)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(res->line[refused][res->n[refused]++], RELOAD_LINE, fmt, ap);
+	va_end(ap);
+}
+
+static void refuse(struct reload_result *res, Kvpool__Code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void refuse(struct reload_result *res, Kvpool__Code code, const char *fmt, ...)
+{
+	va_list ap;
+
+	res->code = code;
+	va_start(ap, fmt);
+	vsnprintf(res->err, sizeof(res->err), fmt, ap);
+	va_end(ap);
+}
+
+/* One Reload call's answer: the result, or its failure. */
+static void answer_one(struct kvp_defers *ds, struct kvp_defer *t, const struct reload_result *res)
+{
+	struct kvp_reply r;
+	struct kvp_fail f;
+	Kvpool__ReloadResp *m;
+
+	kvp_fail_init(&f);
+	if (res->code != KVPOOL__CODE__OK) {
+		kvp_fail(&f, res->code, "reload refused, the running config is kept: %s", res->err);
+		kvp_defer_fail(ds, t, &f);
+		return;
+	}
+	kvp_reply_init(&r, t->req_id);
+	m = KVP_REPLY_NEW(&r, Kvpool__ReloadResp, kvpool__reload_resp__descriptor);
+	for (int k = 0; m && k < 2; k++) {
+		char **v = res->n[k] ? kvp_reply_alloc(&r, sizeof(char *) * res->n[k]) : NULL;
+
+		if (res->n[k] && !v) {
+			m = NULL;
+			break;
+		}
+		for (uint32_t i = 0; i < res->n[k]; i++) {
+			v[i] = kvp_reply_strdup(&r, res->line[k][i]);
+			if (!v[i]) {
+				m = NULL;
+				break;
+			}
+		}
+		if (k) {
+			m->n_refused = res->n[k];
+			m->refused = v;
+		} else if (m) {
+			m->n_changes = res->n[k];
+			m->changes = v;
+		}
+	}
+	if (!m) {
+		kvp_reply_release(&r);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL,
+			 "the reload was done, but kvpoold ran out of memory for its answer");
+		kvp_defer_fail(ds, t, &f);
+		return;
+	}
+	r.resp.result_case = KVPOOL__RESPONSE__RESULT_RELOAD;
+	r.resp.reload = m;
+	kvp_defer_answer(ds, t, &r, 0);
+	kvp_reply_release(&r);
+}
+
+/* Answers every ticket of list with res. */
+static void answer(struct kvp_defers *ds, struct kvp_defer *list, const struct reload_result *res)
+{
+	while (list) {
+		struct kvp_defer *t = list;
+
+		list = t->next;
+		answer_one(ds, t, res);
+	}
+}
+
 struct reload_job {
 	struct kvp_job job;
 	struct kvp_daemon *d;
@@ -79,6 +181,8 @@ struct reload_job {
 	bool refused;			       /* logged; nothing to apply */
 	struct kvp_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
 	uint32_t n_new;			       /* how many of them were created */
+	struct kvp_defer *waiters;	       /* the Reload calls this reload answers */
+	struct reload_result res;
 };
 
 /* KVPOOLD_RELOAD_DELAY_MS (tests): the worker sleeps that long before creating pools, so a test
@@ -99,7 +203,8 @@ static void test_delay(void)
 
 /* Whether next may replace cur: every running pool is still there, unchanged and in its
  * place. Logs the refusal. */
-static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next)
+static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
+		       struct reload_result *res)
 {
 	for (uint32_t i = 0; i < cur->n_pools; i++) {
 		const struct kvp_pool_conf *c = &cur->pools[i];
@@ -114,6 +219,10 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next)
 				    "reload refused, keeping the running config: pool %s changes "
 				    "size, geometry or place; restart kvpoold for that",
 				    c->name);
+				refuse(res, KVPOOL__CODE__INVALID_ARGUMENT,
+				       "pool %s changes size, geometry or place; restart kvpoold "
+				       "for that",
+				       c->name);
 				return false;
 			}
 		}
@@ -121,6 +230,8 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next)
 			log_err("reload refused, keeping the running config: pool %s was removed; "
 				"restart kvpoold for that",
 				c->name);
+			refuse(res, KVPOOL__CODE__INVALID_ARGUMENT,
+			       "pool %s was removed; restart kvpoold for that", c->name);
 			return false;
 		}
 	}
@@ -154,17 +265,26 @@ static void reload_run(struct kvp_job *job)
 	struct reload_job *j = (struct reload_job *)job;
 	char err[512];
 
+	int r;
+
 	if (kvp_conf_load_file(&j->next, j->path, err, sizeof(err)) < 0) {
 		log_err("reload refused, keeping the running config: %s", err);
+		refuse(&j->res, KVPOOL__CODE__INVALID_ARGUMENT, "%s", err);
 		j->refused = true;
 		return;
 	}
-	if (!compatible(&j->cur, &j->next)) {
+	if (!compatible(&j->cur, &j->next, &j->res)) {
 		j->refused = true;
 		return;
 	}
-	if (check_new_pools(&j->cur, &j->next) < 0) {
+	r = check_new_pools(&j->cur, &j->next);
+	if (r < 0) {
 		log_err("reload refused, keeping the running config: new pools do not fit");
+		refuse(&j->res,
+		       r == -ENOMEM   ? KVPOOL__CODE__HOST_BUDGET_EXCEEDED
+		       : r == -EINVAL ? KVPOOL__CODE__INVALID_ARGUMENT
+				      : KVPOOL__CODE__INTERNAL,
+		       "the new pools do not fit this machine (kvpoold's log says why)");
 		j->refused = true;
 		return;
 	}
@@ -173,8 +293,13 @@ static void reload_run(struct kvp_job *job)
 	for (uint32_t i = j->cur.n_pools; i < j->next.n_pools; i++) {
 		struct kvp_pool *p = kvp_daemon_create_pool(&j->next.pools[i], i);
 
-		if (!p)
+		if (!p) {
+			/* It and the pools after it keep their place free for a later reload. */
+			for (uint32_t k = i; k < j->next.n_pools; k++)
+				note(&j->res, 1, "pool %s: not created (kvpoold's log says why)",
+				     j->next.pools[k].name);
 			break;
+		}
 		j->pools[j->n_new++] = p;
 	}
 }
@@ -183,18 +308,28 @@ static void reload_run(struct kvp_job *job)
  * take effect, and the new pools join. */
 static void apply(struct kvp_daemon *d, struct reload_job *j)
 {
+	struct reload_result *res = &j->res;
 	const struct kvp_conf *n = &j->next;
 	uint32_t old_pools = d->n_pools;
 	struct kvp_pool_conf keep[KVP_MAX_POOLS];
 
 	for (uint32_t i = 0; i < old_pools; i++) {
-		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens)
+		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens) {
 			log_notice("reload: pool %s session quota %lu -> %lu tokens",
 				   n->pools[i].name,
 				   (unsigned long)d->conf.pools[i].session_quota_tokens,
 				   (unsigned long)n->pools[i].session_quota_tokens);
+			note(res, 0, "pool %s: session quota %lu -> %lu tokens", n->pools[i].name,
+			     (unsigned long)d->conf.pools[i].session_quota_tokens,
+			     (unsigned long)n->pools[i].session_quota_tokens);
+		}
 		kvp_pool_conf_copy_access(&d->pools[i]->conf, &n->pools[i]);
 	}
+	if (d->conf.log_level != n->log_level)
+		note(res, 0, "log level %d -> %d", d->conf.log_level, n->log_level);
+	if (d->conf.keepalive_ms != n->keepalive_ms)
+		note(res, 0, "keep-alive %lu -> %lu ms", (unsigned long)d->conf.keepalive_ms,
+		     (unsigned long)n->keepalive_ms);
 	memcpy(keep, d->conf.pools, sizeof(keep));
 	d->conf = *n;
 	memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
@@ -209,6 +344,9 @@ static void apply(struct kvp_daemon *d, struct reload_job *j)
 		d->pools[i] = j->pools[k];
 		j->pools[k] = NULL;
 		d->conf.n_pools = d->n_pools = i + 1;
+		note(res, 0, "pool %s: created (%lu device pages, %lu host pages)",
+		     n->pools[i].name, (unsigned long)n->pools[i].device_pages,
+		     (unsigned long)n->pools[i].host_pages);
 	}
 	kvp_daemon_recheck_sessions(d);
 	log_notice("reload: done (%u pools)", d->n_pools);
@@ -221,14 +359,18 @@ static void reload_done(struct kvp_job *job, bool cancelled)
 
 	if (cancelled) {
 		log_notice("reload: dropped, kvpoold is stopping");
+		refuse(&j->res, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is stopping");
 	} else if (!j->refused) {
 		/* Only a reload changes the pools, and one runs at a time: d is as it was copied.
 		 */
-		if (d->n_pools != j->cur.n_pools)
+		if (d->n_pools != j->cur.n_pools) {
 			log_err("reload refused: the pools changed while it ran");
-		else
+			refuse(&j->res, KVPOOL__CODE__INTERNAL, "the pools changed while it ran");
+		} else {
 			apply(d, j);
+		}
 	}
+	answer(&d->defers, j->waiters, &j->res);
 	for (uint32_t k = 0; k < j->n_new; k++)
 		kvp_pool_destroy(j->pools[k]);
 	if (j->finished)
@@ -239,22 +381,34 @@ static void reload_done(struct kvp_job *job, bool cancelled)
 int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(void *ctx),
 		     void *ctx)
 {
+	struct kvp_defer *waiters = d->defers.reload_waiting;
+	struct reload_result res;
 	struct reload_job *j;
 	int r;
 
+	/* The calls waiting now are answered by this reload: it reads the file after them. */
+	d->defers.reload_waiting = NULL;
+	memset(&res, 0, sizeof(res));
 	if (!d->config_path) {
 		log_notice("reload: running on the embedded config; nothing to re-read");
+		note(&res, 1, "kvpoold runs on its embedded config: there is no file to re-read");
+		answer(&d->defers, waiters, &res);
 		return 1;
 	}
 	if (strlen(d->config_path) >= sizeof(j->path)) {
 		log_err("reload refused: config path too long");
+		refuse(&res, KVPOOL__CODE__INTERNAL, "config path too long");
+		answer(&d->defers, waiters, &res);
 		return -ENAMETOOLONG;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j) {
 		log_err("reload refused: out of memory");
+		refuse(&res, KVPOOL__CODE__INTERNAL, "kvpoold is out of memory");
+		answer(&d->defers, waiters, &res);
 		return -ENOMEM;
 	}
+	j->waiters = waiters;
 	j->job.run = reload_run;
 	j->job.done = reload_done;
 	j->d = d;
@@ -266,6 +420,9 @@ int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(
 	r = kvp_work_submit(w, &j->job);
 	if (r < 0) {
 		log_err("reload refused: %s", strerror(-r));
+		refuse(&res, r == -ESHUTDOWN ? KVPOOL__CODE__SHUTTING_DOWN : KVPOOL__CODE__INTERNAL,
+		       "%s", strerror(-r));
+		answer(&d->defers, waiters, &res);
 		free(j);
 	}
 	return r;

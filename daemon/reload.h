@@ -17,7 +17,11 @@ int kvp_daemon_check_budget(const struct kvp_conf *c);
 struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id);
 
 /* Starts a reload of d->config_path on w. finished(ctx) runs on the loop thread once the
- * result is applied (or refused). Returns 0 when the reload job was queued, 1 when there is
- * nothing to do (embedded config: logged), or a negative errno (nothing queued). */
+ * result is applied (or refused). The Reload calls waiting then (d->defers.reload_waiting)
+ * are this reload's: each is answered, through its ticket, with what changed and what was
+ * refused, or with the typed failure when nothing was applied; a call that arrives while it
+ * runs waits for the next reload, which reads the file after it. Returns 0 when the reload
+ * job was queued, 1 when there is nothing to do (embedded config: logged), or a negative
+ * errno (nothing queued); in both the waiting calls are answered at once. */
 int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(void *ctx),
 		     void *ctx);

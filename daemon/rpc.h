@@ -7,7 +7,8 @@
 #include "reply.h"
 
 /* A handler validates everything before it changes anything. Returns 0 with r's result set,
- * or a negative Code with f filled (dispatch then drops any partial result). */
+ * a negative Code with f filled (dispatch then drops any partial result), or KVP_DEFERRED
+ * when it took a ticket and answers later (defer.h). */
 typedef int (*kvp_rpc_handler)(struct kvp_daemon *d, struct kvp_session *s,
 			       const Kvpool__Request *q, struct kvp_reply *r, struct kvp_fail *f);
 

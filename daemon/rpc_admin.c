@@ -222,21 +222,23 @@ KVP_RPC_HANDLER(kvp_rpc_drain)
 	return 0;
 }
 
+/* Answered when a reload that starts after this call is applied or refused (reload.c answers
+ * the waiting tickets); with one running, this one waits for the next. */
 KVP_RPC_HANDLER(kvp_rpc_reload)
 {
-	Kvpool__ReloadResp *m;
+	struct kvp_defer *t;
 	int rc;
 
-	(void)q;
+	(void)r;
 	if ((rc = need_admin(s, "Reload", f)) < 0)
 		return rc;
-	m = KVP_REPLY_NEW(r, Kvpool__ReloadResp, kvpool__reload_resp__descriptor);
-	if (!m)
-		return kvp_rpc_oom(f);
+	t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, f);
+	if (!t)
+		return -(int)f->code;
+	t->next = d->defers.reload_waiting;
+	d->defers.reload_waiting = t;
 	d->reload_requested = true;
-	r->resp.result_case = KVPOOL__RESPONSE__RESULT_RELOAD;
-	r->resp.reload = m;
-	return 0;
+	return KVP_DEFERRED;
 }
 
 KVP_RPC_HANDLER(kvp_rpc_sessions)

@@ -427,8 +427,10 @@ struct kvp_reload_item {
 	char text[256];
 };
 /* Re-reads the daemon's configuration file (as SIGHUP) and lists what changed and what was
- * refused, a listing (see kvp_session_list): changes first, then refusals. Returns the count
- * or a negative code. */
+ * refused, a listing (see kvp_session_list): changes first, then refusals. Returns once the
+ * reload is applied (new pools created: this may take seconds; a reload already running is
+ * waited for, then this one runs), with the count, or a negative code: the reason when the
+ * whole file was refused and nothing changed (e.g. -KVP_E_INVALID_ARGUMENT). */
 int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
 		     struct kvp_error *err);
 

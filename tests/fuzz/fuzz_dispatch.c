@@ -97,6 +97,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (r < 0)
 			break;
 	}
+	/* Deferred Reload calls (no loop here to run the reload): answered as at a stop, and no
+	 * ticket may be left. */
+	while (g_d.defers.reload_waiting) {
+		struct kvp_defer *t = g_d.defers.reload_waiting;
+
+		g_d.defers.reload_waiting = t->next;
+		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "fuzz");
+		kvp_defer_fail(&g_d.defers, t, &f);
+	}
+	if (g_d.defers.n)
+		abort();
+	g_d.reload_requested = false;
 	for (int i = 0; i < 2; i++) {
 		kvp_session_destroy(&g_d, s[i]);
 		kvp_frame_buf_release(&b[i]);

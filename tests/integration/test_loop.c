@@ -3,7 +3,8 @@
  * fault site) retried instead of crashing, peer pidfds from SO_PEERPIDFD with the pidfd_open
  * fallback and failures counted, peers with more than 64 groups, a --socket path too long for
  * a unix address, a reload's budget counting only the new pools, and socket activation with
- * several named fds. */
+ * several named fds; a Reload call answered once its reload is applied (a call during a reload
+ * waits for the next, a caller gone meanwhile has its answer dropped). */
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -373,6 +374,185 @@ static void test_reload_in_progress_at_stop(void)
 	CU_ASSERT(svc_wait_log(&s, "reload: delayed", 3000));
 	CU_ASSERT_EQUAL(svc_stop(&s), 0);
 	CU_ASSERT(svc_log_contains(&s, "kvpoold stopped"));
+	svc_cleanup(&s);
+}
+
+/* ---- a Reload call is answered when the reload is applied ---- */
+
+/* `kvpoolctl [--json] reload` started in the background; its output is read by the caller. */
+static FILE *reload_cmd(const struct svc *s, bool json)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s'%s reload 2>&1", kvpoolctl(), s->sock,
+		 json ? " --json" : "");
+	return popen(cmd, "r");
+}
+
+/* All of f's output, and its exit status. */
+static int read_all(FILE *f, char *buf, size_t cap)
+{
+	size_t n = 0, got;
+
+	while (n + 1 < cap && (got = fread(buf + n, 1, cap - 1 - n, f)) > 0)
+		n += got;
+	buf[n] = 0;
+	return pclose(f);
+}
+
+static void test_reload_call_answered_when_applied(void)
+{
+	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1500", NULL};
+	struct spawn_opts o = {.env = env};
+	struct svc s;
+	struct kvp_error e;
+	struct kvp_client *c;
+	char out[2048];
+	uint64_t t0, worst = 0;
+	int pings = 0, st;
+	FILE *f;
+
+	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
+	c = kvp_client_connect(s.sock, "pinger", &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	kvp_client_set_timeout(c, 5000);
+	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	t0 = h_now_ms();
+	f = reload_cmd(&s, true);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
+	/* While the Reload call waits for its pools, another session is answered at once. */
+	while (h_now_ms() - t0 < 1000) {
+		uint64_t a = h_now_ms(), took;
+
+		CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+		took = h_now_ms() - a;
+		worst = took > worst ? took : worst;
+		pings++;
+		usleep(20000);
+	}
+	CU_ASSERT_FALSE(svc_log_contains(&s, "reload: done"));
+	CU_ASSERT(pings >= 10);
+	CU_ASSERT(worst < 500);
+	/* The call returns only once the pool exists, and says so. */
+	st = read_all(f, out, sizeof(out));
+	printf("\n    reload answered after %lu ms: %s", (unsigned long)(h_now_ms() - t0), out);
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CU_ASSERT(h_now_ms() - t0 >= 1500);
+	CU_ASSERT(svc_log_contains(&s, "reload: done (2 pools)"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"reload\":\"done\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "pool b: created"));
+	CU_ASSERT_EQUAL(n_pools(c), 2);
+	/* Through the library too: nothing changed this time, answered at once. */
+	{
+		struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+
+		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), 0);
+	}
+	/* A file refused whole is the call's failure, with its reason. */
+	CU_ASSERT_EQUAL(write_file(s.config, POOL_B), 0);
+	{
+		struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+
+		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), -KVP_E_INVALID_ARGUMENT);
+		CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "pool a was removed"));
+	}
+	CU_ASSERT_EQUAL(n_pools(c), 2);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(svc_stop(&s), 0);
+	svc_cleanup(&s);
+}
+
+/* A Reload call made while a reload runs waits for the next one, which reads the file after
+ * the call: both callers are answered, the second with what its own reload did. */
+static void test_reload_call_during_reload_waits_for_next(void)
+{
+	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1000", NULL};
+	struct spawn_opts o = {.env = env};
+	struct svc s;
+	char out1[2048], out2[2048];
+	int st1, st2;
+	FILE *f1, *f2;
+
+	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
+	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	f1 = reload_cmd(&s, false);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f1);
+	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
+	f2 = reload_cmd(&s, false);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f2);
+	st1 = read_all(f1, out1, sizeof(out1));
+	st2 = read_all(f2, out2, sizeof(out2));
+	CU_ASSERT(WIFEXITED(st1) && WEXITSTATUS(st1) == 0);
+	CU_ASSERT(WIFEXITED(st2) && WEXITSTATUS(st2) == 0);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out1, "pool b: created"));
+	/* the second reload found pool b there already: nothing changed */
+	CU_ASSERT_PTR_NOT_NULL(strstr(out2, "reload done: nothing changed"));
+	CU_ASSERT_EQUAL(svc_log_count(&s, "reload: done (2 pools)"), 2);
+	CU_ASSERT_EQUAL(svc_stop(&s), 0);
+	svc_cleanup(&s);
+}
+
+/* A client that gives up before its deferred reply arrives: the reply is dropped when the
+ * reload lands, the daemon goes on serving and exits cleanly (its books, tickets included,
+ * checked at exit). */
+static void test_reload_caller_gone_before_answer(void)
+{
+	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "800", NULL};
+	struct spawn_opts o = {.env = env};
+	struct svc s;
+	struct kvp_error e;
+	struct kvp_client *c, *c2;
+	struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+
+	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
+	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	c = kvp_client_connect(s.sock, "impatient", &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	kvp_client_set_timeout(c, 200);
+	CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), -KVP_E_TRANSPORT);
+	kvp_client_close(c);
+	CU_ASSERT(svc_wait_log(&s, "reload: done (2 pools)", 5000));
+	CU_ASSERT(svc_wait_log(&s, "dropped: the session ended", 2000));
+	c2 = kvp_client_connect(s.sock, "after", &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+	kvp_client_set_timeout(c2, 5000);
+	CU_ASSERT_EQUAL(kvp_client_ping(c2, &e), 0);
+	CU_ASSERT_EQUAL(n_pools(c2), 2);
+	kvp_client_close(c2);
+	CU_ASSERT_EQUAL(svc_stop(&s), 0);
+	svc_cleanup(&s);
+}
+
+/* A Reload call waiting when kvpoold stops: its connection ends with the others (the call
+ * fails, it does not hang), the reload finishes, its answer is dropped, the exit is clean. */
+static void test_reload_call_at_stop_answered(void)
+{
+	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1500", NULL};
+	struct spawn_opts o = {.env = env};
+	struct svc s;
+	char out[2048];
+	int st;
+	FILE *f;
+
+	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
+	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	f = reload_cmd(&s, false);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
+	CU_ASSERT_EQUAL(svc_stop(&s), 0);
+	st = read_all(f, out, sizeof(out));
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	CU_ASSERT(strstr(out, "TRANSPORT") || strstr(out, "SHUTTING_DOWN"));
+	CU_ASSERT(svc_log_contains(&s, "dropped: the session ended"));
 	svc_cleanup(&s);
 }
 
@@ -790,6 +970,10 @@ int main(void)
 	static const struct h_test tests[] = {
 	    H_TEST(test_reload_slow_pools_built_off_the_loop),
 	    H_TEST(test_reload_in_progress_at_stop),
+	    H_TEST(test_reload_call_answered_when_applied),
+	    H_TEST(test_reload_call_during_reload_waits_for_next),
+	    H_TEST(test_reload_caller_gone_before_answer),
+	    H_TEST(test_reload_call_at_stop_answered),
 	    H_TEST(test_sqe_exhaustion_retried),
 	    H_TEST(test_peer_pidfd_tracks_exit),
 	    H_TEST(test_peer_pidfd_fallback_pidfd_open),

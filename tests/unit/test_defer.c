@@ -1,0 +1,132 @@
+/* test_defer.c - deferred-reply tickets: bounded per session and in all (LIMIT_EXCEEDED with
+ * the limit named), answered through the loop's deliver hook with the request's id, a failure
+ * carried as its Status, and a ticket whose session is gone dropped and freed (ASan shows no
+ * leak). */
+#include <CUnit/Basic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "defer.h"
+#include "suite.h"
+
+struct sink {
+	uint64_t live_session; /* deliver succeeds for this session only */
+	int calls;
+	uint64_t last_id;
+	int last_code;
+	Kvpool__Code last_status;
+};
+
+static bool deliver(void *ctx, const struct kvp_defer *t, struct kvp_reply *r, int code)
+{
+	struct sink *k = ctx;
+
+	k->calls++;
+	k->last_id = r->resp.id;
+	k->last_code = code;
+	k->last_status = r->status.code;
+	return t->session_id == k->live_session;
+}
+
+static void test_defer_take_bounded_per_session(void)
+{
+	struct sink k = {.live_session = 1};
+	struct kvp_defers ds = {.deliver = deliver, .ctx = &k};
+	struct kvp_defer *t[KVP_DEFER_PER_SESSION + 1];
+	struct kvp_fail f;
+	struct kvp_reply r;
+
+	for (int i = 0; i < KVP_DEFER_PER_SESSION; i++) {
+		kvp_fail_init(&f);
+		t[i] = kvp_defer_take(&ds, 1, 100 + (uint64_t)i, 0, &f);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(t[i]);
+	}
+	CU_ASSERT_EQUAL(kvp_defer_count(&ds, 1), KVP_DEFER_PER_SESSION);
+	kvp_fail_init(&f);
+	CU_ASSERT_PTR_NULL(kvp_defer_take(&ds, 1, 200, 0, &f));
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__LIMIT_EXCEEDED);
+	CU_ASSERT_STRING_EQUAL(f.limit.what, "session_pending_replies");
+	CU_ASSERT_EQUAL(f.limit.limit, KVP_DEFER_PER_SESSION);
+	/* another session is not held back by this one's */
+	kvp_fail_init(&f);
+	t[KVP_DEFER_PER_SESSION] = kvp_defer_take(&ds, 2, 300, 0, &f);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(t[KVP_DEFER_PER_SESSION]);
+	CU_ASSERT_EQUAL(ds.n, KVP_DEFER_PER_SESSION + 1);
+	/* answering one frees room for the next */
+	kvp_reply_init(&r, t[3]->req_id);
+	kvp_defer_answer(&ds, t[3], &r, 0);
+	kvp_reply_release(&r);
+	CU_ASSERT_EQUAL(k.calls, 1);
+	CU_ASSERT_EQUAL(k.last_id, 103);
+	CU_ASSERT_EQUAL(ds.answered, 1);
+	kvp_fail_init(&f);
+	t[3] = kvp_defer_take(&ds, 1, 201, 0, &f);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(t[3]);
+	for (int i = 0; i <= KVP_DEFER_PER_SESSION; i++) {
+		kvp_fail_init(&f);
+		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "stopping");
+		kvp_defer_fail(&ds, t[i], &f);
+	}
+	CU_ASSERT_EQUAL(ds.n, 0);
+	CU_ASSERT_PTR_NULL(ds.all);
+	CU_ASSERT_EQUAL(k.last_code, KVPOOL__CODE__SHUTTING_DOWN);
+	CU_ASSERT_EQUAL(k.last_status, KVPOOL__CODE__SHUTTING_DOWN);
+	CU_ASSERT_EQUAL(ds.answered, 1 + KVP_DEFER_PER_SESSION);
+	CU_ASSERT_EQUAL(ds.dropped, 1); /* session 2's: deliver said it is gone */
+}
+
+static void test_defer_take_bounded_in_all(void)
+{
+	struct sink k = {0};
+	struct kvp_defers ds = {.deliver = deliver, .ctx = &k, .max = 5, .per_session = 2};
+	static const int order[] = {2, 0, 4, 1, 3};
+	struct kvp_defer *t[5];
+	struct kvp_fail f;
+
+	for (int i = 0; i < 5; i++) {
+		kvp_fail_init(&f);
+		t[i] = kvp_defer_take(&ds, (uint64_t)i, 1, 0, &f);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(t[i]);
+	}
+	kvp_fail_init(&f);
+	CU_ASSERT_PTR_NULL(kvp_defer_take(&ds, 9, 1, 0, &f));
+	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__LIMIT_EXCEEDED);
+	CU_ASSERT_STRING_EQUAL(f.limit.what, "pending_replies");
+	/* freed in an order other than taken: the list stays whole */
+	for (int i = 0; i < 5; i++) {
+		kvp_fail_init(&f);
+		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "x");
+		kvp_defer_fail(&ds, t[order[i]], &f);
+		CU_ASSERT_EQUAL(ds.n, 4 - (uint32_t)i);
+	}
+	CU_ASSERT_PTR_NULL(ds.all);
+	CU_ASSERT_EQUAL(ds.dropped, 4); /* only session 0 "exists" */
+}
+
+static void test_defer_answer_without_deliver_drops(void)
+{
+	struct kvp_defers ds = {0};
+	struct kvp_fail f;
+	struct kvp_defer *t;
+	struct kvp_reply r;
+
+	kvp_fail_init(&f);
+	t = kvp_defer_take(&ds, 1, 7, 0, &f);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+	kvp_reply_init(&r, 7);
+	kvp_defer_answer(&ds, t, &r, 0);
+	kvp_reply_release(&r);
+	CU_ASSERT_EQUAL(ds.n, 0);
+	CU_ASSERT_EQUAL(ds.dropped, 1);
+}
+
+int main(void)
+{
+	static const struct h_test tests[] = {
+	    H_TEST(test_defer_take_bounded_per_session),
+	    H_TEST(test_defer_take_bounded_in_all),
+	    H_TEST(test_defer_answer_without_deliver_drops),
+	};
+
+	return H_RUN_SUITE("defer", NULL, NULL, tests);
+}
