@@ -29,8 +29,8 @@ struct share {
 /* The fixed part, from the structures that hold it. */
 _Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
 		   sizeof(uint32_t) + sizeof(uint8_t) +
-		       sizeof(**((struct kvp_pool *)0)->lease_of) +
-		       sizeof(**((struct kvp_pool *)0)->lease_idx) +
+		       sizeof(**((struct kvpd_pool *)0)->lease_of) +
+		       sizeof(**((struct kvpd_pool *)0)->lease_idx) +
 		       2 * sizeof(*((struct kvp_lease *)0)->pages),
 	       "per-page bookkeeping of pages.c, pool.h and leases");
 
@@ -87,7 +87,7 @@ static unsigned share_tiers(const struct share *s, bool with_host)
 	       (s->sim ? KVP_BUDGET_TIER_SIM : 0);
 }
 
-static void verdict(struct kvp_budget_verdict *v, enum kvp_limit limit, const char *pool,
+static void verdict(struct kvp_budget_verdict *v, enum kvp_budget_limit limit, const char *pool,
 		    uint64_t requested, uint64_t mine, uint64_t available, int node, unsigned tiers)
 {
 	v->limit = limit;
@@ -202,28 +202,28 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 				node = add_sat(node, sh[j].normal);
 
 		if ((s->normal || s->meta) && add_sat(mem, meta) > r.mem) {
-			verdict(&out, KVP_LIMIT_MEM_AVAILABLE, name, mem, s->normal, r.mem, -1,
+			verdict(&out, KVP_BUDGET_MEM_AVAILABLE, name, mem, s->normal, r.mem, -1,
 				share_tiers(s, !s->huge));
 			break;
 		}
 		if ((s->normal || s->meta) && add_sat(mem, meta) > r.cgroup) {
-			verdict(&out, KVP_LIMIT_CGROUP_MEMORY_MAX, name, mem, s->normal, r.cgroup,
+			verdict(&out, KVP_BUDGET_CGROUP_MEMORY_MAX, name, mem, s->normal, r.cgroup,
 				-1, share_tiers(s, !s->huge));
 			break;
 		}
 		if (s->normal && node > r.node_free[node_index(&r, s->node)]) {
-			verdict(&out, KVP_LIMIT_NUMA_NODE_FREE, name, node, s->normal,
+			verdict(&out, KVP_BUDGET_NUMA_NODE_FREE, name, node, s->normal,
 				r.node_free[node_index(&r, s->node)], s->node,
 				share_tiers(s, !s->huge));
 			break;
 		}
 		if (s->huge && huge > r.huge) {
-			verdict(&out, KVP_LIMIT_HUGEPAGES_FREE, name, huge, s->huge, r.huge, -1,
+			verdict(&out, KVP_BUDGET_HUGEPAGES_FREE, name, huge, s->huge, r.huge, -1,
 				KVP_BUDGET_TIER_HOST);
 			break;
 		}
 		if (c->pools[i].mlock == KVP_ON && s->lock && lock_on > r.lock) {
-			verdict(&out, KVP_LIMIT_RLIMIT_MEMLOCK, name, lock_on, s->lock, r.lock, -1,
+			verdict(&out, KVP_BUDGET_RLIMIT_MEMLOCK, name, lock_on, s->lock, r.lock, -1,
 				share_tiers(s, true));
 			break;
 		}
@@ -234,21 +234,21 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 				 name, (double)lock_all / 1e9, (double)r.lock / 1e9);
 	}
 	*v = out;
-	return out.limit == KVP_LIMIT_NONE ? 0 : -ENOMEM;
+	return out.limit == KVP_BUDGET_NONE ? 0 : -ENOMEM;
 }
 
-const char *kvp_budget_limit_name(enum kvp_limit l)
+const char *kvp_budget_limit_name(enum kvp_budget_limit l)
 {
-	static const char *const names[KVP_LIMIT_MAX] = {
-	    [KVP_LIMIT_NONE] = "none",
-	    [KVP_LIMIT_MEM_AVAILABLE] = "MemAvailable",
-	    [KVP_LIMIT_NUMA_NODE_FREE] = "NUMA node free memory",
-	    [KVP_LIMIT_CGROUP_MEMORY_MAX] = "cgroup memory.max",
-	    [KVP_LIMIT_RLIMIT_MEMLOCK] = "RLIMIT_MEMLOCK",
-	    [KVP_LIMIT_HUGEPAGES_FREE] = "free huge pages",
+	static const char *const names[KVP_BUDGET_MAX] = {
+	    [KVP_BUDGET_NONE] = "none",
+	    [KVP_BUDGET_MEM_AVAILABLE] = "MemAvailable",
+	    [KVP_BUDGET_NUMA_NODE_FREE] = "NUMA node free memory",
+	    [KVP_BUDGET_CGROUP_MEMORY_MAX] = "cgroup memory.max",
+	    [KVP_BUDGET_RLIMIT_MEMLOCK] = "RLIMIT_MEMLOCK",
+	    [KVP_BUDGET_HUGEPAGES_FREE] = "free huge pages",
 	};
 
-	return (unsigned)l < KVP_LIMIT_MAX ? names[l] : "?";
+	return (unsigned)l < KVP_BUDGET_MAX ? names[l] : "?";
 }
 
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
@@ -257,7 +257,7 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 	char before[80] = "";
 	const char *what;
 
-	if (v->limit == KVP_LIMIT_NONE) {
+	if (v->limit == KVP_BUDGET_NONE) {
 		if (v->pool[0])
 			return snprintf(buf, len, "pool %s: NUMA node %d does not exist", v->pool,
 					v->numa_node);
@@ -269,7 +269,7 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 		what = "sim device tier needs";
 	else
 		what = "host tier needs";
-	if (v->limit == KVP_LIMIT_NUMA_NODE_FREE)
+	if (v->limit == KVP_BUDGET_NUMA_NODE_FREE)
 		snprintf(limit, sizeof(limit), "NUMA node %d free memory", v->numa_node);
 	else
 		snprintf(limit, sizeof(limit), "%s", kvp_budget_limit_name(v->limit));

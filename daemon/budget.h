@@ -6,14 +6,14 @@
 
 #include "config.h"
 
-enum kvp_limit {
-	KVP_LIMIT_NONE,
-	KVP_LIMIT_MEM_AVAILABLE,
-	KVP_LIMIT_NUMA_NODE_FREE,
-	KVP_LIMIT_CGROUP_MEMORY_MAX,
-	KVP_LIMIT_RLIMIT_MEMLOCK,
-	KVP_LIMIT_HUGEPAGES_FREE,
-	KVP_LIMIT_MAX,
+enum kvp_budget_limit {
+	KVP_BUDGET_NONE,
+	KVP_BUDGET_MEM_AVAILABLE,
+	KVP_BUDGET_NUMA_NODE_FREE,
+	KVP_BUDGET_CGROUP_MEMORY_MAX,
+	KVP_BUDGET_RLIMIT_MEMLOCK,
+	KVP_BUDGET_HUGEPAGES_FREE,
+	KVP_BUDGET_MAX,
 };
 
 /* Where the check reads the machine: one seam, so unit tests pass fake numbers.
@@ -46,12 +46,12 @@ const struct kvp_budget_env *kvp_budget_env_system(void);
 #define KVP_BUDGET_TIER_SIM 2u
 
 struct kvp_budget_verdict {
-	enum kvp_limit limit; /* KVP_LIMIT_NONE when everything fits */
+	enum kvp_budget_limit limit; /* KVP_BUDGET_NONE when everything fits */
 	char pool[KVP_POOL_NAME_MAX];
 	uint64_t requested; /* bytes this limit sees up to and including pool */
 	uint64_t earlier;   /* the part of requested that pools before it need */
 	uint64_t available; /* what the limit allows */
-	int numa_node;	    /* the node, for KVP_LIMIT_NUMA_NODE_FREE; else -1 */
+	int numa_node;	    /* the node, for KVP_BUDGET_NUMA_NODE_FREE; else -1 */
 	unsigned tiers;	    /* KVP_BUDGET_TIER_* of pool's share */
 	char warning[256];  /* a limit that only warns (mlock = try); "" when none */
 	/* kvpoold's own bookkeeping of the pages of the pools up to and including pool
@@ -102,16 +102,16 @@ uint64_t kvp_conf_device_bytes(const struct kvp_pool_conf *p);
  * At the first pool where a running sum exceeds its limit, the limit binds; when several do
  * at that pool, the first in the order above. Limits no pool needs are not read.
  *
- * Returns 0 when everything fits (v: limit KVP_LIMIT_NONE, maybe a warning), -ENOMEM when it
+ * Returns 0 when everything fits (v: limit KVP_BUDGET_NONE, maybe a warning), -ENOMEM when it
  * does not (v names the limit, the pool and the numbers), -ENODEV when a pool's numa_node does
- * not exist (v: limit KVP_LIMIT_NONE, pool and numa_node set), or a reader's negative errno
+ * not exist (v: limit KVP_BUDGET_NONE, pool and numa_node set), or a reader's negative errno
  * (v untouched). */
 int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 		     struct kvp_budget_verdict *v);
 
 /* "MemAvailable", "NUMA node free memory", "cgroup memory.max", "RLIMIT_MEMLOCK",
- * "free huge pages"; "none" for KVP_LIMIT_NONE, "?" out of range. */
-const char *kvp_budget_limit_name(enum kvp_limit l);
+ * "free huge pages"; "none" for KVP_BUDGET_NONE, "?" out of range. */
+const char *kvp_budget_limit_name(enum kvp_budget_limit l);
 
 /* Writes one line explaining v, with GB = 1e9 bytes and 2 decimals:
  * "pool llama3-8b: host tier needs 68.72 GB but only 41.30 GB is available (NUMA node 0 free

@@ -467,17 +467,17 @@ static const struct key_def g_daemon_keys[] = {
 
 /* ---- [pool.NAME] keys ---- */
 
-static const char *const g_dtype_names[KVP_DTYPE_MAX] = {
-    [KVP_DTYPE_FP16] = "fp16",
-    [KVP_DTYPE_BF16] = "bf16",
-    [KVP_DTYPE_FP8] = "fp8",
-    [KVP_DTYPE_FP32] = "fp32",
+static const char *const g_dtype_names[KVP_CONF_DTYPE_MAX] = {
+    [KVP_CONF_DTYPE_FP16] = "fp16",
+    [KVP_CONF_DTYPE_BF16] = "bf16",
+    [KVP_CONF_DTYPE_FP8] = "fp8",
+    [KVP_CONF_DTYPE_FP32] = "fp32",
 };
-static const uint32_t g_dtype_sizes[KVP_DTYPE_MAX] = {
-    [KVP_DTYPE_FP16] = 2,
-    [KVP_DTYPE_BF16] = 2,
-    [KVP_DTYPE_FP8] = 1,
-    [KVP_DTYPE_FP32] = 4,
+static const uint32_t g_dtype_sizes[KVP_CONF_DTYPE_MAX] = {
+    [KVP_CONF_DTYPE_FP16] = 2,
+    [KVP_CONF_DTYPE_BF16] = 2,
+    [KVP_CONF_DTYPE_FP8] = 1,
+    [KVP_CONF_DTYPE_FP32] = 4,
 };
 static const char *const g_device_names[KVP_DEVICE_KIND_MAX] = {
     [KVP_DEVICE_NONE] = "none",
@@ -516,10 +516,10 @@ static void set_page_tokens(struct parse *s, const char *key, const char *v)
 
 static void set_dtype(struct parse *s, const char *key, const char *v)
 {
-	int i = parse_enum(s, key, v, g_dtype_names, KVP_DTYPE_MAX, "fp16, bf16, fp8 or fp32");
+	int i = parse_enum(s, key, v, g_dtype_names, KVP_CONF_DTYPE_MAX, "fp16, bf16, fp8 or fp32");
 
 	if (i >= 0)
-		s->pool->dtype = (enum kvp_dtype)i;
+		s->pool->dtype = (enum kvp_conf_dtype)i;
 }
 
 static void set_device(struct parse *s, const char *key, const char *v)
@@ -752,7 +752,7 @@ _Static_assert(sizeof(g_daemon_keys) / sizeof(g_daemon_keys[0]) <= KEY_BITS, "to
 static void pool_defaults(struct kvp_pool_conf *p)
 {
 	memset(p, 0, sizeof(*p));
-	p->dtype = KVP_DTYPE_FP16;
+	p->dtype = KVP_CONF_DTYPE_FP16;
 	p->device = KVP_DEVICE_NONE;
 	p->numa_node = KVP_NUMA_NODE_AUTO;
 	p->hugepages = KVP_OFF;
@@ -1236,9 +1236,9 @@ const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p,
 
 /* ---- geometry and names ---- */
 
-uint32_t kvp_dtype_size(enum kvp_dtype d)
+uint32_t kvp_dtype_size(enum kvp_conf_dtype d)
 {
-	return (unsigned)d < KVP_DTYPE_MAX ? g_dtype_sizes[d] : 0;
+	return (unsigned)d < KVP_CONF_DTYPE_MAX ? g_dtype_sizes[d] : 0;
 }
 
 uint64_t kvp_conf_token_bytes(const struct kvp_pool_conf *p)
@@ -1251,9 +1251,9 @@ uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p)
 	return kvp_conf_token_bytes(p) * p->page_tokens;
 }
 
-const char *kvp_conf_dtype_name(enum kvp_dtype d)
+const char *kvp_conf_dtype_name(enum kvp_conf_dtype d)
 {
-	return (unsigned)d < KVP_DTYPE_MAX ? g_dtype_names[d] : "?";
+	return (unsigned)d < KVP_CONF_DTYPE_MAX ? g_dtype_names[d] : "?";
 }
 
 const char *kvp_device_kind_name(enum kvp_device_kind k)

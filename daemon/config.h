@@ -11,12 +11,12 @@
 #define KVP_NUMA_NODE_AUTO (-1)
 #define KVP_MAX_NS_OWNERS 16 /* namespace.N keys per pool */
 
-enum kvp_dtype {
-	KVP_DTYPE_FP16,
-	KVP_DTYPE_BF16,
-	KVP_DTYPE_FP8,
-	KVP_DTYPE_FP32,
-	KVP_DTYPE_MAX,
+enum kvp_conf_dtype {
+	KVP_CONF_DTYPE_FP16,
+	KVP_CONF_DTYPE_BF16,
+	KVP_CONF_DTYPE_FP8,
+	KVP_CONF_DTYPE_FP32,
+	KVP_CONF_DTYPE_MAX,
 };
 
 enum kvp_device_kind {
@@ -61,7 +61,7 @@ struct kvp_pool_conf {
 	uint32_t kv_heads;
 	uint32_t head_dim;
 	uint32_t page_tokens;
-	enum kvp_dtype dtype;
+	enum kvp_conf_dtype dtype;
 	enum kvp_device_kind device;
 	int cuda_device; /* N of cuda:N; 0 unless device == KVP_DEVICE_CUDA */
 	uint64_t device_pages;
@@ -129,7 +129,7 @@ uint64_t kvp_conf_token_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one page: token bytes * page_tokens. */
 uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one element of dtype d; 0 for an out-of-range d. */
-uint32_t kvp_dtype_size(enum kvp_dtype d);
+uint32_t kvp_dtype_size(enum kvp_conf_dtype d);
 
 /* Copies what a reload may change in a running pool (quotas, access lists, owned namespaces)
  * from src to dst. */
@@ -138,7 +138,7 @@ void kvp_pool_conf_copy_access(struct kvp_pool_conf *dst, const struct kvp_pool_
 const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p, uint64_t ns);
 
 /* Names as written in the file ("bf16", "sim", "try", "lru"); "?" for out-of-range values. */
-const char *kvp_conf_dtype_name(enum kvp_dtype d);
+const char *kvp_conf_dtype_name(enum kvp_conf_dtype d);
 const char *kvp_device_kind_name(enum kvp_device_kind k);
 const char *kvp_tristate_name(enum kvp_tristate t);
 const char *kvp_eviction_name(enum kvp_eviction e);

@@ -40,7 +40,7 @@ struct kvp_session {
 
 struct kvp_lock {
 	uint64_t id;
-	struct kvp_pool *pool;
+	struct kvpd_pool *pool;
 	struct kvp_prefix_node *node; /* a token-keyed lock, or */
 	struct kvp_keys_lock *keys;   /* a hash-keyed one */
 	uint32_t pages;
@@ -49,7 +49,7 @@ struct kvp_lock {
 struct kvp_daemon {
 	struct kvp_conf conf;
 	const char *config_path; /* NULL: embedded default */
-	struct kvp_pool *pools[KVP_MAX_POOLS];
+	struct kvpd_pool *pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_session *sessions;
 	uint32_t n_sessions;
@@ -90,16 +90,16 @@ void kvp_session_evict(struct kvp_session *s, const char *reason);
 /* Whether s may attach p (the pool's allowed_users / allowed_groups). 0 or
  * -PERMISSION_DENIED with f filled, naming the pool. */
 int kvp_session_may_attach(const struct kvp_daemon *d, const struct kvp_session *s,
-			   const struct kvp_pool *p, struct kvp_fail *f);
+			   const struct kvpd_pool *p, struct kvp_fail *f);
 /* Whether s may insert or match (what) in namespace ns of p: an unbound namespace is shared,
  * a bound one (namespace.N) only for its users and groups. 0 or -PERMISSION_DENIED. */
 int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session *s,
-			   const struct kvp_pool *p, uint64_t ns, const char *what,
+			   const struct kvpd_pool *p, uint64_t ns, const char *what,
 			   struct kvp_fail *f);
 /* Whether s may lock npages more pages of p: the session quota (leased + locked), the session
  * lock quota and the uid quota. 0 or -QUOTA_EXCEEDED with f filled. */
 int kvp_session_may_lock_pages(const struct kvp_daemon *d, const struct kvp_session *s,
-			       const struct kvp_pool *p, uint64_t npages, struct kvp_fail *f);
+			       const struct kvpd_pool *p, uint64_t npages, struct kvp_fail *f);
 /* A fresh lease or lock id from counter *ctr: nonzero, never UINT64_MAX, distinct for every
  * counter value, and not predictable from another session's ids. */
 uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr);
@@ -109,19 +109,19 @@ uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr);
  * number of sessions changed. */
 uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d);
 /* Frees the session's leases and locks in one pool (Detach). Returns tokens freed. */
-uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p);
+uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p);
 /* Session accounting (session.c): every change to what a session holds goes through these, so
  * the quota counts, locked tokens and lease/lock tables always agree. */
 /* Marks p attached by s (counted once in p->sessions). */
-void kvp_session_attach(struct kvp_session *s, struct kvp_pool *p);
+void kvp_session_attach(struct kvp_session *s, struct kvpd_pool *p);
 /* The pool pool_id names, attached by s; NULL with f filled (NO_SUCH_POOL, NOT_FOUND). */
-struct kvp_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
+struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
 				  uint32_t pool_id, struct kvp_fail *f);
 /* Whether s may hold npages more pages of p (a new lease when new_lease): the lease limit and
  * the pool's session quota. 0 or a negative Code with f filled (LIMIT_EXCEEDED,
  * QUOTA_EXCEEDED and their details). */
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
-			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
+			  const struct kvpd_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f);
 /* Ends s's empty leases (those an Insert emptied, kept for their Free) once the lease limit is
  * reached, so they never count against it. Returns how many ended. */

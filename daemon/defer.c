@@ -20,7 +20,7 @@ struct kvp_defer *kvp_defer_take(struct kvp_defers *ds, uint64_t session_id, uin
 	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "kvpoold is out of memory");
+		kvp_fail(f, KVP_ERR_INTERNAL, "kvpoold is out of memory");
 		return NULL;
 	}
 	t->session_id = session_id;

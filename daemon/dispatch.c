@@ -12,10 +12,10 @@
 
 int kvp_rpc_oom(struct kvp_fail *f)
 {
-	return kvp_fail(f, KVPOOL__CODE__INTERNAL, "kvpoold is out of memory");
+	return kvp_fail(f, KVP_ERR_INTERNAL, "kvpoold is out of memory");
 }
 
-void kvp_rpc_pool_geom(const struct kvp_pool *p, struct kvp_geom *g)
+void kvp_rpc_pool_geom(const struct kvpd_pool *p, struct kvp_geom *g)
 {
 	g->layers = p->conf.layers;
 	g->kv_heads = p->conf.kv_heads;
@@ -24,7 +24,7 @@ void kvp_rpc_pool_geom(const struct kvp_pool *p, struct kvp_geom *g)
 	g->page_tokens = p->conf.page_tokens;
 }
 
-struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name)
+struct kvpd_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name)
 {
 	for (uint32_t i = 0; i < d->n_pools; i++)
 		if (strcmp(d->pools[i]->conf.name, name) == 0)
@@ -32,11 +32,11 @@ struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name)
 	return NULL;
 }
 
-uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p)
+uint32_t kvp_rpc_pages_per_reply(const struct kvpd_pool *p)
 {
 	uint32_t top = 0, bytes = 1;
 
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		if (p->pages[t] && kvp_pages_total(p->pages[t]) > top)
 			top = kvp_pages_total(p->pages[t]);
 	for (uint32_t v = top ? top - 1 : 0; v >= 0x80; v >>= 7)
@@ -45,13 +45,13 @@ uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p)
 	return (KVP_FRAME_MAX - 4096) / bytes;
 }
 
-int kvp_rpc_reply_too_large(const struct kvp_pool *p, const char *what, uint64_t npages,
+int kvp_rpc_reply_too_large(const struct kvpd_pool *p, const char *what, uint64_t npages,
 			    struct kvp_fail *f)
 {
 	uint32_t max = kvp_rpc_pages_per_reply(p);
 
 	kvp_fail_limit(f, "pages per reply", max);
-	return kvp_fail(f, KVPOOL__CODE__LIMIT_EXCEEDED,
+	return kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
 			"%s: %lu pages of pool %s do not fit in one reply frame (at most %u); ask "
 			"in smaller steps",
 			what, (unsigned long)npages, p->conf.name, max);
@@ -65,7 +65,7 @@ int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kv
 	for (uint32_t i = 0; i < d->n_pools && n < sizeof(names) - 1; i++)
 		n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%s", i ? ", " : "",
 				      d->pools[i]->conf.name);
-	return kvp_fail(f, KVPOOL__CODE__NO_SUCH_POOL, "no pool '%.64s' (pools: %s)", name,
+	return kvp_fail(f, KVP_ERR_NO_SUCH_POOL, "no pool '%.64s' (pools: %s)", name,
 			d->n_pools ? names : "none");
 }
 
@@ -97,13 +97,13 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 
 	kvp_fail_init(&f);
 	if (!h) {
-		rc = kvp_fail(&f, KVPOOL__CODE__INVALID_ARGUMENT, "unknown call %d",
+		rc = kvp_fail(&f, KVP_ERR_INVALID_ARGUMENT, "unknown call %d",
 			      (int)req->call_case);
 	} else if (!s->hello && req->call_case != KVPOOL__REQUEST__CALL_HELLO) {
-		rc = kvp_fail(&f, KVPOOL__CODE__PROTOCOL, "the first call must be Hello");
+		rc = kvp_fail(&f, KVP_ERR_PROTOCOL, "the first call must be Hello");
 		r->close_after = true;
 	} else if (s->evicted) {
-		rc = kvp_fail(&f, KVPOOL__CODE__PERMISSION_DENIED, "%s", s->evict_reason);
+		rc = kvp_fail(&f, KVP_ERR_PERMISSION_DENIED, "%s", s->evict_reason);
 		r->close_after = true;
 	} else {
 		rc = h(d, s, req, r, &f);
@@ -181,7 +181,7 @@ int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool
 	if (!string_has_nul(&kvpool__request__descriptor, payload, payload + len, 0))
 		return kvp_dispatch(d, s, req, r);
 	kvp_fail_init(&f);
-	kvp_fail(&f, KVPOOL__CODE__INVALID_ARGUMENT,
+	kvp_fail(&f, KVP_ERR_INVALID_ARGUMENT,
 		 "a string field holds a NUL byte (names and strings are NUL-free)");
 	kvp_reply_fail(r, &f);
 	return (int)f.code;

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvp_fail(struct kvp_fail *f, Kvpool__Code code, const char *fmt, ...)
+int kvp_fail(struct kvp_fail *f, enum kvp_err code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -25,6 +25,6 @@ int kvp_fail_limit(struct kvp_fail *f, const char *what, uint64_t limit)
 		snprintf(f->limit.what, sizeof(f->limit.what), "%s", what);
 		f->limit.limit = limit;
 	}
-	return kvp_fail(f, KVPOOL__CODE__LIMIT_EXCEEDED, "too many %s (limit %lu)", what,
+	return kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED, "too many %s (limit %lu)", what,
 			(unsigned long)limit);
 }

@@ -1,9 +1,27 @@
-/* fail.h - the daemon's typed failure: a wire Code, a message and one detail, filled where
- * the failure is found (pool, session) and turned into a Status by dispatch. */
+/* fail.h - the daemon's typed failure: a code, a message and one detail, filled where the
+ * failure is found (pool, session) and turned into a wire Status by reply.c. The codes carry
+ * the wire Code's numbers (reply.c asserts each), so this header needs no generated types. */
 #pragma once
 #include <stdint.h>
 
-#include "kvpool.pb-c.h"
+enum kvp_err {
+	KVP_ERR_NONE = 0,
+	KVP_ERR_OUT_OF_CAPACITY = 1,
+	KVP_ERR_HOST_BUDGET_EXCEEDED = 2,
+	KVP_ERR_QUOTA_EXCEEDED = 3,
+	KVP_ERR_NO_SUCH_POOL = 4,
+	KVP_ERR_GEOMETRY_MISMATCH = 5,
+	KVP_ERR_NOT_FOUND = 6,
+	KVP_ERR_INVALID_ARGUMENT = 7,
+	KVP_ERR_PERMISSION_DENIED = 8,
+	KVP_ERR_PROTOCOL = 9,
+	KVP_ERR_VERSION = 10,
+	KVP_ERR_SHUTTING_DOWN = 11,
+	KVP_ERR_LIMIT_EXCEEDED = 12,
+	KVP_ERR_UNAVAILABLE = 13,
+	KVP_ERR_INTERNAL = 14,
+	KVP_ERR_MAX,
+};
 
 enum kvp_fail_detail {
 	KVP_FAIL_NONE = 0,
@@ -20,7 +38,7 @@ struct kvp_geom {
 };
 
 struct kvp_fail {
-	Kvpool__Code code;
+	enum kvp_err code;
 	char msg[384];
 	enum kvp_fail_detail detail;
 	struct {
@@ -48,14 +66,14 @@ struct kvp_fail {
  * of every call starts with one); every detail setter fills all fields of its detail. */
 static inline void kvp_fail_init(struct kvp_fail *f)
 {
-	f->code = KVPOOL__CODE__OK;
+	f->code = KVP_ERR_NONE;
 	f->msg[0] = '\0';
 	f->detail = KVP_FAIL_NONE;
 }
 
 /* Sets code and message (detail untouched) and returns -code, so callers can
- * `return kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lease %lu ...", id);`. f may be NULL. */
-int kvp_fail(struct kvp_fail *f, Kvpool__Code code, const char *fmt, ...)
+ * `return kvp_fail(f, KVP_ERR_NOT_FOUND, "lease %lu ...", id);`. f may be NULL. */
+int kvp_fail(struct kvp_fail *f, enum kvp_err code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* LIMIT_EXCEEDED with its detail. */
 int kvp_fail_limit(struct kvp_fail *f, const char *what, uint64_t limit);

@@ -76,7 +76,7 @@ struct list {
 
 struct kvp_keys {
 	struct kvp_keys_conf conf;
-	struct kvp_pages *tier[KVP_TIER_MAX];
+	struct kvp_pages *tier[KVP_TIER_ID_MAX];
 	struct kc_entry *ent;
 	uint32_t ent_cap, ent_hw, free_head, nfree;
 	uint32_t *buckets;
@@ -269,7 +269,7 @@ static inline int want_list(const struct kvp_keys *kc, const struct kc_entry *e)
 	(void)kc;
 	if (e->lock)
 		return LIST_NONE;
-	if (e->tier == KVP_TIER_DEVICE)
+	if (e->tier == KVP_TIER_ID_DEVICE)
 		return e->ndchild ? LIST_NONE : LIST_DEV;
 	return e->nchild ? LIST_NONE : LIST_HOST;
 }
@@ -503,7 +503,7 @@ static uint32_t entry_new(struct kvp_keys *kc, uint32_t ns, uint32_t h, const st
 	acct(kc, e, 1);
 	if (parent != NONE) {
 		kc->ent[parent].nchild++;
-		kc->ent[parent].ndchild += tier == KVP_TIER_DEVICE;
+		kc->ent[parent].ndchild += tier == KVP_TIER_ID_DEVICE;
 		refresh(kc, parent);
 	}
 	refresh(kc, i);
@@ -528,7 +528,7 @@ static void entry_drop(struct kvp_keys *kc, uint32_t i)
 	kc->st.entries--;
 	if (p != NONE) {
 		kc->ent[p].nchild--;
-		kc->ent[p].ndchild -= e->tier == KVP_TIER_DEVICE;
+		kc->ent[p].ndchild -= e->tier == KVP_TIER_ID_DEVICE;
 		refresh_at(kc, p, true);
 	}
 	e->list = LIST_FREE;
@@ -567,8 +567,8 @@ struct kvp_keys *kvp_keys_new(const struct kvp_keys_conf *conf)
 	if (!kc)
 		return NULL;
 	kc->conf = *conf;
-	kc->tier[KVP_TIER_DEVICE] = conf->dev;
-	kc->tier[KVP_TIER_HOST] = conf->host;
+	kc->tier[KVP_TIER_ID_DEVICE] = conf->dev;
+	kc->tier[KVP_TIER_ID_HOST] = conf->host;
 	kc->free_head = kc->nsr_free = NONE;
 	for (int l = 0; l < 3; l++)
 		kc->lru[l].head = kc->lru[l].tail = NONE;
@@ -613,7 +613,7 @@ int kvp_keys_insert(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys
 	struct kvp_keys_insert_result r = {0, 0, 0};
 	uint32_t need_class[NCLASS] = {0}, own, parent = NONE, nsi, *sorted;
 
-	if (!kc || !keys || !n || cached > n || (unsigned)tier >= KVP_TIER_MAX || !kc->tier[tier] ||
+	if (!kc || !keys || !n || cached > n || (unsigned)tier >= KVP_TIER_ID_MAX || !kc->tier[tier] ||
 	    (n > cached && !pages))
 		return -EINVAL;
 	own = n - cached;
@@ -793,7 +793,7 @@ int kvp_keys_match(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys,
 	for (uint32_t j = 0; j < run; j++) {
 		struct kc_entry *e = &kc->ent[idx[j]];
 
-		if (e->tier == KVP_TIER_DEVICE) {
+		if (e->tier == KVP_TIER_ID_DEVICE) {
 			if (nh)
 				break; /* a device page after a host page ends the run */
 			if (dev)
@@ -860,7 +860,7 @@ uint32_t kvp_keys_lock_host_pages(const struct kvp_keys *kc, const struct kvp_ke
 	uint32_t nh = 0;
 
 	for (uint32_t j = 0; lock && j < lock->n; j++)
-		nh += kc->ent[lock->idx[j]].tier == KVP_TIER_HOST;
+		nh += kc->ent[lock->idx[j]].tier == KVP_TIER_ID_HOST;
 	return nh;
 }
 
@@ -879,11 +879,11 @@ static void retier(struct kvp_keys *kc, uint32_t i, int to, uint32_t page)
 	if (e->parent != NONE) {
 		struct kc_entry *p = &kc->ent[e->parent];
 
-		if (from == KVP_TIER_DEVICE)
+		if (from == KVP_TIER_ID_DEVICE)
 			p->ndchild--;
-		if (to == KVP_TIER_DEVICE)
+		if (to == KVP_TIER_ID_DEVICE)
 			p->ndchild++;
-		refresh_at(kc, e->parent, from == KVP_TIER_DEVICE);
+		refresh_at(kc, e->parent, from == KVP_TIER_ID_DEVICE);
 	}
 	refresh(kc, i);
 }
@@ -895,13 +895,13 @@ int kvp_keys_promote(struct kvp_keys *kc, struct kvp_keys_lock *lock, uint32_t *
 	uint32_t nh, *src, *dst, k = 0;
 	int r;
 
-	if (!kc || !lock || !dev_out || !n || !(dp = kc->tier[KVP_TIER_DEVICE]) || cap < lock->n)
+	if (!kc || !lock || !dev_out || !n || !(dp = kc->tier[KVP_TIER_ID_DEVICE]) || cap < lock->n)
 		return -EINVAL;
 	nh = kvp_keys_lock_host_pages(kc, lock);
 	for (uint32_t j = 0; j < lock->n; j++) {
 		const struct kc_entry *e = &kc->ent[lock->idx[j]];
 
-		if (e->tier == KVP_TIER_HOST && e->lock > 1)
+		if (e->tier == KVP_TIER_ID_HOST && e->lock > 1)
 			return -EBUSY;
 	}
 	if (nh) {
@@ -912,7 +912,7 @@ int kvp_keys_promote(struct kvp_keys *kc, struct kvp_keys_lock *lock, uint32_t *
 			return -ENOMEM;
 		dst = src + nh;
 		for (uint32_t j = 0; j < lock->n; j++)
-			if (kc->ent[lock->idx[j]].tier == KVP_TIER_HOST)
+			if (kc->ent[lock->idx[j]].tier == KVP_TIER_ID_HOST)
 				src[k++] = kc->ent[lock->idx[j]].page;
 		if (kvp_pages_alloc(dp, nh, dst) < 0) {
 			free(src);
@@ -924,13 +924,13 @@ int kvp_keys_promote(struct kvp_keys *kc, struct kvp_keys_lock *lock, uint32_t *
 			free(src);
 			return r;
 		}
-		kvp_pages_release(kc->tier[KVP_TIER_HOST], src, nh);
+		kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], src, nh);
 		k = 0;
 		for (uint32_t j = 0; j < lock->n; j++) {
-			if (kc->ent[lock->idx[j]].tier != KVP_TIER_HOST)
+			if (kc->ent[lock->idx[j]].tier != KVP_TIER_ID_HOST)
 				continue;
 			kvp_pages_move(dp, dst[k], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
-			retier(kc, lock->idx[j], KVP_TIER_DEVICE, dst[k++]);
+			retier(kc, lock->idx[j], KVP_TIER_ID_DEVICE, dst[k++]);
 		}
 		free(src);
 		kc->st.promoted_pages += nh;
@@ -972,7 +972,7 @@ static uint32_t evict_host(struct kvp_keys *kc, uint32_t want)
 /* Demotes device entry i to a host page. 1 when done, 0 when no host page or the copy failed. */
 static uint32_t demote(struct kvp_keys *kc, uint32_t i)
 {
-	struct kvp_pages *hp = kc->tier[KVP_TIER_HOST];
+	struct kvp_pages *hp = kc->tier[KVP_TIER_ID_HOST];
 	uint32_t dst, src = kc->ent[i].page;
 
 	if (!kvp_pages_count(hp, KVP_PAGE_FREE))
@@ -984,11 +984,11 @@ static uint32_t demote(struct kvp_keys *kc, uint32_t i)
 		kvp_pages_release(hp, &dst, 1);
 		return 0;
 	}
-	kvp_pages_release(kc->tier[KVP_TIER_DEVICE], &src, 1);
+	kvp_pages_release(kc->tier[KVP_TIER_ID_DEVICE], &src, 1);
 	kvp_pages_move(hp, dst, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
-	retier(kc, i, KVP_TIER_HOST, dst);
+	retier(kc, i, KVP_TIER_ID_HOST, dst);
 	kc->st.demoted_pages++;
-	kc->st.evicted_pages[KVP_TIER_DEVICE]++;
+	kc->st.evicted_pages[KVP_TIER_ID_DEVICE]++;
 	return 1;
 }
 
@@ -997,7 +997,7 @@ static uint32_t evict_dev(struct kvp_keys *kc, uint32_t want)
 	uint32_t freed = 0, i;
 
 	while (freed < want && (i = coldest(kc, LIST_DEV)) != NONE) {
-		if (kc->tier[KVP_TIER_HOST] && demote(kc, i)) {
+		if (kc->tier[KVP_TIER_ID_HOST] && demote(kc, i)) {
 			freed++;
 			continue;
 		}
@@ -1011,9 +1011,9 @@ static uint32_t evict_dev(struct kvp_keys *kc, uint32_t want)
 
 uint32_t kvp_keys_evict(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pages)
 {
-	if (!kc || (unsigned)tier >= KVP_TIER_MAX || !kc->tier[tier] || !pages)
+	if (!kc || (unsigned)tier >= KVP_TIER_ID_MAX || !kc->tier[tier] || !pages)
 		return 0;
-	return tier == KVP_TIER_DEVICE ? evict_dev(kc, pages) : evict_host(kc, pages);
+	return tier == KVP_TIER_ID_DEVICE ? evict_dev(kc, pages) : evict_host(kc, pages);
 }
 
 uint32_t kvp_keys_flush(struct kvp_keys *kc)
@@ -1101,7 +1101,7 @@ int kvp_keys_check(const struct kvp_keys *kc)
 {
 	struct kvp_keys_stats sum = {0};
 	uint32_t *nchild = NULL, *ndchild = NULL, *nscount = NULL;
-	uint8_t *seen[KVP_TIER_MAX] = {NULL, NULL};
+	uint8_t *seen[KVP_TIER_ID_MAX] = {NULL, NULL};
 	uint64_t live = 0, inlist[3] = {0, 0, 0}, md, kb = 0, nfree = 0, nsl = 0;
 	int r = -ENOMEM;
 
@@ -1110,7 +1110,7 @@ int kvp_keys_check(const struct kvp_keys *kc)
 	nchild = calloc((size_t)kc->ent_hw + 1, sizeof(*nchild));
 	ndchild = calloc((size_t)kc->ent_hw + 1, sizeof(*ndchild));
 	nscount = calloc((size_t)kc->nsr_hw + 1, sizeof(*nscount));
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		if (kc->tier[t] && !(seen[t] = calloc(kvp_pages_total(kc->tier[t]), 1)))
 			goto out;
 	if (!nchild || !ndchild || !nscount)
@@ -1143,7 +1143,7 @@ int kvp_keys_check(const struct kvp_keys *kc)
 			if (e->parent >= kc->ent_hw || kc->ent[e->parent].list == LIST_FREE)
 				goto out;
 			nchild[e->parent]++;
-			ndchild[e->parent] += e->tier == KVP_TIER_DEVICE;
+			ndchild[e->parent] += e->tier == KVP_TIER_ID_DEVICE;
 		}
 		if ((int)e->list != want_list(kc, e))
 			goto out;
@@ -1167,7 +1167,7 @@ int kvp_keys_check(const struct kvp_keys *kc)
 	}
 	if (nsl != kc->st.namespaces)
 		goto out;
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		if (sum.cached_pages[t] != kc->st.cached_pages[t] ||
 		    sum.evictable_pages[t] != kc->st.evictable_pages[t] ||
 		    sum.protected_pages[t] != kc->st.protected_pages[t] ||
@@ -1185,7 +1185,7 @@ out:
 	free(nchild);
 	free(ndchild);
 	free(nscount);
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		free(seen[t]);
 	return r;
 }

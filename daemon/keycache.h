@@ -95,12 +95,12 @@ uint32_t kvp_keys_evict(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pag
 uint32_t kvp_keys_flush(struct kvp_keys *kc);
 
 struct kvp_keys_stats {
-	uint64_t cached_pages[KVP_TIER_MAX];
-	uint64_t evictable_pages[KVP_TIER_MAX]; /* unlocked cached pages */
-	uint64_t protected_pages[KVP_TIER_MAX]; /* locked */
+	uint64_t cached_pages[KVP_TIER_ID_MAX];
+	uint64_t evictable_pages[KVP_TIER_ID_MAX]; /* unlocked cached pages */
+	uint64_t protected_pages[KVP_TIER_ID_MAX]; /* locked */
 	uint64_t entries, namespaces;
 	uint64_t hit_keys, queried_keys;
-	uint64_t evicted_pages[KVP_TIER_MAX];
+	uint64_t evicted_pages[KVP_TIER_ID_MAX];
 	uint64_t demoted_pages, promoted_pages;
 	uint64_t metadata_bytes; /* entries, table, namespace map; key bytes not included */
 	uint64_t key_bytes;	 /* the key slabs */

@@ -413,7 +413,7 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 
 		kvp_reply_release(r);
 		kvp_reply_init(r, id);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "reply does not fit in one frame");
+		kvp_fail(&f, KVP_ERR_INTERNAL, "reply does not fit in one frame");
 		kvp_reply_fail(r, &f);
 		len = kvp_frame_plan(&plan, &r->resp.base);
 	}
@@ -462,7 +462,7 @@ static void fail_close(struct server *sv, struct peer *p, int code, const char *
 static void protocol_error(struct server *sv, struct peer *p, const char *what)
 {
 	sv->d->st.protocol_errors++;
-	fail_close(sv, p, KVPOOL__CODE__PROTOCOL, what);
+	fail_close(sv, p, KVP_ERR_PROTOCOL, what);
 }
 
 static uint64_t ms_of(const struct timespec *t)
@@ -512,7 +512,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 
 			kvp_arena_reset(&sv->arena);
 			if (oom) /* the request may be fine; its id is not known */
-				fail_close(sv, p, KVPOOL__CODE__INTERNAL,
+				fail_close(sv, p, KVP_ERR_INTERNAL,
 					   "out of memory decoding a request");
 			else
 				protocol_error(sv, p, "frame is not a valid Request");
@@ -722,7 +722,7 @@ static void on_accept(struct server *sv, int fd)
 		ngroups = 0;
 	}
 	if (sv->stopping || sv->d->draining) {
-		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is shutting down");
+		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "kvpoold is shutting down");
 		r = -1;
 	} else {
 		r = kvp_daemon_admit(sv->d, cred.pid, cred.uid, cred.gid, groups, ngroups, &admin,
@@ -746,7 +746,7 @@ static void on_accept(struct server *sv, int fd)
 	p = KVP_FAULT_OR(KVP_FAULT_CONN, calloc(1, sizeof(*p)));
 	if (!p) {
 		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
+		kvp_fail(&f, KVP_ERR_INTERNAL, "out of memory");
 		goto refuse;
 	}
 	p->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
@@ -759,7 +759,7 @@ static void on_accept(struct server *sv, int fd)
 		kvp_session_destroy(sv->d, p->sess);
 		free(p);
 		log_warn("refused connection of pid %d: out of memory", (int)cred.pid);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "out of memory");
+		kvp_fail(&f, KVP_ERR_INTERNAL, "out of memory");
 		goto refuse;
 	}
 	p->fd = fd;
@@ -820,7 +820,7 @@ static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		if (r == -EMSGSIZE)
 			protocol_error(sv, p, "frame larger than the maximum");
 		else if (r < 0)
-			fail_close(sv, p, KVPOOL__CODE__INTERNAL,
+			fail_close(sv, p, KVP_ERR_INTERNAL,
 				   "out of memory for the connection's input");
 		recycle_buffer(sv, bid);
 	}
@@ -946,7 +946,7 @@ static void status_line(struct server *sv)
 	uint64_t total = 0, used = 0;
 
 	for (uint32_t i = 0; i < sv->d->n_pools; i++) {
-		for (int t = 0; t < KVP_TIER_MAX; t++) {
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			struct kvp_tier_counts c;
 
 			kvp_pool_counts(sv->d->pools[i], t, &c);
@@ -1251,7 +1251,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 
 		d->defers.reload_waiting = t->next;
 		kvp_fail_init(&f);
-		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is stopping");
+		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "kvpoold is stopping");
 		kvp_defer_fail(&d->defers, t, &f);
 	}
 	if (d->defers.n) {

@@ -119,7 +119,7 @@ static int parse_id(const char *s, uint32_t *out)
 static int create_pools(struct kvp_daemon *d)
 {
 	for (uint32_t i = 0; i < d->conf.n_pools; i++) {
-		struct kvp_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i);
+		struct kvpd_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i);
 
 		if (!p)
 			return -1;

@@ -142,7 +142,7 @@ static void rpc_family(struct out *o, int id, const struct kvp_daemon *d)
 
 char *kvp_metrics_render(const struct kvp_daemon *d)
 {
-	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_MAX];
+	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_ID_MAX];
 	struct kvp_pool_figures pf[KVP_MAX_POOLS];
 	struct kvp_daemon_figures df;
 	struct out o = {.cap = 16384};
@@ -154,7 +154,7 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	kvp_daemon_figures(d, &df);
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		kvp_pool_figures(d->pools[i], &pf[i]);
-		for (int t = 0; t < KVP_TIER_MAX; t++)
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 			if (kvp_pool_has_tier(d->pools[i], t))
 				kvp_pool_tier_figures(d->pools[i], t, &tf[i][t]);
 	}
@@ -175,7 +175,7 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 #define TIER_FIGURE(f, n, t, h)                                                                    \
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
-		for (int k = 0; k < KVP_TIER_MAX; k++)                                             \
+		for (int k = 0; k < KVP_TIER_ID_MAX; k++)                                             \
 			if (kvp_pool_has_tier(d->pools[i], k))                                     \
 				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",             \
 				    d->pools[i]->conf.name, kvp_names_tier(k),                          \

@@ -11,20 +11,15 @@
 #include "log.h"
 #include "names.h"
 
-/* tier.h numbers backends and options without the wire's or the config's types */
-_Static_assert((int)KVP_BACKEND_KIND_NONE == (int)KVPOOL__BACKEND__BACKEND_NONE &&
-		       (int)KVP_BACKEND_KIND_SIM == (int)KVPOOL__BACKEND__SIM &&
-		       (int)KVP_BACKEND_KIND_CUDA == (int)KVPOOL__BACKEND__CUDA &&
-		       (int)KVP_BACKEND_KIND_MEMFD == (int)KVPOOL__BACKEND__MEMFD,
-	       "tier backends follow the wire's Backend");
+/* tier.h numbers options without the config's types (reply.c checks the backends) */
 _Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_TRY &&
 		       (int)KVP_OPT_ON == (int)KVP_ON,
 	       "tier options follow the config's tristate");
 
 
-bool kvp_pool_has_tier(const struct kvp_pool *p, int tier)
+bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier)
 {
-	return tier >= 0 && tier < KVP_TIER_MAX && p->pages[tier] != NULL;
+	return tier >= 0 && tier < KVP_TIER_ID_MAX && p->pages[tier] != NULL;
 }
 
 /* Transfer between tiers for demotion and promotion, through the device tier's backend (the CPU
@@ -32,45 +27,45 @@ bool kvp_pool_has_tier(const struct kvp_pool *p, int tier)
 static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const uint32_t *dst,
 		     uint32_t n)
 {
-	struct kvp_pool *p = ctx;
-	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_DEVICE].ops;
+	struct kvpd_pool *p = ctx;
+	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_ID_DEVICE].ops;
 	int r = ops->copy(p->copy, dir, src, dst, n);
 
 	return r < 0 ? r : ops->copy_wait(p->copy);
 }
 
 /* The wire code of a tier failure. */
-static Kvpool__Code tier_code(const struct kvp_tier_fail *tf)
+static enum kvp_err tier_code(const struct kvp_tier_fail *tf)
 {
-	static const Kvpool__Code codes[KVP_TIER_E_MAX] = {
-		[KVP_TIER_E_INTERNAL] = KVPOOL__CODE__INTERNAL,
-		[KVP_TIER_E_BUDGET] = KVPOOL__CODE__HOST_BUDGET_EXCEEDED,
-		[KVP_TIER_E_UNAVAILABLE] = KVPOOL__CODE__UNAVAILABLE,
-		[KVP_TIER_E_INVALID] = KVPOOL__CODE__INVALID_ARGUMENT,
-		[KVP_TIER_E_BAD_FD] = KVPOOL__CODE__INVALID_ARGUMENT,
-		[KVP_TIER_E_SIZE] = KVPOOL__CODE__INVALID_ARGUMENT,
-		[KVP_TIER_E_SEALS] = KVPOOL__CODE__INVALID_ARGUMENT,
+	static const enum kvp_err codes[KVP_TIER_E_MAX] = {
+		[KVP_TIER_E_INTERNAL] = KVP_ERR_INTERNAL,
+		[KVP_TIER_E_BUDGET] = KVP_ERR_HOST_BUDGET_EXCEEDED,
+		[KVP_TIER_E_UNAVAILABLE] = KVP_ERR_UNAVAILABLE,
+		[KVP_TIER_E_INVALID] = KVP_ERR_INVALID_ARGUMENT,
+		[KVP_TIER_E_BAD_FD] = KVP_ERR_INVALID_ARGUMENT,
+		[KVP_TIER_E_SIZE] = KVP_ERR_INVALID_ARGUMENT,
+		[KVP_TIER_E_SEALS] = KVP_ERR_INVALID_ARGUMENT,
 	};
 
 	if ((unsigned)tf->code >= KVP_TIER_E_MAX || tf->code == KVP_TIER_OK)
-		return KVPOOL__CODE__INTERNAL;
+		return KVP_ERR_INTERNAL;
 	return codes[tf->code];
 }
 
-static int create_tier(struct kvp_pool *p, int tier, enum kvp_backend_kind kind,
+static int create_tier(struct kvpd_pool *p, int tier, enum kvp_backend_kind kind,
 		       const struct kvp_tier_spec *s, struct kvp_fail *f)
 {
 	const struct kvp_tier_ops *ops = kvp_tier_ops_of(kind);
 	struct kvp_tier_fail tf = { 0 };
 
 	if (!ops)
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "%s: no backend %d", s->name, (int)kind);
+		return kvp_fail(f, KVP_ERR_INTERNAL, "%s: no backend %d", s->name, (int)kind);
 	if (ops->create(&p->mem[tier], s, p->note, sizeof(p->note), &tf) < 0)
 		return kvp_fail(f, tier_code(&tf), "%s", tf.msg);
 	return 0;
 }
 
-static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
+static int create_tiers(struct kvpd_pool *p, struct kvp_fail *f)
 {
 	const struct kvp_pool_conf *c = &p->conf;
 	int node = c->numa_node;
@@ -78,21 +73,21 @@ static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
 	struct kvp_tier_spec s = { .name = name };
 	int r = 0;
 
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		kvp_tier_mem_init(&p->mem[t]);
 	if (c->device != KVP_DEVICE_NONE && c->device_pages) {
 		snprintf(name, sizeof(name), "%s:device", c->name);
 		s.bytes = c->device_pages * p->page_bytes;
 		s.numa_node = node < 0 ? 0 : node;
 		s.cuda_device = c->cuda_device;
-		r = create_tier(p, KVP_TIER_DEVICE,
+		r = create_tier(p, KVP_TIER_ID_DEVICE,
 				c->device == KVP_DEVICE_CUDA ? KVP_BACKEND_KIND_CUDA
 							     : KVP_BACKEND_KIND_SIM,
 				&s, f);
 		if (r < 0)
 			return r;
-		if (node < 0 && p->mem[KVP_TIER_DEVICE].numa_node >= 0)
-			node = p->mem[KVP_TIER_DEVICE].numa_node;
+		if (node < 0 && p->mem[KVP_TIER_ID_DEVICE].numa_node >= 0)
+			node = p->mem[KVP_TIER_ID_DEVICE].numa_node;
 	}
 	if (c->host_pages) {
 		snprintf(name, sizeof(name), "%s:host", c->name);
@@ -101,7 +96,7 @@ static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
 		s.cuda_device = -1;
 		s.hugepages = (enum kvp_tristate_opt)c->hugepages;
 		s.mlock = (enum kvp_tristate_opt)c->mlock;
-		r = create_tier(p, KVP_TIER_HOST, KVP_BACKEND_KIND_MEMFD, &s, f);
+		r = create_tier(p, KVP_TIER_ID_HOST, KVP_BACKEND_KIND_MEMFD, &s, f);
 		if (r < 0)
 			return r;
 	}
@@ -109,56 +104,56 @@ static int create_tiers(struct kvp_pool *p, struct kvp_fail *f)
 }
 
 /* Transfers between the two tiers, when the pool has both. */
-static int open_copies(struct kvp_pool *p, struct kvp_fail *f)
+static int open_copies(struct kvpd_pool *p, struct kvp_fail *f)
 {
-	struct kvp_tier_mem *dev = &p->mem[KVP_TIER_DEVICE];
+	struct kvp_tier_mem *dev = &p->mem[KVP_TIER_ID_DEVICE];
 	struct kvp_tier_fail tf = { 0 };
 
-	if (!p->pages[KVP_TIER_DEVICE] || !p->pages[KVP_TIER_HOST])
+	if (!p->pages[KVP_TIER_ID_DEVICE] || !p->pages[KVP_TIER_ID_HOST])
 		return 0;
 	if (!dev->ops->copy_open)
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: the %s backend cannot copy",
+		return kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: the %s backend cannot copy",
 				p->conf.name, dev->ops->name);
-	if (dev->ops->copy_open(dev, &p->mem[KVP_TIER_HOST], &p->geom, &p->copy, &tf) < 0)
+	if (dev->ops->copy_open(dev, &p->mem[KVP_TIER_ID_HOST], &p->geom, &p->copy, &tf) < 0)
 		return kvp_fail(f, tier_code(&tf), "pool %s: %s", p->conf.name, tf.msg);
 	return 0;
 }
 
-struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f)
+struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f)
 {
-	struct kvp_pool *p = calloc(1, sizeof(*p));
+	struct kvpd_pool *p = calloc(1, sizeof(*p));
 	struct kvp_prefix_conf xc = { 0 };
-	uint64_t npages[KVP_TIER_MAX];
+	uint64_t npages[KVP_TIER_ID_MAX];
 
 	if (!p) {
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	p->id = id;
 	p->conf = *pc;
-	npages[KVP_TIER_DEVICE] = pc->device == KVP_DEVICE_NONE ? 0 : pc->device_pages;
-	npages[KVP_TIER_HOST] = pc->host_pages;
+	npages[KVP_TIER_ID_DEVICE] = pc->device == KVP_DEVICE_NONE ? 0 : pc->device_pages;
+	npages[KVP_TIER_ID_HOST] = pc->host_pages;
 	p->geom.layers = pc->layers;
 	p->geom.page_tokens = pc->page_tokens;
 	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
-	p->geom.dev_slots = (npages[KVP_TIER_DEVICE] ? npages[KVP_TIER_DEVICE] : 1) * pc->page_tokens;
-	p->geom.host_pages = npages[KVP_TIER_HOST];
+	p->geom.dev_slots = (npages[KVP_TIER_ID_DEVICE] ? npages[KVP_TIER_ID_DEVICE] : 1) * pc->page_tokens;
+	p->geom.host_pages = npages[KVP_TIER_ID_HOST];
 	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
-		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
 			 pc->name);
 		goto fail;
 	}
 	if (create_tiers(p, f) < 0)
 		goto fail;
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!npages[t])
 			continue;
 		p->pages[t] = kvp_pages_new((uint32_t)npages[t]);
 		p->lease_of[t] = calloc(npages[t], sizeof(uint64_t));
 		p->lease_idx[t] = calloc(npages[t], sizeof(uint32_t));
 		if (!p->pages[t] || !p->lease_of[t] || !p->lease_idx[t]) {
-			kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: out of memory", pc->name);
+			kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: out of memory", pc->name);
 			goto fail;
 		}
 	}
@@ -166,18 +161,18 @@ struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, st
 		goto fail;
 	xc.page_tokens = pc->page_tokens;
 	xc.policy = pc->eviction == KVP_EVICT_LFU ? KVP_EVICT_POLICY_LFU : KVP_EVICT_POLICY_LRU;
-	xc.dev = p->pages[KVP_TIER_DEVICE];
-	xc.host = p->pages[KVP_TIER_HOST];
+	xc.dev = p->pages[KVP_TIER_ID_DEVICE];
+	xc.host = p->pages[KVP_TIER_ID_HOST];
 	xc.copy = pool_copy;
 	xc.copy_ctx = p;
 	p->pfx = kvp_prefix_new(&xc);
 	if (!p->pfx) {
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
+		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
 		goto fail;
 	}
 	p->keys = kvp_keys_new(&(struct kvp_keys_conf){xc.dev, xc.host, pool_copy, p});
 	if (!p->keys) {
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "pool %s: key cache: out of memory", pc->name);
+		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: key cache: out of memory", pc->name);
 		goto fail;
 	}
 	return p;
@@ -186,15 +181,15 @@ fail:
 	return NULL;
 }
 
-void kvp_pool_destroy(struct kvp_pool *p)
+void kvp_pool_destroy(struct kvpd_pool *p)
 {
 	if (!p)
 		return;
 	kvp_prefix_free(p->pfx);
 	kvp_keys_free(p->keys);
 	if (p->copy)
-		p->mem[KVP_TIER_DEVICE].ops->copy_close(p->copy);
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+		p->mem[KVP_TIER_ID_DEVICE].ops->copy_close(p->copy);
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		kvp_pages_free(p->pages[t]);
 		free(p->lease_of[t]);
 		free(p->lease_idx[t]);
@@ -203,7 +198,7 @@ void kvp_pool_destroy(struct kvp_pool *p)
 	free(p);
 }
 
-void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out)
+void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;
@@ -221,11 +216,11 @@ void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts 
 	out->protected_ = ps.protected_pages[tier] + ks.protected_pages[tier];
 }
 
-int kvp_pool_check(const struct kvp_pool *p)
+int kvp_pool_check(const struct kvpd_pool *p)
 {
 	struct kvp_keys_stats ks;
 
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		struct kvp_tier_counts c;
 		uint64_t owned = 0;
 
@@ -254,10 +249,10 @@ int kvp_pool_check(const struct kvp_pool *p)
 
 int kvp_lease_check(const struct kvp_lease *l)
 {
-	const struct kvp_pool *p = l->pool;
+	const struct kvpd_pool *p = l->pool;
 	uint32_t total;
 
-	if (l->tier < 0 || l->tier >= KVP_TIER_MAX || !p->pages[l->tier] || l->n > l->cap)
+	if (l->tier < 0 || l->tier >= KVP_TIER_ID_MAX || !p->pages[l->tier] || l->n > l->cap)
 		return -EFAULT;
 	total = kvp_pages_total(p->pages[l->tier]);
 	for (uint32_t i = 0; i < l->n; i++) {
@@ -270,7 +265,7 @@ int kvp_lease_check(const struct kvp_lease *l)
 	return 0;
 }
 
-void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npages,
+void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f)
 {
 	struct kvp_tier_counts c;
@@ -289,7 +284,7 @@ void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npage
 	f->cap.total = c.total * pt;
 }
 
-static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+static int capacity_fail(struct kvpd_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
 {
 	struct kvp_fail local = { 0 };
 
@@ -297,7 +292,7 @@ static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct k
 		f = &local;
 	kvp_pool_capacity_detail(p, tier, npages, f);
 	p->st.alloc_failures++;
-	return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
+	return kvp_fail(f, KVP_ERR_OUT_OF_CAPACITY,
 			"pool %s %s tier: asked for %lu tokens, %lu free, %lu evictable, "
 			"%lu leased, %lu protected by locks (of %lu): free leases, release "
 			"locks, or give the pool more %s capacity",
@@ -308,7 +303,7 @@ static int capacity_fail(struct kvp_pool *p, int tier, uint32_t npages, struct k
 }
 
 /* npages pages of tier into out: free pages first, then exactly the shortfall evicted. */
-static int take_pages(struct kvp_pool *p, int tier, uint32_t npages, uint32_t *out,
+static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *out,
 		      struct kvp_fail *f)
 {
 	struct kvp_pages *pg = p->pages[tier];
@@ -356,13 +351,13 @@ static int lease_grow(struct kvp_lease *l, uint32_t more)
 	return 0;
 }
 
-static int check_size(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
+static int check_size(struct kvpd_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
 {
 	if (!kvp_pool_has_tier(p, tier))
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no %s tier",
-				p->conf.name, tier < 0 || tier >= KVP_TIER_MAX ? "such" : kvp_names_tier(tier));
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no %s tier",
+				p->conf.name, tier < 0 || tier >= KVP_TIER_ID_MAX ? "such" : kvp_names_tier(tier));
 	if (npages == 0)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "zero pages asked");
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "zero pages asked");
 	if (npages > kvp_pages_total(p->pages[tier])) {
 		capacity_fail(p, tier, npages, f);
 		snprintf(f->msg, sizeof(f->msg),
@@ -370,12 +365,12 @@ static int check_size(struct kvp_pool *p, int tier, uint32_t npages, struct kvp_
 			 p->conf.name, kvp_names_tier(tier),
 			 (unsigned long)npages * p->conf.page_tokens,
 			 (unsigned long)kvp_pages_total(p->pages[tier]) * p->conf.page_tokens);
-		return -KVPOOL__CODE__OUT_OF_CAPACITY;
+		return -KVP_ERR_OUT_OF_CAPACITY;
 	}
 	return 0;
 }
 
-struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, uint32_t npages,
+struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
 				   struct kvp_fail *f)
 {
 	struct kvp_lease *l;
@@ -385,7 +380,7 @@ struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, ui
 	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
 	if (!l || lease_grow(l, npages) < 0) {
 		free(l);
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	l->id = id;
@@ -403,14 +398,14 @@ struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, ui
 	return l;
 }
 
-int kvp_lease_extend(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f)
+int kvp_lease_grow(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f)
 {
 	int r = check_size(l->pool, l->tier, npages, f);
 
 	if (r < 0)
 		return r;
 	if (lease_grow(l, npages) < 0)
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 	r = take_pages(l->pool, l->tier, npages, l->pages + l->n, f);
 	if (r < 0)
 		return r;
@@ -442,7 +437,7 @@ static int lease_owns_all(struct kvp_lease *l, const uint32_t *pages, uint32_t n
 /* Takes page (owned by l) out of the lease's array: swap with the last. */
 static void lease_drop(struct kvp_lease *l, uint32_t page)
 {
-	struct kvp_pool *p = l->pool;
+	struct kvpd_pool *p = l->pool;
 	uint32_t i = p->lease_idx[l->tier][page];
 	uint32_t last = l->pages[--l->n];
 
@@ -455,7 +450,7 @@ static void lease_drop(struct kvp_lease *l, uint32_t page)
 int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f)
 {
 	if (lease_owns_all(l, pages, n) < 0)
-		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"free: a page listed is not in lease %lu (or listed twice)",
 				(unsigned long)l->id);
 	for (uint32_t i = 0; i < n; i++)
@@ -485,7 +480,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 		     uint32_t cached, const uint32_t *pages, uint32_t npages, uint64_t *new_tokens,
 		     uint64_t *dup_tokens, struct kvp_fail *f)
 {
-	struct kvp_pool *p = l->pool;
+	struct kvpd_pool *p = l->pool;
 	uint32_t pt = p->conf.page_tokens;
 	uint32_t whole = ntokens / pt, own;
 	struct kvp_insert_result res = { 0 };
@@ -493,17 +488,17 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	int r;
 
 	if (cached > whole)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 				"insert: cached_pages %u exceeds the %u whole pages of %u tokens",
 				cached, whole, ntokens);
 	own = whole - cached;
 	if (npages < own || npages > own + 1 || (npages == own + 1 && ntokens % pt == 0))
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 				"insert: tokens %u..%u need %u lease pages (page_tokens %u), got %u",
 				cached * pt, ntokens, (ntokens - cached * pt + pt - 1) / pt, pt,
 				npages);
 	if (lease_owns_all(l, pages, npages) < 0)
-		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"insert: a page listed is not in lease %lu (or listed twice)",
 				(unsigned long)l->id);
 	*new_tokens = *dup_tokens = 0;
@@ -514,7 +509,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	if (!all || !dup) {
 		free(all);
 		free(dup);
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 	}
 	/* The matched prefix is named by position only: the tree must still hold it. */
 	for (uint32_t i = 0; i < whole; i++)
@@ -523,7 +518,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	if (r < 0) {
 		free(all);
 		free(dup);
-		return kvp_fail(f, r == -ENOMEM ? KVPOOL__CODE__INTERNAL : KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, r == -ENOMEM ? KVP_ERR_INTERNAL : KVP_ERR_INVALID_ARGUMENT,
 				"insert into the prefix cache failed (%d)", r);
 	}
 	/* Pages the tree processed leave the lease: cached now, or duplicates that are freed.
@@ -542,15 +537,15 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	return 0;
 }
 
-void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms)
+void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms)
 {
 	struct kvp_prefix_stats now;
 	uint64_t pt = p->conf.page_tokens;
 	uint64_t ev_d, ev_h, dem, pro;
 
 	kvp_prefix_stats(p->pfx, &now);
-	ev_d = now.evicted_pages[KVP_TIER_DEVICE] - p->logged.evicted_pages[KVP_TIER_DEVICE];
-	ev_h = now.evicted_pages[KVP_TIER_HOST] - p->logged.evicted_pages[KVP_TIER_HOST];
+	ev_d = now.evicted_pages[KVP_TIER_ID_DEVICE] - p->logged.evicted_pages[KVP_TIER_ID_DEVICE];
+	ev_h = now.evicted_pages[KVP_TIER_ID_HOST] - p->logged.evicted_pages[KVP_TIER_ID_HOST];
 	dem = now.demoted_pages - p->logged.demoted_pages;
 	pro = now.promoted_pages - p->logged.promoted_pages;
 	if (ev_d || ev_h || dem || pro)
@@ -559,13 +554,13 @@ void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms)
 			 p->conf.name, (double)interval_ms / 1e3, (unsigned long)(ev_d * pt),
 			 (unsigned long)(dem * pt), (unsigned long)(ev_h * pt),
 			 (unsigned long)(pro * pt),
-			 (unsigned long)(now.cached_pages[KVP_TIER_DEVICE] * pt),
-			 (unsigned long)(now.cached_pages[KVP_TIER_HOST] * pt));
+			 (unsigned long)(now.cached_pages[KVP_TIER_ID_DEVICE] * pt),
+			 (unsigned long)(now.cached_pages[KVP_TIER_ID_HOST] * pt));
 	p->logged = now;
 }
 
 /* Both caches give up pages in proportion to what each can evict, then either tops up. */
-uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages)
+uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;
@@ -591,31 +586,31 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 			  uint32_t *new_pages, uint32_t *dup_pages, uint32_t *done_keys,
 			  struct kvp_fail *f)
 {
-	struct kvp_pool *p = l->pool;
+	struct kvpd_pool *p = l->pool;
 	struct kvp_keys_insert_result res = { 0 };
 	uint32_t *dup, *own;
 	int r;
 
 	if (!n || cached > n || npages != n - cached)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 				"insert keys: %u keys, %u cached, need %u lease pages, got %u", n,
 				cached, n >= cached ? n - cached : 0, npages);
 	if (lease_owns_all(l, pages, npages) < 0)
-		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"insert keys: a page listed is not in lease %lu (or listed twice)",
 				(unsigned long)l->id);
 	*new_pages = *dup_pages = 0;
 	/* pages may be the lease's own array, which lease_drop reorders: work on a copy */
 	dup = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc(sizeof(*dup) * (2 * (size_t)npages + 1)));
 	if (!dup)
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 	own = dup + npages;
 	memcpy(own, pages, sizeof(*own) * npages);
 	pages = own;
 	r = kvp_keys_insert(p->keys, ns, keys, n, cached, l->tier, pages, &res, dup);
 	if (r < 0) {
 		free(dup);
-		return kvp_fail(f, r == -ENOMEM ? KVPOOL__CODE__INTERNAL : KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, r == -ENOMEM ? KVP_ERR_INTERNAL : KVP_ERR_INVALID_ARGUMENT,
 				"insert into the key cache failed (%d)", r);
 	}
 	for (uint32_t i = cached; i < res.done_keys; i++)

@@ -13,15 +13,15 @@
 #include "stats.h"
 #include "tier.h"
 
-struct kvp_pool {
+struct kvpd_pool {
 	uint32_t id;
 	struct kvp_pool_conf conf;
 	struct kvp_copy_geom geom; /* row bytes, dev slots: the transfer kernels' view */
 	uint64_t page_bytes;	   /* one page, all layers, K and V */
-	struct kvp_tier_mem mem[KVP_TIER_MAX];
-	struct kvp_pages *pages[KVP_TIER_MAX]; /* NULL: the pool has no such tier */
-	uint64_t *lease_of[KVP_TIER_MAX];      /* owning lease of each LEASED page, else 0 */
-	uint32_t *lease_idx[KVP_TIER_MAX];     /* its index in that lease's page array */
+	struct kvp_tier_mem mem[KVP_TIER_ID_MAX];
+	struct kvp_pages *pages[KVP_TIER_ID_MAX]; /* NULL: the pool has no such tier */
+	uint64_t *lease_of[KVP_TIER_ID_MAX];      /* owning lease of each LEASED page, else 0 */
+	uint32_t *lease_idx[KVP_TIER_ID_MAX];     /* its index in that lease's page array */
 	struct kvp_prefix *pfx;
 	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
 	struct kvp_pool_stats st;
@@ -33,7 +33,7 @@ struct kvp_pool {
 
 struct kvp_lease {
 	uint64_t id;
-	struct kvp_pool *pool;
+	struct kvpd_pool *pool;
 	int tier;
 	uint32_t n, cap;
 	uint32_t *pages;
@@ -41,22 +41,22 @@ struct kvp_lease {
 
 /* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
  * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
-struct kvp_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
+struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
 /* Accepts NULL. Leases must be gone (sessions destroyed) before. */
-void kvp_pool_destroy(struct kvp_pool *p);
-bool kvp_pool_has_tier(const struct kvp_pool *p, int tier);
+void kvp_pool_destroy(struct kvpd_pool *p);
+bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier);
 
 /* Per-tier figures, in pages. */
 struct kvp_tier_counts {
 	uint64_t total, free, leased, cached, evictable, protected_;
 };
-void kvp_pool_counts(const struct kvp_pool *p, int tier, struct kvp_tier_counts *out);
+void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out);
 /* Fills f's OUT_OF_CAPACITY detail (tier, requested = npages, and the tier's free, evictable,
  * protected, leased, total figures, in tokens). f may be NULL. */
-void kvp_pool_capacity_detail(const struct kvp_pool *p, int tier, uint64_t npages,
+void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f);
 /* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
-int kvp_pool_check(const struct kvp_pool *p);
+int kvp_pool_check(const struct kvpd_pool *p);
 /* Every page l lists is a LEASED page of its tier that the pool books to l at that index.
  * O(pages of l). 0 or -EFAULT. */
 int kvp_lease_check(const struct kvp_lease *l);
@@ -64,10 +64,10 @@ int kvp_lease_check(const struct kvp_lease *l);
 /* A new lease of npages pages of tier (free pages first, then evicting unlocked cached
  * prefixes, exactly the shortfall). NULL with f filled: OUT_OF_CAPACITY with its figures,
  * INVALID_ARGUMENT. */
-struct kvp_lease *kvp_lease_create(struct kvp_pool *p, int tier, uint64_t id, uint32_t npages,
+struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
 				   struct kvp_fail *f);
 /* Adds npages pages; the new ids are lease->pages[old n ..]. 0 or negative Code. */
-int kvp_lease_extend(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
+int kvp_lease_grow(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
 /* Returns the listed pages (all distinct, all in this lease) to the free pool. Nothing
  * changes on failure (NOT_FOUND for a page not in the lease). 0 or negative Code. */
 int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f);
@@ -92,6 +92,6 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 
 /* One log line summarising evictions, demotions, promotions and capacity refusals since the
  * previous call, when there were any (called every few seconds, never per page). */
-void kvp_pool_log_summary(struct kvp_pool *p, uint64_t interval_ms);
+void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms);
 /* Evicts up to `pages` pages of tier. Returns pages freed. */
-uint32_t kvp_pool_evict(struct kvp_pool *p, int tier, uint32_t pages);
+uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages);

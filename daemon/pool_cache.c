@@ -5,19 +5,19 @@
 #include <errno.h>
 #include <stdint.h>
 
-int kvp_pool_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-		   bool lock, struct kvp_match *m, uint32_t *dev, uint32_t *host)
+int kvp_pool_match(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		   bool lock, struct kvp_prefix_match *m, uint32_t *dev, uint32_t *host)
 {
 	p->st.matches++;
 	return kvp_prefix_match(p->pfx, ns, tokens, ntokens, lock, m, dev, host);
 }
 
-void kvp_pool_unlock(struct kvp_pool *p, struct kvp_prefix_node *lock)
+void kvp_pool_unlock(struct kvpd_pool *p, struct kvp_prefix_node *lock)
 {
 	kvp_prefix_unlock(p->pfx, lock);
 }
 
-int kvp_pool_load(struct kvp_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out, uint32_t cap,
+int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out, uint32_t cap,
 		  uint32_t *n, uint32_t *promoted)
 {
 	struct kvp_prefix_stats before, after;
@@ -33,42 +33,42 @@ int kvp_pool_load(struct kvp_pool *p, struct kvp_prefix_node *lock, uint32_t *de
 	return 0;
 }
 
-uint32_t kvp_pool_flush(struct kvp_pool *p)
+uint32_t kvp_pool_flush(struct kvpd_pool *p)
 {
 	return kvp_prefix_flush(p->pfx) + kvp_keys_flush(p->keys);
 }
 
-int kvp_pool_ns_use(const struct kvp_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f)
+int kvp_pool_ns_use(const struct kvpd_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f)
 {
 	bool other = keyed ? kvp_prefix_has_ns(p->pfx, ns) : kvp_keys_has_ns(p->keys, ns);
 
 	if (!other)
 		return 0;
-	return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+	return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 			"namespace %lu of pool %s is %s-keyed: %s calls cannot use it",
 			(unsigned long)ns, p->conf.name, keyed ? "token" : "hash",
 			keyed ? "hash-keyed" : "token-keyed");
 }
 
-int kvp_pool_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+int kvp_pool_match_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
 			bool lock, struct kvp_keys_match *m, uint32_t *dev, uint32_t *host)
 {
 	p->st.matches++;
 	return kvp_keys_match(p->keys, ns, keys, n, lock, m, dev, host);
 }
 
-uint32_t kvp_pool_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_key *keys,
+uint32_t kvp_pool_exists_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys,
 			      uint32_t n)
 {
 	return kvp_keys_exists(p->keys, ns, keys, n);
 }
 
-void kvp_pool_keys_unlock(struct kvp_pool *p, struct kvp_keys_lock *lock)
+void kvp_pool_keys_unlock(struct kvpd_pool *p, struct kvp_keys_lock *lock)
 {
 	kvp_keys_unlock(p->keys, lock);
 }
 
-int kvp_pool_keys_load(struct kvp_pool *p, struct kvp_keys_lock *lock, uint32_t *dev_out,
+int kvp_pool_keys_load(struct kvpd_pool *p, struct kvp_keys_lock *lock, uint32_t *dev_out,
 		       uint32_t cap, uint32_t *n, uint32_t *promoted)
 {
 	uint32_t nh, nfree;
@@ -76,15 +76,15 @@ int kvp_pool_keys_load(struct kvp_pool *p, struct kvp_keys_lock *lock, uint32_t 
 	int rc;
 
 	p->st.loads++;
-	if (!kvp_pool_has_tier(p, KVP_TIER_DEVICE))
+	if (!kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE))
 		return -EINVAL;
 	nh = kvp_keys_lock_host_pages(p->keys, lock);
-	nfree = kvp_pages_count(p->pages[KVP_TIER_DEVICE], KVP_PAGE_FREE);
+	nfree = kvp_pages_count(p->pages[KVP_TIER_ID_DEVICE], KVP_PAGE_FREE);
 	if (nh > nfree) {
-		kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+		kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 		if (nh - nfree > c.evictable)
 			return -ENOSPC;
-		kvp_pool_evict(p, KVP_TIER_DEVICE, nh - nfree); /* the run is locked: kept */
+		kvp_pool_evict(p, KVP_TIER_ID_DEVICE, nh - nfree); /* the run is locked: kept */
 	}
 	rc = kvp_keys_promote(p->keys, lock, dev_out, cap, n);
 	if (rc < 0)
@@ -93,7 +93,7 @@ int kvp_pool_keys_load(struct kvp_pool *p, struct kvp_keys_lock *lock, uint32_t 
 	return 0;
 }
 
-uint32_t kvp_pool_top(const struct kvp_pool *p, struct kvp_pool_top *out, uint32_t cap)
+uint32_t kvp_pool_top(const struct kvpd_pool *p, struct kvp_pool_top *out, uint32_t cap)
 {
 	struct kvp_prefix_top top[KVP_POOL_TOP_MAX];
 	uint32_t n = kvp_prefix_top(p->pfx, top, cap < KVP_POOL_TOP_MAX ? cap : KVP_POOL_TOP_MAX);
@@ -103,7 +103,7 @@ uint32_t kvp_pool_top(const struct kvp_pool *p, struct kvp_pool_top *out, uint32
 	return n;
 }
 
-uint32_t kvp_pool_pages_of(const struct kvp_pool *p, uint64_t tokens)
+uint32_t kvp_pool_pages_of(const struct kvpd_pool *p, uint64_t tokens)
 {
 	uint64_t pt = p->conf.page_tokens;
 	/* tokens + pt - 1 would wrap near 2^64: divide first, then round up */
@@ -112,7 +112,7 @@ uint32_t kvp_pool_pages_of(const struct kvp_pool *p, uint64_t tokens)
 	return pages > UINT32_MAX ? UINT32_MAX : (uint32_t)pages;
 }
 
-void kvp_pool_tier_figures(const struct kvp_pool *p, int tier, struct kvp_tier_figures *out)
+void kvp_pool_tier_figures(const struct kvpd_pool *p, int tier, struct kvp_tier_figures *out)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;
@@ -131,7 +131,7 @@ void kvp_pool_tier_figures(const struct kvp_pool *p, int tier, struct kvp_tier_f
 	out->evicted_tokens = (ps.evicted_pages[tier] + ks.evicted_pages[tier]) * pt;
 }
 
-void kvp_pool_figures(const struct kvp_pool *p, struct kvp_pool_figures *out)
+void kvp_pool_figures(const struct kvpd_pool *p, struct kvp_pool_figures *out)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;

@@ -46,7 +46,7 @@
 #define BUCKETS_MIN 64u
 #define DEMOTE_BATCH 64u
 
-enum { HEAP_DEV = KVP_TIER_DEVICE, HEAP_HOST = KVP_TIER_HOST, HEAP_MAX };
+enum { HEAP_DEV = KVP_TIER_ID_DEVICE, HEAP_HOST = KVP_TIER_ID_HOST, HEAP_MAX };
 
 struct kvp_prefix_node {
 	struct kvp_prefix_node *parent; /* NULL for a namespace root */
@@ -78,7 +78,7 @@ struct heap {
 struct kvp_prefix {
 	struct kvp_prefix_conf conf;
 	uint32_t pt;
-	struct kvp_pages *tier[KVP_TIER_MAX];
+	struct kvp_pages *tier[KVP_TIER_ID_MAX];
 	struct kvp_prefix_node **buckets;
 	uint32_t nbuckets; /* power of two */
 	uint64_t npnodes;  /* nodes holding pages (heap capacity is kept >= this) */
@@ -450,16 +450,16 @@ static void acct(struct kvp_prefix *pfx, const struct kvp_prefix_node *n, bool a
 		d = -d;
 		h = -h;
 	}
-	st->cached_pages[KVP_TIER_DEVICE] += d;
-	st->cached_pages[KVP_TIER_HOST] += h;
+	st->cached_pages[KVP_TIER_ID_DEVICE] += d;
+	st->cached_pages[KVP_TIER_ID_HOST] += h;
 	if (n->lock) {
-		st->protected_pages[KVP_TIER_DEVICE] += d;
-		st->protected_pages[KVP_TIER_HOST] += h;
+		st->protected_pages[KVP_TIER_ID_DEVICE] += d;
+		st->protected_pages[KVP_TIER_ID_HOST] += h;
 		return;
 	}
-	st->evictable_pages[KVP_TIER_DEVICE] += d;
+	st->evictable_pages[KVP_TIER_ID_DEVICE] += d;
 	if (!n->dev_below) /* host pages above a device page cannot go before it */
-		st->evictable_pages[KVP_TIER_HOST] += h;
+		st->evictable_pages[KVP_TIER_ID_HOST] += h;
 }
 
 /* A child subtree of p gained (+1) or lost (-1) a device / host page: walk up while the
@@ -681,8 +681,8 @@ struct kvp_prefix *kvp_prefix_new(const struct kvp_prefix_conf *conf)
 		return NULL;
 	pfx->conf = *conf;
 	pfx->pt = conf->page_tokens;
-	pfx->tier[KVP_TIER_DEVICE] = conf->dev;
-	pfx->tier[KVP_TIER_HOST] = conf->host;
+	pfx->tier[KVP_TIER_ID_DEVICE] = conf->dev;
+	pfx->tier[KVP_TIER_ID_HOST] = conf->host;
 	if (seed_of(&pfx->seed) < 0) {
 		free(pfx);
 		return NULL;
@@ -735,7 +735,7 @@ static uint32_t plan_node(const struct kvp_prefix_node *c, uint32_t s, uint32_t 
 {
 	uint32_t u = 0, given = 0;
 
-	if (tier == KVP_TIER_DEVICE && !c->lock)
+	if (tier == KVP_TIER_ID_DEVICE && !c->lock)
 		while (c->ndev + u < m && pages[s + c->ndev + u] != KVP_PAGE_NONE)
 			u++;
 	for (uint32_t k = 0; k < m; k++)
@@ -758,7 +758,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 	bool extend = false;
 	uint64_t now;
 
-	if (!pfx || !tokens || !pages || !npages || (unsigned)tier >= KVP_TIER_MAX)
+	if (!pfx || !tokens || !pages || !npages || (unsigned)tier >= KVP_TIER_ID_MAX)
 		return -EINVAL;
 	tp = pfx->tier[tier];
 	if (!tp)
@@ -824,7 +824,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 	/* A leaf grows in place, unless locked (the lock's path would grow) or device pages would
 	 * follow host pages it keeps. */
 	if (nnew && !div && cur && !is_root(cur) && !cur->lock && !cur->nchildren &&
-	    (tier == KVP_TIER_HOST || cur->ndev + up == cur->npages) &&
+	    (tier == KVP_TIER_ID_HOST || cur->ndev + up == cur->npages) &&
 	    (uint64_t)cur->npages + nnew <= UINT32_MAX) {
 		extend = true;
 		if (cur->npages + nnew > cur->cap) {
@@ -882,7 +882,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 		if (up) { /* host positions [d, d + up) take the inserted device pages */
 			bool hd = has_dev(last), hh = has_host(last);
 
-			kvp_pages_release(pfx->tier[KVP_TIER_HOST], lp + d, up);
+			kvp_pages_release(pfx->tier[KVP_TIER_ID_HOST], lp + d, up);
 			memcpy(lp + d, pages + s + d, (size_t)up * sizeof(*pages));
 			acct(pfx, last, false);
 			last->ndev = d + up;
@@ -911,7 +911,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 		       (size_t)nnew * pt * sizeof(uint32_t));
 		memcpy(node_pages(pfx, cur) + n, pages + pos, (size_t)nnew * sizeof(*pages));
 		cur->npages = n + nnew;
-		if (tier == KVP_TIER_DEVICE) /* all of cur is device now: upgraded above */
+		if (tier == KVP_TIER_ID_DEVICE) /* all of cur is device now: upgraded above */
 			cur->ndev = cur->npages;
 		acct(pfx, cur, true);
 		cur->atime = now;
@@ -924,7 +924,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 		       (size_t)nnew * pt * sizeof(uint32_t));
 		memcpy(node_pages(pfx, fresh), pages + pos, (size_t)nnew * sizeof(*pages));
 		fresh->npages = nnew;
-		fresh->ndev = tier == KVP_TIER_DEVICE ? nnew : 0;
+		fresh->ndev = tier == KVP_TIER_ID_DEVICE ? nnew : 0;
 		fresh->atime = now;
 		node_link(pfx, fresh, parent);
 	}
@@ -951,7 +951,7 @@ nomem:
 /* ---- match, lock, unlock ---- */
 
 int kvp_prefix_match(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-		     int lock, struct kvp_match *m, uint32_t *dev, uint32_t *host)
+		     int lock, struct kvp_prefix_match *m, uint32_t *dev, uint32_t *host)
 {
 	struct kvp_prefix_node *cur, *end = NULL, *handle;
 	uint32_t pt, want, pos = 0, endm = 0, nd = 0, nh = 0;
@@ -1050,7 +1050,7 @@ static void drop_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_
 	kvp_pages_release(pfx->tier[tier], node_pages(pfx, n) + n->npages - k, k);
 	acct(pfx, n, false);
 	n->npages -= k;
-	if (tier == KVP_TIER_DEVICE)
+	if (tier == KVP_TIER_ID_DEVICE)
 		n->ndev -= k;
 	acct(pfx, n, true);
 	pfx->st.evicted_pages[tier] += k;
@@ -1067,7 +1067,7 @@ static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
 		struct kvp_prefix_node *n = pfx->heap[HEAP_HOST].v[0];
 		uint32_t k = min_u32(want - freed, n->npages - n->ndev);
 
-		drop_tail(pfx, n, k, KVP_TIER_HOST);
+		drop_tail(pfx, n, k, KVP_TIER_ID_HOST);
 		freed += k;
 	}
 	return freed;
@@ -1077,7 +1077,7 @@ static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
  * 0 when no host page can be had or the copy failed. */
 static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k)
 {
-	struct kvp_pages *hp = pfx->tier[KVP_TIER_HOST];
+	struct kvp_pages *hp = pfx->tier[KVP_TIER_ID_HOST];
 	uint32_t dst[DEMOTE_BATCH], hf, m, *src;
 	bool hd, hh;
 
@@ -1093,7 +1093,7 @@ static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32
 		kvp_pages_release(hp, dst, m);
 		return 0;
 	}
-	kvp_pages_release(pfx->tier[KVP_TIER_DEVICE], src, m);
+	kvp_pages_release(pfx->tier[KVP_TIER_ID_DEVICE], src, m);
 	for (uint32_t i = 0; i < m; i++) {
 		kvp_pages_move(hp, dst[i], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
 		src[i] = dst[i];
@@ -1104,7 +1104,7 @@ static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32
 	n->ndev -= m;
 	acct(pfx, n, true);
 	pfx->st.demoted_pages += m;
-	pfx->st.evicted_pages[KVP_TIER_DEVICE] += m;
+	pfx->st.evicted_pages[KVP_TIER_ID_DEVICE] += m;
 	node_changed(pfx, n, hd, hh);
 	return m;
 }
@@ -1117,7 +1117,7 @@ static uint32_t evict_dev(struct kvp_prefix *pfx, uint32_t want)
 		struct kvp_prefix_node *n = pfx->heap[HEAP_DEV].v[0];
 		uint32_t k = min_u32(want - freed, n->ndev), m = 0;
 
-		if (pfx->tier[KVP_TIER_HOST])
+		if (pfx->tier[KVP_TIER_ID_HOST])
 			m = demote(pfx, n, k);
 		if (m) {
 			freed += m;
@@ -1128,7 +1128,7 @@ static uint32_t evict_dev(struct kvp_prefix *pfx, uint32_t want)
 		 * failed: then a page with host pages below it cannot go, stop. */
 		if (n->nchildren || n->ndev != n->npages)
 			break;
-		drop_tail(pfx, n, k, KVP_TIER_DEVICE);
+		drop_tail(pfx, n, k, KVP_TIER_ID_DEVICE);
 		freed += k;
 	}
 	return freed;
@@ -1136,9 +1136,9 @@ static uint32_t evict_dev(struct kvp_prefix *pfx, uint32_t want)
 
 uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages)
 {
-	if (!pfx || (unsigned)tier >= KVP_TIER_MAX || !pfx->tier[tier] || !pages)
+	if (!pfx || (unsigned)tier >= KVP_TIER_ID_MAX || !pfx->tier[tier] || !pages)
 		return 0;
-	return tier == KVP_TIER_DEVICE ? evict_dev(pfx, pages) : evict_host(pfx, pages);
+	return tier == KVP_TIER_ID_DEVICE ? evict_dev(pfx, pages) : evict_host(pfx, pages);
 }
 
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx)
@@ -1158,12 +1158,12 @@ uint32_t kvp_prefix_flush(struct kvp_prefix *pfx)
 			lp = node_pages(pfx, n);
 			acct(pfx, n, false);
 			if (n->ndev)
-				kvp_pages_release(pfx->tier[KVP_TIER_DEVICE], lp, n->ndev);
+				kvp_pages_release(pfx->tier[KVP_TIER_ID_DEVICE], lp, n->ndev);
 			if (n->npages > n->ndev)
-				kvp_pages_release(pfx->tier[KVP_TIER_HOST], lp + n->ndev,
+				kvp_pages_release(pfx->tier[KVP_TIER_ID_HOST], lp + n->ndev,
 						  n->npages - n->ndev);
-			pfx->st.evicted_pages[KVP_TIER_DEVICE] += n->ndev;
-			pfx->st.evicted_pages[KVP_TIER_HOST] += n->npages - n->ndev;
+			pfx->st.evicted_pages[KVP_TIER_ID_DEVICE] += n->ndev;
+			pfx->st.evicted_pages[KVP_TIER_ID_HOST] += n->npages - n->ndev;
 			freed += n->npages;
 		}
 	}
@@ -1227,7 +1227,7 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 
 	if (!pfx || !lock || !dev_out || !n || is_root(lock) || !lock->lock)
 		return -EINVAL;
-	dp = pfx->tier[KVP_TIER_DEVICE];
+	dp = pfx->tier[KVP_TIER_ID_DEVICE];
 	if (!dp)
 		return -EINVAL;
 	for (struct kvp_prefix_node *x = lock; !is_root(x); x = x->parent) {
@@ -1243,7 +1243,7 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 	if (nhost) {
 		uint32_t nfree = kvp_pages_count(dp, KVP_PAGE_FREE);
 
-		if (nfree + pfx->st.evictable_pages[KVP_TIER_DEVICE] < nhost)
+		if (nfree + pfx->st.evictable_pages[KVP_TIER_ID_DEVICE] < nhost)
 			return -ENOSPC;
 		ids = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nhost * sizeof(*ids)));
 		if (!ids)
@@ -1277,7 +1277,7 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 
 			if (!h)
 				continue;
-			kvp_pages_release(pfx->tier[KVP_TIER_HOST], lp, h);
+			kvp_pages_release(pfx->tier[KVP_TIER_ID_HOST], lp, h);
 			memcpy(lp, ids + k, (size_t)h * sizeof(*ids));
 			for (uint32_t i = 0; i < h; i++)
 				kvp_pages_move(dp, lp[i], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
@@ -1422,7 +1422,7 @@ struct check_sums {
 };
 
 static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **all, uint64_t cnt,
-		       struct check_sums *sum, uint8_t *seen[KVP_TIER_MAX])
+		       struct check_sums *sum, uint8_t *seen[KVP_TIER_ID_MAX])
 {
 	uint64_t npn = 0, md = sizeof(*pfx) + (uint64_t)pfx->nbuckets * sizeof(*pfx->buckets);
 
@@ -1459,7 +1459,7 @@ static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **al
 		sum[pi].child_locks += n->lock;
 		lp = node_pages(pfx, n);
 		for (uint32_t k = 0; k < n->npages; k++) {
-			int t = k < n->ndev ? KVP_TIER_DEVICE : KVP_TIER_HOST;
+			int t = k < n->ndev ? KVP_TIER_ID_DEVICE : KVP_TIER_ID_HOST;
 			struct kvp_pages *tp = pfx->tier[t];
 
 			if (!tp || lp[k] >= kvp_pages_total(tp) || seen[t][lp[k]] ||
@@ -1475,17 +1475,17 @@ static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **al
 
 int kvp_prefix_check(const struct kvp_prefix *pfx)
 {
-	const uint64_t none[KVP_TIER_MAX] = {0, 0};
+	const uint64_t none[KVP_TIER_ID_MAX] = {0, 0};
 
 	return kvp_prefix_check_shared(pfx, none);
 }
 
-int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_MAX])
+int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_ID_MAX])
 {
 	struct kvp_prefix scratch;
 	struct kvp_prefix_node **all = NULL;
 	struct check_sums *sum = NULL;
-	uint8_t *seen[KVP_TIER_MAX] = {NULL, NULL};
+	uint8_t *seen[KVP_TIER_ID_MAX] = {NULL, NULL};
 	uint64_t cnt = 0;
 	int r = -ENOMEM;
 
@@ -1493,7 +1493,7 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 		return -EFAULT;
 	all = malloc((pfx->st.nodes + 1) * sizeof(*all));
 	sum = calloc(pfx->st.nodes + 1, sizeof(*sum));
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		if (pfx->tier[t] && !(seen[t] = calloc(kvp_pages_total(pfx->tier[t]), 1)))
 			goto out;
 	if (!all || !sum)
@@ -1537,7 +1537,7 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 				goto out;
 		}
 	}
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (scratch.st.cached_pages[t] != pfx->st.cached_pages[t] ||
 		    scratch.st.evictable_pages[t] != pfx->st.evictable_pages[t] ||
 		    scratch.st.protected_pages[t] != pfx->st.protected_pages[t])
@@ -1562,7 +1562,7 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 out:
 	free(all);
 	free(sum);
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		free(seen[t]);
 	return r;
 }

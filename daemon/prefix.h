@@ -8,9 +8,9 @@
 #include "pages.h"
 
 enum kvp_tier_id {
-	KVP_TIER_DEVICE = 0,
-	KVP_TIER_HOST = 1,
-	KVP_TIER_MAX,
+	KVP_TIER_ID_DEVICE = 0,
+	KVP_TIER_ID_HOST = 1,
+	KVP_TIER_ID_MAX,
 };
 
 /* Named KVP_EVICT_POLICY_* because config.h already owns KVP_EVICT_LRU/LFU/MAX. */
@@ -74,7 +74,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 		      enum kvp_tier_id tier, const uint32_t *pages, struct kvp_insert_result *res,
 		      uint32_t *dup_idx);
 
-struct kvp_match {
+struct kvp_prefix_match {
 	uint32_t dev_pages;	      /* leading run of device-resident pages written to dev[] */
 	uint32_t host_pages;	      /* following run of host-resident pages written to host[] */
 	struct kvp_prefix_node *lock; /* the handle when locked and non-empty; else NULL */
@@ -89,7 +89,7 @@ struct kvp_match {
  * Returns 0; -EINVAL for a NULL pfx or m, or NULL tokens/dev/host with ntokens >= page_tokens;
  * -ENOMEM (a split failed; *m is untouched, dev[]/host[] too). */
 int kvp_prefix_match(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
-		     int lock, struct kvp_match *m, uint32_t *dev, uint32_t *host);
+		     int lock, struct kvp_prefix_match *m, uint32_t *dev, uint32_t *host);
 /* Drops one lock taken by kvp_prefix_match. The handle must come from this tree and not have
  * been unlocked yet (a handle whose node holds no lock is ignored). Accepts NULL. */
 void kvp_prefix_unlock(struct kvp_prefix *pfx, struct kvp_prefix_node *lock);
@@ -120,16 +120,16 @@ uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 
 struct kvp_prefix_stats {
-	uint64_t cached_pages[KVP_TIER_MAX];
+	uint64_t cached_pages[KVP_TIER_ID_MAX];
 	/* Unlocked cached pages that eviction can free now. Host pages that sit above a cached
 	 * device page (made by inserting device pages below host pages that were locked or named
 	 * with KVP_PAGE_NONE) count only once the device pages below are gone, so cached may
 	 * exceed evictable + protected. */
-	uint64_t evictable_pages[KVP_TIER_MAX];
-	uint64_t protected_pages[KVP_TIER_MAX]; /* cached pages on locked paths */
+	uint64_t evictable_pages[KVP_TIER_ID_MAX];
+	uint64_t protected_pages[KVP_TIER_ID_MAX]; /* cached pages on locked paths */
 	uint64_t nodes;				/* tree nodes, one root per namespace included */
 	uint64_t hit_tokens, queried_tokens;
-	uint64_t evicted_pages[KVP_TIER_MAX]; /* freed from a tier by evict/flush (demotions too) */
+	uint64_t evicted_pages[KVP_TIER_ID_MAX]; /* freed from a tier by evict/flush (demotions too) */
 	uint64_t demoted_pages, promoted_pages;
 	/* Bytes the tree asked malloc for, token ids included (heap capacity reserved by a call
 	 * that then failed with -ENOMEM stays counted: it is kept for the next call). */
@@ -154,4 +154,4 @@ uint32_t kvp_prefix_top(const struct kvp_prefix *pfx, struct kvp_prefix_top *out
 int kvp_prefix_check(const struct kvp_prefix *pfx);
 /* The same when others[t] more pages of tier t are CACHED outside the tree (the pool's key
  * cache): the allocators' CACHED counts must equal the tree's plus those. */
-int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_MAX]);
+int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[KVP_TIER_ID_MAX]);

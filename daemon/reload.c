@@ -37,10 +37,10 @@ int kvp_daemon_check_budget(const struct kvp_conf *c)
 	return 0;
 }
 
-struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id)
+struct kvpd_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id)
 {
 	struct kvp_fail f = {0};
-	struct kvp_pool *p = kvp_pool_create(pc, id, &f);
+	struct kvpd_pool *p = kvp_pool_create(pc, id, &f);
 
 	if (!p) {
 		log_err("pool %s: %s", pc->name, f.msg);
@@ -52,12 +52,12 @@ struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t
 	    "(%lu MiB, NUMA %d%s%s)%s%s",
 	    pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
 	    pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
-	    kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? kvp_device_kind_name(pc->device) : "none",
-	    (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_DEVICE) ? pc->device_pages : 0),
-	    (unsigned long)(p->mem[KVP_TIER_DEVICE].bytes >> 20), p->mem[KVP_TIER_DEVICE].numa_node,
-	    (unsigned long)pc->host_pages, (unsigned long)(p->mem[KVP_TIER_HOST].bytes >> 20),
-	    p->mem[KVP_TIER_HOST].numa_node, p->mem[KVP_TIER_HOST].locked ? ", locked" : "",
-	    p->mem[KVP_TIER_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "", p->note);
+	    kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? kvp_device_kind_name(pc->device) : "none",
+	    (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? pc->device_pages : 0),
+	    (unsigned long)(p->mem[KVP_TIER_ID_DEVICE].bytes >> 20), p->mem[KVP_TIER_ID_DEVICE].numa_node,
+	    (unsigned long)pc->host_pages, (unsigned long)(p->mem[KVP_TIER_ID_HOST].bytes >> 20),
+	    p->mem[KVP_TIER_ID_HOST].numa_node, p->mem[KVP_TIER_ID_HOST].locked ? ", locked" : "",
+	    p->mem[KVP_TIER_ID_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "", p->note);
 	return p;
 }
 
@@ -76,7 +76,7 @@ static bool same_pool_shape(const struct kvp_pool_conf *a, const struct kvp_pool
 /* What a reload did, as its callers are told: code OK with the changes made and the parts
  * refused, or a failure (nothing changed) with its reason. */
 struct reload_result {
-	Kvpool__Code code;
+	enum kvp_err code;
 	char err[384];
 	char line[2][RELOAD_LINES][RELOAD_LINE]; /* [0] changes, [1] refused */
 	uint32_t n[2];
@@ -96,10 +96,10 @@ static void note(struct reload_result *res, int refused, const char *fmt, ...)
 	va_end(ap);
 }
 
-static void refuse(struct reload_result *res, Kvpool__Code code, const char *fmt, ...)
+static void refuse(struct reload_result *res, enum kvp_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static void refuse(struct reload_result *res, Kvpool__Code code, const char *fmt, ...)
+static void refuse(struct reload_result *res, enum kvp_err code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -117,7 +117,7 @@ static void answer_one(struct kvp_defers *ds, struct kvp_defer *t, const struct 
 	Kvpool__ReloadResp *m;
 
 	kvp_fail_init(&f);
-	if (res->code != KVPOOL__CODE__OK) {
+	if (res->code != KVP_ERR_NONE) {
 		kvp_fail(&f, res->code, "reload refused, the running config is kept: %s", res->err);
 		kvp_defer_fail(ds, t, &f);
 		return;
@@ -148,7 +148,7 @@ static void answer_one(struct kvp_defers *ds, struct kvp_defer *t, const struct 
 	}
 	if (!m) {
 		kvp_reply_release(&r);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL,
+		kvp_fail(&f, KVP_ERR_INTERNAL,
 			 "the reload was done, but kvpoold ran out of memory for its answer");
 		kvp_defer_fail(ds, t, &f);
 		return;
@@ -179,7 +179,7 @@ struct reload_job {
 	struct kvp_conf cur;		       /* the running configuration when the reload began */
 	struct kvp_conf next;		       /* the file's */
 	bool refused;			       /* logged; nothing to apply */
-	struct kvp_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
+	struct kvpd_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
 	uint32_t n_new;			       /* how many of them were created */
 	struct kvp_defer *waiters;	       /* the Reload calls this reload answers */
 	struct reload_result res;
@@ -219,7 +219,7 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 				    "reload refused, keeping the running config: pool %s changes "
 				    "size, geometry or place; restart kvpoold for that",
 				    c->name);
-				refuse(res, KVPOOL__CODE__INVALID_ARGUMENT,
+				refuse(res, KVP_ERR_INVALID_ARGUMENT,
 				       "pool %s changes size, geometry or place; restart kvpoold "
 				       "for that",
 				       c->name);
@@ -230,7 +230,7 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 			log_err("reload refused, keeping the running config: pool %s was removed; "
 				"restart kvpoold for that",
 				c->name);
-			refuse(res, KVPOOL__CODE__INVALID_ARGUMENT,
+			refuse(res, KVP_ERR_INVALID_ARGUMENT,
 			       "pool %s was removed; restart kvpoold for that", c->name);
 			return false;
 		}
@@ -269,7 +269,7 @@ static void reload_run(struct kvp_job *job)
 
 	if (kvp_conf_load_file(&j->next, j->path, err, sizeof(err)) < 0) {
 		log_err("reload refused, keeping the running config: %s", err);
-		refuse(&j->res, KVPOOL__CODE__INVALID_ARGUMENT, "%s", err);
+		refuse(&j->res, KVP_ERR_INVALID_ARGUMENT, "%s", err);
 		j->refused = true;
 		return;
 	}
@@ -281,9 +281,9 @@ static void reload_run(struct kvp_job *job)
 	if (r < 0) {
 		log_err("reload refused, keeping the running config: new pools do not fit");
 		refuse(&j->res,
-		       r == -ENOMEM   ? KVPOOL__CODE__HOST_BUDGET_EXCEEDED
-		       : r == -EINVAL ? KVPOOL__CODE__INVALID_ARGUMENT
-				      : KVPOOL__CODE__INTERNAL,
+		       r == -ENOMEM   ? KVP_ERR_HOST_BUDGET_EXCEEDED
+		       : r == -EINVAL ? KVP_ERR_INVALID_ARGUMENT
+				      : KVP_ERR_INTERNAL,
 		       "the new pools do not fit this machine (kvpoold's log says why)");
 		j->refused = true;
 		return;
@@ -291,7 +291,7 @@ static void reload_run(struct kvp_job *job)
 	if (j->next.n_pools > j->cur.n_pools)
 		test_delay();
 	for (uint32_t i = j->cur.n_pools; i < j->next.n_pools; i++) {
-		struct kvp_pool *p = kvp_daemon_create_pool(&j->next.pools[i], i);
+		struct kvpd_pool *p = kvp_daemon_create_pool(&j->next.pools[i], i);
 
 		if (!p) {
 			/* It and the pools after it keep their place free for a later reload. */
@@ -359,13 +359,13 @@ static void reload_done(struct kvp_job *job, bool cancelled)
 
 	if (cancelled) {
 		log_notice("reload: dropped, kvpoold is stopping");
-		refuse(&j->res, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is stopping");
+		refuse(&j->res, KVP_ERR_SHUTTING_DOWN, "kvpoold is stopping");
 	} else if (!j->refused) {
 		/* Only a reload changes the pools, and one runs at a time: d is as it was copied.
 		 */
 		if (d->n_pools != j->cur.n_pools) {
 			log_err("reload refused: the pools changed while it ran");
-			refuse(&j->res, KVPOOL__CODE__INTERNAL, "the pools changed while it ran");
+			refuse(&j->res, KVP_ERR_INTERNAL, "the pools changed while it ran");
 		} else {
 			apply(d, j);
 		}
@@ -397,14 +397,14 @@ int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(
 	}
 	if (strlen(d->config_path) >= sizeof(j->path)) {
 		log_err("reload refused: config path too long");
-		refuse(&res, KVPOOL__CODE__INTERNAL, "config path too long");
+		refuse(&res, KVP_ERR_INTERNAL, "config path too long");
 		answer(&d->defers, waiters, &res);
 		return -ENAMETOOLONG;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j) {
 		log_err("reload refused: out of memory");
-		refuse(&res, KVPOOL__CODE__INTERNAL, "kvpoold is out of memory");
+		refuse(&res, KVP_ERR_INTERNAL, "kvpoold is out of memory");
 		answer(&d->defers, waiters, &res);
 		return -ENOMEM;
 	}
@@ -420,7 +420,7 @@ int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(
 	r = kvp_work_submit(w, &j->job);
 	if (r < 0) {
 		log_err("reload refused: %s", strerror(-r));
-		refuse(&res, r == -ESHUTDOWN ? KVPOOL__CODE__SHUTTING_DOWN : KVPOOL__CODE__INTERNAL,
+		refuse(&res, r == -ESHUTDOWN ? KVP_ERR_SHUTTING_DOWN : KVP_ERR_INTERNAL,
 		       "%s", strerror(-r));
 		answer(&d->defers, waiters, &res);
 		free(j);

@@ -14,7 +14,7 @@
  * negative errno of reading the machine's limits. */
 int kvp_daemon_check_budget(const struct kvp_conf *c);
 /* Creates pool number id of pc and logs its shape. NULL, with the reason logged, on failure. */
-struct kvp_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id);
+struct kvpd_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id);
 
 /* Starts a reload of d->config_path on w. finished(ctx) runs on the loop thread once the
  * result is applied (or refused). The Reload calls waiting then (d->defers.reload_waiting)

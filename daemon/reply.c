@@ -7,6 +7,32 @@
 #include <string.h>
 
 #include "fault.h"
+#include "tier.h"
+
+/* fail.h's codes are the wire's, number for number. */
+_Static_assert((int)KVP_ERR_NONE == (int)KVPOOL__CODE__OK, "codes follow the wire");
+_Static_assert((int)KVP_ERR_OUT_OF_CAPACITY == (int)KVPOOL__CODE__OUT_OF_CAPACITY, "codes follow the wire");
+_Static_assert((int)KVP_ERR_HOST_BUDGET_EXCEEDED == (int)KVPOOL__CODE__HOST_BUDGET_EXCEEDED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_QUOTA_EXCEEDED == (int)KVPOOL__CODE__QUOTA_EXCEEDED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_NO_SUCH_POOL == (int)KVPOOL__CODE__NO_SUCH_POOL, "codes follow the wire");
+_Static_assert((int)KVP_ERR_GEOMETRY_MISMATCH == (int)KVPOOL__CODE__GEOMETRY_MISMATCH, "codes follow the wire");
+_Static_assert((int)KVP_ERR_NOT_FOUND == (int)KVPOOL__CODE__NOT_FOUND, "codes follow the wire");
+_Static_assert((int)KVP_ERR_INVALID_ARGUMENT == (int)KVPOOL__CODE__INVALID_ARGUMENT, "codes follow the wire");
+_Static_assert((int)KVP_ERR_PERMISSION_DENIED == (int)KVPOOL__CODE__PERMISSION_DENIED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_PROTOCOL == (int)KVPOOL__CODE__PROTOCOL, "codes follow the wire");
+_Static_assert((int)KVP_ERR_VERSION == (int)KVPOOL__CODE__VERSION, "codes follow the wire");
+_Static_assert((int)KVP_ERR_SHUTTING_DOWN == (int)KVPOOL__CODE__SHUTTING_DOWN, "codes follow the wire");
+_Static_assert((int)KVP_ERR_LIMIT_EXCEEDED == (int)KVPOOL__CODE__LIMIT_EXCEEDED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
+_Static_assert((int)KVP_ERR_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");
+_Static_assert((int)KVP_ERR_MAX == (int)KVPOOL__CODE__INTERNAL + 1, "every wire code has a name");
+
+/* tier.h numbers backends as the wire does. */
+_Static_assert((int)KVP_BACKEND_KIND_NONE == (int)KVPOOL__BACKEND__BACKEND_NONE &&
+		       (int)KVP_BACKEND_KIND_SIM == (int)KVPOOL__BACKEND__SIM &&
+		       (int)KVP_BACKEND_KIND_CUDA == (int)KVPOOL__BACKEND__CUDA &&
+		       (int)KVP_BACKEND_KIND_MEMFD == (int)KVPOOL__BACKEND__MEMFD,
+	       "tier backends follow the wire's Backend");
 
 void kvp_reply_init(struct kvp_reply *r, uint64_t id)
 {
@@ -108,7 +134,7 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 {
 	Kvpool__Status *st = &r->status;
 
-	st->code = f->code;
+	st->code = (Kvpool__Code)f->code;
 	st->message = kvp_reply_strdup(r, f->msg);
 	if (!st->message)
 		st->message = (char *)"out of memory";

@@ -36,7 +36,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys);
 KVP_RPC_HANDLER(kvp_rpc_exists_keys);
 /* The namespace rule of every cache call (token-keyed: keyed false): 0, or a negative Code with
  * f filled (INVALID_ARGUMENT when ns holds pages of the other keying). */
-int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p,
+int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p,
 		      uint64_t ns, bool keyed, const char *call, struct kvp_fail *f);
 /* rpc_admin.c: status, listings and admin calls. */
 KVP_RPC_HANDLER(kvp_rpc_status);
@@ -52,15 +52,15 @@ KVP_RPC_HANDLER(kvp_rpc_metrics);
 /* INTERNAL "kvpoold is out of memory". Returns its negative Code. */
 int kvp_rpc_oom(struct kvp_fail *f);
 /* A pool's geometry in wire terms (Dtype counts from FP16 = 1). */
-void kvp_rpc_pool_geom(const struct kvp_pool *p, struct kvp_geom *g);
+void kvp_rpc_pool_geom(const struct kvpd_pool *p, struct kvp_geom *g);
 /* The pool of that name, or NULL. */
-struct kvp_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name);
+struct kvpd_pool *kvp_rpc_pool_by_name(struct kvp_daemon *d, const char *name);
 /* Most page ids one reply may list for pool p (every id at the varint size of p's largest page
  * id) so that the reply fits in one frame. */
-uint32_t kvp_rpc_pages_per_reply(const struct kvp_pool *p);
+uint32_t kvp_rpc_pages_per_reply(const struct kvpd_pool *p);
 /* LIMIT_EXCEEDED for a reply of npages page ids over kvp_rpc_pages_per_reply. Returns its
  * negative Code. */
-int kvp_rpc_reply_too_large(const struct kvp_pool *p, const char *what, uint64_t npages,
+int kvp_rpc_reply_too_large(const struct kvpd_pool *p, const char *what, uint64_t npages,
 			    struct kvp_fail *f);
 /* NO_SUCH_POOL naming the pools there are. Returns its negative Code. */
 int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kvp_fail *f);

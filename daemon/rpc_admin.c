@@ -13,7 +13,7 @@
 #include "metrics.h"
 #include "pool_cache.h"
 
-static Kvpool__TierStats *tier_stats(struct kvp_reply *r, const struct kvp_pool *p, int t)
+static Kvpool__TierStats *tier_stats(struct kvp_reply *r, const struct kvpd_pool *p, int t)
 {
 	Kvpool__TierStats *m = KVP_REPLY_NEW(r, Kvpool__TierStats, kvpool__tier_stats__descriptor);
 	struct kvp_tier_figures fig;
@@ -67,7 +67,7 @@ static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_d
 	return counters(r, daemon_counter_names, values, N_DAEMON_COUNTERS);
 }
 
-static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvp_pool *p)
+static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvpd_pool *p)
 {
 	Kvpool__PoolStats *m = KVP_REPLY_NEW(r, Kvpool__PoolStats, kvpool__pool_stats__descriptor);
 	struct kvp_pool_figures fig;
@@ -80,10 +80,10 @@ static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvp_pool 
 	m->name = (char *)p->conf.name;
 	m->pool_id = p->id;
 	m->geometry = kvp_reply_geometry(r, &g);
-	m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_MAX);
+	m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_ID_MAX);
 	if (!m->geometry || !m->tiers)
 		return NULL;
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!kvp_pool_has_tier(p, t))
 			continue;
 		m->tiers[m->n_tiers] = tier_stats(r, p, t);
@@ -144,14 +144,14 @@ static int need_admin(const struct kvp_session *s, const char *what, struct kvp_
 {
 	if (s->admin)
 		return 0;
-	return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+	return kvp_fail(f, KVP_ERR_PERMISSION_DENIED,
 			"%s is an admin call: root or a member of admin_groups only", what);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_evict)
 {
 	const Kvpool__EvictReq *a = q->evict;
-	struct kvp_pool *p;
+	struct kvpd_pool *p;
 	Kvpool__EvictResp *m;
 	uint32_t pages;
 	int rc;
@@ -162,11 +162,11 @@ KVP_RPC_HANDLER(kvp_rpc_evict)
 				  : (a->pool_id < d->n_pools ? d->pools[a->pool_id] : NULL);
 	if (!p)
 		return kvp_rpc_no_such_pool(d, a->pool ? a->pool : "", f);
-	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_MAX || !kvp_pool_has_tier(p, (int)a->tier))
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no tier %d",
+	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_ID_MAX || !kvp_pool_has_tier(p, (int)a->tier))
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d",
 				p->conf.name, (int)a->tier);
 	if (!a->tokens)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "evict: zero tokens");
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "evict: zero tokens");
 	pages = kvp_pool_pages_of(p, a->tokens);
 	m = KVP_REPLY_NEW(r, Kvpool__EvictResp, kvpool__evict_resp__descriptor);
 	if (!m)
@@ -182,7 +182,7 @@ KVP_RPC_HANDLER(kvp_rpc_evict)
 
 KVP_RPC_HANDLER(kvp_rpc_flush)
 {
-	struct kvp_pool *p;
+	struct kvpd_pool *p;
 	Kvpool__FlushResp *m;
 	int rc;
 
@@ -299,7 +299,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 	/* The top prefixes say what others cache (namespaces, lengths, hits): admins only;
 	 * everyone gets the aggregate figures. */
 	if (m->n_pools && s->admin) {
-		struct kvp_pool *p = d->pools[m->pools[0]->pool_id];
+		struct kvpd_pool *p = d->pools[m->pools[0]->pool_id];
 
 		ntop = kvp_pool_top(p, top, 16);
 		if (!(m->top = kvp_reply_alloc(r, sizeof(*m->top) * (ntop + 1))))

@@ -21,13 +21,13 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 		return -(int)f->code;
 	/* An earlier Insert took every page: the lease waits only for its Free. */
 	if (l->n == 0)
-		return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"insert: lease %lu is empty (an earlier Insert took all its pages)",
 				(unsigned long)l->id);
 	if ((rc = kvp_rpc_namespace(d, s, l->pool, a->namespace_, false, "insert", f)) < 0)
 		return rc;
 	if (a->n_tokens > UINT32_MAX / 2 || a->n_pages > l->n)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 				"insert: %zu tokens in %zu pages do not fit lease %lu (%u pages)",
 				a->n_tokens, a->n_pages, (unsigned long)l->id, l->n);
 	m = KVP_REPLY_NEW(r, Kvpool__InsertResp, kvpool__insert_resp__descriptor);
@@ -48,8 +48,8 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 KVP_RPC_HANDLER(kvp_rpc_match)
 {
 	const Kvpool__MatchReq *a = q->match;
-	struct kvp_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	struct kvp_match mt = {0};
+	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	struct kvp_prefix_match mt = {0};
 	Kvpool__MatchResp *m;
 	struct kvp_lock *k = NULL;
 	uint32_t cap;
@@ -60,7 +60,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, false, "match", f)) < 0)
 		return rc;
 	if (a->n_tokens > UINT32_MAX / 2)
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "match: too many tokens");
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "match: too many tokens");
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
 		return rc;
 	cap = (uint32_t)a->n_tokens / p->conf.page_tokens;
@@ -131,8 +131,8 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	(void)d;
 	if (!k)
 		return -(int)f->code;
-	if (!kvp_pool_has_tier(k->pool, KVP_TIER_DEVICE))
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no device tier",
+	if (!kvp_pool_has_tier(k->pool, KVP_TIER_ID_DEVICE))
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no device tier",
 				k->pool->conf.name);
 	m = KVP_REPLY_NEW(r, Kvpool__LoadResp, kvpool__load_resp__descriptor);
 	if (!m || !(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (k->pages + 1))))
@@ -142,8 +142,8 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	else
 		rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
 	if (rc == -ENOSPC) {
-		kvp_pool_capacity_detail(k->pool, KVP_TIER_DEVICE, k->pages, f);
-		return kvp_fail(f, KVPOOL__CODE__OUT_OF_CAPACITY,
+		kvp_pool_capacity_detail(k->pool, KVP_TIER_ID_DEVICE, k->pages, f);
+		return kvp_fail(f, KVP_ERR_OUT_OF_CAPACITY,
 				"load: pool %s device tier cannot hold the %lu tokens of lock %lu "
 				"(%lu free, %lu evictable)",
 				k->pool->conf.name, (unsigned long)f->cap.requested,
@@ -152,12 +152,12 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	}
 	if (rc == -EBUSY)
 		return kvp_fail(
-		    f, KVPOOL__CODE__UNAVAILABLE,
+		    f, KVP_ERR_UNAVAILABLE,
 		    "load: another session's lock also pins host pages of lock %lu and may "
 		    "be reading them; read them in the host tier, or retry after it releases",
 		    (unsigned long)k->id);
 	if (rc < 0)
-		return kvp_fail(f, KVPOOL__CODE__INTERNAL, "load: promotion failed (%d)", rc);
+		return kvp_fail(f, KVP_ERR_INTERNAL, "load: promotion failed (%d)", rc);
 	m->n_device_pages = n;
 	m->promoted_pages = promoted;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_LOAD;

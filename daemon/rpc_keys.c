@@ -8,7 +8,7 @@
 
 #include "pool_cache.h"
 
-int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p, uint64_t ns,
+int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,
 		      bool keyed, const char *call, struct kvp_fail *f)
 {
 	int rc = kvp_session_may_use_ns(d, s, p, ns, call, f);
@@ -25,19 +25,19 @@ static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 
 	if (n > d->conf.max_keys_per_call) {
 		kvp_fail_limit(f, "keys per call", d->conf.max_keys_per_call);
-		kvp_fail(f, KVPOOL__CODE__LIMIT_EXCEEDED,
+		kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
 			 "%s: %zu keys in one call, the limit is %u (max_keys_per_call)", call, n,
 			 d->conf.max_keys_per_call);
 		return NULL;
 	}
 	if (n == 0) {
-		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "%s: no keys", call);
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: no keys", call);
 		return NULL;
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (k[i].len == 0 || k[i].len > d->conf.max_key_bytes) {
 			kvp_fail(
-			    f, KVPOOL__CODE__INVALID_ARGUMENT,
+			    f, KVP_ERR_INVALID_ARGUMENT,
 			    "%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
 			    call, i, k[i].len, d->conf.max_key_bytes);
 			return NULL;
@@ -71,7 +71,7 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 	if (a->n_pages > l->n || a->cached_keys > a->n_keys) {
 		free(keys);
 		return kvp_fail(
-		    f, KVPOOL__CODE__INVALID_ARGUMENT,
+		    f, KVP_ERR_INVALID_ARGUMENT,
 		    "insert keys: %zu keys (%u cached) in %zu pages do not fit lease %lu "
 		    "(%u pages)",
 		    a->n_keys, a->cached_keys, a->n_pages, (unsigned long)l->id, l->n);
@@ -98,7 +98,7 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 KVP_RPC_HANDLER(kvp_rpc_match_keys)
 {
 	const Kvpool__MatchKeysReq *a = q->match_keys;
-	struct kvp_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
 	struct kvp_keys_match mt = {0};
 	Kvpool__MatchKeysResp *m;
 	struct kvp_lock *k = NULL;
@@ -149,7 +149,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 KVP_RPC_HANDLER(kvp_rpc_exists_keys)
 {
 	const Kvpool__ExistsKeysReq *a = q->exists_keys;
-	struct kvp_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
 	Kvpool__ExistsKeysResp *m;
 	struct kvp_key *keys;
 	int rc;

@@ -8,24 +8,24 @@
 #include <string.h>
 
 /* Pages asked by tokens or pages (one of them, or both agreeing). 0 with f on bad input. */
-static uint32_t pages_asked(const struct kvp_pool *p, uint64_t tokens, uint32_t pages,
+static uint32_t pages_asked(const struct kvpd_pool *p, uint64_t tokens, uint32_t pages,
 			    struct kvp_fail *f)
 {
 	uint64_t pt = p->conf.page_tokens;
 	uint64_t from_tokens = tokens / pt + (tokens % pt != 0);
 
 	if (!tokens && !pages) {
-		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "neither tokens nor pages given");
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "neither tokens nor pages given");
 		return 0;
 	}
 	if (tokens && pages && from_tokens != pages) {
-		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT,
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 			 "tokens %lu need %lu pages but pages says %u", (unsigned long)tokens,
 			 (unsigned long)from_tokens, pages);
 		return 0;
 	}
 	if (from_tokens > UINT32_MAX - 1) {
-		kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "tokens %lu is absurd",
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "tokens %lu is absurd",
 			 (unsigned long)tokens);
 		return 0;
 	}
@@ -46,7 +46,7 @@ static int put_pages(struct kvp_reply *r, uint32_t **dst, size_t *n, const uint3
 KVP_RPC_HANDLER(kvp_rpc_alloc)
 {
 	const Kvpool__AllocReq *a = q->alloc;
-	struct kvp_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
 	struct kvp_lease *l;
 	Kvpool__AllocResp *m;
 	uint32_t npages;
@@ -55,10 +55,10 @@ KVP_RPC_HANDLER(kvp_rpc_alloc)
 	if (!p)
 		return -(int)f->code;
 	if (d->draining)
-		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN,
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN,
 				"kvpoold is draining: no new leases");
-	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_MAX || !kvp_pool_has_tier(p, (int)a->tier))
-		return kvp_fail(f, KVPOOL__CODE__INVALID_ARGUMENT, "pool %s has no tier %d",
+	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_ID_MAX || !kvp_pool_has_tier(p, (int)a->tier))
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d",
 				p->conf.name, (int)a->tier);
 	npages = pages_asked(p, a->tokens, a->pages, f);
 	if (!npages)
@@ -101,7 +101,7 @@ KVP_RPC_HANDLER(kvp_rpc_extend)
 	if (!l)
 		return -(int)f->code;
 	if (d->draining)
-		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN,
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN,
 				"kvpoold is draining: no new leases");
 	npages = pages_asked(l->pool, q->extend->tokens, q->extend->pages, f);
 	if (!npages)
@@ -114,13 +114,13 @@ KVP_RPC_HANDLER(kvp_rpc_extend)
 	/* Sizes beyond the whole tier are refused (with the capacity figures) before any
 	 * reply memory is sized by them. */
 	if (npages > kvp_pages_total(l->pool->pages[l->tier]))
-		return kvp_lease_extend(l, npages, f);
+		return kvp_lease_grow(l, npages, f);
 	if (npages > kvp_rpc_pages_per_reply(l->pool))
 		return kvp_rpc_reply_too_large(l->pool, "extend", npages, f);
 	if (!(m->pages = kvp_reply_alloc(r, sizeof(uint32_t) * npages)))
 		return kvp_rpc_oom(f);
 	old = l->n;
-	if ((rc = kvp_lease_extend(l, npages, f)) < 0)
+	if ((rc = kvp_lease_grow(l, npages, f)) < 0)
 		return rc;
 	memcpy(m->pages, l->pages + old, sizeof(uint32_t) * npages);
 	m->n_pages = npages;
@@ -149,7 +149,7 @@ KVP_RPC_HANDLER(kvp_rpc_free)
 		m->lease_pages = 0;
 	} else {
 		if (q->free->n_pages > l->n)
-			return kvp_fail(f, KVPOOL__CODE__NOT_FOUND,
+			return kvp_fail(f, KVP_ERR_NOT_FOUND,
 					"free: %zu pages listed but lease %lu holds %u",
 					q->free->n_pages, (unsigned long)l->id, l->n);
 		n = (uint32_t)q->free->n_pages;

@@ -79,7 +79,7 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	if (q->hello->protocol_version < 1 ||
 	    (q->hello->required_capabilities & ~(uint64_t)KVP_CAPS_DAEMON)) {
 		r->close_after = true;
-		return kvp_fail(f, KVPOOL__CODE__VERSION,
+		return kvp_fail(f, KVP_ERR_VERSION,
 				"client speaks protocol %u requiring capabilities 0x%llx; kvpoold %s "
 				"speaks %u with 0x%llx",
 				q->hello->protocol_version,
@@ -87,7 +87,7 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 				KVP_PROTO_VERSION, (unsigned long long)KVP_CAPS_DAEMON);
 	}
 	if (s->hello)
-		return kvp_fail(f, KVPOOL__CODE__PROTOCOL, "Hello was already said");
+		return kvp_fail(f, KVP_ERR_PROTOCOL, "Hello was already said");
 	m = KVP_REPLY_NEW(r, Kvpool__HelloResp, kvpool__hello_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);
@@ -125,7 +125,7 @@ static const char *wire_dtype_name(int dtype)
 {
 	if (dtype == 0)
 		return "none";
-	return dtype > 0 && dtype <= KVP_DTYPE_MAX ? kvp_conf_dtype_name((enum kvp_dtype)(dtype - 1))
+	return dtype > 0 && dtype <= KVP_CONF_DTYPE_MAX ? kvp_conf_dtype_name((enum kvp_conf_dtype)(dtype - 1))
 						    : "unknown";
 }
 
@@ -141,7 +141,7 @@ static bool geom_matches(const Kvpool__Geometry *e, const struct kvp_geom *a)
 KVP_RPC_HANDLER(kvp_rpc_attach)
 {
 	const Kvpool__AttachReq *a = q->attach;
-	struct kvp_pool *p = kvp_rpc_pool_by_name(d, a->pool ? a->pool : "");
+	struct kvpd_pool *p = kvp_rpc_pool_by_name(d, a->pool ? a->pool : "");
 	Kvpool__AttachResp *m;
 	struct kvp_geom g;
 
@@ -150,7 +150,7 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 	if (!p)
 		return kvp_rpc_no_such_pool(d, a->pool ? a->pool : "", f);
 	if (d->draining)
-		return kvp_fail(f, KVPOOL__CODE__SHUTTING_DOWN, "kvpoold is draining");
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN, "kvpoold is draining");
 	if ((rc = kvp_session_may_attach(d, s, p, f)) < 0)
 		return rc;
 	kvp_rpc_pool_geom(p, &g);
@@ -161,7 +161,7 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		    (uint32_t)a->expected->dtype, a->expected->page_tokens};
 		f->geom.actual = g;
 		return kvp_fail(
-		    f, KVPOOL__CODE__GEOMETRY_MISMATCH,
+		    f, KVP_ERR_GEOMETRY_MISMATCH,
 		    "pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
 		    "%u; the client expects layers %u kv_heads %u head_dim %u dtype %s page_tokens "
 		    "%u (0 or none: any)",
@@ -171,13 +171,13 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		    a->expected->page_tokens);
 	}
 	m = KVP_REPLY_NEW(r, Kvpool__AttachResp, kvpool__attach_resp__descriptor);
-	if (!m || !(m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_MAX)) ||
+	if (!m || !(m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_ID_MAX)) ||
 	    !(m->geometry = kvp_reply_geometry(r, &g)))
 		return kvp_rpc_oom(f);
 	m->pool_id = p->id;
 	m->pool = p->conf.name;
 	m->session_quota_tokens = p->conf.session_quota_tokens;
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		Kvpool__TierInfo *ti;
 		int fdi;
 
@@ -191,7 +191,7 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		ti->pages = kvp_pages_total(p->pages[t]);
 		ti->bytes = p->mem[t].bytes;
 		if ((fdi = kvp_reply_add_fd(r, p->mem[t].fd)) < 0)
-			return kvp_fail(f, KVPOOL__CODE__INTERNAL, "attach: too many descriptors");
+			return kvp_fail(f, KVP_ERR_INTERNAL, "attach: too many descriptors");
 		ti->fd_index = fdi;
 		ti->numa_node = p->mem[t].numa_node;
 		ti->cuda_device = p->mem[t].cuda_device;
@@ -213,7 +213,7 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 
 KVP_RPC_HANDLER(kvp_rpc_detach)
 {
-	struct kvp_pool *p = kvp_session_pool(d, s, q->detach->pool_id, f);
+	struct kvpd_pool *p = kvp_session_pool(d, s, q->detach->pool_id, f);
 	Kvpool__DetachResp *m;
 
 	if (!p)

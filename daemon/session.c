@@ -52,7 +52,7 @@ int kvp_daemon_admit(struct kvp_daemon *d, pid_t pid, uid_t uid, gid_t gid, cons
 		  any_group(d->flag_gids, d->n_flag_gids, gid, groups, ngroups);
 
 	if (!ok)
-		return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+		return kvp_fail(f, KVP_ERR_PERMISSION_DENIED,
 				"uid %u (pid %d) is not allowed to use this kvpoold", (unsigned)uid,
 				(int)pid);
 	*admin = uid == 0 || uid == d->self_uid ||
@@ -71,7 +71,7 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 	}
 	s = KVP_FAULT_OR(KVP_FAULT_SESSION, calloc(1, sizeof(*s)));
 	if (!s) {
-		kvp_fail(f, KVPOOL__CODE__INTERNAL, "out of memory");
+		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	s->id = ++d->next_session_id;
@@ -130,17 +130,17 @@ static bool pool_allows(const struct kvp_daemon *d, const struct kvp_session *s,
 }
 
 int kvp_session_may_attach(const struct kvp_daemon *d, const struct kvp_session *s,
-			   const struct kvp_pool *p, struct kvp_fail *f)
+			   const struct kvpd_pool *p, struct kvp_fail *f)
 {
 	if (pool_allows(d, s, &p->conf))
 		return 0;
-	return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+	return kvp_fail(f, KVP_ERR_PERMISSION_DENIED,
 			"pool %s: uid %u is not in its allowed_users or allowed_groups", p->conf.name,
 			(unsigned)s->uid);
 }
 
 int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session *s,
-			   const struct kvp_pool *p, uint64_t ns, const char *what,
+			   const struct kvpd_pool *p, uint64_t ns, const char *what,
 			   struct kvp_fail *f)
 {
 	const struct kvp_ns_owner *o = kvp_pool_conf_ns_owner(&p->conf, ns);
@@ -148,7 +148,7 @@ int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session 
 	if (!o || trusted(d, s) || in_list(s->uid, o->uids, o->n_uids) ||
 	    any_group(o->gids, o->n_gids, s->gid, s->groups, s->ngroups))
 		return 0;
-	return kvp_fail(f, KVPOOL__CODE__PERMISSION_DENIED,
+	return kvp_fail(f, KVP_ERR_PERMISSION_DENIED,
 			"%s: namespace %lu of pool %s is bound to other users (namespace.%lu); uid "
 			"%u may not use it",
 			what, (unsigned long)ns, p->conf.name, (unsigned long)ns, (unsigned)s->uid);
@@ -186,7 +186,7 @@ uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr)
 	return id;
 }
 
-void kvp_session_attach(struct kvp_session *s, struct kvp_pool *p)
+void kvp_session_attach(struct kvp_session *s, struct kvpd_pool *p)
 {
 	if (!s->attached[p->id]) {
 		s->attached[p->id] = true;
@@ -194,36 +194,36 @@ void kvp_session_attach(struct kvp_session *s, struct kvp_pool *p)
 	}
 }
 
-struct kvp_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
+struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
 				  uint32_t pool_id, struct kvp_fail *f)
 {
 	if (pool_id >= d->n_pools) {
-		kvp_fail(f, KVPOOL__CODE__NO_SUCH_POOL, "pool_id %u does not exist", pool_id);
+		kvp_fail(f, KVP_ERR_NO_SUCH_POOL, "pool_id %u does not exist", pool_id);
 		return NULL;
 	}
 	if (!s->attached[pool_id]) {
-		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "pool_id %u is not attached by this session",
+		kvp_fail(f, KVP_ERR_NOT_FOUND, "pool_id %u is not attached by this session",
 			 pool_id);
 		return NULL;
 	}
 	return d->pools[pool_id];
 }
 
-static int quota_fail(struct kvp_fail *f, const struct kvp_pool *p, const char *which,
+static int quota_fail(struct kvp_fail *f, const struct kvpd_pool *p, const char *which,
 		      const char *holder, uint64_t q, uint64_t held, uint64_t want)
 {
 	f->detail = KVP_FAIL_QUOTA;
 	f->quota.quota = q;
 	f->quota.held = held;
 	f->quota.requested = want;
-	return kvp_fail(f, KVPOOL__CODE__QUOTA_EXCEEDED,
+	return kvp_fail(f, KVP_ERR_QUOTA_EXCEEDED,
 			"pool %s: %s is %lu tokens; %s holds %lu and asked for %lu more",
 			p->conf.name, which, (unsigned long)q, holder, (unsigned long)held,
 			(unsigned long)want);
 }
 
 /* Leased + locked tokens of every session of uid in p. */
-static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvp_pool *p)
+static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvpd_pool *p)
 {
 	uint64_t pages = 0;
 
@@ -235,7 +235,7 @@ static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvp
 
 /* The session and uid quotas for want more tokens held (leased or locked). */
 static int check_held(const struct kvp_daemon *d, const struct kvp_session *s,
-		      const struct kvp_pool *p, uint64_t want, struct kvp_fail *f)
+		      const struct kvpd_pool *p, uint64_t want, struct kvp_fail *f)
 {
 	uint64_t pt = p->conf.page_tokens, q = p->conf.session_quota_tokens;
 	uint64_t held = (s->leased_pages[p->id] + s->locked_pages[p->id]) * pt;
@@ -270,7 +270,7 @@ uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *
 }
 
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
-			  const struct kvp_pool *p, uint32_t npages, bool new_lease,
+			  const struct kvpd_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f)
 {
 	if (new_lease && s->leases.count - s->empty_leases >= d->conf.max_leases_per_session)
@@ -279,7 +279,7 @@ int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *
 }
 
 int kvp_session_may_lock_pages(const struct kvp_daemon *d, const struct kvp_session *s,
-			       const struct kvp_pool *p, uint64_t npages, struct kvp_fail *f)
+			       const struct kvpd_pool *p, uint64_t npages, struct kvp_fail *f)
 {
 	uint64_t pt = p->conf.page_tokens, q = p->conf.session_lock_quota_tokens;
 	uint64_t want = npages * pt, locked = s->locked_pages[p->id] * pt;
@@ -303,7 +303,7 @@ struct kvp_lease *kvp_session_lease(const struct kvp_session *s, uint64_t id, st
 	struct kvp_lease *l = kvp_idmap_get(&s->leases, id);
 
 	if (!l)
-		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lease %lu is not one of this session's",
+		kvp_fail(f, KVP_ERR_NOT_FOUND, "lease %lu is not one of this session's",
 			 (unsigned long)id);
 	return l;
 }
@@ -358,7 +358,7 @@ struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, stru
 	struct kvp_lock *k = kvp_idmap_get(&s->locks, id);
 
 	if (!k)
-		kvp_fail(f, KVPOOL__CODE__NOT_FOUND, "lock %lu is not one of this session's",
+		kvp_fail(f, KVP_ERR_NOT_FOUND, "lock %lu is not one of this session's",
 			 (unsigned long)id);
 	return k;
 }
@@ -383,7 +383,7 @@ uint64_t kvp_session_leased_tokens(const struct kvp_daemon *d, const struct kvp_
 }
 
 /* Frees leases and locks of pool p (all pools when p is NULL). Returns tokens freed. */
-static uint64_t release_owned(struct kvp_session *s, struct kvp_pool *p)
+static uint64_t release_owned(struct kvp_session *s, struct kvpd_pool *p)
 {
 	uint64_t tokens = 0, id;
 	void *v;
@@ -406,7 +406,7 @@ static uint64_t release_owned(struct kvp_session *s, struct kvp_pool *p)
 	return tokens;
 }
 
-uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvp_pool *p)
+uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p)
 {
 	uint64_t t = release_owned(s, p);
 
@@ -445,7 +445,7 @@ uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d)
 		}
 		s->admin = admin;
 		for (uint32_t i = 0; i < d->n_pools; i++) {
-			struct kvp_pool *p = d->pools[i];
+			struct kvpd_pool *p = d->pools[i];
 			uint64_t freed;
 
 			if (!s->attached[i] || pool_allows(d, s, &p->conf))
@@ -492,7 +492,7 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 
 int kvp_daemon_check(const struct kvp_daemon *d)
 {
-	uint64_t held[KVP_MAX_POOLS][KVP_TIER_MAX] = { { 0 } };
+	uint64_t held[KVP_MAX_POOLS][KVP_TIER_ID_MAX] = { { 0 } };
 
 	/* Every page a live session's lease lists is booked to that lease, and the session's
 	 * quota counts them; with the per-tier totals equal, no leased page is anyone else's. */
@@ -527,7 +527,7 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
-		for (int t = 0; t < KVP_TIER_MAX; t++) {
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			struct kvp_tier_counts c;
 
 			if (!kvp_pool_has_tier(d->pools[i], t)) {

@@ -96,7 +96,7 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		uint32_t pg;
 
 		if (kvp_pages_alloc(host, 1, &pg) < 0 ||
-		    kvp_keys_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_HOST, &pg, NULL, NULL) <
+		    kvp_keys_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_ID_HOST, &pg, NULL, NULL) <
 			0)
 			return -1;
 	}
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
 		struct kvp_keys_insert_result r;
 
 		if (kvp_pages_alloc(host, CHAIN, pages) < 0 ||
-		    kvp_keys_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_HOST, pages,
+		    kvp_keys_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_ID_HOST, pages,
 				    &r, NULL) < 0 ||
 		    r.new_pages != CHAIN) {
 			fprintf(stderr, "bench_keys: insert failed\n");

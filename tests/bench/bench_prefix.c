@@ -143,7 +143,7 @@ static void run(uint64_t target_tokens, int quick)
 		if (kvp_pages_alloc(dev, np, pages) < 0)
 			B_DIE("device tier too small: %u pages", pool_pages);
 		t0 = b_now_ns();
-		rc = kvp_prefix_insert(pfx, 0, seq, np, KVP_TIER_DEVICE, pages, &res, dup);
+		rc = kvp_prefix_insert(pfx, 0, seq, np, KVP_TIER_ID_DEVICE, pages, &res, dup);
 		ins_ns += b_now_ns() - t0;
 		if (rc < 0)
 			B_DIE("kvp_prefix_insert: %d", rc);
@@ -184,7 +184,7 @@ static void run(uint64_t target_tokens, int quick)
 		.name = b_fmt("prefix.insert.%s", tag),
 		.params = b_fmt("{\"cached_tokens\":%lu,\"page_tokens\":%u,\"system_prompts\":%u,"
 				"\"conversations\":%u,\"nodes\":%lu,\"inserted_tokens\":%lu}",
-				(unsigned long)st.cached_pages[KVP_TIER_DEVICE] * PT, PT, sh.nprompts,
+				(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT, sh.nprompts,
 				sh.nconvs, (unsigned long)st.nodes, (unsigned long)ins_tokens),
 		.baseline_what = "memcmp of the already-cached tokens + memcpy of the new ones (tokens/s)",
 		.baseline = (double)ins_tokens / ((double)base_ns / 1e9), .have_base = 1,
@@ -234,7 +234,7 @@ static void run(uint64_t target_tokens, int quick)
 			/* kvpool, no lock */
 			t0 = b_now_ns();
 			for (uint32_t i = 0; i < nq; i++) {
-				struct kvp_match m;
+				struct kvp_prefix_match m;
 
 				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i], 0, &m,
 						     mdev, mhost) < 0)
@@ -250,7 +250,7 @@ static void run(uint64_t target_tokens, int quick)
 			/* kvpool, lock + unlock (what the daemon does for kvp_match with lock) */
 			t0 = b_now_ns();
 			for (uint32_t i = 0; i < nq; i++) {
-				struct kvp_match m;
+				struct kvp_prefix_match m;
 
 				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i], 1, &m,
 						     mdev, mhost) < 0)
@@ -279,7 +279,7 @@ static void run(uint64_t target_tokens, int quick)
 				.params = b_fmt("{\"cached_tokens\":%lu,\"page_tokens\":%u,\"queries\":%u,"
 						"\"avg_query_tokens\":%.0f,\"uncached_tail\":%u,"
 						"\"threads\":1,\"lock\":%s,\"best_of\":%u}",
-						(unsigned long)st.cached_pages[KVP_TIER_DEVICE] * PT, PT, nq,
+						(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT, nq,
 						(double)total / nq, TAIL, lock ? "true" : "false", reps),
 				.baseline_what = "memcmp of the same matched token bytes (tokens/s)",
 				.baseline = best_m, .have_base = 1,
@@ -293,7 +293,7 @@ static void run(uint64_t target_tokens, int quick)
 	}
 
 	{
-		uint64_t cp = st.cached_pages[KVP_TIER_DEVICE];
+		uint64_t cp = st.cached_pages[KVP_TIER_ID_DEVICE];
 		double bpp = cp ? (double)st.metadata_bytes / (double)cp : 0;
 		const char *prm = b_fmt("{\"cached_tokens\":%lu,\"page_tokens\":%u,\"nodes\":%lu,"
 					"\"metadata_bytes\":%lu}",

@@ -22,7 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			const struct kvp_pool_conf *p = &c.pools[i];
 
 			if (!p->name[0] || !p->layers || !p->page_tokens || !p->kv_heads ||
-			    !p->head_dim || p->dtype >= KVP_DTYPE_MAX ||
+			    !p->head_dim || p->dtype >= KVP_CONF_DTYPE_MAX ||
 			    p->device_pages + p->host_pages == 0 || p->device_pages >= UINT32_MAX ||
 			    p->host_pages >= UINT32_MAX)
 				abort();

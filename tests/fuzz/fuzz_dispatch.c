@@ -103,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		struct kvp_defer *t = g_d.defers.reload_waiting;
 
 		g_d.defers.reload_waiting = t->next;
-		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "fuzz");
+		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "fuzz");
 		kvp_defer_fail(&g_d.defers, t, &f);
 	}
 	if (g_d.defers.n)
@@ -114,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		kvp_frame_buf_release(&b[i]);
 	}
 	/* Everything a session held came back: only cached pages may remain in use. */
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		struct kvp_tier_counts c;
 
 		kvp_pool_counts(g_d.pools[0], t, &c);

@@ -81,7 +81,7 @@ static inline int fx_call(struct kvp_daemon *d, struct kvp_session *s, Kvpool__R
 
 /* Caches ntokens tokens (tokens[i] = base + i, whole pages) in pool p's tier through a lease
  * that is gone afterwards. Returns the pages cached, or -1. */
-static inline int fx_cache(struct kvp_pool *p, int tier, uint64_t ns, uint32_t base,
+static inline int fx_cache(struct kvpd_pool *p, int tier, uint64_t ns, uint32_t base,
 			   uint32_t ntokens)
 {
 	uint32_t npages = ntokens / p->conf.page_tokens;

@@ -47,7 +47,7 @@ static void test_kvp_daemon_new_id_distinct_unpredictable(void)
 static struct kvp_lease *lease(struct kvp_daemon *d, struct kvp_session *s, uint32_t pages)
 {
 	struct kvp_fail f = {0};
-	struct kvp_lease *l = kvp_lease_create(d->pools[0], KVP_TIER_DEVICE,
+	struct kvp_lease *l = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE,
 					       kvp_daemon_new_id(d, &d->next_lease_id), pages, &f);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
@@ -70,7 +70,7 @@ static void test_kvp_session_may_lease_uid_quota(void)
 	lease(d, s2, 1);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s1, d->pools[0], 1, true, &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s2, d->pools[0], 2, true, &f),
-			-KVPOOL__CODE__QUOTA_EXCEEDED);
+			-KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_QUOTA);
 	CU_ASSERT_EQUAL(f.quota.quota, 64);
 	CU_ASSERT_EQUAL(f.quota.held, 48);
@@ -90,13 +90,13 @@ static void test_kvp_session_may_lock_pages_lock_quota(void)
 	s = fx_session(d, false);
 	CU_ASSERT_EQUAL(kvp_session_may_lock_pages(d, s, d->pools[0], 2, &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_may_lock_pages(d, s, d->pools[0], 3, &f),
-			-KVPOOL__CODE__QUOTA_EXCEEDED);
+			-KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "session lock quota"));
 	/* Locked pages count against the uid quota with the leased ones. */
 	s->locked_pages[0] = 2;
 	lease(d, s, 2);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, d->pools[0], 1, true, &f),
-			-KVPOOL__CODE__QUOTA_EXCEEDED);
+			-KVP_ERR_QUOTA_EXCEEDED);
 	s->locked_pages[0] = 0;
 	fx_daemon_free(d);
 }
@@ -113,13 +113,13 @@ static void test_kvp_session_may_attach_and_use_ns(void)
 	root = fx_session(d, true);
 	root->uid = 0;
 	CU_ASSERT_EQUAL(kvp_session_may_attach(d, s, d->pools[0], &f),
-			-KVPOOL__CODE__PERMISSION_DENIED);
+			-KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "pool a"));
 	CU_ASSERT_EQUAL(kvp_session_may_attach(d, root, d->pools[0], &f), 0);
 	kvp_session_set_groups(s, &g60, 1);
 	CU_ASSERT_EQUAL(kvp_session_may_attach(d, s, d->pools[0], &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_may_use_ns(d, s, d->pools[0], 9, "match", &f),
-			-KVPOOL__CODE__PERMISSION_DENIED);
+			-KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "match: namespace 9 of pool a"));
 	CU_ASSERT_EQUAL(kvp_session_may_use_ns(d, s, d->pools[0], 8, "match", &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_may_use_ns(d, root, d->pools[0], 9, "insert", &f), 0);
@@ -165,7 +165,7 @@ static void test_kvp_daemon_recheck_sessions(void)
 	CU_ASSERT_FALSE(keep->evicted);
 	q.call_case = KVPOOL__REQUEST__CALL_PING;
 	q.ping = &ping;
-	CU_ASSERT_EQUAL(fx_call(d, s, &q, &r), KVPOOL__CODE__PERMISSION_DENIED);
+	CU_ASSERT_EQUAL(fx_call(d, s, &q, &r), KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_TRUE(r.close_after);
 	kvp_reply_release(&r);
 	CU_ASSERT_EQUAL(fx_call(d, keep, &q, &r), 0);

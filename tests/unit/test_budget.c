@@ -107,7 +107,7 @@ static struct kvp_pool_conf *add_pool(struct kvp_conf *c, const char *name,
 	p->layers = 1;
 	p->kv_heads = 1;
 	p->head_dim = 256;
-	p->dtype = KVP_DTYPE_FP16;
+	p->dtype = KVP_CONF_DTYPE_FP16;
 	p->page_tokens = 1024;
 	p->device = dev;
 	p->device_pages = dev_mib;
@@ -165,7 +165,7 @@ static void test_kvp_budget_check_fits(void)
 	g_f.node[1] = 100 * MiB;
 	memset(&v, 0xff, sizeof(v));
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), 0);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_NONE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_NONE);
 	CU_ASSERT_STRING_EQUAL(v.pool, "");
 	CU_ASSERT_STRING_EQUAL(v.warning, "");
 	/* limits no pool needs are not read */
@@ -188,7 +188,7 @@ static void test_kvp_budget_check_mem_available_binds(void)
 	add_pool(&c, "c", KVP_DEVICE_NONE, 0, 100000, 0);
 	g_f.mem = 2000 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_MEM_AVAILABLE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_MEM_AVAILABLE);
 	CU_ASSERT_STRING_EQUAL(v.pool, "b");
 	CU_ASSERT_EQUAL(v.requested, 2100 * MiB);
 	CU_ASSERT_EQUAL(v.earlier, 1000 * MiB);
@@ -212,7 +212,7 @@ static void test_kvp_budget_check_numa_node_binds(void)
 	g_f.node[0] = 10000 * MiB; /* room left on node 0 */
 	g_f.node[1] = 4000 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_NUMA_NODE_FREE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_NUMA_NODE_FREE);
 	CU_ASSERT_STRING_EQUAL(v.pool, "n1b");
 	CU_ASSERT_EQUAL(v.numa_node, 1);
 	CU_ASSERT_EQUAL(v.requested, 5000 * MiB);
@@ -241,7 +241,7 @@ static void test_kvp_budget_check_numa_node_missing(void)
 	add_pool(&c, "a", KVP_DEVICE_NONE, 0, 10, 0);
 	add_pool(&c, "far", KVP_DEVICE_NONE, 0, 10, 3);
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENODEV);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_NONE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_NONE);
 	CU_ASSERT_STRING_EQUAL(v.pool, "far");
 	CU_ASSERT_EQUAL(v.numa_node, 3);
 	expect_msg(&v, "pool far: NUMA node 3 does not exist");
@@ -262,7 +262,7 @@ static void test_kvp_budget_check_cgroup_binds(void)
 	g_f.mem = 1024 * MiB;
 	g_f.cgroup = 256 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_CGROUP_MEMORY_MAX);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_CGROUP_MEMORY_MAX);
 	CU_ASSERT_STRING_EQUAL(v.pool, "a");
 	CU_ASSERT_EQUAL(v.requested, 512 * MiB);
 	CU_ASSERT_EQUAL(v.earlier, 0);
@@ -272,7 +272,7 @@ static void test_kvp_budget_check_cgroup_binds(void)
 	/* when MemAvailable binds too, it is named first */
 	g_f.mem = 100 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_MEM_AVAILABLE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_MEM_AVAILABLE);
 }
 
 static void test_kvp_budget_check_memlock_binds_on(void)
@@ -285,7 +285,7 @@ static void test_kvp_budget_check_memlock_binds_on(void)
 	add_pool(&c, "b", KVP_DEVICE_NONE, 0, 64, 0)->mlock = KVP_ON;
 	g_f.lock = 150 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_RLIMIT_MEMLOCK);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_RLIMIT_MEMLOCK);
 	CU_ASSERT_STRING_EQUAL(v.pool, "b");
 	CU_ASSERT_EQUAL(v.requested, 192 * MiB);
 	CU_ASSERT_EQUAL(v.earlier, 128 * MiB);
@@ -309,7 +309,7 @@ static void test_kvp_budget_check_memlock_warns_try(void)
 	add_pool(&c, "off", KVP_DEVICE_NONE, 0, 1024, 0);
 	g_f.lock = 100 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), 0);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_NONE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_NONE);
 	CU_ASSERT_STRING_EQUAL(v.warning, "pool try: mlock = try: 0.13 GB would be locked but "
 					  "RLIMIT_MEMLOCK allows 0.10 GB; the rest stays unlocked");
 	CU_ASSERT_EQUAL(g_f.calls_lock, 1);
@@ -338,7 +338,7 @@ static void test_kvp_budget_check_hugepages_binds_on(void)
 	g_f.node[0] = 100 * MiB;
 	g_f.huge = 512 * MiB;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_HUGEPAGES_FREE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_HUGEPAGES_FREE);
 	CU_ASSERT_EQUAL(v.requested, 1024 * MiB);
 	CU_ASSERT_EQUAL(v.available, 512 * MiB);
 	CU_ASSERT_EQUAL(v.tiers, KVP_BUDGET_TIER_HOST);
@@ -352,7 +352,7 @@ static void test_kvp_budget_check_hugepages_binds_on(void)
 	g_f.calls_huge = 0;
 	g_f.huge = 0;
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_MEM_AVAILABLE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_MEM_AVAILABLE);
 	CU_ASSERT_EQUAL(v.requested, 1124 * MiB);
 	CU_ASSERT_EQUAL(g_f.calls_huge, 0);
 }
@@ -372,7 +372,7 @@ static void test_kvp_budget_format_known_case(void)
 	p->layers = 32;
 	p->kv_heads = 8;
 	p->head_dim = 128;
-	p->dtype = KVP_DTYPE_BF16;
+	p->dtype = KVP_CONF_DTYPE_BF16;
 	p->page_tokens = 16;
 	p->device = KVP_DEVICE_CUDA;
 	p->device_pages = 20480; /* 40 GiB */
@@ -410,13 +410,13 @@ static void test_kvp_budget_check_read_error(void)
 
 static void test_kvp_limit_name_all(void)
 {
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_MEM_AVAILABLE), "MemAvailable");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_NUMA_NODE_FREE), "NUMA node free memory");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_CGROUP_MEMORY_MAX), "cgroup memory.max");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_RLIMIT_MEMLOCK), "RLIMIT_MEMLOCK");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_HUGEPAGES_FREE), "free huge pages");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_NONE), "none");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_LIMIT_MAX), "?");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_MEM_AVAILABLE), "MemAvailable");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_NUMA_NODE_FREE), "NUMA node free memory");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_CGROUP_MEMORY_MAX), "cgroup memory.max");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_RLIMIT_MEMLOCK), "RLIMIT_MEMLOCK");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_HUGEPAGES_FREE), "free huge pages");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_NONE), "none");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_MAX), "?");
 }
 
 /* The real readers on this machine: each answers, with plausible numbers. */

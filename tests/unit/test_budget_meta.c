@@ -89,7 +89,7 @@ static void tiny_conf(struct kvp_conf *c, uint64_t pages)
 	memset(p, 0, sizeof(*p));
 	snprintf(p->name, sizeof(p->name), "tiny");
 	p->layers = p->kv_heads = p->head_dim = p->page_tokens = 1;
-	p->dtype = KVP_DTYPE_FP8;
+	p->dtype = KVP_CONF_DTYPE_FP8;
 	p->device = KVP_DEVICE_SIM;
 	p->device_pages = pages;
 	p->numa_node = 0;
@@ -109,7 +109,7 @@ static void test_kvp_budget_check_counts_bookkeeping(void)
 	CU_ASSERT_EQUAL(meta, 200000000ull * KVP_BUDGET_PAGE_META_BYTES(1));
 	g_mem = 20 * GiB; /* 50 times the tier, far less than its bookkeeping */
 	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
-	CU_ASSERT_EQUAL(v.limit, KVP_LIMIT_MEM_AVAILABLE);
+	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_MEM_AVAILABLE);
 	CU_ASSERT_EQUAL(v.requested, 400000000);
 	CU_ASSERT_EQUAL(v.metadata, meta);
 	kvp_budget_format(&v, buf, sizeof(buf));
@@ -133,7 +133,7 @@ static void test_pool_arrays_per_page_measured(void)
 	const uint32_t n = 1u << 20;
 	static struct kvp_conf c;
 	struct kvp_fail f = {0};
-	struct kvp_pool *p;
+	struct kvpd_pool *p;
 	struct kvp_pages *pg;
 	struct kvp_lease *l;
 	uint64_t before, pages_b, pool_b, lease_b;
@@ -153,9 +153,9 @@ static void test_pool_arrays_per_page_measured(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
 	pool_b = heap_bytes() - before;
 	before = heap_bytes();
-	l = kvp_lease_create(p, KVP_TIER_DEVICE, 1, n / 2, &f);
+	l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 1, n / 2, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
-	CU_ASSERT_EQUAL(kvp_lease_extend(l, n / 2, &f), 0);
+	CU_ASSERT_EQUAL(kvp_lease_grow(l, n / 2, &f), 0);
 	lease_b = heap_bytes() - before;
 	printf("\n    per page: allocator %.2f B, pool (allocator, lease_of, lease_idx, tree) "
 	       "%.2f B, a lease %.2f B; budgeted fixed part %u B\n",
@@ -176,7 +176,7 @@ static void test_prefix_per_page_measured(void)
 		const uint32_t n = 1u << 16, pt = pts[k];
 		static struct kvp_conf c;
 		struct kvp_fail f = {0};
-		struct kvp_pool *p;
+		struct kvpd_pool *p;
 		struct kvp_lease *l;
 		uint32_t tokens[16];
 		uint64_t before, tree_b, nt, dt;
@@ -186,7 +186,7 @@ static void test_prefix_per_page_measured(void)
 		c.pools[0].page_tokens = pt;
 		p = kvp_pool_create(&c.pools[0], 0, &f);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-		l = kvp_lease_create(p, KVP_TIER_DEVICE, 1, n, &f);
+		l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 1, n, &f);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(l);
 		before = heap_bytes();
 		for (uint32_t i = 0; i < n; i++) {

@@ -114,7 +114,7 @@ static void test_kvp_conf_load_string_good(void)
 	CU_ASSERT_EQUAL(p->kv_heads, 8);
 	CU_ASSERT_EQUAL(p->head_dim, 128);
 	CU_ASSERT_EQUAL(p->page_tokens, 16);
-	CU_ASSERT_EQUAL(p->dtype, KVP_DTYPE_BF16);
+	CU_ASSERT_EQUAL(p->dtype, KVP_CONF_DTYPE_BF16);
 	CU_ASSERT_EQUAL(p->device, KVP_DEVICE_CUDA);
 	CU_ASSERT_EQUAL(p->cuda_device, 1);
 	CU_ASSERT_EQUAL(kvp_conf_token_bytes(p), 131072);
@@ -182,7 +182,7 @@ static void test_kvp_conf_load_string_crlf_bom_comments(void)
 	CU_ASSERT_EQUAL(c.log_level, LOG_WARNING);
 	CU_ASSERT_STRING_EQUAL(c.pools[0].name, "q");
 	CU_ASSERT_EQUAL(c.pools[0].host_pages, 1);
-	CU_ASSERT_EQUAL(c.pools[0].dtype, KVP_DTYPE_FP32);
+	CU_ASSERT_EQUAL(c.pools[0].dtype, KVP_CONF_DTYPE_FP32);
 }
 
 static void test_kvp_conf_load_embedded_default(void)
@@ -198,7 +198,7 @@ static void test_kvp_conf_load_embedded_default(void)
 	CU_ASSERT_EQUAL(p->layers, 4);
 	CU_ASSERT_EQUAL(p->kv_heads, 2);
 	CU_ASSERT_EQUAL(p->head_dim, 64);
-	CU_ASSERT_EQUAL(p->dtype, KVP_DTYPE_FP16);
+	CU_ASSERT_EQUAL(p->dtype, KVP_CONF_DTYPE_FP16);
 	CU_ASSERT_EQUAL(p->page_tokens, 16);
 	CU_ASSERT_EQUAL(p->device, KVP_DEVICE_SIM);
 	CU_ASSERT_EQUAL(kvp_conf_page_bytes(p), 32768);
@@ -652,13 +652,13 @@ static void test_kvp_pool_page_bytes_dtypes(void)
 {
 	struct kvp_pool_conf p = {.layers = 32, .kv_heads = 8, .head_dim = 128, .page_tokens = 16};
 
-	p.dtype = KVP_DTYPE_FP8;
+	p.dtype = KVP_CONF_DTYPE_FP8;
 	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 65536);
-	p.dtype = KVP_DTYPE_FP32;
+	p.dtype = KVP_CONF_DTYPE_FP32;
 	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 262144);
 	CU_ASSERT_EQUAL(kvp_conf_page_bytes(&p), 262144 * 16);
-	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_DTYPE_BF16), "bf16");
-	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_DTYPE_MAX), "?");
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_CONF_DTYPE_BF16), "bf16");
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_CONF_DTYPE_MAX), "?");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name(KVP_DEVICE_CUDA), "cuda");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name(KVP_DEVICE_SIM), "sim");
 	CU_ASSERT_STRING_EQUAL(kvp_device_kind_name((enum kvp_device_kind) - 1), "?");

@@ -14,7 +14,7 @@ struct sink {
 	int calls;
 	uint64_t last_id;
 	int last_code;
-	Kvpool__Code last_status;
+	enum kvp_err last_status;
 };
 
 static bool deliver(void *ctx, const struct kvp_defer *t, struct kvp_reply *r, int code)
@@ -24,7 +24,7 @@ static bool deliver(void *ctx, const struct kvp_defer *t, struct kvp_reply *r, i
 	k->calls++;
 	k->last_id = r->resp.id;
 	k->last_code = code;
-	k->last_status = r->status.code;
+	k->last_status = (enum kvp_err)r->status.code;
 	return t->session_id == k->live_session;
 }
 
@@ -44,7 +44,7 @@ static void test_defer_take_bounded_per_session(void)
 	CU_ASSERT_EQUAL(kvp_defer_count(&ds, 1), KVP_DEFER_PER_SESSION);
 	kvp_fail_init(&f);
 	CU_ASSERT_PTR_NULL(kvp_defer_take(&ds, 1, 200, 0, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_LIMIT_EXCEEDED);
 	CU_ASSERT_STRING_EQUAL(f.limit.what, "session_pending_replies");
 	CU_ASSERT_EQUAL(f.limit.limit, KVP_DEFER_PER_SESSION);
 	/* another session is not held back by this one's */
@@ -64,13 +64,13 @@ static void test_defer_take_bounded_per_session(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(t[3]);
 	for (int i = 0; i <= KVP_DEFER_PER_SESSION; i++) {
 		kvp_fail_init(&f);
-		kvp_fail(&f, KVPOOL__CODE__SHUTTING_DOWN, "stopping");
+		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "stopping");
 		kvp_defer_fail(&ds, t[i], &f);
 	}
 	CU_ASSERT_EQUAL(ds.n, 0);
 	CU_ASSERT_PTR_NULL(ds.all);
-	CU_ASSERT_EQUAL(k.last_code, KVPOOL__CODE__SHUTTING_DOWN);
-	CU_ASSERT_EQUAL(k.last_status, KVPOOL__CODE__SHUTTING_DOWN);
+	CU_ASSERT_EQUAL(k.last_code, KVP_ERR_SHUTTING_DOWN);
+	CU_ASSERT_EQUAL(k.last_status, KVP_ERR_SHUTTING_DOWN);
 	CU_ASSERT_EQUAL(ds.answered, 1 + KVP_DEFER_PER_SESSION);
 	CU_ASSERT_EQUAL(ds.dropped, 1); /* session 2's: deliver said it is gone */
 }
@@ -90,12 +90,12 @@ static void test_defer_take_bounded_in_all(void)
 	}
 	kvp_fail_init(&f);
 	CU_ASSERT_PTR_NULL(kvp_defer_take(&ds, 9, 1, 0, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_LIMIT_EXCEEDED);
 	CU_ASSERT_STRING_EQUAL(f.limit.what, "pending_replies");
 	/* freed in an order other than taken: the list stays whole */
 	for (int i = 0; i < 5; i++) {
 		kvp_fail_init(&f);
-		kvp_fail(&f, KVPOOL__CODE__INTERNAL, "x");
+		kvp_fail(&f, KVP_ERR_INTERNAL, "x");
 		kvp_defer_fail(&ds, t[order[i]], &f);
 		CU_ASSERT_EQUAL(ds.n, 4 - (uint32_t)i);
 	}

@@ -12,11 +12,11 @@ static const char *const g_conf = "[pool.u]\nlayers = 1\nkv_heads = 1\nhead_dim 
 				  "dtype = fp16\npage_tokens = 4\ndevice = sim\n"
 				  "device_capacity = 64t\nhost_capacity = 32t\nmlock = off\n";
 
-static uint64_t protected_tokens(const struct kvp_pool *p)
+static uint64_t protected_tokens(const struct kvpd_pool *p)
 {
 	struct kvp_tier_figures fig;
 
-	kvp_pool_tier_figures(p, KVP_TIER_DEVICE, &fig);
+	kvp_pool_tier_figures(p, KVP_TIER_ID_DEVICE, &fig);
 	return fig.protected_tokens;
 }
 
@@ -71,7 +71,7 @@ static void test_release_reply_failure_keeps_lock(void)
 	s = fx_session(d, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	kvp_session_attach(s, d->pools[0]);
-	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_DEVICE, 0, 0, 16), 4);
+	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_ID_DEVICE, 0, 0, 16), 4);
 	id = match_locked(d, s, 16);
 	CU_ASSERT_NOT_EQUAL_FATAL(id, 0);
 	locked = s->locked_tokens;
@@ -79,7 +79,7 @@ static void test_release_reply_failure_keeps_lock(void)
 	CU_ASSERT_EQUAL(protected_tokens(d->pools[0]), 16);
 
 	fx_faults("reply_alloc:1:1"); /* the next reply piece fails, once */
-	CU_ASSERT_EQUAL(release(d, s, id), KVPOOL__CODE__INTERNAL);
+	CU_ASSERT_EQUAL(release(d, s, id), KVP_ERR_INTERNAL);
 	fx_faults(NULL);
 	CU_ASSERT_PTR_NOT_NULL(kvp_idmap_get(&s->locks, id));
 	CU_ASSERT_EQUAL(s->locks.count, 1);
@@ -91,7 +91,7 @@ static void test_release_reply_failure_keeps_lock(void)
 	CU_ASSERT_PTR_NULL(kvp_idmap_get(&s->locks, id));
 	CU_ASSERT_EQUAL(s->locked_tokens, 0);
 	CU_ASSERT_EQUAL(protected_tokens(d->pools[0]), 0);
-	CU_ASSERT_EQUAL(release(d, s, id), KVPOOL__CODE__NOT_FOUND);
+	CU_ASSERT_EQUAL(release(d, s, id), KVP_ERR_NOT_FOUND);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
 	fx_daemon_free(d);
 }
@@ -131,19 +131,19 @@ static void test_evict_tokens_near_2_64_saturate(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	for (size_t i = 0; i < sizeof(asks) / sizeof(asks[0]); i++) {
 		/* no host room to demote into: make the device pages the only copy */
-		CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_DEVICE, i + 1, 0, 32), 8);
-		kvp_pool_tier_figures(d->pools[0], KVP_TIER_DEVICE, &fig);
+		CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_ID_DEVICE, i + 1, 0, 32), 8);
+		kvp_pool_tier_figures(d->pools[0], KVP_TIER_ID_DEVICE, &fig);
 		CU_ASSERT_EQUAL(fig.cached_tokens, 32);
 		CU_ASSERT_EQUAL(evict(d, s, asks[i], &code), 32);
 		CU_ASSERT_EQUAL(code, 0);
-		kvp_pool_tier_figures(d->pools[0], KVP_TIER_DEVICE, &fig);
+		kvp_pool_tier_figures(d->pools[0], KVP_TIER_ID_DEVICE, &fig);
 		CU_ASSERT_EQUAL(fig.cached_tokens, 0);
 		CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
 	}
-	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_DEVICE, 9, 0, 32), 8);
+	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_ID_DEVICE, 9, 0, 32), 8);
 	CU_ASSERT_EQUAL(evict(d, s, 1, &code), 4);
 	CU_ASSERT_EQUAL(evict(d, s, 0, &code), 0);
-	CU_ASSERT_EQUAL(code, KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(code, KVP_ERR_INVALID_ARGUMENT);
 	fx_daemon_free(d);
 }
 
@@ -151,7 +151,7 @@ static void test_evict_tokens_near_2_64_saturate(void)
 static void test_pool_pages_of_saturates(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
-	const struct kvp_pool *p;
+	const struct kvpd_pool *p;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	p = d->pools[0];
@@ -187,13 +187,13 @@ static void test_dispatch_refuses_before_hello(void)
 	CU_ASSERT_EQUAL(r.resp.ping->nonce, 77);
 	kvp_reply_release(&r);
 	s->hello = false;
-	CU_ASSERT_EQUAL(fx_call(d, s, &req, &r), KVPOOL__CODE__PROTOCOL);
+	CU_ASSERT_EQUAL(fx_call(d, s, &req, &r), KVP_ERR_PROTOCOL);
 	CU_ASSERT_EQUAL(r.resp.result_case, KVPOOL__RESPONSE__RESULT__NOT_SET);
 	CU_ASSERT_TRUE(r.close_after);
 	kvp_reply_release(&r);
 	s->hello = true;
 	req.call_case = (Kvpool__Request__CallCase)99;
-	CU_ASSERT_EQUAL(fx_call(d, s, &req, &r), KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(fx_call(d, s, &req, &r), KVP_ERR_INVALID_ARGUMENT);
 	kvp_reply_release(&r);
 	fx_daemon_free(d);
 }

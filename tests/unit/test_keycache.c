@@ -14,13 +14,13 @@
 #include "pages.h"
 #include "suite.h"
 
-#define DEV KVP_TIER_DEVICE
-#define HOST KVP_TIER_HOST
+#define DEV KVP_TIER_ID_DEVICE
+#define HOST KVP_TIER_ID_HOST
 #define PB 8 /* bytes per page in the fake tiers */
 
 struct fix {
-	struct kvp_pages *pg[KVP_TIER_MAX];
-	uint8_t *mem[KVP_TIER_MAX];
+	struct kvp_pages *pg[KVP_TIER_ID_MAX];
+	uint8_t *mem[KVP_TIER_ID_MAX];
 	struct kvp_keys *kc;
 	int copies, fail_copy;
 };
@@ -41,10 +41,10 @@ static int copy_fn(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const 
 
 static void fix_init(struct fix *x, uint32_t ndev, uint32_t nhost)
 {
-	uint32_t n[KVP_TIER_MAX] = {ndev, nhost};
+	uint32_t n[KVP_TIER_ID_MAX] = {ndev, nhost};
 
 	memset(x, 0, sizeof(*x));
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!n[t])
 			continue;
 		x->pg[t] = kvp_pages_new(n[t]);
@@ -59,7 +59,7 @@ static void fix_done(struct fix *x)
 {
 	CU_ASSERT_EQUAL(kvp_keys_check(x->kc), 0);
 	kvp_keys_free(x->kc);
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		kvp_pages_free(x->pg[t]);
 		free(x->mem[t]);
 	}

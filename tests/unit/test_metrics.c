@@ -110,16 +110,16 @@ static void test_metrics_render_values_match_state(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(fx_session(d, true));
 	kvp_session_attach(s, d->pools[0]);
-	l = kvp_lease_create(d->pools[0], KVP_TIER_DEVICE, ++d->next_lease_id, 3, &f);
+	l = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE, ++d->next_lease_id, 3, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, l), 0);
-	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_DEVICE, 5, 100, 20), 5);
+	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_ID_DEVICE, 5, 100, 20), 5);
 	d->st.frames_in = 1234;
 	d->st.protocol_errors = 3;
 	d->pools[1]->st.matches = 17;
 	kvp_rpc_observe(&d->rpc, KVPOOL__REQUEST__CALL_PING, 0, 20);   /* <= 25 us */
 	kvp_rpc_observe(&d->rpc, KVPOOL__REQUEST__CALL_PING, 0, 2000); /* <= 2500 us */
-	kvp_rpc_observe(&d->rpc, KVPOOL__REQUEST__CALL_ALLOC, KVPOOL__CODE__QUOTA_EXCEEDED, 5);
+	kvp_rpc_observe(&d->rpc, KVPOOL__REQUEST__CALL_ALLOC, KVP_ERR_QUOTA_EXCEEDED, 5);
 	d->started_ms -= 2500;
 
 	text = kvp_metrics_render(d);

@@ -17,7 +17,7 @@ static const char *const g_conf = "[pool.u]\nlayers = 2\nkv_heads = 1\nhead_dim 
 				  "dtype = fp16\npage_tokens = 4\ndevice = sim\n"
 				  "device_capacity = 128t\nhost_capacity = 64t\nmlock = off\n";
 
-static struct kvp_pool *make_pool(void)
+static struct kvpd_pool *make_pool(void)
 {
 	static struct kvp_conf c;
 	struct kvp_fail f = { 0 };
@@ -30,30 +30,30 @@ static struct kvp_pool *make_pool(void)
 
 static void test_lease_create_capacity_figures(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_fail f = { 0 };
 	struct kvp_lease *a, *b;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	a = kvp_lease_create(p, KVP_TIER_DEVICE, 1, 30, &f);
+	a = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 1, 30, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
-	b = kvp_lease_create(p, KVP_TIER_DEVICE, 2, 3, &f);
+	b = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 2, 3, &f);
 	CU_ASSERT_PTR_NULL(b);
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_OUT_OF_CAPACITY);
 	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_CAPACITY);
 	CU_ASSERT_EQUAL(f.cap.requested, 12);
 	CU_ASSERT_EQUAL(f.cap.free, 8);
 	CU_ASSERT_EQUAL(f.cap.leased, 120);
 	CU_ASSERT_EQUAL(f.cap.total, 128);
 	CU_ASSERT_PTR_NULL(kvp_lease_create(p, 7, 3, 1, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_INVALID_ARGUMENT);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_lease_destroy(a);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_pool_destroy(p);
 }
 
-static struct kvp_pool *make_pool_from(const char *conf, struct kvp_fail *f)
+static struct kvpd_pool *make_pool_from(const char *conf, struct kvp_fail *f)
 {
 	static struct kvp_conf c;
 	char err[256];
@@ -70,16 +70,16 @@ static struct kvp_pool *make_pool_from(const char *conf, struct kvp_fail *f)
 static void test_pool_create_tier_backends(void)
 {
 	struct kvp_fail f = { 0 };
-	struct kvp_pool *p = make_pool_from(g_conf, &f);
+	struct kvpd_pool *p = make_pool_from(g_conf, &f);
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].backend, KVPOOL__BACKEND__SIM);
-	CU_ASSERT_EQUAL(p->mem[KVP_TIER_HOST].backend, KVPOOL__BACKEND__MEMFD);
-	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_DEVICE].ops, &kvp_tier_sim_ops);
-	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_HOST].ops, &kvp_tier_memfd_ops);
-	CU_ASSERT(p->mem[KVP_TIER_DEVICE].fd >= 0 && p->mem[KVP_TIER_HOST].fd >= 0);
-	CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].bytes, 32 * p->page_bytes);
-	CU_ASSERT_EQUAL(p->mem[KVP_TIER_HOST].bytes, 16 * p->page_bytes);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_ID_DEVICE].backend, KVP_BACKEND_KIND_SIM);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_ID_HOST].backend, KVP_BACKEND_KIND_MEMFD);
+	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_ID_DEVICE].ops, &kvp_tier_sim_ops);
+	CU_ASSERT_PTR_EQUAL(p->mem[KVP_TIER_ID_HOST].ops, &kvp_tier_memfd_ops);
+	CU_ASSERT(p->mem[KVP_TIER_ID_DEVICE].fd >= 0 && p->mem[KVP_TIER_ID_HOST].fd >= 0);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_ID_DEVICE].bytes, 32 * p->page_bytes);
+	CU_ASSERT_EQUAL(p->mem[KVP_TIER_ID_HOST].bytes, 16 * p->page_bytes);
 	CU_ASSERT_EQUAL(p->geom.host_pages, 16);
 	CU_ASSERT_PTR_NOT_NULL(p->copy);
 	kvp_pool_destroy(p);
@@ -92,14 +92,14 @@ static void test_pool_create_cuda_unavailable(void)
 				   "dtype = fp16\npage_tokens = 4\ndevice = cuda:0\n"
 				   "device_capacity = 128t\nhost_capacity = 64t\nmlock = off\n";
 	struct kvp_fail f = { 0 };
-	struct kvp_pool *p = make_pool_from(conf, &f);
+	struct kvpd_pool *p = make_pool_from(conf, &f);
 
 	if (p) { /* a GPU is there: the gpu suite covers cuda pools */
-		CU_ASSERT_EQUAL(p->mem[KVP_TIER_DEVICE].backend, KVPOOL__BACKEND__CUDA);
+		CU_ASSERT_EQUAL(p->mem[KVP_TIER_ID_DEVICE].backend, KVP_BACKEND_KIND_CUDA);
 		kvp_pool_destroy(p);
 		return;
 	}
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__UNAVAILABLE);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_UNAVAILABLE);
 	CU_ASSERT(strstr(f.msg, "cuda:0 device tier refused") != NULL);
 }
 
@@ -119,7 +119,7 @@ static void test_pool_create_refused_closes_no_fd(void)
 	c.pools[0].device_pages = 0;
 	c.pools[0].host_pages = 0;
 	CU_ASSERT_PTR_NULL(kvp_pool_create(&c.pools[0], 0, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_INVALID_ARGUMENT);
 	CU_ASSERT(fcntl(0, F_GETFD) >= 0);
 	if (fd >= 0)
 		close(fd);
@@ -130,21 +130,21 @@ static void test_pool_create_refused_closes_no_fd(void)
  * beyond the tier. */
 static void test_lease_check_catches_wrong_books(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_fail f = { 0 };
 	struct kvp_lease *a, *b;
 	uint32_t keep;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	a = kvp_lease_create(p, KVP_TIER_DEVICE, 1, 4, &f);
-	b = kvp_lease_create(p, KVP_TIER_DEVICE, 2, 2, &f);
+	a = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 1, 4, &f);
+	b = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 2, 2, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
 	CU_ASSERT_EQUAL(kvp_lease_check(a), 0);
 	CU_ASSERT_EQUAL(kvp_lease_check(b), 0);
 	keep = a->pages[2];
-	for (uint32_t pg = 0; pg < kvp_pages_total(p->pages[KVP_TIER_DEVICE]); pg++) {
-		if (kvp_pages_state(p->pages[KVP_TIER_DEVICE], pg) == KVP_PAGE_FREE) {
+	for (uint32_t pg = 0; pg < kvp_pages_total(p->pages[KVP_TIER_ID_DEVICE]); pg++) {
+		if (kvp_pages_state(p->pages[KVP_TIER_ID_DEVICE], pg) == KVP_PAGE_FREE) {
 			a->pages[2] = pg; /* a free page */
 			break;
 		}
@@ -152,12 +152,12 @@ static void test_lease_check_catches_wrong_books(void)
 	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
 	a->pages[2] = b->pages[0]; /* another lease's page */
 	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
-	a->pages[2] = kvp_pages_total(p->pages[KVP_TIER_DEVICE]); /* beyond the tier */
+	a->pages[2] = kvp_pages_total(p->pages[KVP_TIER_ID_DEVICE]); /* beyond the tier */
 	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
 	a->pages[2] = keep;
-	a->tier = KVP_TIER_HOST; /* the right ids in the wrong tier */
+	a->tier = KVP_TIER_ID_HOST; /* the right ids in the wrong tier */
 	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
-	a->tier = KVP_TIER_DEVICE;
+	a->tier = KVP_TIER_ID_DEVICE;
 	a->pages[2] = a->pages[3], a->pages[3] = keep; /* out of order */
 	CU_ASSERT_EQUAL(kvp_lease_check(a), -EFAULT);
 	a->pages[3] = a->pages[2], a->pages[2] = keep;
@@ -169,11 +169,11 @@ static void test_lease_check_catches_wrong_books(void)
 }
 
 /* Page contents: every byte of a cached page is a function of its sequence and position. */
-static void stamp(struct kvp_pool *p, uint32_t page, uint32_t key)
+static void stamp(struct kvpd_pool *p, uint32_t page, uint32_t key)
 {
 	for (uint32_t l = 0; l < p->conf.layers; l++)
 		for (uint32_t kv = 0; kv < 2; kv++) {
-			uint8_t *a = (uint8_t *)p->mem[KVP_TIER_DEVICE].base +
+			uint8_t *a = (uint8_t *)p->mem[KVP_TIER_ID_DEVICE].base +
 				     kvp_dev_offset(&p->geom, l, kv, (uint64_t)page * p->conf.page_tokens);
 
 			memset(a, (int)((key * 7 + l * 3 + kv) & 0xff),
@@ -181,11 +181,11 @@ static void stamp(struct kvp_pool *p, uint32_t page, uint32_t key)
 		}
 }
 
-static int verify(struct kvp_pool *p, int tier, uint32_t page, uint32_t key)
+static int verify(struct kvpd_pool *p, int tier, uint32_t page, uint32_t key)
 {
 	for (uint32_t l = 0; l < p->conf.layers; l++)
 		for (uint32_t kv = 0; kv < 2; kv++) {
-			const uint8_t *a = tier == KVP_TIER_DEVICE
+			const uint8_t *a = tier == KVP_TIER_ID_DEVICE
 						   ? (uint8_t *)p->mem[tier].base +
 							     kvp_dev_offset(&p->geom, l, kv,
 									    (uint64_t)page *
@@ -202,7 +202,7 @@ static int verify(struct kvp_pool *p, int tier, uint32_t page, uint32_t key)
 
 static void test_pool_random_sequences_keep_invariant(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_lease *leases[8] = { 0 };
 	struct kvp_prefix_node *locks[8] = { 0 };
 	uint32_t lock_pages[8] = { 0 };
@@ -223,9 +223,9 @@ static void test_pool_random_sequences_keep_invariant(void)
 		switch (op) {
 		case 0: /* lease */
 			if (!leases[k])
-				leases[k] = kvp_lease_create(p, KVP_TIER_DEVICE, next_id++, npages, &f);
+				leases[k] = kvp_lease_create(p, KVP_TIER_ID_DEVICE, next_id++, npages, &f);
 			if (!leases[k])
-				CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__OUT_OF_CAPACITY);
+				CU_ASSERT_EQUAL(f.code, KVP_ERR_OUT_OF_CAPACITY);
 			break;
 		case 1: /* insert the lease's pages as fam's prefix */
 			if (leases[k] && leases[k]->n) {
@@ -247,16 +247,16 @@ static void test_pool_random_sequences_keep_invariant(void)
 			leases[k] = NULL;
 			break;
 		case 3: { /* match, maybe lock, verify bytes */
-			struct kvp_match m = { 0 };
+			struct kvp_prefix_match m = { 0 };
 			uint32_t dev[16], host[16];
 
 			CU_ASSERT_EQUAL(kvp_prefix_match(p->pfx, 0, tok, npages * 4, !locks[k], &m,
 							 dev, host),
 					0);
 			for (uint32_t i = 0; i < m.dev_pages; i++, verified++)
-				CU_ASSERT(verify(p, KVP_TIER_DEVICE, dev[i], fam * 64 + i));
+				CU_ASSERT(verify(p, KVP_TIER_ID_DEVICE, dev[i], fam * 64 + i));
 			for (uint32_t i = 0; i < m.host_pages; i++, verified++)
-				CU_ASSERT(verify(p, KVP_TIER_HOST, host[i], fam * 64 + m.dev_pages + i));
+				CU_ASSERT(verify(p, KVP_TIER_ID_HOST, host[i], fam * 64 + m.dev_pages + i));
 			if (m.lock) {
 				locks[k] = m.lock;
 				lock_pages[k] = m.dev_pages + m.host_pages;
@@ -297,7 +297,7 @@ static void test_pool_random_sequences_keep_invariant(void)
 	{
 		struct kvp_tier_counts c;
 
-		kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+		kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 		CU_ASSERT_EQUAL(c.leased, 0);
 		CU_ASSERT_EQUAL(c.protected_, 0);
 	}

@@ -17,7 +17,7 @@ static const char *const g_conf = "[pool.u]\nlayers = 2\nkv_heads = 1\nhead_dim 
 				  "device_capacity = 64t\nhost_capacity = 32t\nmlock = off\n";
 enum { PT = 4 };
 
-static struct kvp_pool *make_pool(void)
+static struct kvpd_pool *make_pool(void)
 {
 	static struct kvp_conf c;
 	struct kvp_fail f = {0};
@@ -39,7 +39,7 @@ static void keys_of(int seq, struct kvp_key *k, uint32_t n)
 
 /* Publishes n pages of tier under keys (seq) in ns, the lease's own page array passed as the
  * pages; the first `cached` keys are published already, then `dups` more. */
-static void put_keys_as(struct kvp_pool *p, int tier, uint64_t ns, int seq, uint32_t n,
+static void put_keys_as(struct kvpd_pool *p, int tier, uint64_t ns, int seq, uint32_t n,
 			uint32_t dups)
 {
 	struct kvp_fail f;
@@ -61,13 +61,13 @@ static void put_keys_as(struct kvp_pool *p, int tier, uint64_t ns, int seq, uint
 	kvp_lease_destroy(l);
 }
 
-static void put_keys(struct kvp_pool *p, int tier, uint64_t ns, int seq, uint32_t n)
+static void put_keys(struct kvpd_pool *p, int tier, uint64_t ns, int seq, uint32_t n)
 {
 	put_keys_as(p, tier, ns, seq, n, 0);
 }
 
 /* Publishes n token pages of tier in ns. */
-static void put_tokens(struct kvp_pool *p, int tier, uint64_t ns, uint32_t seq, uint32_t n)
+static void put_tokens(struct kvpd_pool *p, int tier, uint64_t ns, uint32_t seq, uint32_t n)
 {
 	struct kvp_fail f;
 	struct kvp_lease *l;
@@ -86,7 +86,7 @@ static void put_tokens(struct kvp_pool *p, int tier, uint64_t ns, uint32_t seq, 
 
 static void test_kvp_pool_keys_share_the_books(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_tier_counts c;
 	struct kvp_fail f;
 	struct kvp_key k[4];
@@ -94,25 +94,25 @@ static void test_kvp_pool_keys_share_the_books(void)
 	uint32_t dev[4], host[4];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	put_tokens(p, KVP_TIER_DEVICE, 1, 1, 3);
-	put_keys(p, KVP_TIER_DEVICE, 2, 1, 2);
-	put_keys_as(p, KVP_TIER_DEVICE, 2, 1, 4, 2); /* two duplicates freed, two taken */
+	put_tokens(p, KVP_TIER_ID_DEVICE, 1, 1, 3);
+	put_keys(p, KVP_TIER_ID_DEVICE, 2, 1, 2);
+	put_keys_as(p, KVP_TIER_ID_DEVICE, 2, 1, 4, 2); /* two duplicates freed, two taken */
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
-	kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+	kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 	CU_ASSERT_EQUAL(c.cached, 7);
 	CU_ASSERT_EQUAL(c.evictable, 7);
 	CU_ASSERT_EQUAL(c.free + c.leased + c.cached, c.total);
 	/* the namespace rule */
 	kvp_fail_init(&f);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, true, &f), -KVPOOL__CODE__INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 2, false, &f), -KVPOOL__CODE__INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, true, &f), -KVP_ERR_INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 2, false, &f), -KVP_ERR_INVALID_ARGUMENT);
 	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, false, &f), 0);
 	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 2, true, &f), 0);
 	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 3, true, &f), 0);
 	/* a lock counts as protected in the pool's figures */
 	keys_of(1, k, 4);
 	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 2, k, 4, true, &m, dev, host), 0);
-	kvp_pool_counts(p, KVP_TIER_DEVICE, &c);
+	kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 	CU_ASSERT_EQUAL(c.protected_, 4);
 	CU_ASSERT_EQUAL(c.evictable, 3);
 	kvp_pool_keys_unlock(p, m.lock);
@@ -126,22 +126,22 @@ static void test_kvp_pool_keys_share_the_books(void)
 /* A keyed page freed behind the key cache's back: the pool's check sees it. */
 static void test_kvp_pool_check_covers_the_key_cache(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_key k[2];
 	struct kvp_keys_match m;
 	uint32_t dev[2], host[2];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	put_keys(p, KVP_TIER_DEVICE, 2, 3, 2);
+	put_keys(p, KVP_TIER_ID_DEVICE, 2, 3, 2);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	keys_of(3, k, 2);
 	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 2, k, 2, false, &m, dev, host), 0);
 	CU_ASSERT_EQUAL_FATAL(m.dev_pages, 2);
-	CU_ASSERT_EQUAL(kvp_pages_release(p->pages[KVP_TIER_DEVICE], &dev[1], 1), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p->pages[KVP_TIER_ID_DEVICE], &dev[1], 1), 0);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), -EFAULT);
 	/* put it back as it was, so the pool can go */
-	CU_ASSERT_EQUAL(kvp_pages_alloc(p->pages[KVP_TIER_DEVICE], 1, &dev[0]), 0);
-	kvp_pages_move(p->pages[KVP_TIER_DEVICE], dev[0], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p->pages[KVP_TIER_ID_DEVICE], 1, &dev[0]), 0);
+	kvp_pages_move(p->pages[KVP_TIER_ID_DEVICE], dev[0], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
 	CU_ASSERT_EQUAL(dev[0], dev[1]);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_pool_destroy(p);
@@ -149,7 +149,7 @@ static void test_kvp_pool_check_covers_the_key_cache(void)
 
 static void test_kvp_pool_evict_takes_from_both(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_tier_counts c;
 	struct kvp_keys_stats ks;
 	struct kvp_prefix_stats ps;
@@ -157,18 +157,18 @@ static void test_kvp_pool_evict_takes_from_both(void)
 	struct kvp_lease *l;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	put_tokens(p, KVP_TIER_DEVICE, 1, 1, 8);
-	put_keys(p, KVP_TIER_DEVICE, 2, 1, 8);
+	put_tokens(p, KVP_TIER_ID_DEVICE, 1, 1, 8);
+	put_keys(p, KVP_TIER_ID_DEVICE, 2, 1, 8);
 	kvp_fail_init(&f);
 	/* 16 device pages, all cached: a lease of 8 evicts (demotes) 4 from each */
-	l = kvp_lease_create(p, KVP_TIER_DEVICE, 9, 8, &f);
+	l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 9, 8, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
 	kvp_keys_stats(p->keys, &ks);
 	kvp_prefix_stats(p->pfx, &ps);
-	CU_ASSERT_EQUAL(ks.cached_pages[KVP_TIER_DEVICE], 4);
-	CU_ASSERT_EQUAL(ps.cached_pages[KVP_TIER_DEVICE], 4);
+	CU_ASSERT_EQUAL(ks.cached_pages[KVP_TIER_ID_DEVICE], 4);
+	CU_ASSERT_EQUAL(ps.cached_pages[KVP_TIER_ID_DEVICE], 4);
 	CU_ASSERT_EQUAL(ks.demoted_pages + ps.demoted_pages, 8);
-	kvp_pool_counts(p, KVP_TIER_HOST, &c);
+	kvp_pool_counts(p, KVP_TIER_ID_HOST, &c);
 	CU_ASSERT_EQUAL(c.cached, 8);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_lease_destroy(l);
@@ -178,14 +178,14 @@ static void test_kvp_pool_evict_takes_from_both(void)
 /* Loading a host-resident key run into a device tier full of token-keyed pages evicts those. */
 static void test_kvp_pool_keys_load_makes_room(void)
 {
-	struct kvp_pool *p = make_pool();
+	struct kvpd_pool *p = make_pool();
 	struct kvp_key k[4];
 	struct kvp_keys_match m;
 	uint32_t dev[4], host[4], out[4], n = 0, promoted = 0;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	put_keys(p, KVP_TIER_HOST, 2, 5, 4);
-	put_tokens(p, KVP_TIER_DEVICE, 1, 1, 16);
+	put_keys(p, KVP_TIER_ID_HOST, 2, 5, 4);
+	put_tokens(p, KVP_TIER_ID_DEVICE, 1, 1, 16);
 	keys_of(5, k, 4);
 	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 2, k, 4, true, &m, dev, host), 0);
 	CU_ASSERT_EQUAL(m.host_pages, 4);

@@ -17,8 +17,8 @@
 #include "suite.h"
 
 #define PB 16 /* bytes per page in the fake tiers */
-#define DEV KVP_TIER_DEVICE
-#define HOST KVP_TIER_HOST
+#define DEV KVP_TIER_ID_DEVICE
+#define HOST KVP_TIER_ID_HOST
 
 /* ---- link seam: getrandom ----
  * This definition of libc's getrandom() takes the place of libc's for the whole test binary
@@ -71,8 +71,8 @@ static struct kvp_prefix *host_only_tree(struct kvp_pages *host)
 /* ---- fixture: two fake tiers, a clock, a copy callback ---- */
 
 struct fx {
-	struct kvp_pages *tp[KVP_TIER_MAX];
-	uint8_t *mem[KVP_TIER_MAX];
+	struct kvp_pages *tp[KVP_TIER_ID_MAX];
+	uint8_t *mem[KVP_TIER_ID_MAX];
 	struct kvp_prefix *pfx;
 	uint32_t pt;
 	uint64_t clock;
@@ -112,12 +112,12 @@ static void fx_init(struct fx *f, uint32_t pt, uint32_t ndev, uint32_t nhost,
 		    enum kvp_evict_policy policy)
 {
 	struct kvp_prefix_conf c = {0};
-	uint32_t total[KVP_TIER_MAX] = {ndev, nhost};
+	uint32_t total[KVP_TIER_ID_MAX] = {ndev, nhost};
 
 	memset(f, 0, sizeof(*f));
 	f->pt = pt;
 	f->clock = 1;
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!total[t])
 			continue;
 		f->tp[t] = kvp_pages_new(total[t]);
@@ -140,7 +140,7 @@ static void fx_init(struct fx *f, uint32_t pt, uint32_t ndev, uint32_t nhost,
 static void fx_fini(struct fx *f)
 {
 	kvp_prefix_free(f->pfx);
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		kvp_pages_free(f->tp[t]);
 		free(f->mem[t]);
 	}
@@ -164,7 +164,7 @@ static bool fx_sane(const struct fx *f)
 {
 	bool ok = kvp_prefix_check(f->pfx) == 0 && !f->copy_bad;
 
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!f->tp[t])
 			continue;
 		uint64_t sum = (uint64_t)fx_count(f, t, KVP_PAGE_FREE) +
@@ -252,10 +252,10 @@ static int fx_put(struct fx *f, uint64_t ns, const uint32_t *tok, uint32_t npage
 	return 0;
 }
 
-static struct kvp_match fx_match(struct fx *f, uint64_t ns, const uint32_t *tok, uint32_t ntok,
+static struct kvp_prefix_match fx_match(struct fx *f, uint64_t ns, const uint32_t *tok, uint32_t ntok,
 				 int lock, uint32_t *dev, uint32_t *host)
 {
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 	uint32_t d[64], h[64];
 
 	memset(&m, 0xff, sizeof(m));
@@ -308,7 +308,7 @@ static void test_kvp_prefix_match_split_locked(void)
 {
 	struct fx f;
 	uint32_t a[24], ids[6], dev[6];
-	struct kvp_match m1, m2, m3;
+	struct kvp_prefix_match m1, m2, m3;
 	struct kvp_prefix_stats st;
 
 	fx_init(&f, 4, 32, 0, KVP_EVICT_POLICY_LRU);
@@ -429,7 +429,7 @@ static void test_kvp_prefix_insert_invalid(void)
 	before = fx_stats(&f);
 	CU_ASSERT_EQUAL(kvp_prefix_insert(f.pfx, 0, a, 0, DEV, pg, &r, NULL), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_prefix_insert(f.pfx, 0, a, 4, HOST, pg, &r, NULL), -EINVAL);
-	CU_ASSERT_EQUAL(kvp_prefix_insert(f.pfx, 0, a, 4, KVP_TIER_MAX, pg, &r, NULL), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_prefix_insert(f.pfx, 0, a, 4, KVP_TIER_ID_MAX, pg, &r, NULL), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_prefix_insert(f.pfx, 0, NULL, 4, DEV, pg, &r, NULL), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_prefix_insert(NULL, 0, a, 4, DEV, pg, &r, NULL), -EINVAL);
 	memcpy(bad, pg, sizeof(bad));
@@ -458,7 +458,7 @@ static void test_kvp_prefix_insert_upgrade(void)
 	uint32_t a[16], b[16], c[8], dev[4], host[4];
 	struct kvp_insert_result r;
 	struct kvp_prefix_stats st;
-	struct kvp_match m, lk;
+	struct kvp_prefix_match m, lk;
 
 	fx_init(&f, 4, 32, 32, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 1);
@@ -510,7 +510,7 @@ static void test_kvp_prefix_insert_named_positions(void)
 	uint32_t a[24], h[16], x[16], pg[6], dup[6], dev[6], host[6];
 	uint32_t none = KVP_PAGE_NONE;
 	struct kvp_insert_result r;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 32, 32, KVP_EVICT_POLICY_LRU);
 	seq(a, 24, 1);
@@ -605,7 +605,7 @@ static void test_kvp_prefix_insert_extend(void)
 	struct fx f;
 	uint32_t a[32], dev[8];
 	struct kvp_insert_result r;
-	struct kvp_match lk;
+	struct kvp_prefix_match lk;
 
 	fx_init(&f, 4, 32, 0, KVP_EVICT_POLICY_LRU);
 	seq(a, 32, 1);
@@ -670,7 +670,7 @@ static void test_kvp_prefix_evict_all_locked(void)
 	struct fx f;
 	uint32_t a[16], b[16];
 	struct kvp_prefix_stats before, after;
-	struct kvp_match ma, mb;
+	struct kvp_prefix_match ma, mb;
 
 	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 100);
@@ -702,7 +702,7 @@ static void test_kvp_prefix_evict_demote_bytes(void)
 	struct fx f;
 	uint32_t a[16], h[16], dev[4], host[4], n = 0;
 	struct kvp_prefix_stats st;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 8, 6, KVP_EVICT_POLICY_LRU);
 	seq(h, 16, 900);
@@ -752,7 +752,7 @@ static void test_kvp_prefix_promote_enospc(void)
 	struct fx f, g;
 	uint32_t a[16], b[16], out[8], n = 99;
 	struct kvp_prefix_stats before, after;
-	struct kvp_match ma, mb;
+	struct kvp_prefix_match ma, mb;
 	uint32_t cnt[2][3];
 
 	fx_init(&f, 4, 4, 8, KVP_EVICT_POLICY_LRU);
@@ -806,7 +806,7 @@ static void test_kvp_prefix_promote_busy_when_shared(void)
 {
 	struct fx f;
 	uint32_t a[16], out[8], hostids[8], n = 99;
-	struct kvp_match m1, m2;
+	struct kvp_prefix_match m1, m2;
 
 	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 300);
@@ -835,7 +835,7 @@ static void test_kvp_prefix_promote_copy_fails(void)
 	struct fx f;
 	uint32_t a[16], out[4], n = 0;
 	struct kvp_prefix_stats before, after;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 100);
@@ -858,7 +858,7 @@ static void test_kvp_prefix_evict_copy_fails(void)
 {
 	struct fx f;
 	uint32_t a[16], b[16], dev[4], host[4];
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 100);
@@ -897,7 +897,7 @@ static void test_kvp_prefix_evict_host_over_device(void)
 	uint32_t a[16], host[4];
 	struct kvp_insert_result r;
 	struct kvp_prefix_stats st;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 1);
@@ -965,7 +965,7 @@ static void test_kvp_prefix_match_unaligned(void)
 	struct fx f;
 	uint32_t a[12], dev[3];
 	struct kvp_prefix_stats st;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 8, 0, KVP_EVICT_POLICY_LRU);
 	seq(a, 12, 1);
@@ -1001,7 +1001,7 @@ static void test_kvp_prefix_flush_keeps_locked(void)
 	struct fx f;
 	uint32_t a[24], b[24];
 	struct kvp_prefix_stats st;
-	struct kvp_match m;
+	struct kvp_prefix_match m;
 
 	fx_init(&f, 4, 16, 16, KVP_EVICT_POLICY_LRU);
 	seq(a, 24, 1);
@@ -1128,7 +1128,7 @@ struct rlock {
 /* What a run went through, so each run can assert it reached the paths it is for. */
 struct cover {
 	uint32_t promote_ok, promote_enospc, upgrades, stuck_host, flushes, named, named_lost;
-	uint64_t demoted, evicted[KVP_TIER_MAX], splits;
+	uint64_t demoted, evicted[KVP_TIER_ID_MAX], splits;
 };
 
 struct model {
@@ -1250,7 +1250,7 @@ static void step_insert(struct model *m)
 	/* Without locks a device insert leaves the whole path device-resident. */
 	if (t == DEV && !m->nlocks) {
 		uint32_t dev[R_MAXP];
-		struct kvp_match mt = fx_match(f, ns, tok, np * R_PT, 0, dev, NULL);
+		struct kvp_prefix_match mt = fx_match(f, ns, tok, np * R_PT, 0, dev, NULL);
 
 		CU_ASSERT_EQUAL(mt.dev_pages, np);
 		CU_ASSERT_EQUAL(mt.host_pages, 0);
@@ -1267,7 +1267,7 @@ static void step_insert_named(struct model *m)
 	uint32_t tok[R_MAXP * R_PT], pg[R_MAXP], dup[R_MAXP], d[R_MAXP], h[R_MAXP], np, named;
 	int t = f->tp[HOST] && (!f->tp[DEV] || rnd_below(m, 10) < 3) ? HOST : DEV;
 	struct kvp_insert_result r;
-	struct kvp_match mt;
+	struct kvp_prefix_match mt;
 	uint32_t given = 0, nfree;
 	uint64_t ns;
 	int rc;
@@ -1330,7 +1330,7 @@ static void step_match(struct model *m)
 	uint32_t tok[R_MAXP * R_PT + R_PT], dev[R_MAXP + 1], host[R_MAXP + 1], np, ntok, got;
 	int lock = m->nlocks < R_LOCKS && rnd_below(m, 100) < m->lock_pct;
 	struct kvp_prefix_stats st = fx_stats(f);
-	struct kvp_match mt;
+	struct kvp_prefix_match mt;
 	uint64_t ns;
 
 	np = gen_query(m, &ns, tok);
@@ -1451,12 +1451,12 @@ static void step_flush(struct model *m)
 	struct kvp_prefix_stats st = fx_stats(&m->f), after;
 	uint64_t want = 0;
 
-	for (int t = 0; t < KVP_TIER_MAX; t++)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		want += st.cached_pages[t] - st.protected_pages[t];
 	CU_ASSERT_EQUAL(kvp_prefix_flush(m->f.pfx), want);
 	m->cov.flushes++;
 	after = fx_stats(&m->f);
-	for (int t = 0; t < KVP_TIER_MAX; t++) {
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		CU_ASSERT_EQUAL(after.cached_pages[t], after.protected_pages[t]);
 		CU_ASSERT_EQUAL(after.evictable_pages[t], 0);
 	}

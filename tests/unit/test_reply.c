@@ -162,14 +162,14 @@ static void test_reply_fail_fills_status_and_detail(void)
 	struct kvp_fail f;
 
 	kvp_fail_init(&f);
-	kvp_fail(&f, KVPOOL__CODE__QUOTA_EXCEEDED, "pool %s: over quota", "a");
+	kvp_fail(&f, KVP_ERR_QUOTA_EXCEEDED, "pool %s: over quota", "a");
 	f.detail = KVP_FAIL_QUOTA;
 	f.quota.quota = 40;
 	f.quota.held = 24;
 	f.quota.requested = 20;
 	kvp_reply_init(&r, 1);
 	kvp_reply_fail(&r, &f);
-	CU_ASSERT_EQUAL(r.status.code, KVPOOL__CODE__QUOTA_EXCEEDED);
+	CU_ASSERT_EQUAL(r.status.code, KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_STRING_EQUAL(r.status.message, "pool a: over quota");
 	CU_ASSERT_EQUAL(r.status.detail_case, KVPOOL__STATUS__DETAIL_QUOTA);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r.status.quota);
@@ -179,7 +179,7 @@ static void test_reply_fail_fills_status_and_detail(void)
 	kvp_reply_release(&r);
 
 	kvp_fail_init(&f);
-	kvp_fail(&f, KVPOOL__CODE__GEOMETRY_MISMATCH, "geometry");
+	kvp_fail(&f, KVP_ERR_GEOMETRY_MISMATCH, "geometry");
 	f.detail = KVP_FAIL_GEOMETRY;
 	f.geom.expected = (struct kvp_geom){2, 1, 4, 1, 16};
 	f.geom.actual = (struct kvp_geom){1, 1, 4, 1, 16};
@@ -194,7 +194,7 @@ static void test_reply_fail_fills_status_and_detail(void)
 
 	/* the message cannot be copied: a fixed text, still a Status */
 	kvp_fail_init(&f);
-	kvp_fail(&f, KVPOOL__CODE__INTERNAL, "lost");
+	kvp_fail(&f, KVP_ERR_INTERNAL, "lost");
 	setenv("KVPOOLD_FAULTS", "reply_alloc:1", 1);
 	{
 		char err[128];
@@ -205,7 +205,7 @@ static void test_reply_fail_fills_status_and_detail(void)
 		unsetenv("KVPOOLD_FAULTS");
 		CU_ASSERT_EQUAL_FATAL(kvp_fault_init(err, sizeof(err)), 0);
 	}
-	CU_ASSERT_EQUAL(r.status.code, KVPOOL__CODE__INTERNAL);
+	CU_ASSERT_EQUAL(r.status.code, KVP_ERR_INTERNAL);
 	CU_ASSERT_STRING_EQUAL(r.status.message, "out of memory");
 	kvp_reply_release(&r);
 }

@@ -50,8 +50,8 @@ static void test_daemon_admit_restricted(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	d->self_uid = 555;
 	CU_ASSERT_EQUAL(kvp_daemon_admit(d, 9, 4000, 4000, other, 2, &admin, &f),
-			-KVPOOL__CODE__PERMISSION_DENIED);
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__PERMISSION_DENIED);
+			-KVP_ERR_PERMISSION_DENIED);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "uid 4000"));
 	CU_ASSERT_EQUAL(kvp_daemon_admit(d, 9, 1002, 4000, NULL, 0, &admin, &f), 0);
 	CU_ASSERT_FALSE(admin);
@@ -60,7 +60,7 @@ static void test_daemon_admit_restricted(void)
 	CU_ASSERT_FALSE(admin);
 	/* an admin group does not admit by itself; root does, and is admin */
 	CU_ASSERT_EQUAL(kvp_daemon_admit(d, 9, 4000, 4000, admins, 1, &admin, &f),
-			-KVPOOL__CODE__PERMISSION_DENIED);
+			-KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_EQUAL(kvp_daemon_admit(d, 9, 1001, 4000, admins, 1, &admin, &f), 0);
 	CU_ASSERT_TRUE(admin);
 	admin = false;
@@ -91,7 +91,7 @@ static void test_session_new_limit_and_ids(void)
 	CU_ASSERT_EQUAL(d->n_sessions, 3);
 	kvp_fail_init(&f);
 	CU_ASSERT_PTR_NULL(kvp_session_new(d, 1, 1, 1, false, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_LIMIT);
 	CU_ASSERT_EQUAL(f.limit.limit, 3);
 	/* unlinking from the middle keeps the list whole */
@@ -111,7 +111,7 @@ static void test_session_new_limit_and_ids(void)
 	fx_faults("session:1:1");
 	CU_ASSERT_PTR_NULL(kvp_session_new(d, 1, 1, 1, false, &f));
 	fx_faults(NULL);
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__INTERNAL);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_INTERNAL);
 	CU_ASSERT_EQUAL(d->n_sessions, 1);
 	fx_daemon_free(d);
 }
@@ -121,7 +121,7 @@ static void test_session_new_limit_and_ids(void)
 static void test_session_lease_accounting(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
-	struct kvp_pool *a;
+	struct kvpd_pool *a;
 	struct kvp_session *s, *s2;
 	struct kvp_fail f = {0};
 	struct kvp_lease *l1, *l2, *l3;
@@ -132,9 +132,9 @@ static void test_session_lease_accounting(void)
 	s = fx_session(d, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	CU_ASSERT_PTR_NULL(kvp_session_pool(d, s, 0, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__NOT_FOUND);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_NOT_FOUND);
 	CU_ASSERT_PTR_NULL(kvp_session_pool(d, s, 2, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__NO_SUCH_POOL);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_NO_SUCH_POOL);
 	kvp_session_attach(s, a);
 	kvp_session_attach(s, a); /* counted once */
 	CU_ASSERT_EQUAL(a->sessions, 1);
@@ -144,28 +144,28 @@ static void test_session_lease_accounting(void)
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 10, true, &f), 0);
 	kvp_fail_init(&f);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 11, true, &f),
-			-KVPOOL__CODE__QUOTA_EXCEEDED);
+			-KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_QUOTA);
 	CU_ASSERT_EQUAL(f.quota.quota, 40);
 	CU_ASSERT_EQUAL(f.quota.held, 0);
 	CU_ASSERT_EQUAL(f.quota.requested, 44);
-	l1 = kvp_lease_create(a, KVP_TIER_DEVICE, ++d->next_lease_id, 6, &f);
+	l1 = kvp_lease_create(a, KVP_TIER_ID_DEVICE, ++d->next_lease_id, 6, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l1);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, l1), 0);
 	CU_ASSERT_EQUAL(s->leased_pages[0], 6);
 	CU_ASSERT_PTR_EQUAL(kvp_session_lease(s, l1->id, &f), l1);
 	CU_ASSERT_PTR_NULL(kvp_session_lease(s, l1->id + 100, &f));
-	CU_ASSERT_EQUAL(f.code, KVPOOL__CODE__NOT_FOUND);
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_NOT_FOUND);
 	kvp_fail_init(&f);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 5, false, &f),
-			-KVPOOL__CODE__QUOTA_EXCEEDED);
+			-KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(f.quota.held, 24);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 4, false, &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_leased_tokens(d, s), 24);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
 
 	before = l1->n;
-	CU_ASSERT_EQUAL(kvp_lease_extend(l1, 2, &f), 0);
+	CU_ASSERT_EQUAL(kvp_lease_grow(l1, 2, &f), 0);
 	kvp_session_lease_resized(s, l1, before);
 	CU_ASSERT_EQUAL(s->leased_pages[0], 8);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
@@ -179,8 +179,8 @@ static void test_session_lease_accounting(void)
 
 	/* the lease limit (3) counts leases, in any pool */
 	kvp_session_attach(s, d->pools[1]);
-	l2 = kvp_lease_create(d->pools[1], KVP_TIER_HOST, ++d->next_lease_id, 2, &f);
-	l3 = kvp_lease_create(a, KVP_TIER_HOST, ++d->next_lease_id, 1, &f);
+	l2 = kvp_lease_create(d->pools[1], KVP_TIER_ID_HOST, ++d->next_lease_id, 2, &f);
+	l3 = kvp_lease_create(a, KVP_TIER_ID_HOST, ++d->next_lease_id, 1, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l2);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l3);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, l2), 0);
@@ -190,7 +190,7 @@ static void test_session_lease_accounting(void)
 	CU_ASSERT_EQUAL(kvp_session_leased_tokens(d, s), 7 * 4 + 2 * 8);
 	kvp_fail_init(&f);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, d->pools[1], 1, true, &f),
-			-KVPOOL__CODE__LIMIT_EXCEEDED);
+			-KVP_ERR_LIMIT_EXCEEDED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "leases"));
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, d->pools[1], 1, false, &f), 0);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
@@ -203,7 +203,7 @@ static void test_session_lease_accounting(void)
 	s2 = fx_session(d, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
 	kvp_session_attach(s2, a);
-	l3 = kvp_lease_create(a, KVP_TIER_HOST, ++d->next_lease_id, 1, &f);
+	l3 = kvp_lease_create(a, KVP_TIER_ID_HOST, ++d->next_lease_id, 1, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l3);
 	fx_faults("idmap:1:1");
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s2, l3), -ENOMEM);
@@ -219,10 +219,10 @@ static void test_session_lease_accounting(void)
 static void test_session_lock_accounting(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
-	struct kvp_pool *a;
+	struct kvpd_pool *a;
 	struct kvp_session *s;
 	struct kvp_fail f = {0};
-	struct kvp_match mt;
+	struct kvp_prefix_match mt;
 	struct kvp_lock *k1, *k2;
 	uint32_t tokens[16], dev[4], host[4];
 	struct kvp_tier_figures fig;
@@ -232,7 +232,7 @@ static void test_session_lock_accounting(void)
 	s = fx_session(d, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	kvp_session_attach(s, a);
-	CU_ASSERT_EQUAL_FATAL(fx_cache(a, KVP_TIER_DEVICE, 0, 0, 16), 4);
+	CU_ASSERT_EQUAL_FATAL(fx_cache(a, KVP_TIER_ID_DEVICE, 0, 0, 16), 4);
 	for (uint32_t i = 0; i < 16; i++)
 		tokens[i] = i;
 
@@ -258,14 +258,14 @@ static void test_session_lock_accounting(void)
 	CU_ASSERT_EQUAL(kvp_session_lock_add(d, s, k2), 0);
 	CU_ASSERT_NOT_EQUAL(k2->id, k1->id);
 	CU_ASSERT_EQUAL(s->locked_tokens, 24);
-	CU_ASSERT_EQUAL(kvp_session_may_lock(d, s, &f), -KVPOOL__CODE__LIMIT_EXCEEDED);
-	kvp_pool_tier_figures(a, KVP_TIER_DEVICE, &fig);
+	CU_ASSERT_EQUAL(kvp_session_may_lock(d, s, &f), -KVP_ERR_LIMIT_EXCEEDED);
+	kvp_pool_tier_figures(a, KVP_TIER_ID_DEVICE, &fig);
 	CU_ASSERT_EQUAL(fig.protected_tokens, 16);
 
 	kvp_session_lock_release(s, k1);
 	CU_ASSERT_EQUAL(s->locked_tokens, 8);
 	CU_ASSERT_EQUAL(s->locks.count, 1);
-	kvp_pool_tier_figures(a, KVP_TIER_DEVICE, &fig);
+	kvp_pool_tier_figures(a, KVP_TIER_ID_DEVICE, &fig);
 	CU_ASSERT_EQUAL(fig.protected_tokens, 8);
 	CU_ASSERT_EQUAL(kvp_session_may_lock(d, s, &f), 0);
 
@@ -275,7 +275,7 @@ static void test_session_lock_accounting(void)
 	fx_faults(NULL);
 	/* destroy drops the remaining lock */
 	kvp_session_destroy(d, s);
-	kvp_pool_tier_figures(a, KVP_TIER_DEVICE, &fig);
+	kvp_pool_tier_figures(a, KVP_TIER_ID_DEVICE, &fig);
 	CU_ASSERT_EQUAL(fig.protected_tokens, 0);
 	CU_ASSERT_EQUAL(kvp_prefix_check(a->pfx), 0);
 	fx_daemon_free(d);
@@ -289,7 +289,7 @@ static void test_session_detach_one_pool(void)
 	struct kvp_fail f = {0};
 	struct kvp_lease *la, *lb;
 	struct kvp_lock *k;
-	struct kvp_match mt;
+	struct kvp_prefix_match mt;
 	uint32_t tokens[8] = {0, 1, 2, 3, 4, 5, 6, 7}, dev[2], host[2];
 	struct kvp_tier_figures fig;
 
@@ -298,13 +298,13 @@ static void test_session_detach_one_pool(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	kvp_session_attach(s, d->pools[0]);
 	kvp_session_attach(s, d->pools[1]);
-	la = kvp_lease_create(d->pools[0], KVP_TIER_DEVICE, ++d->next_lease_id, 3, &f);
-	lb = kvp_lease_create(d->pools[1], KVP_TIER_HOST, ++d->next_lease_id, 2, &f);
+	la = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE, ++d->next_lease_id, 3, &f);
+	lb = kvp_lease_create(d->pools[1], KVP_TIER_ID_HOST, ++d->next_lease_id, 2, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(la);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(lb);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, la), 0);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, lb), 0);
-	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_DEVICE, 0, 0, 8), 2);
+	CU_ASSERT_EQUAL_FATAL(fx_cache(d->pools[0], KVP_TIER_ID_DEVICE, 0, 0, 8), 2);
 	k = kvp_session_lock_alloc();
 	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
 	CU_ASSERT_EQUAL(kvp_pool_match(d->pools[0], 0, tokens, 8, true, &mt, dev, host), 0);
@@ -324,7 +324,7 @@ static void test_session_detach_one_pool(void)
 	CU_ASSERT_EQUAL(s->locked_tokens, 0);
 	CU_ASSERT_EQUAL(s->leased_pages[0], 0);
 	CU_ASSERT_EQUAL(s->leased_pages[1], 2);
-	kvp_pool_tier_figures(d->pools[0], KVP_TIER_DEVICE, &fig);
+	kvp_pool_tier_figures(d->pools[0], KVP_TIER_ID_DEVICE, &fig);
 	CU_ASSERT_EQUAL(fig.leased_tokens, 0);
 	CU_ASSERT_EQUAL(fig.protected_tokens, 0);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
@@ -333,7 +333,7 @@ static void test_session_detach_one_pool(void)
 
 	kvp_session_destroy(d, s);
 	CU_ASSERT_EQUAL(d->pools[1]->sessions, 0);
-	kvp_pool_tier_figures(d->pools[1], KVP_TIER_HOST, &fig);
+	kvp_pool_tier_figures(d->pools[1], KVP_TIER_ID_HOST, &fig);
 	CU_ASSERT_EQUAL(fig.leased_tokens, 0);
 	CU_ASSERT_EQUAL(fig.free_tokens, fig.total_tokens);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
@@ -354,7 +354,7 @@ static void test_daemon_check_catches_wrong_books(void)
 	s = fx_session(d, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
 	kvp_session_attach(s, d->pools[0]);
-	l = kvp_lease_create(d->pools[0], KVP_TIER_DEVICE, ++d->next_lease_id, 3, &f);
+	l = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE, ++d->next_lease_id, 3, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
 	CU_ASSERT_EQUAL(kvp_session_lease_add(s, l), 0);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
@@ -366,7 +366,7 @@ static void test_daemon_check_catches_wrong_books(void)
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), -EFAULT);
 	l->pages[1] = keep;
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
-	orphan = kvp_lease_create(d->pools[0], KVP_TIER_DEVICE, ++d->next_lease_id, 1, &f);
+	orphan = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE, ++d->next_lease_id, 1, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(orphan);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), -EFAULT); /* no session holds it */
 	kvp_lease_destroy(orphan);

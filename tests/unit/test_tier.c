@@ -13,13 +13,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fail.h"
 #include "kvp_config.h"
 #include "suite.h"
 #include "tier.h"
 
-/* tier.h stands without the wire types (fail.h, kvpool.pb-c.h) */
+/* tier.h and fail.h stand without the wire types (kvpool.pb-c.h) */
 #if defined(PROTOBUF_C_kvpool_2eproto__INCLUDED) || defined(PROTOBUF_C_VERSION_NUMBER)
-#error "tier.h brings in generated wire types"
+#error "tier.h or fail.h brings in generated wire types"
 #endif
 
 #define PAGE 4096u
