@@ -518,8 +518,7 @@ typedef struct {
 	PyObject_HEAD struct kvp_client *c; /* NULL once really closed */
 	int busy;			    /* a call is in flight (the GIL is released) */
 	int closed;			    /* close() was called: no further calls */
-	Py_ssize_t views;	  /* live views of this client's pools (see mapping lifetime) */
-	struct PoolObject *pools; /* its Pool objects, borrowed: each unlinks itself */
+	struct PoolObject *pools;	    /* its Pool objects, borrowed: each unlinks itself */
 } ClientObject;
 
 typedef struct PoolObject {
@@ -528,7 +527,6 @@ typedef struct PoolObject {
 	struct kvp_geometry g;
 	PyObject *name;
 	int detached;		 /* detach() was called */
-	Py_ssize_t views;	 /* live views of this pool */
 	struct PoolObject *next; /* the client's list of its Pool objects (borrowed) */
 } PoolObject;
 
@@ -549,7 +547,8 @@ typedef struct {
 } MatchObject;
 
 typedef struct {
-	PyObject_HEAD PoolObject *pool; /* strong: keeps the mapping (see mapping lifetime) */
+	PyObject_HEAD struct kvp_mapping *map; /* one reference (see mapping lifetime) */
+	PyObject *pool_name;
 	void *data;
 	int tier, ndim, dtype;
 	DLDevice device;
@@ -616,32 +615,22 @@ static void client_close_now(ClientObject *self)
 static void pool_detach_now(PoolObject *self);
 
 /* ==== Mapping lifetime ====
- * The one place that decides when a pool's tier memory may be unmapped. A view (and every
- * DLPack capsule or buffer exported from it) holds a strong reference to its Pool, the Pool
- * one to its Client. Until libkvpool hands out reference-counted tier mappings, the mapping
- * lives as long as the pool handle: so Pool.detach() and Client.close() called while views
- * are alive only mark the object closed for further calls, and the real kvp_pool_detach /
- * kvp_client_close (which would unmap the memory under the view) runs when the last view
- * goes. Until then the session stays open in the daemon, with its leases and locks. When the
- * refcounted API exists, mapping_hold takes a reference on the tier mapping, mapping_drop
- * releases it, and detach/close no longer wait.
+ * The one place that decides when a pool's tier memory may be unmapped. A view holds one
+ * reference to its tier's struct kvp_mapping (and nothing else of the pool: not the Pool, not
+ * the Client); every DLPack capsule, tensor or buffer exported from it holds the view. So
+ * Pool.detach() and Client.close() happen at once whatever views live (the session's leases
+ * and locks go back, the session ends) and the memory under a view stays mapped until the
+ * last view and whatever was made from it go: then kvp_mapping_unref unmaps it. The
+ * references may be dropped from any thread (a DLPack deleter runs where the consumer frees).
  */
-static void mapping_hold(PoolObject *pool)
+static struct kvp_mapping *mapping_hold(struct kvp_pool *p, int tier)
 {
-	pool->views++;
-	pool->client->views++;
+	return kvp_pool_tier_mapping(p, tier);
 }
 
-static void mapping_drop(PoolObject *pool)
+static void mapping_drop(struct kvp_mapping *m)
 {
-	ClientObject *c = pool->client;
-
-	pool->views--;
-	c->views--;
-	if (pool->views == 0 && pool->detached && pool->p)
-		pool_detach_now(pool);
-	if (c->views == 0 && c->closed && c->c && !c->busy)
-		client_close_now(c);
+	kvp_mapping_unref(m);
 }
 /* ==== end of mapping lifetime ==== */
 
@@ -654,7 +643,7 @@ static PyObject *client_close(ClientObject *self, PyObject *unused)
 		return NULL;
 	}
 	self->closed = 1;
-	if (self->views == 0 && self->c)
+	if (self->c)
 		client_close_now(self);
 	Py_RETURN_NONE;
 }
@@ -1027,7 +1016,8 @@ static PyObject *client_get_daemon_version(ClientObject *self, void *unused)
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS,
      "close()\n--\n\nCloses the connection: the daemon returns every lease and lock of the "
-     "session. With views still alive the close happens when the last one goes."},
+     "session at once. Views taken from its pools keep their memory mapped until they "
+     "go."},
     {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip."},
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
@@ -1121,11 +1111,9 @@ static PyObject *pool_detach(PoolObject *self, PyObject *unused)
 	(void)unused;
 	if (self->detached || !self->p || !c->c)
 		Py_RETURN_NONE;
-	self->detached = 1;
-	if (self->views > 0)
-		Py_RETURN_NONE; /* deferred: see mapping lifetime */
 	if (!client_enter(c))
 		return NULL;
+	self->detached = 1;
 	p = self->p;
 	self->p = NULL;
 	KVPY_WAIT(r = kvp_pool_detach(p, &err));
@@ -1516,7 +1504,7 @@ static PyObject *pool_host_pages_view(PoolObject *self, PyObject *unused)
 static PyMethodDef pool_methods[] = {
     {"detach", (PyCFunction)pool_detach, METH_NOARGS,
      "detach()\n--\n\nDetaches: the session's leases in this pool are freed and its locks "
-     "released. With views still alive the unmapping waits for the last one."},
+     "released at once. Views taken from it keep their memory mapped until they go."},
     {"tier_pages", (PyCFunction)pool_tier_pages, METH_O,
      "tier_pages(tier)\n--\n\nPages in the tier ('device' or 'host'); 0 when absent."},
     {"tier_bytes", (PyCFunction)pool_tier_bytes, METH_O,
@@ -1912,8 +1900,13 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, cons
 
 	if (!v)
 		return NULL;
-	v->pool = (PoolObject *)Py_NewRef((PyObject *)pool);
-	mapping_hold(pool);
+	v->pool_name = Py_NewRef(pool->name);
+	v->map = mapping_hold(pool->p, tier);
+	if (!v->map) {
+		Py_DECREF((PyObject *)v);
+		PyErr_SetString(PyExc_ValueError, "the tier is not mapped in this process");
+		return NULL;
+	}
 	v->data = data;
 	v->tier = tier;
 	v->ndim = ndim;
@@ -1938,12 +1931,8 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, cons
 
 static void view_dealloc(ViewObject *self)
 {
-	PoolObject *pool = self->pool;
-
-	if (pool) {
-		mapping_drop(pool);
-		Py_DECREF((PyObject *)pool);
-	}
+	mapping_drop(self->map);
+	Py_XDECREF(self->pool_name);
 	free_obj((PyObject *)self);
 }
 
@@ -2222,7 +2211,7 @@ static PyObject *view_repr(ViewObject *self)
 		return NULL;
 	r = PyUnicode_FromFormat(
 	    "<kvpool.View %s tier of %U, shape %R, %s, %s:%d>", kvp_tier_name(self->tier),
-	    self->pool->name, shape,
+	    self->pool_name, shape,
 	    self->dtype > 0 && self->dtype < KVP_DTYPE_MAX ? g_dtype_names[self->dtype] : "unknown",
 	    self->device.device_type == kDLCUDA ? "cuda" : "cpu", self->device.device_id);
 	Py_DECREF(shape);
