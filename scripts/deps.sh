@@ -5,6 +5,11 @@ set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc python3 liburing-dev libnuma-dev libprotobuf-c-dev
 	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd)
+# the Python package's extension and the test venv (scripts/pytest.sh): Debian's python3
+# headers and venv module; a python3 of another origin first on PATH brings its own
+if [ "${KVP_NO_PYTHON:-0}" != 1 ]; then
+	pkgs+=(python3-dev python3-venv)
+fi
 if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
 	pkgs+=(clang libclang-rt-14-dev)
 fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
 # integration, fault, gpu), then the whole suite again under ASan+UBSan. GPU tests exit 77
-# (skipped) on machines without a GPU. Then a 60 s soak of 16 processes, each libFuzzer target
+# (skipped) on machines without a GPU. Then the Python package's tests (scripts/pytest.sh in
+# .venv: pytest's own passed/failed/skipped counts join the total), a 60 s soak of 16 processes, each libFuzzer target
 # for 60 s and a --quick run of every benchmark (each counts as one check). Ends with one line:
 # "N passed, N failed, N skipped".
 #   KVP_NO_SANITIZE=1  skip the sanitizer pass
+#   KVP_NO_PYTHON=1    skip the Python tests (KVP_VENV, KVP_PY_TORCH: see scripts/pytest.sh)
 #   KVP_NO_FUZZ=1      skip the fuzz run        KVP_FUZZ_SECONDS=N  per target (default 60)
 #   KVP_NO_BENCH=1     skip the benchmark smoke run
 #   KVP_NO_SOAK=1      skip the soak run        KVP_SOAK_SECONDS=N  (default 60)
@@ -45,6 +47,33 @@ if [ "${KVP_NO_SANITIZE:-0}" != 1 ]; then
 	run_suite build-asan "tests under ASan+UBSan" -Db_sanitize=address,undefined \
 		-Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all \
 		-Dcuda=disabled
+fi
+# The Python tests: pytest's counts are added; exit 77 (no PyPI for a missing package) is one
+# skipped stage, its reason printed by pytest.sh.
+if [ "${KVP_NO_PYTHON:-0}" != 1 ]; then
+	echo "== python tests (scripts/pytest.sh)"
+	pylog=$(mktemp)
+	KVP_BUILDDIR=build-test bash scripts/pytest.sh 2>&1 | tee "$pylog"
+	rc=${PIPESTATUS[0]}
+	sum=$(grep '^pytest.sh: ' "$pylog" | tail -1)
+	if [ "$rc" = 77 ]; then
+		echo "== python tests: skipped (${sum#pytest.sh: skipped: })"
+		skip=$((skip + 1))
+	else
+		read -r p f s < <(printf '%s\n' "$sum" | awk '{
+			for (i = 2; i <= NF; i++) {
+				n = $(i - 1) + 0
+				if ($i ~ /^passed/) p += n
+				else if ($i ~ /^(failed|error)/) f += n
+				else if ($i ~ /^skipped/) s += n
+			}
+		} END { print p + 0, f + 0, s + 0 }')
+		# a failing run that counted nothing (build, install) is one failure
+		[ "$rc" != 0 ] && [ "$f" = 0 ] && f=1
+		echo "== python tests: $p passed, $f failed, $s skipped"
+		pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
+	fi
+	rm -f "$pylog"
 fi
 extra() { # label command...
 	local label=$1
