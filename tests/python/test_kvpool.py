@@ -52,6 +52,39 @@ def test_connect_no_daemon(tmp_path):
     assert isinstance(e.message, str) and e.message
 
 
+def test_event_fd_and_events(own_daemon):
+    """kvpoold pushes no event yet: the fd exists and polls not readable, the queue is empty;
+    a lost connection makes it readable and next_event() raise TransportError."""
+    import select
+
+    c = kvpool.connect(own_daemon.sock, name="events")
+    fd = c.event_fd()
+    assert isinstance(fd, int) and fd >= 0 and c.event_fd() == fd
+    os.fstat(fd)
+    c.ping()
+    c.attach("c").alloc(1).free()
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    assert p.poll(50) == []
+    assert c.next_event() is None
+    assert list(c.events()) == []
+    own_daemon.proc.kill()
+    own_daemon.proc.wait()
+    assert p.poll(5000) != []                     # the daemon's end of the socket closed
+    with pytest.raises(kvpool.TransportError):
+        c.next_event()
+    with pytest.raises(kvpool.TransportError):
+        list(c.events())
+    assert kvpool.Event.n_fields == 6 and kvpool.Event.__name__ == "Event"
+    c.close()
+    with pytest.raises(ValueError):
+        c.event_fd()
+    with pytest.raises(ValueError):
+        c.next_event()
+    with pytest.raises(ValueError):
+        c.events()
+
+
 def test_connect_ping_status(daemon):
     with kvpool.connect(daemon.sock, name="pytest") as c:
         assert not c.closed
