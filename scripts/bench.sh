@@ -4,7 +4,10 @@
 # table and writes bench-results.json in the repo root: a list of rows with name, params,
 # machine, baseline, baseline_what, value, unit, ratio (= value / baseline), target, note.
 # Every baseline is measured in the same process or the same script run as kvpool's figure.
-#   --quick  smoke run of every row (about 20 s; CI runs it)
+# The Python rows (tests/python/bench_kvpool.py) run in the venv $KVP_VENV (default .venv) with
+# the kvpool package installed there (scripts/pytest.sh does it); without it, or without torch
+# for the gather row, they are written as skipped with the reason.
+#   --quick  smoke run of every row (about 30 s; CI runs it)
 # Fails only when a benchmark errors (exit status, failed verification); never on speed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +16,7 @@ quick=0
 for a in "$@"; do
 	case $a in
 	--quick) quick=1 ;;
-	-h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
 	*) echo "bench.sh: unknown argument $a" >&2; exit 2 ;;
 	esac
 done
@@ -64,6 +67,33 @@ for b in bench_rpc_latency bench_rpc_throughput bench_prefix bench_keys bench_pa
 	fi
 	grep '^{' "$tmp/$b.out" >>"$rows"
 done
+
+# ---- the Python package's rows, in the venv
+venv=${KVP_VENV:-.venv}
+t0=$(date +%s.%N)
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import kvpool, numpy" 2>"$tmp/py.err"; then
+	if "$venv/bin/python" tests/python/bench_kvpool.py $qarg >"$tmp/py.out" 2>"$tmp/py.err"; then
+		printf '== %-22s ok (%s s)\n' bench_kvpool.py "$(since "$t0")" >&2
+	else
+		echo "== bench_kvpool.py FAILED (exit $?):" >&2
+		cat "$tmp/py.err" >&2
+		failed=1
+	fi
+	grep '^{' "$tmp/py.out" >>"$rows"
+else
+	why="no venv at $venv with the kvpool package and numpy (scripts/pytest.sh makes it)"
+	echo "== bench_kvpool.py skipped: $why" >&2
+	python3 - "$why" >>"$rows" <<'PY'
+import json, os, sys
+for name, unit, target in (("python.alloc_free", "us", "ratio <= 1.2"),
+                           ("python.match_1m_tokens", "tokens/s", "ratio >= 0.8"),
+                           ("python.gather_4096", "GB/s", "ratio >= 0.7")):
+    print(json.dumps({"name": name, "params": {},
+                      "machine": {"nproc": os.cpu_count(), "kernel": os.uname().release},
+                      "baseline": None, "baseline_what": "", "value": None, "unit": unit,
+                      "ratio": None, "target": target, "note": "skipped: " + sys.argv[1]}))
+PY
+fi
 
 # ---- redis-server on a unix socket, driven by redis-benchmark (-t incr), same clients and
 # pipeline as the Ping rows. Its client is one redis-benchmark process (event loop, N

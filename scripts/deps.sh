@@ -6,6 +6,15 @@ set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc python3 liburing-dev libnuma-dev libprotobuf-c-dev
 	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd
 	libhiredis-dev nettle-dev)
+# the Python package's extension and the test venv (scripts/pytest.sh): Debian's python3
+# headers and venv module; a python3 of another origin first on PATH brings its own
+if [ "${KVP_NO_PYTHON:-0}" != 1 ]; then
+	pkgs+=(python3-dev python3-venv)
+fi
+# scripts/format.sh (test.sh's format check)
+if [ "${KVP_NO_FORMAT:-0}" != 1 ]; then
+	pkgs+=(clang-format)
+fi
 if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
 	pkgs+=(clang libclang-rt-14-dev)
 fi

@@ -22,7 +22,9 @@ if [ ! -x "$venv/bin/python" ]; then
 	python3 -m venv "$venv" || { echo "pytest.sh: python3 -m venv $venv failed"; exit 1; }
 fi
 py="$(realpath "$venv")/bin/python"
-# meson-python runs the venv's meson and ninja (the system's may be older than it needs)
+# meson-python runs the venv's meson and ninja (the system's may be older than it needs); the
+# C build of kvpoold stays with the system's meson, as scripts/test.sh builds it
+sys_path=$PATH
 export PATH="$(dirname "$py"):$PATH"
 pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
 
@@ -48,7 +50,7 @@ PY
 	pip install $need || { echo "pytest.sh: pip install $need failed"; exit 1; }
 fi
 
-bash scripts/build.sh "$builddir" -Dwerror=true || { echo "pytest.sh: build failed"; exit 1; }
+PATH=$sys_path bash scripts/build.sh "$builddir" -Dwerror=true || { echo "pytest.sh: build failed"; exit 1; }
 setup_args=()
 for a in ${KVP_PY_SETUP_ARGS:-}; do
 	setup_args+=("-Csetup-args=$a")

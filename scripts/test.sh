@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # test.sh - installs what is missing, builds kvpool with -Werror and runs every suite (unit,
 # integration, fault, gpu, remote), then the whole suite again under ASan+UBSan. GPU tests exit 77
-# (skipped) on machines without a GPU. Then a 60 s soak of 16 processes, each libFuzzer target
-# for 60 s and a --quick run of every benchmark (each counts as one check). Ends with one line:
+# (skipped) on machines without a GPU. Then the Python package's tests (scripts/pytest.sh in
+# .venv: pytest's own passed/failed/skipped counts join the total), a 60 s soak of 16 processes,
+# each libFuzzer target for 60 s, the format check (scripts/format.sh --check) and a --quick run
+# of every benchmark (each counts as one check). Ends with one line:
 # "N passed, N failed, N skipped".
 #   KVP_NO_SANITIZE=1  skip the sanitizer pass
+#   KVP_NO_PYTHON=1    skip the Python tests (KVP_VENV, KVP_PY_TORCH: see scripts/pytest.sh)
 #   KVP_NO_FUZZ=1      skip the fuzz run        KVP_FUZZ_SECONDS=N  per target (default 60)
 #   KVP_NO_BENCH=1     skip the benchmark smoke run
 #   KVP_NO_SOAK=1      skip the soak run        KVP_SOAK_SECONDS=N  (default 60)
+#   KVP_NO_FORMAT=1    skip the format check
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -46,6 +50,33 @@ if [ "${KVP_NO_SANITIZE:-0}" != 1 ]; then
 		-Dc_args=-fno-sanitize-recover=all -Dc_link_args=-fno-sanitize-recover=all \
 		-Dcuda=disabled
 fi
+# The Python tests: pytest's counts are added; exit 77 (no PyPI for a missing package) is one
+# skipped stage, its reason printed by pytest.sh.
+if [ "${KVP_NO_PYTHON:-0}" != 1 ]; then
+	echo "== python tests (scripts/pytest.sh)"
+	pylog=$(mktemp)
+	KVP_BUILDDIR=build-test bash scripts/pytest.sh 2>&1 | tee "$pylog"
+	rc=${PIPESTATUS[0]}
+	sum=$(grep '^pytest.sh: ' "$pylog" | tail -1)
+	if [ "$rc" = 77 ]; then
+		echo "== python tests: skipped (${sum#pytest.sh: skipped: })"
+		skip=$((skip + 1))
+	else
+		read -r p f s < <(printf '%s\n' "$sum" | awk '{
+			for (i = 2; i <= NF; i++) {
+				n = $(i - 1) + 0
+				if ($i ~ /^passed/) p += n
+				else if ($i ~ /^(failed|error)/) f += n
+				else if ($i ~ /^skipped/) s += n
+			}
+		} END { print p + 0, f + 0, s + 0 }')
+		# a failing run that counted nothing (build, install) is one failure
+		[ "$rc" != 0 ] && [ "$f" = 0 ] && f=1
+		echo "== python tests: $p passed, $f failed, $s skipped"
+		pass=$((pass + p)) fail=$((fail + f)) skip=$((skip + s))
+	fi
+	rm -f "$pylog"
+fi
 extra() { # label command...
 	local label=$1
 	shift
@@ -62,6 +93,7 @@ extra() { # label command...
 	meson test -C build-test --suite soak -v
 [ "${KVP_NO_FUZZ:-0}" != 1 ] && extra "fuzz (${KVP_FUZZ_SECONDS:-60} s per target)" \
 	bash scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-60}"
+[ "${KVP_NO_FORMAT:-0}" != 1 ] && extra "format (.clang-format)" bash scripts/format.sh --check
 [ "${KVP_NO_BENCH:-0}" != 1 ] && extra "benchmarks --quick" bash scripts/bench.sh --quick
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -25,6 +25,7 @@ from ._kvpool import (
     Match,
     View,
     Geometry,
+    Event,
     Error,
     ClientBusy,
     OutOfCapacity,
@@ -50,8 +51,8 @@ from ._kvpool import (
 
 __all__ = [
     "PROTOCOL_VERSION", "HAVE_CUDA", "__version__", "connect", "default_socket", "Client",
-    "Pool", "Lease", "Match", "View", "Geometry", "Error", "ClientBusy", "OutOfCapacity",
-    "HostBudgetExceeded", "QuotaExceeded", "NoSuchPool", "GeometryMismatch", "NotFound",
+    "Pool", "Lease", "Match", "View", "Geometry", "Event", "Error", "ClientBusy",
+    "OutOfCapacity", "HostBudgetExceeded", "QuotaExceeded", "NoSuchPool", "GeometryMismatch", "NotFound",
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
     "LimitExceeded", "Unavailable", "Internal", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall",

@@ -75,6 +75,7 @@ static PyObject *g_error;		   /* kvpool.Error */
 static PyObject *g_code_exc[KVP_CODE_MAX]; /* subclass per enum kvp_code, NULL for gaps */
 static PyObject *g_client_busy;		   /* kvpool.ClientBusy */
 static PyObject *g_geometry_type;	   /* kvpool.Geometry (a struct sequence) */
+static PyObject *g_event_type;		   /* kvpool.Event (a struct sequence) */
 static PyObject *g_frombuffer, *g_uint32;  /* numpy.frombuffer and numpy.uint32, or NULL */
 static PyObject *g_asarray;		   /* numpy.asarray, or NULL */
 static PyObject *g_array_type;		   /* array.array */
@@ -518,8 +519,7 @@ typedef struct {
 	PyObject_HEAD struct kvp_client *c; /* NULL once really closed */
 	int busy;			    /* a call is in flight (the GIL is released) */
 	int closed;			    /* close() was called: no further calls */
-	Py_ssize_t views;	  /* live views of this client's pools (see mapping lifetime) */
-	struct PoolObject *pools; /* its Pool objects, borrowed: each unlinks itself */
+	struct PoolObject *pools;	    /* its Pool objects, borrowed: each unlinks itself */
 } ClientObject;
 
 typedef struct PoolObject {
@@ -528,7 +528,6 @@ typedef struct PoolObject {
 	struct kvp_geometry g;
 	PyObject *name;
 	int detached;		 /* detach() was called */
-	Py_ssize_t views;	 /* live views of this pool */
 	struct PoolObject *next; /* the client's list of its Pool objects (borrowed) */
 } PoolObject;
 
@@ -549,7 +548,8 @@ typedef struct {
 } MatchObject;
 
 typedef struct {
-	PyObject_HEAD PoolObject *pool; /* strong: keeps the mapping (see mapping lifetime) */
+	PyObject_HEAD struct kvp_mapping *map; /* one reference (see mapping lifetime) */
+	PyObject *pool_name;
 	void *data;
 	int tier, ndim, dtype;
 	DLDevice device;
@@ -616,32 +616,22 @@ static void client_close_now(ClientObject *self)
 static void pool_detach_now(PoolObject *self);
 
 /* ==== Mapping lifetime ====
- * The one place that decides when a pool's tier memory may be unmapped. A view (and every
- * DLPack capsule or buffer exported from it) holds a strong reference to its Pool, the Pool
- * one to its Client. Until libkvpool hands out reference-counted tier mappings, the mapping
- * lives as long as the pool handle: so Pool.detach() and Client.close() called while views
- * are alive only mark the object closed for further calls, and the real kvp_pool_detach /
- * kvp_client_close (which would unmap the memory under the view) runs when the last view
- * goes. Until then the session stays open in the daemon, with its leases and locks. When the
- * refcounted API exists, mapping_hold takes a reference on the tier mapping, mapping_drop
- * releases it, and detach/close no longer wait.
+ * The one place that decides when a pool's tier memory may be unmapped. A view holds one
+ * reference to its tier's struct kvp_mapping (and nothing else of the pool: not the Pool, not
+ * the Client); every DLPack capsule, tensor or buffer exported from it holds the view. So
+ * Pool.detach() and Client.close() happen at once whatever views live (the session's leases
+ * and locks go back, the session ends) and the memory under a view stays mapped until the
+ * last view and whatever was made from it go: then kvp_mapping_unref unmaps it. The
+ * references may be dropped from any thread (a DLPack deleter runs where the consumer frees).
  */
-static void mapping_hold(PoolObject *pool)
+static struct kvp_mapping *mapping_hold(struct kvp_pool *p, int tier)
 {
-	pool->views++;
-	pool->client->views++;
+	return kvp_pool_tier_mapping(p, tier);
 }
 
-static void mapping_drop(PoolObject *pool)
+static void mapping_drop(struct kvp_mapping *m)
 {
-	ClientObject *c = pool->client;
-
-	pool->views--;
-	c->views--;
-	if (pool->views == 0 && pool->detached && pool->p)
-		pool_detach_now(pool);
-	if (c->views == 0 && c->closed && c->c && !c->busy)
-		client_close_now(c);
+	kvp_mapping_unref(m);
 }
 /* ==== end of mapping lifetime ==== */
 
@@ -654,7 +644,7 @@ static PyObject *client_close(ClientObject *self, PyObject *unused)
 		return NULL;
 	}
 	self->closed = 1;
-	if (self->views == 0 && self->c)
+	if (self->c)
 		client_close_now(self);
 	Py_RETURN_NONE;
 }
@@ -1024,11 +1014,118 @@ static PyObject *client_get_daemon_version(ClientObject *self, void *unused)
 	return PyUnicode_FromString(kvp_client_daemon_version(self->c));
 }
 
+/* ---- events: frames the daemon pushes unasked ---- */
+#define KVPY_EVENT_PAYLOAD 65536 /* bytes of an event's frame handed to Python */
+
+static PyObject *client_event_fd(ClientObject *self, PyObject *unused)
+{
+	struct kvp_client *c = client_enter(self);
+	struct kvp_error err;
+	int fd;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	fd = kvp_client_event_fd(c);
+	client_leave(self);
+	if (fd < 0) {
+		memset(&err, 0, sizeof(err));
+		err.code = -fd;
+		snprintf(err.message, sizeof(err.message), "kvp_client_event_fd: %s",
+			 kvp_code_name(-fd));
+		return raise_kvp(&err);
+	}
+	return PyLong_FromLong(fd);
+}
+
+static PyObject *event_to_py(const struct kvp_event *ev, const uint8_t *buf)
+{
+	PyObject *e = PyStructSequence_New((PyTypeObject *)g_event_type);
+	size_t n = ev->payload_len < ev->payload_cap ? ev->payload_len : ev->payload_cap;
+	PyObject *v[6];
+
+	if (!e)
+		return NULL;
+	v[0] = PyLong_FromUnsignedLong(ev->type);
+	v[1] = PyLong_FromLong(ev->code);
+	v[2] = PyLong_FromUnsignedLongLong(ev->id);
+	v[3] = PyLong_FromUnsignedLongLong(ev->dropped);
+	v[4] = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)n);
+	v[5] = PyLong_FromSize_t(ev->payload_len);
+	for (int i = 0; i < 6; i++) {
+		if (!v[i]) {
+			for (int j = i; j < 6; j++)
+				Py_XDECREF(v[j]);
+			Py_DECREF(e);
+			return NULL;
+		}
+		PyStructSequence_SetItem(e, i, v[i]);
+	}
+	return e;
+}
+
+static PyObject *client_next_event(ClientObject *self, PyObject *unused)
+{
+	struct kvp_client *c = client_enter(self);
+	struct kvp_event ev = {.struct_size = sizeof(ev), .payload_cap = KVPY_EVENT_PAYLOAD};
+	struct kvp_error err;
+	PyObject *r;
+	int rc;
+
+	(void)unused;
+	if (!c)
+		return NULL;
+	ev.payload = PyMem_Malloc(KVPY_EVENT_PAYLOAD);
+	if (!ev.payload) {
+		client_leave(self);
+		return PyErr_NoMemory();
+	}
+	rc = kvp_client_event_next(c, &ev, &err); /* never blocks */
+	client_leave(self);
+	if (rc == -KVP_E_AGAIN)
+		r = Py_NewRef(Py_None);
+	else if (rc < 0)
+		r = raise_kvp(&err);
+	else
+		r = event_to_py(&ev, ev.payload);
+	PyMem_Free(ev.payload);
+	return r;
+}
+
+static PyObject *client_events(ClientObject *self, PyObject *unused)
+{
+	PyObject *next, *it;
+
+	(void)unused;
+	if (self->closed || !self->c) {
+		PyErr_SetString(PyExc_ValueError, "the kvpool client is closed");
+		return NULL;
+	}
+	next = PyObject_GetAttrString((PyObject *)self, "next_event");
+	if (!next)
+		return NULL;
+	it = PyCallIter_New(next, Py_None);
+	Py_DECREF(next);
+	return it;
+}
+
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS,
      "close()\n--\n\nCloses the connection: the daemon returns every lease and lock of the "
-     "session. With views still alive the close happens when the last one goes."},
+     "session at once. Views taken from its pools keep their memory mapped until they "
+     "go."},
     {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip."},
+    {"event_fd", (PyCFunction)client_event_fd, METH_NOARGS,
+     "event_fd()\n--\n\nA descriptor to poll for reading (owned by the client: do not read "
+     "or close it): readable when an event the daemon pushed unasked is queued or bytes from "
+     "the daemon wait. When it polls readable, drain events() (or next_event() until None), "
+     "then poll again. TransportError when the connection was lost."},
+    {"next_event", (PyCFunction)client_next_event, METH_NOARGS,
+     "next_event()\n--\n\nThe oldest queued event as a kvpool.Event (type, code, id, "
+     "dropped, payload, payload_len), None when none is queued. Never blocks; TransportError "
+     "once the connection failed and the queue is empty."},
+    {"events", (PyCFunction)client_events, METH_NOARGS,
+     "events()\n--\n\nAn iterator over the events queued now (next_event() until None)."},
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
      "pools (name, pool_id, geometry, tiers with token counts, hit/queried tokens)."},
@@ -1121,11 +1218,9 @@ static PyObject *pool_detach(PoolObject *self, PyObject *unused)
 	(void)unused;
 	if (self->detached || !self->p || !c->c)
 		Py_RETURN_NONE;
-	self->detached = 1;
-	if (self->views > 0)
-		Py_RETURN_NONE; /* deferred: see mapping lifetime */
 	if (!client_enter(c))
 		return NULL;
+	self->detached = 1;
 	p = self->p;
 	self->p = NULL;
 	KVPY_WAIT(r = kvp_pool_detach(p, &err));
@@ -1516,7 +1611,7 @@ static PyObject *pool_host_pages_view(PoolObject *self, PyObject *unused)
 static PyMethodDef pool_methods[] = {
     {"detach", (PyCFunction)pool_detach, METH_NOARGS,
      "detach()\n--\n\nDetaches: the session's leases in this pool are freed and its locks "
-     "released. With views still alive the unmapping waits for the last one."},
+     "released at once. Views taken from it keep their memory mapped until they go."},
     {"tier_pages", (PyCFunction)pool_tier_pages, METH_O,
      "tier_pages(tier)\n--\n\nPages in the tier ('device' or 'host'); 0 when absent."},
     {"tier_bytes", (PyCFunction)pool_tier_bytes, METH_O,
@@ -1912,8 +2007,13 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, cons
 
 	if (!v)
 		return NULL;
-	v->pool = (PoolObject *)Py_NewRef((PyObject *)pool);
-	mapping_hold(pool);
+	v->pool_name = Py_NewRef(pool->name);
+	v->map = mapping_hold(pool->p, tier);
+	if (!v->map) {
+		Py_DECREF((PyObject *)v);
+		PyErr_SetString(PyExc_ValueError, "the tier is not mapped in this process");
+		return NULL;
+	}
 	v->data = data;
 	v->tier = tier;
 	v->ndim = ndim;
@@ -1938,12 +2038,8 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, cons
 
 static void view_dealloc(ViewObject *self)
 {
-	PoolObject *pool = self->pool;
-
-	if (pool) {
-		mapping_drop(pool);
-		Py_DECREF((PyObject *)pool);
-	}
+	mapping_drop(self->map);
+	Py_XDECREF(self->pool_name);
 	free_obj((PyObject *)self);
 }
 
@@ -2222,7 +2318,7 @@ static PyObject *view_repr(ViewObject *self)
 		return NULL;
 	r = PyUnicode_FromFormat(
 	    "<kvpool.View %s tier of %U, shape %R, %s, %s:%d>", kvp_tier_name(self->tier),
-	    self->pool->name, shape,
+	    self->pool_name, shape,
 	    self->dtype > 0 && self->dtype < KVP_DTYPE_MAX ? g_dtype_names[self->dtype] : "unknown",
 	    self->device.device_type == kDLCUDA ? "cuda" : "cpu", self->device.device_id);
 	Py_DECREF(shape);
@@ -2427,6 +2523,19 @@ static PyStructSequence_Desc g_geometry_desc = {
     "kvpool.Geometry", "A pool's KV layout: layers, kv_heads, head_dim, dtype, page_tokens.",
     g_geometry_fields, 5};
 
+static PyStructSequence_Field g_event_fields[] = {
+    {"type", "The Response's result field number (kvpool.proto), 0 for none."},
+    {"code", "The frame's status code (0: OK)."},
+    {"id", "The frame's id (0: pushed by the daemon)."},
+    {"dropped", "Events dropped for a full queue since the last one taken."},
+    {"payload", "The frame's protobuf Response (at most 64 KiB of it)."},
+    {"payload_len", "The frame's size in bytes."},
+    {NULL, NULL}};
+
+static PyStructSequence_Desc g_event_desc = {
+    "kvpool.Event", "A frame the daemon sent unasked (Client.next_event, Client.events).",
+    g_event_fields, 6};
+
 static int add_type(PyObject *m, PyType_Spec *spec, PyObject **out)
 {
 	const char *dot = strrchr(spec->name, '.');
@@ -2508,7 +2617,9 @@ PyMODINIT_FUNC PyInit__kvpool(void)
 	if (!m)
 		return NULL;
 	g_geometry_type = (PyObject *)PyStructSequence_NewType(&g_geometry_desc);
+	g_event_type = (PyObject *)PyStructSequence_NewType(&g_event_desc);
 	if (!g_geometry_type || PyModule_AddObjectRef(m, "Geometry", g_geometry_type) ||
+	    !g_event_type || PyModule_AddObjectRef(m, "Event", g_event_type) ||
 	    add_exceptions(m) || add_type(m, &client_spec, &g_client_type) ||
 	    add_type(m, &pool_spec, &g_pool_type) || add_type(m, &lease_spec, &g_lease_type) ||
 	    add_type(m, &match_spec, &g_match_type) || add_type(m, &view_spec, &g_view_type) ||

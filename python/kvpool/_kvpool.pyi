@@ -1,6 +1,6 @@
 """Type stubs of the _kvpool extension (the kvpool package re-exports all of it)."""
 from types import TracebackType
-from typing import Any, Literal, Mapping, NamedTuple, Optional, Sequence, SupportsIndex, Union
+from typing import Any, Iterator, Literal, Mapping, NamedTuple, Optional, Sequence, SupportsIndex, Union
 import array
 
 __version__: str
@@ -27,6 +27,15 @@ class Error(Exception):
     code: Optional[int]
     name: str
     message: str
+class Event(NamedTuple):
+    """A frame the daemon sent unasked (Client.next_event, Client.events)."""
+    type: int
+    code: int
+    id: int
+    dropped: int
+    payload: bytes
+    payload_len: int
+
 class ClientBusy(Error): ...
 class OutOfCapacity(Error):
     tier: str
@@ -87,6 +96,9 @@ class Client:
     def evict(self, pool: str, tokens: int, tier: Tier = "device") -> int: ...
     def flush(self, pool: str) -> int: ...
     def set_timeout(self, ms: int) -> None: ...
+    def event_fd(self) -> int: ...
+    def next_event(self) -> Optional[Event]: ...
+    def events(self) -> Iterator[Event]: ...
     def __enter__(self) -> Client: ...
     def __exit__(self, t: Optional[type], v: Optional[BaseException], tb: Optional[TracebackType]) -> None: ...
 

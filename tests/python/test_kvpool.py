@@ -52,6 +52,39 @@ def test_connect_no_daemon(tmp_path):
     assert isinstance(e.message, str) and e.message
 
 
+def test_event_fd_and_events(own_daemon):
+    """kvpoold pushes no event yet: the fd exists and polls not readable, the queue is empty;
+    a lost connection makes it readable and next_event() raise TransportError."""
+    import select
+
+    c = kvpool.connect(own_daemon.sock, name="events")
+    fd = c.event_fd()
+    assert isinstance(fd, int) and fd >= 0 and c.event_fd() == fd
+    os.fstat(fd)
+    c.ping()
+    c.attach("c").alloc(1).free()
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    assert p.poll(50) == []
+    assert c.next_event() is None
+    assert list(c.events()) == []
+    own_daemon.proc.kill()
+    own_daemon.proc.wait()
+    assert p.poll(5000) != []                     # the daemon's end of the socket closed
+    with pytest.raises(kvpool.TransportError):
+        c.next_event()
+    with pytest.raises(kvpool.TransportError):
+        list(c.events())
+    assert kvpool.Event.n_fields == 6 and kvpool.Event.__name__ == "Event"
+    c.close()
+    with pytest.raises(ValueError):
+        c.event_fd()
+    with pytest.raises(ValueError):
+        c.next_event()
+    with pytest.raises(ValueError):
+        c.events()
+
+
 def test_connect_ping_status(daemon):
     with kvpool.connect(daemon.sock, name="pytest") as c:
         assert not c.closed
@@ -416,52 +449,94 @@ def test_write_seen_by_other_process(daemon, client, writer):
     pool.detach()
 
 
+def mapping_of(addr):
+    """The /proc/self/maps entry (start, end, inode, path) that holds addr, None when none."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return lo, hi, parts[4], parts[5].strip() if len(parts) > 5 else ""
+    return None
+
+
+def wait_for(pred, seconds=5):
+    end = time.monotonic() + seconds
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.02)
+    return pred()
+
+
 def test_view_outlives_detach_and_close(daemon):
     c = kvpool.connect(daemon.sock, name="outlive")
     sessions = daemon.status()["sessions"]
     pool = c.attach("c")
+    lease = pool.alloc(2)
     v = pool.kv("device", 0, 0)
     a = numpy.from_dlpack(v)
-    cap = pool.host_pages_view().__dlpack__()     # an unconsumed capsule holds it too
+    hv = pool.host_pages_view()
+    cap = hv.__dlpack__()                         # an unconsumed capsule holds it too
+    dev_map, host_map = mapping_of(v.data_ptr), mapping_of(hv.data_ptr)
+    assert dev_map and host_map and dev_map != host_map
+    del hv
     a[:] = 1.5
     addr = a.ctypes.data
     del v
     pool.detach()
+    # the detach is real at once: the session's leases are gone from the daemon's books
+    assert daemon.pool_books("c")["device"]["leased_tokens"] == 0
+    assert lease.free() == 0 and lease.ended
     c.close()
     assert c.closed and pool.detached
     with pytest.raises(ValueError):
         pool.alloc(1)
     with pytest.raises(ValueError):
         c.ping()
+    # and so is the close: the session ended though views live
+    assert wait_for(lambda: daemon.status()["sessions"] == sessions - 1)
     # the memory is still mapped and holds what was written
     assert a.ctypes.data == addr and float(a.sum()) == 1.5 * a.size
     a[0, 0, 0] = 2.5
     assert a[0, 0, 0] == 2.5
-    # the session lives on while views do, and ends with the last one
-    assert daemon.status()["sessions"] == sessions
+    assert mapping_of(addr) == dev_map and mapping_of(host_map[0]) == host_map
+    # the last array over the device plane goes: its mapping goes; the capsule keeps the host's
     del a
     gc.collect()
-    assert daemon.status()["sessions"] == sessions
+    assert mapping_of(dev_map[0]) != dev_map
+    assert mapping_of(host_map[0]) == host_map
     del cap
     gc.collect()
-    end = time.monotonic() + 5
-    while daemon.status()["sessions"] != sessions - 1 and time.monotonic() < end:
-        time.sleep(0.02)
-    assert daemon.status()["sessions"] == sessions - 1
+    assert mapping_of(host_map[0]) != host_map
 
 
-def test_detach_waits_for_views(daemon, client):
+def test_detach_with_live_views(daemon, client):
+    """Pool.detach() with a live view frees the leases at once, seen from another client."""
     pool = client.attach("c")
     lease = pool.alloc(3)
     v = pool.kv("device", 0, 1)
-    pool.detach()                   # deferred: the view needs the mapping
-    assert pool.detached and daemon.pool_books("c")["device"]["leased_tokens"] == 3 * PT
+    t = numpy.from_dlpack(v)
+    t[:] = 0.25
+    with kvpool.connect(daemon.sock, name="watcher") as other:
+        def leased():
+            for p in other.status()["pools"]:
+                if p["name"] == "c":
+                    return p["tiers"]["device"]["leased_tokens"]
+        assert leased() == 3 * PT
+        pool.detach()
+        assert pool.detached and leased() == 0
     with pytest.raises(ValueError):
         lease.extend(1)
-    del v                           # the last view goes: the pool is detached for real
-    assert daemon.pool_books("c")["device"]["leased_tokens"] == 0
     assert lease.free() == 0 and lease.ended   # it went with the pool
+    # the view still reads and writes the memory
+    assert float(t.sum()) == 0.25 * t.size
+    t[-1] = 4.0
+    assert float(t[-1].sum()) == 4.0 * t[-1].size
+    assert mapping_of(v.data_ptr) is not None
     client.ping()
+    # a fresh attachment sees the same memory (the pages are the daemon's, not the view's)
+    again = client.attach("c")
+    assert numpy.from_dlpack(again.kv("device", 0, 1))[-1].ravel()[0] == 4.0
+    again.detach()
 
 
 def test_client_busy_and_gil_released(own_daemon):
