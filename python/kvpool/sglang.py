@@ -87,6 +87,18 @@ def _put(t: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> None:
         t.index_copy_(0, idx, value)
 
 
+def _move(dst: torch.Tensor, di: torch.Tensor, src: torch.Tensor, si: torch.Tensor) -> None:
+    """dst[di] = src[si] along dim 0, in one pass over the bytes unless neither side's pages
+    are a run and the destination run is not contiguous."""
+    rd, rs = _run(di), _run(si)
+    if rs:
+        _put(dst, di, src.narrow(0, rs[0], rs[1]))
+    elif rd and dst.narrow(0, rd[0], rd[1]).is_contiguous():
+        torch.index_select(src, 0, si, out=dst.narrow(0, rd[0], rd[1]))
+    else:
+        _put(dst, di, src.index_select(0, si))
+
+
 def _sgl_page_views(host: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of SGLang's host pool as [pages, layers, page_tokens, heads, dim] views."""
     layout, T = host.layout, host.page_size
@@ -101,6 +113,19 @@ def _sgl_page_views(host: Any) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"kvpool.sglang: host layout {layout!r} is not supported "
                          f"(supported: {', '.join(LAYOUTS)})")
     return f(k), f(v)
+
+
+def _sgl_kv_view(host: Any) -> Optional[torch.Tensor]:
+    """SGLang's host K/V as one [pages, layers, 2, page_tokens, heads, dim] view (kvpool's
+    host page order), or None when the pool has no kv_buffer of both."""
+    kv, T = getattr(host, "kv_buffer", None), host.page_size
+    if not isinstance(kv, torch.Tensor) or kv.shape[0] != 2:
+        return None
+    if host.layout == "layer_first":  # [2, layers, tokens, heads, dim]
+        return kv.unflatten(2, (-1, T)).permute(2, 1, 0, 3, 4, 5)
+    if host.layout == "page_first":  # [2, tokens, layers, heads, dim]
+        return kv.unflatten(1, (-1, T)).permute(1, 3, 0, 2, 4, 5)
+    return kv.permute(1, 2, 0, 3, 4, 5)  # page_first_direct [2, pages, layers, T, heads, dim]
 
 
 def _flat_to_pages(host: Any, flat: torch.Tensor) -> torch.Tensor:
@@ -155,6 +180,7 @@ class KvpoolStorage(HiCacheStorage):
                              f"supported (supported: {', '.join(LAYOUTS)})")
         super().register_mem_pool_host(mem_pool_host)
         self._sgl_k, self._sgl_v = _sgl_page_views(mem_pool_host)
+        self._sgl_kv = _sgl_kv_view(mem_pool_host)
         with self.link.lock:
             pool, self.link.state = self.link.pool, None
             if pool is not None:
@@ -199,7 +225,8 @@ class KvpoolStorage(HiCacheStorage):
                     for kv in (0, 1)]
             except ValueError:
                 planes = [None, None]
-        return {"k": host[:, :, 0], "v": host[:, :, 1], "dk": planes[0], "dv": planes[1]}
+        return {"kv": host, "k": host[:, :, 0], "v": host[:, :, 1], "dk": planes[0],
+                "dv": planes[1]}
 
     # -- keys --
     def _key(self, key: str) -> bytes:
@@ -288,8 +315,11 @@ class KvpoolStorage(HiCacheStorage):
         try:
             kp = torch.from_numpy(lease.pages.astype("int64"))
             src = pidx[c:]
-            _put(state["k"], kp, _take(self._sgl_k, src))
-            _put(state["v"], kp, _take(self._sgl_v, src))
+            if self._sgl_kv is not None:
+                _move(state["kv"], kp, self._sgl_kv, src)
+            else:
+                _move(state["k"], kp, self._sgl_k, src)
+                _move(state["v"], kp, self._sgl_v, src)
             r = pool.insert_keys(lease, chain, cached_keys=lead + c, namespace=ns)
         finally:
             if not lease.ended and len(lease.pages):
@@ -338,8 +368,11 @@ class KvpoolStorage(HiCacheStorage):
             if nh:
                 hp = torch.from_numpy(m.host_pages.astype("int64"))
                 dst = pidx[nd:nd + nh]
-                _put(self._sgl_k, dst, _take(state["k"], hp))
-                _put(self._sgl_v, dst, _take(state["v"], hp))
+                if self._sgl_kv is not None:
+                    _move(self._sgl_kv, dst, state["kv"], hp)
+                else:
+                    _move(self._sgl_k, dst, state["k"], hp)
+                    _move(self._sgl_v, dst, state["v"], hp)
             return nd + nh
         finally:
             m.release()

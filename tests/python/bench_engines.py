@@ -3,9 +3,12 @@
 the row format of bench_kvpool.py:
   sglang.set_get_1000_pages  KvpoolStorage.batch_set_v1 + batch_get_v1 of 1,000 pages
                              (page_first_direct host pool, 4 layers x 8 heads x 128 x 16
-                             tokens fp16: 256 KiB a page), GB/s of page bytes moved (both
-                             ways); against numpy.copyto of the same bytes (one copy each way)
-                             in the same process (ratio >= 0.5)
+                             tokens fp16: 256 KiB a page, contiguous host indices), GB/s of
+                             page bytes moved (both ways); against numpy.copyto of the same
+                             bytes (one copy each way) in the same process (ratio >= 0.5)
+  sglang.set_get_1000_pages_page_first_scattered
+                             the same on a page_first host pool (a per-token gather) with
+                             shuffled host indices (informational, same target)
 Needs kvpoold ($KVPOOLD or build/daemon/kvpoold), the kvpool package, torch and sglang.
 """
 import json
@@ -34,13 +37,19 @@ mlock = off
 def main():
     quick = "--quick" in sys.argv[1:]
     reps = 2 if quick else 5
+    bench("page_first_direct", False, reps)
+    bench("page_first", True, reps)
+
+
+def bench(layout, scattered, reps):
+    name = "sglang.set_get_1000_pages" + ("_page_first_scattered" if scattered else "")
     try:
         import numpy
         import torch
         from engine_util import HostPool, import_sglang
         hs, bf, _ = import_sglang()
     except BaseException as e:  # pytest.skip raises a BaseException
-        row("sglang.set_get_1000_pages", {"pages": N}, None, "numpy.copyto of the same bytes",
+        row(name, {"pages": N}, None, "numpy.copyto of the same bytes",
             None, "GB/s", "ratio >= 0.5", f"skipped: {e}")
         return
     d = Daemon(CONF)
@@ -53,12 +62,15 @@ def main():
                 "class_name": "KvpoolStorage", "interface_v1": 1, "pool": "eng",
                 "socket": d.sock})
         b = bf.StorageBackendFactory.create_backend("dynamic", cfg, None)
-        host = HostPool("page_first_direct", L, H, D, T, 2 * N, torch.float16)
+        host = HostPool(layout, L, H, D, T, 2 * N, torch.float16)
         host.kv_buffer.normal_()
         b.register_mem_pool_host(host)
         page_bytes = 2 * L * T * H * D * 2
         nbytes = N * page_bytes
-        src_idx, dst_idx = host.indices(range(N)), host.indices(range(N, 2 * N))
+        order = torch.randperm(2 * N, generator=torch.Generator().manual_seed(1)) if scattered \
+            else torch.arange(2 * N)
+        src_pages, dst_pages = order[:N], order[N:]
+        src_idx, dst_idx = host.indices(src_pages), host.indices(dst_pages)
         flush = b.link.pool.client
         a = numpy.random.default_rng(0).standard_normal(nbytes // 8)
         c1, c2 = numpy.empty_like(a), numpy.empty_like(a)
@@ -83,13 +95,15 @@ def main():
         p_s = m_s = float("inf")
         for i in range(reps):  # interleaved, so both see the same machine
             p_s, m_s = min(p_s, plugin(i)), min(m_s, memcpy())
-        assert torch.equal(host.kv_buffer[:, N:], host.kv_buffer[:, :N])
+        for i in (0, N // 2, N - 1):
+            assert torch.equal(host.page(int(dst_pages[i])), host.page(int(src_pages[i])))
         b.close()
-        row("sglang.set_get_1000_pages", {"pages": N, "page_bytes": page_bytes,
-                                          "layout": "page_first_direct", "reps": reps},
+        row(name, {"pages": N, "page_bytes": page_bytes, "layout": layout,
+                   "scattered": scattered, "reps": reps},
             2 * nbytes / m_s / 1e9, "numpy.copyto of the same bytes, once each way",
             2 * nbytes / p_s / 1e9, "GB/s", "ratio >= 0.5",
-            "batch_set_v1 + batch_exists + batch_get_v1, contiguous host indices")
+            "batch_set_v1 + batch_exists + batch_get_v1, "
+            + ("shuffled host indices" if scattered else "contiguous host indices"))
     finally:
         d.stop()
 
