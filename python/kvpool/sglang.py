@@ -21,8 +21,8 @@ Host layouts: kvpool's host page is [layers, 2 (K, V), page_tokens, kv_heads, he
 SGLang's layer_first ([2, layers, tokens, heads, dim]) and page_first_direct ([2, pages,
 layers, page_tokens, heads, dim]) copy a page as 2 x layers runs of page_tokens rows;
 page_first ([2, tokens, layers, heads, dim]) needs a per-token gather (2 x layers x page_tokens
-runs of one row each). Every layout is a strided copy (one torch copy per K and V for a batch,
-plus a gather when neither side's pages are one contiguous run).
+runs of one row each). Every layout is a strided copy: one torch copy of K and V together for
+a batch when the host indices or kvpool's pages form one run, else a gather first.
 
 kvpoold down or restarted: every call answers misses / False and counts it (get_stats); the
 backend attaches again by itself after a bounded backoff. MLA models are refused (kvpool
