@@ -26,7 +26,8 @@ def import_sglang():
         from sglang.srt.mem_cache.storage import backend_factory
         from sglang.srt.mem_cache import utils
     except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
-        pytest.skip(f"sglang 0.5.23 does not import here: {type(e).__name__}: {e}")
+        pytest.skip(f"sglang 0.5.23 does not import here: {type(e).__name__}: {e}",
+                    allow_module_level=True)
     return hicache_storage, backend_factory, utils
 
 
