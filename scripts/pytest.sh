@@ -11,6 +11,12 @@
 #                        (with the CUDA wheels it pulls, about 5.5 GiB in the venv); it runs on
 #                        the CPU all the same.
 #   KVP_PY_SETUP_ARGS    meson options for the package build (e.g. -Dcuda=disabled)
+#   KVP_PY_SGLANG=0      do not install sglang (pinned below, --no-deps, with the modules its
+#                        storage interface imports; a 39 MB wheel, 222 MB installed):
+#                        test_sglang.py then skips and says why
+#   KVP_PY_VLLM=0        do not install vllm (pinned below, --no-deps, with the modules its
+#                        offloading interface imports; a 336 MB wheel, 877 MB installed, no
+#                        CUDA library needed to import it): test_vllm.py then skips
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVP_VENV:-.venv}
@@ -48,6 +54,36 @@ PY
 	fi
 	# shellcheck disable=SC2086
 	pip install $need || { echo "pytest.sh: pip install $need failed"; exit 1; }
+fi
+
+# the engines' interface code, pinned, without their dependency trees (which pin CUDA torch
+# builds and a transformers that kvpool.transformers is not tested with): only the modules
+# their storage/offloading interfaces import
+sglang_pin="sglang==0.5.23"
+sglang_deps="orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 pillow==13.0.0 starlette==1.10.0
+	anyio==4.16.0 msgspec==0.23.0 pydantic==2.14.4 pydantic_core==2.50.5
+	typing-inspection==0.4.5 annotated-types==0.8.0 pyzmq==27.3.0 ipython==9.18.1
+	traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0 yarl==1.25.1
+	propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0"
+vllm_pin="vllm==0.33.0"
+vllm_deps="cbor2==6.3.0 annotated-types==0.8.0 pydantic==2.14.4 pydantic_core==2.50.5
+	typing-inspection==0.4.5 msgspec==0.23.0 pyzmq==27.3.0"
+engines=""
+if [ "${KVP_PY_SGLANG:-1}" = 1 ] && ! "$py" -c "import sglang.srt.mem_cache.hicache_storage" \
+	2>/dev/null && ! "$py" -m pip show -q sglang >/dev/null 2>&1; then
+	engines="$engines $sglang_pin $sglang_deps"
+fi
+if [ "${KVP_PY_VLLM:-1}" = 1 ] && ! "$py" -m pip show -q vllm >/dev/null 2>&1; then
+	engines="$engines $vllm_pin $vllm_deps"
+fi
+if [ -n "$engines" ]; then
+	t0=$(date +%s)
+	# shellcheck disable=SC2086
+	if pip install --no-deps $engines; then
+		echo "pytest.sh: engine packages installed in $(($(date +%s) - t0)) s"
+	else
+		echo "pytest.sh: installing the engine packages failed: their tests skip"
+	fi
 fi
 
 PATH=$sys_path bash scripts/build.sh "$builddir" -Dwerror=true || { echo "pytest.sh: build failed"; exit 1; }

@@ -1608,6 +1608,11 @@ static PyObject *pool_host_pages_view(PoolObject *self, PyObject *unused)
 	return view_new(self, KVP_TIER_HOST, a, 6, shape);
 }
 
+/* hash-keyed pages: defined in their block near the end of the file */
+static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw);
+static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw);
+static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw);
+
 static PyMethodDef pool_methods[] = {
     {"detach", (PyCFunction)pool_detach, METH_NOARGS,
      "detach()\n--\n\nDetaches: the session's leases in this pool are freed and its locks "
@@ -1645,6 +1650,17 @@ static PyMethodDef pool_methods[] = {
     {"host_pages_view", (PyCFunction)pool_host_pages_view, METH_NOARGS,
      "host_pages_view()\n--\n\nA zero-copy View of the host tier: shape [pages, layers, 2, "
      "page_tokens, kv_heads, head_dim]."},
+    {"insert_keys", (PyCFunction)(void (*)(void))pool_insert_keys, METH_VARARGS | METH_KEYWORDS,
+     "insert_keys(lease, keys, cached_keys=0, namespace=0, pages=None)\n--\n\nPublishes the "
+     "chain `keys` (a sequence of bytes, 1 to 64 bytes each) in a hash-keyed namespace: the "
+     "first `cached_keys` are ones matched earlier, the lease's pages (or `pages`) hold the "
+     "rest in order. Returns a dict: new_pages, dup_pages, done_keys, lease_pages."},
+    {"match_keys", (PyCFunction)(void (*)(void))pool_match_keys, METH_VARARGS | METH_KEYWORDS,
+     "match_keys(keys, namespace=0, lock=True)\n--\n\nThe longest leading run of `keys` "
+     "cached, locked against eviction when `lock`. Returns a Match (tokens = matched pages "
+     "* page_tokens)."},
+    {"exists_keys", (PyCFunction)(void (*)(void))pool_exists_keys, METH_VARARGS | METH_KEYWORDS,
+     "exists_keys(keys, namespace=0)\n--\n\nThe count of leading `keys` cached (no lock)."},
     {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the pool."},
     {"__exit__", (PyCFunction)pool_exit_ctx, METH_VARARGS, "Detaches the pool."},
     {NULL, NULL, 0, NULL}};
@@ -2486,6 +2502,263 @@ static PyObject *mod_c_match(PyObject *mod, PyObject *args)
 	PyMem_Free(dev);
 	PyMem_Free(host);
 	return r < 0 ? NULL : PyFloat_FromDouble(t1 - t0);
+}
+
+/* ---- hash-keyed pages ---- */
+/* Pool.insert_keys, match_keys and exists_keys over kvp_cache_insert_keys, match_keys and
+ * exists_keys. Keys come as a sequence of bytes objects, held in a tuple (strong references)
+ * while the call runs without the GIL. */
+struct keylist {
+	PyObject *tuple;
+	struct kvp_page_key *v;
+	uint32_t n;
+};
+
+static void keylist_done(struct keylist *kl)
+{
+	Py_XDECREF(kl->tuple);
+	PyMem_Free(kl->v);
+	memset(kl, 0, sizeof(*kl));
+}
+
+static int keylist_from(PyObject *o, struct keylist *kl)
+{
+	Py_ssize_t n;
+
+	memset(kl, 0, sizeof(*kl));
+	if (PyBytes_Check(o) || PyByteArray_Check(o) || PyUnicode_Check(o)) {
+		PyErr_SetString(PyExc_TypeError, "keys must be a sequence of bytes objects, not one");
+		return -1;
+	}
+	kl->tuple = PySequence_Tuple(o);
+	if (!kl->tuple)
+		return -1;
+	n = PyTuple_Size(kl->tuple);
+	if (n < 0 || (uint64_t)n > UINT32_MAX) {
+		PyErr_SetString(PyExc_ValueError, "keys: more than 2^32-1 keys");
+		goto fail;
+	}
+	kl->v = PyMem_Malloc(n ? (size_t)n * sizeof(*kl->v) : 1);
+	if (!kl->v) {
+		PyErr_NoMemory();
+		goto fail;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *k = PyTuple_GetItem(kl->tuple, i);
+		char *data;
+		Py_ssize_t len;
+
+		if (!PyBytes_Check(k)) {
+			PyErr_Format(PyExc_TypeError, "keys[%zd] is not bytes", i);
+			goto fail;
+		}
+		if (PyBytes_AsStringAndSize(k, &data, &len) < 0)
+			goto fail;
+		kl->v[i].data = data;
+		kl->v[i].len = (size_t)len;
+	}
+	kl->n = (uint32_t)n;
+	return 0;
+fail:
+	keylist_done(kl);
+	return -1;
+}
+
+static int u32_key_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Drops pages[0 .. n) from the lease's page list (those the cache took or freed). */
+static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
+{
+	uint32_t *sorted, k = 0;
+
+	if (!n)
+		return 0;
+	sorted = PyMem_Malloc((size_t)n * sizeof(uint32_t));
+	if (!sorted) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	memcpy(sorted, pages, (size_t)n * sizeof(uint32_t));
+	qsort(sorted, n, sizeof(uint32_t), u32_key_cmp);
+	for (uint32_t i = 0; i < l->n; i++)
+		if (!bsearch(&l->pages[i], sorted, n, sizeof(uint32_t), u32_key_cmp))
+			l->pages[k++] = l->pages[i];
+	l->n = k;
+	PyMem_Free(sorted);
+	return 0;
+}
+
+static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"lease", "keys", "cached_keys", "namespace", "pages", NULL};
+	PyObject *lease_o, *keys_o, *ck_o = NULL, *ns_o = NULL, *pages_o = Py_None;
+	struct kvp_pool *p = pool_handle(self);
+	struct kvp_insert_keys_result res = {0};
+	struct u32list pages = {0};
+	struct keylist keys;
+	struct kvp_error err;
+	uint32_t cached = 0, npages, used;
+	const uint32_t *pv;
+	uint64_t ns = 0;
+	LeaseObject *l;
+	int r;
+
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO:insert_keys", kwlist, &lease_o,
+					       &keys_o, &ck_o, &ns_o, &pages_o))
+		return NULL;
+	if (!PyObject_TypeCheck(lease_o, (PyTypeObject *)g_lease_type)) {
+		PyErr_SetString(PyExc_TypeError, "lease must be a kvpool.Lease");
+		return NULL;
+	}
+	l = (LeaseObject *)lease_o;
+	if (l->pool != self) {
+		PyErr_SetString(PyExc_ValueError, "lease belongs to another Pool object");
+		return NULL;
+	}
+	if (l->ended) {
+		PyErr_SetString(PyExc_ValueError, "lease has ended");
+		return NULL;
+	}
+	if ((ck_o && u32_arg(ck_o, "cached_keys", &cached)) ||
+	    (ns_o && u64_arg(ns_o, "namespace", &ns)))
+		return NULL;
+	if (keylist_from(keys_o, &keys))
+		return NULL;
+	if (cached > keys.n) {
+		PyErr_Format(PyExc_ValueError, "cached_keys %u > %u keys", cached, keys.n);
+		goto fail;
+	}
+	if (pages_o != Py_None) {
+		if (u32list_from(pages_o, "pages", &pages))
+			goto fail;
+		pv = pages.v;
+		npages = (uint32_t)pages.n;
+	} else {
+		npages = keys.n - cached;
+		if (npages > l->n) {
+			PyErr_Format(PyExc_ValueError,
+				     "%u keys past cached_keys need %u pages, the lease has %u", npages,
+				     npages, l->n);
+			goto fail;
+		}
+		pv = l->pages;
+	}
+	if (!client_enter(self->client))
+		goto fail;
+	KVPY_WAIT(r = kvp_cache_insert_keys(p, l->id, ns, keys.v, keys.n, cached, pv, npages, &res,
+					    &err));
+	client_leave(self->client);
+	if (r < 0) {
+		raise_kvp(&err);
+		goto fail;
+	}
+	used = res.done_keys > cached ? res.done_keys - cached : 0;
+	if (used > npages)
+		used = npages;
+	if (pages_o == Py_None) {
+		memmove(l->pages, l->pages + used, (size_t)(l->n - used) * sizeof(uint32_t));
+		l->n -= used;
+	} else if (lease_drop_pages(l, pv, used) < 0) {
+		goto fail;
+	}
+	keylist_done(&keys);
+	u32list_done(&pages);
+	return Py_BuildValue("{sIsIsIsI}", "new_pages", res.new_pages, "dup_pages", res.dup_pages,
+			     "done_keys", res.done_keys, "lease_pages", res.lease_pages);
+fail:
+	keylist_done(&keys);
+	u32list_done(&pages);
+	return NULL;
+}
+
+static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"keys", "namespace", "lock", NULL};
+	PyObject *keys_o, *ns_o = NULL;
+	struct kvp_pool *p = pool_handle(self);
+	struct kvp_match_keys_result m = {.struct_size = sizeof(m)};
+	struct kvp_error err;
+	struct keylist keys;
+	uint32_t *dev, *host, cap;
+	uint64_t ns = 0;
+	MatchObject *mo;
+	int lock = 1, r = -1;
+
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|Op:match_keys", kwlist, &keys_o, &ns_o,
+					       &lock))
+		return NULL;
+	if (ns_o && u64_arg(ns_o, "namespace", &ns))
+		return NULL;
+	if (keylist_from(keys_o, &keys))
+		return NULL;
+	cap = keys.n ? keys.n : 1;
+	dev = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
+	host = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
+	if (!dev || !host) {
+		PyErr_NoMemory();
+	} else if (client_enter(self->client)) {
+		KVPY_WAIT(r = kvp_cache_match_keys(p, ns, keys.v, keys.n, lock, &m, dev, host, cap,
+						   &err));
+		client_leave(self->client);
+		if (r < 0)
+			raise_kvp(&err);
+	}
+	keylist_done(&keys);
+	if (r < 0)
+		goto fail;
+	mo = (MatchObject *)alloc_obj(g_match_type);
+	if (!mo) {
+		if (m.lock_id && client_enter(self->client)) {
+			KVPY_WAIT(kvp_cache_release(p, m.lock_id, NULL));
+			client_leave(self->client);
+		}
+		goto fail;
+	}
+	mo->pool = (PoolObject *)Py_NewRef((PyObject *)self);
+	mo->tokens = (uint64_t)m.matched_keys * self->g.page_tokens;
+	mo->lock_id = m.lock_id;
+	mo->device_pages = dev;
+	mo->host_pages = host;
+	mo->n_device = m.n_device;
+	mo->n_host = m.n_host;
+	return (PyObject *)mo;
+fail:
+	PyMem_Free(dev);
+	PyMem_Free(host);
+	return NULL;
+}
+
+static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"keys", "namespace", NULL};
+	PyObject *keys_o, *ns_o = NULL;
+	struct kvp_pool *p = pool_handle(self);
+	struct kvp_error err;
+	struct keylist keys;
+	uint64_t ns = 0;
+	int r;
+
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|O:exists_keys", kwlist, &keys_o, &ns_o))
+		return NULL;
+	if (ns_o && u64_arg(ns_o, "namespace", &ns))
+		return NULL;
+	if (keylist_from(keys_o, &keys))
+		return NULL;
+	if (!client_enter(self->client)) {
+		keylist_done(&keys);
+		return NULL;
+	}
+	KVPY_WAIT(r = kvp_cache_exists_keys(p, ns, keys.v, keys.n, &err));
+	client_leave(self->client);
+	keylist_done(&keys);
+	if (r < 0)
+		return raise_kvp(&err);
+	return PyLong_FromLong(r);
 }
 
 static PyMethodDef mod_methods[] = {

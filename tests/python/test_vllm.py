@@ -1,0 +1,294 @@
+"""kvpool.vllm.KvpoolOffloadingSpec against vLLM 0.33.0's own OffloadingSpec, OffloadingManager
+and OffloadingWorker, loaded through OffloadingSpecFactory from kv_connector_extra_config and
+driven in the offloading connector's scheduler/worker sequence on CPU block tensors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DEFAULT_CONF, Daemon
+from engine_util import restart
+
+torch = pytest.importorskip("torch")
+try:
+    from vllm.utils.hashing import sha256
+    from vllm.v1.kv_offload import base as vbase
+    from vllm.v1.kv_offload import config as vconf
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
+    pytest.skip(f"vllm 0.33.0 does not import here: {type(e).__name__}: {e}",
+                allow_module_level=True)
+import kvpool  # noqa: E402
+from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
+
+T = 4
+BLOCK = 512  # bytes of one worker's block: the page_bytes of pool "vl" (2*2*2*4*8*2)
+CONF = DEFAULT_CONF + """
+[pool.vl]
+layers = 2
+kv_heads = 2
+head_dim = 8
+dtype = fp16
+page_tokens = 4
+device = none
+host_capacity = 256t
+mlock = off
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = Daemon(CONF)
+    yield d
+    d.stop()
+
+
+def block_keys(tokens, group=0):
+    """vLLM's block hashes (kv_cache_utils.hash_block_tokens over vllm.utils.hashing.sha256,
+    NONE_HASH from the default seed) as OffloadKeys. kv_cache_utils itself imports vllm.config,
+    which needs transformers 5; its three lines are repeated here."""
+    parent, out = sha256("vllm-none-hash"), []
+    for i in range(0, len(tokens) - len(tokens) % T, T):
+        parent = sha256((parent, tuple(tokens[i:i + T]), None))
+        out.append(vbase.make_offload_key(parent, group))
+    return out
+
+
+def config(sock, rank=0, world=1, **extra):
+    e = {"spec_name": "KvpoolOffloadingSpec", "spec_module_path": "kvpool.vllm", "pool": "vl",
+         "socket": sock}
+    e.update(extra)
+    return vconf.OffloadingConfig(
+        groups=(vconf.OffloadingGroupConfig(tokens_per_block=T, layer_names=("l0", "l1"),
+                                            group_id=0),),
+        worker_kv_bytes_per_block=BLOCK, enable_kv_cache_events=True,
+        extra_config=json.loads(json.dumps(e)), engine_id=f"engine-{rank}",
+        model=vconf.OffloadingModelConfig(name="m", dtype="float16"),
+        cache=vconf.OffloadingCacheConfig(tokens_per_hash=T, blocks_per_chunk=1),
+        parallel=vconf.OffloadingParallelConfig(
+            rank=rank, world_size=world, tp_size=world, pp_size=1, pcp_size=1, dcp_size=1,
+            data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+            is_parallelism_agnostic=False))
+
+
+def gpu_blocks(nblocks=32, seed=0):
+    """Canonical KV caches as vLLM hands them to a worker: int8 (num_blocks, page bytes)
+    tensors (here K and V of every layer: two of 256 bytes a block), on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    ts = [torch.randint(-128, 127, (nblocks, 256), dtype=torch.int8, generator=g)
+          for _ in range(2)]
+    caches = vbase.CanonicalKVCaches(
+        tensors=[vbase.CanonicalKVCacheTensor(t, 256) for t in ts],
+        group_data_refs=[[vbase.CanonicalKVCacheRef(0, 256), vbase.CanonicalKVCacheRef(1, 256)]])
+    return caches, ts
+
+
+def gspec(ids):
+    return vbase.GPULoadStoreSpec(list(ids), [len(ids)], [0])
+
+
+def store(mgr, worker, keys, blocks, ctx, job=1):
+    """The connector's store: prepare_store, the worker's submit_store, complete_store."""
+    out = mgr.prepare_store(keys, ctx)
+    if out is None:
+        return None
+    idx = {k: i for i, k in enumerate(keys)}
+    src = [blocks[idx[k]] for k in out.keys_to_store]
+    if out.keys_to_store:
+        assert worker.submit_store(job, gspec(src), out.store_spec)
+        res = worker.get_finished()
+        assert [r.job_id for r in res] == [job]
+        mgr.complete_store(out.keys_to_store, ctx, success=res[0].success)
+    return out
+
+
+def load(mgr, worker, keys, blocks, ctx, job=2):
+    """The connector's load: lookup of each key, prepare_load of the hits, the worker's
+    submit_load, complete_load. Returns the hits loaded and the job's success."""
+    hits = 0
+    for k in keys:
+        if mgr.lookup(k, ctx) != vbase.LookupResult.HIT:
+            break
+        hits += 1
+    if not hits:
+        return 0, None
+    spec = mgr.prepare_load(keys[:hits], ctx)
+    mgr.touch(keys[:hits], ctx)
+    assert worker.submit_load(job, spec, gspec(blocks[:hits]))
+    res = worker.get_finished()
+    mgr.complete_load(keys[:hits], ctx)
+    return hits, res[0].success
+
+
+def test_factory_store_lookup_load(daemon):
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    assert isinstance(spec, KvpoolOffloadingSpec) and isinstance(spec, vbase.OffloadingSpec)
+    mgr = spec.get_manager()
+    assert isinstance(mgr, vbase.OffloadingManager)
+    caches, ts = gpu_blocks()
+    worker = spec.get_worker(caches)
+    assert isinstance(worker, vbase.OffloadingWorker)
+    ctx = vbase.ReqContext(req_id="r1")
+    mgr.on_new_request(ctx)
+    keys = block_keys(list(range(100, 100 + 5 * T)))
+    assert all(mgr.lookup(k, ctx) == vbase.LookupResult.MISS for k in keys)
+    out = store(mgr, worker, keys, [3, 4, 5, 6, 7], ctx)
+    assert out.keys_to_store == keys
+    ev = list(mgr.take_events())
+    assert len(ev) == 1 and ev[0].keys == keys and not ev[0].removed
+    assert list(mgr.take_events()) == []
+    # the same keys again: nothing to store
+    assert store(mgr, worker, keys, [3, 4, 5, 6, 7], ctx).keys_to_store == []
+    # load into other blocks
+    hits, ok = load(mgr, worker, keys, [20, 21, 22, 23, 24], ctx)
+    assert hits == 5 and ok
+    for t in ts:
+        assert torch.equal(t[20:25], t[3:8])
+    assert daemon.pool_books("vl")["host"]["leased_tokens"] == 0
+    mgr.shutdown(), worker.shutdown()
+
+
+def test_tp_ranks(daemon):
+    """World size 2: each rank's worker stores its shard; a block is a hit once both are in."""
+    spec0 = OffloadingSpecFactory.create_spec(config(daemon.sock, 0, 2))
+    spec1 = OffloadingSpecFactory.create_spec(config(daemon.sock, 1, 2))
+    mgr = spec0.get_manager()
+    c0, t0 = gpu_blocks(seed=1)
+    c1, t1 = gpu_blocks(seed=2)
+    w0, w1 = spec0.get_worker(c0), spec1.get_worker(c1)
+    ctx = vbase.ReqContext(req_id="tp")
+    keys = block_keys(list(range(500, 500 + 2 * T)))
+    out = mgr.prepare_store(keys, ctx)
+    assert out.store_spec.pages.shape == (2, 2)
+    w0.submit_store(1, gspec([1, 2]), out.store_spec)
+    w1.submit_store(1, gspec([1, 2]), out.store_spec)
+    assert w0.get_finished()[0].success and w1.get_finished()[0].success
+    mgr.complete_store(out.keys_to_store, ctx)
+    assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.HIT
+    spec = mgr.prepare_load(keys, ctx)
+    w0.submit_load(2, spec, gspec([10, 11]))
+    w1.submit_load(2, spec, gspec([10, 11]))
+    assert w0.get_finished()[0].success and w1.get_finished()[0].success
+    mgr.complete_load(keys, ctx)
+    for t in t0 + t1:
+        assert torch.equal(t[10:12], t[1:3])
+    assert not torch.equal(t0[0][10:12], t1[0][10:12])
+    mgr.shutdown(), w0.shutdown(), w1.shutdown()
+
+
+def test_geometry_checked(daemon):
+    cfg = config(daemon.sock)
+    bad = vconf.OffloadingConfig(**{**cfg.__dict__, "worker_kv_bytes_per_block": 1024})
+    spec = OffloadingSpecFactory.create_spec(bad)
+    mgr = spec.get_manager()
+    assert mgr.stats()["geometry_mismatch"] == 1
+    assert mgr.lookup(block_keys(list(range(T)))[0], vbase.ReqContext("g")) == \
+        vbase.LookupResult.MISS
+    with pytest.raises(ValueError, match="pool"):
+        OffloadingSpecFactory.create_spec(vconf.OffloadingConfig(
+            **{**cfg.__dict__, "extra_config": {"spec_name": "KvpoolOffloadingSpec",
+                                                "spec_module_path": "kvpool.vllm"}}))
+
+
+def test_limits_evicted_parent_foreign_namespace(daemon):
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=3)
+    worker = spec.get_worker(caches)
+    ctx = vbase.ReqContext(req_id="edge")
+    # a 65-byte key: the daemon refuses it (InvalidArgument), the engine sees a miss
+    assert mgr.lookup(vbase.OffloadKey(b"x" * 65), ctx) == vbase.LookupResult.MISS
+    assert mgr.stats()["lookup_InvalidArgument"] == 1
+    # 10^6 keys in one prepare_load: refused, an empty load spec, the load fails
+    many = [vbase.make_offload_key(i.to_bytes(32, "big"), 0) for i in range(10**6)]
+    s = mgr.prepare_load(many, ctx)
+    assert s.pages.shape[0] == 0
+    mgr.complete_load(many, ctx)
+    # a chain whose parent was evicted
+    keys = block_keys(list(range(900, 900 + 3 * T)))
+    store(mgr, worker, keys[:2], [1, 2], ctx)
+    kvpool.connect(daemon.sock).flush("vl")
+    assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.MISS
+    store(mgr, worker, keys[2:], [3], ctx)
+    assert load(mgr, worker, keys, [10, 11, 12], ctx) == (0, None)
+    assert mgr.lookup(keys[2], ctx) == vbase.LookupResult.HIT
+    # a foreign namespace sees none of it
+    other = OffloadingSpecFactory.create_spec(config(daemon.sock, namespace=77)).get_manager()
+    assert other.lookup(keys[2], ctx) == vbase.LookupResult.MISS
+    assert daemon.pool_books("vl")["host"]["leased_tokens"] == 0
+    mgr.shutdown(), worker.shutdown(), other.shutdown()
+
+
+def test_kvpoold_killed_and_restarted(own_daemon):
+    d = own_daemon
+    with open(d.conf, "a") as f:
+        f.write(CONF[len(DEFAULT_CONF):])
+    d.signal(signal.SIGTERM)
+    restart(d)
+    spec = OffloadingSpecFactory.create_spec(config(d.sock))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=4)
+    worker = spec.get_worker(caches)
+    worker.PING_S = 0.0
+    ctx = vbase.ReqContext(req_id="k")
+    keys = block_keys(list(range(40, 40 + 2 * T)))
+    assert store(mgr, worker, keys, [1, 2], ctx).keys_to_store == keys
+    d.proc.kill()
+    assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.MISS
+    assert mgr.prepare_store(keys, ctx) is None
+    s = mgr.prepare_load(keys, ctx)
+    assert worker.submit_load(5, s, gspec([8, 9]))
+    assert worker.get_finished()[0].success is False
+    mgr.complete_load(keys, ctx)
+    restart(d)
+    import time
+    end = time.monotonic() + 10
+    while mgr.prepare_store(keys, ctx) is None:
+        assert time.monotonic() < end, mgr.stats()
+        time.sleep(0.05)
+    assert mgr.stats()["reconnects"] == 1
+    # the prepared store above leased pages of the new daemon: complete it
+    mgr.complete_store(keys, ctx, success=False)
+    assert store(mgr, worker, keys, [1, 2], ctx, job=7).keys_to_store == keys
+    assert load(mgr, worker, keys, [12, 13], ctx) == (2, True)
+    for t in ts:
+        assert torch.equal(t[12:14], t[1:3])
+    mgr.shutdown(), worker.shutdown()
+
+
+CHILD = r"""
+import sys
+sys.path.insert(0, {here!r})
+import test_vllm as tv
+from vllm.v1.kv_offload import base as vbase
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+spec = OffloadingSpecFactory.create_spec(tv.config({sock!r}))
+mgr = spec.get_manager()
+caches, ts = tv.gpu_blocks(seed=42)
+w = spec.get_worker(caches)
+keys = tv.block_keys(list(range(7000, 7000 + 4 * tv.T)))
+out = tv.store(mgr, w, keys, [4, 5, 6, 7], vbase.ReqContext(req_id="a"))
+print(len(out.keys_to_store))
+"""
+
+
+def test_two_instances(daemon):
+    """Instance A (another process) stores blocks; instance B finds and loads the same bytes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", CHILD.format(here=here, sock=daemon.sock)],
+                         capture_output=True, text=True, timeout=120, cwd=here)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "4"
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=7)
+    worker = spec.get_worker(caches)
+    _, ref = gpu_blocks(seed=42)
+    keys = block_keys(list(range(7000, 7000 + 4 * T)))
+    assert load(mgr, worker, keys, [16, 17, 18, 19], vbase.ReqContext(req_id="b")) == (4, True)
+    for t, r in zip(ts, ref):
+        assert torch.equal(t[16:20], r[4:8])
+    mgr.shutdown(), worker.shutdown()
