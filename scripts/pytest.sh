@@ -98,7 +98,7 @@ pip install --no-build-isolation "${setup_args[@]}" . ||
 export KVPOOLD="$PWD/$builddir/daemon/kvpoold" KVPOOLCTL="$PWD/$builddir/client/kvpoolctl"
 # run from tests/python so the import finds the installed package, not python/kvpool
 log=$(mktemp)
-(cd tests/python && "$py" -m pytest -q -rs -p no:cacheprovider .) 2>&1 | tee "$log"
+(cd tests/python && "$py" -m pytest -q -rfEs -p no:cacheprovider .) 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 echo "pytest.sh: $(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | tr -d '=')"
 rm -f "$log"
