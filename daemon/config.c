@@ -506,7 +506,8 @@ static void set_seeds(struct parse *s, const char *key, const char *v)
 
 			if (!isalnum(c) && c != '.' && c != '-' && c != '_') {
 				key_fail(s, key,
-					 "bad host in '%.*s': a name or IPv4 address (A-Z a-z 0-9 . - _)",
+					 "bad host in '%.*s': a name or IPv4 address "
+					 "(A-Z a-z 0-9 . - _)",
 					 (int)len, tok);
 				return;
 			}
@@ -964,7 +965,8 @@ static void section_begin(struct parse *s, const char *name, size_t len)
 	}
 	if (strncmp(s->sect, "pool.", 5) != 0) {
 		fail_at(s, s->lineno,
-			"unknown section [%s]: expected [daemon], [remote] or [pool.NAME]", s->sect);
+			"unknown section [%s]: expected [daemon], [remote] or [pool.NAME]",
+			s->sect);
 		return;
 	}
 	pname = s->sect + 5;
@@ -1225,7 +1227,8 @@ static int check_pool(struct parse *s, uint32_t idx)
 	}
 	if (p->remote != KVP_REMOTE_OFF && !s->conf.remote.enabled) {
 		fail_at(s, ps->key_line[POOL_KEY_REMOTE],
-			"key 'remote' in [pool.%s]: remote = %s needs a [remote] section with seeds",
+			"key 'remote' in [pool.%s]: remote = %s needs a [remote] section with "
+			"seeds",
 			p->name, kvp_remote_mode_name(p->remote));
 		return -EINVAL;
 	}

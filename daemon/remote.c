@@ -109,6 +109,30 @@ const struct kvp_remote_conf *kvp_remote_conf(const struct kvp_remote *r)
 	return &r->conf;
 }
 
+void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *out)
+{
+	const struct kvp_rc_stats *s = kvp_rc_stats(r->rc);
+
+	out->ok = s->status[KVP_RC_OK];
+	out->hits = s->status[KVP_RC_HIT];
+	out->misses = s->status[KVP_RC_MISS];
+	out->timeouts = s->status[KVP_RC_ETIMEOUT];
+	out->node_down = s->status[KVP_RC_ENODE_DOWN];
+	out->no_master = s->status[KVP_RC_ENO_MASTER];
+	out->redirect_limit = s->status[KVP_RC_EREDIRECTS];
+	out->protocol_errors = s->status[KVP_RC_EPROTOCOL];
+	out->closed = s->status[KVP_RC_ECLOSED];
+	out->moved = s->moved;
+	out->ask = s->ask;
+	out->slot_map_loads = s->refreshes;
+	out->connects = s->connects;
+	out->disconnects = s->disconnects;
+	out->rejected = s->rejected;
+	out->sent_bytes = s->sent_bytes;
+	out->recv_bytes = s->recv_bytes;
+	out->inflight_ops = kvp_rc_inflight(r->rc, &out->inflight_bytes);
+}
+
 /* Registers fd for events: MOD when known, ADD otherwise; a closed fd leaves the epoll set
  * by itself, and its number may come back as a new socket, so each falls back on the other. */
 static void reg_set(struct kvp_remote *r, int fd, uint32_t events, int known)

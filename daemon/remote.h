@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "stats.h"
 
 struct kvp_rc;
 struct kvp_remote;
@@ -33,3 +34,5 @@ void kvp_remote_sync(struct kvp_remote *r);
 /* The client, to submit operations on (call kvp_remote_sync() after). */
 struct kvp_rc *kvp_remote_rc(struct kvp_remote *r);
 const struct kvp_remote_conf *kvp_remote_conf(const struct kvp_remote *r);
+/* The client's figures now. */
+void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *out);

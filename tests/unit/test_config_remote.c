@@ -127,10 +127,12 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 	expect_err("[remote]\nconnect_timeout_ms = 5\n" POOL_P,
 		   "t.conf:1: [remote]: missing required key 'seeds'");
 	expect_err("[remote]\n" POOL_P, "t.conf:1: [remote]: missing required key 'seeds'");
-	expect_err(REMOTE "[remote]\n" POOL_P, "t.conf:3: [remote] appears twice (first at line 1)");
+	expect_err(REMOTE "[remote]\n" POOL_P,
+		   "t.conf:3: [remote] appears twice (first at line 1)");
 	expect_err(REMOTE "seeds = 127.0.0.1:7001\n" POOL_P,
 		   "t.conf:3: key 'seeds' in [remote]: given twice (first at line 2)");
-	expect_err(REMOTE "timeout_ms = 5\n" POOL_P, "t.conf:3: unknown key 'timeout_ms' in [remote]");
+	expect_err(REMOTE "timeout_ms = 5\n" POOL_P,
+		   "t.conf:3: unknown key 'timeout_ms' in [remote]");
 	expect_err(REMOTE "connect_timeout_ms = 0\n" POOL_P,
 		   "t.conf:3: key 'connect_timeout_ms' in [remote]: expected an integer in "
 		   "1..60000, got '0'");
@@ -231,7 +233,8 @@ static void test_kvp_conf_remote_same_cases(void)
 		  &b);
 	CU_ASSERT_TRUE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE POOL_P "remote = spill\n[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\n"
-			       "dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\nremote = spill\n",
+			       "dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\n"
+			       "remote = spill\n",
 		  &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE POOL_P "remote = write-through\n", &b);
