@@ -2,8 +2,9 @@
 # remote_daemon.sh - kvpoold with a [remote] section, run by redis_cluster.sh (KVP_REDIS_PORTS,
 # KVP_REDIS_DIR): node A points at the real 3-master loopback cluster and connects to every
 # master (remote_connects, remote_slot_map_loads in kvpoolctl status and metrics); node B points
-# at a port nothing listens on and serves all the same. Both stop cleanly (exit 0). Everything
-# on 127.0.0.1, in a temporary directory removed on exit.
+# at a port nothing listens on and serves all the same; a reload that changes the remote tier
+# is refused there. Both stop cleanly (exit 0). Everything on 127.0.0.1, in a temporary
+# directory removed on exit.
 set -uo pipefail
 : "${KVPOOLD:?}" "${KVPOOLCTL:?}" "${KVP_REDIS_PORTS:?}"
 IFS=, read -r p1 p2 p3 <<<"$KVP_REDIS_PORTS"
@@ -70,6 +71,17 @@ for _ in $(seq 50); do status b >/dev/null 2>&1 && break; sleep 0.1; done
 [ "$(counter b remote_connects)" = 0 ] || fail "node B connected to a dead port"
 [ "$(counter b remote_slot_map_loads)" = 0 ] || fail "node B loaded a slot map from nothing"
 timeout 5 "$KVPOOLCTL" --socket "$tmp/b.sock" ping >/dev/null || fail "node B does not answer"
+# A reload that changes the remote tier is refused (a restart is needed), one that does not
+# is applied.
+sed -i 's/^remote = spill$/remote = write-through/' "$tmp/b.conf"
+out=$(timeout 10 "$KVPOOLCTL" --socket "$tmp/b.sock" reload 2>&1)
+rc=$?
+[ $rc = 1 ] || fail "reload changing remote = answered $rc: $out"
+grep -q "remote mode changes; restart kvpoold" <<<"$out" || fail "reload refusal says: $out"
+sed -i 's/^remote = write-through$/remote = spill/; s/^ttl_s = .*//; /^\[remote\]/a ttl_s = 60' "$tmp/b.conf"
+out=$(timeout 10 "$KVPOOLCTL" --socket "$tmp/b.sock" reload 2>&1) && fail "reload changing ttl_s passed: $out"
+sed -i '/^ttl_s = 60$/d' "$tmp/b.conf"
+timeout 10 "$KVPOOLCTL" --socket "$tmp/b.sock" reload >/dev/null 2>&1 || fail "unchanged reload refused"
 for i in 0 1; do
 	kill -TERM "${pids[$i]}"
 	wait "${pids[$i]}" || fail "node $i exited with $?"
