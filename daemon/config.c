@@ -48,6 +48,7 @@ enum sect_kind {
 	SECT_NONE,
 	SECT_DAEMON,
 	SECT_POOL,
+	SECT_REMOTE,
 };
 
 /* A capacity as written: resolved to pages once the pool's geometry is known. */
@@ -88,6 +89,9 @@ struct parse {
 	bool daemon_seen;
 	uint32_t daemon_seen_keys;
 	int daemon_key_line[KEY_BITS];
+	int remote_line; /* of the [remote] header; 0 = none */
+	uint32_t remote_seen_keys;
+	int remote_key_line[KEY_BITS];
 	char last_key[64];
 
 	/* first error */
@@ -465,6 +469,140 @@ static const struct key_def g_daemon_keys[] = {
     {"max_key_bytes", set_max_key_bytes},
 };
 
+/* ---- [remote] keys ---- */
+
+/* "host:port[, host:port...]": each host a name or IPv4 address (no ':'), each port 1..65535,
+ * at most KVP_REMOTE_SEEDS_COUNT. Stored normalized: comma-separated, no spaces. */
+static void set_seeds(struct parse *s, const char *key, const char *v)
+{
+	struct kvp_remote_conf *r = &s->conf.remote;
+	char out[KVP_REMOTE_SEEDS_MAX];
+	size_t n = 0;
+	uint32_t count = 0;
+	const char *p = v;
+
+	while (*p) {
+		const char *tok, *colon;
+		size_t len, hostlen;
+		uint64_t port;
+		char num[8];
+
+		while (*p == ' ' || *p == '\t' || *p == ',')
+			p++;
+		if (!*p)
+			break;
+		tok = p;
+		len = strcspn(p, " \t,");
+		p += len;
+		colon = memchr(tok, ':', len);
+		hostlen = colon ? (size_t)(colon - tok) : 0;
+		if (!colon || hostlen == 0 || len - hostlen - 1 == 0 ||
+		    len - hostlen - 1 >= sizeof(num)) {
+			key_fail(s, key, "expected host:port, got '%.*s'", (int)len, tok);
+			return;
+		}
+		for (size_t i = 0; i < hostlen; i++) {
+			unsigned char c = (unsigned char)tok[i];
+
+			if (!isalnum(c) && c != '.' && c != '-' && c != '_') {
+				key_fail(s, key,
+					 "bad host in '%.*s': a name or IPv4 address "
+					 "(A-Z a-z 0-9 . - _)",
+					 (int)len, tok);
+				return;
+			}
+		}
+		memcpy(num, colon + 1, len - hostlen - 1);
+		num[len - hostlen - 1] = '\0';
+		if (parse_u64(num, NULL, &port) < 0 || port < 1 || port > 65535) {
+			key_fail(s, key, "bad port in '%.*s': expected 1..65535", (int)len, tok);
+			return;
+		}
+		if (++count > KVP_REMOTE_SEEDS_COUNT) {
+			key_fail(s, key, "more than %d seeds", KVP_REMOTE_SEEDS_COUNT);
+			return;
+		}
+		if (n + len + (n > 0) >= sizeof(out)) {
+			key_fail(s, key, "longer than %zu characters", sizeof(out) - 1);
+			return;
+		}
+		if (n > 0)
+			out[n++] = ',';
+		memcpy(out + n, tok, len);
+		n += len;
+	}
+	if (count == 0) {
+		key_fail(s, key, "expected at least one host:port (127.0.0.1:7000)");
+		return;
+	}
+	out[n] = '\0';
+	memcpy(r->seeds, out, n + 1);
+	r->n_seeds = count;
+}
+
+static void set_connect_timeout(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 60000, &s->conf.remote.connect_timeout_ms);
+}
+
+static void set_command_timeout(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 60000, &s->conf.remote.command_timeout_ms);
+}
+
+static void set_match_timeout(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 10000, &s->conf.remote.match_timeout_ms);
+}
+
+static void set_match_pages(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 4096, &s->conf.remote.match_max_pages);
+}
+
+#define INFLIGHT_MIN (64ull << 10)
+#define INFLIGHT_MAX (64ull << 30)
+
+static void set_max_inflight(struct parse *s, const char *key, const char *v)
+{
+	struct cap c;
+
+	if (parse_cap(s, key, v, &c) < 0)
+		return;
+	if (c.tokens || c.value < INFLIGHT_MIN || c.value > INFLIGHT_MAX) {
+		key_fail(s, key, "expected bytes in 64K..64G (256M), got '%s'", v);
+		return;
+	}
+	s->conf.remote.max_inflight_bytes = c.value;
+}
+
+static void set_ttl(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, INT32_MAX, &s->conf.remote.ttl_s);
+}
+
+/* seeds is required; keep it first. */
+static const struct key_def g_remote_keys[] = {
+    {"seeds", set_seeds},
+    {"connect_timeout_ms", set_connect_timeout},
+    {"command_timeout_ms", set_command_timeout},
+    {"match_timeout_ms", set_match_timeout},
+    {"match_max_pages", set_match_pages},
+    {"max_inflight_bytes", set_max_inflight},
+    {"ttl_s", set_ttl},
+};
+
+static void remote_defaults(struct kvp_remote_conf *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->connect_timeout_ms = 1000;
+	r->command_timeout_ms = 500;
+	r->match_timeout_ms = 20;
+	r->match_max_pages = 64;
+	r->max_inflight_bytes = 64ull << 20;
+	r->ttl_s = 86400;
+}
+
 /* ---- [pool.NAME] keys ---- */
 
 static const char *const g_dtype_names[KVP_CONF_DTYPE_MAX] = {
@@ -488,6 +626,11 @@ static const char *const g_tristate_names[KVP_TRISTATE_MAX] = {
     [KVP_OFF] = "off",
     [KVP_TRY] = "try",
     [KVP_ON] = "on",
+};
+static const char *const g_remote_mode_names[KVP_REMOTE_MODE_MAX] = {
+    [KVP_REMOTE_OFF] = "off",
+    [KVP_REMOTE_SPILL] = "spill",
+    [KVP_REMOTE_WRITE_THROUGH] = "write-through",
 };
 static const char *const g_eviction_names[KVP_EVICT_MAX] = {
     [KVP_EVICT_LRU] = "lru",
@@ -722,6 +865,15 @@ static void set_eviction(struct parse *s, const char *key, const char *v)
 		s->pool->eviction = (enum kvp_eviction)i;
 }
 
+static void set_remote(struct parse *s, const char *key, const char *v)
+{
+	int i = parse_enum(s, key, v, g_remote_mode_names, KVP_REMOTE_MODE_MAX,
+			   "off, spill or write-through");
+
+	if (i >= 0)
+		s->pool->remote = (enum kvp_remote_mode)i;
+}
+
 /* The first five are required; keep them first and in this order. */
 enum { POOL_REQUIRED = 5 };
 static const struct key_def g_pool_keys[] = {
@@ -742,10 +894,13 @@ static const struct key_def g_pool_keys[] = {
     {"uid_quota", set_uid_quota},
     {"allowed_users", set_pool_allowed_users},
     {"allowed_groups", set_pool_allowed_groups},
+    {"remote", set_remote},
 };
+enum { POOL_KEY_REMOTE = sizeof(g_pool_keys) / sizeof(g_pool_keys[0]) - 1 };
 
 _Static_assert(sizeof(g_pool_keys) / sizeof(g_pool_keys[0]) <= KEY_BITS, "too many pool keys");
 _Static_assert(sizeof(g_daemon_keys) / sizeof(g_daemon_keys[0]) <= KEY_BITS, "too many keys");
+_Static_assert(sizeof(g_remote_keys) / sizeof(g_remote_keys[0]) <= KEY_BITS, "too many keys");
 
 /* ---- sections ---- */
 
@@ -797,8 +952,20 @@ static void section_begin(struct parse *s, const char *name, size_t len)
 		s->kind = SECT_DAEMON;
 		return;
 	}
+	if (strcmp(s->sect, "remote") == 0) {
+		if (s->remote_line) {
+			fail_at(s, s->lineno, "[remote] appears twice (first at line %d)",
+				s->remote_line);
+			return;
+		}
+		s->remote_line = s->lineno;
+		s->conf.remote.enabled = 1;
+		s->kind = SECT_REMOTE;
+		return;
+	}
 	if (strncmp(s->sect, "pool.", 5) != 0) {
-		fail_at(s, s->lineno, "unknown section [%s]: expected [daemon] or [pool.NAME]",
+		fail_at(s, s->lineno,
+			"unknown section [%s]: expected [daemon], [remote] or [pool.NAME]",
 			s->sect);
 		return;
 	}
@@ -958,6 +1125,11 @@ static int on_key(void *user, const char *section, const char *name, const char 
 		n = sizeof(g_daemon_keys) / sizeof(g_daemon_keys[0]);
 		seen = &s->daemon_seen_keys;
 		lines = s->daemon_key_line;
+	} else if (s->kind == SECT_REMOTE) {
+		keys = g_remote_keys;
+		n = sizeof(g_remote_keys) / sizeof(g_remote_keys[0]);
+		seen = &s->remote_seen_keys;
+		lines = s->remote_key_line;
 	} else {
 		keys = g_pool_keys;
 		n = sizeof(g_pool_keys) / sizeof(g_pool_keys[0]);
@@ -1053,6 +1225,19 @@ static int check_pool(struct parse *s, uint32_t idx)
 			p->name);
 		return -EINVAL;
 	}
+	if (p->remote != KVP_REMOTE_OFF && !s->conf.remote.enabled) {
+		fail_at(s, ps->key_line[POOL_KEY_REMOTE],
+			"key 'remote' in [pool.%s]: remote = %s needs a [remote] section with "
+			"seeds",
+			p->name, kvp_remote_mode_name(p->remote));
+		return -EINVAL;
+	}
+	if (p->remote != KVP_REMOTE_OFF && !p->host_pages) {
+		fail_at(s, ps->key_line[POOL_KEY_REMOTE],
+			"key 'remote' in [pool.%s]: remote = %s needs a host tier (host_capacity)",
+			p->name, kvp_remote_mode_name(p->remote));
+		return -EINVAL;
+	}
 	return 0;
 }
 
@@ -1060,6 +1245,10 @@ static int check_all(struct parse *s)
 {
 	if (s->conf.n_pools == 0) {
 		fail_at(s, 0, "no [pool.NAME] section: at least one pool is required");
+		return -EINVAL;
+	}
+	if (s->remote_line && !(s->remote_seen_keys & 1u)) {
+		fail_at(s, s->remote_line, "[remote]: missing required key 'seeds'");
 		return -EINVAL;
 	}
 	for (uint32_t i = 0; i < s->conf.n_pools; i++)
@@ -1140,6 +1329,7 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_locks_per_session = 4096;
 	c->max_keys_per_call = 65536;
 	c->max_key_bytes = 64;
+	remote_defaults(&c->remote);
 }
 
 int kvp_conf_load_string(struct kvp_conf *c, const char *text, const char *origin, char *err,
@@ -1269,4 +1459,26 @@ const char *kvp_tristate_name(enum kvp_tristate t)
 const char *kvp_eviction_name(enum kvp_eviction e)
 {
 	return (unsigned)e < KVP_EVICT_MAX ? g_eviction_names[e] : "?";
+}
+
+const char *kvp_remote_mode_name(enum kvp_remote_mode m)
+{
+	return (unsigned)m < KVP_REMOTE_MODE_MAX ? g_remote_mode_names[m] : "?";
+}
+
+int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b)
+{
+	const struct kvp_remote_conf *x = &a->remote, *y = &b->remote;
+
+	if (x->enabled != y->enabled || strcmp(x->seeds, y->seeds) ||
+	    x->connect_timeout_ms != y->connect_timeout_ms ||
+	    x->command_timeout_ms != y->command_timeout_ms ||
+	    x->match_timeout_ms != y->match_timeout_ms ||
+	    x->match_max_pages != y->match_max_pages ||
+	    x->max_inflight_bytes != y->max_inflight_bytes || x->ttl_s != y->ttl_s)
+		return 0;
+	for (uint32_t i = 0; i < b->n_pools; i++)
+		if (b->pools[i].remote != (i < a->n_pools ? a->pools[i].remote : KVP_REMOTE_OFF))
+			return 0;
+	return 1;
 }

@@ -39,6 +39,32 @@ enum kvp_eviction {
 	KVP_EVICT_MAX,
 };
 
+/* remote = of a pool: what its pages do with the [remote] store. */
+enum kvp_remote_mode {
+	KVP_REMOTE_OFF,		  /* nothing leaves the node */
+	KVP_REMOTE_SPILL,	  /* host pages about to be evicted are written out first */
+	KVP_REMOTE_WRITE_THROUGH, /* inserted pages are written once they are in the host tier */
+	KVP_REMOTE_MODE_MAX,
+};
+
+#define KVP_REMOTE_SEEDS_MAX 200 /* "host:port,host:port" normalized, with its NUL */
+#define KVP_REMOTE_SEEDS_COUNT 16
+
+/* The [remote] section: the Redis Cluster every pool with remote != off shares. Defaults
+ * (section given): connect 1000 ms, command 500 ms, match 20 ms and 64 pages, 64 MiB in
+ * flight, TTL 86400 s (0 = keys never expire). seeds is required in the section. */
+struct kvp_remote_conf {
+	int enabled;		     /* the section was given */
+	char seeds[KVP_REMOTE_SEEDS_MAX]; /* comma-separated host:port, no spaces */
+	uint32_t n_seeds;
+	uint32_t connect_timeout_ms;
+	uint32_t command_timeout_ms; /* a node whose oldest command waits longer is dropped */
+	uint32_t match_timeout_ms;   /* a Match waits at most this long for the existence query */
+	uint32_t match_max_pages;    /* pages after the local ones one Match asks about */
+	uint64_t max_inflight_bytes; /* spilled / written bytes not yet acknowledged */
+	uint32_t ttl_s;
+};
+
 /* One namespace.N key of a pool: only these users and groups (and root) insert or match in
  * namespace ns. */
 struct kvp_ns_owner {
@@ -80,6 +106,7 @@ struct kvp_pool_conf {
 	uint32_t n_allowed_gids;
 	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
 	uint32_t n_ns_owners;
+	enum kvp_remote_mode remote; /* default off; not off needs a [remote] section */
 };
 
 struct kvp_conf {
@@ -101,6 +128,7 @@ struct kvp_conf {
 	uint32_t max_key_bytes;	    /* hash-keyed calls: bytes of one key, 1 .. 64 */
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
+	struct kvp_remote_conf remote;
 };
 
 /* Fills c with the daemon defaults and no pools: socket /run/kvpool/kvpoold.sock,
@@ -142,3 +170,8 @@ const char *kvp_conf_dtype_name(enum kvp_conf_dtype d);
 const char *kvp_device_kind_name(enum kvp_device_kind k);
 const char *kvp_tristate_name(enum kvp_tristate t);
 const char *kvp_eviction_name(enum kvp_eviction e);
+const char *kvp_remote_mode_name(enum kvp_remote_mode m); /* "off", "spill", "write-through" */
+
+/* Whether b configures the remote tier as a does: the same [remote] section, each pool of b
+ * with the mode of a's pool at its index (off for pools a does not have). */
+int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b);

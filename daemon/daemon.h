@@ -69,6 +69,8 @@ struct kvp_daemon {
 	uint32_t flag_gids[KVP_MAX_IDS], n_flag_gids;
 	bool reload_requested;
 	struct kvp_defers defers; /* deferred replies (defer.h) */
+	struct kvp_remote *remote; /* the remote tier (remote.h); NULL without [remote] */
+	struct kvp_remote_stats remote_st; /* its client's figures, as of the last loop turn */
 };
 
 uint64_t kvp_now_ms(void);

@@ -35,6 +35,10 @@
 #include "reload.h"
 #include "src.h"
 #include "work.h"
+#include "kvp_config.h"
+#if KVP_HAVE_REMOTE
+#include "remote.h"
+#endif
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
@@ -90,6 +94,8 @@ struct server {
 	const char *unlink_path;
 	struct kvp_src accept_src, signal_src, timer_src, work_src, ignore_src;
 	bool accept_armed, accept_cancel_sent, signal_armed, timer_armed, work_armed;
+	bool remote_armed;
+	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
 	int sig_fd;
 	struct signalfd_siginfo si;
@@ -187,6 +193,40 @@ static void arm_timer(struct server *sv)
 	io_uring_prep_timeout(sqe, &sv->tick, 0, 0);
 	io_uring_sqe_set_data(sqe, &sv->timer_src);
 	sv->timer_armed = true;
+}
+
+/* The remote tier's one fd: readable when a cluster socket or its timer is (remote.h). */
+static void arm_remote(struct server *sv)
+{
+#if KVP_HAVE_REMOTE
+	struct io_uring_sqe *sqe;
+
+	if (sv->remote_armed || !sv->d->remote)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
+	io_uring_prep_poll_add(sqe, kvp_remote_fd(sv->d->remote), POLLIN);
+	io_uring_sqe_set_data(sqe, &sv->remote_src);
+	sv->remote_armed = true;
+#else
+	(void)sv;
+#endif
+}
+
+static void on_remote(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+
+	(void)src;
+	sv->remote_armed = false;
+	if (cqe->res < 0 && cqe->res != -ECANCELED)
+		log_warn("remote tier poll: %s", strerror(-cqe->res));
+#if KVP_HAVE_REMOTE
+	if (sv->d->remote)
+		kvp_remote_on_ready(sv->d->remote);
+#endif
+	arm_remote(sv);
 }
 
 static void arm_work(struct server *sv)
@@ -1146,6 +1186,7 @@ static void rearm(struct server *sv)
 	arm_signal(sv);
 	arm_timer(sv);
 	arm_work(sv);
+	arm_remote(sv);
 }
 
 int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
@@ -1168,6 +1209,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	kvp_src_init(&sv.signal_src, KVP_SRC_SIGNAL, on_signal, &sv);
 	kvp_src_init(&sv.timer_src, KVP_SRC_TIMER, on_tick, &sv);
 	kvp_src_init(&sv.work_src, KVP_SRC_WORK, on_work, &sv);
+	kvp_src_init(&sv.remote_src, KVP_SRC_REMOTE, on_remote, &sv);
 	kvp_src_init(&sv.ignore_src, KVP_SRC_IGNORE, on_ignore, &sv);
 	d->defers.deliver = deliver_deferred;
 	d->defers.ctx = &sv;
@@ -1239,6 +1281,13 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 				status_line(&sv);
 			}
 		}
+#if KVP_HAVE_REMOTE
+		/* What this turn submitted to the cluster: its fds and deadline, up to date. */
+		if (d->remote) {
+			kvp_remote_sync(d->remote);
+			kvp_remote_stats_read(d->remote, &d->remote_st);
+		}
+#endif
 		rearm(&sv);
 	}
 	/* Past the flush deadline: whatever is left goes now. A reload in progress ends first

@@ -18,6 +18,9 @@
 #include "loop.h"
 #include "notify.h"
 #include "reload.h"
+#if KVP_HAVE_REMOTE
+#include "remote.h"
+#endif
 
 
 static void usage(FILE *f)
@@ -241,6 +244,29 @@ int main(int argc, char **argv)
 		code = 4;
 		goto out;
 	}
+	if (d.conf.remote.enabled) {
+#if KVP_HAVE_REMOTE
+		d.remote = kvp_remote_new(&d.conf.remote);
+		if (!d.remote) {
+			log_err("remote tier: cannot start the cluster client for %s: %s",
+				d.conf.remote.seeds, strerror(errno));
+			code = 2;
+			goto out;
+		}
+		log_info("remote tier: Redis Cluster seeds %s", d.conf.remote.seeds);
+		for (uint32_t i = 0; i < d.conf.n_pools; i++)
+			if (d.conf.pools[i].remote != KVP_REMOTE_OFF)
+				log_warn("pool %s: remote = %s: this build connects to the cluster "
+					 "but writes and reads no pages yet",
+					 d.conf.pools[i].name,
+					 kvp_remote_mode_name(d.conf.pools[i].remote));
+#else
+		log_err("configuration: [remote] is given but kvpoold was built without the remote "
+			"tier (hiredis and nettle)");
+		code = 2;
+		goto out;
+#endif
+	}
 
 	fd = kvp_activation_fd();
 	if (fd >= 0) {
@@ -279,6 +305,9 @@ out:
 			"allocator or prefix tree is inconsistent");
 		code = 70;
 	}
+#if KVP_HAVE_REMOTE
+	kvp_remote_free(d.remote); /* completes what is in flight while the pools still exist */
+#endif
 	for (uint32_t i = 0; i < d.n_pools; i++)
 		kvp_pool_destroy(d.pools[i]);
 	return code;

@@ -172,6 +172,13 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	put(&o, "kvpool_" n " %lu\n", (unsigned long)d->st.f);
 	KVP_DAEMON_COUNTERS(DAEMON_COUNTER)
 #undef DAEMON_COUNTER
+#define REMOTE_STAT(f, n, t, h)                                                                    \
+	family(&o, n, t, h);                                                                       \
+	put(&o, "kvpool_" n " %lu\n", (unsigned long)d->remote_st.f);
+	if (d->conf.remote.enabled) {
+		KVP_REMOTE_STATS(REMOTE_STAT)
+	}
+#undef REMOTE_STAT
 #define TIER_FIGURE(f, n, t, h)                                                                    \
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \

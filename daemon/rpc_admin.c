@@ -52,6 +52,10 @@ static const char *const pool_counter_names[] = {KVP_POOL_COUNTERS(COUNTER_NAME)
 static const char *const daemon_counter_names[] = {KVP_DAEMON_COUNTERS(COUNTER_NAME)};
 #define N_POOL_COUNTERS (sizeof(pool_counter_names) / sizeof(pool_counter_names[0]))
 #define N_DAEMON_COUNTERS (sizeof(daemon_counter_names) / sizeof(daemon_counter_names[0]))
+#define REMOTE_NAME(f, n, t, h) "remote_" #f,
+#define REMOTE_VALUE(f, n, t, h) d->remote_st.f,
+static const char *const remote_counter_names[] = {KVP_REMOTE_STATS(REMOTE_NAME)};
+#define N_REMOTE_COUNTERS (sizeof(remote_counter_names) / sizeof(remote_counter_names[0]))
 
 static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvp_pool_stats *st)
 {
@@ -60,11 +64,19 @@ static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvp_poo
 	return counters(r, pool_counter_names, values, N_POOL_COUNTERS);
 }
 
-static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon_stats *st)
+/* The daemon's counters, then the remote tier's when [remote] is configured; *n: how many. */
+static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon *d,
+					 size_t *n)
 {
-	const uint64_t values[] = {KVP_DAEMON_COUNTERS(COUNTER_VALUE)};
+	const struct kvp_daemon_stats *st = &d->st;
+	const char *names[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS];
+	uint64_t values[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS] = {
+	    KVP_DAEMON_COUNTERS(COUNTER_VALUE) KVP_REMOTE_STATS(REMOTE_VALUE)};
 
-	return counters(r, daemon_counter_names, values, N_DAEMON_COUNTERS);
+	memcpy(names, daemon_counter_names, sizeof(daemon_counter_names));
+	memcpy(names + N_DAEMON_COUNTERS, remote_counter_names, sizeof(remote_counter_names));
+	*n = N_DAEMON_COUNTERS + (d->conf.remote.enabled ? N_REMOTE_COUNTERS : 0);
+	return counters(r, names, values, *n);
 }
 
 static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvpd_pool *p)
@@ -131,10 +143,9 @@ KVP_RPC_HANDLER(kvp_rpc_status)
 			return kvp_rpc_oom(f);
 	}
 	m->n_pools = d->n_pools;
-	m->counters = daemon_counters(r, &d->st);
+	m->counters = daemon_counters(r, d, &m->n_counters);
 	if (!m->counters)
 		return kvp_rpc_oom(f);
-	m->n_counters = N_DAEMON_COUNTERS;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_STATUS_INFO;
 	r->resp.status_info = m;
 	return 0;

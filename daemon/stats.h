@@ -84,6 +84,42 @@ struct kvp_daemon_figures {
 	KVP_DAEMON_FIGURES(KVP_DAEMON_FIGURE_FIELD)
 };
 
+/* The remote tier's cluster client, daemon-wide, read from it once per loop turn:
+ * X(field, prometheus name suffix, type, help). Shown (metrics, Status counters named
+ * remote_<field>) only when [remote] is configured. */
+#define KVP_REMOTE_STATS(X)                                                                        \
+	X(ok, "remote_ok_total", "counter", "Remote writes and deletes acknowledged")              \
+	X(hits, "remote_hits_total", "counter",                                                    \
+	  "Remote reads and existence checks that found the key")                                  \
+	X(misses, "remote_misses_total", "counter",                                                \
+	  "Remote reads and existence checks without the key")                                     \
+	X(timeouts, "remote_timeouts_total", "counter", "Remote operations timed out")             \
+	X(node_down, "remote_node_down_total", "counter",                                          \
+	  "Remote operations failed fast: the slot's master not connected")                      \
+	X(no_master, "remote_no_master_total", "counter",                                          \
+	  "Remote operations failed: no master for the slot")                                      \
+	X(redirect_limit, "remote_redirect_limit_total", "counter",                                \
+	  "Remote operations failed: too many MOVED/ASK redirects")                                \
+	X(protocol_errors, "remote_protocol_errors_total", "counter",                              \
+	  "Remote operations failed: an unexpected answer")                                        \
+	X(closed, "remote_closed_total", "counter", "Remote operations ended by shutdown")         \
+	X(moved, "remote_moved_total", "counter", "MOVED redirects followed")                      \
+	X(ask, "remote_ask_total", "counter", "ASK redirects followed")                            \
+	X(slot_map_loads, "remote_slot_map_loads_total", "counter", "Cluster slot maps loaded")    \
+	X(connects, "remote_connects_total", "counter", "Connections to cluster nodes made")       \
+	X(disconnects, "remote_disconnects_total", "counter",                                      \
+	  "Connections to cluster nodes lost or dropped")                                          \
+	X(rejected, "remote_rejected_total", "counter",                                            \
+	  "Remote operations not submitted: in-flight bound reached (backlog)")                    \
+	X(sent_bytes, "remote_sent_bytes_total", "counter", "Value bytes written to the cluster")  \
+	X(recv_bytes, "remote_recv_bytes_total", "counter", "Value bytes read from the cluster")   \
+	X(inflight_ops, "remote_inflight_ops", "gauge", "Remote operations in flight (backlog)")   \
+	X(inflight_bytes, "remote_inflight_bytes", "gauge", "Bytes of remote operations in flight")
+
+struct kvp_remote_stats {
+	KVP_REMOTE_STATS(KVP_FIGURE_FIELD)
+};
+
 /* The RPC families, labelled by call or code: X(id, prometheus name suffix, type, help). */
 #define KVP_RPC_FAMILIES(X)                                                                        \
 	X(KVP_RPC_FAMILY_CALLS, "rpc_total", "counter", "RPCs served, by call")                    \
