@@ -212,6 +212,7 @@ void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts
 	out->free = kvp_pages_count(p->pages[tier], KVP_PAGE_FREE);
 	out->leased = kvp_pages_count(p->pages[tier], KVP_PAGE_LEASED);
 	out->cached = kvp_pages_count(p->pages[tier], KVP_PAGE_CACHED);
+	out->moving = kvp_pages_count(p->pages[tier], KVP_PAGE_MOVING);
 	out->evictable = ps.evictable_pages[tier] + ks.evictable_pages[tier];
 	out->protected_ = ps.protected_pages[tier] + ks.protected_pages[tier];
 }
@@ -229,7 +230,7 @@ int kvp_pool_check(const struct kvpd_pool *p)
 		if (kvp_pages_check(p->pages[t]) < 0)
 			return -EFAULT;
 		kvp_pool_counts(p, t, &c);
-		if (c.free + c.leased + c.cached != c.total)
+		if (c.free + c.leased + c.cached + c.moving != c.total)
 			return -EFAULT;
 		for (uint32_t i = 0; i < c.total; i++) {
 			bool leased = kvp_pages_state(p->pages[t], i) == KVP_PAGE_LEASED;

@@ -49,13 +49,14 @@ bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier);
 /* Per-tier figures, in pages. */
 struct kvp_tier_counts {
 	uint64_t total, free, leased, cached, evictable, protected_;
+	uint64_t moving; /* destinations of demotion copies in flight (reserved, not readable) */
 };
 void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out);
 /* Fills f's OUT_OF_CAPACITY detail (tier, requested = npages, and the tier's free, evictable,
  * protected, leased, total figures, in tokens). f may be NULL. */
 void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f);
-/* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
+/* free + leased + cached + moving == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
 int kvp_pool_check(const struct kvpd_pool *p);
 /* Every page l lists is a LEASED page of its tier that the pool books to l at that index.
  * O(pages of l). 0 or -EFAULT. */
