@@ -69,6 +69,7 @@ struct kvp_daemon {
 	uint32_t flag_gids[KVP_MAX_IDS], n_flag_gids;
 	bool reload_requested;
 	struct kvp_defers defers; /* deferred replies (defer.h) */
+	struct kvp_alloc_wait *alloc_waiting; /* Allocs waiting for demotions (rpc_lease.c) */
 };
 
 uint64_t kvp_now_ms(void);

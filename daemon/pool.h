@@ -27,6 +27,8 @@ struct kvpd_pool {
 	struct kvp_pool_stats st;
 	uint32_t sessions; /* attached */
 	struct kvp_tier_copy *copy; /* demotion and promotion: pools with both tiers */
+	uint32_t flights;	    /* demotion copies waited for on the worker */
+	bool dying;		    /* destroyed with flights left: the last one frees it */
 	char note[256];	   /* start-up fallbacks worth a log line */
 	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
 };
@@ -42,8 +44,23 @@ struct kvp_lease {
 /* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
  * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
 struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
-/* Accepts NULL. Leases must be gone (sessions destroyed) before. */
+/* Accepts NULL. Leases must be gone (sessions destroyed) before. With demotion copies in
+ * flight the pool is freed when the last one lands (no callback for it then). */
 void kvp_pool_destroy(struct kvpd_pool *p);
+
+/* Demotions off the loop thread: with w set, a pool whose device backend has copy_start (cuda;
+ * sim under KVPOOLD_COPY_DELAY_MS) demotes asynchronously: the worker waits for the copy, then
+ * on the loop thread (kvp_work_reap) the pages are swapped in and moved(ctx, p) is called, so
+ * that the daemon retries what waited for them. w NULL: every demotion is synchronous (the
+ * default; unit tests). Set by the event loop. */
+struct kvp_work;
+typedef void (*kvp_pool_moved_fn)(void *ctx, struct kvpd_pool *p);
+void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx);
+/* Device pages of tier whose demotion is in flight: cached now, free when it lands. */
+uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier);
+/* Whether npages of tier can be had once the demotions in flight land (some are in flight and
+ * free + evictable + in flight covers npages): an Alloc refused now may wait for them. */
+bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages);
 bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier);
 
 /* Per-tier figures, in pages. */
