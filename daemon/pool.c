@@ -57,6 +57,7 @@ struct demote_job {
 };
 
 static void pool_free(struct kvpd_pool *p);
+static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later);
 
 /* On the worker: only the flight's own pages are touched. */
 static void demote_run(struct kvp_job *j)
@@ -434,7 +435,7 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 		kvp_pool_counts(p, tier, &c);
 		if (npages - nfree > c.evictable)
 			return capacity_fail(p, tier, npages, f);
-		kvp_pool_evict(p, tier, npages - nfree);
+		pool_evict(p, tier, npages - nfree, true); /* demotions may land later */
 		if (kvp_pages_count(pg, KVP_PAGE_FREE) < npages)
 			return capacity_fail(p, tier, npages, f);
 	}
@@ -679,7 +680,9 @@ void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms)
 }
 
 /* Both caches give up pages in proportion to what each can evict, then either tops up. */
-uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
+/* Evicts as kvp_pool_evict does; with later set, the prefix cache's demotions may be left in
+ * flight (counted toward pages, not in the result). */
+static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;
@@ -694,10 +697,23 @@ uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
 	ek = ks.evictable_pages[tier];
 	share = ep + ek ? (uint32_t)((uint64_t)pages * ek / (ep + ek)) : 0;
 	freed = kvp_keys_evict(p->keys, tier, share);
-	freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+	if (later) {
+		uint64_t before = ps.inflight_pages;
+
+		freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+		kvp_prefix_stats(p->pfx, &ps);
+		pages -= (uint32_t)(ps.inflight_pages - before); /* started: freed when they land */
+	} else {
+		freed += kvp_prefix_evict_now(p->pfx, tier, pages - freed);
+	}
 	if (freed < pages)
 		freed += kvp_keys_evict(p->keys, tier, pages - freed);
 	return freed;
+}
+
+uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
+{
+	return pool_evict(p, tier, pages, false);
 }
 
 int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key *keys, uint32_t n,

@@ -111,5 +111,6 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 /* One log line summarising evictions, demotions, promotions and capacity refusals since the
  * previous call, when there were any (called every few seconds, never per page). */
 void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms);
-/* Evicts up to `pages` pages of tier. Returns pages freed. */
+/* Evicts up to `pages` pages of tier, demotions synchronous (admin Evict, Load): returns pages
+ * freed. (Alloc's own eviction may leave demotions in flight: see kvp_pool_async.) */
 uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages);

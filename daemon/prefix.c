@@ -86,6 +86,7 @@ struct kvp_prefix {
 	struct heap heap[HEAP_MAX];
 	struct kvp_prefix_stats st;
 	struct kvp_prefix_flight *flights; /* demotions in flight */
+	bool sync_only;			   /* this eviction needs its pages now: no copy_start */
 };
 
 struct kvp_prefix_flight {
@@ -1196,7 +1197,7 @@ static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32
 	if (!m || kvp_pages_alloc(hp, m, dst) < 0)
 		return 0;
 	src = node_pages(pfx, n) + n->ndev - m;
-	if (pfx->conf.copy_start) {
+	if (pfx->conf.copy_start && !pfx->sync_only) {
 		r = demote_start(pfx, n, src, dst, m);
 		*started = r == 1;
 		return r < 0 ? 0 : m;
@@ -1243,6 +1244,18 @@ uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_
 	if (!pfx || (unsigned)tier >= KVP_TIER_ID_MAX || !pfx->tier[tier] || !pages)
 		return 0;
 	return tier == KVP_TIER_ID_DEVICE ? evict_dev(pfx, pages) : evict_host(pfx, pages);
+}
+
+uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages)
+{
+	uint32_t freed;
+
+	if (!pfx)
+		return 0;
+	pfx->sync_only = true;
+	freed = kvp_prefix_evict(pfx, tier, pages);
+	pfx->sync_only = false;
+	return freed;
 }
 
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx)
@@ -1352,8 +1365,11 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 		ids = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nhost * sizeof(*ids)));
 		if (!ids)
 			return -ENOMEM;
-		if (nfree < nhost)
-			evict_dev(pfx, (uint32_t)(nhost - nfree)); /* the path is locked: kept */
+		if (nfree < nhost) { /* the path is locked: kept; the pages are needed now */
+			pfx->sync_only = true;
+			evict_dev(pfx, (uint32_t)(nhost - nfree));
+			pfx->sync_only = false;
+		}
 		if (kvp_pages_alloc(dp, (uint32_t)nhost, ids) < 0) {
 			free(ids);
 			return -ENOSPC;

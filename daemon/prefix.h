@@ -143,6 +143,9 @@ uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_
  * freed now; the stats' inflight_pages says how many device pages will be freed by flights.
  */
 void kvp_prefix_demote_done(struct kvp_prefix *pfx, struct kvp_prefix_flight *fl, int rc);
+/* kvp_prefix_evict with every demotion synchronous (through conf.copy), for callers that need
+ * the pages at once (kvp_prefix_promote's own eviction works so too). */
+uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages);
 /* Drops every unlocked page in both tiers (admin Flush). Returns the pages freed. */
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 

@@ -908,6 +908,43 @@ static void test_kvp_prefix_demote_async_fails(void)
 	fx_fini(&f);
 }
 
+/* Evictions that need the pages now demote synchronously even with copy_start: evict_now, and
+ * promotion's own eviction. */
+static void test_kvp_prefix_demote_async_not_for_promotion(void)
+{
+	struct fx f;
+	uint32_t a[16], b[16], dev[4], host[4], n = 0;
+	struct kvp_prefix_match m;
+
+	fx_async = true;
+	fx_init(&f, 4, 4, 8, KVP_EVICT_POLICY_LRU);
+	fx_async = false;
+	seq(a, 16, 100);
+	seq(b, 16, 500);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, DEV, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_evict_now(f.pfx, DEV, 4), 4);
+	CU_ASSERT_EQUAL(f.nflight, 0);
+	CU_ASSERT_EQUAL(fx_stats(&f).demoted_pages, 4);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(f.tp[DEV], 4, dev), 0); /* b's pages, cached below */
+	for (uint32_t i = 0; i < 4; i++)
+		content(page_key(&f, 0, b, i), f.mem[DEV] + (size_t)dev[i] * PB);
+	CU_ASSERT_EQUAL_FATAL(kvp_prefix_insert(f.pfx, 0, b, 4, DEV, dev, NULL, NULL), 0);
+	m = fx_match(&f, 0, a, 16, 1, dev, host);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 4);
+	CU_ASSERT_EQUAL(kvp_prefix_promote(f.pfx, m.lock, dev, 4, &n), 0); /* b demoted now */
+	CU_ASSERT_EQUAL(n, 4);
+	CU_ASSERT_EQUAL(f.nflight, 0);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, DEV, dev[k], 0, a, k));
+	kvp_prefix_unlock(f.pfx, m.lock);
+	m = fx_match(&f, 0, b, 16, 0, dev, host);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 4);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, HOST, host[k], 0, b, k));
+	CU_ASSERT(fx_sane(&f));
+	fx_fini(&f);
+}
+
 /* A split of the node while its pages are in flight (an insert diverging inside the moving
  * pages) moves part of them into the new upper node: landing finds them in both. */
 static void test_kvp_prefix_demote_async_split(void)
@@ -1872,6 +1909,7 @@ int main(void)
 		H_TEST(test_kvp_prefix_demote_async_in_flight),
 		H_TEST(test_kvp_prefix_demote_async_fails),
 		H_TEST(test_kvp_prefix_demote_async_split),
+		H_TEST(test_kvp_prefix_demote_async_not_for_promotion),
 		H_TEST(test_kvp_prefix_promote_enospc),
 		H_TEST(test_kvp_prefix_promote_busy_when_shared),
 		H_TEST(test_kvp_prefix_promote_copy_fails),
