@@ -76,8 +76,8 @@ struct kvp_tier_flight;
 
 /*
  * One backend. Every int-returning operation returns 0, or -code of enum kvp_tier_error with tf
- * filled (tf may be NULL), except copy and copy_wait, which return a negative errno. On failure
- * the tier is left as kvp_tier_mem_init made it.
+ * filled (tf may be NULL), except copy, copy_wait, copy_start and flight_wait, which return a
+ * negative errno. On failure the tier is left as kvp_tier_mem_init made it.
  */
 struct kvp_tier_ops {
 	const char *name; /* the backend as kvpoolctl shows it */
