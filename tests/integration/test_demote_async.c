@@ -108,9 +108,9 @@ static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages)
 static struct kvp_tier_status tier(int t)
 {
 	struct kvp_error err;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
-	struct kvp_tier_status z = {0};
+	struct kvp_tier_status z = { 0 };
 
 	if (c && kvp_client_status(c, &st, &err) == 0)
 		z = st.pools[0].tiers[t];
@@ -151,7 +151,7 @@ static pid_t spawn_whole_tier(void)
 
 static void sleep_ms(long ms)
 {
-	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
 
 	nanosleep(&ts, NULL);
 }
@@ -160,7 +160,7 @@ static void test_alloc_waits_for_demotion_others_served(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
 	struct kvp_tier_status d, h;
 	uint64_t t0, slowest = 0;
@@ -174,10 +174,10 @@ static void test_alloc_waits_for_demotion_others_served(void)
 	sleep_ms(200); /* its Alloc is in: the demotion runs */
 	d = tier(KVP_TIER_DEVICE);
 	h = tier(KVP_TIER_HOST);
-	CU_ASSERT_EQUAL(d.cached_tokens, 48);  /* still cached, being copied */
+	CU_ASSERT_EQUAL(d.cached_tokens, 48);	 /* still cached, being copied */
 	CU_ASSERT_EQUAL(d.protected_tokens, 48); /* and held by the copy */
 	CU_ASSERT_EQUAL(d.free_tokens, 208);
-	CU_ASSERT_EQUAL(h.cached_tokens, 0);	 /* the destination is not readable yet */
+	CU_ASSERT_EQUAL(h.cached_tokens, 0);	  /* the destination is not readable yet */
 	CU_ASSERT_EQUAL(h.free_tokens, 256 - 48); /* nor free */
 	/* Meanwhile this session is served at once: pings, and matches of the pages in flight,
 	 * which are read from the device tier. */
