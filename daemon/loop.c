@@ -951,7 +951,7 @@ static void status_line(struct server *sv)
 
 			kvp_pool_counts(sv->d->pools[i], t, &c);
 			total += c.total;
-			used += c.leased + c.cached;
+			used += c.leased + c.cached + c.moving;
 		}
 	}
 	snprintf(buf, sizeof(buf), "STATUS=%u pools, %u sessions, %.1f%% of pages in use%s%s",
