@@ -991,7 +991,7 @@ static void status_line(struct server *sv)
 
 			kvp_pool_counts(sv->d->pools[i], t, &c);
 			total += c.total;
-			used += c.leased + c.cached;
+			used += c.leased + c.cached + c.moving;
 		}
 	}
 	snprintf(buf, sizeof(buf), "STATUS=%u pools, %u sessions, %.1f%% of pages in use%s%s",
@@ -1219,6 +1219,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		if (!sv.work) {
 			log_err("cannot start the worker thread: %s", strerror(errno));
 			r = -1;
+		} else {
+			kvp_pool_async(sv.work, kvp_rpc_alloc_moved, d); /* demotions off the loop */
 		}
 	}
 	if (r < 0) {
@@ -1293,7 +1295,9 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	/* Past the flush deadline: whatever is left goes now. A reload in progress ends first
 	 * (its pools are dropped or join, to be destroyed with the others), then sessions (their
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
-	kvp_work_stop(sv.work);
+	kvp_work_stop(sv.work); /* demotions in flight land (or are cancelled) first */
+	kvp_pool_async(NULL, NULL, NULL);
+	kvp_rpc_alloc_retry(d); /* nothing is in flight now: every waiting Alloc ends */
 	while (d->defers.reload_waiting) {
 		struct kvp_defer *t = d->defers.reload_waiting;
 		struct kvp_fail f;

@@ -9,6 +9,8 @@ enum kvp_page_state {
 	KVP_PAGE_FREE = 0,
 	KVP_PAGE_LEASED,
 	KVP_PAGE_CACHED,
+	KVP_PAGE_MOVING, /* reserved as the destination of a copy still in flight: not free, not
+			  * readable, owned by the copy until it completes */
 	KVP_PAGE_STATE_MAX,
 };
 
@@ -22,10 +24,11 @@ void kvp_pages_free(struct kvp_pages *p);
 /* Takes n free pages, all or nothing, marks them LEASED and writes their ids to out.
  * Returns 0, -ENOSPC when fewer than n pages are free, -EINVAL for n == 0. O(n). */
 int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out);
-/* LEASED or CACHED -> FREE. Returns 0, -EINVAL for an out-of-range id or a FREE page
+/* LEASED, CACHED or MOVING -> FREE. Returns 0, -EINVAL for an out-of-range id or a FREE page
  * (nothing changes then: all ids are checked before any is freed). */
 int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n);
-/* Moves one page between LEASED and CACHED. Returns 0, -EINVAL when the page is not in `from`. */
+/* Moves one page between LEASED, CACHED and MOVING. Returns 0, -EINVAL when the page is not in
+ * `from` or `to` is FREE. */
 int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
 		   enum kvp_page_state to);
 
@@ -34,6 +37,6 @@ int kvp_pages_state(const struct kvp_pages *p, uint32_t id);
 uint32_t kvp_pages_total(const struct kvp_pages *p);
 /* Count of pages in state s (s < KVP_PAGE_STATE_MAX). */
 uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s);
-/* Returns 0 when free + leased + cached == total and the free stack agrees with the
+/* Returns 0 when free + leased + cached + moving == total and the free stack agrees with the
  * state array, -EFAULT otherwise. O(total): for tests. */
 int kvp_pages_check(const struct kvp_pages *p);

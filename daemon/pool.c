@@ -10,6 +10,7 @@
 #include "fault.h"
 #include "log.h"
 #include "names.h"
+#include "work.h"
 
 /* tier.h numbers options without the config's types (reply.c checks the backends) */
 _Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_TRY &&
@@ -32,6 +33,113 @@ static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, cons
 	int r = ops->copy(p->copy, dir, src, dst, n);
 
 	return r < 0 ? r : ops->copy_wait(p->copy);
+}
+
+/* Demotions off the loop thread (kvp_pool_async): the worker waits for each flight, the loop
+ * swaps the pages in and tells the daemon. */
+static struct kvp_work *g_work;
+static kvp_pool_moved_fn g_moved;
+static void *g_moved_ctx;
+
+void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx)
+{
+	g_work = w;
+	g_moved = moved;
+	g_moved_ctx = ctx;
+}
+
+struct demote_job {
+	struct kvp_job job; /* first: the job is the struct */
+	struct kvpd_pool *p;
+	struct kvp_tier_flight *tf;
+	struct kvp_prefix_flight *pf;
+	int rc;
+};
+
+static void pool_free(struct kvpd_pool *p);
+static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later);
+
+/* On the worker: only the flight's own pages are touched. */
+static void demote_run(struct kvp_job *j)
+{
+	struct demote_job *dj = (struct demote_job *)j;
+
+	dj->rc = dj->p->mem[KVP_TIER_ID_DEVICE].ops->flight_wait(dj->tf);
+}
+
+/* On the loop thread. A cancelled flight (kvpoold stopping) is a failed copy. */
+static void demote_land(struct kvp_job *j, bool cancelled)
+{
+	struct demote_job *dj = (struct demote_job *)j;
+	struct kvpd_pool *p = dj->p;
+	int rc = cancelled ? -ECANCELED : dj->rc;
+
+	p->mem[KVP_TIER_ID_DEVICE].ops->flight_free(dj->tf);
+	kvp_prefix_demote_done(p->pfx, dj->pf, rc);
+	if (rc < 0 && !cancelled)
+		log_warn("pool %s: a demotion copy failed (%s): the device pages stay cached",
+			 p->conf.name, strerror(-rc));
+	free(dj);
+	p->flights--;
+	if (p->dying) {
+		if (!p->flights)
+			pool_free(p);
+		return;
+	}
+	if (g_moved)
+		g_moved(g_moved_ctx, p);
+}
+
+/* The prefix cache's demotion: in flight on the worker where the backend and the daemon allow
+ * (1), else synchronous (0, or a negative errno). */
+static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			   struct kvp_prefix_flight *pf)
+{
+	struct kvpd_pool *p = ctx;
+	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_ID_DEVICE].ops;
+	struct demote_job *dj;
+	int r;
+
+	if (!g_work || !ops->copy_start || !(dj = calloc(1, sizeof(*dj))))
+		return pool_copy(ctx, KVP_COPY_DEMOTE, src, dst, n);
+	r = ops->copy_start(p->copy, KVP_COPY_DEMOTE, src, dst, n, &dj->tf);
+	if (r != 1) {
+		free(dj);
+		return r < 0 ? r : 0;
+	}
+	dj->p = p;
+	dj->pf = pf;
+	dj->job.run = demote_run;
+	dj->job.done = demote_land;
+	if (kvp_work_submit(g_work, &dj->job) < 0) { /* stopping: wait here */
+		r = ops->flight_wait(dj->tf);
+		ops->flight_free(dj->tf);
+		free(dj);
+		return r < 0 ? r : 0;
+	}
+	p->flights++;
+	return 1;
+}
+
+uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier)
+{
+	struct kvp_prefix_stats ps;
+
+	if (tier != KVP_TIER_ID_DEVICE || !kvp_pool_has_tier(p, tier))
+		return 0;
+	kvp_prefix_stats(p->pfx, &ps);
+	return ps.inflight_pages;
+}
+
+bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages)
+{
+	struct kvp_tier_counts c;
+	uint64_t later = kvp_pool_inflight(p, tier);
+
+	if (!later)
+		return false;
+	kvp_pool_counts(p, tier, &c);
+	return c.free + c.evictable + later >= npages;
 }
 
 /* The wire code of a tier failure. */
@@ -165,6 +273,7 @@ struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, s
 	xc.host = p->pages[KVP_TIER_ID_HOST];
 	xc.copy = pool_copy;
 	xc.copy_ctx = p;
+	xc.copy_start = pool_copy_start;
 	p->pfx = kvp_prefix_new(&xc);
 	if (!p->pfx) {
 		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
@@ -185,6 +294,15 @@ void kvp_pool_destroy(struct kvpd_pool *p)
 {
 	if (!p)
 		return;
+	if (p->flights) { /* the last one to land frees the pool (its tiers stay mapped) */
+		p->dying = true;
+		return;
+	}
+	pool_free(p);
+}
+
+static void pool_free(struct kvpd_pool *p)
+{
 	kvp_prefix_free(p->pfx);
 	kvp_keys_free(p->keys);
 	if (p->copy)
@@ -212,6 +330,7 @@ void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts
 	out->free = kvp_pages_count(p->pages[tier], KVP_PAGE_FREE);
 	out->leased = kvp_pages_count(p->pages[tier], KVP_PAGE_LEASED);
 	out->cached = kvp_pages_count(p->pages[tier], KVP_PAGE_CACHED);
+	out->moving = kvp_pages_count(p->pages[tier], KVP_PAGE_MOVING);
 	out->evictable = ps.evictable_pages[tier] + ks.evictable_pages[tier];
 	out->protected_ = ps.protected_pages[tier] + ks.protected_pages[tier];
 }
@@ -229,7 +348,7 @@ int kvp_pool_check(const struct kvpd_pool *p)
 		if (kvp_pages_check(p->pages[t]) < 0)
 			return -EFAULT;
 		kvp_pool_counts(p, t, &c);
-		if (c.free + c.leased + c.cached != c.total)
+		if (c.free + c.leased + c.cached + c.moving != c.total)
 			return -EFAULT;
 		for (uint32_t i = 0; i < c.total; i++) {
 			bool leased = kvp_pages_state(p->pages[t], i) == KVP_PAGE_LEASED;
@@ -291,7 +410,8 @@ static int capacity_fail(struct kvpd_pool *p, int tier, uint32_t npages, struct 
 	if (!f)
 		f = &local;
 	kvp_pool_capacity_detail(p, tier, npages, f);
-	p->st.alloc_failures++;
+	if (!kvp_pool_fits_later(p, tier, npages)) /* else the caller waits (not a failure) */
+		p->st.alloc_failures++;
 	return kvp_fail(f, KVP_ERR_OUT_OF_CAPACITY,
 			"pool %s %s tier: asked for %lu tokens, %lu free, %lu evictable, "
 			"%lu leased, %lu protected by locks (of %lu): free leases, release "
@@ -315,7 +435,7 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 		kvp_pool_counts(p, tier, &c);
 		if (npages - nfree > c.evictable)
 			return capacity_fail(p, tier, npages, f);
-		kvp_pool_evict(p, tier, npages - nfree);
+		pool_evict(p, tier, npages - nfree, true); /* demotions may land later */
 		if (kvp_pages_count(pg, KVP_PAGE_FREE) < npages)
 			return capacity_fail(p, tier, npages, f);
 	}
@@ -560,7 +680,9 @@ void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms)
 }
 
 /* Both caches give up pages in proportion to what each can evict, then either tops up. */
-uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
+/* Evicts as kvp_pool_evict does; with later set, the prefix cache's demotions may be left in
+ * flight (counted toward pages, not in the result). */
+static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later)
 {
 	struct kvp_prefix_stats ps;
 	struct kvp_keys_stats ks;
@@ -575,10 +697,23 @@ uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
 	ek = ks.evictable_pages[tier];
 	share = ep + ek ? (uint32_t)((uint64_t)pages * ek / (ep + ek)) : 0;
 	freed = kvp_keys_evict(p->keys, tier, share);
-	freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+	if (later) {
+		uint64_t before = ps.inflight_pages;
+
+		freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+		kvp_prefix_stats(p->pfx, &ps);
+		pages -= (uint32_t)(ps.inflight_pages - before); /* started: freed when they land */
+	} else {
+		freed += kvp_prefix_evict_now(p->pfx, tier, pages - freed);
+	}
 	if (freed < pages)
 		freed += kvp_keys_evict(p->keys, tier, pages - freed);
 	return freed;
+}
+
+uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
+{
+	return pool_evict(p, tier, pages, false);
 }
 
 int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key *keys, uint32_t n,

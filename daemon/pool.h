@@ -27,6 +27,8 @@ struct kvpd_pool {
 	struct kvp_pool_stats st;
 	uint32_t sessions; /* attached */
 	struct kvp_tier_copy *copy; /* demotion and promotion: pools with both tiers */
+	uint32_t flights;	    /* demotion copies waited for on the worker */
+	bool dying;		    /* destroyed with flights left: the last one frees it */
 	char note[256];	   /* start-up fallbacks worth a log line */
 	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
 };
@@ -42,20 +44,36 @@ struct kvp_lease {
 /* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
  * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
 struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
-/* Accepts NULL. Leases must be gone (sessions destroyed) before. */
+/* Accepts NULL. Leases must be gone (sessions destroyed) before. With demotion copies in
+ * flight the pool is freed when the last one lands (no callback for it then). */
 void kvp_pool_destroy(struct kvpd_pool *p);
+
+/* Demotions off the loop thread: with w set, a pool whose device backend has copy_start (cuda;
+ * sim under KVPOOLD_COPY_DELAY_MS) demotes asynchronously: the worker waits for the copy, then
+ * on the loop thread (kvp_work_reap) the pages are swapped in and moved(ctx, p) is called, so
+ * that the daemon retries what waited for them. w NULL: every demotion is synchronous (the
+ * default; unit tests). Set by the event loop. */
+struct kvp_work;
+typedef void (*kvp_pool_moved_fn)(void *ctx, struct kvpd_pool *p);
+void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx);
+/* Device pages of tier whose demotion is in flight: cached now, free when it lands. */
+uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier);
+/* Whether npages of tier can be had once the demotions in flight land (some are in flight and
+ * free + evictable + in flight covers npages): an Alloc refused now may wait for them. */
+bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages);
 bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier);
 
 /* Per-tier figures, in pages. */
 struct kvp_tier_counts {
 	uint64_t total, free, leased, cached, evictable, protected_;
+	uint64_t moving; /* destinations of demotion copies in flight (reserved, not readable) */
 };
 void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out);
 /* Fills f's OUT_OF_CAPACITY detail (tier, requested = npages, and the tier's free, evictable,
  * protected, leased, total figures, in tokens). f may be NULL. */
 void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f);
-/* free + leased + cached == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
+/* free + leased + cached + moving == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
 int kvp_pool_check(const struct kvpd_pool *p);
 /* Every page l lists is a LEASED page of its tier that the pool books to l at that index.
  * O(pages of l). 0 or -EFAULT. */
@@ -93,5 +111,6 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 /* One log line summarising evictions, demotions, promotions and capacity refusals since the
  * previous call, when there were any (called every few seconds, never per page). */
 void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms);
-/* Evicts up to `pages` pages of tier. Returns pages freed. */
+/* Evicts up to `pages` pages of tier, demotions synchronous (admin Evict, Load): returns pages
+ * freed. (Alloc's own eviction may leave demotions in flight: see kvp_pool_async.) */
 uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages);

@@ -85,6 +85,16 @@ struct kvp_prefix {
 	uint64_t seed;	   /* of the hashes */
 	struct heap heap[HEAP_MAX];
 	struct kvp_prefix_stats st;
+	struct kvp_prefix_flight *flights; /* demotions in flight */
+	bool sync_only;			   /* this eviction needs its pages now: no copy_start */
+};
+
+struct kvp_prefix_flight {
+	struct kvp_prefix_node *node; /* the locked path's end; the pages are its device tail or,
+				       * after splits, the device tails of it and its ancestors */
+	uint32_t n;
+	uint32_t src[DEMOTE_BATCH], dst[DEMOTE_BATCH];
+	struct kvp_prefix_flight *prev, *next;
 };
 
 /* ---- small helpers ---- */
@@ -714,6 +724,12 @@ void kvp_prefix_free(struct kvp_prefix *pfx)
 	free(pfx->buckets);
 	for (int hid = 0; hid < HEAP_MAX; hid++)
 		free(pfx->heap[hid].v);
+	while (pfx->flights) { /* the owner ended their copies first; only the memory is left */
+		struct kvp_prefix_flight *fl = pfx->flights;
+
+		pfx->flights = fl->next;
+		free(fl);
+	}
 	free(pfx);
 }
 
@@ -1073,29 +1089,17 @@ static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
 	return freed;
 }
 
-/* Demotes up to k of n's last device pages into host pages. Returns how many were demoted:
- * 0 when no host page can be had or the copy failed. */
-static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k)
+/* n's device pages src[0 .. m) (its last device pages, in the node's array) become the host pages
+ * dst[] (state `from`): device pages freed, host pages CACHED. */
+static void demote_apply(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t *src,
+			 const uint32_t *dst, uint32_t m, enum kvp_page_state from)
 {
 	struct kvp_pages *hp = pfx->tier[KVP_TIER_ID_HOST];
-	uint32_t dst[DEMOTE_BATCH], hf, m, *src;
 	bool hd, hh;
 
-	k = min_u32(k, DEMOTE_BATCH);
-	hf = kvp_pages_count(hp, KVP_PAGE_FREE);
-	if (hf < k)
-		evict_host(pfx, k - hf); /* host leaves only: never n's ancestors, never n itself */
-	m = min_u32(k, kvp_pages_count(hp, KVP_PAGE_FREE));
-	if (!m || kvp_pages_alloc(hp, m, dst) < 0)
-		return 0;
-	src = node_pages(pfx, n) + n->ndev - m;
-	if (pfx->conf.copy(pfx->conf.copy_ctx, KVP_COPY_DEMOTE, src, dst, m) < 0) {
-		kvp_pages_release(hp, dst, m);
-		return 0;
-	}
 	kvp_pages_release(pfx->tier[KVP_TIER_ID_DEVICE], src, m);
 	for (uint32_t i = 0; i < m; i++) {
-		kvp_pages_move(hp, dst[i], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
+		kvp_pages_move(hp, dst[i], from, KVP_PAGE_CACHED);
 		src[i] = dst[i];
 	}
 	hd = has_dev(n);
@@ -1106,21 +1110,122 @@ static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32
 	pfx->st.demoted_pages += m;
 	pfx->st.evicted_pages[KVP_TIER_ID_DEVICE] += m;
 	node_changed(pfx, n, hd, hh);
+}
+
+void kvp_prefix_demote_done(struct kvp_prefix *pfx, struct kvp_prefix_flight *fl, int rc)
+{
+	uint32_t left = fl->n;
+
+	if (fl->prev)
+		fl->prev->next = fl->next;
+	else
+		pfx->flights = fl->next;
+	if (fl->next)
+		fl->next->prev = fl->prev;
+	pfx->st.inflight_pages -= fl->n;
+	pfx->st.moving_pages -= fl->n;
+	pfx->st.flights--;
+	/* The path is locked, so its pages kept their order; a split may have moved the head of
+	 * them into new nodes above fl->node. Device page ids are unique: match them from the end. */
+	for (struct kvp_prefix_node *c = fl->node; rc >= 0 && left && !is_root(c); c = c->parent) {
+		uint32_t *lp = node_pages(pfx, c), t = 0;
+
+		while (t < left && t < c->ndev && lp[c->ndev - 1 - t] == fl->src[left - 1 - t])
+			t++;
+		if (t)
+			demote_apply(pfx, c, lp + c->ndev - t, fl->dst + left - t, t,
+				     KVP_PAGE_MOVING);
+		left -= t;
+	}
+	if (left) /* failed (or, never, not found): those host pages were never the tree's */
+		kvp_pages_release(pfx->tier[KVP_TIER_ID_HOST], fl->dst, left);
+	kvp_prefix_unlock(pfx, fl->node);
+	free(fl);
+}
+
+/* Starts demoting src[0 .. m) (n's last device pages) into dst[] (LEASED host pages) through
+ * copy_start. Returns 1 when in flight, 0 when done now, -1 when it failed (dst freed). */
+static int demote_start(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t *src,
+			const uint32_t *dst, uint32_t m)
+{
+	struct kvp_pages *hp = pfx->tier[KVP_TIER_ID_HOST];
+	struct kvp_prefix_flight *fl = malloc(sizeof(*fl));
+	int r;
+
+	if (!fl) {
+		kvp_pages_release(hp, dst, m);
+		return -1;
+	}
+	fl->node = n;
+	fl->n = m;
+	memcpy(fl->src, src, m * sizeof(uint32_t));
+	memcpy(fl->dst, dst, m * sizeof(uint32_t));
+	for (uint32_t i = 0; i < m; i++)
+		kvp_pages_move(hp, dst[i], KVP_PAGE_LEASED, KVP_PAGE_MOVING);
+	for (struct kvp_prefix_node *x = n; !is_root(x); x = x->parent)
+		lock_get(pfx, x);
+	fl->prev = NULL;
+	fl->next = pfx->flights;
+	if (fl->next)
+		fl->next->prev = fl;
+	pfx->flights = fl;
+	pfx->st.inflight_pages += m;
+	pfx->st.moving_pages += m;
+	pfx->st.flights++;
+	r = pfx->conf.copy_start(pfx->conf.copy_ctx, fl->src, fl->dst, m, fl);
+	if (r == 1)
+		return 1;
+	kvp_prefix_demote_done(pfx, fl, r < 0 ? r : 0);
+	return r < 0 ? -1 : 0;
+}
+
+/* Demotes up to k of n's last device pages into host pages. Returns how many were demoted
+ * (*started: still in flight, freed later): 0 when no host page can be had or the copy failed. */
+static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k,
+		       bool *started)
+{
+	struct kvp_pages *hp = pfx->tier[KVP_TIER_ID_HOST];
+	uint32_t dst[DEMOTE_BATCH], hf, m, *src;
+	int r;
+
+	*started = false;
+	k = min_u32(k, DEMOTE_BATCH);
+	hf = kvp_pages_count(hp, KVP_PAGE_FREE);
+	if (hf < k)
+		evict_host(pfx, k - hf); /* host leaves only: never n's ancestors, never n itself */
+	m = min_u32(k, kvp_pages_count(hp, KVP_PAGE_FREE));
+	if (!m || kvp_pages_alloc(hp, m, dst) < 0)
+		return 0;
+	src = node_pages(pfx, n) + n->ndev - m;
+	if (pfx->conf.copy_start && !pfx->sync_only) {
+		r = demote_start(pfx, n, src, dst, m);
+		*started = r == 1;
+		return r < 0 ? 0 : m;
+	}
+	if (pfx->conf.copy(pfx->conf.copy_ctx, KVP_COPY_DEMOTE, src, dst, m) < 0) {
+		kvp_pages_release(hp, dst, m);
+		return 0;
+	}
+	demote_apply(pfx, n, src, dst, m, KVP_PAGE_LEASED);
 	return m;
 }
 
 static uint32_t evict_dev(struct kvp_prefix *pfx, uint32_t want)
 {
-	uint32_t freed = 0;
+	uint32_t freed = 0, started = 0;
 
-	while (freed < want && pfx->heap[HEAP_DEV].n) {
+	while (freed + started < want && pfx->heap[HEAP_DEV].n) {
 		struct kvp_prefix_node *n = pfx->heap[HEAP_DEV].v[0];
-		uint32_t k = min_u32(want - freed, n->ndev), m = 0;
+		uint32_t k = min_u32(want - freed - started, n->ndev), m = 0;
+		bool later = false;
 
 		if (pfx->tier[KVP_TIER_ID_HOST])
-			m = demote(pfx, n, k);
+			m = demote(pfx, n, k, &later);
 		if (m) {
-			freed += m;
+			if (later)
+				started += m;
+			else
+				freed += m;
 			continue;
 		}
 		/* Drop. Without a host tier every candidate is a device-only leaf; with one, the
@@ -1139,6 +1244,18 @@ uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_
 	if (!pfx || (unsigned)tier >= KVP_TIER_ID_MAX || !pfx->tier[tier] || !pages)
 		return 0;
 	return tier == KVP_TIER_ID_DEVICE ? evict_dev(pfx, pages) : evict_host(pfx, pages);
+}
+
+uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages)
+{
+	uint32_t freed;
+
+	if (!pfx)
+		return 0;
+	pfx->sync_only = true;
+	freed = kvp_prefix_evict(pfx, tier, pages);
+	pfx->sync_only = false;
+	return freed;
 }
 
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx)
@@ -1248,8 +1365,11 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
 		ids = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nhost * sizeof(*ids)));
 		if (!ids)
 			return -ENOMEM;
-		if (nfree < nhost)
-			evict_dev(pfx, (uint32_t)(nhost - nfree)); /* the path is locked: kept */
+		if (nfree < nhost) { /* the path is locked: kept; the pages are needed now */
+			pfx->sync_only = true;
+			evict_dev(pfx, (uint32_t)(nhost - nfree));
+			pfx->sync_only = false;
+		}
 		if (kvp_pages_alloc(dp, (uint32_t)nhost, ids) < 0) {
 			free(ids);
 			return -ENOSPC;
@@ -1545,6 +1665,10 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 		if (pfx->tier[t] &&
 		    kvp_pages_count(pfx->tier[t], KVP_PAGE_CACHED) !=
 			pfx->st.cached_pages[t] + others[t])
+			goto out;
+		/* only demotion flights hold MOVING pages, host ones */
+		if (pfx->tier[t] && kvp_pages_count(pfx->tier[t], KVP_PAGE_MOVING) !=
+					(t == KVP_TIER_ID_HOST ? pfx->st.moving_pages : 0))
 			goto out;
 		if (!pfx->tier[t] && pfx->st.cached_pages[t])
 			goto out;

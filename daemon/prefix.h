@@ -25,6 +25,16 @@ enum kvp_evict_policy {
 typedef int (*kvp_prefix_copy_fn)(void *ctx, enum kvp_copy_dir dir, const uint32_t *src,
 				  const uint32_t *dst, uint32_t n);
 
+/* A demotion whose copy is in flight (opaque). */
+struct kvp_prefix_flight;
+
+/* Starts demoting n device pages src[] into host pages dst[] (the arrays live until the
+ * flight ends). Returns 0 when the bytes are in place already; 1 when they land later: the
+ * caller then calls kvp_prefix_demote_done(pfx, fl, rc) exactly once, on the tree's thread;
+ * or a negative errno (nothing was started). */
+typedef int (*kvp_prefix_copy_start_fn)(void *ctx, const uint32_t *src, const uint32_t *dst,
+					uint32_t n, struct kvp_prefix_flight *fl);
+
 struct kvp_prefix_conf {
 	uint32_t page_tokens; /* 1 .. 65536 */
 	enum kvp_evict_policy policy;
@@ -32,6 +42,9 @@ struct kvp_prefix_conf {
 	struct kvp_pages *host;	 /* NULL when the pool has no host tier */
 	kvp_prefix_copy_fn copy; /* required when both tiers exist */
 	void *copy_ctx;
+	/* Optional, with copy_ctx: demotions through it may complete later (see
+	 * kvp_prefix_demote_done); NULL: demotion copies through copy, synchronously. */
+	kvp_prefix_copy_start_fn copy_start;
 	uint64_t (*now)(void *ctx); /* monotonic clock seam; NULL = CLOCK_MONOTONIC ns */
 	void *now_ctx;
 };
@@ -116,6 +129,23 @@ int kvp_prefix_promote(struct kvp_prefix *pfx, struct kvp_prefix_node *lock, uin
  * that tier (eviction is per page, not per node), unless a copy fails on a page that cannot be
  * dropped instead: then it stops early. Returns the number of pages freed in `tier`. */
 uint32_t kvp_prefix_evict(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages);
+/*
+ * Demotions in flight (conf.copy_start returned 1). While one is in flight:
+ *  - its device pages stay CACHED in the tree, readable and matched as device pages, on a path
+ *    the flight holds locked (so they count as protected, are never evicted, flushed or
+ *    promoted: promotion through that path is -EBUSY), and they are not yet free;
+ *  - its host pages are MOVING (reserved, in no lease and not in the tree): nothing can match
+ *    or read them before the copy is done.
+ * kvp_prefix_demote_done(rc == 0) then swaps the pages into the tree as the synchronous
+ * demotion does (device pages freed, host pages CACHED, wherever splits moved the pages on the
+ * path meanwhile) and unlocks; rc < 0 frees the host pages and leaves the tree as it was.
+ * kvp_prefix_evict counts pages whose demotion started toward `pages` but returns only those
+ * freed now; the stats' inflight_pages says how many device pages will be freed by flights.
+ */
+void kvp_prefix_demote_done(struct kvp_prefix *pfx, struct kvp_prefix_flight *fl, int rc);
+/* kvp_prefix_evict with every demotion synchronous (through conf.copy), for callers that need
+ * the pages at once (kvp_prefix_promote's own eviction works so too). */
+uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uint32_t pages);
 /* Drops every unlocked page in both tiers (admin Flush). Returns the pages freed. */
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 
@@ -131,6 +161,9 @@ struct kvp_prefix_stats {
 	uint64_t hit_tokens, queried_tokens;
 	uint64_t evicted_pages[KVP_TIER_ID_MAX]; /* freed from a tier by evict/flush (demotions too) */
 	uint64_t demoted_pages, promoted_pages;
+	/* Demotions in flight: device pages being copied (cached and protected until done) and
+	 * host pages reserved for them (MOVING), flights. */
+	uint64_t inflight_pages, moving_pages, flights;
 	/* Bytes the tree asked malloc for, token ids included (heap capacity reserved by a call
 	 * that then failed with -ENOMEM stays counted: it is kept for the next call). */
 	uint64_t metadata_bytes;

@@ -71,11 +71,13 @@ struct kvp_tier_mem {
 /* Page transfers between one device tier and one host tier; opaque, owned by the device tier's
  * backend. */
 struct kvp_tier_copy;
+/* One copy in flight (copy_start): waited for off the loop thread; opaque, the backend's. */
+struct kvp_tier_flight;
 
 /*
  * One backend. Every int-returning operation returns 0, or -code of enum kvp_tier_error with tf
- * filled (tf may be NULL), except copy and copy_wait, which return a negative errno. On failure
- * the tier is left as kvp_tier_mem_init made it.
+ * filled (tf may be NULL), except copy, copy_wait, copy_start and flight_wait, which return a
+ * negative errno. On failure the tier is left as kvp_tier_mem_init made it.
  */
 struct kvp_tier_ops {
 	const char *name; /* the backend as kvpoolctl shows it */
@@ -103,8 +105,24 @@ struct kvp_tier_ops {
 		    const uint32_t *dst, uint32_t n);
 	/* Waits for every copy started on c. 0 or a negative errno. */
 	int (*copy_wait)(struct kvp_tier_copy *c);
-	/* Waits for outstanding copies and frees c. Accepts NULL. */
+	/* Waits for outstanding copies and frees c. Accepts NULL. Flights of c are freed first. */
 	void (*copy_close)(struct kvp_tier_copy *c);
+	/* Optional (NULL: copies are synchronous, copy then copy_wait). Starts the copy as copy
+	 * does and returns 1 with *out set when the bytes land later: the caller waits with
+	 * flight_wait (on a worker thread, once) and then frees with flight_free (on the thread
+	 * that uses c). Returns 0 with *out NULL when the bytes are already in place, or a
+	 * negative errno (nothing in flight). cuda: a CUDA event after the copy's kernel; sim:
+	 * synchronous unless KVPOOLD_COPY_DELAY_MS (tests) is set, then the CPU kernel runs in
+	 * flight_wait after that delay. */
+	int (*copy_start)(struct kvp_tier_copy *c, enum kvp_copy_dir dir, const uint32_t *src,
+			  const uint32_t *dst, uint32_t n, struct kvp_tier_flight **out);
+	/* Blocks until f's bytes are in place. 0 or a negative errno. Touches nothing but f's
+	 * source and destination pages, so it may run on another thread than c's user. */
+	int (*flight_wait)(struct kvp_tier_flight *f);
+	/* Frees f. When flight_wait never ran, the destination may hold anything afterwards
+	 * (the copy is abandoned or waited for): treat it as a failed copy. Nothing of f's
+	 * touches the pages once this returns. */
+	void (*flight_free)(struct kvp_tier_flight *f);
 };
 
 extern const struct kvp_tier_ops kvp_tier_memfd_ops;

@@ -161,6 +161,47 @@ static int cuda_copy_wait(struct kvp_tier_copy *c)
 	return kvp_copy_cuda_sync(c->cc);
 }
 
+/* A flight is the CUDA event recorded after the copy's kernel: the worker waits on the event,
+ * the loop thread keeps using the stream meanwhile. */
+struct kvp_tier_flight {
+	void *fence;
+};
+
+static int cuda_copy_start(struct kvp_tier_copy *c, enum kvp_copy_dir dir, const uint32_t *src,
+			   const uint32_t *dst, uint32_t n, struct kvp_tier_flight **out)
+{
+	struct kvp_tier_flight *f;
+	int r;
+
+	*out = NULL;
+	if (!(f = malloc(sizeof(*f))))
+		return -ENOMEM;
+	if ((r = cuda_copy(c, dir, src, dst, n)) < 0) {
+		free(f);
+		return r;
+	}
+	if ((r = kvp_copy_cuda_fence(c->cc, &f->fence)) < 0) {
+		kvp_copy_cuda_sync(c->cc); /* the kernel is queued: done before its pages go back */
+		free(f);
+		return r;
+	}
+	*out = f;
+	return 1;
+}
+
+static int cuda_flight_wait(struct kvp_tier_flight *f)
+{
+	return kvp_copy_cuda_fence_wait(f->fence);
+}
+
+static void cuda_flight_free(struct kvp_tier_flight *f)
+{
+	if (!f)
+		return;
+	kvp_copy_cuda_fence_free(f->fence); /* waits first */
+	free(f);
+}
+
 const struct kvp_tier_ops kvp_tier_cuda_ops = {
     .name = "cuda",
     .kind = KVP_BACKEND_KIND_CUDA,
@@ -171,6 +212,9 @@ const struct kvp_tier_ops kvp_tier_cuda_ops = {
     .copy = cuda_copy,
     .copy_wait = cuda_copy_wait,
     .copy_close = cuda_copy_close,
+    .copy_start = cuda_copy_start,
+    .flight_wait = cuda_flight_wait,
+    .flight_free = cuda_flight_free,
 };
 
 #else

@@ -407,6 +407,45 @@ extern "C" int kvp_copy_cuda_sync(struct kvp_copy_cuda *c)
 	return 0;
 }
 
+extern "C" int kvp_copy_cuda_fence(struct kvp_copy_cuda *c, void **out)
+{
+	struct saved_ctx prev;
+	cudaEvent_t ev = NULL;
+	cudaError_t e;
+	int r;
+
+	if (!c || !out)
+		return -EINVAL;
+	if ((r = enter(c, &prev)) < 0)
+		return r;
+	e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+	if (e == cudaSuccess) {
+		e = cudaEventRecord(ev, c->stream);
+		if (e != cudaSuccess)
+			cudaEventDestroy(ev);
+	}
+	leave(c, &prev);
+	if (e != cudaSuccess)
+		return fail(c, e);
+	*out = (void *)ev;
+	return 0;
+}
+
+extern "C" int kvp_copy_cuda_fence_wait(void *fence)
+{
+	if (!fence)
+		return -EINVAL;
+	return cudaEventSynchronize((cudaEvent_t)fence) == cudaSuccess ? 0 : -EIO;
+}
+
+extern "C" void kvp_copy_cuda_fence_free(void *fence)
+{
+	if (!fence)
+		return;
+	cudaEventSynchronize((cudaEvent_t)fence);
+	cudaEventDestroy((cudaEvent_t)fence);
+}
+
 extern "C" const char *kvp_copy_cuda_error(const struct kvp_copy_cuda *c)
 {
 	if (!c || c->err == cudaSuccess)

@@ -52,6 +52,13 @@ int kvp_copy_host_to_dev_cuda(struct kvp_copy_cuda *c, const struct kvp_copy_geo
  * -EIO when a copy failed (a fault in a kernel is sticky for the process: see CUDA docs). */
 int kvp_copy_cuda_sync(struct kvp_copy_cuda *c);
 
+/* A fence after everything enqueued on the context so far (a CUDA event, as void *): 0 and *out
+ * set, or -EIO / -ENOMEM. kvp_copy_cuda_fence_wait blocks until the fence is reached and may run
+ * on any thread (it touches only the event); kvp_copy_cuda_fence_free waits too, then frees. */
+int kvp_copy_cuda_fence(struct kvp_copy_cuda *c, void **out);
+int kvp_copy_cuda_fence_wait(void *fence);
+void kvp_copy_cuda_fence_free(void *fence);
+
 /* The CUDA error string of the context's last failure, or "" when none. Never NULL. */
 const char *kvp_copy_cuda_error(const struct kvp_copy_cuda *c);
 

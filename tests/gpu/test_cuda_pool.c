@@ -2,7 +2,8 @@
  * travels as a POSIX fd (SCM_RIGHTS), one process writes K/V bytes (every layer, K and V) into a
  * leased page with cudaMemcpy, the other reads them back; a demotion through the daemon's CUDA
  * kernels puts them in the host page, and a promotion brings them back after the old device page
- * was cleared. Exits 77 with the reason on machines without a GPU. The parent never touches
+ * was cleared; an Alloc of the whole device tier demotes it again off the loop thread (a CUDA
+ * event waited for on the daemon's worker). Exits 77 with the reason on machines without a GPU. The parent never touches
  * CUDA, so its children may. */
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -186,6 +187,39 @@ static int reader(void)
 	return 0;
 }
 
+/* An Alloc of the whole device tier needs the cached page (promoted by reader) demoted: through
+ * the cuda backend's copy_start, whose CUDA event the daemon's worker waits for; the Alloc is
+ * answered once it landed, and the bytes are in the host page. */
+static int whole_tier(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-whole", &e);
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
+	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	uint32_t tok[PAGE_TOKENS], dev[2], host[2], n, *pages;
+	uint64_t lease;
+
+	if (!p || kvp_client_status(c, &st, &e) < 0)
+		return 40;
+	n = (uint32_t)(st.pools[0].tiers[KVP_TIER_DEVICE].total_tokens / PAGE_TOKENS);
+	pages = malloc(n * sizeof(*pages));
+	if (!pages || kvp_lease_alloc(p, KVP_TIER_DEVICE, n, &lease, pages, &e) < 0)
+		return 41;
+	free(pages);
+	if (kvp_lease_free(p, lease, NULL, 0, &e) < 0)
+		return 42;
+	for (uint32_t t = 0; t < PAGE_TOKENS; t++)
+		tok[t] = 500 + t;
+	if (kvp_cache_match(p, 0, tok, PAGE_TOKENS, 0, &m, dev, host, 2, &e) < 0 ||
+	    m.n_device != 0 || m.n_host != 1)
+		return 43;
+	if (check_page(p, KVP_TIER_HOST, host[0]) < 0)
+		return 44;
+	kvp_client_close(c);
+	return 0;
+}
+
 /* An engine that does not see the pool's GPU (CUDA_VISIBLE_DEVICES hides it) is told so. */
 static int blind(void)
 {
@@ -223,6 +257,8 @@ int main(void)
 	r = run_child(writer);
 	if (r == 0)
 		r = run_child(reader);
+	if (r == 0)
+		r = run_child(whole_tier);
 	if (r == 0)
 		r = run_child(blind);
 	printf("cuda pool shared across processes: %s (%d)\n", r ? "FAILED" : "ok", r);

@@ -1,5 +1,5 @@
 /* test_pages.c - the page allocator under random alloc/free/cache sequences, with the
- * invariant free + leased + cached == total checked after every step. */
+ * invariant free + leased + cached (+ moving) == total checked after every step. */
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -101,12 +101,40 @@ static void test_pages_random_sequences_keep_invariant(void)
 	kvp_pages_free(p);
 }
 
+/* A copy's destination: reserved (neither free nor allocatable), counted in the sum, and
+ * released (a failed copy) or cached (a finished one) from there. */
+static void test_pages_moving_state_reserved_and_counted(void)
+{
+	struct kvp_pages *p = kvp_pages_new(4);
+	uint32_t ids[4];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, 2, ids), 0);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, ids[0], KVP_PAGE_LEASED, KVP_PAGE_MOVING), 0);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, ids[1], KVP_PAGE_LEASED, KVP_PAGE_MOVING), 0);
+	CU_ASSERT_EQUAL(kvp_pages_state(p, ids[0]), KVP_PAGE_MOVING);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_MOVING), 2);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), 2);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 3, ids + 2), -ENOSPC); /* reserved, not free */
+	CU_ASSERT_EQUAL(kvp_pages_move(p, ids[0], KVP_PAGE_LEASED, KVP_PAGE_CACHED), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, ids[0], KVP_PAGE_MOVING, KVP_PAGE_FREE), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, ids[0], KVP_PAGE_MOVING, KVP_PAGE_CACHED), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, ids + 1, 1), 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_MOVING), 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_CACHED), 1);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), 3);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_pages_alloc_all_then_enospc),
 		H_TEST(test_pages_release_rejects_bad_ids_atomically),
 		H_TEST(test_pages_random_sequences_keep_invariant),
+		H_TEST(test_pages_moving_state_reserved_and_counted),
 	};
 
 	return H_RUN_SUITE("pages", NULL, NULL, tests);

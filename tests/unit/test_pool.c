@@ -4,6 +4,7 @@
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "log.h"
 #include "pool.h"
 #include "suite.h"
+#include "work.h"
 
 static const char *const g_conf = "[pool.u]\nlayers = 2\nkv_heads = 1\nhead_dim = 4\n"
 				  "dtype = fp16\npage_tokens = 4\ndevice = sim\n"
@@ -305,6 +307,94 @@ static void test_pool_random_sequences_keep_invariant(void)
 	kvp_pool_destroy(p);
 }
 
+static void count_moved(void *ctx, struct kvpd_pool *p)
+{
+	(void)p;
+	(*(int *)ctx)++;
+}
+
+/* Caches 8 device pages of sequence fam (stamped). */
+static void cache_seq(struct kvpd_pool *p, uint32_t fam, uint64_t id)
+{
+	struct kvp_fail f = {0};
+	struct kvp_lease *l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, id, 8, &f);
+	uint32_t tok[32], pg[8];
+	uint64_t nt, dt;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+	for (uint32_t i = 0; i < 32; i++)
+		tok[i] = fam * 1000 + i;
+	memcpy(pg, l->pages, sizeof(pg));
+	for (uint32_t i = 0; i < 8; i++)
+		stamp(p, pg[i], fam * 64 + i);
+	CU_ASSERT_EQUAL(kvp_lease_insert(l, 0, tok, 32, 0, pg, 8, &nt, &dt, &f), 0);
+	kvp_lease_destroy(l);
+}
+
+/* With the worker (kvp_pool_async) and a sim tier whose copies land late: the Alloc that needs
+ * demoted pages is refused now but fits later, the books balance with the pages in flight
+ * (host pages MOVING), the landing tells the daemon and then the Alloc succeeds with the bytes
+ * in the host tier; a pool destroyed with a copy in flight is freed when it lands. */
+static void test_pool_demotion_in_flight_on_worker(void)
+{
+	struct kvp_work *w = kvp_work_start();
+	struct kvp_prefix_match m = {0};
+	struct kvp_fail f = {0};
+	struct kvp_tier_counts dc, hc;
+	struct kvpd_pool *p;
+	struct kvp_lease *l;
+	uint32_t tok[32], dev[8], host[8];
+	int moved = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+	setenv("KVPOOLD_COPY_DELAY_MS", "100", 1);
+	p = make_pool();
+	unsetenv("KVPOOLD_COPY_DELAY_MS");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	kvp_pool_async(w, count_moved, &moved);
+	cache_seq(p, 1, 1);
+	CU_ASSERT_PTR_NULL(kvp_lease_create(p, KVP_TIER_ID_DEVICE, 2, 32, &f));
+	CU_ASSERT_EQUAL(f.code, KVP_ERR_OUT_OF_CAPACITY);
+	CU_ASSERT(kvp_pool_fits_later(p, KVP_TIER_ID_DEVICE, 32));
+	CU_ASSERT_FALSE(kvp_pool_fits_later(p, KVP_TIER_ID_DEVICE, 33));
+	CU_ASSERT_EQUAL(kvp_pool_inflight(p, KVP_TIER_ID_DEVICE), 8);
+	CU_ASSERT_EQUAL(p->st.alloc_failures, 0); /* waiting is no failure */
+	kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &dc);
+	kvp_pool_counts(p, KVP_TIER_ID_HOST, &hc);
+	CU_ASSERT_EQUAL(dc.cached, 8);
+	CU_ASSERT_EQUAL(dc.free, 24);
+	CU_ASSERT_EQUAL(hc.moving, 8);
+	CU_ASSERT_EQUAL(hc.cached, 0);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	CU_ASSERT_EQUAL(moved, 0);
+	CU_ASSERT_EQUAL(poll(&(struct pollfd){.fd = kvp_work_fd(w), .events = POLLIN}, 1, 5000), 1);
+	CU_ASSERT_EQUAL(kvp_work_reap(w), 1);
+	CU_ASSERT_EQUAL(moved, 1);
+	CU_ASSERT_EQUAL(kvp_pool_inflight(p, KVP_TIER_ID_DEVICE), 0);
+	kvp_pool_counts(p, KVP_TIER_ID_HOST, &hc);
+	CU_ASSERT_EQUAL(hc.moving, 0);
+	CU_ASSERT_EQUAL(hc.cached, 8);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
+	for (uint32_t i = 0; i < 32; i++)
+		tok[i] = 1000 + i;
+	CU_ASSERT_EQUAL(kvp_prefix_match(p->pfx, 0, tok, 32, 0, &m, dev, host), 0);
+	CU_ASSERT_EQUAL(m.dev_pages, 0);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 8);
+	for (uint32_t i = 0; i < 8; i++)
+		CU_ASSERT(verify(p, KVP_TIER_ID_HOST, host[i], 64 + i));
+	l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 3, 32, &f);
+	CU_ASSERT_PTR_NOT_NULL(l);
+	kvp_lease_destroy(l);
+	/* In flight again, then destroyed: freed when the copy lands, with no callback. */
+	cache_seq(p, 2, 4);
+	CU_ASSERT_PTR_NULL(kvp_lease_create(p, KVP_TIER_ID_DEVICE, 5, 32, &f));
+	CU_ASSERT_EQUAL(kvp_pool_inflight(p, KVP_TIER_ID_DEVICE), 8);
+	kvp_pool_destroy(p);
+	kvp_work_stop(w); /* lands it */
+	CU_ASSERT_EQUAL(moved, 1);
+	kvp_pool_async(NULL, NULL, NULL);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -314,6 +404,7 @@ int main(void)
 		H_TEST(test_lease_create_capacity_figures),
 		H_TEST(test_lease_check_catches_wrong_books),
 		H_TEST(test_pool_random_sequences_keep_invariant),
+		H_TEST(test_pool_demotion_in_flight_on_worker),
 	};
 
 	g_log_level = LOG_WARNING;

@@ -79,7 +79,17 @@ struct fx {
 	int copy_fail; /* copies return this when nonzero */
 	uint64_t copied[2];
 	bool copy_bad; /* the callback saw a page in the wrong state */
+	/* Asynchronous demotions (fx_async before fx_init): flights started, not yet landed. */
+	struct {
+		const uint32_t *src, *dst;
+		uint32_t n;
+		struct kvp_prefix_flight *fl;
+	} flight[8];
+	uint32_t nflight;
+	bool start_now; /* copy_start copies at once and returns 0 */
 };
+
+static bool fx_async; /* fx_init gives the tree a copy_start */
 
 static uint64_t fx_now(void *ctx)
 {
@@ -108,6 +118,50 @@ static int fx_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const 
 	return 0;
 }
 
+/* Demotion copy_start: the pages must be CACHED (device) and MOVING (host); the bytes move when
+ * the test lands the flight (fx_land). */
+static int fx_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			 struct kvp_prefix_flight *fl)
+{
+	struct fx *f = ctx;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (kvp_pages_state(f->tp[DEV], src[i]) != KVP_PAGE_CACHED ||
+		    kvp_pages_state(f->tp[HOST], dst[i]) != KVP_PAGE_MOVING)
+			f->copy_bad = true;
+	if (f->copy_fail)
+		return f->copy_fail;
+	if (f->start_now) {
+		for (uint32_t i = 0; i < n; i++)
+			memcpy(f->mem[HOST] + (size_t)dst[i] * PB, f->mem[DEV] + (size_t)src[i] * PB,
+			       PB);
+		f->copied[KVP_COPY_DEMOTE] += n;
+		return 0;
+	}
+	CU_ASSERT_FATAL(f->nflight < 8);
+	f->flight[f->nflight].src = src;
+	f->flight[f->nflight].dst = dst;
+	f->flight[f->nflight].n = n;
+	f->flight[f->nflight].fl = fl;
+	f->nflight++;
+	return 1;
+}
+
+/* Lands flight i (the oldest is 0): with rc 0 the bytes are copied first. */
+static void fx_land(struct fx *f, uint32_t i, int rc)
+{
+	CU_ASSERT_FATAL(i < f->nflight);
+	if (rc == 0) {
+		for (uint32_t k = 0; k < f->flight[i].n; k++)
+			memcpy(f->mem[HOST] + (size_t)f->flight[i].dst[k] * PB,
+			       f->mem[DEV] + (size_t)f->flight[i].src[k] * PB, PB);
+		f->copied[KVP_COPY_DEMOTE] += f->flight[i].n;
+	}
+	kvp_prefix_demote_done(f->pfx, f->flight[i].fl, rc);
+	memmove(&f->flight[i], &f->flight[i + 1], (f->nflight - i - 1) * sizeof(f->flight[0]));
+	f->nflight--;
+}
+
 static void fx_init(struct fx *f, uint32_t pt, uint32_t ndev, uint32_t nhost,
 		    enum kvp_evict_policy policy)
 {
@@ -131,6 +185,7 @@ static void fx_init(struct fx *f, uint32_t pt, uint32_t ndev, uint32_t nhost,
 	c.host = f->tp[HOST];
 	c.copy = fx_copy;
 	c.copy_ctx = f;
+	c.copy_start = fx_async ? fx_copy_start : NULL;
 	c.now = fx_now;
 	c.now_ctx = f;
 	f->pfx = kvp_prefix_new(&c);
@@ -168,7 +223,8 @@ static bool fx_sane(const struct fx *f)
 		if (!f->tp[t])
 			continue;
 		uint64_t sum = (uint64_t)fx_count(f, t, KVP_PAGE_FREE) +
-			       fx_count(f, t, KVP_PAGE_LEASED) + fx_count(f, t, KVP_PAGE_CACHED);
+			       fx_count(f, t, KVP_PAGE_LEASED) + fx_count(f, t, KVP_PAGE_CACHED) +
+			       fx_count(f, t, KVP_PAGE_MOVING);
 
 		ok = ok && kvp_pages_check(f->tp[t]) == 0 && sum == kvp_pages_total(f->tp[t]);
 	}
@@ -744,6 +800,184 @@ static void test_kvp_prefix_evict_demote_bytes(void)
 	CU_ASSERT_EQUAL(f.copied[KVP_COPY_PROMOTE], 4);
 	kvp_prefix_unlock(f.pfx, m.lock);
 	CU_ASSERT(fx_sane(&f));
+	fx_fini(&f);
+}
+
+/* An asynchronous demotion: while in flight, the device pages are cached, protected, matched as
+ * device pages and not free; the host pages are MOVING and matched by nothing; landing swaps
+ * them in with the right bytes. */
+static void test_kvp_prefix_demote_async_in_flight(void)
+{
+	struct fx f;
+	uint32_t a[16], dev[4], host[4];
+	struct kvp_prefix_stats st;
+	struct kvp_prefix_match m;
+
+	fx_async = true;
+	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
+	fx_async = false;
+	seq(a, 16, 100);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, DEV, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 4), 0); /* started, nothing free yet */
+	CU_ASSERT_EQUAL_FATAL(f.nflight, 1);
+	CU_ASSERT_EQUAL(f.flight[0].n, 4);
+	st = fx_stats(&f);
+	CU_ASSERT_EQUAL(st.inflight_pages, 4);
+	CU_ASSERT_EQUAL(st.moving_pages, 4);
+	CU_ASSERT_EQUAL(st.flights, 1);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 4);
+	CU_ASSERT_EQUAL(st.protected_pages[DEV], 4);
+	CU_ASSERT_EQUAL(st.evictable_pages[DEV], 0);
+	CU_ASSERT_EQUAL(st.demoted_pages, 0);
+	CU_ASSERT_EQUAL(fx_count(&f, DEV, KVP_PAGE_FREE), 4);
+	CU_ASSERT_EQUAL(fx_count(&f, HOST, KVP_PAGE_MOVING), 4);
+	CU_ASSERT_EQUAL(fx_count(&f, HOST, KVP_PAGE_FREE), 4);
+	CU_ASSERT(fx_sane(&f));
+	/* Nothing more to evict, flush keeps the path, match sees device pages. */
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 4), 0);
+	CU_ASSERT_EQUAL(f.nflight, 1);
+	CU_ASSERT_EQUAL(kvp_prefix_flush(f.pfx), 0);
+	m = fx_match(&f, 0, a, 16, 0, dev, host);
+	CU_ASSERT_EQUAL(m.dev_pages, 4);
+	CU_ASSERT_EQUAL(m.host_pages, 0);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, DEV, dev[k], 0, a, k));
+	CU_ASSERT(fx_sane(&f));
+	fx_land(&f, 0, 0);
+	st = fx_stats(&f);
+	CU_ASSERT_EQUAL(st.inflight_pages, 0);
+	CU_ASSERT_EQUAL(st.moving_pages, 0);
+	CU_ASSERT_EQUAL(st.flights, 0);
+	CU_ASSERT_EQUAL(st.demoted_pages, 4);
+	CU_ASSERT_EQUAL(st.evicted_pages[DEV], 4);
+	CU_ASSERT_EQUAL(st.cached_pages[HOST], 4);
+	CU_ASSERT_EQUAL(st.protected_pages[DEV], 0);
+	CU_ASSERT_EQUAL(fx_count(&f, DEV, KVP_PAGE_FREE), 8);
+	CU_ASSERT_EQUAL(fx_count(&f, HOST, KVP_PAGE_MOVING), 0);
+	CU_ASSERT(fx_sane(&f));
+	m = fx_match(&f, 0, a, 16, 0, dev, host);
+	CU_ASSERT_EQUAL(m.dev_pages, 0);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 4);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, HOST, host[k], 0, a, k));
+	fx_fini(&f);
+}
+
+/* A failed flight gives its host pages back and leaves the device pages cached; a copy_start
+ * that finishes at once (0) or refuses (< 0) is the synchronous demotion or its failure. */
+static void test_kvp_prefix_demote_async_fails(void)
+{
+	struct fx f;
+	uint32_t a[16], b[16], dev[4], host[4];
+	struct kvp_prefix_stats st;
+	struct kvp_prefix_match m;
+
+	fx_async = true;
+	fx_init(&f, 4, 8, 8, KVP_EVICT_POLICY_LRU);
+	fx_async = false;
+	seq(a, 16, 100);
+	seq(b, 16, 300);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, DEV, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 2), 0);
+	CU_ASSERT_EQUAL_FATAL(f.nflight, 1);
+	fx_land(&f, 0, -EIO);
+	st = fx_stats(&f);
+	CU_ASSERT_EQUAL(st.demoted_pages, 0);
+	CU_ASSERT_EQUAL(st.moving_pages, 0);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 4);
+	CU_ASSERT_EQUAL(st.evictable_pages[DEV], 4);
+	CU_ASSERT_EQUAL(fx_count(&f, HOST, KVP_PAGE_FREE), 8);
+	CU_ASSERT(fx_sane(&f));
+	m = fx_match(&f, 0, a, 16, 0, dev, host);
+	CU_ASSERT_EQUAL(m.dev_pages, 4);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, DEV, dev[k], 0, a, k));
+	/* Finished at once: freed now. */
+	f.start_now = true;
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 2), 2);
+	CU_ASSERT_EQUAL(f.nflight, 0);
+	CU_ASSERT_EQUAL(fx_stats(&f).demoted_pages, 2);
+	CU_ASSERT(fx_sane(&f));
+	/* Refused: a device-only leaf with host pages after it cannot be dropped instead. */
+	f.copy_fail = -EIO;
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 2), 0);
+	CU_ASSERT_EQUAL(fx_count(&f, HOST, KVP_PAGE_MOVING), 0);
+	CU_ASSERT(fx_sane(&f));
+	f.copy_fail = 0;
+	(void)b;
+	fx_fini(&f);
+}
+
+/* Evictions that need the pages now demote synchronously even with copy_start: evict_now, and
+ * promotion's own eviction. */
+static void test_kvp_prefix_demote_async_not_for_promotion(void)
+{
+	struct fx f;
+	uint32_t a[16], b[16], dev[4], host[4], n = 0;
+	struct kvp_prefix_match m;
+
+	fx_async = true;
+	fx_init(&f, 4, 4, 8, KVP_EVICT_POLICY_LRU);
+	fx_async = false;
+	seq(a, 16, 100);
+	seq(b, 16, 500);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, DEV, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_evict_now(f.pfx, DEV, 4), 4);
+	CU_ASSERT_EQUAL(f.nflight, 0);
+	CU_ASSERT_EQUAL(fx_stats(&f).demoted_pages, 4);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(f.tp[DEV], 4, dev), 0); /* b's pages, cached below */
+	for (uint32_t i = 0; i < 4; i++)
+		content(page_key(&f, 0, b, i), f.mem[DEV] + (size_t)dev[i] * PB);
+	CU_ASSERT_EQUAL_FATAL(kvp_prefix_insert(f.pfx, 0, b, 4, DEV, dev, NULL, NULL), 0);
+	m = fx_match(&f, 0, a, 16, 1, dev, host);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 4);
+	CU_ASSERT_EQUAL(kvp_prefix_promote(f.pfx, m.lock, dev, 4, &n), 0); /* b demoted now */
+	CU_ASSERT_EQUAL(n, 4);
+	CU_ASSERT_EQUAL(f.nflight, 0);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, DEV, dev[k], 0, a, k));
+	kvp_prefix_unlock(f.pfx, m.lock);
+	m = fx_match(&f, 0, b, 16, 0, dev, host);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 4);
+	for (uint32_t k = 0; k < 4; k++)
+		CU_ASSERT(page_ok(&f, HOST, host[k], 0, b, k));
+	CU_ASSERT(fx_sane(&f));
+	fx_fini(&f);
+}
+
+/* A split of the node while its pages are in flight (an insert diverging inside the moving
+ * pages) moves part of them into the new upper node: landing finds them in both. */
+static void test_kvp_prefix_demote_async_split(void)
+{
+	struct fx f;
+	uint32_t a[16], b[16], dev[4], host[4];
+	struct kvp_prefix_match m;
+
+	fx_async = true;
+	fx_init(&f, 4, 12, 8, KVP_EVICT_POLICY_LRU);
+	fx_async = false;
+	seq(a, 16, 100);
+	memcpy(b, a, sizeof(b));
+	b[12] = 999; /* b shares a's first 3 pages */
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, a, 4, DEV, NULL, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_evict(f.pfx, DEV, 2), 0); /* a's pages 2 and 3 */
+	CU_ASSERT_EQUAL_FATAL(f.nflight, 1);
+	CU_ASSERT_EQUAL_FATAL(fx_put(&f, 0, b, 4, DEV, NULL, NULL), 0); /* splits a after 3 */
+	CU_ASSERT(fx_sane(&f));
+	CU_ASSERT_EQUAL(fx_stats(&f).nodes, 4); /* root, a[0..3), a[3], b[3] */
+	fx_land(&f, 0, 0);
+	CU_ASSERT(fx_sane(&f));
+	CU_ASSERT_EQUAL(fx_stats(&f).demoted_pages, 2);
+	m = fx_match(&f, 0, a, 16, 0, dev, host);
+	CU_ASSERT_EQUAL_FATAL(m.dev_pages, 2);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 2);
+	for (uint32_t k = 0; k < 2; k++) {
+		CU_ASSERT(page_ok(&f, DEV, dev[k], 0, a, k));
+		CU_ASSERT(page_ok(&f, HOST, host[k], 0, a, 2 + k));
+	}
+	m = fx_match(&f, 0, b, 16, 0, dev, host);
+	CU_ASSERT_EQUAL(m.dev_pages, 2);
+	CU_ASSERT_EQUAL(m.host_pages, 1); /* b[3] is a device page below host pages: not matched */
 	fx_fini(&f);
 }
 
@@ -1672,6 +1906,10 @@ int main(void)
 		H_TEST(test_kvp_prefix_evict_host_over_device),
 		H_TEST(test_kvp_prefix_evict_lru_vs_lfu),
 		H_TEST(test_kvp_prefix_evict_copy_fails),
+		H_TEST(test_kvp_prefix_demote_async_in_flight),
+		H_TEST(test_kvp_prefix_demote_async_fails),
+		H_TEST(test_kvp_prefix_demote_async_split),
+		H_TEST(test_kvp_prefix_demote_async_not_for_promotion),
 		H_TEST(test_kvp_prefix_promote_enospc),
 		H_TEST(test_kvp_prefix_promote_busy_when_shared),
 		H_TEST(test_kvp_prefix_promote_copy_fails),
