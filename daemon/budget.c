@@ -11,7 +11,6 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "pool.h"
 
 #define CAP_IPC_LOCK_BIT 14
 
@@ -26,13 +25,6 @@ struct share {
 	int node;
 };
 
-/* The fixed part, from the structures that hold it. */
-_Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
-		   sizeof(uint32_t) + sizeof(uint8_t) +
-		       sizeof(**((struct kvpd_pool *)0)->lease_of) +
-		       sizeof(**((struct kvpd_pool *)0)->lease_idx) +
-		       2 * sizeof(*((struct kvp_lease *)0)->pages),
-	       "per-page bookkeeping of pages.c, pool.h and leases");
 
 static uint64_t add_sat(uint64_t a, uint64_t b)
 {

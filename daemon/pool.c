@@ -10,6 +10,15 @@
 #include "fault.h"
 #include "log.h"
 #include "names.h"
+#include "budget.h"
+
+/* budget.c counts this per page; the structures that hold it are here. */
+_Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
+		   sizeof(uint32_t) + sizeof(uint8_t) +
+		       sizeof(**((struct kvpd_pool *)0)->lease_of) +
+		       sizeof(**((struct kvpd_pool *)0)->lease_idx) +
+		       2 * sizeof(*((struct kvp_lease *)0)->pages),
+	       "per-page bookkeeping of pages.c, pool.h and leases");
 #include "work.h"
 
 /* tier.h numbers options without the config's types (reply.c checks the backends) */
