@@ -75,11 +75,12 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 		  KVPOOL__MATCH_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchKeysResp *mr;
+	struct kvp_match_keys_result o = {0};
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);
 
-	if (!c || !m || m->struct_size < sizeof(*m))
+	if (!c || !m || m->struct_size < KVP_MATCH_KEYS_RESULT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "pool or m is NULL, or m->struct_size is not set");
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
@@ -102,10 +103,11 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 		return kvp__fail(err, KVP_E_BUFFER, 0,
 				 "match keys: %u entries do not hold the reply", cap);
 	}
-	m->matched_keys = mr->matched_keys;
-	m->n_device = (uint32_t)mr->n_device_pages;
-	m->n_host = (uint32_t)mr->n_host_pages;
-	m->lock_id = mr->lock_id;
+	o.matched_keys = mr->matched_keys;
+	o.n_device = (uint32_t)mr->n_device_pages;
+	o.n_host = (uint32_t)mr->n_host_pages;
+	o.lock_id = mr->lock_id;
+	kvp__struct_out(m, &o, sizeof(o));
 	if (mr->n_device_pages)
 		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
 	if (mr->n_host_pages)
