@@ -27,6 +27,7 @@
 #define KVP_MATCH_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_result, lock_id)
 #define KVP_CACHE_PREFIX_SIZE_V02 KVP__SIZE_UPTO(struct kvp_cache_prefix, ns)
 #define KVP_RELOAD_ITEM_SIZE_V02 KVP__SIZE_UPTO(struct kvp_reload_item, text)
+#define KVP_INSERT_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_insert_keys_result, lease_pages)
 #define KVP_MATCH_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_keys_result, lock_id)
 
 /* Copies the struct the library filled (full, this version's `size` bytes) to the caller's

@@ -38,12 +38,16 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq,
 		  KVPOOL__INSERT_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
+	struct kvp_insert_keys_result o = {0};
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);
 
 	if (!c || (npages && !pages))
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool or pages is NULL");
+	if (out && out->struct_size < KVP_INSERT_KEYS_RESULT_SIZE_V02)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "out->struct_size is not set");
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
@@ -57,10 +61,11 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	if (r < 0)
 		return r;
 	if (out) {
-		out->new_pages = resp->insert_keys->new_pages;
-		out->dup_pages = resp->insert_keys->dup_pages;
-		out->done_keys = resp->insert_keys->done_keys;
-		out->lease_pages = resp->insert_keys->lease_pages;
+		o.new_pages = resp->insert_keys->new_pages;
+		o.dup_pages = resp->insert_keys->dup_pages;
+		o.done_keys = resp->insert_keys->done_keys;
+		o.lease_pages = resp->insert_keys->lease_pages;
+		kvp__struct_out(out, &o, sizeof(o));
 	}
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
