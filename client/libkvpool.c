@@ -156,9 +156,7 @@ KVP_EXPORT const char *kvp_backend_name(int backend)
 
 KVP_EXPORT const char *kvp_dtype_name(int dtype)
 {
-	static const char *const n[KVP_DTYPE_MAX] = {"?", "fp16", "bf16", "fp8", "fp32"};
-
-	return dtype >= 0 && dtype < KVP_DTYPE_MAX ? n[dtype] : "?";
+	return kvp_names_dtype(dtype);
 }
 
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
