@@ -281,5 +281,6 @@ out:
 	}
 	for (uint32_t i = 0; i < d.n_pools; i++)
 		kvp_pool_destroy(d.pools[i]);
+	kvp_activation_close();
 	return code;
 }
