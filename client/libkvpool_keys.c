@@ -143,7 +143,11 @@ KVP_EXPORT int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns,
 	free(a.keys);
 	if (r < 0)
 		return r;
-	r = (int)resp->exists_keys->count;
+	if (resp->exists_keys->count > nkeys || resp->exists_keys->count > INT32_MAX)
+		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "exists keys: %u leading keys of %u",
+			      resp->exists_keys->count, nkeys);
+	else
+		r = (int)resp->exists_keys->count;
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }

@@ -570,6 +570,49 @@ static void test_kvp_client_wrong_result_is_protocol(void)
 	CU_ASSERT_EQUAL(wait_fake(pid), 0);
 }
 
+/* ExistsKeys answered with more leading keys than were asked about, then with all of them. */
+static int script_exists_too_many(int fd, void *arg)
+{
+	(void)arg;
+	if (!fake_hello(fd) || fake_attach(fd) < 0)
+		return 1;
+	for (uint32_t count = 3; count >= 2; count--) {
+		Kvpool__Request *q = fake_expect(fd, KVPOOL__REQUEST__CALL_EXISTS_KEYS);
+		Kvpool__Response r = KVPOOL__RESPONSE__INIT;
+		Kvpool__ExistsKeysResp x = KVPOOL__EXISTS_KEYS_RESP__INIT;
+
+		if (!q)
+			return 2;
+		x.count = count;
+		r.id = q->id;
+		r.status = &g_ok;
+		r.result_case = KVPOOL__RESPONSE__RESULT_EXISTS_KEYS;
+		r.exists_keys = &x;
+		kvpool__request__free_unpacked(q, NULL);
+		if (h_fake_send(fd, &r, NULL, 0) < 0)
+			return 3;
+	}
+	return fake_end(fd, 0);
+}
+
+static void test_kvp_cache_exists_keys_count_beyond_keys_is_protocol(void)
+{
+	pid_t pid = start_fake(script_exists_too_many, NULL);
+	struct kvp_client *c = fake_connect();
+	struct kvp_page_key k[2] = {{"a", 1}, {"b", 1}};
+	struct kvp_error e;
+	struct kvp_pool *p;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	p = kvp_pool_attach(c, "fake", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(p, 0, k, 2, &e), -KVP_E_PROTOCOL);
+	CU_ASSERT_EQUAL(e.code, KVP_E_PROTOCOL);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(p, 0, k, 2, &e), 2);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(wait_fake(pid), 0);
+}
+
 /* ---- socket paths ---- */
 
 static void test_kvp_client_connect_path_too_long(void)
@@ -946,6 +989,7 @@ int main(void)
 	    H_TEST(test_kvp_client_ping_out_of_range_codes),
 	    H_TEST(test_kvp_lease_alloc_short_reply_frees_lease),
 	    H_TEST(test_kvp_client_wrong_result_is_protocol),
+	    H_TEST(test_kvp_cache_exists_keys_count_beyond_keys_is_protocol),
 	    H_TEST(test_kvp_client_connect_path_too_long),
 	    H_TEST(test_kvpoolctl_socket_too_long),
 	    H_TEST(test_kvp_pool_tier_mapping_outlives_detach_and_close),
