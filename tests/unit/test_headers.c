@@ -13,7 +13,7 @@
 /* The deferred-reply table is usable from daemon.h alone (struct kvp_reply stays opaque). */
 static void test_headers_daemon_defers_without_reply(void)
 {
-	struct kvp_daemon d = {0};
+	struct kvp_daemon d = { 0 };
 
 	CU_ASSERT_EQUAL(kvp_defer_count(&d.defers, 1), 0);
 	CU_ASSERT_PTR_NULL(d.defers.all);
@@ -22,7 +22,7 @@ static void test_headers_daemon_defers_without_reply(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_headers_daemon_defers_without_reply),
+		H_TEST(test_headers_daemon_defers_without_reply),
 	};
 
 	return H_RUN_SUITE("headers", NULL, NULL, tests);
