@@ -2,6 +2,9 @@
  * path that hands back the decoded Response. Not installed; kvpoolctl and kvpool-loadgen use
  * only kvpool.h. */
 #pragma once
+#include <stddef.h>
+#include <string.h>
+
 #include "frame.h"
 #include "kvpool.h"
 #include "kvpool.pb-c.h"
@@ -10,6 +13,43 @@
 #define KVP_CLIENT_MAX_FDS 8
 /* Requests one client may have outstanding at once. */
 #define KVP_CLIENT_MAX_PENDING 16
+
+/* The first-version (0.2) sizes of the public structs that carry struct_size: the end of the
+ * last 0.2 field, rounded up to the struct's alignment as sizeof was. They stay fixed when the
+ * structs grow; a caller's struct_size below one is -KVP_E_INVALID_ARGUMENT. */
+#define KVP__SIZE_UPTO(type, field)                                                                \
+	((offsetof(type, field) + sizeof(((type *)0)->field) + _Alignof(size_t) - 1) &             \
+	 ~(_Alignof(size_t) - 1))
+#define KVP_CLIENT_OPTS_SIZE_V02 KVP__SIZE_UPTO(struct kvp_client_opts, timeout_ms)
+#define KVP_EVENT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_event, payload_len)
+#define KVP_STATUS_SIZE_V02 KVP__SIZE_UPTO(struct kvp_status, counters)
+#define KVP_SESSION_INFO_SIZE_V02 KVP__SIZE_UPTO(struct kvp_session_info, idle_ms)
+#define KVP_MATCH_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_result, lock_id)
+#define KVP_CACHE_PREFIX_SIZE_V02 KVP__SIZE_UPTO(struct kvp_cache_prefix, ns)
+#define KVP_RELOAD_ITEM_SIZE_V02 KVP__SIZE_UPTO(struct kvp_reload_item, text)
+#define KVP_INSERT_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_insert_keys_result, lease_pages)
+#define KVP_MATCH_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_keys_result, lock_id)
+
+/* Copies the struct the library filled (full, this version's `size` bytes) to the caller's
+ * (its struct_size set): min(struct_size, size) bytes, struct_size kept; the caller's bytes
+ * past size are untouched. */
+static inline void kvp__struct_out(void *out, const void *full, size_t size)
+{
+	size_t n = *(const size_t *)out;
+
+	memcpy(out, full, n < size ? n : size);
+	*(size_t *)out = n;
+}
+
+/* Reads the caller's struct (struct_size set) into full (this version's `size` bytes):
+ * min(struct_size, size) bytes, the rest zeroed. */
+static inline void kvp__struct_in(void *full, const void *in, size_t size)
+{
+	size_t n = *(const size_t *)in;
+
+	memset(full, 0, size);
+	memcpy(full, in, n < size ? n : size);
+}
 
 /* Sends req (its id is assigned here), waits for the reply of that id (frames of other ids go
  * to the event queue or are discarded, see kvpool.h) and checks it: a failed status becomes

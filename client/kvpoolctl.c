@@ -7,6 +7,7 @@
 
 #include "json.h"
 #include "kvpool.h"
+#include "names.h"
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_NO_DAEMON = 3 };
 
@@ -45,8 +46,7 @@ static void usage(FILE *f)
 	    "  check-config FILE      validate a config and print its memory plan, starting "
 	    "nothing\n\n"
 	    "Options:\n"
-	    "  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, "
-	    "/run/kvpool/kvpoold.sock\n"
+	    "  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, " KVP_ROOT_SOCKET "\n"
 	    "                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
 	    "  -j, --json          one JSON object on stdout, stable field names\n"
 	    "  -h, --help          this text\n\n"

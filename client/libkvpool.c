@@ -156,9 +156,7 @@ KVP_EXPORT const char *kvp_backend_name(int backend)
 
 KVP_EXPORT const char *kvp_dtype_name(int dtype)
 {
-	static const char *const n[KVP_DTYPE_MAX] = {"?", "fp16", "bf16", "fp8", "fp32"};
-
-	return dtype >= 0 && dtype < KVP_DTYPE_MAX ? n[dtype] : "?";
+	return kvp_names_dtype(dtype);
 }
 
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
@@ -547,9 +545,10 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 				     struct kvp_error *err)
 {
 	struct queued_event *q;
+	struct kvp_event e;
 	uint64_t drain;
 
-	if (!ev || ev->struct_size < sizeof(*ev))
+	if (!ev || ev->struct_size < KVP_EVENT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_event too small");
 	if (c->fd >= 0) {
 		int r = pump(c, false);
@@ -569,14 +568,16 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 	q = &c->ev[c->ev_head];
 	c->ev_head = (c->ev_head + 1) % KVP_CLIENT_MAX_EVENTS;
 	c->ev_n--;
-	ev->type = q->type;
-	ev->code = q->code;
-	ev->id = q->id;
-	ev->dropped = q->dropped;
-	ev->payload_len = q->len;
-	if (ev->payload && ev->payload_cap)
-		memcpy(ev->payload, q->bytes, q->len < ev->payload_cap ? q->len : ev->payload_cap);
+	kvp__struct_in(&e, ev, sizeof(e));
+	e.type = q->type;
+	e.code = q->code;
+	e.id = q->id;
+	e.dropped = q->dropped;
+	e.payload_len = q->len;
+	if (e.payload && e.payload_cap)
+		memcpy(e.payload, q->bytes, q->len < e.payload_cap ? q->len : e.payload_cap);
 	free(q->bytes);
+	kvp__struct_out(ev, &e, sizeof(e));
 	if (!c->ev_n && c->efd >= 0 && read(c->efd, &drain, sizeof(drain)) < 0) {
 		/* already reset */
 	}
@@ -597,19 +598,22 @@ KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 #define RESULT(CASE) KVPOOL__RESPONSE__RESULT_##CASE
 
 KVP_EXPORT struct kvp_client *
-kvp_client_connect_opts(const char *path, const struct kvp_client_opts *opts, struct kvp_error *err)
+kvp_client_connect_opts(const char *path, const struct kvp_client_opts *caller_opts,
+			struct kvp_error *err)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct kvp_client_opts o, *opts = &o;
 	CALL_SETUP(req, hello, HELLO, Kvpool__HelloReq, KVPOOL__HELLO_REQ__INIT);
 	Kvpool__Response *resp;
 	struct kvp_client *c;
 	char def[sizeof(sa.sun_path)];
 	uint64_t agreed;
 
-	if (!opts || opts->struct_size < sizeof(*opts)) {
+	if (!caller_opts || caller_opts->struct_size < KVP_CLIENT_OPTS_SIZE_V02) {
 		kvp__fail(err, KVP_E_INVALID_ARGUMENT, EINVAL, "struct kvp_client_opts too small");
 		return NULL;
 	}
+	kvp__struct_in(&o, caller_opts, sizeof(o));
 	if (!path && !(path = kvp_client_default_socket(def, sizeof(def)))) {
 		kvp__fail(err, KVP_E_INVALID_ARGUMENT, ENAMETOOLONG, "socket path too long");
 		return NULL;
@@ -894,28 +898,35 @@ KVP_EXPORT int kvp_client_status(struct kvp_client *c, struct kvp_status *out,
 	CALL_SETUP(req, status, STATUS, Kvpool__StatusReq, KVPOOL__STATUS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__StatusResp *s;
-	size_t size;
+	struct kvp_status *st;
 	int r;
 
-	if (!out || out->struct_size < sizeof(*out))
+	if (!out || out->struct_size < KVP_STATUS_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_status too small");
 	r = kvp__rpc(c, &req, RESULT(STATUS_INFO), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;
+	/* filled whole here (tens of KiB: not on the caller's stack), copied out as far as the
+	 * caller's struct_size reaches */
+	st = calloc(1, sizeof(*st));
+	if (!st) {
+		kvpool__response__free_unpacked(resp, NULL);
+		return kvp__fail(err, KVP_E_NOMEM, ENOMEM, "out of memory");
+	}
+	st->struct_size = out->struct_size;
 	s = resp->status_info;
-	size = out->struct_size;
-	memset(out, 0, sizeof(*out));
-	out->struct_size = size;
-	snprintf(out->daemon_version, sizeof(out->daemon_version), "%s",
+	snprintf(st->daemon_version, sizeof(st->daemon_version), "%s",
 		 s->daemon_version ? s->daemon_version : "");
-	out->uptime_ms = s->uptime_ms;
-	out->sessions = s->sessions;
-	out->pid = s->pid;
-	out->draining = s->draining;
+	st->uptime_ms = s->uptime_ms;
+	st->sessions = s->sessions;
+	st->pid = s->pid;
+	st->draining = s->draining;
 	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++)
-		pool_status_from(&out->pools[out->n_pools++], s->pools[i]);
-	counters_from(out->counters, &out->n_counters, s->counters, s->n_counters);
+		pool_status_from(&st->pools[st->n_pools++], s->pools[i]);
+	counters_from(st->counters, &st->n_counters, s->counters, s->n_counters);
 	kvpool__response__free_unpacked(resp, NULL);
+	kvp__struct_out(out, st, sizeof(*st));
+	free(st);
 	return 0;
 }
 
@@ -940,21 +951,22 @@ KVP_EXPORT int kvp_client_metrics(struct kvp_client *c, char *buf, size_t len,
 	return r;
 }
 
-/* A listing's entry i at stride entries[0].struct_size, cleared with struct_size set; NULL when
- * the stride is too small for this version's entry of `size` bytes. */
-static void *list_entry(void *entries, size_t size, uint32_t i)
+/* Writes entry e (this version's `size` bytes, filled by the caller) as entry i of a listing of
+ * stride entries[0].struct_size: min(stride, size) bytes, struct_size set to the stride. */
+static void list_put(void *entries, uint32_t i, void *e, size_t size)
 {
 	size_t stride = *(size_t *)entries;
-	char *e = (char *)entries + stride * i;
+	char *d = (char *)entries + stride * i;
 
-	memset(e, 0, size);
-	*(size_t *)e = stride;
-	return e;
+	*(size_t *)d = stride;
+	kvp__struct_out(d, e, size);
 }
 
-static int list_check(void *entries, uint32_t cap, size_t size, struct kvp_error *err)
+/* The stride must hold the entry's first version and keep every entry aligned. */
+static int list_check(void *entries, uint32_t cap, size_t first_size, struct kvp_error *err)
 {
-	if (cap && (!entries || *(size_t *)entries < size))
+	if (cap && (!entries || *(size_t *)entries < first_size ||
+		    *(size_t *)entries % _Alignof(size_t)))
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "listing entries too small");
 	return 0;
 }
@@ -972,14 +984,14 @@ KVP_EXPORT int kvp_session_list(struct kvp_client *c, struct kvp_session_info *e
 	Kvpool__SessionsResp *m;
 	int r;
 
-	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
+	if ((r = list_check(entries, cap, KVP_SESSION_INFO_SIZE_V02, err)) < 0)
 		return r;
 	if ((r = kvp__rpc(c, &req, RESULT(SESSIONS), &resp, NULL, NULL, err)) < 0)
 		return r;
 	m = resp->sessions;
 	for (uint32_t i = 0; i < m->n_sessions && i < cap; i++) {
 		const Kvpool__SessionInfo *s = m->sessions[i];
-		struct kvp_session_info *o = list_entry(entries, sizeof(*o), i);
+		struct kvp_session_info e = {0}, *o = &e;
 
 		o->session_id = s->session_id;
 		o->pid = s->pid;
@@ -992,6 +1004,7 @@ KVP_EXPORT int kvp_session_list(struct kvp_client *c, struct kvp_session_info *e
 		o->locks = s->locks;
 		o->age_ms = s->age_ms;
 		o->idle_ms = s->idle_ms;
+		list_put(entries, i, &e, sizeof(e));
 	}
 	r = list_count(m->n_sessions, err);
 	kvpool__response__free_unpacked(resp, NULL);
@@ -1006,18 +1019,19 @@ KVP_EXPORT int kvp_cache_list(struct kvp_client *c, const char *pool,
 	Kvpool__CacheResp *m;
 	int r;
 
-	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
+	if ((r = list_check(entries, cap, KVP_CACHE_PREFIX_SIZE_V02, err)) < 0)
 		return r;
 	cache.pool = (char *)(pool ? pool : "");
 	if ((r = kvp__rpc(c, &req, RESULT(CACHE), &resp, NULL, NULL, err)) < 0)
 		return r;
 	m = resp->cache;
 	for (uint32_t i = 0; i < m->n_top && i < cap; i++) {
-		struct kvp_cache_prefix *o = list_entry(entries, sizeof(*o), i);
+		struct kvp_cache_prefix e = {0};
 
-		o->tokens = m->top[i]->tokens;
-		o->hits = m->top[i]->hits;
-		o->ns = m->top[i]->namespace_;
+		e.tokens = m->top[i]->tokens;
+		e.hits = m->top[i]->hits;
+		e.ns = m->top[i]->namespace_;
+		list_put(entries, i, &e, sizeof(e));
 	}
 	r = list_count(m->n_top, err);
 	kvpool__response__free_unpacked(resp, NULL);
@@ -1370,10 +1384,10 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 	CALL_SETUP(req, match, MATCH, Kvpool__MatchReq, KVPOOL__MATCH_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchResp *mr;
-	size_t size;
+	struct kvp_match_result o = {0};
 	int r;
 
-	if (!m || m->struct_size < sizeof(*m))
+	if (!m || m->struct_size < KVP_MATCH_RESULT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "struct kvp_match_result too small");
 	match.pool_id = p->id;
@@ -1395,13 +1409,11 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 		return kvp__fail(err, KVP_E_BUFFER, 0, "match: %u entries do not hold the reply",
 				 cap);
 	}
-	size = m->struct_size;
-	memset(m, 0, sizeof(*m));
-	m->struct_size = size;
-	m->matched_tokens = mr->matched_tokens;
-	m->n_device = (uint32_t)mr->n_device_pages;
-	m->n_host = (uint32_t)mr->n_host_pages;
-	m->lock_id = mr->lock_id;
+	o.matched_tokens = mr->matched_tokens;
+	o.n_device = (uint32_t)mr->n_device_pages;
+	o.n_host = (uint32_t)mr->n_host_pages;
+	o.lock_id = mr->lock_id;
+	kvp__struct_out(m, &o, sizeof(o));
 	/* (an empty repeated field arrives as NULL) */
 	if (mr->n_device_pages)
 		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
@@ -1499,7 +1511,7 @@ KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *en
 	uint32_t k = 0;
 	int r;
 
-	if ((r = list_check(entries, cap, sizeof(*entries), err)) < 0)
+	if ((r = list_check(entries, cap, KVP_RELOAD_ITEM_SIZE_V02, err)) < 0)
 		return r;
 	if ((r = kvp__rpc(c, &req, RESULT(RELOAD), &resp, NULL, NULL, err)) < 0)
 		return r;
@@ -1509,13 +1521,13 @@ KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *en
 		size_t n = refused ? m->n_refused : m->n_changes;
 
 		for (size_t i = 0; i < n; i++, k++) {
-			struct kvp_reload_item *o;
+			struct kvp_reload_item e = {0};
 
 			if (k >= cap)
 				continue;
-			o = list_entry(entries, sizeof(*o), k);
-			o->refused = (uint32_t)refused;
-			snprintf(o->text, sizeof(o->text), "%s", lines[i] ? lines[i] : "");
+			e.refused = (uint32_t)refused;
+			snprintf(e.text, sizeof(e.text), "%s", lines[i] ? lines[i] : "");
+			list_put(entries, k, &e, sizeof(e));
 		}
 	}
 	r = list_count(m->n_changes + m->n_refused, err);

@@ -38,12 +38,16 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq,
 		  KVPOOL__INSERT_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
+	struct kvp_insert_keys_result o = {0};
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);
 
 	if (!c || (npages && !pages))
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool or pages is NULL");
+	if (out && out->struct_size < KVP_INSERT_KEYS_RESULT_SIZE_V02)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "out->struct_size is not set");
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
@@ -57,10 +61,11 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	if (r < 0)
 		return r;
 	if (out) {
-		out->new_pages = resp->insert_keys->new_pages;
-		out->dup_pages = resp->insert_keys->dup_pages;
-		out->done_keys = resp->insert_keys->done_keys;
-		out->lease_pages = resp->insert_keys->lease_pages;
+		o.new_pages = resp->insert_keys->new_pages;
+		o.dup_pages = resp->insert_keys->dup_pages;
+		o.done_keys = resp->insert_keys->done_keys;
+		o.lease_pages = resp->insert_keys->lease_pages;
+		kvp__struct_out(out, &o, sizeof(o));
 	}
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
@@ -75,11 +80,12 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 		  KVPOOL__MATCH_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchKeysResp *mr;
+	struct kvp_match_keys_result o = {0};
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);
 
-	if (!c || !m || m->struct_size < sizeof(*m))
+	if (!c || !m || m->struct_size < KVP_MATCH_KEYS_RESULT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "pool or m is NULL, or m->struct_size is not set");
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
@@ -102,10 +108,11 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 		return kvp__fail(err, KVP_E_BUFFER, 0,
 				 "match keys: %u entries do not hold the reply", cap);
 	}
-	m->matched_keys = mr->matched_keys;
-	m->n_device = (uint32_t)mr->n_device_pages;
-	m->n_host = (uint32_t)mr->n_host_pages;
-	m->lock_id = mr->lock_id;
+	o.matched_keys = mr->matched_keys;
+	o.n_device = (uint32_t)mr->n_device_pages;
+	o.n_host = (uint32_t)mr->n_host_pages;
+	o.lock_id = mr->lock_id;
+	kvp__struct_out(m, &o, sizeof(o));
 	if (mr->n_device_pages)
 		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
 	if (mr->n_host_pages)
@@ -136,7 +143,11 @@ KVP_EXPORT int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns,
 	free(a.keys);
 	if (r < 0)
 		return r;
-	r = (int)resp->exists_keys->count;
+	if (resp->exists_keys->count > nkeys || resp->exists_keys->count > INT32_MAX)
+		r = kvp__fail(err, KVP_E_PROTOCOL, 0, "exists keys: %u leading keys of %u",
+			      resp->exists_keys->count, nkeys);
+	else
+		r = (int)resp->exists_keys->count;
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }

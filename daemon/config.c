@@ -605,12 +605,6 @@ static void remote_defaults(struct kvp_remote_conf *r)
 
 /* ---- [pool.NAME] keys ---- */
 
-static const char *const g_dtype_names[KVP_CONF_DTYPE_MAX] = {
-    [KVP_CONF_DTYPE_FP16] = "fp16",
-    [KVP_CONF_DTYPE_BF16] = "bf16",
-    [KVP_CONF_DTYPE_FP8] = "fp8",
-    [KVP_CONF_DTYPE_FP32] = "fp32",
-};
 static const uint32_t g_dtype_sizes[KVP_CONF_DTYPE_MAX] = {
     [KVP_CONF_DTYPE_FP16] = 2,
     [KVP_CONF_DTYPE_BF16] = 2,
@@ -659,7 +653,12 @@ static void set_page_tokens(struct parse *s, const char *key, const char *v)
 
 static void set_dtype(struct parse *s, const char *key, const char *v)
 {
-	int i = parse_enum(s, key, v, g_dtype_names, KVP_CONF_DTYPE_MAX, "fp16, bf16, fp8 or fp32");
+	const char *names[KVP_CONF_DTYPE_MAX];
+	int i;
+
+	for (int d = 0; d < KVP_CONF_DTYPE_MAX; d++)
+		names[d] = kvp_conf_dtype_name((enum kvp_conf_dtype)d);
+	i = parse_enum(s, key, v, names, KVP_CONF_DTYPE_MAX, "fp16, bf16, fp8 or fp32");
 
 	if (i >= 0)
 		s->pool->dtype = (enum kvp_conf_dtype)i;
@@ -1443,7 +1442,8 @@ uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p)
 
 const char *kvp_conf_dtype_name(enum kvp_conf_dtype d)
 {
-	return (unsigned)d < KVP_CONF_DTYPE_MAX ? g_dtype_names[d] : "?";
+	/* the wire's numbering (names.h) is the config's plus one: 0 is "none" there */
+	return (unsigned)d < KVP_CONF_DTYPE_MAX ? kvp_names_dtype((int)d + 1) : "?";
 }
 
 const char *kvp_device_kind_name(enum kvp_device_kind k)

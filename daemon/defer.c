@@ -1,5 +1,6 @@
 /* defer.c - deferred-reply tickets (defer.h). */
 #include "defer.h"
+#include "reply.h"
 
 #include <stdlib.h>
 

@@ -10,7 +10,8 @@
 #include <time.h>
 
 #include "fail.h"
-#include "reply.h"
+
+struct kvp_reply; /* reply.h */
 
 /* What a handler (and kvp_dispatch) returns when the answer comes later through a ticket:
  * beyond every Code. */

@@ -30,7 +30,7 @@ static void usage(FILE *f)
 		"The kvpool daemon: owns KV-cache memory (GPU and host pages) and serves it to\n"
 		"engine processes over a unix socket.\n\n"
 		"  -s, --socket PATH     listen here (default: $KVPOOL_SOCKET, the config's socket,\n"
-		"                        /run/kvpool/kvpoold.sock as root, else\n"
+		"                        " KVP_ROOT_SOCKET " as root, else\n"
 		"                        $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
 		"  -c, --config FILE     INI configuration (default: an embedded one-pool config)\n"
 		"  -l, --log-level LVL   err, warning, notice, info, debug\n"
@@ -310,5 +310,6 @@ out:
 #endif
 	for (uint32_t i = 0; i < d.n_pools; i++)
 		kvp_pool_destroy(d.pools[i]);
+	kvp_activation_close();
 	return code;
 }

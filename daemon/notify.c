@@ -92,6 +92,33 @@ static bool control_name(const char *name)
 	       strcmp(name, "kvpoold.socket") == 0;
 }
 
+/* Every listener socket activation passed, kept with its name (kvp_activation_fds). */
+static struct kvp_activation g_act[KVP_ACTIVATION_MAX];
+static int g_act_n, g_act_control = -1;
+
+int kvp_activation_fds(const struct kvp_activation **fds)
+{
+	*fds = g_act;
+	return g_act_n;
+}
+
+int kvp_activation_find(const char *name)
+{
+	for (int i = 0; i < g_act_n; i++)
+		if (strcmp(g_act[i].name, name) == 0)
+			return g_act[i].fd;
+	return -1;
+}
+
+void kvp_activation_close(void)
+{
+	for (int i = 0; i < g_act_n; i++)
+		if (g_act[i].fd != g_act_control)
+			close(g_act[i].fd);
+	g_act_n = 0;
+	g_act_control = -1;
+}
+
 int kvp_activation_fd(void)
 {
 	const char *fds = getenv("LISTEN_FDS"), *pid = getenv("LISTEN_PID");
@@ -139,22 +166,20 @@ int kvp_activation_fd(void)
 			first_ok = fd;
 		if (chosen < 0 && names && control_name(fdname[i]))
 			chosen = fd;
+		g_act[g_act_n].fd = fd;
+		memcpy(g_act[g_act_n].name, fdname[i], sizeof(g_act[g_act_n].name));
+		g_act_n++;
 	}
 	/* Without names (or with none ours) the first unix listener is the control socket. */
 	if (chosen < 0)
 		chosen = first_ok;
-	for (int i = 0; i < n; i++) {
-		const char *why;
-		int fd = 3 + i;
-
-		if (fd == chosen || fcntl(fd, F_GETFD) < 0)
-			continue;
-		if (is_unix_listener(fd, &why))
-			log_warn("socket activation: fd %d ('%s') is not kvpoold's control socket "
-				 "(named kvpoold.sock or kvpoold): closed",
-				 fd, fdname[i][0] ? fdname[i] : "unnamed");
-		close(fd);
-	}
+	g_act_control = chosen;
+	/* The other listeners stay open under their names for the features that serve them;
+	 * kvp_activation_close closes them at exit. */
+	for (int i = 0; i < g_act_n; i++)
+		if (g_act[i].fd != chosen)
+			log_info("socket activation: fd %d ('%s') kept (not the control socket)",
+				 g_act[i].fd, g_act[i].name[0] ? g_act[i].name : "unnamed");
 	if (chosen >= 0)
 		log_info("socket activation: serving fd %d ('%s')", chosen,
 			 fdname[chosen - 3][0] ? fdname[chosen - 3] : "unnamed");

@@ -11,6 +11,7 @@
 #include "budget.h"
 #include "defer.h"
 #include "log.h"
+#include "reply.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)
 {

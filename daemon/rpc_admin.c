@@ -11,6 +11,7 @@
 #include "kvp_config.h"
 #include "log.h"
 #include "metrics.h"
+#include "names.h"
 #include "pool_cache.h"
 
 static Kvpool__TierStats *tier_stats(struct kvp_reply *r, const struct kvpd_pool *p, int t)
@@ -184,7 +185,7 @@ KVP_RPC_HANDLER(kvp_rpc_evict)
 		return kvp_rpc_oom(f);
 	m->evicted_tokens = (uint64_t)kvp_pool_evict(p, (int)a->tier, pages) * p->conf.page_tokens;
 	log_info("pool %s: admin evict of %lu tokens from the %s tier by session %lu: %lu evicted",
-		 p->conf.name, (unsigned long)a->tokens, a->tier ? "host" : "device",
+		 p->conf.name, (unsigned long)a->tokens, kvp_names_tier((int)a->tier),
 		 (unsigned long)s->id, (unsigned long)m->evicted_tokens);
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_EVICT;
 	r->resp.evict = m;

@@ -19,13 +19,6 @@ const struct kvp_tier_ops *kvp_tier_ops_of(enum kvp_backend_kind kind)
 	return backends[kind];
 }
 
-const char *kvp_backend_kind_name(enum kvp_backend_kind kind)
-{
-	const struct kvp_tier_ops *ops = kvp_tier_ops_of(kind);
-
-	return ops ? ops->name : "none";
-}
-
 void kvp_tier_mem_init(struct kvp_tier_mem *t)
 {
 	memset(t, 0, sizeof(*t));

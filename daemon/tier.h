@@ -80,7 +80,7 @@ struct kvp_tier_flight;
  * negative errno. On failure the tier is left as kvp_tier_mem_init made it.
  */
 struct kvp_tier_ops {
-	const char *name; /* the backend as kvpoolctl shows it */
+	const char *name; /* kvp_names_backend(kind), for messages (test_tier checks) */
 	enum kvp_backend_kind kind;
 	/* New memory of at least s->bytes, mapped, bound, locked and pre-faulted as s asks; TRY
 	 * options that fell back write the reason to note (may be NULL). */
@@ -131,8 +131,6 @@ extern const struct kvp_tier_ops kvp_tier_cuda_ops;
 
 /* The backend of that kind; NULL for NONE or an unknown kind. */
 const struct kvp_tier_ops *kvp_tier_ops_of(enum kvp_backend_kind kind);
-/* "memfd", "sim", "cuda"; "none" for NONE or an unknown kind. */
-const char *kvp_backend_kind_name(enum kvp_backend_kind kind);
 
 /* An empty tier: no backend, fd -1, unbound, no device. */
 void kvp_tier_mem_init(struct kvp_tier_mem *t);

@@ -26,6 +26,16 @@ const char *kvp_names_backend(int backend)
 	return backend >= 0 && backend < (int)(sizeof(n) / sizeof(n[0])) ? n[backend] : "?";
 }
 
+const char *kvp_names_dtype(int dtype)
+{
+	static const char *const n[] = { "none", "fp16", "bf16", "fp8", "fp32" };
+
+	_Static_assert(KVPOOL__DTYPE__FP16 == 1 && KVPOOL__DTYPE__BF16 == 2 &&
+			       KVPOOL__DTYPE__FP8 == 3 && KVPOOL__DTYPE__FP32 == 4,
+		       "dtype order");
+	return dtype >= 0 && dtype < (int)(sizeof(n) / sizeof(n[0])) ? n[dtype] : "?";
+}
+
 int kvp_names_default_socket(char *buf, size_t len)
 {
 	const char *env = getenv("KVPOOL_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");

@@ -3,8 +3,9 @@
 # integration, fault, gpu, remote), then the whole suite again under ASan+UBSan. GPU tests exit 77
 # (skipped) on machines without a GPU. Then the Python package's tests (scripts/pytest.sh in
 # .venv: pytest's own passed/failed/skipped counts join the total), a 60 s soak of 16 processes,
-# each libFuzzer target for 60 s, the format check (scripts/format.sh --check) and a --quick run
-# of every benchmark (each counts as one check). Ends with one line:
+# each libFuzzer target for 60 s, the CUDA driver glue's race test under ThreadSanitizer, the
+# format check (scripts/format.sh --check) and a --quick run of every benchmark (each counts as
+# one check). Ends with one line:
 # "N passed, N failed, N skipped".
 #   KVP_NO_SANITIZE=1  skip the sanitizer pass
 #   KVP_NO_PYTHON=1    skip the Python tests (KVP_VENV, KVP_PY_TORCH: see scripts/pytest.sh)
@@ -12,6 +13,8 @@
 #   KVP_NO_BENCH=1     skip the benchmark smoke run
 #   KVP_NO_SOAK=1      skip the soak run        KVP_SOAK_SECONDS=N  (default 60)
 #   KVP_NO_FORMAT=1    skip the format check
+#   KVP_NO_TSAN=1      skip the ThreadSanitizer run of the CUDA driver glue's race test
+#                      (build-tsan: only tests/test_cuda_drv is built; needs nvcc, else skipped)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh || exit 1
@@ -93,6 +96,23 @@ extra() { # label command...
 	meson test -C build-test --suite soak -v
 [ "${KVP_NO_FUZZ:-0}" != 1 ] && extra "fuzz (${KVP_FUZZ_SECONDS:-60} s per target)" \
 	bash scripts/fuzz.sh "${KVP_FUZZ_SECONDS:-60}"
+# The CUDA driver glue's loaded-state race shows only under ThreadSanitizer: build that one test
+# there (nvcc is needed to configure with -Dcuda=enabled) and run it.
+tsan_cuda_drv() {
+	[ -f build-tsan/build.ninja ] ||
+		meson setup build-tsan -Db_sanitize=thread -Dcuda=enabled -Dpython=disabled \
+			-Dremote=disabled -Dwerror=true >/dev/null || return 1
+	ninja -C build-tsan tests/test_cuda_drv >/dev/null || return 1
+	TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/test_cuda_drv
+}
+if [ "${KVP_NO_TSAN:-0}" != 1 ]; then
+	if PATH="$PATH:/usr/local/cuda/bin" command -v nvcc >/dev/null; then
+		PATH="$PATH:/usr/local/cuda/bin" extra "cuda_drv under ThreadSanitizer" tsan_cuda_drv
+	else
+		echo "== cuda_drv under ThreadSanitizer: skipped (no nvcc)"
+		skip=$((skip + 1))
+	fi
+fi
 [ "${KVP_NO_FORMAT:-0}" != 1 ] && extra "format (.clang-format)" bash scripts/format.sh --check
 [ "${KVP_NO_BENCH:-0}" != 1 ] && extra "benchmarks --quick" bash scripts/bench.sh --quick
 echo "$pass passed, $fail failed, $skip skipped"

@@ -448,6 +448,7 @@ struct kvp_page_key {
 };
 
 struct kvp_insert_keys_result {
+	size_t struct_size;   /* set by the caller: sizeof(struct kvp_insert_keys_result) */
 	uint32_t new_pages;   /* lease pages the cache took */
 	uint32_t dup_pages;   /* keys already cached: their lease pages were freed */
 	uint32_t done_keys;   /* keys processed; below nkeys when a matched key was evicted since */
@@ -457,8 +458,8 @@ struct kvp_insert_keys_result {
  * caller matched earlier; pages[0 .. npages) (npages == nkeys - cached_keys) are lease pages
  * holding the rest, pages[i] for keys[cached_keys + i]. Pages taken and duplicates leave the
  * lease; past a matched key evicted meanwhile, pages stay in the lease. The pages' bytes must be
- * complete before the call. Writes *out (may be NULL). Returns 0 or a negative code
- * (KVP_E_NOT_FOUND for a lease or page not the session's). */
+ * complete before the call. Writes *out (may be NULL; out->struct_size set by the caller).
+ * Returns 0 or a negative code (KVP_E_NOT_FOUND for a lease or page not the session's). */
 int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
 			  const struct kvp_page_key *keys, uint32_t nkeys, uint32_t cached_keys,
 			  const uint32_t *pages, uint32_t npages, struct kvp_insert_keys_result *out,

@@ -2598,7 +2598,7 @@ static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw
 	static char *kwlist[] = {"lease", "keys", "cached_keys", "namespace", "pages", NULL};
 	PyObject *lease_o, *keys_o, *ck_o = NULL, *ns_o = NULL, *pages_o = Py_None;
 	struct kvp_pool *p = pool_handle(self);
-	struct kvp_insert_keys_result res = {0};
+	struct kvp_insert_keys_result res = { .struct_size = sizeof(res) };
 	struct u32list pages = {0};
 	struct keylist keys;
 	struct kvp_error err;

@@ -247,7 +247,7 @@ static void run(uint64_t target_tokens, int quick)
 			if ((double)mt / ((double)(t1 - t0) / 1e9) > best_k)
 				best_k = (double)mt / ((double)(t1 - t0) / 1e9);
 
-			/* kvpool, lock + unlock (what the daemon does for kvp_match with lock) */
+			/* kvpool, lock + unlock (what the daemon does for kvp_cache_match with lock) */
 			t0 = b_now_ns();
 			for (uint32_t i = 0; i < nq; i++) {
 				struct kvp_prefix_match m;

@@ -36,20 +36,20 @@ int main(int argc, char **argv)
 	return 0;
 }
 C
-libdir=$(dirname "$(find "$root" -name 'libkvpool.so.0' | head -1)")
+libdir=$(dirname "$(find "$root" -name 'libkvpool.so.1' | head -1)")
 san=()
 # A sanitized build's library needs a sanitized program around it.
-readelf -d "$libdir/libkvpool.so.0" | grep -q libasan && san=(-fsanitize=address,undefined)
+readelf -d "$libdir/libkvpool.so.1" | grep -q libasan && san=(-fsanitize=address,undefined)
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Werror "${san[@]}" -o "$root/engine" "$root/engine.c" \
 	$(pkg-config --cflags --libs kvpool)
-bad=$(nm -D --defined-only "$libdir/libkvpool.so.0" | awk '$2 ~ /[TDBR]/ && $3 !~ /^kvp_/ { print $3 }')
+bad=$(nm -D --defined-only "$libdir/libkvpool.so.1" | awk '$2 ~ /[TDBR]/ && $3 !~ /^kvp_/ { print $3 }')
 if [ -n "$bad" ]; then
 	echo "libkvpool exports non-API symbols: $bad"
 	exit 1
 fi
 # Every export carries the version node of this API.
-unversioned=$(objdump -T "$libdir/libkvpool.so.0" | awk '$NF ~ /^kvp_/ && $(NF-1) != "KVPOOL_0.2" { print $NF }')
+unversioned=$(objdump -T "$libdir/libkvpool.so.1" | awk '$NF ~ /^kvp_/ && $(NF-1) != "KVPOOL_0.2" { print $NF }')
 if [ -n "$unversioned" ]; then
 	echo "libkvpool exports symbols outside KVPOOL_0.2: $unversioned"
 	exit 1

@@ -245,6 +245,10 @@ static void test_kvp_client_event_next_pushed_before_reply(void)
 	uint8_t buf[256];
 	struct kvp_event ev = {
 	    .struct_size = sizeof(ev), .payload = buf, .payload_cap = sizeof(buf)};
+	struct {
+		struct kvp_event s;
+		uint8_t tail[8];
+	} big;
 	struct kvp_error e;
 	struct pollfd pf;
 	int efd;
@@ -264,9 +268,16 @@ static void test_kvp_client_event_next_pushed_before_reply(void)
 	CU_ASSERT_EQUAL(ev.dropped, 0);
 	CU_ASSERT(ev.payload_len > 0 && ev.payload_len <= sizeof(buf));
 	CU_ASSERT_EQUAL(event_nonce(&ev, buf), 777);
-	CU_ASSERT_EQUAL_FATAL(kvp_client_event_next(c, &ev, &e), 0);
-	CU_ASSERT_EQUAL(ev.id, 1000);
-	CU_ASSERT_EQUAL(event_nonce(&ev, buf), 778);
+	/* a newer caller's larger struct: filled, its bytes past this version's untouched */
+	memset(&big, 0xa5, sizeof(big));
+	big.s = ev;
+	big.s.struct_size = sizeof(big);
+	CU_ASSERT_EQUAL_FATAL(kvp_client_event_next(c, &big.s, &e), 0);
+	CU_ASSERT_EQUAL(big.s.struct_size, sizeof(big));
+	CU_ASSERT_EQUAL(big.s.id, 1000);
+	CU_ASSERT_EQUAL(event_nonce(&big.s, buf), 778);
+	for (int i = 0; i < 8; i++)
+		CU_ASSERT_EQUAL(big.tail[i], 0xa5);
 	CU_ASSERT_EQUAL(kvp_client_event_next(c, &ev, &e), -KVP_E_AGAIN);
 	CU_ASSERT_EQUAL(e.code, KVP_E_AGAIN);
 	/* drained: nothing readable until the next push arrives on the socket */
@@ -559,6 +570,49 @@ static void test_kvp_client_wrong_result_is_protocol(void)
 	CU_ASSERT_EQUAL(wait_fake(pid), 0);
 }
 
+/* ExistsKeys answered with more leading keys than were asked about, then with all of them. */
+static int script_exists_too_many(int fd, void *arg)
+{
+	(void)arg;
+	if (!fake_hello(fd) || fake_attach(fd) < 0)
+		return 1;
+	for (uint32_t count = 3; count >= 2; count--) {
+		Kvpool__Request *q = fake_expect(fd, KVPOOL__REQUEST__CALL_EXISTS_KEYS);
+		Kvpool__Response r = KVPOOL__RESPONSE__INIT;
+		Kvpool__ExistsKeysResp x = KVPOOL__EXISTS_KEYS_RESP__INIT;
+
+		if (!q)
+			return 2;
+		x.count = count;
+		r.id = q->id;
+		r.status = &g_ok;
+		r.result_case = KVPOOL__RESPONSE__RESULT_EXISTS_KEYS;
+		r.exists_keys = &x;
+		kvpool__request__free_unpacked(q, NULL);
+		if (h_fake_send(fd, &r, NULL, 0) < 0)
+			return 3;
+	}
+	return fake_end(fd, 0);
+}
+
+static void test_kvp_cache_exists_keys_count_beyond_keys_is_protocol(void)
+{
+	pid_t pid = start_fake(script_exists_too_many, NULL);
+	struct kvp_client *c = fake_connect();
+	struct kvp_page_key k[2] = {{"a", 1}, {"b", 1}};
+	struct kvp_error e;
+	struct kvp_pool *p;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	p = kvp_pool_attach(c, "fake", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(p, 0, k, 2, &e), -KVP_E_PROTOCOL);
+	CU_ASSERT_EQUAL(e.code, KVP_E_PROTOCOL);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(p, 0, k, 2, &e), 2);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(wait_fake(pid), 0);
+}
+
 /* ---- socket paths ---- */
 
 static void test_kvp_client_connect_path_too_long(void)
@@ -740,6 +794,151 @@ static void test_kvp_session_list_and_cache_list(void)
 	kvp_client_close(c);
 }
 
+/* ---- struct_size: a newer library serves an older (smaller) and a newer (larger) caller ---- */
+
+#define PAT 0xa5
+/* A struct of this version followed by 8 pattern bytes that its struct_size covers: a newer
+ * caller's. The library writes none of them. */
+#define BIG(type)                                                                                  \
+	struct {                                                                                   \
+		type s;                                                                            \
+		uint8_t tail[8];                                                                   \
+	}
+
+static bool tail_intact(const uint8_t *t)
+{
+	for (int i = 0; i < 8; i++)
+		if (t[i] != PAT)
+			return false;
+	return true;
+}
+
+static void test_kvp_struct_size_larger_first_and_smaller(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "sizes", &e), *c2;
+	BIG(struct kvp_status) *st = malloc(sizeof(*st));
+	BIG(struct kvp_match_result) mr;
+	BIG(struct kvp_match_keys_result) mk;
+	BIG(struct kvp_client_opts) op;
+	BIG(struct kvp_session_info) si[2];
+	BIG(struct kvp_cache_prefix) cp[2];
+	BIG(struct kvp_reload_item) ri[2];
+	BIG(struct kvp_event) ev;
+	struct kvp_page_key key = {"struct-size-key", 15};
+	uint32_t tokens[16], pages[1], dev[4], host[4];
+	struct kvp_pool *p;
+	uint64_t lease;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(st);
+	p = kvp_pool_attach(c, "default", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (int i = 0; i < 16; i++)
+		tokens[i] = 7000u + (uint32_t)i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert(p, lease, 9, tokens, 16, 0, pages, 1, NULL, &e), 0);
+
+	/* status */
+	memset(st, PAT, sizeof(*st));
+	st->s.struct_size = sizeof(st->s) + 8;
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st->s, &e), 0);
+	CU_ASSERT_EQUAL(st->s.struct_size, sizeof(st->s) + 8);
+	CU_ASSERT(st->s.n_pools >= 1 && st->s.sessions >= 1);
+	CU_ASSERT(tail_intact(st->tail));
+	st->s.struct_size = KVP_STATUS_SIZE_V02;
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st->s, &e), 0);
+	st->s.struct_size = KVP_STATUS_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_client_status(c, &st->s, &e), -KVP_E_INVALID_ARGUMENT);
+
+	/* match */
+	memset(&mr, PAT, sizeof(mr));
+	mr.s.struct_size = sizeof(mr.s) + 8;
+	CU_ASSERT_EQUAL(kvp_cache_match(p, 9, tokens, 16, 0, &mr.s, dev, host, 4, &e), 0);
+	CU_ASSERT_EQUAL(mr.s.matched_tokens, 16);
+	CU_ASSERT_EQUAL(mr.s.lock_id, 0);
+	CU_ASSERT(tail_intact(mr.tail));
+	mr.s.struct_size = KVP_MATCH_RESULT_SIZE_V02;
+	CU_ASSERT_EQUAL(kvp_cache_match(p, 9, tokens, 16, 0, &mr.s, dev, host, 4, &e), 0);
+	mr.s.struct_size = KVP_MATCH_RESULT_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_cache_match(p, 9, tokens, 16, 0, &mr.s, dev, host, 4, &e),
+			-KVP_E_INVALID_ARGUMENT);
+
+	/* match keys (nothing cached under the key: a miss, written all the same) */
+	memset(&mk, PAT, sizeof(mk));
+	mk.s.struct_size = sizeof(mk.s) + 8;
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 10, &key, 1, 0, &mk.s, dev, host, 4, &e), 0);
+	CU_ASSERT_EQUAL(mk.s.matched_keys, 0);
+	CU_ASSERT_EQUAL(mk.s.lock_id, 0);
+	CU_ASSERT(tail_intact(mk.tail));
+	mk.s.struct_size = KVP_MATCH_KEYS_RESULT_SIZE_V02;
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 10, &key, 1, 0, &mk.s, dev, host, 4, &e), 0);
+	mk.s.struct_size = KVP_MATCH_KEYS_RESULT_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 10, &key, 1, 0, &mk.s, dev, host, 4, &e),
+			-KVP_E_INVALID_ARGUMENT);
+
+	/* client opts: the trailing bytes are not read (a pattern would be a name pointer) */
+	memset(&op, PAT, sizeof(op));
+	op.s = (struct kvp_client_opts){.struct_size = sizeof(op.s) + 8, .name = "sizes-2"};
+	c2 = kvp_client_connect_opts(g_d.sock, &op.s, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+	CU_ASSERT(tail_intact(op.tail));
+	op.s.struct_size = KVP_CLIENT_OPTS_SIZE_V02 - 1;
+	CU_ASSERT_PTR_NULL(kvp_client_connect_opts(g_d.sock, &op.s, &e));
+	CU_ASSERT_EQUAL(e.code, KVP_E_INVALID_ARGUMENT);
+	op.s.struct_size = KVP_CLIENT_OPTS_SIZE_V02;
+	kvp_client_close(kvp_client_connect_opts(g_d.sock, &op.s, &e));
+
+	/* listings: two sessions at a stride of sizeof + 8, each entry's tail untouched */
+	memset(si, PAT, sizeof(si));
+	si[0].s.struct_size = sizeof(si[0]);
+	CU_ASSERT_EQUAL(sizeof(si[0]), sizeof(si[0].s) + 8);
+	CU_ASSERT(kvp_session_list(c, &si[0].s, 2, &e) >= 2);
+	for (int i = 0; i < 2; i++) {
+		CU_ASSERT_EQUAL(si[i].s.struct_size, sizeof(si[0]));
+		CU_ASSERT(si[i].s.session_id != 0);
+		CU_ASSERT(tail_intact(si[i].tail));
+	}
+	si[0].s.struct_size = KVP_SESSION_INFO_SIZE_V02;
+	CU_ASSERT(kvp_session_list(c, &si[0].s, 1, &e) >= 2);
+	si[0].s.struct_size = KVP_SESSION_INFO_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_session_list(c, &si[0].s, 1, &e), -KVP_E_INVALID_ARGUMENT);
+	/* a stride that would misalign the entries after the first */
+	si[0].s.struct_size = sizeof(si[0].s) + 4;
+	CU_ASSERT_EQUAL(kvp_session_list(c, &si[0].s, 2, &e), -KVP_E_INVALID_ARGUMENT);
+
+	memset(cp, PAT, sizeof(cp));
+	cp[0].s.struct_size = sizeof(cp[0]);
+	CU_ASSERT(kvp_cache_list(c, "default", &cp[0].s, 2, &e) >= 1);
+	CU_ASSERT(cp[0].s.tokens >= 16);
+	CU_ASSERT(tail_intact(cp[0].tail) && tail_intact(cp[1].tail));
+	cp[0].s.struct_size = KVP_CACHE_PREFIX_SIZE_V02;
+	CU_ASSERT(kvp_cache_list(c, "default", &cp[0].s, 1, &e) >= 1);
+	cp[0].s.struct_size = KVP_CACHE_PREFIX_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_cache_list(c, "default", &cp[0].s, 1, &e), -KVP_E_INVALID_ARGUMENT);
+
+	memset(ri, PAT, sizeof(ri));
+	ri[0].s.struct_size = sizeof(ri[0]);
+	CU_ASSERT(kvp_admin_reload(c, &ri[0].s, 2, &e) >= 0);
+	CU_ASSERT(tail_intact(ri[0].tail) && tail_intact(ri[1].tail));
+	ri[0].s.struct_size = KVP_RELOAD_ITEM_SIZE_V02;
+	CU_ASSERT(kvp_admin_reload(c, &ri[0].s, 1, &e) >= 0);
+	ri[0].s.struct_size = KVP_RELOAD_ITEM_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_admin_reload(c, &ri[0].s, 1, &e), -KVP_E_INVALID_ARGUMENT);
+
+	/* event: none queued, but the size is checked first */
+	memset(&ev, PAT, sizeof(ev));
+	ev.s = (struct kvp_event){.struct_size = KVP_EVENT_SIZE_V02};
+	CU_ASSERT_EQUAL(kvp_client_event_next(c, &ev.s, &e), -KVP_E_AGAIN);
+	ev.s.struct_size = KVP_EVENT_SIZE_V02 - 1;
+	CU_ASSERT_EQUAL(kvp_client_event_next(c, &ev.s, &e), -KVP_E_INVALID_ARGUMENT);
+
+	CU_ASSERT_EQUAL(kvp_admin_flush(c, "default", NULL, &e), 0);
+	kvp_client_close(c2);
+	kvp_client_close(c);
+	free(st);
+}
+
 static void test_kvp_admin_reload_lists_result(void)
 {
 	struct kvp_error e;
@@ -790,12 +989,14 @@ int main(void)
 	    H_TEST(test_kvp_client_ping_out_of_range_codes),
 	    H_TEST(test_kvp_lease_alloc_short_reply_frees_lease),
 	    H_TEST(test_kvp_client_wrong_result_is_protocol),
+	    H_TEST(test_kvp_cache_exists_keys_count_beyond_keys_is_protocol),
 	    H_TEST(test_kvp_client_connect_path_too_long),
 	    H_TEST(test_kvpoolctl_socket_too_long),
 	    H_TEST(test_kvp_pool_tier_mapping_outlives_detach_and_close),
 	    H_TEST(test_kvp_pool_detach_unmaps_unreferenced),
 	    H_TEST(test_kvp_session_list_and_cache_list),
 	    H_TEST(test_kvp_admin_reload_lists_result),
+	    H_TEST(test_kvp_struct_size_larger_first_and_smaller),
 	    H_TEST(test_kvpoolctl_check_config_json_escapes_error),
 	};
 

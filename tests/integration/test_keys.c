@@ -94,7 +94,7 @@ static void flush_all(void)
 static int publish(struct eng *a, uint32_t seq, uint32_t n, int t)
 {
 	struct kvp_page_key k[64];
-	struct kvp_insert_keys_result r;
+	struct kvp_insert_keys_result r = {.struct_size = sizeof(r)};
 	struct kvp_error err;
 	uint32_t pages[64];
 	uint64_t lease;
@@ -247,7 +247,7 @@ static void test_keys_insert_after_matched_keys_evicted(void)
 	struct eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[4];
-	struct kvp_insert_keys_result r;
+	struct kvp_insert_keys_result r = {.struct_size = 0};
 	uint32_t pages[2];
 	uint64_t lease;
 
@@ -256,7 +256,12 @@ static void test_keys_insert_after_matched_keys_evicted(void)
 	flush_all();
 	keys_of(11, k, 4);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
+	/* out's struct_size unset: refused before anything is sent */
+	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 4, 2, pages, 2, &r, &err),
+			-KVP_E_INVALID_ARGUMENT);
+	r.struct_size = sizeof(r);
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 4, 2, pages, 2, &r, &err), 0);
+	CU_ASSERT_EQUAL(r.struct_size, sizeof(r));
 	CU_ASSERT_EQUAL(r.done_keys, 0);
 	CU_ASSERT_EQUAL(r.new_pages, 0);
 	CU_ASSERT_EQUAL(r.lease_pages, 2);

@@ -6,8 +6,8 @@ ratio = value / baseline, target, note), for scripts/bench.sh to collect.
 Every baseline is measured in the same process against the same kvpoold:
   python.alloc_free        Pool.alloc(1) + Lease.free() round trip, us; against the same
                            calls through the C API in a C loop (ratio <= 1.2)
-  python.match_1m_tokens   Pool.match of 1M cached tokens, tokens/s; against kvp_match in a C
-                           loop (ratio >= 0.8)
+  python.match_1m_tokens   Pool.match of 1M cached tokens, tokens/s; against kvp_cache_match
+                           in a C loop (ratio >= 0.8)
   python.gather_4096       gather of a 4,096-token prefix's K/V (every layer) from scattered
                            pages into contiguous tensors with torch indexing on the views, GB/s;
                            against torch.clone of the same bytes (ratio >= 0.7); skipped
@@ -74,8 +74,8 @@ def bench_alloc_free(pool, n, windows):
     py_s = best_of(windows, py)
     c_s = best_of(windows, lambda: kvpool._kvpool._c_alloc_free(pool, n))
     row("python.alloc_free", {"round_trips": n, "windows": windows}, c_s / n * 1e6,
-        "the same Alloc(1 page) + Free through the C API (kvp_alloc + kvp_free) in a C loop, "
-        "same process and daemon", py_s / n * 1e6, "us", "ratio <= 1.2")
+        "the same Alloc(1 page) + Free through the C API (kvp_lease_alloc + kvp_lease_free) "
+        "in a C loop, same process and daemon", py_s / n * 1e6, "us", "ratio <= 1.2")
 
 
 def bench_match(pool, tokens, n, windows):
@@ -96,7 +96,7 @@ def bench_match(pool, tokens, n, windows):
     py_s = best_of(windows, py)
     c_s = best_of(windows, lambda: kvpool._kvpool._c_match(pool, toks, n))
     row("python.match_1m_tokens", {"tokens": tokens, "matches": n, "windows": windows},
-        tokens * n / c_s, "kvp_match of the same tokens (unlocked) in a C loop, same process "
+        tokens * n / c_s, "kvp_cache_match of the same tokens (unlocked) in a C loop, same process "
         "and daemon", tokens * n / py_s, "tokens/s", "ratio >= 0.8")
 
 

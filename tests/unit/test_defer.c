@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "defer.h"
+#include "reply.h"
 #include "suite.h"
 
 struct sink {

@@ -53,6 +53,12 @@ static void test_names_dtypes_by_name(void)
 
 	for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
 		CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(m[i].conf), kvp_dtype_name(m[i].pub));
+	/* one table (names.h) behind both */
+	CU_ASSERT_STRING_EQUAL(kvp_dtype_name(KVP_DTYPE_BF16), kvp_names_dtype(KVP_DTYPE_BF16));
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_CONF_DTYPE_FP8), "fp8");
+	CU_ASSERT_STRING_EQUAL(kvp_names_dtype(0), "none");
+	CU_ASSERT_STRING_EQUAL(kvp_names_dtype(5), "?");
+	CU_ASSERT_STRING_EQUAL(kvp_conf_dtype_name(KVP_CONF_DTYPE_MAX), "?");
 }
 
 static void test_names_codes_agree(void)
