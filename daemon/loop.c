@@ -733,6 +733,8 @@ static int peer_pidfd(struct server *sv, int fd, pid_t pid)
 	if (pfd >= 0)
 		return pfd;
 	err = errno;
+	if (err == ESRCH) /* the peer is gone already: nothing of it to serve */
+		return -ESRCH;
 	pidfd_failed(sv, pid, err);
 	return -1;
 }

@@ -697,6 +697,74 @@ static void pidfd_exit_tracked(const char *faults, const char *expect_log)
 	svc_cleanup(&s);
 }
 
+/* The race: the connecting process exits (and is reaped, so its pid may be reused) before
+ * kvpoold accepts, while a grandchild keeps the socket open. The session must still end with
+ * the process that connected: SO_PEERPIDFD names that process even when it is gone, and a
+ * fallback pidfd_open that finds no such pid closes the connection instead of tracking
+ * nothing (or a stranger that reused the pid). */
+static void peer_gone_before_accept(const char *faults, const char *expect_log)
+{
+	const char *env[] = {"KVPOOLD_FAULTS", faults, NULL};
+	struct spawn_opts o = {.env = faults ? env : NULL};
+	struct svc s;
+	struct kvp_error e;
+	struct kvp_client *c;
+	int pfd[2];
+	pid_t child, grand = -1;
+
+	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
+	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
+	c = kvp_client_connect(s.sock, "watcher", &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	kvp_client_set_timeout(c, 5000);
+	CU_ASSERT_EQUAL_FATAL(pipe(pfd), 0);
+	CU_ASSERT_EQUAL(kill(s.pid, SIGSTOP), 0); /* nothing is accepted meanwhile */
+	child = fork();
+	if (child == 0) {
+		int fd = h_raw_connect(s.sock); /* completes in the listen backlog */
+		pid_t g;
+
+		if (fd < 0)
+			_exit(1);
+		g = fork();
+		if (g == 0) {
+			sleep(30); /* holds the socket open */
+			_exit(0);
+		}
+		if (write(pfd[1], &g, sizeof(g)) != sizeof(g))
+			_exit(1);
+		_exit(0);
+	}
+	close(pfd[1]);
+	if (read(pfd[0], &grand, sizeof(grand)) != sizeof(grand))
+		grand = -1;
+	close(pfd[0]);
+	waitpid(child, NULL, 0); /* reaped: the pid is free before kvpoold sees the peer */
+	CU_ASSERT(grand > 0);
+	CU_ASSERT_EQUAL(kill(s.pid, SIGCONT), 0);
+	/* Well before the 5 s handshake deadline, which would end it anyway. */
+	CU_ASSERT(wait_sessions(c, 1, 2000));
+	CU_ASSERT(svc_wait_log(&s, expect_log, 2000));
+	if (grand > 0) {
+		kill(grand, SIGKILL);
+		waitpid(grand, NULL, 0);
+	}
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(svc_stop(&s), 0);
+	svc_cleanup(&s);
+}
+
+static void test_peer_gone_before_accept_peerpidfd(void)
+{
+	peer_gone_before_accept(NULL, "client process exited");
+}
+
+static void test_peer_gone_before_accept_pidfd_open(void)
+{
+	peer_gone_before_accept("peer_pidfd:1", "exited before its connection was accepted");
+}
+
 static void test_peer_pidfd_tracks_exit(void)
 {
 	pidfd_exit_tracked(NULL, NULL);
@@ -983,6 +1051,8 @@ int main(void)
 	    H_TEST(test_peer_pidfd_tracks_exit),
 	    H_TEST(test_peer_pidfd_fallback_pidfd_open),
 	    H_TEST(test_pidfd_failure_counted_and_logged),
+	    H_TEST(test_peer_gone_before_accept_peerpidfd),
+	    H_TEST(test_peer_gone_before_accept_pidfd_open),
 	    H_TEST(test_peer_groups_beyond_64_admitted),
 	    H_TEST(test_socket_path_too_long_refused),
 	    H_TEST(test_reload_budget_counts_only_new_pools),
