@@ -96,7 +96,7 @@ static void text_counters(const char *indent, const struct kvp_counter *c, uint3
 		printf("%s%-24s %14lu\n", indent, c[i].name, (unsigned long)c[i].value);
 }
 
-static void json_pool(const struct kvp_pool_status *p)
+static void json_pool(const struct kvp_pool_status *p, const uint64_t *moving)
 {
 	int first = 1;
 
@@ -116,12 +116,12 @@ static void json_pool(const struct kvp_pool_status *p)
 		printf("%s{\"tier\":\"%s\",\"backend\":\"%s\",\"numa_node\":%d,"
 		       "\"total_tokens\":%lu,\"free_tokens\":%lu,\"leased_tokens\":%lu,"
 		       "\"cached_tokens\":%lu,\"evictable_tokens\":%lu,\"protected_tokens\":%lu,"
-		       "\"evicted_tokens\":%lu}",
+		       "\"moving_tokens\":%lu,\"evicted_tokens\":%lu}",
 		       first ? "" : ",", kvp_tier_name(t), kvp_backend_name((int)s->backend),
 		       s->numa_node, (unsigned long)s->total_tokens, (unsigned long)s->free_tokens,
 		       (unsigned long)s->leased_tokens, (unsigned long)s->cached_tokens,
 		       (unsigned long)s->evictable_tokens, (unsigned long)s->protected_tokens,
-		       (unsigned long)s->evicted_tokens);
+		       (unsigned long)moving[t], (unsigned long)s->evicted_tokens);
 		first = 0;
 	}
 	printf("],\"cache\":{\"nodes\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,"
@@ -135,7 +135,7 @@ static void json_pool(const struct kvp_pool_status *p)
 	printf("}");
 }
 
-static void text_pool(const struct kvp_pool_status *p)
+static void text_pool(const struct kvp_pool_status *p, const uint64_t *moving)
 {
 	const struct kvp_geometry *g = &p->geometry;
 
@@ -144,18 +144,18 @@ static void text_pool(const struct kvp_pool_status *p)
 	       p->name, p->pool_id, g->layers, g->kv_heads, g->head_dim,
 	       kvp_dtype_name((int)g->dtype), g->page_tokens, (unsigned long)p->token_bytes,
 	       p->sessions, p->eviction);
-	printf("  %-7s %-6s %12s %12s %12s %12s %12s %12s\n", "tier", "backend", "total", "free",
-	       "leased", "cached", "evictable", "protected");
+	printf("  %-7s %-6s %12s %12s %12s %12s %12s %12s %12s\n", "tier", "backend", "total",
+	       "free", "leased", "cached", "moving", "evictable", "protected");
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
 		const struct kvp_tier_status *s = &p->tiers[t];
 
 		if (!s->present)
 			continue;
-		printf("  %-7s %-6s %12lu %12lu %12lu %12lu %12lu %12lu\n", kvp_tier_name(t),
+		printf("  %-7s %-6s %12lu %12lu %12lu %12lu %12lu %12lu %12lu\n", kvp_tier_name(t),
 		       kvp_backend_name((int)s->backend), (unsigned long)s->total_tokens,
 		       (unsigned long)s->free_tokens, (unsigned long)s->leased_tokens,
-		       (unsigned long)s->cached_tokens, (unsigned long)s->evictable_tokens,
-		       (unsigned long)s->protected_tokens);
+		       (unsigned long)s->cached_tokens, (unsigned long)moving[t],
+		       (unsigned long)s->evictable_tokens, (unsigned long)s->protected_tokens);
 	}
 }
 
@@ -194,7 +194,7 @@ static int cmd_status(struct kvp_client *c, int pools_only)
 		for (uint32_t i = 0; i < s->n_pools; i++) {
 			if (i)
 				putchar(',');
-			json_pool(&s->pools[i]);
+			json_pool(&s->pools[i], s->moving_tokens[i]);
 		}
 		printf("],\"counters\":");
 		json_counters(s->counters, s->n_counters);
@@ -205,7 +205,7 @@ static int cmd_status(struct kvp_client *c, int pools_only)
 			       s->daemon_version, s->pid, (double)s->uptime_ms / 1e3, s->sessions,
 			       s->draining ? ", draining" : "", s->n_pools);
 		for (uint32_t i = 0; i < s->n_pools; i++) {
-			text_pool(&s->pools[i]);
+			text_pool(&s->pools[i], s->moving_tokens[i]);
 			if (!pools_only)
 				text_counters("    ", s->pools[i].counters, s->pools[i].n_counters);
 		}
@@ -334,10 +334,10 @@ static int cmd_cache(struct kvp_client *c, const char *pool)
 		if (g_json) {
 			if (k++)
 				putchar(',');
-			json_pool(p);
+			json_pool(p, s->moving_tokens[i]);
 			continue;
 		}
-		text_pool(p);
+		text_pool(p, s->moving_tokens[i]);
 		printf("  prefix cache: %lu nodes, hit %lu of %lu queried tokens (%.1f%%), "
 		       "%lu demoted, %lu promoted\n",
 		       (unsigned long)p->nodes, (unsigned long)p->hit_tokens,

@@ -854,7 +854,9 @@ static void counters_from(struct kvp_counter *out, uint32_t *n, Kvpool__Counter 
 	}
 }
 
-static void pool_status_from(struct kvp_pool_status *po, const Kvpool__PoolStats *ps)
+/* moving: the pool's row of kvp_status.moving_tokens. */
+static void pool_status_from(struct kvp_pool_status *po, uint64_t *moving,
+			     const Kvpool__PoolStats *ps)
 {
 	snprintf(po->name, sizeof(po->name), "%s", ps->name ? ps->name : "");
 	po->pool_id = ps->pool_id;
@@ -889,6 +891,7 @@ static void pool_status_from(struct kvp_pool_status *po, const Kvpool__PoolStats
 		to->protected_tokens = ts->protected_tokens;
 		to->numa_node = ts->numa_node;
 		to->evicted_tokens = ts->evicted_tokens;
+		moving[ts->tier] = ts->moving_tokens;
 	}
 }
 
@@ -921,8 +924,8 @@ KVP_EXPORT int kvp_client_status(struct kvp_client *c, struct kvp_status *out,
 	st->sessions = s->sessions;
 	st->pid = s->pid;
 	st->draining = s->draining;
-	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++)
-		pool_status_from(&st->pools[st->n_pools++], s->pools[i]);
+	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++, st->n_pools++)
+		pool_status_from(&st->pools[i], st->moving_tokens[i], s->pools[i]);
 	counters_from(st->counters, &st->n_counters, s->counters, s->n_counters);
 	kvpool__response__free_unpacked(resp, NULL);
 	kvp__struct_out(out, st, sizeof(*st));

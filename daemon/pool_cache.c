@@ -127,6 +127,7 @@ void kvp_pool_tier_figures(const struct kvpd_pool *p, int tier, struct kvp_tier_
 	out->cached_tokens = c.cached * pt;
 	out->evictable_tokens = c.evictable * pt;
 	out->protected_tokens = c.protected_ * pt;
+	out->moving_tokens = c.moving * pt;
 	kvp_keys_stats(p->keys, &ks);
 	out->evicted_tokens = (ps.evicted_pages[tier] + ks.evicted_pages[tier]) * pt;
 }

@@ -47,7 +47,9 @@ struct kvp_daemon_stats {
 	X(cached_tokens, "tier_cached_tokens", "gauge", "Tokens cached in a pool's tier")          \
 	X(evictable_tokens, "tier_evictable_tokens", "gauge", "Tokens evictable in a pool's tier") \
 	X(protected_tokens, "tier_protected_tokens", "gauge", "Tokens protected in a pool's tier") \
-	X(evicted_tokens, "evicted_tokens_total", "counter", "Tokens evicted from a tier")
+	X(evicted_tokens, "evicted_tokens_total", "counter", "Tokens evicted from a tier")         \
+	X(moving_tokens, "tier_moving_tokens", "gauge",                                            \
+	  "Tokens reserved in a pool's tier as destinations of demotion copies in flight")
 
 /* Per pool, labelled {pool}: the field is a member of struct kvp_pool_figures and of the
  * PoolStats message. */

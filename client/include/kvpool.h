@@ -254,6 +254,10 @@ struct kvp_status {
 	struct kvp_pool_status pools[KVP_STATUS_MAX_POOLS];
 	uint32_t n_counters; /* the daemon's counters */
 	struct kvp_counter counters[KVP_STATUS_MAX_COUNTERS];
+	/* 0.3: per pool (as pools[]) and tier, tokens reserved as the destinations of demotion
+	 * copies still in flight (neither free, leased nor cached: free + leased + cached +
+	 * moving == total). Written only when struct_size reaches it. */
+	uint64_t moving_tokens[KVP_STATUS_MAX_POOLS][KVP_TIER_MAX];
 };
 /* Daemon status into out (out->struct_size set). Returns 0 or a negative code. */
 int kvp_client_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);

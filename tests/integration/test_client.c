@@ -846,8 +846,14 @@ static void test_kvp_struct_size_larger_first_and_smaller(void)
 	CU_ASSERT_EQUAL(st->s.struct_size, sizeof(st->s) + 8);
 	CU_ASSERT(st->s.n_pools >= 1 && st->s.sessions >= 1);
 	CU_ASSERT(tail_intact(st->tail));
+	memset(st, PAT, sizeof(*st));
 	st->s.struct_size = KVP_STATUS_SIZE_V02;
 	CU_ASSERT_EQUAL(kvp_client_status(c, &st->s, &e), 0);
+	CU_ASSERT(st->s.n_pools >= 1);
+	/* a first-version caller's struct ends before the moving figures: left as it was */
+	CU_ASSERT(KVP_STATUS_SIZE_V02 <= offsetof(struct kvp_status, moving_tokens));
+	CU_ASSERT_EQUAL(((unsigned char *)st->s.moving_tokens)[0], PAT);
+	CU_ASSERT(tail_intact(st->tail));
 	st->s.struct_size = KVP_STATUS_SIZE_V02 - 1;
 	CU_ASSERT_EQUAL(kvp_client_status(c, &st->s, &e), -KVP_E_INVALID_ARGUMENT);
 

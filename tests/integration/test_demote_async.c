@@ -105,17 +105,28 @@ static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages)
 	return (int64_t)fresh;
 }
 
-static struct kvp_tier_status tier(int t)
+/* Pool 0's figures of tier t; its moving tokens into *moving when set. */
+static struct kvp_tier_status tier_moving(int t, uint64_t *moving)
 {
 	struct kvp_error err;
 	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
 	struct kvp_tier_status z = { 0 };
 
-	if (c && kvp_client_status(c, &st, &err) == 0)
+	if (moving)
+		*moving = UINT64_MAX;
+	if (c && kvp_client_status(c, &st, &err) == 0) {
 		z = st.pools[0].tiers[t];
+		if (moving)
+			*moving = st.moving_tokens[0][t];
+	}
 	kvp_client_close(c);
 	return z;
+}
+
+static struct kvp_tier_status tier(int t)
+{
+	return tier_moving(t, NULL);
 }
 
 /* In a child: the whole device tier, which needs the 12 cached pages demoted first. Exit 0 when
@@ -163,7 +174,7 @@ static void test_alloc_waits_for_demotion_others_served(void)
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
 	struct kvp_tier_status d, h;
-	uint64_t t0, slowest = 0;
+	uint64_t t0, slowest = 0, dmov, hmov;
 	pid_t pid;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
@@ -172,8 +183,13 @@ static void test_alloc_waits_for_demotion_others_served(void)
 	pid = spawn_whole_tier();
 	CU_ASSERT_FATAL(pid > 0);
 	sleep_ms(200); /* its Alloc is in: the demotion runs */
-	d = tier(KVP_TIER_DEVICE);
-	h = tier(KVP_TIER_HOST);
+	d = tier_moving(KVP_TIER_DEVICE, &dmov);
+	h = tier_moving(KVP_TIER_HOST, &hmov);
+	/* the books add up on the wire: the copy's destination is moving */
+	CU_ASSERT_EQUAL(dmov, 0);
+	CU_ASSERT_EQUAL(hmov, 48);
+	CU_ASSERT_EQUAL(d.free_tokens + d.leased_tokens + d.cached_tokens + dmov, d.total_tokens);
+	CU_ASSERT_EQUAL(h.free_tokens + h.leased_tokens + h.cached_tokens + hmov, h.total_tokens);
 	CU_ASSERT_EQUAL(d.cached_tokens, 48);	 /* still cached, being copied */
 	CU_ASSERT_EQUAL(d.protected_tokens, 48); /* and held by the copy */
 	CU_ASSERT_EQUAL(d.free_tokens, 208);
@@ -201,7 +217,8 @@ static void test_alloc_waits_for_demotion_others_served(void)
 	CU_ASSERT_EQUAL_FATAL(m.n_host, 12);
 	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_HOST, host, 48, 42, 1), 0);
 	d = tier(KVP_TIER_DEVICE);
-	h = tier(KVP_TIER_HOST);
+	h = tier_moving(KVP_TIER_HOST, &hmov);
+	CU_ASSERT_EQUAL(hmov, 0);
 	CU_ASSERT_EQUAL(d.free_tokens, 256);
 	CU_ASSERT_EQUAL(d.cached_tokens + d.leased_tokens, 0);
 	CU_ASSERT_EQUAL(h.cached_tokens, 48);
