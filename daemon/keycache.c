@@ -42,7 +42,7 @@ struct kc_entry {
 	uint32_t hnext;	     /* hash chain; next free entry when unused */
 	uint32_t prev, next; /* LRU list of its tier's candidates */
 	uint32_t nchild;     /* entries naming this one as parent */
-	uint32_t ndchild;    /* of those, device-resident */
+	uint32_t ndchild;    /* of those, device-resident and not being demoted */
 	uint32_t lock;	     /* locks pinning it */
 	uint32_t key;	     /* slot in the slab of its size class */
 	uint32_t hits : 21;  /* saturating */
@@ -50,13 +50,22 @@ struct kc_entry {
 	uint32_t tier : 1;
 	uint32_t list : 2;
 	uint32_t klen1 : 6; /* key length - 1 */
-	uint32_t spare : 1;
+	uint32_t flying : 1; /* its demotion is in flight (a flight's idx[] names it) */
 };
 _Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
 
 struct kvp_keys_lock {
 	uint32_t n;
 	uint32_t idx[];
+};
+
+/* A demotion in flight: entries idx[] (each locked by the flight) from device pages src[] to the
+ * MOVING host pages dst[]. */
+struct kvp_keys_flight {
+	struct kvp_keys_flight *prev, *next;
+	uint32_t n;
+	uint32_t *idx, *src, *dst;
+	uint32_t v[]; /* the three arrays */
 };
 
 struct slab {
@@ -88,6 +97,7 @@ struct kvp_keys {
 	uint32_t nsmap_cap;
 	uint64_t seed;
 	struct list lru[3];
+	struct kvp_keys_flight *flights; /* in flight, newest first */
 	struct kvp_keys_stats st;
 };
 
@@ -594,6 +604,12 @@ void kvp_keys_free(struct kvp_keys *kc)
 		free(kc->slab[c].mem);
 	free(kc->nsr);
 	free(kc->nsmap);
+	while (kc->flights) {
+		struct kvp_keys_flight *fl = kc->flights;
+
+		kc->flights = fl->next;
+		free(fl);
+	}
 	free(kc);
 }
 
@@ -1016,6 +1032,115 @@ uint32_t kvp_keys_evict(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pag
 	return tier == KVP_TIER_ID_DEVICE ? evict_dev(kc, pages) : evict_host(kc, pages);
 }
 
+/* Lands flight fl's pages (rc 0) or gives its host pages back (rc < 0); unlocks its entries. */
+static void flight_land(struct kvp_keys *kc, struct kvp_keys_flight *fl, int rc)
+{
+	struct kvp_pages *dp = kc->tier[KVP_TIER_ID_DEVICE], *hp = kc->tier[KVP_TIER_ID_HOST];
+
+	for (uint32_t k = 0; k < fl->n; k++) {
+		uint32_t i = fl->idx[k];
+
+		struct kc_entry *e = &kc->ent[i];
+
+		e->flying = 0;
+		lock_put(kc, i);
+		if (e->parent != NONE)
+			kc->ent[e->parent].ndchild++; /* a device child again, until retier */
+		if (rc < 0) {
+			kvp_pages_release(hp, &fl->dst[k], 1);
+			if (e->parent != NONE)
+				refresh(kc, e->parent);
+			continue;
+		}
+		kvp_pages_release(dp, &fl->src[k], 1);
+		kvp_pages_move(hp, fl->dst[k], KVP_PAGE_MOVING, KVP_PAGE_CACHED);
+		retier(kc, i, KVP_TIER_ID_HOST, fl->dst[k]);
+		kc->st.demoted_pages++;
+		kc->st.evicted_pages[KVP_TIER_ID_DEVICE]++;
+	}
+}
+
+void kvp_keys_demote_done(struct kvp_keys *kc, struct kvp_keys_flight *fl, int rc)
+{
+	if (!kc || !fl)
+		return;
+	if (fl->prev)
+		fl->prev->next = fl->next;
+	else
+		kc->flights = fl->next;
+	if (fl->next)
+		fl->next->prev = fl->prev;
+	kc->st.flights--;
+	kc->st.inflight_pages -= fl->n;
+	kc->st.moving_pages -= fl->n;
+	flight_land(kc, fl, rc);
+	free(fl);
+}
+
+/* Device eviction whose demotions go out as one copy through copy_start. */
+static uint32_t evict_dev_later(struct kvp_keys *kc, uint32_t want)
+{
+	struct kvp_pages *hp = kc->tier[KVP_TIER_ID_HOST];
+	struct kvp_keys_flight *fl;
+	uint64_t cap = kc->st.evictable_pages[KVP_TIER_ID_DEVICE];
+	uint32_t n = 0, i;
+	int r;
+
+	if (!hp || !kc->conf.copy_start)
+		return evict_dev(kc, want);
+	cap = cap < want ? cap : want;
+	if (!cap || !(fl = malloc(sizeof(*fl) + 3 * cap * sizeof(uint32_t))))
+		return evict_dev(kc, want);
+	fl->idx = fl->v;
+	fl->src = fl->v + cap;
+	fl->dst = fl->v + 2 * cap;
+	while (n < cap && (i = coldest(kc, LIST_DEV)) != NONE) {
+		if (!kvp_pages_count(hp, KVP_PAGE_FREE))
+			evict_host(kc, 1); /* a host leaf: never a locked or device entry */
+		if (kvp_pages_alloc(hp, 1, &fl->dst[n]) < 0)
+			break;
+		kvp_pages_move(hp, fl->dst[n], KVP_PAGE_LEASED, KVP_PAGE_MOVING);
+		fl->idx[n] = i;
+		fl->src[n] = kc->ent[i].page;
+		lock_get(kc, i); /* off the eviction list until the copy lands */
+		kc->ent[i].flying = 1;
+		if (kc->ent[i].parent != NONE) { /* its parent may go in the same copy */
+			kc->ent[kc->ent[i].parent].ndchild--;
+			refresh_at(kc, kc->ent[i].parent, true);
+		}
+		n++;
+	}
+	fl->n = n;
+	if (!n) {
+		free(fl);
+		return evict_dev(kc, want);
+	}
+	r = kc->conf.copy_start(kc->conf.copy_ctx, fl->src, fl->dst, n, fl);
+	if (r == 1) {
+		fl->prev = NULL;
+		fl->next = kc->flights;
+		if (kc->flights)
+			kc->flights->prev = fl;
+		kc->flights = fl;
+		kc->st.flights++;
+		kc->st.inflight_pages += n;
+		kc->st.moving_pages += n;
+		return n < want ? evict_dev(kc, want - n) : 0;
+	}
+	flight_land(kc, fl, r < 0 ? r : 0);
+	free(fl);
+	if (r < 0)
+		return 0; /* the copy failed: everything as it was */
+	return n + (n < want ? evict_dev(kc, want - n) : 0);
+}
+
+uint32_t kvp_keys_evict_later(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pages)
+{
+	if (!kc || (unsigned)tier >= KVP_TIER_ID_MAX || !kc->tier[tier] || !pages)
+		return 0;
+	return tier == KVP_TIER_ID_DEVICE ? evict_dev_later(kc, pages) : evict_host(kc, pages);
+}
+
 uint32_t kvp_keys_flush(struct kvp_keys *kc)
 {
 	uint32_t *stack, sp = 0, freed = 0;
@@ -1143,10 +1268,11 @@ int kvp_keys_check(const struct kvp_keys *kc)
 			if (e->parent >= kc->ent_hw || kc->ent[e->parent].list == LIST_FREE)
 				goto out;
 			nchild[e->parent]++;
-			ndchild[e->parent] += e->tier == KVP_TIER_ID_DEVICE;
+			ndchild[e->parent] += e->tier == KVP_TIER_ID_DEVICE && !e->flying;
 		}
 		if ((int)e->list != want_list(kc, e))
 			goto out;
+		kb += e->flying; /* counted against the flights below, then reset */
 		if (e->list != LIST_NONE)
 			inlist[e->list]++;
 		acct_into(&sum, e);
@@ -1176,9 +1302,33 @@ int kvp_keys_check(const struct kvp_keys *kc)
 	md = sizeof(*kc) + (uint64_t)kc->nbuckets * sizeof(*kc->buckets) +
 	     (uint64_t)kc->ent_cap * sizeof(*kc->ent) + (uint64_t)kc->nsr_cap * sizeof(*kc->nsr) +
 	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap);
+	if (kb != kc->st.inflight_pages)
+		goto out;
+	kb = 0;
 	for (uint32_t c = 0; c < NCLASS; c++)
 		kb += (uint64_t)kc->slab[c].cap * (c + 1) * CLASS_BYTES;
 	if (md != kc->st.metadata_bytes || kb != kc->st.key_bytes)
+		goto out;
+	nfree = 0; /* now the pages in flight */
+	nsl = 0;   /* and the flights */
+	for (const struct kvp_keys_flight *fl = kc->flights; fl; fl = fl->next) {
+		nsl++;
+		for (uint32_t k = 0; k < fl->n; k++) {
+			const struct kc_entry *e = &kc->ent[fl->idx[k]];
+			uint32_t d = fl->dst[k];
+
+			if (fl->idx[k] >= kc->ent_hw || e->list == LIST_FREE || !e->lock ||
+			    !e->flying || e->tier != KVP_TIER_ID_DEVICE || e->page != fl->src[k] ||
+			    !kc->tier[KVP_TIER_ID_HOST] ||
+			    d >= kvp_pages_total(kc->tier[KVP_TIER_ID_HOST]) ||
+			    seen[KVP_TIER_ID_HOST][d] ||
+			    kvp_pages_state(kc->tier[KVP_TIER_ID_HOST], d) != KVP_PAGE_MOVING)
+				goto out;
+			seen[KVP_TIER_ID_HOST][d] = 1;
+			nfree++;
+		}
+	}
+	if (nsl != kc->st.flights || nfree != kc->st.inflight_pages || nfree != kc->st.moving_pages)
 		goto out;
 	r = 0;
 out:

@@ -17,11 +17,19 @@ struct kvp_key {
 	const uint8_t *data;
 };
 
+struct kvp_keys_flight; /* a demotion copy in flight */
+/* Starts copying n device pages src[] to host pages dst[] (DEMOTE). Returns 1 when the copy is
+ * in flight (kvp_keys_demote_done(fl, rc) is called once it lands, later, on the same thread),
+ * 0 when it is already done, or a negative errno (nothing copied). */
+typedef int (*kvp_keys_copy_start_fn)(void *ctx, const uint32_t *src, const uint32_t *dst,
+				      uint32_t n, struct kvp_keys_flight *fl);
+
 struct kvp_keys_conf {
 	struct kvp_pages *dev;	 /* NULL when the pool has no device tier */
 	struct kvp_pages *host;	 /* NULL when the pool has no host tier */
 	kvp_prefix_copy_fn copy; /* required when both tiers exist (the pool's tier copy) */
 	void *copy_ctx;
+	kvp_keys_copy_start_fn copy_start; /* optional: kvp_keys_evict_later's demotions */
 };
 
 struct kvp_keys;
@@ -93,6 +101,20 @@ int kvp_keys_promote(struct kvp_keys *kc, struct kvp_keys_lock *lock, uint32_t *
 uint32_t kvp_keys_evict(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pages);
 /* Drops every unlocked entry no locked entry depends on (admin Flush). Returns pages freed. */
 uint32_t kvp_keys_flush(struct kvp_keys *kc);
+/*
+ * kvp_keys_evict, with the device tier's demotions started through conf.copy_start (one copy
+ * for the batch) where it is set. While a copy is in flight:
+ *  - its device entries stay cached, readable and matched as device pages, held by a lock of
+ *    the flight (protected, never evicted or flushed), their pages not yet free;
+ *  - its host pages are MOVING (reserved, in no entry): nothing matches or reads them.
+ * kvp_keys_demote_done(rc == 0) then frees the device pages and moves the entries to their host
+ * pages (CACHED), as the synchronous demotion does, and unlocks; rc < 0 frees the host pages and
+ * leaves the entries as they were. Pages whose demotion started count toward `pages` but the
+ * result says only those freed now; the stats' inflight_pages says how many device pages the
+ * flights will free.
+ */
+uint32_t kvp_keys_evict_later(struct kvp_keys *kc, enum kvp_tier_id tier, uint32_t pages);
+void kvp_keys_demote_done(struct kvp_keys *kc, struct kvp_keys_flight *fl, int rc);
 
 struct kvp_keys_stats {
 	uint64_t cached_pages[KVP_TIER_ID_MAX];
@@ -104,6 +126,9 @@ struct kvp_keys_stats {
 	uint64_t demoted_pages, promoted_pages;
 	uint64_t metadata_bytes; /* entries, table, namespace map; key bytes not included */
 	uint64_t key_bytes;	 /* the key slabs */
+	/* Demotions in flight: device pages being copied (cached and protected until done), host
+	 * pages reserved for them (MOVING), flights. */
+	uint64_t inflight_pages, moving_pages, flights;
 };
 /* Copies the counters. O(1). */
 void kvp_keys_stats(const struct kvp_keys *kc, struct kvp_keys_stats *st);

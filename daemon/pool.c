@@ -57,13 +57,27 @@ void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx)
 	g_moved_ctx = ctx;
 }
 
+/* Where a flight lands: the prefix cache's or the key cache's demote_done. */
+typedef void (*demote_land_fn)(struct kvpd_pool *p, void *fl, int rc);
+
 struct demote_job {
 	struct kvp_job job; /* first: the job is the struct */
 	struct kvpd_pool *p;
 	struct kvp_tier_flight *tf;
-	struct kvp_prefix_flight *pf;
+	demote_land_fn land;
+	void *fl; /* the cache's flight */
 	int rc;
 };
+
+static void land_prefix(struct kvpd_pool *p, void *fl, int rc)
+{
+	kvp_prefix_demote_done(p->pfx, fl, rc);
+}
+
+static void land_keys(struct kvpd_pool *p, void *fl, int rc)
+{
+	kvp_keys_demote_done(p->keys, fl, rc);
+}
 
 static void pool_free(struct kvpd_pool *p);
 static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later);
@@ -84,7 +98,7 @@ static void demote_land(struct kvp_job *j, bool cancelled)
 	int rc = cancelled ? -ECANCELED : dj->rc;
 
 	p->mem[KVP_TIER_ID_DEVICE].ops->flight_free(dj->tf);
-	kvp_prefix_demote_done(p->pfx, dj->pf, rc);
+	dj->land(p, dj->fl, rc);
 	if (rc < 0 && !cancelled)
 		log_warn("pool %s: a demotion copy failed (%s): the device pages stay cached",
 			 p->conf.name, strerror(-rc));
@@ -99,10 +113,10 @@ static void demote_land(struct kvp_job *j, bool cancelled)
 		g_moved(g_moved_ctx, p);
 }
 
-/* The prefix cache's demotion: in flight on the worker where the backend and the daemon allow
- * (1), else synchronous (0, or a negative errno). */
-static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
-			   struct kvp_prefix_flight *pf)
+/* A cache's demotion: in flight on the worker where the backend and the daemon allow (1; land
+ * is called with fl once it lands), else synchronous (0, or a negative errno). */
+static int flight_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			demote_land_fn land, void *fl)
 {
 	struct kvpd_pool *p = ctx;
 	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_ID_DEVICE].ops;
@@ -117,7 +131,8 @@ static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, 
 		return r < 0 ? r : 0;
 	}
 	dj->p = p;
-	dj->pf = pf;
+	dj->land = land;
+	dj->fl = fl;
 	dj->job.run = demote_run;
 	dj->job.done = demote_land;
 	if (kvp_work_submit(g_work, &dj->job) < 0) { /* stopping: wait here */
@@ -130,14 +145,28 @@ static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, 
 	return 1;
 }
 
+static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			   struct kvp_prefix_flight *pf)
+{
+	return flight_start(ctx, src, dst, n, land_prefix, pf);
+}
+
+static int keys_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			   struct kvp_keys_flight *kf)
+{
+	return flight_start(ctx, src, dst, n, land_keys, kf);
+}
+
 uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier)
 {
 	struct kvp_prefix_stats ps;
+	struct kvp_keys_stats ks;
 
 	if (tier != KVP_TIER_ID_DEVICE || !kvp_pool_has_tier(p, tier))
 		return 0;
 	kvp_prefix_stats(p->pfx, &ps);
-	return ps.inflight_pages;
+	kvp_keys_stats(p->keys, &ks);
+	return ps.inflight_pages + ks.inflight_pages;
 }
 
 bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages)
@@ -288,7 +317,8 @@ struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, s
 		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
 		goto fail;
 	}
-	p->keys = kvp_keys_new(&(struct kvp_keys_conf){xc.dev, xc.host, pool_copy, p});
+	p->keys = kvp_keys_new(
+		&(struct kvp_keys_conf){ xc.dev, xc.host, pool_copy, p, keys_copy_start });
 	if (!p->keys) {
 		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: key cache: out of memory", pc->name);
 		goto fail;
@@ -372,6 +402,14 @@ int kvp_pool_check(const struct kvpd_pool *p)
 	kvp_keys_stats(p->keys, &ks);
 	if (kvp_keys_check(p->keys) < 0)
 		return -EFAULT;
+	if (p->pages[KVP_TIER_ID_HOST]) { /* every MOVING page belongs to one cache's flight */
+		struct kvp_prefix_stats ps;
+
+		kvp_prefix_stats(p->pfx, &ps);
+		if (kvp_pages_count(p->pages[KVP_TIER_ID_HOST], KVP_PAGE_MOVING) !=
+		    ps.moving_pages + ks.moving_pages)
+			return -EFAULT;
+	}
 	return kvp_prefix_check_shared(p->pfx, ks.cached_pages) < 0 ? -EFAULT : 0;
 }
 
@@ -705,16 +743,22 @@ static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool l
 	ep = ps.evictable_pages[tier];
 	ek = ks.evictable_pages[tier];
 	share = ep + ek ? (uint32_t)((uint64_t)pages * ek / (ep + ek)) : 0;
-	freed = kvp_keys_evict(p->keys, tier, share);
 	if (later) {
-		uint64_t before = ps.inflight_pages;
+		/* demotions started count toward pages: their pages are freed when they land */
+		uint64_t before = kvp_pool_inflight(p, tier);
 
-		freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
-		kvp_prefix_stats(p->pfx, &ps);
-		pages -= (uint32_t)(ps.inflight_pages - before); /* started: freed when they land */
-	} else {
-		freed += kvp_prefix_evict_now(p->pfx, tier, pages - freed);
+		freed = kvp_keys_evict_later(p->keys, tier, share);
+		pages -= (uint32_t)(kvp_pool_inflight(p, tier) - before);
+		before = kvp_pool_inflight(p, tier);
+		if (freed < pages)
+			freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
+		pages -= (uint32_t)(kvp_pool_inflight(p, tier) - before);
+		if (freed < pages)
+			freed += kvp_keys_evict_later(p->keys, tier, pages - freed);
+		return freed;
 	}
+	freed = kvp_keys_evict(p->keys, tier, share);
+	freed += kvp_prefix_evict_now(p->pfx, tier, pages - freed);
 	if (freed < pages)
 		freed += kvp_keys_evict(p->keys, tier, pages - freed);
 	return freed;

@@ -77,7 +77,8 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		     uint32_t nchains, double base)
 {
 	struct kvp_pages *host = kvp_pages_new(npages);
-	struct kvp_keys *kc = kvp_keys_new(&(struct kvp_keys_conf){NULL, host, noop_copy, NULL});
+	struct kvp_keys *kc =
+		kvp_keys_new(&(struct kvp_keys_conf){ NULL, host, noop_copy, NULL, NULL });
 	uint32_t *perm = malloc((size_t)npages * sizeof(*perm)), dev[CHAIN];
 	uint64_t hits = 0;
 	double t0, t;
@@ -136,7 +137,8 @@ int main(int argc, char **argv)
 	struct kvp_key *keys = malloc((size_t)npages * sizeof(*keys));
 	uint32_t *order = malloc((size_t)nchains * sizeof(*order)), pages[CHAIN], dev[CHAIN];
 	struct kvp_pages *host = kvp_pages_new(npages);
-	struct kvp_keys *kc = kvp_keys_new(&(struct kvp_keys_conf){NULL, host, noop_copy, NULL});
+	struct kvp_keys *kc =
+		kvp_keys_new(&(struct kvp_keys_conf){ NULL, host, noop_copy, NULL, NULL });
 	struct set set;
 	uint64_t hits = 0, bhits = 0, slots = 1;
 	double t0, t_kc, t_set, bpp;

@@ -2,8 +2,9 @@
  * land late (KVPOOLD_COPY_DELAY_MS=1000): an Alloc that must evict and demote is answered only
  * once the copy landed, while another session's pings and matches are answered at once (the
  * device pages being copied stay cached and readable); the demoted bytes are right in the host
- * tier; an engine that goes while its Alloc waits leaves nothing behind; the books balance at
- * exit (the suite's cleanup wants exit status 0). */
+ * tier; an engine that goes while its Alloc waits leaves nothing behind; the same for a
+ * hash-keyed namespace; status counts the copies' destinations as moving (free + leased + cached
+ * + moving == total); the books balance at exit (the suite's cleanup wants exit status 0). */
 #include <CUnit/Basic.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -253,11 +254,105 @@ static void test_engine_gone_while_alloc_waits(void)
 	kvp_client_close(a.c);
 }
 
+/* Key i of keyed chain seq: 32 bytes, as a chained page hash would be. */
+enum { KB = 32, KNS = 5 };
+static uint8_t g_kb[16][KB];
+static void keys_of(uint32_t seq, struct kvp_page_key *k, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t j = 0; j < KB; j++)
+			g_kb[i][j] = (uint8_t)(seq * 17 + i * 5 + j);
+		k[i] = (struct kvp_page_key){ g_kb[i], KB };
+	}
+}
+
+/* Leases, writes and inserts a keyed chain of npages device pages (page i holds positions
+ * [i * PT, i * PT + PT) of sequence seq). Returns the pages taken, or -1. */
+static int publish_keys(struct eng *e, uint32_t seq, uint32_t npages)
+{
+	struct kvp_insert_keys_result r = { .struct_size = sizeof(r) };
+	struct kvp_page_key k[16];
+	struct kvp_error err;
+	uint32_t pages[16];
+	uint64_t lease;
+
+	keys_of(seq, k, npages);
+	if (kvp_lease_alloc(e->p, KVP_TIER_DEVICE, npages, &lease, pages, &err) < 0)
+		return -1;
+	rows(e->p, KVP_TIER_DEVICE, pages, npages * PT, seq, 0);
+	if (kvp_cache_insert_keys(e->p, lease, KNS, k, npages, 0, pages, npages, &r, &err) < 0)
+		return -1;
+	kvp_lease_free(e->p, lease, NULL, 0, &err);
+	return (int)r.new_pages;
+}
+
+/* The same with a keyed namespace: the Alloc that must demote keyed pages is answered after
+ * the copy; meanwhile the chain is matched as device pages with its bytes, and the books add
+ * up with the destinations moving; then the chain is in the host tier with the same bytes. */
+static void test_keyed_alloc_waits_for_demotion_others_served(void)
+{
+	struct eng a;
+	struct kvp_error err;
+	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
+	struct kvp_page_key k[12];
+	uint32_t dev[12], host[12];
+	struct kvp_tier_status d, h, h0;
+	uint64_t t0, slowest = 0, dmov, hmov;
+	pid_t pid;
+
+	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
+	h0 = tier(KVP_TIER_HOST);
+	CU_ASSERT_EQUAL_FATAL(publish_keys(&a, 44, 12), 12);
+	keys_of(44, k, 12);
+	pid = spawn_whole_tier();
+	CU_ASSERT_FATAL(pid > 0);
+	sleep_ms(200); /* its Alloc is in: the demotion runs */
+	d = tier_moving(KVP_TIER_DEVICE, &dmov);
+	h = tier_moving(KVP_TIER_HOST, &hmov);
+	CU_ASSERT_EQUAL(d.cached_tokens, 48);	 /* still cached, being copied */
+	CU_ASSERT_EQUAL(d.protected_tokens, 48); /* and held by the copy */
+	CU_ASSERT_EQUAL(d.free_tokens, 208);
+	CU_ASSERT_EQUAL(dmov, 0);
+	CU_ASSERT_EQUAL(hmov, 48);
+	CU_ASSERT_EQUAL(h.cached_tokens, h0.cached_tokens); /* the destination is not readable */
+	CU_ASSERT_EQUAL(h.free_tokens, h0.free_tokens - 48);
+	CU_ASSERT_EQUAL(d.free_tokens + d.leased_tokens + d.cached_tokens + dmov, d.total_tokens);
+	CU_ASSERT_EQUAL(h.free_tokens + h.leased_tokens + h.cached_tokens + hmov, h.total_tokens);
+	for (int i = 0; i < 5; i++) {
+		t0 = h_now_ms();
+		CU_ASSERT_EQUAL(kvp_client_ping(a.c, &err), 0);
+		CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(a.p, KNS, k, 12, 0, &m, dev, host, 12,
+							   &err),
+				      0);
+		if (h_now_ms() - t0 > slowest)
+			slowest = h_now_ms() - t0;
+		CU_ASSERT_EQUAL(m.n_device, 12);
+		CU_ASSERT_EQUAL(m.n_host, 0);
+		CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_DEVICE, dev, 48, 44, 1), 0);
+		sleep_ms(50);
+	}
+	CU_ASSERT(slowest < 300);
+	CU_ASSERT_EQUAL(h_wait_pid(pid, 10000), 0); /* answered after the copy, with the tier */
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(a.p, KNS, k, 12, 0, &m, dev, host, 12, &err), 0);
+	CU_ASSERT_EQUAL(m.n_device, 0);
+	CU_ASSERT_EQUAL_FATAL(m.n_host, 12);
+	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_HOST, host, 48, 44, 1), 0);
+	d = tier(KVP_TIER_DEVICE);
+	h = tier_moving(KVP_TIER_HOST, &hmov);
+	CU_ASSERT_EQUAL(hmov, 0);
+	CU_ASSERT_EQUAL(d.free_tokens, 256);
+	CU_ASSERT_EQUAL(d.cached_tokens + d.leased_tokens, 0);
+	CU_ASSERT_EQUAL(h.cached_tokens, h0.cached_tokens + 48);
+	CU_ASSERT_EQUAL(h.free_tokens + h.cached_tokens, h.total_tokens);
+	kvp_client_close(a.c);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_alloc_waits_for_demotion_others_served),
 		H_TEST(test_engine_gone_while_alloc_waits),
+		H_TEST(test_keyed_alloc_waits_for_demotion_others_served),
 	};
 
 	return H_RUN_SUITE("demote_async", init_suite, clean_suite, tests);

@@ -51,7 +51,7 @@ static void fix_init(struct fix *x, uint32_t ndev, uint32_t nhost)
 		x->mem[t] = calloc(n[t], PB);
 		CU_ASSERT_FATAL(x->pg[t] && x->mem[t]);
 	}
-	x->kc = kvp_keys_new(&(struct kvp_keys_conf){x->pg[DEV], x->pg[HOST], copy_fn, x});
+	x->kc = kvp_keys_new(&(struct kvp_keys_conf){ x->pg[DEV], x->pg[HOST], copy_fn, x, NULL });
 	CU_ASSERT_FATAL(x->kc != NULL);
 }
 
@@ -355,6 +355,149 @@ static void test_kvp_keys_demote_promote(void)
 	fix_done(&x);
 }
 
+/* The asynchronous seam: copy_start records the flight (and copies at once, so the bytes can
+ * be checked when it lands); start_rc says what it returns. */
+static struct kvp_keys_flight *g_fl;
+static uint32_t g_fl_n;
+static int g_start_rc = 1;
+
+static int copy_start_fn(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
+			 struct kvp_keys_flight *fl)
+{
+	if (g_start_rc < 0)
+		return g_start_rc;
+	CU_ASSERT_EQUAL(copy_fn(ctx, KVP_COPY_DEMOTE, src, dst, n), 0);
+	g_fl = fl;
+	g_fl_n = n;
+	return g_start_rc;
+}
+
+static void fix_init_async(struct fix *x, uint32_t ndev, uint32_t nhost)
+{
+	fix_init(x, ndev, nhost);
+	kvp_keys_free(x->kc);
+	x->kc = kvp_keys_new(
+		&(struct kvp_keys_conf){ x->pg[DEV], x->pg[HOST], copy_fn, x, copy_start_fn });
+	CU_ASSERT_FATAL(x->kc != NULL);
+	g_fl = NULL;
+	g_fl_n = 0;
+	g_start_rc = 1;
+}
+
+/* A demotion in flight: the device entries stay matched as device pages and protected, the host
+ * destinations are MOVING; once it lands the entries are host pages with the bytes. */
+static void test_kvp_keys_evict_later_lands(void)
+{
+	struct fix x;
+	struct kvp_key k[3], k2[2];
+	struct kvp_keys_match m;
+	struct kvp_keys_stats st;
+	uint32_t dev[3], host[3];
+
+	fix_init_async(&x, 3, 4);
+	chain(k, 0, 3);
+	put(&x, 0, k, 3, 0, DEV, 30);
+	/* the whole chain in one copy: each parent goes once its children are in flight */
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 3), 0); /* started, not freed yet */
+	CU_ASSERT_PTR_NOT_NULL_FATAL(g_fl);
+	CU_ASSERT_EQUAL(g_fl_n, 3);
+	kvp_keys_stats(x.kc, &st);
+	CU_ASSERT_EQUAL(st.flights, 1);
+	CU_ASSERT_EQUAL(st.inflight_pages, 3);
+	CU_ASSERT_EQUAL(st.moving_pages, 3);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 3);
+	CU_ASSERT_EQUAL(st.protected_pages[DEV], 3);
+	CU_ASSERT_EQUAL(st.evictable_pages[DEV], 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[HOST], KVP_PAGE_MOVING), 3);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[DEV], KVP_PAGE_FREE), 0);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	/* readable meanwhile, as device pages; neither evicted nor flushed */
+	CU_ASSERT_EQUAL(kvp_keys_match(x.kc, 0, k, 3, 0, &m, dev, host), 0);
+	CU_ASSERT_EQUAL(m.dev_pages, 3);
+	CU_ASSERT_EQUAL(m.host_pages, 0);
+	CU_ASSERT_EQUAL(x.mem[DEV][dev[2] * PB], 32);
+	CU_ASSERT_EQUAL(kvp_keys_evict(x.kc, DEV, 3), 0);
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 3), 0);
+	CU_ASSERT_EQUAL(kvp_keys_flush(x.kc), 0);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, k, 3), 3);
+	kvp_keys_stats(x.kc, &st);
+	CU_ASSERT_EQUAL(st.flights, 1);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	/* lands: host pages with the bytes */
+	kvp_keys_demote_done(x.kc, g_fl, 0);
+	kvp_keys_stats(x.kc, &st);
+	CU_ASSERT_EQUAL(st.flights + st.inflight_pages + st.moving_pages, 0);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 0);
+	CU_ASSERT_EQUAL(st.cached_pages[HOST], 3);
+	CU_ASSERT_EQUAL(st.demoted_pages, 3);
+	CU_ASSERT_EQUAL(st.evicted_pages[DEV], 3);
+	CU_ASSERT_EQUAL(st.evictable_pages[HOST], 3);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[HOST], KVP_PAGE_MOVING), 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[DEV], KVP_PAGE_FREE), 3);
+	CU_ASSERT_EQUAL(kvp_keys_match(x.kc, 0, k, 3, 0, &m, dev, host), 0);
+	CU_ASSERT_EQUAL(m.dev_pages, 0);
+	CU_ASSERT_EQUAL_FATAL(m.host_pages, 3);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(x.mem[HOST][host[i] * PB], 30 + i);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	/* a copy done at once (0) lands at once */
+	chain(k2, 1, 2);
+	put(&x, 0, k2, 2, 0, DEV, 50);
+	g_start_rc = 0;
+	g_fl = NULL;
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 1), 1);
+	kvp_keys_stats(x.kc, &st);
+	CU_ASSERT_EQUAL(st.flights, 0);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 1);
+	CU_ASSERT_EQUAL(st.cached_pages[HOST], 4);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[HOST], KVP_PAGE_CACHED), 4);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	fix_done(&x);
+}
+
+/* A failed copy, in flight or at its start: the host pages go back, the entries stay on the
+ * device as they were. */
+static void test_kvp_keys_evict_later_fails(void)
+{
+	struct fix x;
+	struct kvp_key k[2];
+	struct kvp_keys_stats st;
+
+	fix_init_async(&x, 2, 2);
+	chain(k, 0, 2);
+	put(&x, 0, k, 2, 0, DEV, 40);
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 2), 0);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(g_fl);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	kvp_keys_demote_done(x.kc, g_fl, -EIO);
+	kvp_keys_stats(x.kc, &st);
+	CU_ASSERT_EQUAL(st.flights + st.inflight_pages + st.moving_pages, 0);
+	CU_ASSERT_EQUAL(st.cached_pages[DEV], 2);
+	CU_ASSERT_EQUAL(st.cached_pages[HOST], 0);
+	CU_ASSERT_EQUAL(st.evictable_pages[DEV], 2);
+	CU_ASSERT_EQUAL(st.demoted_pages, 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[HOST], KVP_PAGE_FREE), 2);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	g_fl = NULL;
+	g_start_rc = -EIO;
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 1), 0);
+	CU_ASSERT_PTR_NULL(g_fl);
+	CU_ASSERT_EQUAL(kvp_keys_exists(x.kc, 0, k, 2), 2);
+	CU_ASSERT_EQUAL(kvp_pages_count(x.pg[HOST], KVP_PAGE_FREE), 2);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	/* a flight left when the cache is freed goes with it */
+	g_start_rc = 1;
+	CU_ASSERT_EQUAL(kvp_keys_evict_later(x.kc, DEV, 1), 0);
+	CU_ASSERT_PTR_NOT_NULL(g_fl);
+	CU_ASSERT_EQUAL(kvp_keys_check(x.kc), 0);
+	kvp_keys_free(x.kc);
+	x.kc = NULL;
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
+		kvp_pages_free(x.pg[t]);
+		free(x.mem[t]);
+	}
+}
+
 static void test_kvp_keys_promote_refused(void)
 {
 	struct fix x;
@@ -431,9 +574,10 @@ static void test_kvp_keys_new_bad_conf(void)
 	struct kvp_pages *a = kvp_pages_new(2), *b = kvp_pages_new(2);
 
 	CU_ASSERT_PTR_NULL(kvp_keys_new(NULL));
-	CU_ASSERT_PTR_NULL(kvp_keys_new(&(struct kvp_keys_conf){NULL, NULL, copy_fn, NULL}));
-	CU_ASSERT_PTR_NULL(kvp_keys_new(&(struct kvp_keys_conf){a, a, copy_fn, NULL}));
-	CU_ASSERT_PTR_NULL(kvp_keys_new(&(struct kvp_keys_conf){a, b, NULL, NULL}));
+	CU_ASSERT_PTR_NULL(
+		kvp_keys_new(&(struct kvp_keys_conf){ NULL, NULL, copy_fn, NULL, NULL }));
+	CU_ASSERT_PTR_NULL(kvp_keys_new(&(struct kvp_keys_conf){ a, a, copy_fn, NULL, NULL }));
+	CU_ASSERT_PTR_NULL(kvp_keys_new(&(struct kvp_keys_conf){ a, b, NULL, NULL, NULL }));
 	kvp_keys_free(NULL);
 	kvp_pages_free(a);
 	kvp_pages_free(b);
@@ -472,17 +616,19 @@ static void test_kvp_conf_keys_limits(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_keys_insert_match_run),
-	    H_TEST(test_kvp_keys_match_chain_not_consecutive),
-	    H_TEST(test_kvp_keys_insert_bad),
-	    H_TEST(test_kvp_keys_evict_leaves_first_lru),
-	    H_TEST(test_kvp_keys_insert_parent_evicted),
-	    H_TEST(test_kvp_keys_lock_pins),
-	    H_TEST(test_kvp_keys_demote_promote),
-	    H_TEST(test_kvp_keys_promote_refused),
-	    H_TEST(test_kvp_keys_books_random),
-	    H_TEST(test_kvp_keys_new_bad_conf),
-	    H_TEST(test_kvp_conf_keys_limits),
+		H_TEST(test_kvp_keys_insert_match_run),
+		H_TEST(test_kvp_keys_match_chain_not_consecutive),
+		H_TEST(test_kvp_keys_insert_bad),
+		H_TEST(test_kvp_keys_evict_leaves_first_lru),
+		H_TEST(test_kvp_keys_insert_parent_evicted),
+		H_TEST(test_kvp_keys_lock_pins),
+		H_TEST(test_kvp_keys_demote_promote),
+		H_TEST(test_kvp_keys_evict_later_lands),
+		H_TEST(test_kvp_keys_evict_later_fails),
+		H_TEST(test_kvp_keys_promote_refused),
+		H_TEST(test_kvp_keys_books_random),
+		H_TEST(test_kvp_keys_new_bad_conf),
+		H_TEST(test_kvp_conf_keys_limits),
 	};
 
 	return H_RUN_SUITE("keycache", NULL, NULL, tests);
