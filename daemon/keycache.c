@@ -1314,12 +1314,14 @@ int kvp_keys_check(const struct kvp_keys *kc)
 	for (const struct kvp_keys_flight *fl = kc->flights; fl; fl = fl->next) {
 		nsl++;
 		for (uint32_t k = 0; k < fl->n; k++) {
-			const struct kc_entry *e = &kc->ent[fl->idx[k]];
+			const struct kc_entry *e;
 			uint32_t d = fl->dst[k];
 
-			if (fl->idx[k] >= kc->ent_hw || e->list == LIST_FREE || !e->lock ||
-			    !e->flying || e->tier != KVP_TIER_ID_DEVICE || e->page != fl->src[k] ||
-			    !kc->tier[KVP_TIER_ID_HOST] ||
+			if (fl->idx[k] >= kc->ent_hw || !kc->tier[KVP_TIER_ID_HOST])
+				goto out;
+			e = &kc->ent[fl->idx[k]];
+			if (e->list == LIST_FREE || !e->lock || !e->flying ||
+			    e->tier != KVP_TIER_ID_DEVICE || e->page != fl->src[k] ||
 			    d >= kvp_pages_total(kc->tier[KVP_TIER_ID_HOST]) ||
 			    seen[KVP_TIER_ID_HOST][d] ||
 			    kvp_pages_state(kc->tier[KVP_TIER_ID_HOST], d) != KVP_PAGE_MOVING)
