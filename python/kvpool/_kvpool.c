@@ -284,16 +284,13 @@ static int u32_arg(PyObject *arg, const char *what, uint32_t *out)
 	if (!o)
 		return -1;
 	v = PyLong_AsUnsignedLongLong(o);
-	Py_DECREF(o);
-	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+	if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
 		PyErr_Clear();
 		PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what, UINT32_MAX, o);
+		Py_DECREF(o);
 		return -1;
 	}
-	if (v > UINT32_MAX) {
-		PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what, UINT32_MAX, o);
-		return -1;
-	}
+	Py_DECREF(o);
 	*out = (uint32_t)v;
 	return 0;
 }
@@ -306,13 +303,14 @@ static int u64_arg(PyObject *arg, const char *what, uint64_t *out)
 	if (!o)
 		return -1;
 	v = PyLong_AsUnsignedLongLong(o);
-	Py_DECREF(o);
 	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
 		PyErr_Clear();
 		PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int, not %R", what,
 			     o);
+		Py_DECREF(o);
 		return -1;
 	}
+	Py_DECREF(o);
 	*out = v;
 	return 0;
 }
