@@ -130,9 +130,17 @@ static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
 	return r;
 }
 
+/* A string from the daemon or libkvpool as str: bytes that are not UTF-8 become U+FFFD, so a
+ * message or name from a misbehaving peer still makes a typed error rather than a
+ * UnicodeDecodeError. */
+static PyObject *str_from(const char *s)
+{
+	return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
 static int set_attr_str(PyObject *o, const char *name, const char *s)
 {
-	PyObject *x = PyUnicode_FromString(s);
+	PyObject *x = str_from(s);
 	int r;
 
 	if (!x)
@@ -174,10 +182,11 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 	int code = e->code;
 	PyObject *cls =
 	    code > 0 && code < KVP_CODE_MAX && g_code_exc[code] ? g_code_exc[code] : g_error;
-	PyObject *exc =
-	    PyObject_CallFunction(cls, "s", e->message[0] ? e->message : kvp_code_name(code));
+	PyObject *msg = str_from(e->message[0] ? e->message : kvp_code_name(code));
+	PyObject *exc = msg ? PyObject_CallFunctionObjArgs(cls, msg, NULL) : NULL;
 	int r = 0;
 
+	Py_XDECREF(msg);
 	if (!exc)
 		return NULL;
 	r |= set_attr_u64(exc, "code", (uint64_t)code);
@@ -696,7 +705,7 @@ static int dict_set_u64(PyObject *d, const char *k, uint64_t v)
 
 static int dict_set_str(PyObject *d, const char *k, const char *v)
 {
-	PyObject *x = PyUnicode_FromString(v);
+	PyObject *x = str_from(v);
 	int r;
 
 	if (!x)
