@@ -1411,6 +1411,35 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 	return lease;
 }
 
+static int u32_key_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Drops pages[0 .. n) from the lease's page list (those the cache took or freed). */
+static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
+{
+	uint32_t *sorted, k = 0;
+
+	if (!n)
+		return 0;
+	sorted = PyMem_Malloc((size_t)n * sizeof(uint32_t));
+	if (!sorted) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	memcpy(sorted, pages, (size_t)n * sizeof(uint32_t));
+	qsort(sorted, n, sizeof(uint32_t), u32_key_cmp);
+	for (uint32_t i = 0; i < l->n; i++)
+		if (!bsearch(&l->pages[i], sorted, n, sizeof(uint32_t), u32_key_cmp))
+			l->pages[k++] = l->pages[i];
+	l->n = k;
+	PyMem_Free(sorted);
+	return 0;
+}
+
 static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"lease", "tokens", "cached_pages", "namespace", "pages", NULL};
@@ -1468,17 +1497,24 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 	KVPY_WAIT(r = kvp_cache_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv, npages,
 				 &new_tokens, &err));
 	client_leave(self->client);
-	if (r == 0 && pages_o == Py_None) {
+	if (r == 0) {
 		/* whole pages left the lease (cached, or freed as duplicates); the tail stays */
 		whole = (uint32_t)((uint64_t)tokens.n / self->g.page_tokens);
 		whole = whole > cached ? whole - cached : 0;
 		if (whole > npages)
 			whole = npages;
-		memmove(l->pages, l->pages + whole, (size_t)(l->n - whole) * sizeof(uint32_t));
-		l->n -= whole;
+		if (pages_o == Py_None) {
+			memmove(l->pages, l->pages + whole,
+				(size_t)(l->n - whole) * sizeof(uint32_t));
+			l->n -= whole;
+		} else if (lease_drop_pages(l, pv, whole)) {
+			r = 1; /* out of memory, set */
+		}
 	}
 	u32list_done(&tokens);
 	u32list_done(&pages);
+	if (r > 0)
+		return NULL;
 	if (r < 0)
 		return raise_kvp(&err);
 	return PyLong_FromUnsignedLongLong(new_tokens);
@@ -2569,35 +2605,6 @@ static int keylist_from(PyObject *o, struct keylist *kl)
 fail:
 	keylist_done(kl);
 	return -1;
-}
-
-static int u32_key_cmp(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* Drops pages[0 .. n) from the lease's page list (those the cache took or freed). */
-static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
-{
-	uint32_t *sorted, k = 0;
-
-	if (!n)
-		return 0;
-	sorted = PyMem_Malloc((size_t)n * sizeof(uint32_t));
-	if (!sorted) {
-		PyErr_NoMemory();
-		return -1;
-	}
-	memcpy(sorted, pages, (size_t)n * sizeof(uint32_t));
-	qsort(sorted, n, sizeof(uint32_t), u32_key_cmp);
-	for (uint32_t i = 0; i < l->n; i++)
-		if (!bsearch(&l->pages[i], sorted, n, sizeof(uint32_t), u32_key_cmp))
-			l->pages[k++] = l->pages[i];
-	l->n = k;
-	PyMem_Free(sorted);
-	return 0;
 }
 
 static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw)

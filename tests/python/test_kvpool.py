@@ -255,6 +255,22 @@ def test_insert_match_evict_load(daemon, client):
     pool.detach()
 
 
+def test_insert_given_pages_leave_the_lease(client):
+    pool = client.attach("c")
+    toks = list(range(7000, 7010))  # 2 whole pages + 2 tokens
+    with pool.alloc(3) as lease:
+        p0, p1, p2 = lease.pages.tolist()
+        # pages in another order than leased: p2 holds tokens 0..3, p0 4..7, p1 the tail
+        assert pool.insert(lease, toks, pages=[p2, p0, p1]) == 8
+        assert lease.pages.tolist() == [p1]
+        with pool.match(toks) as m:
+            assert m.device_pages.tolist() == [p2, p0]
+        lease.extend(1)
+        assert len(lease.pages) == 2 and lease.pages[0] == p1
+    client.flush("c")
+    pool.detach()
+
+
 def test_out_of_capacity_every_field(daemon):
     """16 device pages, no host tier: 12 pages leased, 4 cached and locked, none free."""
     with kvpool.connect(daemon.sock) as c:
