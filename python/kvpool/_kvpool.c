@@ -1344,16 +1344,18 @@ static PyObject *pool_pages_for(PoolObject *self, PyObject *arg)
 static PyObject *pool_slot_address(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"tier", "layer", "kv", "page", "tok", NULL};
-	PyObject *tier_o;
-	unsigned int layer, kv, page, tok = 0;
+	PyObject *tier_o, *layer_o, *kv_o, *page_o, *tok_o = NULL;
+	uint32_t layer, kv, page, tok = 0;
 	struct kvp_pool *p = pool_handle(self);
 	int tier;
 	void *a;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OIII|I:slot_address", kwlist, &tier_o,
-					       &layer, &kv, &page, &tok))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:slot_address", kwlist, &tier_o,
+					       &layer_o, &kv_o, &page_o, &tok_o))
 		return NULL;
-	if (tier_from(tier_o, "tier", &tier))
+	if (tier_from(tier_o, "tier", &tier) || u32_arg(layer_o, "layer", &layer) ||
+	    u32_arg(kv_o, "kv", &kv) || u32_arg(page_o, "page", &page) ||
+	    (tok_o && u32_arg(tok_o, "tok", &tok)))
 		return NULL;
 	a = kvp_pool_slot_addr(p, tier, layer, kv, page, tok);
 	if (!a) {
@@ -1589,16 +1591,17 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim,
 static PyObject *pool_kv(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"tier", "layer", "kv", NULL};
-	PyObject *tier_o;
-	unsigned int layer, kv;
+	PyObject *tier_o, *layer_o, *kv_o;
+	uint32_t layer, kv;
 	struct kvp_pool *p = pool_handle(self);
 	Py_ssize_t shape[3];
 	void *a;
 	int tier;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OII:kv", kwlist, &tier_o, &layer, &kv))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OOO:kv", kwlist, &tier_o, &layer_o, &kv_o))
 		return NULL;
-	if (tier_from(tier_o, "tier", &tier))
+	if (tier_from(tier_o, "tier", &tier) || u32_arg(layer_o, "layer", &layer) ||
+	    u32_arg(kv_o, "kv", &kv))
 		return NULL;
 	if (tier != KVP_TIER_DEVICE) {
 		PyErr_SetString(PyExc_ValueError, "kv(): the host tier is page-first, not a plane "

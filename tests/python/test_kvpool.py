@@ -162,6 +162,25 @@ def test_bad_argument_types(client):
         pool.match("abcd")
     with pytest.raises(TypeError, match="lease"):
         pool.insert(None, [1, 2, 3, 4])
+    for args, name in [(("device", "0", 0, 0), "layer"), (("device", 0, 1.0, 0), "kv"),
+                       (("device", 0, 0, "3"), "page"), (("device", 0, 0, 0, None), "tok")]:
+        with pytest.raises(TypeError, match=name):
+            pool.slot_address(*args)
+    for args, name in [(("device", -1, 0, 0), "layer"), (("device", 0, 0, 2**32), "page"),
+                       (("device", 0, 0, 0, -3), "tok")]:
+        with pytest.raises(ValueError, match=name):
+            pool.slot_address(*args)
+    with pytest.raises(TypeError, match="layer"):
+        pool.kv("device", 0.5, 0)
+    with pytest.raises(ValueError, match="kv"):
+        pool.kv("device", 0, -1)
+
+    class Index:  # an __index__ giving a fresh int: the message shows it
+        def __index__(self):
+            return 2**40 + 12345
+
+    with pytest.raises(ValueError, match=str(2**40 + 12345)):
+        pool.alloc(Index())
     pool.detach()
 
 
