@@ -2246,11 +2246,12 @@ static PyObject *view_dlpack(ViewObject *self, PyObject *args, PyObject *kw)
 	if (major >= 1) {
 		t = &x->t.v.dl_tensor;
 		x->t.v.version.major = 1;
-		x->t.v.version.minor = minor >= 1 ? 1 : 0;
+		/* 1.1 (fp8 codes) for any consumer that reads 1.1 or a later version */
+		x->t.v.version.minor = major > 1 || minor >= 1 ? 1 : 0;
 		x->t.v.manager_ctx = x;
 		x->t.v.deleter = deleter_versioned;
 		x->t.v.flags = 0;
-		t->dtype = view_dl_dtype(self, minor >= 1 ? kDLFloat8_e4m3fn : kDLUInt);
+		t->dtype = view_dl_dtype(self, x->t.v.version.minor ? kDLFloat8_e4m3fn : kDLUInt);
 	} else {
 		t = &x->t.u.dl_tensor;
 		x->t.u.manager_ctx = x;

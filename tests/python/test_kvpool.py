@@ -414,6 +414,8 @@ def test_dtype_codes(client):
     assert codes(v) == (0, 0, 1, 8, 3)                             # uint8 for DLPack 0.x
     assert codes(v, max_version=(1, 0)) == (1, 0, 1, 8, 3)         # and 1.0
     assert codes(v, max_version=(1, 1)) == (1, 1, 10, 8, 3)        # kDLFloat8_e4m3fn
+    assert codes(v, max_version=(1, 5)) == (1, 1, 10, 8, 3)        # a later 1.x
+    assert codes(v, max_version=(2, 0)) == (1, 1, 10, 8, 3)        # and 2.x read 1.1
     assert memoryview(v).format == "B" and memoryview(v).itemsize == 1
     pool.detach()
     pool = client.attach("bf16")
