@@ -2295,22 +2295,43 @@ static const char *view_format(const ViewObject *self)
 	}
 }
 
+static int view_c_contiguous(const ViewObject *self)
+{
+	Py_ssize_t want = self->itemsize;
+
+	for (int i = self->ndim - 1; i >= 0; i--) {
+		if (self->shape[i] > 1 && self->strides[i] != want)
+			return 0;
+		want *= self->shape[i];
+	}
+	return 1;
+}
+
+/* The buffer protocol: the view's shape and strides when asked for (PyBUF_STRIDES); without
+ * PyBUF_ND (bytes(), hashlib) the flat bytes, itemsize 1, format "B"; a request that cannot
+ * take strides gets the view only when it is C-contiguous, else BufferError. */
 static int view_getbuffer(ViewObject *self, Py_buffer *b, int flags)
 {
+	int nd = (flags & PyBUF_ND) == PyBUF_ND;
+
+	b->obj = NULL;
 	if (self->device.device_type != kDLCPU) {
 		PyErr_SetString(PyExc_BufferError,
 				"the view is in GPU memory: use __dlpack__ (torch.from_dlpack)");
-		b->obj = NULL;
+		return -1;
+	}
+	if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !view_c_contiguous(self)) {
+		PyErr_SetString(PyExc_BufferError, "the view is not C-contiguous: ask for strides");
 		return -1;
 	}
 	b->buf = self->data;
 	b->obj = Py_NewRef((PyObject *)self);
 	b->len = self->nbytes;
 	b->readonly = 0;
-	b->itemsize = self->itemsize;
-	b->format = (flags & PyBUF_FORMAT) ? (char *)view_format(self) : NULL;
-	b->ndim = self->ndim;
-	b->shape = (flags & PyBUF_ND) == PyBUF_ND ? self->shape : NULL;
+	b->itemsize = nd ? self->itemsize : 1;
+	b->format = !(flags & PyBUF_FORMAT) ? NULL : nd ? (char *)view_format(self) : "B";
+	b->ndim = nd ? self->ndim : 1;
+	b->shape = nd ? self->shape : NULL;
 	b->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? self->strides : NULL;
 	b->suboffsets = NULL;
 	b->internal = NULL;

@@ -2,6 +2,7 @@
 zero-copy views (numpy, torch when installed, another process), thread misuse and leaks."""
 import array
 import gc
+import hashlib
 import os
 import signal
 import subprocess
@@ -422,6 +423,18 @@ def test_dtype_codes(client):
     mv = memoryview(pool.kv("device", 0, 0))
     assert mv.format == "H" and mv.shape == (64, 1, 8)
     del mv
+    # consumers without PyBUF_ND get the flat bytes (itemsize 1), not a shapeless 3-d buffer
+    v = pool.kv("device", 0, 0)
+    arr = numpy.asarray(v)  # uint16 words ("H")
+    arr[...] = numpy.arange(arr.size, dtype=numpy.uint16).reshape(arr.shape)
+    raw = arr.tobytes()
+    assert bytes(v) == raw and hashlib.sha256(v).digest() == hashlib.sha256(raw).digest()
+    flat = memoryview(v).cast("B")
+    assert flat.nbytes == len(raw) and flat.itemsize == 1 and flat.tobytes() == raw
+    del flat, arr
+    arr = numpy.frombuffer(v, dtype=numpy.uint8)  # a PyBUF_SIMPLE request
+    assert arr.size == len(raw) and arr.tobytes() == raw
+    del arr
     pool.detach()
     pool = client.attach("f32")
     assert numpy.from_dlpack(pool.kv(0, 1, 0)).dtype == numpy.float32
