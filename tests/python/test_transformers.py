@@ -135,3 +135,33 @@ def test_example_hf_shared_prefix_runs():
     assert lines[0].startswith("process 0 prompt 0: 0 tokens reused, 72 computed")
     for line in lines[1:]:
         assert ": 64 tokens reused, 8 computed; prefill" in line, line
+
+
+def test_publish_after_eviction_drops_the_lost_pages(daemon, model, pool):
+    """A page evicted between publish()'s insert and its lock: the cache keeps only what it
+    still holds, says so (PrefixEvicted), and computing the rest again gives a full
+    recompute's logits."""
+    from kvpool.transformers import PrefixEvicted
+
+    ids = hf_model.user_prompt(seed=14)
+    with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+        assert cache.reuse(ids) == 0
+        model(ids, past_key_values=cache)
+        lock = cache._lock
+
+        def evict_then_lock(tokens):
+            assert pool.client.flush("llama") >= 48  # all of the just-inserted pages
+            return lock(tokens)
+
+        cache._lock = evict_then_lock
+        with pytest.raises(PrefixEvicted) as ei:
+            cache.publish(ids)
+        del cache._lock
+        assert isinstance(ei.value, kvpool.NotFound) and ei.value.kept_tokens == 0
+        assert cache.get_seq_length() == 0 and cache._pages == []
+        # the pages handed to insert() are not written again: the recompute leases its own
+        books = daemon.pool_books("llama")["device"]
+        assert books["cached_tokens"] == 0
+        out = model(ids, past_key_values=cache).logits
+        assert cache.publish(ids) == 48
+    check_against_full(model, ids, 0, out)
