@@ -45,14 +45,18 @@ class PrefixEvicted(kvpool.NotFound):
 
 
 def expected_geometry(config: Any, dtype: Optional[torch.dtype] = None) -> kvpool.Geometry:
-    """The pool geometry a model config needs (page_tokens 0: any)."""
+    """The pool geometry a model config needs (page_tokens 0: any). The dtype is the one
+    given, else config.dtype (or torch_dtype), else torch.get_default_dtype(): the dtype the
+    model computes K/V in when its config names none."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if dtype is None:
         dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
+        dtype = getattr(torch, dtype, None) if dtype != "auto" else None
+    if dtype is None:
+        dtype = torch.get_default_dtype()
     return kvpool.Geometry((config.num_hidden_layers, kv_heads, head_dim,
                             _POOL_DTYPES.get(dtype, ""), 0))
 
@@ -62,11 +66,15 @@ def _check_geometry(pool: kvpool.Pool, want: kvpool.Geometry) -> None:
     bad = [f for f in ("layers", "kv_heads", "head_dim", "dtype")
            if getattr(want, f) and getattr(want, f) != getattr(have, f)]
     if bad:
-        e = kvpool.GeometryMismatch(
-            f"pool {pool.name}: {', '.join(bad)} differ from the model's "
-            f"(model {tuple(want)}, pool {tuple(have)})")
-        e.expected, e.actual, e.message, e.name = want, have, str(e), "GEOMETRY_MISMATCH"
-        raise e
+        _raise_mismatch(pool, want, have, bad, "the model's")
+
+
+def _raise_mismatch(pool: kvpool.Pool, want: Any, have: Any, bad: list, whose: str) -> None:
+    e = kvpool.GeometryMismatch(
+        f"pool {pool.name}: {', '.join(bad)} differ from {whose} "
+        f"(model {tuple(want)}, pool {tuple(have)})")
+    e.expected, e.actual, e.message, e.name = want, have, str(e), "GEOMETRY_MISMATCH"
+    raise e
 
 
 def _token_list(input_ids: Any) -> numpy.ndarray:
@@ -91,7 +99,16 @@ class KvpoolLayer(CacheLayerMixin):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
-        """Takes dtype and device from the first K/V given."""
+        """Takes dtype and device from the first K/V given; K/V of another dtype than the
+        pool's raise GeometryMismatch (no silent cast)."""
+        plane = self._cache._planes[self._idx][0]
+        if key_states.dtype != plane.dtype:
+            pool = self._cache.pool
+            want = pool.geometry
+            got = kvpool.Geometry((want.layers, want.kv_heads, want.head_dim,
+                                   _POOL_DTYPES.get(key_states.dtype, str(key_states.dtype)),
+                                   want.page_tokens))
+            _raise_mismatch(pool, got, want, ["dtype"], "the model's K/V")
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 

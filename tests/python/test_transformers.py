@@ -165,3 +165,27 @@ def test_publish_after_eviction_drops_the_lost_pages(daemon, model, pool):
         out = model(ids, past_key_values=cache).logits
         assert cache.publish(ids) == 48
     check_against_full(model, ids, 0, out)
+
+
+def test_model_dtype_other_than_pool_is_refused(model, pool):
+    """The pool is fp32: a config naming no dtype under a bf16 default, and K/V of another
+    dtype at the first update, raise GeometryMismatch rather than casting."""
+    import copy
+
+    cfg = copy.deepcopy(model.config)
+    cfg.dtype = None
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        with pytest.raises(kvpool.GeometryMismatch, match="dtype"):
+            KvpoolCache(pool, cfg)
+    finally:
+        torch.set_default_dtype(old)
+    KvpoolCache(pool, cfg).close()  # fp32 by default: the pool's
+    with KvpoolCache(pool) as cache:  # no config: checked at the first K/V
+        k = torch.zeros(1, 2, 3, 16, dtype=torch.bfloat16)
+        with pytest.raises(kvpool.GeometryMismatch, match="dtype") as ei:
+            cache.update(k, k, 0)
+        assert ei.value.actual.dtype == "fp32" and ei.value.expected.dtype == "bf16"
+        assert cache.get_seq_length() == 0
+
