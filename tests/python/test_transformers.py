@@ -189,3 +189,20 @@ def test_model_dtype_other_than_pool_is_refused(model, pool):
         assert ei.value.actual.dtype == "fp32" and ei.value.expected.dtype == "bf16"
         assert cache.get_seq_length() == 0
 
+
+def test_books_clean_after_close(daemon, model, pool):
+    """After close() the daemon holds no leased or protected tokens for the cache's
+    session: its lease and its lock are gone, the published pages stay cached."""
+    ids = hf_model.user_prompt(seed=15, n=13)  # 12 whole pages and a leased tail
+    with torch.no_grad():
+        cache = KvpoolCache(pool, model.config)
+        cache.reuse(ids)
+        model(ids, past_key_values=cache)
+        assert cache.publish(ids) == 48
+        books = daemon.pool_books("llama")["device"]
+        assert books["leased_tokens"] > 0 and books["protected_tokens"] >= 48
+        cache.close()
+    books = daemon.pool_books("llama")
+    for tier in books.values():
+        assert tier["leased_tokens"] == 0 and tier["protected_tokens"] == 0, tier
+    assert books["device"]["cached_tokens"] >= 48
