@@ -206,3 +206,16 @@ def test_books_clean_after_close(daemon, model, pool):
     for tier in books.values():
         assert tier["leased_tokens"] == 0 and tier["protected_tokens"] == 0, tier
     assert books["device"]["cached_tokens"] >= 48
+
+
+def test_example_exits_when_an_engine_process_dies(tmp_path):
+    """An engine process that fails (here: no daemon on the socket) makes the example exit
+    with an error naming it, instead of waiting for its result forever."""
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf_shared_prefix.py"),
+                          "--socket", str(tmp_path / "none.sock"), "--procs", "2",
+                          "--prompts", "1", "--system-tokens", "8", "--user-tokens", "4"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode != 0
+    assert "failed (exit code 1)" in out.stderr, out.stderr
