@@ -732,3 +732,24 @@ def test_c_baselines_of_the_benchmarks(daemon, client):
         kvpool._kvpool._c_alloc_free(client, 1)
     client.flush("c")
     pool.detach()
+
+
+def test_stubs_match_the_runtime():
+    """Geometry and Event are struct sequences (one tuple argument, fields in order), not
+    NamedTuples; a method the stub gives View exists at runtime on this Python."""
+    import ast
+
+    stub = os.path.join(os.path.dirname(kvpool.__file__), "_kvpool.pyi")
+    tree = ast.parse(open(stub).read())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for name in ("Geometry", "Event"):
+        cls, rt = classes[name], getattr(kvpool, name)
+        assert "NamedTuple" not in ast.dump(cls), name
+        props = [f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                 and any(getattr(d, "id", "") == "property" for d in f.decorator_list)]
+        assert tuple(props) == rt.__match_args__, name
+        assert rt(tuple(range(rt.n_fields)))[0] == 0
+    view = classes["View"]
+    plain = [f.name for f in view.body if isinstance(f, ast.FunctionDef)]
+    for name in plain:
+        assert hasattr(kvpool.View, name), name
