@@ -53,6 +53,16 @@ def test_connect_no_daemon(tmp_path):
     assert isinstance(e.message, str) and e.message
 
 
+def test_message_not_utf8_is_still_typed(tmp_path, monkeypatch):
+    """A message with bytes that are not UTF-8 (here the socket path from $KVPOOL_SOCKET)
+    still raises its typed error, the bytes replaced."""
+    path = os.fsencode(str(tmp_path)) + b"/no\xffsuch.sock"
+    monkeypatch.setenv("KVPOOL_SOCKET", os.fsdecode(path))
+    with pytest.raises(kvpool.NoDaemon) as ei:
+        kvpool.connect()
+    assert "no\ufffdsuch.sock" in ei.value.message and ei.value.name == "NO_DAEMON"
+
+
 def test_event_fd_and_events(own_daemon):
     """kvpoold pushes no event yet: the fd exists and polls not readable, the queue is empty;
     a lost connection makes it readable and next_event() raise TransportError."""
