@@ -599,6 +599,19 @@ def test_detach_with_live_views(daemon, client):
     again.detach()
 
 
+def wait_in_call(c, seconds=10):
+    """Until another thread is inside a call on client c (c.next_event() never blocks and
+    says ClientBusy then): no guess of how long a loaded machine takes to start a thread."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            c.next_event()
+        except kvpool.ClientBusy:
+            return
+        time.sleep(0.005)
+    pytest.fail(f"no thread entered a call on the client in {seconds} s")
+
+
 def test_client_busy_and_gil_released(own_daemon):
     c = kvpool.connect(own_daemon.sock)
     own_daemon.signal(signal.SIGSTOP)
@@ -613,7 +626,7 @@ def test_client_busy_and_gil_released(own_daemon):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)
+    wait_in_call(c)
     # the GIL is released while the call waits: this thread runs
     n = 0
     end = time.monotonic() + 0.2
@@ -645,7 +658,7 @@ def test_daemon_killed_mid_call(own_daemon):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)
+    wait_in_call(c)
     assert t.is_alive()
     own_daemon.proc.kill()
     own_daemon.proc.wait()
