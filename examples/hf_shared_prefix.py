@@ -17,6 +17,7 @@ daemon must have the pool printed by --print-config.
 import argparse
 import multiprocessing
 import os
+import queue
 import shutil
 import socket as socketlib
 import subprocess
@@ -65,6 +66,9 @@ def serve(rank, sock, system_tokens, user_tokens, prompts, out):
     lines = []
     with kvpool.connect(sock, name=f"hf-example-{rank}") as client, torch.no_grad():
         pool = client.attach(POOL)
+        # a warm-up forward outside the timings: the first one pays the cold start (allocator,
+        # kernels), which would otherwise count against the "without" of prompt 0
+        model(torch.cat([system, tokens(user_tokens, 10**6 + rank)], dim=1))
         for i in range(prompts):
             ids = torch.cat([system, tokens(user_tokens, 1000 * rank + i)], dim=1)
             t0 = time.perf_counter()
@@ -106,6 +110,42 @@ def start_daemon(kvpoold, tokens_cap):
     sys.exit(f"kvpoold did not start; see {log.name}")
 
 
+def collect(out, procs, n, timeout):
+    """n results from the engine processes; exits when one of them fails (a non-zero exit
+    code, or an exit without a result) or when timeout seconds pass, rather than waiting
+    forever for a result a dead process will never send."""
+    results, deadline = [], time.monotonic() + timeout
+    while len(results) < n:
+        try:
+            results.append(out.get(timeout=0.5))
+            continue
+        except queue.Empty:
+            pass
+        for p in procs:
+            if p.exitcode:
+                sys.exit(f"engine process {p.name} failed (exit code {p.exitcode})")
+        if all(p.exitcode is not None for p in procs):
+            # every one exited cleanly: what they sent is in the queue now, or never comes
+            try:
+                results.append(out.get(timeout=5))
+                continue
+            except queue.Empty:
+                sys.exit("an engine process exited without a result")
+        if time.monotonic() > deadline:
+            sys.exit(f"the engine processes sent {len(results)} of {n} results in {timeout} s")
+    return results
+
+
+def join(procs):
+    for p in procs:
+        p.join(timeout=30)
+        if p.exitcode is None:
+            p.kill()
+            sys.exit(f"engine process {p.name} did not exit")
+        if p.exitcode:
+            sys.exit(f"engine process {p.name} failed (exit code {p.exitcode})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", help="a running kvpoold's socket (with the pool hf-example)")
@@ -114,6 +154,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=3, help="prompts per process (default 3)")
     ap.add_argument("--system-tokens", type=int, default=512)
     ap.add_argument("--user-tokens", type=int, default=32)
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds to wait for the engine processes (default 600)")
     ap.add_argument("--print-config", action="store_true", help="the pool section, and exit")
     a = ap.parse_args()
     cap = 2 * a.procs * (a.system_tokens + a.user_tokens + PAGE_TOKENS)
@@ -130,20 +172,19 @@ def main():
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
         # the first process publishes the system prompt; the others start once it has
+        # daemonic: a process left hanging when this one gives up is killed at its exit
         first = ctx.Process(target=serve, args=(0, sock, a.system_tokens, a.user_tokens,
-                                                a.prompts, out))
+                                                a.prompts, out), daemon=True)
         first.start()
-        results = [out.get()]
-        first.join()
+        results = collect(out, [first], 1, a.timeout)
+        join([first])
         rest = [ctx.Process(target=serve, args=(r, sock, a.system_tokens, a.user_tokens,
-                                                a.prompts, out)) for r in range(1, a.procs)]
+                                                a.prompts, out), daemon=True)
+                for r in range(1, a.procs)]
         for p in rest:
             p.start()
-        results += [out.get() for _ in rest]
-        for p in rest:
-            p.join()
-        if any(p.exitcode for p in [first] + rest):
-            sys.exit("an engine process failed")
+        results += collect(out, rest, len(rest), a.timeout)
+        join(rest)
         for _, lines in sorted(results):
             print("\n".join(lines))
     finally:

@@ -40,7 +40,28 @@ if [ "${KVP_PY_TORCH:-1}" = 1 ]; then
 	need="$need $torch_pin $transformers_pin"
 	mods="$mods, torch, transformers"
 fi
-if ! "$py" -c "$mods" 2>/dev/null; then
+# an existing venv passes only with the pinned versions: another torch or transformers than
+# the one kvpool.transformers is tested with is replaced by the pin
+pins_ok() {
+	"$py" - "$@" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = None
+    # a local build tag (torch 2.15.0+cpu) is the same release
+    if have is None or have.split("+")[0] != want:
+        print(f"pytest.sh: {name} {have or 'missing'} in the venv, pinned {want}")
+        sys.exit(1)
+PY
+}
+pins=""
+[ "${KVP_PY_TORCH:-1}" = 1 ] && pins="$torch_pin $transformers_pin"
+# shellcheck disable=SC2086
+if ! "$py" -c "$mods" 2>/dev/null || ! pins_ok $pins; then
 	if ! "$py" - <<'PY'
 import sys, urllib.request
 try:

@@ -12,6 +12,11 @@ view the tier memory without copies (DLPack and the buffer protocol)::
 Every failure raises a subclass of kvpool.Error carrying the daemon's typed detail
 (kvpool.OutOfCapacity.free_tokens, ...). A Client is not thread-safe: use one per thread; a
 second thread entering a client that is in a call gets kvpool.ClientBusy.
+
+The extension links the system's protobuf-c runtime, which the wheel does not carry: install
+libprotobuf-c.so.1 first (Debian/Ubuntu: apt-get install libprotobuf-c1; Fedora/RHEL:
+dnf install protobuf-c), or `import kvpool` fails with "libprotobuf-c.so.1: cannot open
+shared object file".
 """
 from ._kvpool import (
     PROTOCOL_VERSION,

@@ -130,9 +130,17 @@ static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
 	return r;
 }
 
+/* A string from the daemon or libkvpool as str: bytes that are not UTF-8 become U+FFFD, so a
+ * message or name from a misbehaving peer still makes a typed error rather than a
+ * UnicodeDecodeError. */
+static PyObject *str_from(const char *s)
+{
+	return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
 static int set_attr_str(PyObject *o, const char *name, const char *s)
 {
-	PyObject *x = PyUnicode_FromString(s);
+	PyObject *x = str_from(s);
 	int r;
 
 	if (!x)
@@ -174,10 +182,11 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 	int code = e->code;
 	PyObject *cls =
 	    code > 0 && code < KVP_CODE_MAX && g_code_exc[code] ? g_code_exc[code] : g_error;
-	PyObject *exc =
-	    PyObject_CallFunction(cls, "s", e->message[0] ? e->message : kvp_code_name(code));
+	PyObject *msg = str_from(e->message[0] ? e->message : kvp_code_name(code));
+	PyObject *exc = msg ? PyObject_CallFunctionObjArgs(cls, msg, NULL) : NULL;
 	int r = 0;
 
+	Py_XDECREF(msg);
 	if (!exc)
 		return NULL;
 	r |= set_attr_u64(exc, "code", (uint64_t)code);
@@ -284,16 +293,13 @@ static int u32_arg(PyObject *arg, const char *what, uint32_t *out)
 	if (!o)
 		return -1;
 	v = PyLong_AsUnsignedLongLong(o);
-	Py_DECREF(o);
-	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+	if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
 		PyErr_Clear();
 		PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what, UINT32_MAX, o);
+		Py_DECREF(o);
 		return -1;
 	}
-	if (v > UINT32_MAX) {
-		PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what, UINT32_MAX, o);
-		return -1;
-	}
+	Py_DECREF(o);
 	*out = (uint32_t)v;
 	return 0;
 }
@@ -306,13 +312,14 @@ static int u64_arg(PyObject *arg, const char *what, uint64_t *out)
 	if (!o)
 		return -1;
 	v = PyLong_AsUnsignedLongLong(o);
-	Py_DECREF(o);
 	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
 		PyErr_Clear();
 		PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int, not %R", what,
 			     o);
+		Py_DECREF(o);
 		return -1;
 	}
+	Py_DECREF(o);
 	*out = v;
 	return 0;
 }
@@ -698,7 +705,7 @@ static int dict_set_u64(PyObject *d, const char *k, uint64_t v)
 
 static int dict_set_str(PyObject *d, const char *k, const char *v)
 {
-	PyObject *x = PyUnicode_FromString(v);
+	PyObject *x = str_from(v);
 	int r;
 
 	if (!x)
@@ -1337,16 +1344,18 @@ static PyObject *pool_pages_for(PoolObject *self, PyObject *arg)
 static PyObject *pool_slot_address(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"tier", "layer", "kv", "page", "tok", NULL};
-	PyObject *tier_o;
-	unsigned int layer, kv, page, tok = 0;
+	PyObject *tier_o, *layer_o, *kv_o, *page_o, *tok_o = NULL;
+	uint32_t layer, kv, page, tok = 0;
 	struct kvp_pool *p = pool_handle(self);
 	int tier;
 	void *a;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OIII|I:slot_address", kwlist, &tier_o,
-					       &layer, &kv, &page, &tok))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OOOO|O:slot_address", kwlist, &tier_o,
+					       &layer_o, &kv_o, &page_o, &tok_o))
 		return NULL;
-	if (tier_from(tier_o, "tier", &tier))
+	if (tier_from(tier_o, "tier", &tier) || u32_arg(layer_o, "layer", &layer) ||
+	    u32_arg(kv_o, "kv", &kv) || u32_arg(page_o, "page", &page) ||
+	    (tok_o && u32_arg(tok_o, "tok", &tok)))
 		return NULL;
 	a = kvp_pool_slot_addr(p, tier, layer, kv, page, tok);
 	if (!a) {
@@ -1402,6 +1411,35 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 	if (!lease)
 		PyMem_Free(pages);
 	return lease;
+}
+
+static int u32_key_cmp(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Drops pages[0 .. n) from the lease's page list (those the cache took or freed). */
+static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
+{
+	uint32_t *sorted, k = 0;
+
+	if (!n)
+		return 0;
+	sorted = PyMem_Malloc((size_t)n * sizeof(uint32_t));
+	if (!sorted) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	memcpy(sorted, pages, (size_t)n * sizeof(uint32_t));
+	qsort(sorted, n, sizeof(uint32_t), u32_key_cmp);
+	for (uint32_t i = 0; i < l->n; i++)
+		if (!bsearch(&l->pages[i], sorted, n, sizeof(uint32_t), u32_key_cmp))
+			l->pages[k++] = l->pages[i];
+	l->n = k;
+	PyMem_Free(sorted);
+	return 0;
 }
 
 static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
@@ -1461,17 +1499,24 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 	KVPY_WAIT(r = kvp_cache_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv, npages,
 				 &new_tokens, &err));
 	client_leave(self->client);
-	if (r == 0 && pages_o == Py_None) {
+	if (r == 0) {
 		/* whole pages left the lease (cached, or freed as duplicates); the tail stays */
 		whole = (uint32_t)((uint64_t)tokens.n / self->g.page_tokens);
 		whole = whole > cached ? whole - cached : 0;
 		if (whole > npages)
 			whole = npages;
-		memmove(l->pages, l->pages + whole, (size_t)(l->n - whole) * sizeof(uint32_t));
-		l->n -= whole;
+		if (pages_o == Py_None) {
+			memmove(l->pages, l->pages + whole,
+				(size_t)(l->n - whole) * sizeof(uint32_t));
+			l->n -= whole;
+		} else if (lease_drop_pages(l, pv, whole)) {
+			r = 1; /* out of memory, set */
+		}
 	}
 	u32list_done(&tokens);
 	u32list_done(&pages);
+	if (r > 0)
+		return NULL;
 	if (r < 0)
 		return raise_kvp(&err);
 	return PyLong_FromUnsignedLongLong(new_tokens);
@@ -1546,16 +1591,17 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim,
 static PyObject *pool_kv(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = {"tier", "layer", "kv", NULL};
-	PyObject *tier_o;
-	unsigned int layer, kv;
+	PyObject *tier_o, *layer_o, *kv_o;
+	uint32_t layer, kv;
 	struct kvp_pool *p = pool_handle(self);
 	Py_ssize_t shape[3];
 	void *a;
 	int tier;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OII:kv", kwlist, &tier_o, &layer, &kv))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OOO:kv", kwlist, &tier_o, &layer_o, &kv_o))
 		return NULL;
-	if (tier_from(tier_o, "tier", &tier))
+	if (tier_from(tier_o, "tier", &tier) || u32_arg(layer_o, "layer", &layer) ||
+	    u32_arg(kv_o, "kv", &kv))
 		return NULL;
 	if (tier != KVP_TIER_DEVICE) {
 		PyErr_SetString(PyExc_ValueError, "kv(): the host tier is page-first, not a plane "
@@ -2200,11 +2246,12 @@ static PyObject *view_dlpack(ViewObject *self, PyObject *args, PyObject *kw)
 	if (major >= 1) {
 		t = &x->t.v.dl_tensor;
 		x->t.v.version.major = 1;
-		x->t.v.version.minor = minor >= 1 ? 1 : 0;
+		/* 1.1 (fp8 codes) for any consumer that reads 1.1 or a later version */
+		x->t.v.version.minor = major > 1 || minor >= 1 ? 1 : 0;
 		x->t.v.manager_ctx = x;
 		x->t.v.deleter = deleter_versioned;
 		x->t.v.flags = 0;
-		t->dtype = view_dl_dtype(self, minor >= 1 ? kDLFloat8_e4m3fn : kDLUInt);
+		t->dtype = view_dl_dtype(self, x->t.v.version.minor ? kDLFloat8_e4m3fn : kDLUInt);
 	} else {
 		t = &x->t.u.dl_tensor;
 		x->t.u.manager_ctx = x;
@@ -2248,22 +2295,43 @@ static const char *view_format(const ViewObject *self)
 	}
 }
 
+static int view_c_contiguous(const ViewObject *self)
+{
+	Py_ssize_t want = self->itemsize;
+
+	for (int i = self->ndim - 1; i >= 0; i--) {
+		if (self->shape[i] > 1 && self->strides[i] != want)
+			return 0;
+		want *= self->shape[i];
+	}
+	return 1;
+}
+
+/* The buffer protocol: the view's shape and strides when asked for (PyBUF_STRIDES); without
+ * PyBUF_ND (bytes(), hashlib) the flat bytes, itemsize 1, format "B"; a request that cannot
+ * take strides gets the view only when it is C-contiguous, else BufferError. */
 static int view_getbuffer(ViewObject *self, Py_buffer *b, int flags)
 {
+	int nd = (flags & PyBUF_ND) == PyBUF_ND;
+
+	b->obj = NULL;
 	if (self->device.device_type != kDLCPU) {
 		PyErr_SetString(PyExc_BufferError,
 				"the view is in GPU memory: use __dlpack__ (torch.from_dlpack)");
-		b->obj = NULL;
+		return -1;
+	}
+	if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !view_c_contiguous(self)) {
+		PyErr_SetString(PyExc_BufferError, "the view is not C-contiguous: ask for strides");
 		return -1;
 	}
 	b->buf = self->data;
 	b->obj = Py_NewRef((PyObject *)self);
 	b->len = self->nbytes;
 	b->readonly = 0;
-	b->itemsize = self->itemsize;
-	b->format = (flags & PyBUF_FORMAT) ? (char *)view_format(self) : NULL;
-	b->ndim = self->ndim;
-	b->shape = (flags & PyBUF_ND) == PyBUF_ND ? self->shape : NULL;
+	b->itemsize = nd ? self->itemsize : 1;
+	b->format = !(flags & PyBUF_FORMAT) ? NULL : nd ? (char *)view_format(self) : "B";
+	b->ndim = nd ? self->ndim : 1;
+	b->shape = nd ? self->shape : NULL;
 	b->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? self->strides : NULL;
 	b->suboffsets = NULL;
 	b->internal = NULL;
@@ -2562,35 +2630,6 @@ static int keylist_from(PyObject *o, struct keylist *kl)
 fail:
 	keylist_done(kl);
 	return -1;
-}
-
-static int u32_key_cmp(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* Drops pages[0 .. n) from the lease's page list (those the cache took or freed). */
-static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
-{
-	uint32_t *sorted, k = 0;
-
-	if (!n)
-		return 0;
-	sorted = PyMem_Malloc((size_t)n * sizeof(uint32_t));
-	if (!sorted) {
-		PyErr_NoMemory();
-		return -1;
-	}
-	memcpy(sorted, pages, (size_t)n * sizeof(uint32_t));
-	qsort(sorted, n, sizeof(uint32_t), u32_key_cmp);
-	for (uint32_t i = 0; i < l->n; i++)
-		if (!bsearch(&l->pages[i], sorted, n, sizeof(uint32_t), u32_key_cmp))
-			l->pages[k++] = l->pages[i];
-	l->n = k;
-	PyMem_Free(sorted);
-	return 0;
 }
 
 static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw)

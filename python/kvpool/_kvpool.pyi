@@ -1,6 +1,7 @@
 """Type stubs of the _kvpool extension (the kvpool package re-exports all of it)."""
 from types import TracebackType
-from typing import Any, Iterator, Literal, Mapping, NamedTuple, Optional, Sequence, SupportsIndex, Union
+import sys
+from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, Sequence, SupportsIndex, Union
 import array
 
 __version__: str
@@ -14,27 +15,48 @@ IntBuffer = Any
 # numpy.ndarray of uint32 when numpy imports, else array.array('I').
 PageList = Any
 
-class Geometry(NamedTuple):
-    """A pool's KV layout."""
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    page_tokens: int
+class Geometry(tuple[int, int, int, str, int]):
+    """A pool's KV layout: a struct sequence, built from one 5-tuple,
+    Geometry((layers, kv_heads, head_dim, dtype, page_tokens))."""
+    n_fields: int
+    n_sequence_fields: int
+    n_unnamed_fields: int
+    def __new__(cls, sequence: Iterable[Any], dict: dict[str, Any] = ...) -> Geometry: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def page_tokens(self) -> int: ...
 
 class Error(Exception):
     """Every failure kvpool reports."""
     code: Optional[int]
     name: str
     message: str
-class Event(NamedTuple):
-    """A frame the daemon sent unasked (Client.next_event, Client.events)."""
-    type: int
-    code: int
-    id: int
-    dropped: int
-    payload: bytes
-    payload_len: int
+class Event(tuple[int, int, int, int, bytes, int]):
+    """A frame the daemon sent unasked (Client.next_event, Client.events): a struct
+    sequence (type, code, id, dropped, payload, payload_len)."""
+    n_fields: int
+    n_sequence_fields: int
+    n_unnamed_fields: int
+    def __new__(cls, sequence: Iterable[Any], dict: dict[str, Any] = ...) -> Event: ...
+    @property
+    def type(self) -> int: ...
+    @property
+    def code(self) -> int: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def payload_len(self) -> int: ...
 
 class ClientBusy(Error): ...
 class OutOfCapacity(Error):
@@ -165,4 +187,6 @@ class View:
     def __dlpack__(self, *, stream: Any = None, max_version: Optional[tuple[int, int]] = None,
                    dl_device: Optional[tuple[int, int]] = None, copy: Optional[bool] = None) -> Any: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
-    def __buffer__(self, flags: int) -> memoryview: ...
+    if sys.version_info >= (3, 12):
+        # the buffer protocol (CPU tiers) is in C; Python names it __buffer__ from 3.12 on
+        def __buffer__(self, flags: int) -> memoryview: ...

@@ -11,6 +11,11 @@ are reused by every other process serving the same model::
     cache.close()                                   # locks and leased pages go back
 
 model.generate(input_ids, past_key_values=cache, ...) after reuse() works the same way.
+
+If an admin (or the daemon, under pressure) evicts one of the sequence's pages between
+publish()'s insert and its lock, publish() raises PrefixEvicted (a kvpool.NotFound): the cache
+then holds only the tokens before that page (e.kept_tokens, also get_seq_length()), and the
+caller computes the rest again, model(input_ids[:, e.kept_tokens:], past_key_values=cache).
 One sequence per cache (batch size 1). Tested with transformers 4.57.1 and torch 2.15.0
 (scripts/pytest.sh pins them).
 """
@@ -24,21 +29,34 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 import kvpool
 
-__all__ = ["KvpoolCache", "KvpoolLayer", "expected_geometry"]
+__all__ = ["KvpoolCache", "KvpoolLayer", "PrefixEvicted", "expected_geometry"]
 
 _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 _POOL_DTYPES = {v: k for k, v in _TORCH_DTYPES.items()}
 
 
+class PrefixEvicted(kvpool.NotFound):
+    """publish(): a page of the sequence left the cache between insert and lock. The cache
+    keeps the tokens before it (kept_tokens); compute input_ids[:, kept_tokens:] again."""
+
+    def __init__(self, message: str, kept_tokens: int):
+        super().__init__(message)
+        self.message, self.name, self.kept_tokens = message, "NOT_FOUND", kept_tokens
+
+
 def expected_geometry(config: Any, dtype: Optional[torch.dtype] = None) -> kvpool.Geometry:
-    """The pool geometry a model config needs (page_tokens 0: any)."""
+    """The pool geometry a model config needs (page_tokens 0: any). The dtype is the one
+    given, else config.dtype (or torch_dtype), else torch.get_default_dtype(): the dtype the
+    model computes K/V in when its config names none."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if dtype is None:
         dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
+        dtype = getattr(torch, dtype, None) if dtype != "auto" else None
+    if dtype is None:
+        dtype = torch.get_default_dtype()
     return kvpool.Geometry((config.num_hidden_layers, kv_heads, head_dim,
                             _POOL_DTYPES.get(dtype, ""), 0))
 
@@ -48,11 +66,15 @@ def _check_geometry(pool: kvpool.Pool, want: kvpool.Geometry) -> None:
     bad = [f for f in ("layers", "kv_heads", "head_dim", "dtype")
            if getattr(want, f) and getattr(want, f) != getattr(have, f)]
     if bad:
-        e = kvpool.GeometryMismatch(
-            f"pool {pool.name}: {', '.join(bad)} differ from the model's "
-            f"(model {tuple(want)}, pool {tuple(have)})")
-        e.expected, e.actual, e.message, e.name = want, have, str(e), "GEOMETRY_MISMATCH"
-        raise e
+        _raise_mismatch(pool, want, have, bad, "the model's")
+
+
+def _raise_mismatch(pool: kvpool.Pool, want: Any, have: Any, bad: list, whose: str) -> None:
+    e = kvpool.GeometryMismatch(
+        f"pool {pool.name}: {', '.join(bad)} differ from {whose} "
+        f"(model {tuple(want)}, pool {tuple(have)})")
+    e.expected, e.actual, e.message, e.name = want, have, str(e), "GEOMETRY_MISMATCH"
+    raise e
 
 
 def _token_list(input_ids: Any) -> numpy.ndarray:
@@ -77,7 +99,16 @@ class KvpoolLayer(CacheLayerMixin):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor) -> None:
-        """Takes dtype and device from the first K/V given."""
+        """Takes dtype and device from the first K/V given; K/V of another dtype than the
+        pool's raise GeometryMismatch (no silent cast)."""
+        plane = self._cache._planes[self._idx][0]
+        if key_states.dtype != plane.dtype:
+            pool = self._cache.pool
+            want = pool.geometry
+            got = kvpool.Geometry((want.layers, want.kv_heads, want.head_dim,
+                                   _POOL_DTYPES.get(key_states.dtype, str(key_states.dtype)),
+                                   want.page_tokens))
+            _raise_mismatch(pool, got, want, ["dtype"], "the model's K/V")
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -215,15 +246,22 @@ class KvpoolCache(Cache):
         m = self._lock(tokens)
         pt = self.page_tokens
         k = min(len(m.device_pages), n // pt)
-        if k < n // pt:
-            # a page went between insert and lock: keep what is still held
+        lost = k < n // pt
+        if lost:
+            # a page went between insert and lock: keep only the locked pages before it. The
+            # pages from k on were given to insert() and may be the cache's (or freed) now:
+            # none of them is written again (the lease keeps what stayed until close)
             self._set_length(k * pt)
-            del self._pages[k + 1:]
+            del self._pages[k:]
         self._pages[:k] = [int(p) for p in m.device_pages[:k]]
         self._n_cached = k
         if self._match is not None:
             self._match.release()
         self._match = m
+        if lost:
+            raise PrefixEvicted(
+                f"pool {self.pool.name}: a page of the sequence was evicted during publish(); "
+                f"the cache keeps {k * pt} of {n} tokens: compute the rest again", k * pt)
         return new
 
     def close(self) -> None:

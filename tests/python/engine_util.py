@@ -1,6 +1,7 @@
 """Helpers of the engine plug-in tests: importing SGLang and vLLM as far as this venv allows,
 host pools shaped like SGLang's, restarting a kvpoold on its own socket."""
 import os
+import socket as socketlib
 import subprocess
 import time
 
@@ -101,7 +102,18 @@ def restart(d):
     d.proc = subprocess.Popen(
         [KVPOOLD, "--socket", d.sock, "--config", d.conf, "--log-level", "info"],
         stdout=d.log, stderr=d.log, env=env)
+    # up once a connect succeeds: the socket file exists from bind(), before listen()
     end = time.monotonic() + 10
-    while time.monotonic() < end and not os.path.exists(d.sock):
-        time.sleep(0.01)
-    time.sleep(0.05)
+    while True:
+        if d.proc.poll() is not None:
+            raise RuntimeError(f"kvpoold exited with {d.proc.returncode} on restart")
+        s = socketlib.socket(socketlib.AF_UNIX)
+        try:
+            s.connect(d.sock)
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise RuntimeError("kvpoold did not come up again in 10 s") from None
+            time.sleep(0.01)
+        finally:
+            s.close()

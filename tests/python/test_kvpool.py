@@ -2,6 +2,7 @@
 zero-copy views (numpy, torch when installed, another process), thread misuse and leaks."""
 import array
 import gc
+import hashlib
 import os
 import signal
 import subprocess
@@ -50,6 +51,16 @@ def test_connect_no_daemon(tmp_path):
     e = ei.value
     assert e.code == 100 and e.name == "NO_DAEMON" and e.errno != 0
     assert isinstance(e.message, str) and e.message
+
+
+def test_message_not_utf8_is_still_typed(tmp_path, monkeypatch):
+    """A message with bytes that are not UTF-8 (here the socket path from $KVPOOL_SOCKET)
+    still raises its typed error, the bytes replaced."""
+    path = os.fsencode(str(tmp_path)) + b"/no\xffsuch.sock"
+    monkeypatch.setenv("KVPOOL_SOCKET", os.fsdecode(path))
+    with pytest.raises(kvpool.NoDaemon) as ei:
+        kvpool.connect()
+    assert "no\ufffdsuch.sock" in ei.value.message and ei.value.name == "NO_DAEMON"
 
 
 def test_event_fd_and_events(own_daemon):
@@ -162,6 +173,25 @@ def test_bad_argument_types(client):
         pool.match("abcd")
     with pytest.raises(TypeError, match="lease"):
         pool.insert(None, [1, 2, 3, 4])
+    for args, name in [(("device", "0", 0, 0), "layer"), (("device", 0, 1.0, 0), "kv"),
+                       (("device", 0, 0, "3"), "page"), (("device", 0, 0, 0, None), "tok")]:
+        with pytest.raises(TypeError, match=name):
+            pool.slot_address(*args)
+    for args, name in [(("device", -1, 0, 0), "layer"), (("device", 0, 0, 2**32), "page"),
+                       (("device", 0, 0, 0, -3), "tok")]:
+        with pytest.raises(ValueError, match=name):
+            pool.slot_address(*args)
+    with pytest.raises(TypeError, match="layer"):
+        pool.kv("device", 0.5, 0)
+    with pytest.raises(ValueError, match="kv"):
+        pool.kv("device", 0, -1)
+
+    class Index:  # an __index__ giving a fresh int: the message shows it
+        def __index__(self):
+            return 2**40 + 12345
+
+    with pytest.raises(ValueError, match=str(2**40 + 12345)):
+        pool.alloc(Index())
     pool.detach()
 
 
@@ -252,6 +282,22 @@ def test_insert_match_evict_load(daemon, client):
     with pytest.raises(ValueError, match="locked"):
         m.load()
     assert client.flush("c") >= 8
+    pool.detach()
+
+
+def test_insert_given_pages_leave_the_lease(client):
+    pool = client.attach("c")
+    toks = list(range(7000, 7010))  # 2 whole pages + 2 tokens
+    with pool.alloc(3) as lease:
+        p0, p1, p2 = lease.pages.tolist()
+        # pages in another order than leased: p2 holds tokens 0..3, p0 4..7, p1 the tail
+        assert pool.insert(lease, toks, pages=[p2, p0, p1]) == 8
+        assert lease.pages.tolist() == [p1]
+        with pool.match(toks) as m:
+            assert m.device_pages.tolist() == [p2, p0]
+        lease.extend(1)
+        assert len(lease.pages) == 2 and lease.pages[0] == p1
+    client.flush("c")
     pool.detach()
 
 
@@ -379,12 +425,26 @@ def test_dtype_codes(client):
     assert codes(v) == (0, 0, 1, 8, 3)                             # uint8 for DLPack 0.x
     assert codes(v, max_version=(1, 0)) == (1, 0, 1, 8, 3)         # and 1.0
     assert codes(v, max_version=(1, 1)) == (1, 1, 10, 8, 3)        # kDLFloat8_e4m3fn
+    assert codes(v, max_version=(1, 5)) == (1, 1, 10, 8, 3)        # a later 1.x
+    assert codes(v, max_version=(2, 0)) == (1, 1, 10, 8, 3)        # and 2.x read 1.1
     assert memoryview(v).format == "B" and memoryview(v).itemsize == 1
     pool.detach()
     pool = client.attach("bf16")
     mv = memoryview(pool.kv("device", 0, 0))
     assert mv.format == "H" and mv.shape == (64, 1, 8)
     del mv
+    # consumers without PyBUF_ND get the flat bytes (itemsize 1), not a shapeless 3-d buffer
+    v = pool.kv("device", 0, 0)
+    arr = numpy.asarray(v)  # uint16 words ("H")
+    arr[...] = numpy.arange(arr.size, dtype=numpy.uint16).reshape(arr.shape)
+    raw = arr.tobytes()
+    assert bytes(v) == raw and hashlib.sha256(v).digest() == hashlib.sha256(raw).digest()
+    flat = memoryview(v).cast("B")
+    assert flat.nbytes == len(raw) and flat.itemsize == 1 and flat.tobytes() == raw
+    del flat, arr
+    arr = numpy.frombuffer(v, dtype=numpy.uint8)  # a PyBUF_SIMPLE request
+    assert arr.size == len(raw) and arr.tobytes() == raw
+    del arr
     pool.detach()
     pool = client.attach("f32")
     assert numpy.from_dlpack(pool.kv(0, 1, 0)).dtype == numpy.float32
@@ -539,6 +599,19 @@ def test_detach_with_live_views(daemon, client):
     again.detach()
 
 
+def wait_in_call(c, seconds=10):
+    """Until another thread is inside a call on client c (c.next_event() never blocks and
+    says ClientBusy then): no guess of how long a loaded machine takes to start a thread."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            c.next_event()
+        except kvpool.ClientBusy:
+            return
+        time.sleep(0.005)
+    pytest.fail(f"no thread entered a call on the client in {seconds} s")
+
+
 def test_client_busy_and_gil_released(own_daemon):
     c = kvpool.connect(own_daemon.sock)
     own_daemon.signal(signal.SIGSTOP)
@@ -553,7 +626,7 @@ def test_client_busy_and_gil_released(own_daemon):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)
+    wait_in_call(c)
     # the GIL is released while the call waits: this thread runs
     n = 0
     end = time.monotonic() + 0.2
@@ -585,7 +658,7 @@ def test_daemon_killed_mid_call(own_daemon):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.2)
+    wait_in_call(c)
     assert t.is_alive()
     own_daemon.proc.kill()
     own_daemon.proc.wait()
@@ -682,3 +755,24 @@ def test_c_baselines_of_the_benchmarks(daemon, client):
         kvpool._kvpool._c_alloc_free(client, 1)
     client.flush("c")
     pool.detach()
+
+
+def test_stubs_match_the_runtime():
+    """Geometry and Event are struct sequences (one tuple argument, fields in order), not
+    NamedTuples; a method the stub gives View exists at runtime on this Python."""
+    import ast
+
+    stub = os.path.join(os.path.dirname(kvpool.__file__), "_kvpool.pyi")
+    tree = ast.parse(open(stub).read())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for name in ("Geometry", "Event"):
+        cls, rt = classes[name], getattr(kvpool, name)
+        assert "NamedTuple" not in ast.dump(cls), name
+        props = [f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                 and any(getattr(d, "id", "") == "property" for d in f.decorator_list)]
+        assert tuple(props) == rt.__match_args__, name
+        assert rt(tuple(range(rt.n_fields)))[0] == 0
+    view = classes["View"]
+    plain = [f.name for f in view.body if isinstance(f, ast.FunctionDef)]
+    for name in plain:
+        assert hasattr(kvpool.View, name), name

@@ -135,3 +135,87 @@ def test_example_hf_shared_prefix_runs():
     assert lines[0].startswith("process 0 prompt 0: 0 tokens reused, 72 computed")
     for line in lines[1:]:
         assert ": 64 tokens reused, 8 computed; prefill" in line, line
+
+
+def test_publish_after_eviction_drops_the_lost_pages(daemon, model, pool):
+    """A page evicted between publish()'s insert and its lock: the cache keeps only what it
+    still holds, says so (PrefixEvicted), and computing the rest again gives a full
+    recompute's logits."""
+    from kvpool.transformers import PrefixEvicted
+
+    ids = hf_model.user_prompt(seed=14)
+    with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+        assert cache.reuse(ids) == 0
+        model(ids, past_key_values=cache)
+        lock = cache._lock
+
+        def evict_then_lock(tokens):
+            assert pool.client.flush("llama") >= 48  # all of the just-inserted pages
+            return lock(tokens)
+
+        cache._lock = evict_then_lock
+        with pytest.raises(PrefixEvicted) as ei:
+            cache.publish(ids)
+        del cache._lock
+        assert isinstance(ei.value, kvpool.NotFound) and ei.value.kept_tokens == 0
+        assert cache.get_seq_length() == 0 and cache._pages == []
+        # the pages handed to insert() are not written again: the recompute leases its own
+        books = daemon.pool_books("llama")["device"]
+        assert books["cached_tokens"] == 0
+        out = model(ids, past_key_values=cache).logits
+        assert cache.publish(ids) == 48
+    check_against_full(model, ids, 0, out)
+
+
+def test_model_dtype_other_than_pool_is_refused(model, pool):
+    """The pool is fp32: a config naming no dtype under a bf16 default, and K/V of another
+    dtype at the first update, raise GeometryMismatch rather than casting."""
+    import copy
+
+    cfg = copy.deepcopy(model.config)
+    cfg.dtype = None
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        with pytest.raises(kvpool.GeometryMismatch, match="dtype"):
+            KvpoolCache(pool, cfg)
+    finally:
+        torch.set_default_dtype(old)
+    KvpoolCache(pool, cfg).close()  # fp32 by default: the pool's
+    with KvpoolCache(pool) as cache:  # no config: checked at the first K/V
+        k = torch.zeros(1, 2, 3, 16, dtype=torch.bfloat16)
+        with pytest.raises(kvpool.GeometryMismatch, match="dtype") as ei:
+            cache.update(k, k, 0)
+        assert ei.value.actual.dtype == "fp32" and ei.value.expected.dtype == "bf16"
+        assert cache.get_seq_length() == 0
+
+
+def test_books_clean_after_close(daemon, model, pool):
+    """After close() the daemon holds no leased or protected tokens for the cache's
+    session: its lease and its lock are gone, the published pages stay cached."""
+    ids = hf_model.user_prompt(seed=15, n=13)  # 12 whole pages and a leased tail
+    with torch.no_grad():
+        cache = KvpoolCache(pool, model.config)
+        cache.reuse(ids)
+        model(ids, past_key_values=cache)
+        assert cache.publish(ids) == 48
+        books = daemon.pool_books("llama")["device"]
+        assert books["leased_tokens"] > 0 and books["protected_tokens"] >= 48
+        cache.close()
+    books = daemon.pool_books("llama")
+    for tier in books.values():
+        assert tier["leased_tokens"] == 0 and tier["protected_tokens"] == 0, tier
+    assert books["device"]["cached_tokens"] >= 48
+
+
+def test_example_exits_when_an_engine_process_dies(tmp_path):
+    """An engine process that fails (here: no daemon on the socket) makes the example exit
+    with an error naming it, instead of waiting for its result forever."""
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hf_shared_prefix.py"),
+                          "--socket", str(tmp_path / "none.sock"), "--procs", "2",
+                          "--prompts", "1", "--system-tokens", "8", "--user-tokens", "4"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode != 0
+    assert "failed (exit code 1)" in out.stderr, out.stderr
