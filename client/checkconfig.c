@@ -66,12 +66,12 @@ int kvp_check_config(const char *path, int json)
 			printf("  device %-4s %10.2f GB  %12lu tokens\n",
 			       kvp_device_kind_name(p->device), (double)db / 1e9,
 			       (unsigned long)(p->device_pages * p->page_tokens));
-			printf(
-			    "  host        %10.2f GB  %12lu tokens  NUMA node %s%d, hugepages %s, "
-			    "mlock %s\n",
-			    (double)hb / 1e9, (unsigned long)(p->host_pages * p->page_tokens),
-			    p->numa_node < 0 ? "auto->" : "", p->numa_node < 0 ? 0 : p->numa_node,
-			    kvp_tristate_name(p->hugepages), kvp_tristate_name(p->mlock));
+			printf("  host        %10.2f GB  %12lu tokens  NUMA node %s%d, hugepages %s, "
+			       "mlock %s\n",
+			       (double)hb / 1e9, (unsigned long)(p->host_pages * p->page_tokens),
+			       p->numa_node < 0 ? "auto->" : "",
+			       p->numa_node < 0 ? 0 : p->numa_node, kvp_tristate_name(p->hugepages),
+			       kvp_tristate_name(p->mlock));
 		}
 	}
 	if (json)

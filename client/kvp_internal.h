@@ -67,7 +67,7 @@ int kvp__status_code(const Kvpool__Status *st);
 int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err);
 /* Sets err to a library-side code; returns -code. */
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+	__attribute__((format(printf, 4, 5)));
 /* The client a pool was attached through. */
 struct kvp_client *kvp__pool_client(const struct kvp_pool *p);
 /* The connected socket, for tests that send raw bytes. */

@@ -25,33 +25,33 @@ static int ctl_fail(struct kvp_error *e, int code, int sys_errno, const char *wh
 
 static void usage(FILE *f)
 {
-	fprintf(
-	    f,
-	    "Usage: kvpoolctl [--socket PATH] [--json] COMMAND [ARGS]\n"
-	    "Inspect and steer kvpoold.\n\n"
-	    "Commands:\n"
-	    "  status                 daemon, pools and per-tier token counts\n"
-	    "  ping                   one round trip\n"
-	    "  pools                  pools with geometry, backends and sizes\n"
-	    "  sessions               connected sessions: pid, uid, name, leased/locked tokens, "
-	    "age\n"
-	    "  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
-	    "  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
-	    "  flush POOL             drop every unlocked cached prefix (admin)\n"
-	    "  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline "
-	    "(admin)\n"
-	    "  reload                 re-read the configuration file and print what changed, once "
-	    "applied (admin)\n"
-	    "  metrics                Prometheus text exposition\n"
-	    "  check-config FILE      validate a config and print its memory plan, starting "
-	    "nothing\n\n"
-	    "Options:\n"
-	    "  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, " KVP_ROOT_SOCKET "\n"
-	    "                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
-	    "  -j, --json          one JSON object on stdout, stable field names\n"
-	    "  -h, --help          this text\n\n"
-	    "Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
-	    "2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
+	fprintf(f,
+		"Usage: kvpoolctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+		"Inspect and steer kvpoold.\n\n"
+		"Commands:\n"
+		"  status                 daemon, pools and per-tier token counts\n"
+		"  ping                   one round trip\n"
+		"  pools                  pools with geometry, backends and sizes\n"
+		"  sessions               connected sessions: pid, uid, name, leased/locked tokens, "
+		"age\n"
+		"  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
+		"  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
+		"  flush POOL             drop every unlocked cached prefix (admin)\n"
+		"  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline "
+		"(admin)\n"
+		"  reload                 re-read the configuration file and print what changed, once "
+		"applied (admin)\n"
+		"  metrics                Prometheus text exposition\n"
+		"  check-config FILE      validate a config and print its memory plan, starting "
+		"nothing\n\n"
+		"Options:\n"
+		"  -s, --socket PATH   kvpoold's socket (default: $KVPOOL_SOCKET, " KVP_ROOT_SOCKET
+		"\n"
+		"                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
+		"  -j, --json          one JSON object on stdout, stable field names\n"
+		"  -h, --help          this text\n\n"
+		"Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
+		"2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
 }
 
 static int report(const struct kvp_error *e)
@@ -73,9 +73,8 @@ static void json_str(const char *s)
 
 static void json_geometry(const struct kvp_geometry *g)
 {
-	printf(
-	    "{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"page_tokens\":%u}",
-	    g->layers, g->kv_heads, g->head_dim, kvp_dtype_name((int)g->dtype), g->page_tokens);
+	printf("{\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"page_tokens\":%u}",
+	       g->layers, g->kv_heads, g->head_dim, kvp_dtype_name((int)g->dtype), g->page_tokens);
 }
 
 static void json_counters(const struct kvp_counter *c, uint32_t n)
@@ -496,10 +495,10 @@ int kvp_check_config(const char *path, int json); /* checkconfig.c */
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"socket", required_argument, NULL, 's'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
+		{ "socket", required_argument, NULL, 's' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
 	};
 	const char *sock = NULL;
 	struct kvp_client *c;
@@ -508,18 +507,10 @@ int main(int argc, char **argv)
 
 	while ((o = getopt_long(argc, argv, "+s:jh", opts, NULL)) != -1) {
 		switch (o) {
-		case 's':
-			sock = optarg;
-			break;
-		case 'j':
-			g_json = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			return EXIT_OK;
-		default:
-			usage(stderr);
-			return EXIT_USAGE;
+		case 's': sock = optarg; break;
+		case 'j': g_json = 1; break;
+		case 'h': usage(stdout); return EXIT_OK;
+		default: usage(stderr); return EXIT_USAGE;
 		}
 	}
 	argc -= optind;

@@ -100,24 +100,24 @@ struct kvp_client {
 };
 
 static const char *const g_code_names[] = {
-    "OK",
-    "OUT_OF_CAPACITY",
-    "HOST_BUDGET_EXCEEDED",
-    "QUOTA_EXCEEDED",
-    "NO_SUCH_POOL",
-    "GEOMETRY_MISMATCH",
-    "NOT_FOUND",
-    "INVALID_ARGUMENT",
-    "PERMISSION_DENIED",
-    "PROTOCOL",
-    "VERSION",
-    "SHUTTING_DOWN",
-    "LIMIT_EXCEEDED",
-    "UNAVAILABLE",
-    "INTERNAL",
+	"OK",
+	"OUT_OF_CAPACITY",
+	"HOST_BUDGET_EXCEEDED",
+	"QUOTA_EXCEEDED",
+	"NO_SUCH_POOL",
+	"GEOMETRY_MISMATCH",
+	"NOT_FOUND",
+	"INVALID_ARGUMENT",
+	"PERMISSION_DENIED",
+	"PROTOCOL",
+	"VERSION",
+	"SHUTTING_DOWN",
+	"LIMIT_EXCEEDED",
+	"UNAVAILABLE",
+	"INTERNAL",
 };
-static const char *const g_local_names[] = {"NO_DAEMON", "TRANSPORT", "NOMEM",
-					    "MAP",	 "BUFFER",    "AGAIN"};
+static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM",
+					     "MAP",	  "BUFFER",    "AGAIN" };
 _Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_INTERNAL + 1, "names");
 _Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
 	       "local names");
@@ -138,8 +138,9 @@ KVP_EXPORT const char *kvp_code_name(int code)
 KVP_EXPORT const char *kvp_limit_name(int limit)
 {
 	static const char *const n[] = {
-	    "none",	      "MemAvailable",	"NUMA node free memory", "cgroup memory.max",
-	    "RLIMIT_MEMLOCK", "free huge pages"};
+		"none",		  "MemAvailable",   "NUMA node free memory", "cgroup memory.max",
+		"RLIMIT_MEMLOCK", "free huge pages"
+	};
 
 	return limit >= 0 && limit < KVP_LIMIT_MAX ? n[limit] : "?";
 }
@@ -246,8 +247,7 @@ int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err)
 			 st->limit->what ? st->limit->what : "");
 		err->limit.limit = st->limit->limit;
 		break;
-	default:
-		break;
+	default: break;
 	}
 	return -code;
 }
@@ -286,7 +286,7 @@ static int recv_frame(struct kvp_client *c, bool block, const uint8_t **payload,
 			char buf[CMSG_SPACE(sizeof(int) * KVP_CLIENT_MAX_FDS)];
 			size_t align;
 		} cm;
-		struct msghdr msg = {0};
+		struct msghdr msg = { 0 };
 		struct iovec iov;
 		size_t avail;
 		uint8_t *space;
@@ -519,7 +519,7 @@ int kvp__client_fd(const struct kvp_client *c)
 
 KVP_EXPORT int kvp_client_event_fd(struct kvp_client *c)
 {
-	struct epoll_event ev = {.events = EPOLLIN};
+	struct epoll_event ev = { .events = EPOLLIN };
 
 	if (c->epfd >= 0)
 		return c->epfd;
@@ -597,11 +597,11 @@ KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 	req.field = &field
 #define RESULT(CASE) KVPOOL__RESPONSE__RESULT_##CASE
 
-KVP_EXPORT struct kvp_client *
-kvp_client_connect_opts(const char *path, const struct kvp_client_opts *caller_opts,
-			struct kvp_error *err)
+KVP_EXPORT struct kvp_client *kvp_client_connect_opts(const char *path,
+						      const struct kvp_client_opts *caller_opts,
+						      struct kvp_error *err)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct kvp_client_opts o, *opts = &o;
 	CALL_SETUP(req, hello, HELLO, Kvpool__HelloReq, KVPOOL__HELLO_REQ__INIT);
 	Kvpool__Response *resp;
@@ -681,9 +681,9 @@ KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *n
 						 struct kvp_error *err)
 {
 	struct kvp_client_opts o = {
-	    .struct_size = sizeof(o),
-	    .name = name,
-	    .capabilities = KVP_CAP_ALL,
+		.struct_size = sizeof(o),
+		.name = name,
+		.capabilities = KVP_CAP_ALL,
 	};
 
 	return kvp_client_connect_opts(path, &o, err);
@@ -721,7 +721,7 @@ KVP_EXPORT void kvp_mapping_unref(struct kvp_mapping *m)
 		kvp_cuda_mem_destroy(&m->cm);
 	else
 #endif
-	    if (m->base)
+		if (m->base)
 		munmap(m->base, m->bytes);
 	if (m->fd >= 0)
 		close(m->fd);
@@ -810,7 +810,7 @@ KVP_EXPORT uint64_t kvp_client_capabilities(const struct kvp_client *c)
 
 KVP_EXPORT int kvp_client_set_timeout(struct kvp_client *c, uint32_t ms)
 {
-	struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
 
 	if (c->fd < 0 || setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0)
 		return -KVP_E_INVALID_ARGUMENT;
@@ -968,8 +968,8 @@ static void list_put(void *entries, uint32_t i, void *e, size_t size)
 /* The stride must hold the entry's first version and keep every entry aligned. */
 static int list_check(void *entries, uint32_t cap, size_t first_size, struct kvp_error *err)
 {
-	if (cap && (!entries || *(size_t *)entries < first_size ||
-		    *(size_t *)entries % _Alignof(size_t)))
+	if (cap &&
+	    (!entries || *(size_t *)entries < first_size || *(size_t *)entries % _Alignof(size_t)))
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "listing entries too small");
 	return 0;
 }
@@ -994,7 +994,7 @@ KVP_EXPORT int kvp_session_list(struct kvp_client *c, struct kvp_session_info *e
 	m = resp->sessions;
 	for (uint32_t i = 0; i < m->n_sessions && i < cap; i++) {
 		const Kvpool__SessionInfo *s = m->sessions[i];
-		struct kvp_session_info e = {0}, *o = &e;
+		struct kvp_session_info e = { 0 }, *o = &e;
 
 		o->session_id = s->session_id;
 		o->pid = s->pid;
@@ -1029,7 +1029,7 @@ KVP_EXPORT int kvp_cache_list(struct kvp_client *c, const char *pool,
 		return r;
 	m = resp->cache;
 	for (uint32_t i = 0; i < m->n_top && i < cap; i++) {
-		struct kvp_cache_prefix e = {0};
+		struct kvp_cache_prefix e = { 0 };
 
 		e.tokens = m->top[i]->tokens;
 		e.hits = m->top[i]->hits;
@@ -1066,7 +1066,7 @@ static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, stru
 					 ti->cuda_uuid.len);
 		if (ti->cuda_uuid.len == 16)
 			r = m->cuda_device =
-			    kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why, sizeof(why));
+				kvp_cuda_device_by_uuid(ti->cuda_uuid.data, why, sizeof(why));
 		if (r >= 0)
 			r = kvp_cuda_mem_import(m->cuda_device, fd, ti->bytes, &m->cm, why,
 						sizeof(why));
@@ -1139,8 +1139,8 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 	p->cg.layers = p->g.layers;
 	p->cg.page_tokens = p->g.page_tokens;
 	p->cg.dev_slots =
-	    (uint64_t)(p->tier[KVP_TIER_DEVICE].present ? p->tier[KVP_TIER_DEVICE].pages : 1) *
-	    p->g.page_tokens;
+		(uint64_t)(p->tier[KVP_TIER_DEVICE].present ? p->tier[KVP_TIER_DEVICE].pages : 1) *
+		p->g.page_tokens;
 	close_fds(fds, nfds);
 	kvpool__response__free_unpacked(resp, NULL);
 	p->next = c->pools;
@@ -1345,9 +1345,9 @@ KVP_EXPORT int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint3
 	if (r < 0)
 		return r;
 	r = resp->free->lease_pages > INT32_MAX
-		? kvp__fail(err, KVP_E_PROTOCOL, 0, "free answered with %u pages left",
-			    resp->free->lease_pages)
-		: (int)resp->free->lease_pages;
+		    ? kvp__fail(err, KVP_E_PROTOCOL, 0, "free answered with %u pages left",
+				resp->free->lease_pages)
+		    : (int)resp->free->lease_pages;
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
 }
@@ -1387,7 +1387,7 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 	CALL_SETUP(req, match, MATCH, Kvpool__MatchReq, KVPOOL__MATCH_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchResp *mr;
-	struct kvp_match_result o = {0};
+	struct kvp_match_result o = { 0 };
 	int r;
 
 	if (!m || m->struct_size < KVP_MATCH_RESULT_SIZE_V02)
@@ -1524,7 +1524,7 @@ KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *en
 		size_t n = refused ? m->n_refused : m->n_changes;
 
 		for (size_t i = 0; i < n; i++, k++) {
-			struct kvp_reload_item e = {0};
+			struct kvp_reload_item e = { 0 };
 
 			if (k >= cap)
 				continue;

@@ -38,7 +38,7 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	KEYS_CALL(req, a, insert_keys, INSERT_KEYS, Kvpool__InsertKeysReq,
 		  KVPOOL__INSERT_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
-	struct kvp_insert_keys_result o = {0};
+	struct kvp_insert_keys_result o = { 0 };
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);
@@ -46,8 +46,7 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 	if (!c || (npages && !pages))
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool or pages is NULL");
 	if (out && out->struct_size < KVP_INSERT_KEYS_RESULT_SIZE_V02)
-		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
-				 "out->struct_size is not set");
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "out->struct_size is not set");
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
@@ -80,7 +79,7 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 		  KVPOOL__MATCH_KEYS_REQ__INIT);
 	Kvpool__Response *resp;
 	Kvpool__MatchKeysResp *mr;
-	struct kvp_match_keys_result o = {0};
+	struct kvp_match_keys_result o = { 0 };
 	int r;
 
 	struct kvp_client *c = kvp__pool_client(p);

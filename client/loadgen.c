@@ -163,9 +163,10 @@ static int rows(struct ctx *x, int tier, const uint32_t *pages, uint32_t base, u
 					fill_row(a, x->row, keys[pos], l, kv);
 				} else if (!check_row(a, x->row, keys[pos], l, kv, x->scratch)) {
 					x->res->mismatches++;
-					snprintf(x->res->why, sizeof(x->res->why),
-						 "byte mismatch at position %u layer %u %s (tier %s page %u)",
-						 pos, l, kv ? "V" : "K", kvp_tier_name(tier), page);
+					snprintf(
+						x->res->why, sizeof(x->res->why),
+						"byte mismatch at position %u layer %u %s (tier %s page %u)",
+						pos, l, kv ? "V" : "K", kvp_tier_name(tier), page);
 					return -1;
 				} else {
 					x->res->bytes_verified += x->row;
@@ -222,7 +223,8 @@ static int lease_workload(struct ctx *x)
 				count_error(x, &e);
 				free(r->pages);
 				free(r->keys);
-				if (e.code != KVP_E_OUT_OF_CAPACITY && e.code != KVP_E_QUOTA_EXCEEDED) {
+				if (e.code != KVP_E_OUT_OF_CAPACITY &&
+				    e.code != KVP_E_QUOTA_EXCEEDED) {
 					snprintf(x->res->why, sizeof(x->res->why), "alloc: %s: %s",
 						 kvp_code_name(e.code), e.message);
 					rc = -1;
@@ -251,7 +253,8 @@ static int lease_workload(struct ctx *x)
 			struct req *r = &reqs[i];
 			struct kvp_error e;
 
-			if (rc == 0 && rows(x, KVP_TIER_DEVICE, r->pages, 0, 0, r->ntokens, r->keys, 1) < 0)
+			if (rc == 0 &&
+			    rows(x, KVP_TIER_DEVICE, r->pages, 0, 0, r->ntokens, r->keys, 1) < 0)
 				rc = -1;
 			if (TIMED(x->res, kvp_lease_free(x->p, r->lease, NULL, 0, &e)) < 0) {
 				count_error(x, &e);
@@ -276,7 +279,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	uint32_t pt = x->g.page_tokens, cap = n / pt + 1, matched, own_from, nlease;
 	uint32_t *dev = malloc(sizeof(uint32_t) * cap), *host = malloc(sizeof(uint32_t) * cap);
 	uint32_t *lease_pages = malloc(sizeof(uint32_t) * cap);
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	struct kvp_error e;
 	uint64_t lease = 0;
 	int rc = -1;
@@ -486,9 +489,17 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	struct opts o = { .pool = "default", .workload = "lease", .procs = 4, .seconds = 5,
-			  .min_tokens = 16, .max_tokens = 2048, .batch = 8, .families = 4,
-			  .prefix_tokens = 512, .turn_tokens = 64, .turns = 6,
+	struct opts o = { .pool = "default",
+			  .workload = "lease",
+			  .procs = 4,
+			  .seconds = 5,
+			  .min_tokens = 16,
+			  .max_tokens = 2048,
+			  .batch = 8,
+			  .families = 4,
+			  .prefix_tokens = 512,
+			  .turn_tokens = 64,
+			  .turns = 6,
 			  .conversations = 8 };
 	struct result *res, sum = { 0 };
 	double t0, wall;
@@ -584,7 +595,8 @@ int main(int argc, char **argv)
 		}
 		printf("},\"failed_procs\":%d}\n", failed);
 	} else {
-		printf("kvpool-loadgen: workload %s, %d processes, %.2f s\n", o.workload, o.procs, wall);
+		printf("kvpool-loadgen: workload %s, %d processes, %.2f s\n", o.workload, o.procs,
+		       wall);
 		printf("  requests        %lu (%.1f/s)\n", (unsigned long)sum.requests,
 		       (double)sum.requests / wall);
 		printf("  tokens          %lu\n", (unsigned long)sum.tokens);
@@ -594,9 +606,9 @@ int main(int argc, char **argv)
 		if (!strcmp(o.workload, "shared-prefix"))
 			printf("  prefix hits     %lu of %lu tokens (%.1f%%), %lu loads (promotions)\n",
 			       (unsigned long)sum.hit_tokens, (unsigned long)sum.queried_tokens,
-			       sum.queried_tokens ? 100.0 * (double)sum.hit_tokens /
-							    (double)sum.queried_tokens
-						  : 0.0,
+			       sum.queried_tokens
+				       ? 100.0 * (double)sum.hit_tokens / (double)sum.queried_tokens
+				       : 0.0,
 			       (unsigned long)sum.loads);
 		printf("  back-offs       %lu\n", (unsigned long)sum.backoffs);
 		printf("  rpc latency     p50 <= %.0f us, p99 <= %.0f us (client-observed)\n",
@@ -610,7 +622,8 @@ int main(int argc, char **argv)
 			if (k == KVP_CODE_MAX - 1 && !any)
 				printf(" none");
 		}
-		printf("\n  result          %s\n", failed || sum.mismatches ? "FAILED" : "ok: every byte verified");
+		printf("\n  result          %s\n",
+		       failed || sum.mismatches ? "FAILED" : "ok: every byte verified");
 	}
 	return failed || sum.mismatches ? 1 : 0;
 }

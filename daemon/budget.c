@@ -11,7 +11,6 @@
 #include <string.h>
 #include <sys/resource.h>
 
-
 #define CAP_IPC_LOCK_BIT 14
 
 /* What one pool adds to each limit. */
@@ -24,7 +23,6 @@ struct share {
 	uint64_t meta;	 /* kvpoold's bookkeeping: seen by MemAvailable and cgroup */
 	int node;
 };
-
 
 static uint64_t add_sat(uint64_t a, uint64_t b)
 {
@@ -232,12 +230,12 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 const char *kvp_budget_limit_name(enum kvp_budget_limit l)
 {
 	static const char *const names[KVP_BUDGET_MAX] = {
-	    [KVP_BUDGET_NONE] = "none",
-	    [KVP_BUDGET_MEM_AVAILABLE] = "MemAvailable",
-	    [KVP_BUDGET_NUMA_NODE_FREE] = "NUMA node free memory",
-	    [KVP_BUDGET_CGROUP_MEMORY_MAX] = "cgroup memory.max",
-	    [KVP_BUDGET_RLIMIT_MEMLOCK] = "RLIMIT_MEMLOCK",
-	    [KVP_BUDGET_HUGEPAGES_FREE] = "free huge pages",
+		[KVP_BUDGET_NONE] = "none",
+		[KVP_BUDGET_MEM_AVAILABLE] = "MemAvailable",
+		[KVP_BUDGET_NUMA_NODE_FREE] = "NUMA node free memory",
+		[KVP_BUDGET_CGROUP_MEMORY_MAX] = "cgroup memory.max",
+		[KVP_BUDGET_RLIMIT_MEMLOCK] = "RLIMIT_MEMLOCK",
+		[KVP_BUDGET_HUGEPAGES_FREE] = "free huge pages",
 	};
 
 	return (unsigned)l < KVP_BUDGET_MAX ? names[l] : "?";
@@ -269,11 +267,12 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 		snprintf(before, sizeof(before), " (with %.2f GB for the pools before it)",
 			 (double)v->earlier / 1e9);
 	if (v->metadata && v->requested <= v->available)
-		return snprintf(buf, len,
-				"pool %s: %s %.2f GB%s and %.2f GB of kvpoold's bookkeeping for the "
-				"pools' pages, but only %.2f GB is available (%s)",
-				v->pool, what, (double)v->requested / 1e9, before,
-				(double)v->metadata / 1e9, (double)v->available / 1e9, limit);
+		return snprintf(
+			buf, len,
+			"pool %s: %s %.2f GB%s and %.2f GB of kvpoold's bookkeeping for the "
+			"pools' pages, but only %.2f GB is available (%s)",
+			v->pool, what, (double)v->requested / 1e9, before,
+			(double)v->metadata / 1e9, (double)v->available / 1e9, limit);
 	return snprintf(buf, len, "pool %s: %s %.2f GB%s but only %.2f GB is available (%s)",
 			v->pool, what, (double)v->requested / 1e9, before,
 			(double)v->available / 1e9, limit);
@@ -370,8 +369,8 @@ static int sys_numa_max_node(void *ctx)
  * memory that page cache (model weights just read, say) holds only until asked. */
 static int sys_numa_node_free(void *ctx, int node, uint64_t *bytes)
 {
-	static const char *const reclaimable[] = {
-	    "Active(file):", "Inactive(file):", "SReclaimable:"};
+	static const char *const reclaimable[] = { "Active(file):", "Inactive(file):",
+						   "SReclaimable:" };
 	char path[96];
 	long long free_bytes = 0;
 	uint64_t sum, kb;
@@ -500,13 +499,13 @@ static int sys_hugepages_free(void *ctx, uint64_t *bytes)
 }
 
 static const struct kvp_budget_env g_system_env = {
-    .mem_available = sys_mem_available,
-    .numa_node_free = sys_numa_node_free,
-    .cgroup_room = sys_cgroup_room,
-    .memlock_room = sys_memlock_room,
-    .hugepages_free = sys_hugepages_free,
-    .numa_max_node = sys_numa_max_node,
-    .ctx = NULL,
+	.mem_available = sys_mem_available,
+	.numa_node_free = sys_numa_node_free,
+	.cgroup_room = sys_cgroup_room,
+	.memlock_room = sys_memlock_room,
+	.hugepages_free = sys_hugepages_free,
+	.numa_max_node = sys_numa_max_node,
+	.ctx = NULL,
 };
 
 const struct kvp_budget_env *kvp_budget_env_system(void)

@@ -71,7 +71,7 @@ struct kvp_budget_verdict {
 #define KVP_BUDGET_PAGE_FIXED_BYTES 25u
 #define KVP_BUDGET_NODE_BYTES 192u
 /* Per page of a pool of page_tokens tokens per page. */
-#define KVP_BUDGET_PAGE_META_BYTES(page_tokens)                                                   \
+#define KVP_BUDGET_PAGE_META_BYTES(page_tokens)                                                    \
 	(KVP_BUDGET_PAGE_FIXED_BYTES + 4u * (uint64_t)(page_tokens) + 4u + KVP_BUDGET_NODE_BYTES)
 
 /* kvpoold's bookkeeping for all pages of p (both tiers, any backend). */

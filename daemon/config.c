@@ -28,21 +28,21 @@
 #define PAGES_MAX ((uint64_t)UINT32_MAX - 1)
 
 static const char g_embedded[] =
-    "; Built-in configuration of kvpoold: one small simulated pool that runs anywhere.\n"
-    "[pool.default]\n"
-    "layers = 4\n"
-    "kv_heads = 2\n"
-    "head_dim = 64\n"
-    "dtype = fp16\n"
-    "page_tokens = 16\n"
-    "device = sim\n"
-    "device_capacity = 128M\n"
-    "host_capacity = 128M\n"
-    "numa_node = auto\n"
-    "hugepages = off\n"
-    "mlock = try\n"
-    "session_quota = 0\n"
-    "eviction = lru\n";
+	"; Built-in configuration of kvpoold: one small simulated pool that runs anywhere.\n"
+	"[pool.default]\n"
+	"layers = 4\n"
+	"kv_heads = 2\n"
+	"head_dim = 64\n"
+	"dtype = fp16\n"
+	"page_tokens = 16\n"
+	"device = sim\n"
+	"device_capacity = 128M\n"
+	"host_capacity = 128M\n"
+	"numa_node = auto\n"
+	"hugepages = off\n"
+	"mlock = try\n"
+	"session_quota = 0\n"
+	"eviction = lru\n";
 
 enum sect_kind {
 	SECT_NONE,
@@ -110,7 +110,7 @@ struct key_def {
 /* ---- errors ---- */
 
 static void fail_at(struct parse *s, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 static void fail_at(struct parse *s, int line, const char *fmt, ...)
 {
 	va_list ap;
@@ -126,7 +126,7 @@ static void fail_at(struct parse *s, int line, const char *fmt, ...)
 
 /* An error about key in the current section, at the current line. */
 static void key_fail(struct parse *s, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 static void key_fail(struct parse *s, const char *key, const char *fmt, ...)
 {
 	char msg[256];
@@ -220,10 +220,11 @@ static int parse_cap(struct parse *s, const char *key, const char *v, struct cap
 		unsigned shift;
 		bool tokens;
 	} units[] = {
-	    {"", 0, false},   {"K", 10, false},	   {"k", 10, false},   {"KiB", 10, false},
-	    {"M", 20, false}, {"m", 20, false},	   {"MiB", 20, false}, {"G", 30, false},
-	    {"g", 30, false}, {"GiB", 30, false},  {"T", 40, false},   {"TiB", 40, false},
-	    {"t", 0, true},   {"tokens", 0, true},
+		{ "", 0, false },     { "K", 10, false },    { "k", 10, false },
+		{ "KiB", 10, false }, { "M", 20, false },    { "m", 20, false },
+		{ "MiB", 20, false }, { "G", 30, false },    { "g", 30, false },
+		{ "GiB", 30, false }, { "T", 40, false },    { "TiB", 40, false },
+		{ "t", 0, true },     { "tokens", 0, true },
 	};
 	const char *end;
 	uint64_t x;
@@ -387,9 +388,9 @@ static void set_log_level(struct parse *s, const char *key, const char *v)
 		const char *name;
 		int level;
 	} levels[] = {
-	    {"err", LOG_ERR},	   {"error", LOG_ERR},	   {"warning", LOG_WARNING},
-	    {"warn", LOG_WARNING}, {"notice", LOG_NOTICE}, {"info", LOG_INFO},
-	    {"debug", LOG_DEBUG},
+		{ "err", LOG_ERR },	 { "error", LOG_ERR },	   { "warning", LOG_WARNING },
+		{ "warn", LOG_WARNING }, { "notice", LOG_NOTICE }, { "info", LOG_INFO },
+		{ "debug", LOG_DEBUG },
 	};
 
 	for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]); i++) {
@@ -455,18 +456,18 @@ static void set_max_key_bytes(struct parse *s, const char *key, const char *v)
 }
 
 static const struct key_def g_daemon_keys[] = {
-    {"socket", set_socket},
-    {"allowed_users", set_allowed_users},
-    {"allowed_groups", set_allowed_groups},
-    {"admin_groups", set_admin_groups},
-    {"keepalive_ms", set_keepalive},
-    {"log_level", set_log_level},
-    {"metrics_listen", set_metrics_listen},
-    {"max_sessions", set_max_sessions},
-    {"max_leases_per_session", set_max_leases},
-    {"max_locks_per_session", set_max_locks},
-    {"max_keys_per_call", set_max_keys},
-    {"max_key_bytes", set_max_key_bytes},
+	{ "socket", set_socket },
+	{ "allowed_users", set_allowed_users },
+	{ "allowed_groups", set_allowed_groups },
+	{ "admin_groups", set_admin_groups },
+	{ "keepalive_ms", set_keepalive },
+	{ "log_level", set_log_level },
+	{ "metrics_listen", set_metrics_listen },
+	{ "max_sessions", set_max_sessions },
+	{ "max_leases_per_session", set_max_leases },
+	{ "max_locks_per_session", set_max_locks },
+	{ "max_keys_per_call", set_max_keys },
+	{ "max_key_bytes", set_max_key_bytes },
 };
 
 /* ---- [remote] keys ---- */
@@ -583,13 +584,13 @@ static void set_ttl(struct parse *s, const char *key, const char *v)
 
 /* seeds is required; keep it first. */
 static const struct key_def g_remote_keys[] = {
-    {"seeds", set_seeds},
-    {"connect_timeout_ms", set_connect_timeout},
-    {"command_timeout_ms", set_command_timeout},
-    {"match_timeout_ms", set_match_timeout},
-    {"match_max_pages", set_match_pages},
-    {"max_inflight_bytes", set_max_inflight},
-    {"ttl_s", set_ttl},
+	{ "seeds", set_seeds },
+	{ "connect_timeout_ms", set_connect_timeout },
+	{ "command_timeout_ms", set_command_timeout },
+	{ "match_timeout_ms", set_match_timeout },
+	{ "match_max_pages", set_match_pages },
+	{ "max_inflight_bytes", set_max_inflight },
+	{ "ttl_s", set_ttl },
 };
 
 static void remote_defaults(struct kvp_remote_conf *r)
@@ -606,29 +607,29 @@ static void remote_defaults(struct kvp_remote_conf *r)
 /* ---- [pool.NAME] keys ---- */
 
 static const uint32_t g_dtype_sizes[KVP_CONF_DTYPE_MAX] = {
-    [KVP_CONF_DTYPE_FP16] = 2,
-    [KVP_CONF_DTYPE_BF16] = 2,
-    [KVP_CONF_DTYPE_FP8] = 1,
-    [KVP_CONF_DTYPE_FP32] = 4,
+	[KVP_CONF_DTYPE_FP16] = 2,
+	[KVP_CONF_DTYPE_BF16] = 2,
+	[KVP_CONF_DTYPE_FP8] = 1,
+	[KVP_CONF_DTYPE_FP32] = 4,
 };
 static const char *const g_device_names[KVP_DEVICE_KIND_MAX] = {
-    [KVP_DEVICE_NONE] = "none",
-    [KVP_DEVICE_SIM] = "sim",
-    [KVP_DEVICE_CUDA] = "cuda",
+	[KVP_DEVICE_NONE] = "none",
+	[KVP_DEVICE_SIM] = "sim",
+	[KVP_DEVICE_CUDA] = "cuda",
 };
 static const char *const g_tristate_names[KVP_TRISTATE_MAX] = {
-    [KVP_OFF] = "off",
-    [KVP_TRY] = "try",
-    [KVP_ON] = "on",
+	[KVP_OFF] = "off",
+	[KVP_TRY] = "try",
+	[KVP_ON] = "on",
 };
 static const char *const g_remote_mode_names[KVP_REMOTE_MODE_MAX] = {
-    [KVP_REMOTE_OFF] = "off",
-    [KVP_REMOTE_SPILL] = "spill",
-    [KVP_REMOTE_WRITE_THROUGH] = "write-through",
+	[KVP_REMOTE_OFF] = "off",
+	[KVP_REMOTE_SPILL] = "spill",
+	[KVP_REMOTE_WRITE_THROUGH] = "write-through",
 };
 static const char *const g_eviction_names[KVP_EVICT_MAX] = {
-    [KVP_EVICT_LRU] = "lru",
-    [KVP_EVICT_LFU] = "lfu",
+	[KVP_EVICT_LRU] = "lru",
+	[KVP_EVICT_LFU] = "lfu",
 };
 
 static void set_layers(struct parse *s, const char *key, const char *v)
@@ -876,24 +877,24 @@ static void set_remote(struct parse *s, const char *key, const char *v)
 /* The first five are required; keep them first and in this order. */
 enum { POOL_REQUIRED = 5 };
 static const struct key_def g_pool_keys[] = {
-    {"layers", set_layers},
-    {"kv_heads", set_kv_heads},
-    {"head_dim", set_head_dim},
-    {"dtype", set_dtype},
-    {"page_tokens", set_page_tokens},
-    {"device", set_device},
-    {"device_capacity", set_device_capacity},
-    {"host_capacity", set_host_capacity},
-    {"numa_node", set_numa_node},
-    {"hugepages", set_hugepages},
-    {"mlock", set_mlock},
-    {"session_quota", set_session_quota},
-    {"eviction", set_eviction},
-    {"session_lock_quota", set_session_lock_quota},
-    {"uid_quota", set_uid_quota},
-    {"allowed_users", set_pool_allowed_users},
-    {"allowed_groups", set_pool_allowed_groups},
-    {"remote", set_remote},
+	{ "layers", set_layers },
+	{ "kv_heads", set_kv_heads },
+	{ "head_dim", set_head_dim },
+	{ "dtype", set_dtype },
+	{ "page_tokens", set_page_tokens },
+	{ "device", set_device },
+	{ "device_capacity", set_device_capacity },
+	{ "host_capacity", set_host_capacity },
+	{ "numa_node", set_numa_node },
+	{ "hugepages", set_hugepages },
+	{ "mlock", set_mlock },
+	{ "session_quota", set_session_quota },
+	{ "eviction", set_eviction },
+	{ "session_lock_quota", set_session_lock_quota },
+	{ "uid_quota", set_uid_quota },
+	{ "allowed_users", set_pool_allowed_users },
+	{ "allowed_groups", set_pool_allowed_groups },
+	{ "remote", set_remote },
 };
 enum { POOL_KEY_REMOTE = sizeof(g_pool_keys) / sizeof(g_pool_keys[0]) - 1 };
 
@@ -1205,11 +1206,10 @@ static int check_pool(struct parse *s, uint32_t idx)
 	    resolve_cap(s, p, "host_capacity", &ps->host_cap, &p->host_pages) < 0)
 		return -EINVAL;
 	if (p->device == KVP_DEVICE_NONE && p->device_pages) {
-		fail_at(
-		    s, ps->device_cap.line,
-		    "key 'device_capacity' in [pool.%s]: the pool has no device (device = none%s); "
-		    "set device = cuda:N or sim, or remove the key",
-		    p->name, ps->device_given ? "" : ", the default");
+		fail_at(s, ps->device_cap.line,
+			"key 'device_capacity' in [pool.%s]: the pool has no device (device = none%s); "
+			"set device = cuda:N or sim, or remove the key",
+			p->name, ps->device_given ? "" : ", the default");
 		return -EINVAL;
 	}
 	if (p->device != KVP_DEVICE_NONE && !p->device_pages) {

@@ -54,7 +54,7 @@ enum kvp_remote_mode {
  * (section given): connect 1000 ms, command 500 ms, match 20 ms and 64 pages, 64 MiB in
  * flight, TTL 86400 s (0 = keys never expire). seeds is required in the section. */
 struct kvp_remote_conf {
-	int enabled;		     /* the section was given */
+	int enabled;			  /* the section was given */
 	char seeds[KVP_REMOTE_SEEDS_MAX]; /* comma-separated host:port, no spaces */
 	uint32_t n_seeds;
 	uint32_t connect_timeout_ms;
@@ -97,7 +97,7 @@ struct kvp_pool_conf {
 	enum kvp_tristate mlock;
 	uint64_t session_quota_tokens; /* leased + locked tokens of one session; 0 = no quota */
 	uint64_t session_lock_quota_tokens; /* locked tokens of one session; 0 = none */
-	uint64_t uid_quota_tokens;	    /* leased + locked tokens of all of one uid's sessions */
+	uint64_t uid_quota_tokens; /* leased + locked tokens of all of one uid's sessions */
 	enum kvp_eviction eviction;
 	/* allowed_users / allowed_groups of the pool: empty = every admitted user may attach. */
 	uint32_t allowed_uids[KVP_MAX_IDS];

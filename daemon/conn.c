@@ -5,20 +5,20 @@
 
 /* legal[from] = the states from may move to. */
 static const unsigned legal[CONN_STATE_MAX] = {
-    [CONN_HANDSHAKE] = 1u << CONN_OPEN | 1u << CONN_FLUSHING | 1u << CONN_CLOSING,
-    [CONN_OPEN] = 1u << CONN_FLUSHING | 1u << CONN_CLOSING,
-    [CONN_FLUSHING] = 1u << CONN_CLOSING,
-    [CONN_CLOSING] = 0,
+	[CONN_HANDSHAKE] = 1u << CONN_OPEN | 1u << CONN_FLUSHING | 1u << CONN_CLOSING,
+	[CONN_OPEN] = 1u << CONN_FLUSHING | 1u << CONN_CLOSING,
+	[CONN_FLUSHING] = 1u << CONN_CLOSING,
+	[CONN_CLOSING] = 0,
 };
 
 void conn_init(struct conn *c, const struct conn_limits *lim, uint64_t now)
 {
 	*c = (struct conn){
-	    .state = CONN_HANDSHAKE,
-	    .budget = lim->turn_budget,
-	    .accepted_ms = now,
-	    .last_ms = now,
-	    .lim = lim,
+		.state = CONN_HANDSHAKE,
+		.budget = lim->turn_budget,
+		.accepted_ms = now,
+		.last_ms = now,
+		.lim = lim,
 	};
 }
 
@@ -40,10 +40,10 @@ int conn_set_state(struct conn *c, enum conn_state s)
 const char *conn_state_name(enum conn_state s)
 {
 	static const char *const names[CONN_STATE_MAX] = {
-	    [CONN_HANDSHAKE] = "handshake",
-	    [CONN_OPEN] = "open",
-	    [CONN_FLUSHING] = "flushing",
-	    [CONN_CLOSING] = "closing",
+		[CONN_HANDSHAKE] = "handshake",
+		[CONN_OPEN] = "open",
+		[CONN_FLUSHING] = "flushing",
+		[CONN_CLOSING] = "closing",
 	};
 
 	return (unsigned)s < CONN_STATE_MAX ? names[s] : "?";
@@ -152,11 +152,11 @@ enum conn_expiry conn_expiry(const struct conn *c, uint64_t now)
 const char *conn_expiry_reason(enum conn_expiry e)
 {
 	static const char *const reasons[CONN_EXPIRY_MAX] = {
-	    [CONN_LIVE] = "live",
-	    [CONN_EXPIRED_FLUSH] = "reply not read in time",
-	    [CONN_EXPIRED_HANDSHAKE] = "no Hello within the handshake deadline",
-	    [CONN_EXPIRED_PARTIAL] = "half-sent frame not completed in time",
-	    [CONN_EXPIRED_KEEPALIVE] = "reclaimed: no call within keepalive_ms",
+		[CONN_LIVE] = "live",
+		[CONN_EXPIRED_FLUSH] = "reply not read in time",
+		[CONN_EXPIRED_HANDSHAKE] = "no Hello within the handshake deadline",
+		[CONN_EXPIRED_PARTIAL] = "half-sent frame not completed in time",
+		[CONN_EXPIRED_KEEPALIVE] = "reclaimed: no call within keepalive_ms",
 	};
 
 	return (unsigned)e < CONN_EXPIRY_MAX ? reasons[e] : "?";

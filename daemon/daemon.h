@@ -12,7 +12,6 @@
 #include "pool.h"
 #include "stats.h"
 
-
 struct kvp_session {
 	uint64_t id;
 	pid_t pid; /* SO_PEERCRED */
@@ -68,8 +67,8 @@ struct kvp_daemon {
 	uint32_t flag_uids[KVP_MAX_IDS], n_flag_uids;
 	uint32_t flag_gids[KVP_MAX_IDS], n_flag_gids;
 	bool reload_requested;
-	struct kvp_defers defers; /* deferred replies (defer.h) */
-	struct kvp_remote *remote; /* the remote tier (remote.h); NULL without [remote] */
+	struct kvp_defers defers;	   /* deferred replies (defer.h) */
+	struct kvp_remote *remote;	   /* the remote tier (remote.h); NULL without [remote] */
 	struct kvp_remote_stats remote_st; /* its client's figures, as of the last loop turn */
 	struct kvp_alloc_wait *alloc_waiting; /* Allocs waiting for demotions (rpc_lease.c) */
 };
@@ -119,7 +118,7 @@ uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct 
 void kvp_session_attach(struct kvp_session *s, struct kvpd_pool *p);
 /* The pool pool_id names, attached by s; NULL with f filled (NO_SUCH_POOL, NOT_FOUND). */
 struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
-				  uint32_t pool_id, struct kvp_fail *f);
+				   uint32_t pool_id, struct kvp_fail *f);
 /* Whether s may hold npages more pages of p (a new lease when new_lease): the lease limit and
  * the pool's session quota. 0 or a negative Code with f filled (LIMIT_EXCEEDED,
  * QUOTA_EXCEEDED and their details). */

@@ -71,19 +71,17 @@ int kvp_rpc_no_such_pool(const struct kvp_daemon *d, const char *name, struct kv
 
 #define CALL(c) (KVPOOL__REQUEST__CALL_##c - KVPOOL__REQUEST__CALL_HELLO)
 static const kvp_rpc_handler handlers[] = {
-    [CALL(HELLO)] = kvp_rpc_hello,	 [CALL(PING)] = kvp_rpc_ping,
-    [CALL(STATUS)] = kvp_rpc_status,	 [CALL(ATTACH)] = kvp_rpc_attach,
-    [CALL(DETACH)] = kvp_rpc_detach,	 [CALL(ALLOC)] = kvp_rpc_alloc,
-    [CALL(EXTEND)] = kvp_rpc_extend,	 [CALL(FREE)] = kvp_rpc_free,
-    [CALL(INSERT)] = kvp_rpc_insert,	 [CALL(MATCH)] = kvp_rpc_match,
-    [CALL(RELEASE)] = kvp_rpc_release,	 [CALL(LOAD)] = kvp_rpc_load,
-    [CALL(EVICT)] = kvp_rpc_evict,	 [CALL(FLUSH)] = kvp_rpc_flush,
-    [CALL(DRAIN)] = kvp_rpc_drain,	 [CALL(RELOAD)] = kvp_rpc_reload,
-    [CALL(SESSIONS)] = kvp_rpc_sessions, [CALL(CACHE)] = kvp_rpc_cache,
-    [CALL(METRICS)] = kvp_rpc_metrics,
-    [CALL(INSERT_KEYS)] = kvp_rpc_insert_keys,
-    [CALL(MATCH_KEYS)] = kvp_rpc_match_keys,
-    [CALL(EXISTS_KEYS)] = kvp_rpc_exists_keys,
+	[CALL(HELLO)] = kvp_rpc_hello,		 [CALL(PING)] = kvp_rpc_ping,
+	[CALL(STATUS)] = kvp_rpc_status,	 [CALL(ATTACH)] = kvp_rpc_attach,
+	[CALL(DETACH)] = kvp_rpc_detach,	 [CALL(ALLOC)] = kvp_rpc_alloc,
+	[CALL(EXTEND)] = kvp_rpc_extend,	 [CALL(FREE)] = kvp_rpc_free,
+	[CALL(INSERT)] = kvp_rpc_insert,	 [CALL(MATCH)] = kvp_rpc_match,
+	[CALL(RELEASE)] = kvp_rpc_release,	 [CALL(LOAD)] = kvp_rpc_load,
+	[CALL(EVICT)] = kvp_rpc_evict,		 [CALL(FLUSH)] = kvp_rpc_flush,
+	[CALL(DRAIN)] = kvp_rpc_drain,		 [CALL(RELOAD)] = kvp_rpc_reload,
+	[CALL(SESSIONS)] = kvp_rpc_sessions,	 [CALL(CACHE)] = kvp_rpc_cache,
+	[CALL(METRICS)] = kvp_rpc_metrics,	 [CALL(INSERT_KEYS)] = kvp_rpc_insert_keys,
+	[CALL(MATCH_KEYS)] = kvp_rpc_match_keys, [CALL(EXISTS_KEYS)] = kvp_rpc_exists_keys,
 };
 
 int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
@@ -91,14 +89,14 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 {
 	struct kvp_fail f;
 	int idx = (int)req->call_case - KVPOOL__REQUEST__CALL_HELLO;
-	kvp_rpc_handler h =
-	    idx >= 0 && idx < (int)(sizeof(handlers) / sizeof(handlers[0])) ? handlers[idx] : NULL;
+	kvp_rpc_handler h = idx >= 0 && idx < (int)(sizeof(handlers) / sizeof(handlers[0]))
+				    ? handlers[idx]
+				    : NULL;
 	int rc;
 
 	kvp_fail_init(&f);
 	if (!h) {
-		rc = kvp_fail(&f, KVP_ERR_INVALID_ARGUMENT, "unknown call %d",
-			      (int)req->call_case);
+		rc = kvp_fail(&f, KVP_ERR_INVALID_ARGUMENT, "unknown call %d", (int)req->call_case);
 	} else if (!s->hello && req->call_case != KVPOOL__REQUEST__CALL_HELLO) {
 		rc = kvp_fail(&f, KVP_ERR_PROTOCOL, "the first call must be Hello");
 		r->close_after = true;
@@ -149,12 +147,8 @@ static bool string_has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p
 			if (!wire_varint(&p, end, &v))
 				return false;
 			break;
-		case 1:
-			p += 8;
-			break;
-		case 5:
-			p += 4;
-			break;
+		case 1: p += 8; break;
+		case 5: p += 4; break;
 		case 2:
 			if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
 				return false;
@@ -166,8 +160,7 @@ static bool string_has_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p
 				return true;
 			p += v;
 			break;
-		default:
-			return false;
+		default: return false;
 		}
 	}
 	return false;

@@ -62,12 +62,13 @@ int kvp_fault_init(char *err, size_t errlen)
 			char sites[160] = "";
 
 			for (int i = 0; i < KVP_FAULT_SITES; i++)
-				snprintf(sites + strlen(sites), sizeof(sites) - strlen(sites), "%s%s",
-					 i ? ", " : "", g_names[i]);
-			snprintf(err, errlen,
-				 "KVPOOLD_FAULTS: '%s:%s': want site:N[:MAX], site one of %s; N and "
-				 "MAX positive numbers",
-				 tok, colon + 1, sites);
+				snprintf(sites + strlen(sites), sizeof(sites) - strlen(sites),
+					 "%s%s", i ? ", " : "", g_names[i]);
+			snprintf(
+				err, errlen,
+				"KVPOOLD_FAULTS: '%s:%s': want site:N[:MAX], site one of %s; N and "
+				"MAX positive numbers",
+				tok, colon + 1, sites);
 			return -1;
 		}
 		g_every[s] = n;

@@ -11,17 +11,17 @@
 enum kvp_fault_site {
 	KVP_FAULT_REPLY_QUEUE, /* "reply_queue": the buffer for a connection's replies */
 	KVP_FAULT_REPLY_ALLOC, /* "reply_alloc": a piece of a reply (the call fails INTERNAL) */
-	KVP_FAULT_PIDFD,       /* "pidfd": a new peer's pidfd, both ways (SO_PEERPIDFD, pidfd_open) */
-	KVP_FAULT_CONN,        /* "conn": the state of an accepted connection */
-	KVP_FAULT_SESSION,     /* "session": a new peer's session */
-	KVP_FAULT_INPUT,       /* "input": adding received bytes to a connection's input */
-	KVP_FAULT_DECODE,      /* "decode": a decoded request's spill beyond the arena */
-	KVP_FAULT_LEASE,       /* "lease": a lease and its page list */
-	KVP_FAULT_IDMAP,       /* "idmap": growing a session's lease or lock table */
-	KVP_FAULT_LOCK,        /* "lock": the lock a Match takes */
-	KVP_FAULT_PREFIX,      /* "prefix": prefix-tree memory, an Insert's page list */
-	KVP_FAULT_PEER_PIDFD,  /* "peer_pidfd": SO_PEERPIDFD alone (pidfd_open is the fallback) */
-	KVP_FAULT_SQE,	       /* "sqe": a submission queue entry (the ring is full) */
+	KVP_FAULT_PIDFD,   /* "pidfd": a new peer's pidfd, both ways (SO_PEERPIDFD, pidfd_open) */
+	KVP_FAULT_CONN,	   /* "conn": the state of an accepted connection */
+	KVP_FAULT_SESSION, /* "session": a new peer's session */
+	KVP_FAULT_INPUT,   /* "input": adding received bytes to a connection's input */
+	KVP_FAULT_DECODE,  /* "decode": a decoded request's spill beyond the arena */
+	KVP_FAULT_LEASE,   /* "lease": a lease and its page list */
+	KVP_FAULT_IDMAP,   /* "idmap": growing a session's lease or lock table */
+	KVP_FAULT_LOCK,	   /* "lock": the lock a Match takes */
+	KVP_FAULT_PREFIX,  /* "prefix": prefix-tree memory, an Insert's page list */
+	KVP_FAULT_PEER_PIDFD, /* "peer_pidfd": SO_PEERPIDFD alone (pidfd_open is the fallback) */
+	KVP_FAULT_SQE,	      /* "sqe": a submission queue entry (the ring is full) */
 	KVP_FAULT_SITES,
 };
 

@@ -73,7 +73,8 @@ int kvp_idmap_put(struct kvp_idmap *m, uint64_t id, void *val)
 		return -EEXIST;
 	if ((m->used + 1) * 4 >= m->cap * 3 && grow(m) < 0)
 		return -ENOMEM;
-	for (j = slot_of(id, m->cap); m->keys[j] != 0 && m->keys[j] != TOMB; j = (j + 1) & (m->cap - 1))
+	for (j = slot_of(id, m->cap); m->keys[j] != 0 && m->keys[j] != TOMB;
+	     j = (j + 1) & (m->cap - 1))
 		;
 	if (m->keys[j] == 0)
 		m->used++;

@@ -5,8 +5,8 @@
 struct kvp_idmap {
 	uint64_t *keys; /* 0 = empty, UINT64_MAX = deleted */
 	void **vals;
-	uint32_t cap;   /* power of two */
-	uint32_t used;  /* live + deleted */
+	uint32_t cap;	/* power of two */
+	uint32_t used;	/* live + deleted */
 	uint32_t count; /* live */
 };
 

@@ -49,7 +49,7 @@ struct kc_entry {
 	uint32_t ref : 1;    /* matched since the eviction scan last passed it */
 	uint32_t tier : 1;
 	uint32_t list : 2;
-	uint32_t klen1 : 6; /* key length - 1 */
+	uint32_t klen1 : 6;  /* key length - 1 */
 	uint32_t flying : 1; /* its demotion is in flight (a flight's idx[] names it) */
 };
 _Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
@@ -238,7 +238,7 @@ static uint32_t ns_get(struct kvp_keys *kc, uint64_t ns)
 	} else {
 		r = kc->nsr_hw++;
 	}
-	kc->nsr[r] = (struct ns_rec){ns, 0, 1};
+	kc->nsr[r] = (struct ns_rec){ ns, 0, 1 };
 	nsmap_put(kc, r);
 	kc->st.namespaces++;
 	return r;
@@ -441,7 +441,7 @@ static int reserve(struct kvp_keys *kc, uint32_t need, const uint32_t need_class
 		struct slab *s = &kc->slab[c];
 		size_t sz = (size_t)(c + 1) * CLASS_BYTES;
 		uint64_t w =
-		    (uint64_t)s->hw + (need_class[c] > s->nfree ? need_class[c] - s->nfree : 0);
+			(uint64_t)s->hw + (need_class[c] > s->nfree ? need_class[c] - s->nfree : 0);
 		uint64_t cap;
 		uint8_t *m;
 
@@ -626,11 +626,11 @@ int kvp_keys_insert(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys
 		    uint32_t cached, enum kvp_tier_id tier, const uint32_t *pages,
 		    struct kvp_keys_insert_result *res, uint32_t *dup_idx)
 {
-	struct kvp_keys_insert_result r = {0, 0, 0};
-	uint32_t need_class[NCLASS] = {0}, own, parent = NONE, nsi, *sorted;
+	struct kvp_keys_insert_result r = { 0, 0, 0 };
+	uint32_t need_class[NCLASS] = { 0 }, own, parent = NONE, nsi, *sorted;
 
-	if (!kc || !keys || !n || cached > n || (unsigned)tier >= KVP_TIER_ID_MAX || !kc->tier[tier] ||
-	    (n > cached && !pages))
+	if (!kc || !keys || !n || cached > n || (unsigned)tier >= KVP_TIER_ID_MAX ||
+	    !kc->tier[tier] || (n > cached && !pages))
 		return -EINVAL;
 	own = n - cached;
 	for (uint32_t i = 0; i < n; i++) {
@@ -1224,10 +1224,10 @@ static int check_lists(const struct kvp_keys *kc, const uint64_t inlist[3])
 
 int kvp_keys_check(const struct kvp_keys *kc)
 {
-	struct kvp_keys_stats sum = {0};
+	struct kvp_keys_stats sum = { 0 };
 	uint32_t *nchild = NULL, *ndchild = NULL, *nscount = NULL;
-	uint8_t *seen[KVP_TIER_ID_MAX] = {NULL, NULL};
-	uint64_t live = 0, inlist[3] = {0, 0, 0}, md, kb = 0, nfree = 0, nsl = 0;
+	uint8_t *seen[KVP_TIER_ID_MAX] = { NULL, NULL };
+	uint64_t live = 0, inlist[3] = { 0, 0, 0 }, md, kb = 0, nfree = 0, nsl = 0;
 	int r = -ENOMEM;
 
 	if (!kc)

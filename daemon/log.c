@@ -11,7 +11,7 @@ int g_log_level = LOG_INFO;
 
 int kvp_log_level_parse(const char *s)
 {
-	static const char *const names[] = { "emerg", "alert", "crit", "err",
+	static const char *const names[] = { "emerg",	"alert",  "crit", "err",
 					     "warning", "notice", "info", "debug" };
 	char *end;
 	long v;

@@ -448,7 +448,7 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 	struct obuf *o;
 
 	if (len > KVP_FRAME_HDR + KVP_FRAME_MAX) {
-		struct kvp_fail f = {0};
+		struct kvp_fail f = { 0 };
 		uint64_t id = r->resp.id;
 
 		kvp_reply_release(r);
@@ -481,7 +481,7 @@ static bool decode_spill_fails(void)
 static void fail_close(struct server *sv, struct peer *p, int code, const char *what)
 {
 	struct kvp_reply r;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	bool serving = conn_held(&p->c, CONN_HOLD_SERVE);
 
 	conn_hold(&p->c, CONN_HOLD_SERVE);
@@ -746,7 +746,7 @@ static void on_accept(struct server *sv, int fd)
 	struct ucred cred;
 	socklen_t clen = sizeof(cred);
 	gid_t groups_buf[64], *groups = groups_buf;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct peer *p;
 	bool admin = false;
 	int ngroups, r, pidfd;
@@ -856,9 +856,9 @@ static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 
 		if (res > 0 && conn_serving(&p->c))
 			r = kvp_fault_hit(KVP_FAULT_INPUT)
-				? -ENOMEM
-				: kvp_frame_buf_append(&p->in, sv->bufs + (size_t)bid * BUFSZ,
-						       (size_t)res);
+				    ? -ENOMEM
+				    : kvp_frame_buf_append(&p->in, sv->bufs + (size_t)bid * BUFSZ,
+							   (size_t)res);
 		if (r == -EMSGSIZE)
 			protocol_error(sv, p, "frame larger than the maximum");
 		else if (r < 0)
@@ -972,11 +972,8 @@ static void on_signal(void *loop, struct kvp_src *src, const struct io_uring_cqe
 		case SIGINT:
 			begin_stop(sv, sv->si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT");
 			break;
-		case SIGHUP:
-			sv->d->reload_requested = true;
-			break;
-		default:
-			break;
+		case SIGHUP: sv->d->reload_requested = true; break;
+		default: break;
 		}
 	}
 	arm_signal(sv);
@@ -1087,7 +1084,7 @@ static void reload_finished(void *ctx)
 
 static int setup(struct server *sv)
 {
-	struct io_uring_params params = {0};
+	struct io_uring_params params = { 0 };
 	sigset_t mask;
 	int r;
 
@@ -1096,10 +1093,10 @@ static int setup(struct server *sv)
 	 * flags; then cooperative task work (5.19+), then none. */
 	{
 		static const unsigned tries[] = {
-		    IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
-			IORING_SETUP_DEFER_TASKRUN,
-		    IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
-		    0,
+			IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER |
+				IORING_SETUP_DEFER_TASKRUN,
+			IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN,
+			0,
 		};
 
 		for (size_t i = 0; i < sizeof(tries) / sizeof(tries[0]); i++) {
@@ -1120,7 +1117,7 @@ static int setup(struct server *sv)
 		return -ENOMEM;
 	sv->arena.deny = decode_spill_fails;
 	{
-		struct io_uring_buf_reg reg = {0};
+		struct io_uring_buf_reg reg = { 0 };
 		size_t sz = sizeof(struct io_uring_buf) * NBUFS;
 		void *mem = aligned_alloc(4096, (sz + 4095) / 4096 * 4096);
 
@@ -1193,7 +1190,7 @@ static void rearm(struct server *sv)
 
 int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 {
-	struct server sv = {0};
+	struct server sv = { 0 };
 	int r;
 
 	sv.d = d;
@@ -1201,11 +1198,11 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	sv.unlink_path = unlink_path;
 	sv.sig_fd = -1;
 	sv.lim = (struct conn_limits){
-	    .turn_budget = KVP_TURN_BUDGET,
-	    .outq_max = KVP_OUTQ_MAX,
-	    .handshake_ms = KVP_HANDSHAKE_MS,
-	    .partial_ms = KVP_PARTIAL_FRAME_MS,
-	    .keepalive_ms = d->conf.keepalive_ms,
+		.turn_budget = KVP_TURN_BUDGET,
+		.outq_max = KVP_OUTQ_MAX,
+		.handshake_ms = KVP_HANDSHAKE_MS,
+		.partial_ms = KVP_PARTIAL_FRAME_MS,
+		.keepalive_ms = d->conf.keepalive_ms,
 	};
 	kvp_src_init(&sv.accept_src, KVP_SRC_ACCEPT, on_accept_cqe, &sv);
 	kvp_src_init(&sv.signal_src, KVP_SRC_SIGNAL, on_signal, &sv);
@@ -1222,7 +1219,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			log_err("cannot start the worker thread: %s", strerror(errno));
 			r = -1;
 		} else {
-			kvp_pool_async(sv.work, kvp_rpc_alloc_moved, d); /* demotions off the loop */
+			kvp_pool_async(sv.work, kvp_rpc_alloc_moved,
+				       d); /* demotions off the loop */
 		}
 	}
 	if (r < 0) {

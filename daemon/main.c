@@ -22,7 +22,6 @@
 #include "remote.h"
 #endif
 
-
 static void usage(FILE *f)
 {
 	fprintf(f,
@@ -169,12 +168,8 @@ int main(int argc, char **argv)
 		uint32_t id;
 
 		switch (o) {
-		case 's':
-			socket_flag = optarg;
-			break;
-		case 'c':
-			d.config_path = optarg;
-			break;
+		case 's': socket_flag = optarg; break;
+		case 'c': d.config_path = optarg; break;
 		case 'l':
 			level_flag = optarg;
 			if (kvp_log_level_parse(optarg) < 0) {
@@ -195,19 +190,13 @@ int main(int argc, char **argv)
 			else
 				d.flag_gids[d.n_flag_gids++] = id;
 			break;
-		case 'C':
-			check_only = true;
-			break;
+		case 'C': check_only = true; break;
 		case 'V':
-			printf("kvpoold %s (protocol %d, cuda %s)\n", KVP_VERSION, KVP_PROTO_VERSION,
-			       KVP_HAVE_CUDA ? "built in" : "not built");
+			printf("kvpoold %s (protocol %d, cuda %s)\n", KVP_VERSION,
+			       KVP_PROTO_VERSION, KVP_HAVE_CUDA ? "built in" : "not built");
 			return 0;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
 		}
 	}
 	if (optind < argc) {
@@ -237,7 +226,8 @@ int main(int argc, char **argv)
 	if (kvp_daemon_check_budget(&d.conf) < 0)
 		return 3;
 	if (check_only) {
-		log_notice("configuration %s fits this machine", d.config_path ? d.config_path : "<embedded>");
+		log_notice("configuration %s fits this machine",
+			   d.config_path ? d.config_path : "<embedded>");
 		return 0;
 	}
 	if (create_pools(&d) < 0) {
@@ -276,10 +266,13 @@ int main(int argc, char **argv)
 	}
 	if (socket_flag)
 		snprintf(sock, sizeof(sock), "%s", socket_flag);
-	else if (getenv("KVPOOL_SOCKET") || !d.config_path || strcmp(d.conf.socket, KVP_ROOT_SOCKET) == 0)
+	else if (getenv("KVPOOL_SOCKET") || !d.config_path ||
+		 strcmp(d.conf.socket, KVP_ROOT_SOCKET) == 0)
 		r = kvp_names_default_socket(sock, sizeof(sock));
 	else
-		r = snprintf(sock, sizeof(sock), "%s", d.conf.socket) < (int)sizeof(sock) ? 0 : -ENAMETOOLONG;
+		r = snprintf(sock, sizeof(sock), "%s", d.conf.socket) < (int)sizeof(sock)
+			    ? 0
+			    : -ENAMETOOLONG;
 	if (!socket_flag && r < 0) {
 		log_err("socket path: longer than the %zu bytes a unix socket address holds "
 			"($KVPOOL_SOCKET, $XDG_RUNTIME_DIR or the config's socket)",

@@ -12,8 +12,8 @@
 #include "names.h"
 #include "pool_cache.h"
 
-const double kvp_lat_bounds_us[KVP_LAT_BUCKETS] = {10,	 25,   50,   100,   250,   500,
-						   1000, 2500, 5000, 10000, 50000, 1e300};
+const double kvp_lat_bounds_us[KVP_LAT_BUCKETS] = { 10,	  25,	50,   100,   250,   500,
+						    1000, 2500, 5000, 10000, 50000, 1e300 };
 
 void kvp_rpc_observe(struct kvp_rpc_stats *s, int call, int code, double us)
 {
@@ -70,7 +70,8 @@ static void put(struct out *o, const char *fmt, ...)
 static const char *call_name(int call)
 {
 	const ProtobufCFieldDescriptor *f =
-	    protobuf_c_message_descriptor_get_field(&kvpool__request__descriptor, (unsigned)call);
+		protobuf_c_message_descriptor_get_field(&kvpool__request__descriptor,
+							(unsigned)call);
 
 	return f ? f->name : NULL;
 }
@@ -78,7 +79,7 @@ static const char *call_name(int call)
 static const char *code_name(int code)
 {
 	const ProtobufCEnumValue *v =
-	    protobuf_c_enum_descriptor_get_value(&kvpool__code__descriptor, code);
+		protobuf_c_enum_descriptor_get_value(&kvpool__code__descriptor, code);
 
 	return v ? v->name : NULL;
 }
@@ -145,7 +146,7 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_ID_MAX];
 	struct kvp_pool_figures pf[KVP_MAX_POOLS];
 	struct kvp_daemon_figures df;
-	struct out o = {.cap = 16384};
+	struct out o = { .cap = 16384 };
 
 	o.buf = malloc(o.cap);
 	if (!o.buf)
@@ -182,10 +183,10 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 #define TIER_FIGURE(f, n, t, h)                                                                    \
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
-		for (int k = 0; k < KVP_TIER_ID_MAX; k++)                                             \
+		for (int k = 0; k < KVP_TIER_ID_MAX; k++)                                          \
 			if (kvp_pool_has_tier(d->pools[i], k))                                     \
 				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",             \
-				    d->pools[i]->conf.name, kvp_names_tier(k),                          \
+				    d->pools[i]->conf.name, kvp_names_tier(k),                     \
 				    (unsigned long)tf[i][k].f);
 	KVP_TIER_FIGURES(TIER_FIGURE)
 #undef TIER_FIGURE

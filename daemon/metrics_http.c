@@ -82,8 +82,8 @@ struct kvp_metrics_http *kvp_metrics_http_start(const char *listen)
 	if (!m)
 		return NULL;
 	pthread_mutex_init(&m->lock, NULL);
-	m->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-				  serve, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+	m->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL,
+				  NULL, serve, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
 				  MHD_OPTION_CONNECTION_LIMIT, 16u, MHD_OPTION_CONNECTION_TIMEOUT,
 				  10u, MHD_OPTION_END);
 	if (!m->mhd) {

@@ -184,7 +184,8 @@ int kvp_activation_fd(void)
 		log_info("socket activation: serving fd %d ('%s')", chosen,
 			 fdname[chosen - 3][0] ? fdname[chosen - 3] : "unnamed");
 	else
-		log_err("socket activation: none of the %d fds passed is a listening unix socket", n);
+		log_err("socket activation: none of the %d fds passed is a listening unix socket",
+			n);
 	unsetenv("LISTEN_FDS");
 	unsetenv("LISTEN_PID");
 	unsetenv("LISTEN_FDNAMES");

@@ -13,11 +13,10 @@
 #include "budget.h"
 
 /* budget.c counts this per page; the structures that hold it are here. */
-_Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
-		   sizeof(uint32_t) + sizeof(uint8_t) +
-		       sizeof(**((struct kvpd_pool *)0)->lease_of) +
-		       sizeof(**((struct kvpd_pool *)0)->lease_idx) +
-		       2 * sizeof(*((struct kvp_lease *)0)->pages),
+_Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES == sizeof(uint32_t) + sizeof(uint8_t) +
+						      sizeof(**((struct kvpd_pool *)0)->lease_of) +
+						      sizeof(**((struct kvpd_pool *)0)->lease_idx) +
+						      2 * sizeof(*((struct kvp_lease *)0)->pages),
 	       "per-page bookkeeping of pages.c, pool.h and leases");
 #include "work.h"
 
@@ -25,7 +24,6 @@ _Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES ==
 _Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_TRY &&
 		       (int)KVP_OPT_ON == (int)KVP_ON,
 	       "tier options follow the config's tristate");
-
 
 bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier)
 {
@@ -282,12 +280,12 @@ struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, s
 	p->geom.layers = pc->layers;
 	p->geom.page_tokens = pc->page_tokens;
 	p->geom.row_bytes = (uint64_t)pc->kv_heads * pc->head_dim * kvp_dtype_size(pc->dtype);
-	p->geom.dev_slots = (npages[KVP_TIER_ID_DEVICE] ? npages[KVP_TIER_ID_DEVICE] : 1) * pc->page_tokens;
+	p->geom.dev_slots =
+		(npages[KVP_TIER_ID_DEVICE] ? npages[KVP_TIER_ID_DEVICE] : 1) * pc->page_tokens;
 	p->geom.host_pages = npages[KVP_TIER_ID_HOST];
 	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
-		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s: bad geometry or no tier",
-			 pc->name);
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s: bad geometry or no tier", pc->name);
 		goto fail;
 	}
 	if (create_tiers(p, f) < 0)
@@ -521,8 +519,9 @@ static int lease_grow(struct kvp_lease *l, uint32_t more)
 static int check_size(struct kvpd_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
 {
 	if (!kvp_pool_has_tier(p, tier))
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no %s tier",
-				p->conf.name, tier < 0 || tier >= KVP_TIER_ID_MAX ? "such" : kvp_names_tier(tier));
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no %s tier", p->conf.name,
+				tier < 0 || tier >= KVP_TIER_ID_MAX ? "such"
+								    : kvp_names_tier(tier));
 	if (npages == 0)
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "zero pages asked");
 	if (npages > kvp_pages_total(p->pages[tier])) {
@@ -660,10 +659,10 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 				cached, whole, ntokens);
 	own = whole - cached;
 	if (npages < own || npages > own + 1 || (npages == own + 1 && ntokens % pt == 0))
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-				"insert: tokens %u..%u need %u lease pages (page_tokens %u), got %u",
-				cached * pt, ntokens, (ntokens - cached * pt + pt - 1) / pt, pt,
-				npages);
+		return kvp_fail(
+			f, KVP_ERR_INVALID_ARGUMENT,
+			"insert: tokens %u..%u need %u lease pages (page_tokens %u), got %u",
+			cached * pt, ntokens, (ntokens - cached * pt + pt - 1) / pt, pt, npages);
 	if (lease_owns_all(l, pages, npages) < 0)
 		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"insert: a page listed is not in lease %lu (or listed twice)",

@@ -20,16 +20,16 @@ struct kvpd_pool {
 	uint64_t page_bytes;	   /* one page, all layers, K and V */
 	struct kvp_tier_mem mem[KVP_TIER_ID_MAX];
 	struct kvp_pages *pages[KVP_TIER_ID_MAX]; /* NULL: the pool has no such tier */
-	uint64_t *lease_of[KVP_TIER_ID_MAX];      /* owning lease of each LEASED page, else 0 */
-	uint32_t *lease_idx[KVP_TIER_ID_MAX];     /* its index in that lease's page array */
+	uint64_t *lease_of[KVP_TIER_ID_MAX];	  /* owning lease of each LEASED page, else 0 */
+	uint32_t *lease_idx[KVP_TIER_ID_MAX];	  /* its index in that lease's page array */
 	struct kvp_prefix *pfx;
 	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
 	struct kvp_pool_stats st;
-	uint32_t sessions; /* attached */
-	struct kvp_tier_copy *copy; /* demotion and promotion: pools with both tiers */
-	uint32_t flights;	    /* demotion copies waited for on the worker */
-	bool dying;		    /* destroyed with flights left: the last one frees it */
-	char note[256];	   /* start-up fallbacks worth a log line */
+	uint32_t sessions;		/* attached */
+	struct kvp_tier_copy *copy;	/* demotion and promotion: pools with both tiers */
+	uint32_t flights;		/* demotion copies waited for on the worker */
+	bool dying;			/* destroyed with flights left: the last one frees it */
+	char note[256];			/* start-up fallbacks worth a log line */
 	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
 };
 
@@ -73,7 +73,8 @@ void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts
  * protected, leased, total figures, in tokens). f may be NULL. */
 void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npages,
 			      struct kvp_fail *f);
-/* free + leased + cached + moving == total in each tier, allocator and tree consistent. 0 or -EFAULT. */
+/* free + leased + cached + moving == total in each tier, allocator and tree consistent. 0 or
+ * -EFAULT. */
 int kvp_pool_check(const struct kvpd_pool *p);
 /* Every page l lists is a LEASED page of its tier that the pool books to l at that index.
  * O(pages of l). 0 or -EFAULT. */

@@ -17,8 +17,8 @@ void kvp_pool_unlock(struct kvpd_pool *p, struct kvp_prefix_node *lock)
 	kvp_prefix_unlock(p->pfx, lock);
 }
 
-int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out, uint32_t cap,
-		  uint32_t *n, uint32_t *promoted)
+int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out,
+		  uint32_t cap, uint32_t *n, uint32_t *promoted)
 {
 	struct kvp_prefix_stats before, after;
 	int rc;
@@ -99,7 +99,7 @@ uint32_t kvp_pool_top(const struct kvpd_pool *p, struct kvp_pool_top *out, uint3
 	uint32_t n = kvp_prefix_top(p->pfx, top, cap < KVP_POOL_TOP_MAX ? cap : KVP_POOL_TOP_MAX);
 
 	for (uint32_t i = 0; i < n; i++)
-		out[i] = (struct kvp_pool_top){top[i].tokens, top[i].hits, top[i].ns};
+		out[i] = (struct kvp_pool_top){ top[i].tokens, top[i].hits, top[i].ns };
 	return n;
 }
 

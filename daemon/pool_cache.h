@@ -18,8 +18,8 @@ void kvp_pool_unlock(struct kvpd_pool *p, struct kvp_prefix_node *lock);
 /* Brings the locked path into the device tier (see kvp_prefix_promote); counts a load in p->st.
  * Writes the path's device ids to dev_out (cap entries), their count to *n and the pages copied
  * from the host tier to *promoted. 0, -EINVAL, -ENOSPC, -EBUSY, -ENOMEM or the copy's error. */
-int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out, uint32_t cap,
-		  uint32_t *n, uint32_t *promoted);
+int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out,
+		  uint32_t cap, uint32_t *n, uint32_t *promoted);
 /* Namespaces: token-keyed or hash-keyed, fixed while the namespace holds cached pages. Returns 0
  * when ns may be used with that keying (keyed: hash-keyed), else -INVALID_ARGUMENT with f
  * filled. */

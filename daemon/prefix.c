@@ -426,7 +426,7 @@ static inline bool host_candidate(const struct kvp_prefix_node *n)
 /* Puts n in or out of each heap as its state says. */
 static void heap_refresh(struct kvp_prefix *pfx, struct kvp_prefix_node *n)
 {
-	bool want[HEAP_MAX] = {dev_candidate(n), host_candidate(n)};
+	bool want[HEAP_MAX] = { dev_candidate(n), host_candidate(n) };
 
 	for (int hid = 0; hid < HEAP_MAX; hid++) {
 		bool in = n->hidx[hid] != NO_IDX;
@@ -766,7 +766,7 @@ int kvp_prefix_insert(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *token
 {
 	struct kvp_prefix_node *root, *cur, *end = NULL, *div = NULL, *fresh = NULL, *last;
 	struct ns_root *newroot = NULL;
-	struct split_mem sm = {0};
+	struct split_mem sm = { 0 };
 	struct kvp_pages *tp;
 	uint32_t pt, pos = 0, endm = 0, divm = 0, ndup = 0, nup = 0, nnew, done, dw, up = 0;
 	uint32_t *grown = NULL;
@@ -1126,7 +1126,8 @@ void kvp_prefix_demote_done(struct kvp_prefix *pfx, struct kvp_prefix_flight *fl
 	pfx->st.moving_pages -= fl->n;
 	pfx->st.flights--;
 	/* The path is locked, so its pages kept their order; a split may have moved the head of
-	 * them into new nodes above fl->node. Device page ids are unique: match them from the end. */
+	 * them into new nodes above fl->node. Device page ids are unique: match them from the end.
+	 */
 	for (struct kvp_prefix_node *c = fl->node; rc >= 0 && left && !is_root(c); c = c->parent) {
 		uint32_t *lp = node_pages(pfx, c), t = 0;
 
@@ -1181,8 +1182,7 @@ static int demote_start(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint3
 
 /* Demotes up to k of n's last device pages into host pages. Returns how many were demoted
  * (*started: still in flight, freed later): 0 when no host page can be had or the copy failed. */
-static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k,
-		       bool *started)
+static uint32_t demote(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k, bool *started)
 {
 	struct kvp_pages *hp = pfx->tier[KVP_TIER_ID_HOST];
 	uint32_t dst[DEMOTE_BATCH], hf, m, *src;
@@ -1595,7 +1595,7 @@ static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **al
 
 int kvp_prefix_check(const struct kvp_prefix *pfx)
 {
-	const uint64_t none[KVP_TIER_ID_MAX] = {0, 0};
+	const uint64_t none[KVP_TIER_ID_MAX] = { 0, 0 };
 
 	return kvp_prefix_check_shared(pfx, none);
 }
@@ -1605,7 +1605,7 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 	struct kvp_prefix scratch;
 	struct kvp_prefix_node **all = NULL;
 	struct check_sums *sum = NULL;
-	uint8_t *seen[KVP_TIER_ID_MAX] = {NULL, NULL};
+	uint8_t *seen[KVP_TIER_ID_MAX] = { NULL, NULL };
 	uint64_t cnt = 0;
 	int r = -ENOMEM;
 
@@ -1662,13 +1662,12 @@ int kvp_prefix_check_shared(const struct kvp_prefix *pfx, const uint64_t others[
 		    scratch.st.evictable_pages[t] != pfx->st.evictable_pages[t] ||
 		    scratch.st.protected_pages[t] != pfx->st.protected_pages[t])
 			goto out;
-		if (pfx->tier[t] &&
-		    kvp_pages_count(pfx->tier[t], KVP_PAGE_CACHED) !=
-			pfx->st.cached_pages[t] + others[t])
+		if (pfx->tier[t] && kvp_pages_count(pfx->tier[t], KVP_PAGE_CACHED) !=
+					    pfx->st.cached_pages[t] + others[t])
 			goto out;
 		/* only demotion flights hold MOVING pages, host ones */
 		if (pfx->tier[t] && kvp_pages_count(pfx->tier[t], KVP_PAGE_MOVING) !=
-					(t == KVP_TIER_ID_HOST ? pfx->st.moving_pages : 0))
+					    (t == KVP_TIER_ID_HOST ? pfx->st.moving_pages : 0))
 			goto out;
 		if (!pfx->tier[t] && pfx->st.cached_pages[t])
 			goto out;

@@ -157,9 +157,10 @@ struct kvp_prefix_stats {
 	 * exceed evictable + protected. */
 	uint64_t evictable_pages[KVP_TIER_ID_MAX];
 	uint64_t protected_pages[KVP_TIER_ID_MAX]; /* cached pages on locked paths */
-	uint64_t nodes;				/* tree nodes, one root per namespace included */
+	uint64_t nodes;				   /* tree nodes, one root per namespace included */
 	uint64_t hit_tokens, queried_tokens;
-	uint64_t evicted_pages[KVP_TIER_ID_MAX]; /* freed from a tier by evict/flush (demotions too) */
+	uint64_t evicted_pages[KVP_TIER_ID_MAX]; /* freed from a tier by evict/flush (demotions too)
+						  */
 	uint64_t demoted_pages, promoted_pages;
 	/* Demotions in flight: device pages being copied (cached and protected until done) and
 	 * host pages reserved for them (MOVING), flights. */

@@ -40,25 +40,28 @@ int kvp_daemon_check_budget(const struct kvp_conf *c)
 
 struct kvpd_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id)
 {
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvpd_pool *p = kvp_pool_create(pc, id, &f);
 
 	if (!p) {
 		log_err("pool %s: %s", pc->name, f.msg);
 		return NULL;
 	}
-	log_notice(
-	    "pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
-	    "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
-	    "(%lu MiB, NUMA %d%s%s)%s%s",
-	    pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
-	    pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
-	    kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? kvp_device_kind_name(pc->device) : "none",
-	    (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? pc->device_pages : 0),
-	    (unsigned long)(p->mem[KVP_TIER_ID_DEVICE].bytes >> 20), p->mem[KVP_TIER_ID_DEVICE].numa_node,
-	    (unsigned long)pc->host_pages, (unsigned long)(p->mem[KVP_TIER_ID_HOST].bytes >> 20),
-	    p->mem[KVP_TIER_ID_HOST].numa_node, p->mem[KVP_TIER_ID_HOST].locked ? ", locked" : "",
-	    p->mem[KVP_TIER_ID_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "", p->note);
+	log_notice("pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
+		   "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
+		   "(%lu MiB, NUMA %d%s%s)%s%s",
+		   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
+		   pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
+		   kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? kvp_device_kind_name(pc->device)
+							    : "none",
+		   (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? pc->device_pages : 0),
+		   (unsigned long)(p->mem[KVP_TIER_ID_DEVICE].bytes >> 20),
+		   p->mem[KVP_TIER_ID_DEVICE].numa_node, (unsigned long)pc->host_pages,
+		   (unsigned long)(p->mem[KVP_TIER_ID_HOST].bytes >> 20),
+		   p->mem[KVP_TIER_ID_HOST].numa_node,
+		   p->mem[KVP_TIER_ID_HOST].locked ? ", locked" : "",
+		   p->mem[KVP_TIER_ID_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "",
+		   p->note);
 	return p;
 }
 
@@ -84,7 +87,7 @@ struct reload_result {
 };
 
 static void note(struct reload_result *res, int refused, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 
 static void note(struct reload_result *res, int refused, const char *fmt, ...)
 {
@@ -98,7 +101,7 @@ static void note(struct reload_result *res, int refused, const char *fmt, ...)
 }
 
 static void refuse(struct reload_result *res, enum kvp_err code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));
 
 static void refuse(struct reload_result *res, enum kvp_err code, const char *fmt, ...)
 {
@@ -177,12 +180,12 @@ struct reload_job {
 	void (*finished)(void *ctx);
 	void *ctx;
 	char path[4096];
-	struct kvp_conf cur;		       /* the running configuration when the reload began */
-	struct kvp_conf next;		       /* the file's */
-	bool refused;			       /* logged; nothing to apply */
+	struct kvp_conf cur;  /* the running configuration when the reload began */
+	struct kvp_conf next; /* the file's */
+	bool refused;	      /* logged; nothing to apply */
 	struct kvpd_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
-	uint32_t n_new;			       /* how many of them were created */
-	struct kvp_defer *waiters;	       /* the Reload calls this reload answers */
+	uint32_t n_new;				/* how many of them were created */
+	struct kvp_defer *waiters;		/* the Reload calls this reload answers */
 	struct reload_result res;
 };
 
@@ -194,7 +197,7 @@ static void test_delay(void)
 	long ms = v ? strtol(v, NULL, 10) : 0;
 
 	if (ms > 0) {
-		struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+		struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L };
 
 		log_warn("reload: delayed %ld ms (KVPOOLD_RELOAD_DELAY_MS)", ms);
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -224,10 +227,9 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 				continue;
 			found = true;
 			if (!same_pool_shape(c, &next->pools[j]) || j != i) {
-				log_err(
-				    "reload refused, keeping the running config: pool %s changes "
-				    "size, geometry or place; restart kvpoold for that",
-				    c->name);
+				log_err("reload refused, keeping the running config: pool %s changes "
+					"size, geometry or place; restart kvpoold for that",
+					c->name);
 				refuse(res, KVP_ERR_INVALID_ARGUMENT,
 				       "pool %s changes size, geometry or place; restart kvpoold "
 				       "for that",
@@ -429,8 +431,8 @@ int kvp_reload_start(struct kvp_daemon *d, struct kvp_work *w, void (*finished)(
 	r = kvp_work_submit(w, &j->job);
 	if (r < 0) {
 		log_err("reload refused: %s", strerror(-r));
-		refuse(&res, r == -ESHUTDOWN ? KVP_ERR_SHUTTING_DOWN : KVP_ERR_INTERNAL,
-		       "%s", strerror(-r));
+		refuse(&res, r == -ESHUTDOWN ? KVP_ERR_SHUTTING_DOWN : KVP_ERR_INTERNAL, "%s",
+		       strerror(-r));
 		answer(&d->defers, waiters, &res);
 		free(j);
 	}

@@ -23,9 +23,9 @@ struct kvp_remote {
 	struct kvp_remote_conf conf;
 	struct kvp_rc *rc;
 	int epfd, tfd;
-	uint64_t gen;	      /* kvp_rc_fds_gen() the set was built from */
-	int synced;	      /* gen is valid */
-	int64_t deadline_ms;  /* the timer's deadline on kvp_rc_now_ms(); -1: disarmed */
+	uint64_t gen;	     /* kvp_rc_fds_gen() the set was built from */
+	int synced;	     /* gen is valid */
+	int64_t deadline_ms; /* the timer's deadline on kvp_rc_now_ms(); -1: disarmed */
 	struct reg regs[KVP_RC_NODES_MAX];
 	int nregs;
 };
@@ -44,12 +44,12 @@ static short to_poll(uint32_t ev)
 struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 {
 	struct kvp_rc_config cfg = {
-	    .seeds = conf->seeds,
-	    .connect_timeout_ms = conf->connect_timeout_ms,
-	    .op_timeout_ms = conf->command_timeout_ms,
-	    .max_inflight_bytes = conf->max_inflight_bytes,
+		.seeds = conf->seeds,
+		.connect_timeout_ms = conf->connect_timeout_ms,
+		.op_timeout_ms = conf->command_timeout_ms,
+		.max_inflight_bytes = conf->max_inflight_bytes,
 	};
-	struct epoll_event ev = {.events = EPOLLIN, .data.fd = TIMER_TAG};
+	struct epoll_event ev = { .events = EPOLLIN, .data.fd = TIMER_TAG };
 	struct kvp_remote *r;
 	int e;
 
@@ -137,7 +137,7 @@ void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *
  * by itself, and its number may come back as a new socket, so each falls back on the other. */
 static void reg_set(struct kvp_remote *r, int fd, uint32_t events, int known)
 {
-	struct epoll_event ev = {.events = events, .data.fd = fd};
+	struct epoll_event ev = { .events = events, .data.fd = fd };
 
 	if (known && epoll_ctl(r->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
 		return;
@@ -168,7 +168,7 @@ static void sync_fds(struct kvp_remote *r)
 		}
 		if (!known)
 			reg_set(r, p[i].fd, ev, 0);
-		next[i] = (struct reg){p[i].fd, ev};
+		next[i] = (struct reg){ p[i].fd, ev };
 	}
 	/* Those no longer wanted; a closed one is gone already (ENOENT / EBADF are fine). */
 	for (int j = 0; j < r->nregs; j++)
@@ -182,7 +182,7 @@ static void sync_timer(struct kvp_remote *r)
 {
 	int t = kvp_rc_next_timeout_ms(r->rc);
 	int64_t deadline = t < 0 ? -1 : (int64_t)kvp_rc_now_ms() + t;
-	struct itimerspec its = {0};
+	struct itimerspec its = { 0 };
 
 	/* Re-armed only when the deadline moves (a millisecond either way is the same). */
 	if (deadline == r->deadline_ms ||

@@ -87,15 +87,15 @@ struct kvp_rc {
 #define REFRESH_MIN_MS 100
 
 static const char *const status_names[KVP_RC_STATUS_MAX] = {
-    [KVP_RC_OK] = "ok",
-    [KVP_RC_HIT] = "hit",
-    [KVP_RC_MISS] = "miss",
-    [KVP_RC_ETIMEOUT] = "timeout",
-    [KVP_RC_ENODE_DOWN] = "node down",
-    [KVP_RC_ENO_MASTER] = "no master for slot",
-    [KVP_RC_EREDIRECTS] = "redirect limit",
-    [KVP_RC_EPROTOCOL] = "protocol",
-    [KVP_RC_ECLOSED] = "closed",
+	[KVP_RC_OK] = "ok",
+	[KVP_RC_HIT] = "hit",
+	[KVP_RC_MISS] = "miss",
+	[KVP_RC_ETIMEOUT] = "timeout",
+	[KVP_RC_ENODE_DOWN] = "node down",
+	[KVP_RC_ENO_MASTER] = "no master for slot",
+	[KVP_RC_EREDIRECTS] = "redirect limit",
+	[KVP_RC_EPROTOCOL] = "protocol",
+	[KVP_RC_ECLOSED] = "closed",
 };
 
 const char *kvp_rc_strstatus(enum kvp_rc_status st)
@@ -642,7 +642,7 @@ static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *ke
 			    const void *hdr, size_t hlen, const void *val, size_t vlen,
 			    uint32_t ttl)
 {
-	static const char *const names[] = {"SET", "GET", "EXISTS", "DEL"};
+	static const char *const names[] = { "SET", "GET", "EXISTS", "DEL" };
 	const char *name = names[kind];
 	char ttlbuf[16];
 	int argc = kind == OP_SET ? (ttl ? 5 : 3) : 2;

@@ -8,14 +8,14 @@
 #include <nettle/sha2.h>
 
 static const char *const rv_err_names[KVP_RV_ERR_MAX] = {
-    [KVP_RV_OK] = "ok",
-    [KVP_RV_ESHORT] = "short value",
-    [KVP_RV_EMAGIC] = "bad magic",
-    [KVP_RV_EVERSION] = "unknown version",
-    [KVP_RV_EHEADER] = "header checksum mismatch",
-    [KVP_RV_EFOREIGN] = "foreign pool fingerprint",
-    [KVP_RV_ELENGTH] = "payload length mismatch",
-    [KVP_RV_ECHECKSUM] = "payload checksum mismatch",
+	[KVP_RV_OK] = "ok",
+	[KVP_RV_ESHORT] = "short value",
+	[KVP_RV_EMAGIC] = "bad magic",
+	[KVP_RV_EVERSION] = "unknown version",
+	[KVP_RV_EHEADER] = "header checksum mismatch",
+	[KVP_RV_EFOREIGN] = "foreign pool fingerprint",
+	[KVP_RV_ELENGTH] = "payload length mismatch",
+	[KVP_RV_ECHECKSUM] = "payload checksum mismatch",
 };
 
 const char *kvp_rv_strerror(int err)

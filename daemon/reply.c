@@ -11,18 +11,27 @@
 
 /* fail.h's codes are the wire's, number for number. */
 _Static_assert((int)KVP_ERR_NONE == (int)KVPOOL__CODE__OK, "codes follow the wire");
-_Static_assert((int)KVP_ERR_OUT_OF_CAPACITY == (int)KVPOOL__CODE__OUT_OF_CAPACITY, "codes follow the wire");
-_Static_assert((int)KVP_ERR_HOST_BUDGET_EXCEEDED == (int)KVPOOL__CODE__HOST_BUDGET_EXCEEDED, "codes follow the wire");
-_Static_assert((int)KVP_ERR_QUOTA_EXCEEDED == (int)KVPOOL__CODE__QUOTA_EXCEEDED, "codes follow the wire");
-_Static_assert((int)KVP_ERR_NO_SUCH_POOL == (int)KVPOOL__CODE__NO_SUCH_POOL, "codes follow the wire");
-_Static_assert((int)KVP_ERR_GEOMETRY_MISMATCH == (int)KVPOOL__CODE__GEOMETRY_MISMATCH, "codes follow the wire");
+_Static_assert((int)KVP_ERR_OUT_OF_CAPACITY == (int)KVPOOL__CODE__OUT_OF_CAPACITY,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_HOST_BUDGET_EXCEEDED == (int)KVPOOL__CODE__HOST_BUDGET_EXCEEDED,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_QUOTA_EXCEEDED == (int)KVPOOL__CODE__QUOTA_EXCEEDED,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_NO_SUCH_POOL == (int)KVPOOL__CODE__NO_SUCH_POOL,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_GEOMETRY_MISMATCH == (int)KVPOOL__CODE__GEOMETRY_MISMATCH,
+	       "codes follow the wire");
 _Static_assert((int)KVP_ERR_NOT_FOUND == (int)KVPOOL__CODE__NOT_FOUND, "codes follow the wire");
-_Static_assert((int)KVP_ERR_INVALID_ARGUMENT == (int)KVPOOL__CODE__INVALID_ARGUMENT, "codes follow the wire");
-_Static_assert((int)KVP_ERR_PERMISSION_DENIED == (int)KVPOOL__CODE__PERMISSION_DENIED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_INVALID_ARGUMENT == (int)KVPOOL__CODE__INVALID_ARGUMENT,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_PERMISSION_DENIED == (int)KVPOOL__CODE__PERMISSION_DENIED,
+	       "codes follow the wire");
 _Static_assert((int)KVP_ERR_PROTOCOL == (int)KVPOOL__CODE__PROTOCOL, "codes follow the wire");
 _Static_assert((int)KVP_ERR_VERSION == (int)KVPOOL__CODE__VERSION, "codes follow the wire");
-_Static_assert((int)KVP_ERR_SHUTTING_DOWN == (int)KVPOOL__CODE__SHUTTING_DOWN, "codes follow the wire");
-_Static_assert((int)KVP_ERR_LIMIT_EXCEEDED == (int)KVPOOL__CODE__LIMIT_EXCEEDED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_SHUTTING_DOWN == (int)KVPOOL__CODE__SHUTTING_DOWN,
+	       "codes follow the wire");
+_Static_assert((int)KVP_ERR_LIMIT_EXCEEDED == (int)KVPOOL__CODE__LIMIT_EXCEEDED,
+	       "codes follow the wire");
 _Static_assert((int)KVP_ERR_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_ERR_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");
 _Static_assert((int)KVP_ERR_MAX == (int)KVPOOL__CODE__INTERNAL + 1, "every wire code has a name");
@@ -140,8 +149,8 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 		st->message = (char *)"out of memory";
 	switch (f->detail) {
 	case KVP_FAIL_CAPACITY: {
-		Kvpool__CapacityDetail *c =
-		    KVP_REPLY_NEW(r, Kvpool__CapacityDetail, kvpool__capacity_detail__descriptor);
+		Kvpool__CapacityDetail *c = KVP_REPLY_NEW(r, Kvpool__CapacityDetail,
+							  kvpool__capacity_detail__descriptor);
 		if (!c)
 			break;
 		c->tier = (Kvpool__Tier)f->cap.tier;
@@ -157,7 +166,7 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 	}
 	case KVP_FAIL_BUDGET: {
 		Kvpool__BudgetDetail *b =
-		    KVP_REPLY_NEW(r, Kvpool__BudgetDetail, kvpool__budget_detail__descriptor);
+			KVP_REPLY_NEW(r, Kvpool__BudgetDetail, kvpool__budget_detail__descriptor);
 		if (!b)
 			break;
 		b->requested_bytes = f->budget.requested;
@@ -173,7 +182,7 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 	}
 	case KVP_FAIL_QUOTA: {
 		Kvpool__QuotaDetail *q =
-		    KVP_REPLY_NEW(r, Kvpool__QuotaDetail, kvpool__quota_detail__descriptor);
+			KVP_REPLY_NEW(r, Kvpool__QuotaDetail, kvpool__quota_detail__descriptor);
 		if (!q)
 			break;
 		q->quota_tokens = f->quota.quota;
@@ -184,8 +193,8 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 		break;
 	}
 	case KVP_FAIL_GEOMETRY: {
-		Kvpool__GeometryDetail *g =
-		    KVP_REPLY_NEW(r, Kvpool__GeometryDetail, kvpool__geometry_detail__descriptor);
+		Kvpool__GeometryDetail *g = KVP_REPLY_NEW(r, Kvpool__GeometryDetail,
+							  kvpool__geometry_detail__descriptor);
 		if (!g)
 			break;
 		g->expected = kvp_reply_geometry(r, &f->geom.expected);
@@ -196,7 +205,7 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 	}
 	case KVP_FAIL_LIMIT: {
 		Kvpool__LimitDetail *l =
-		    KVP_REPLY_NEW(r, Kvpool__LimitDetail, kvpool__limit_detail__descriptor);
+			KVP_REPLY_NEW(r, Kvpool__LimitDetail, kvpool__limit_detail__descriptor);
 		if (!l)
 			break;
 		l->what = kvp_reply_strdup(r, f->limit.what);
@@ -207,7 +216,6 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 		st->limit = l;
 		break;
 	}
-	default:
-		break;
+	default: break;
 	}
 }

@@ -49,30 +49,29 @@ static Kvpool__Counter **counters(struct kvp_reply *r, const char *const *names,
 
 #define COUNTER_NAME(f, n, h) #f,
 #define COUNTER_VALUE(f, n, h) st->f,
-static const char *const pool_counter_names[] = {KVP_POOL_COUNTERS(COUNTER_NAME)};
-static const char *const daemon_counter_names[] = {KVP_DAEMON_COUNTERS(COUNTER_NAME)};
+static const char *const pool_counter_names[] = { KVP_POOL_COUNTERS(COUNTER_NAME) };
+static const char *const daemon_counter_names[] = { KVP_DAEMON_COUNTERS(COUNTER_NAME) };
 #define N_POOL_COUNTERS (sizeof(pool_counter_names) / sizeof(pool_counter_names[0]))
 #define N_DAEMON_COUNTERS (sizeof(daemon_counter_names) / sizeof(daemon_counter_names[0]))
 #define REMOTE_NAME(f, n, t, h) "remote_" #f,
 #define REMOTE_VALUE(f, n, t, h) d->remote_st.f,
-static const char *const remote_counter_names[] = {KVP_REMOTE_STATS(REMOTE_NAME)};
+static const char *const remote_counter_names[] = { KVP_REMOTE_STATS(REMOTE_NAME) };
 #define N_REMOTE_COUNTERS (sizeof(remote_counter_names) / sizeof(remote_counter_names[0]))
 
 static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvp_pool_stats *st)
 {
-	const uint64_t values[] = {KVP_POOL_COUNTERS(COUNTER_VALUE)};
+	const uint64_t values[] = { KVP_POOL_COUNTERS(COUNTER_VALUE) };
 
 	return counters(r, pool_counter_names, values, N_POOL_COUNTERS);
 }
 
 /* The daemon's counters, then the remote tier's when [remote] is configured; *n: how many. */
-static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon *d,
-					 size_t *n)
+static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon *d, size_t *n)
 {
 	const struct kvp_daemon_stats *st = &d->st;
 	const char *names[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS];
-	uint64_t values[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS] = {
-	    KVP_DAEMON_COUNTERS(COUNTER_VALUE) KVP_REMOTE_STATS(REMOTE_VALUE)};
+	uint64_t values[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS] = { KVP_DAEMON_COUNTERS(
+		COUNTER_VALUE) KVP_REMOTE_STATS(REMOTE_VALUE) };
 
 	memcpy(names, daemon_counter_names, sizeof(daemon_counter_names));
 	memcpy(names + N_DAEMON_COUNTERS, remote_counter_names, sizeof(remote_counter_names));
@@ -121,7 +120,7 @@ static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvpd_pool
 KVP_RPC_HANDLER(kvp_rpc_status)
 {
 	Kvpool__StatusResp *m =
-	    KVP_REPLY_NEW(r, Kvpool__StatusResp, kvpool__status_resp__descriptor);
+		KVP_REPLY_NEW(r, Kvpool__StatusResp, kvpool__status_resp__descriptor);
 	struct kvp_daemon_figures fig;
 
 	(void)s;
@@ -174,9 +173,10 @@ KVP_RPC_HANDLER(kvp_rpc_evict)
 				  : (a->pool_id < d->n_pools ? d->pools[a->pool_id] : NULL);
 	if (!p)
 		return kvp_rpc_no_such_pool(d, a->pool ? a->pool : "", f);
-	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_ID_MAX || !kvp_pool_has_tier(p, (int)a->tier))
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d",
-				p->conf.name, (int)a->tier);
+	if ((int)a->tier < 0 || (int)a->tier >= KVP_TIER_ID_MAX ||
+	    !kvp_pool_has_tier(p, (int)a->tier))
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d", p->conf.name,
+				(int)a->tier);
 	if (!a->tokens)
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "evict: zero tokens");
 	pages = kvp_pool_pages_of(p, a->tokens);
@@ -256,7 +256,7 @@ KVP_RPC_HANDLER(kvp_rpc_reload)
 KVP_RPC_HANDLER(kvp_rpc_sessions)
 {
 	Kvpool__SessionsResp *m =
-	    KVP_REPLY_NEW(r, Kvpool__SessionsResp, kvpool__sessions_resp__descriptor);
+		KVP_REPLY_NEW(r, Kvpool__SessionsResp, kvpool__sessions_resp__descriptor);
 	uint64_t now = kvp_now_ms();
 	size_t i = 0;
 
@@ -318,7 +318,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 			return kvp_rpc_oom(f);
 		for (uint32_t i = 0; i < ntop; i++) {
 			Kvpool__TopPrefix *t =
-			    KVP_REPLY_NEW(r, Kvpool__TopPrefix, kvpool__top_prefix__descriptor);
+				KVP_REPLY_NEW(r, Kvpool__TopPrefix, kvpool__top_prefix__descriptor);
 
 			if (!t)
 				return kvp_rpc_oom(f);
@@ -336,7 +336,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 KVP_RPC_HANDLER(kvp_rpc_metrics)
 {
 	Kvpool__MetricsResp *m =
-	    KVP_REPLY_NEW(r, Kvpool__MetricsResp, kvpool__metrics_resp__descriptor);
+		KVP_REPLY_NEW(r, Kvpool__MetricsResp, kvpool__metrics_resp__descriptor);
 	char *text;
 
 	(void)s;

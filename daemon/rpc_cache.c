@@ -49,7 +49,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 {
 	const Kvpool__MatchReq *a = q->match;
 	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	struct kvp_prefix_match mt = {0};
+	struct kvp_prefix_match mt = { 0 };
 	Kvpool__MatchResp *m;
 	struct kvp_lock *k = NULL;
 	uint32_t cap;
@@ -152,10 +152,10 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	}
 	if (rc == -EBUSY)
 		return kvp_fail(
-		    f, KVP_ERR_UNAVAILABLE,
-		    "load: another session's lock also pins host pages of lock %lu and may "
-		    "be reading them; read them in the host tier, or retry after it releases",
-		    (unsigned long)k->id);
+			f, KVP_ERR_UNAVAILABLE,
+			"load: another session's lock also pins host pages of lock %lu and may "
+			"be reading them; read them in the host tier, or retry after it releases",
+			(unsigned long)k->id);
 	if (rc < 0)
 		return kvp_fail(f, KVP_ERR_INTERNAL, "load: promotion failed (%d)", rc);
 	m->n_device_pages = n;

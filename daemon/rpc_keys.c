@@ -37,9 +37,9 @@ static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 	for (size_t i = 0; i < n; i++) {
 		if (k[i].len == 0 || k[i].len > d->conf.max_key_bytes) {
 			kvp_fail(
-			    f, KVP_ERR_INVALID_ARGUMENT,
-			    "%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
-			    call, i, k[i].len, d->conf.max_key_bytes);
+				f, KVP_ERR_INVALID_ARGUMENT,
+				"%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
+				call, i, k[i].len, d->conf.max_key_bytes);
 			return NULL;
 		}
 	}
@@ -49,7 +49,7 @@ static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 		return NULL;
 	}
 	for (size_t i = 0; i < n; i++)
-		out[i] = (struct kvp_key){k[i].len, k[i].data};
+		out[i] = (struct kvp_key){ k[i].len, k[i].data };
 	return out;
 }
 
@@ -71,10 +71,10 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 	if (a->n_pages > l->n || a->cached_keys > a->n_keys) {
 		free(keys);
 		return kvp_fail(
-		    f, KVP_ERR_INVALID_ARGUMENT,
-		    "insert keys: %zu keys (%u cached) in %zu pages do not fit lease %lu "
-		    "(%u pages)",
-		    a->n_keys, a->cached_keys, a->n_pages, (unsigned long)l->id, l->n);
+			f, KVP_ERR_INVALID_ARGUMENT,
+			"insert keys: %zu keys (%u cached) in %zu pages do not fit lease %lu "
+			"(%u pages)",
+			a->n_keys, a->cached_keys, a->n_pages, (unsigned long)l->id, l->n);
 	}
 	m = KVP_REPLY_NEW(r, Kvpool__InsertKeysResp, kvpool__insert_keys_resp__descriptor);
 	if (!m) {
@@ -99,7 +99,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 {
 	const Kvpool__MatchKeysReq *a = q->match_keys;
 	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	struct kvp_keys_match mt = {0};
+	struct kvp_keys_match mt = { 0 };
 	Kvpool__MatchKeysResp *m;
 	struct kvp_lock *k = NULL;
 	struct kvp_key *keys;

@@ -21,9 +21,8 @@ static uint32_t pages_asked(const struct kvpd_pool *p, uint64_t tokens, uint32_t
 		return 0;
 	}
 	if (tokens && pages && from_tokens != pages) {
-		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-			 "tokens %lu need %lu pages but pages says %u", (unsigned long)tokens,
-			 (unsigned long)from_tokens, pages);
+		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "tokens %lu need %lu pages but pages says %u",
+			 (unsigned long)tokens, (unsigned long)from_tokens, pages);
 		return 0;
 	}
 	if (from_tokens > UINT32_MAX - 1) {
@@ -85,8 +84,8 @@ struct kvp_alloc_wait {
 
 /* Checks everything an Alloc checks before it leases (again, for a waiting one). 0 or a
  * negative Code with f. */
-static int alloc_check(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p,
-		       int tier, uint32_t npages, struct kvp_fail *f)
+static int alloc_check(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, int tier,
+		       uint32_t npages, struct kvp_fail *f)
 {
 	int rc;
 
@@ -175,11 +174,10 @@ KVP_RPC_HANDLER(kvp_rpc_alloc)
 	if (!p)
 		return -(int)f->code;
 	if (d->draining)
-		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN,
-				"kvpoold is draining: no new leases");
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN, "kvpoold is draining: no new leases");
 	if (tier < 0 || tier >= KVP_TIER_ID_MAX || !kvp_pool_has_tier(p, tier))
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d",
-				p->conf.name, tier);
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s has no tier %d", p->conf.name,
+				tier);
 	npages = pages_asked(p, a->tokens, a->pages, f);
 	if (!npages)
 		return -(int)f->code;
@@ -214,8 +212,7 @@ KVP_RPC_HANDLER(kvp_rpc_extend)
 	if (!l)
 		return -(int)f->code;
 	if (d->draining)
-		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN,
-				"kvpoold is draining: no new leases");
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN, "kvpoold is draining: no new leases");
 	npages = pages_asked(l->pool, q->extend->tokens, q->extend->pages, f);
 	if (!npages)
 		return -(int)f->code;

@@ -79,12 +79,13 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	if (q->hello->protocol_version < 1 ||
 	    (q->hello->required_capabilities & ~(uint64_t)KVP_CAPS_DAEMON)) {
 		r->close_after = true;
-		return kvp_fail(f, KVP_ERR_VERSION,
-				"client speaks protocol %u requiring capabilities 0x%llx; kvpoold %s "
-				"speaks %u with 0x%llx",
-				q->hello->protocol_version,
-				(unsigned long long)q->hello->required_capabilities, KVP_VERSION,
-				KVP_PROTO_VERSION, (unsigned long long)KVP_CAPS_DAEMON);
+		return kvp_fail(
+			f, KVP_ERR_VERSION,
+			"client speaks protocol %u requiring capabilities 0x%llx; kvpoold %s "
+			"speaks %u with 0x%llx",
+			q->hello->protocol_version,
+			(unsigned long long)q->hello->required_capabilities, KVP_VERSION,
+			KVP_PROTO_VERSION, (unsigned long long)KVP_CAPS_DAEMON);
 	}
 	if (s->hello)
 		return kvp_fail(f, KVP_ERR_PROTOCOL, "Hello was already said");
@@ -125,8 +126,9 @@ static const char *wire_dtype_name(int dtype)
 {
 	if (dtype == 0)
 		return "none";
-	return dtype > 0 && dtype <= KVP_CONF_DTYPE_MAX ? kvp_conf_dtype_name((enum kvp_conf_dtype)(dtype - 1))
-						    : "unknown";
+	return dtype > 0 && dtype <= KVP_CONF_DTYPE_MAX
+		       ? kvp_conf_dtype_name((enum kvp_conf_dtype)(dtype - 1))
+		       : "unknown";
 }
 
 static bool geom_matches(const Kvpool__Geometry *e, const struct kvp_geom *a)
@@ -156,19 +158,20 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 	kvp_rpc_pool_geom(p, &g);
 	if (a->expected && !geom_matches(a->expected, &g)) {
 		f->detail = KVP_FAIL_GEOMETRY;
-		f->geom.expected = (struct kvp_geom){
-		    a->expected->layers, a->expected->kv_heads, a->expected->head_dim,
-		    (uint32_t)a->expected->dtype, a->expected->page_tokens};
+		f->geom.expected =
+			(struct kvp_geom){ a->expected->layers, a->expected->kv_heads,
+					   a->expected->head_dim, (uint32_t)a->expected->dtype,
+					   a->expected->page_tokens };
 		f->geom.actual = g;
 		return kvp_fail(
-		    f, KVP_ERR_GEOMETRY_MISMATCH,
-		    "pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
-		    "%u; the client expects layers %u kv_heads %u head_dim %u dtype %s page_tokens "
-		    "%u (0 or none: any)",
-		    p->conf.name, g.layers, g.kv_heads, g.head_dim, kvp_conf_dtype_name(p->conf.dtype),
-		    g.page_tokens, a->expected->layers, a->expected->kv_heads,
-		    a->expected->head_dim, wire_dtype_name(a->expected->dtype),
-		    a->expected->page_tokens);
+			f, KVP_ERR_GEOMETRY_MISMATCH,
+			"pool %s is layers %u kv_heads %u head_dim %u dtype %s page_tokens "
+			"%u; the client expects layers %u kv_heads %u head_dim %u dtype %s page_tokens "
+			"%u (0 or none: any)",
+			p->conf.name, g.layers, g.kv_heads, g.head_dim,
+			kvp_conf_dtype_name(p->conf.dtype), g.page_tokens, a->expected->layers,
+			a->expected->kv_heads, a->expected->head_dim,
+			wire_dtype_name(a->expected->dtype), a->expected->page_tokens);
 	}
 	m = KVP_REPLY_NEW(r, Kvpool__AttachResp, kvpool__attach_resp__descriptor);
 	if (!m || !(m->tiers = kvp_reply_alloc(r, sizeof(*m->tiers) * KVP_TIER_ID_MAX)) ||

@@ -44,9 +44,9 @@ int kvp_daemon_admit(struct kvp_daemon *d, pid_t pid, uid_t uid, gid_t gid, cons
 		     int ngroups, bool *admin, struct kvp_fail *f)
 {
 	const struct kvp_conf *c = &d->conf;
-	bool restricted = c->n_allowed_uids || c->n_allowed_gids || d->n_flag_uids || d->n_flag_gids;
-	bool ok = !restricted || uid == 0 ||
-		  in_list(uid, c->allowed_uids, c->n_allowed_uids) ||
+	bool restricted =
+		c->n_allowed_uids || c->n_allowed_gids || d->n_flag_uids || d->n_flag_gids;
+	bool ok = !restricted || uid == 0 || in_list(uid, c->allowed_uids, c->n_allowed_uids) ||
 		  in_list(uid, d->flag_uids, d->n_flag_uids) ||
 		  any_group(c->allowed_gids, c->n_allowed_gids, gid, groups, ngroups) ||
 		  any_group(d->flag_gids, d->n_flag_gids, gid, groups, ngroups);
@@ -135,8 +135,8 @@ int kvp_session_may_attach(const struct kvp_daemon *d, const struct kvp_session 
 	if (pool_allows(d, s, &p->conf))
 		return 0;
 	return kvp_fail(f, KVP_ERR_PERMISSION_DENIED,
-			"pool %s: uid %u is not in its allowed_users or allowed_groups", p->conf.name,
-			(unsigned)s->uid);
+			"pool %s: uid %u is not in its allowed_users or allowed_groups",
+			p->conf.name, (unsigned)s->uid);
 }
 
 int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session *s,
@@ -195,7 +195,7 @@ void kvp_session_attach(struct kvp_session *s, struct kvpd_pool *p)
 }
 
 struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_session *s,
-				  uint32_t pool_id, struct kvp_fail *f)
+				   uint32_t pool_id, struct kvp_fail *f)
 {
 	if (pool_id >= d->n_pools) {
 		kvp_fail(f, KVP_ERR_NO_SUCH_POOL, "pool_id %u does not exist", pool_id);
@@ -245,8 +245,7 @@ static int check_held(const struct kvp_daemon *d, const struct kvp_session *s,
 				  held, want);
 	q = p->conf.uid_quota_tokens;
 	if (q && (held = uid_held(d, s->uid, p), want > q || held > q - want))
-		return quota_fail(f, p, "uid quota (leased and locked)", "this uid", q, held,
-				  want);
+		return quota_fail(f, p, "uid quota (leased and locked)", "this uid", q, held, want);
 	return 0;
 }
 
@@ -429,8 +428,8 @@ uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d)
 		if (s->evicted)
 			continue;
 		kvp_fail_init(&f);
-		if (kvp_daemon_admit(d, s->pid, s->uid, s->gid, s->groups, s->ngroups, &admin,
-				     &f) < 0) {
+		if (kvp_daemon_admit(d, s->pid, s->uid, s->gid, s->groups, s->ngroups, &admin, &f) <
+		    0) {
 			log_notice("reload: session %lu ('%s' pid %d uid %u) lost access to "
 				   "kvpoold; closing it",
 				   (unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid);
@@ -451,10 +450,11 @@ uint32_t kvp_daemon_recheck_sessions(struct kvp_daemon *d)
 			if (!s->attached[i] || pool_allows(d, s, &p->conf))
 				continue;
 			freed = kvp_session_detach(d, s, p);
-			log_notice("reload: session %lu ('%s' pid %d uid %u) lost access to pool %s; "
-				   "detached (%lu tokens freed)",
-				   (unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid,
-				   p->conf.name, (unsigned long)freed);
+			log_notice(
+				"reload: session %lu ('%s' pid %d uid %u) lost access to pool %s; "
+				"detached (%lu tokens freed)",
+				(unsigned long)s->id, s->name, (int)s->pid, (unsigned)s->uid,
+				p->conf.name, (unsigned long)freed);
 			touched = true;
 		}
 		changed += touched;

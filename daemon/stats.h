@@ -25,7 +25,7 @@
 	  "Connections refused (credentials, limits)")                                             \
 	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")     \
 	X(frames_in, "frames_in_total", "Request frames received")                                 \
-	X(frames_out, "frames_out_total", "Response frames sent") \
+	X(frames_out, "frames_out_total", "Response frames sent")                                  \
 	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
@@ -97,7 +97,7 @@ struct kvp_daemon_figures {
 	  "Remote reads and existence checks without the key")                                     \
 	X(timeouts, "remote_timeouts_total", "counter", "Remote operations timed out")             \
 	X(node_down, "remote_node_down_total", "counter",                                          \
-	  "Remote operations failed fast: the slot's master not connected")                      \
+	  "Remote operations failed fast: the slot's master not connected")                        \
 	X(no_master, "remote_no_master_total", "counter",                                          \
 	  "Remote operations failed: no master for the slot")                                      \
 	X(redirect_limit, "remote_redirect_limit_total", "counter",                                \

@@ -7,9 +7,9 @@
 #include <string.h>
 
 static const struct kvp_tier_ops *const backends[KVP_BACKEND_KIND_MAX] = {
-    [KVP_BACKEND_KIND_SIM] = &kvp_tier_sim_ops,
-    [KVP_BACKEND_KIND_CUDA] = &kvp_tier_cuda_ops,
-    [KVP_BACKEND_KIND_MEMFD] = &kvp_tier_memfd_ops,
+	[KVP_BACKEND_KIND_SIM] = &kvp_tier_sim_ops,
+	[KVP_BACKEND_KIND_CUDA] = &kvp_tier_cuda_ops,
+	[KVP_BACKEND_KIND_MEMFD] = &kvp_tier_memfd_ops,
 };
 
 const struct kvp_tier_ops *kvp_tier_ops_of(enum kvp_backend_kind kind)

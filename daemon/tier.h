@@ -140,4 +140,4 @@ void kvp_tier_mem_destroy(struct kvp_tier_mem *t);
 
 /* For backends: fills tf (may be NULL) and returns -code. */
 int kvp_tier_err(struct kvp_tier_fail *tf, enum kvp_tier_error code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+	__attribute__((format(printf, 3, 4)));

@@ -82,12 +82,12 @@ static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec
 static void cuda_destroy(struct kvp_tier_mem *t)
 {
 	struct kvp_cuda_mem m = {
-	    .device = t->cuda_device,
-	    .fd = t->fd,
-	    .bytes = t->bytes,
-	    .dptr = (uint64_t)(uintptr_t)t->base,
-	    .handle = t->cuda_handle,
-	    .granularity = t->cuda_granularity,
+		.device = t->cuda_device,
+		.fd = t->fd,
+		.bytes = t->bytes,
+		.dptr = (uint64_t)(uintptr_t)t->base,
+		.handle = t->cuda_handle,
+		.granularity = t->cuda_granularity,
 	};
 
 	kvp_cuda_mem_destroy(&m);
@@ -203,18 +203,18 @@ static void cuda_flight_free(struct kvp_tier_flight *f)
 }
 
 const struct kvp_tier_ops kvp_tier_cuda_ops = {
-    .name = "cuda",
-    .kind = KVP_BACKEND_KIND_CUDA,
-    .create = cuda_create,
-    .adopt = cuda_adopt,
-    .destroy = cuda_destroy,
-    .copy_open = cuda_copy_open,
-    .copy = cuda_copy,
-    .copy_wait = cuda_copy_wait,
-    .copy_close = cuda_copy_close,
-    .copy_start = cuda_copy_start,
-    .flight_wait = cuda_flight_wait,
-    .flight_free = cuda_flight_free,
+	.name = "cuda",
+	.kind = KVP_BACKEND_KIND_CUDA,
+	.create = cuda_create,
+	.adopt = cuda_adopt,
+	.destroy = cuda_destroy,
+	.copy_open = cuda_copy_open,
+	.copy = cuda_copy,
+	.copy_wait = cuda_copy_wait,
+	.copy_close = cuda_copy_close,
+	.copy_start = cuda_copy_start,
+	.flight_wait = cuda_flight_wait,
+	.flight_free = cuda_flight_free,
 };
 
 #else
@@ -273,15 +273,15 @@ static void cuda_copy_close(struct kvp_tier_copy *c)
 }
 
 const struct kvp_tier_ops kvp_tier_cuda_ops = {
-    .name = "cuda",
-    .kind = KVP_BACKEND_KIND_CUDA,
-    .create = cuda_create,
-    .adopt = cuda_adopt,
-    .destroy = cuda_destroy,
-    .copy_open = cuda_copy_open,
-    .copy = cuda_copy,
-    .copy_wait = cuda_copy_wait,
-    .copy_close = cuda_copy_close,
+	.name = "cuda",
+	.kind = KVP_BACKEND_KIND_CUDA,
+	.create = cuda_create,
+	.adopt = cuda_adopt,
+	.destroy = cuda_destroy,
+	.copy_open = cuda_copy_open,
+	.copy = cuda_copy,
+	.copy_wait = cuda_copy_wait,
+	.copy_close = cuda_copy_close,
 };
 
 #endif

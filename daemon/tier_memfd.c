@@ -27,9 +27,9 @@ static int memfd_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spe
 }
 
 const struct kvp_tier_ops kvp_tier_memfd_ops = {
-    .name = "memfd",
-    .kind = KVP_BACKEND_KIND_MEMFD,
-    .create = memfd_create_tier,
-    .adopt = memfd_adopt,
-    .destroy = kvp_tier_shm_destroy,
+	.name = "memfd",
+	.kind = KVP_BACKEND_KIND_MEMFD,
+	.create = memfd_create_tier,
+	.adopt = memfd_adopt,
+	.destroy = kvp_tier_shm_destroy,
 };

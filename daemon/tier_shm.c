@@ -109,9 +109,9 @@ int kvp_tier_shm_create(struct kvp_tier_mem *t, const struct kvp_tier_spec *s, c
 		fd = memfd_open(mname, size, true);
 		if (fd < 0 && s->hugepages == KVP_OPT_ON)
 			return kvp_tier_err(
-			    tf, KVP_TIER_E_BUDGET,
-			    "%s: hugepages = on but a huge-page memfd of %lu bytes failed: %s",
-			    s->name, (unsigned long)size, strerror(-fd));
+				tf, KVP_TIER_E_BUDGET,
+				"%s: hugepages = on but a huge-page memfd of %lu bytes failed: %s",
+				s->name, (unsigned long)size, strerror(-fd));
 		if (fd < 0) {
 			if (note)
 				snprintf(note, notelen,

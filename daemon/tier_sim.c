@@ -145,7 +145,7 @@ static int sim_copy_start(struct kvp_tier_copy *c, enum kvp_copy_dir dir, const 
 
 static int sim_flight_wait(struct kvp_tier_flight *f)
 {
-	struct timespec ts = {f->c->delay_ms / 1000, (f->c->delay_ms % 1000) * 1000000L};
+	struct timespec ts = { f->c->delay_ms / 1000, (f->c->delay_ms % 1000) * 1000000L };
 
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 		;
@@ -158,16 +158,16 @@ static void sim_flight_free(struct kvp_tier_flight *f)
 }
 
 const struct kvp_tier_ops kvp_tier_sim_ops = {
-    .name = "sim",
-    .kind = KVP_BACKEND_KIND_SIM,
-    .create = sim_create,
-    .adopt = sim_adopt,
-    .destroy = kvp_tier_shm_destroy,
-    .copy_open = sim_copy_open,
-    .copy = sim_copy,
-    .copy_wait = sim_copy_wait,
-    .copy_close = sim_copy_close,
-    .copy_start = sim_copy_start,
-    .flight_wait = sim_flight_wait,
-    .flight_free = sim_flight_free,
+	.name = "sim",
+	.kind = KVP_BACKEND_KIND_SIM,
+	.create = sim_create,
+	.adopt = sim_adopt,
+	.destroy = kvp_tier_shm_destroy,
+	.copy_open = sim_copy_open,
+	.copy = sim_copy,
+	.copy_wait = sim_copy_wait,
+	.copy_close = sim_copy_close,
+	.copy_start = sim_copy_start,
+	.flight_wait = sim_flight_wait,
+	.flight_free = sim_flight_free,
 };

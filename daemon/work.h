@@ -1,8 +1,8 @@
 /* work.h - a worker thread for blocking work (memfd creation, prefault, mlock, waits for
- * demotion copies) that must not stall the event loop. The loop queues a job; the worker runs it; the loop is told through an
- * eventfd it reads as a loop source, and then runs the job's completion on its own thread. A
- * job owns whatever it builds until its completion hands it over: the worker never touches
- * the daemon's state. */
+ * demotion copies) that must not stall the event loop. The loop queues a job; the worker runs it;
+ * the loop is told through an eventfd it reads as a loop source, and then runs the job's completion
+ * on its own thread. A job owns whatever it builds until its completion hands it over: the worker
+ * never touches the daemon's state. */
 #pragma once
 #include <stdbool.h>
 

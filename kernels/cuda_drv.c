@@ -82,14 +82,10 @@ static const char *drv_str(CUresult r)
 static int drv_errno(CUresult r)
 {
 	switch (r) {
-	case CUDA_ERROR_OUT_OF_MEMORY:
-		return -ENOMEM;
-	case CUDA_ERROR_NOT_SUPPORTED:
-		return -ENOTSUP;
-	case CUDA_ERROR_INVALID_VALUE:
-		return -EINVAL;
-	default:
-		return -EIO;
+	case CUDA_ERROR_OUT_OF_MEMORY: return -ENOMEM;
+	case CUDA_ERROR_NOT_SUPPORTED: return -ENOTSUP;
+	case CUDA_ERROR_INVALID_VALUE: return -EINVAL;
+	default: return -EIO;
 	}
 }
 
@@ -122,7 +118,7 @@ static int rt_count(char *reason, size_t len)
 		cudaGetLastError();
 		/* no driver, an older one or no GPU: none to use; anything else is a failure */
 		return !drv || e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice ? -ENODEV
-											    : -EIO;
+											  : -EIO;
 	}
 	if (count <= 0) {
 		say(reason, len, "no CUDA GPU (cudaGetDeviceCount: 0 devices)");
@@ -181,21 +177,21 @@ static void drv_init(void)
 		const char *name;
 		void **slot;
 	} syms[] = {
-	    {"cuGetErrorString", (void **)&g_drv.get_error_string},
-	    {"cuDeviceGet", (void **)&g_drv.device_get},
-	    {"cuDeviceGetAttribute", (void **)&g_drv.device_get_attribute},
-	    {"cuCtxGetCurrent", (void **)&g_drv.ctx_get_current},
-	    {"cuCtxSetCurrent", (void **)&g_drv.ctx_set_current},
-	    {"cuMemGetAllocationGranularity", (void **)&g_drv.mem_get_granularity},
-	    {"cuMemCreate", (void **)&g_drv.mem_create},
-	    {"cuMemRelease", (void **)&g_drv.mem_release},
-	    {"cuMemExportToShareableHandle", (void **)&g_drv.mem_export},
-	    {"cuMemImportFromShareableHandle", (void **)&g_drv.mem_import},
-	    {"cuMemAddressReserve", (void **)&g_drv.mem_address_reserve},
-	    {"cuMemAddressFree", (void **)&g_drv.mem_address_free},
-	    {"cuMemMap", (void **)&g_drv.mem_map},
-	    {"cuMemUnmap", (void **)&g_drv.mem_unmap},
-	    {"cuMemSetAccess", (void **)&g_drv.mem_set_access},
+		{ "cuGetErrorString", (void **)&g_drv.get_error_string },
+		{ "cuDeviceGet", (void **)&g_drv.device_get },
+		{ "cuDeviceGetAttribute", (void **)&g_drv.device_get_attribute },
+		{ "cuCtxGetCurrent", (void **)&g_drv.ctx_get_current },
+		{ "cuCtxSetCurrent", (void **)&g_drv.ctx_set_current },
+		{ "cuMemGetAllocationGranularity", (void **)&g_drv.mem_get_granularity },
+		{ "cuMemCreate", (void **)&g_drv.mem_create },
+		{ "cuMemRelease", (void **)&g_drv.mem_release },
+		{ "cuMemExportToShareableHandle", (void **)&g_drv.mem_export },
+		{ "cuMemImportFromShareableHandle", (void **)&g_drv.mem_import },
+		{ "cuMemAddressReserve", (void **)&g_drv.mem_address_reserve },
+		{ "cuMemAddressFree", (void **)&g_drv.mem_address_free },
+		{ "cuMemMap", (void **)&g_drv.mem_map },
+		{ "cuMemUnmap", (void **)&g_drv.mem_unmap },
+		{ "cuMemSetAccess", (void **)&g_drv.mem_set_access },
 	};
 	kvp_cuda_drv_lookup_fn lookup = g_drv_lookup ? g_drv_lookup : rt_lookup;
 
@@ -205,9 +201,11 @@ static void drv_init(void)
 
 		if (r < 0 || !fn) {
 			if (r >= 0)
-				say(g_drv_why, sizeof(g_drv_why), "no entry point %s", syms[i].name);
+				say(g_drv_why, sizeof(g_drv_why), "no entry point %s",
+				    syms[i].name);
 			memset(&g_drv, 0, sizeof(g_drv));
-			atomic_store_explicit(&g_drv_state, r < 0 ? r : -ENOSYS, memory_order_release);
+			atomic_store_explicit(&g_drv_state, r < 0 ? r : -ENOSYS,
+					      memory_order_release);
 			return;
 		}
 		*syms[i].slot = fn;
@@ -243,11 +241,11 @@ static int device_usable(int device, char *reason, size_t len)
 	r = g_drv.device_get(&dev, device);
 	if (r == CUDA_SUCCESS)
 		r = g_drv.device_get_attribute(
-		    &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+			&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
 	if (r == CUDA_SUCCESS)
 		r = g_drv.device_get_attribute(
-		    &fd_export, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-		    dev);
+			&fd_export, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+			dev);
 	if (r != CUDA_SUCCESS) {
 		say(reason, len, "device %d: cuDeviceGetAttribute: %s", device, drv_str(r));
 		return -EIO;
@@ -379,7 +377,7 @@ err:
 int kvp_cuda_mem_create(int device, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
 			size_t len)
 {
-	struct kvp_cuda_mem m = {.device = device, .fd = -1};
+	struct kvp_cuda_mem m = { .device = device, .fd = -1 };
 	CUmemGenericAllocationHandle h = 0;
 	CUmemAllocationProp prop;
 	uint64_t g_rec, g_min;
@@ -450,7 +448,7 @@ out:
 int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem *out, char *reason,
 			size_t len)
 {
-	struct kvp_cuda_mem m = {.device = device, .fd = -1};
+	struct kvp_cuda_mem m = { .device = device, .fd = -1 };
 	CUmemGenericAllocationHandle h = 0;
 	CUmemAllocationProp prop;
 	uint64_t g_rec, g_min;
@@ -486,8 +484,8 @@ int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem 
 		say(reason, len, "device %d: cuMemImportFromShareableHandle(fd %d): %s", device, fd,
 		    drv_str(r));
 		ret = r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE
-			  ? -EBADF
-			  : drv_errno(r);
+			      ? -EBADF
+			      : drv_errno(r);
 		goto out;
 	}
 	ret = map_rw(device, h, m.bytes, g_rec, &m.dptr, reason, len);
@@ -593,7 +591,8 @@ int kvp_cuda_device_by_uuid(const uint8_t uuid[16], char *reason, size_t len)
 		say(reason, len,
 		    "the pool's GPU (uuid %s) is not among the %d this process sees "
 		    "(CUDA_VISIBLE_DEVICES=%s)",
-		    hex, count, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
+		    hex, count,
+		    getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
 	}
 	return -ENODEV;
 }

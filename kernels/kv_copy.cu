@@ -216,21 +216,11 @@ template <bool D2H>
 static cudaError_t launch(const kvp_copy_args &a, unsigned width, unsigned blocks, cudaStream_t s)
 {
 	switch (width) {
-	case 16:
-		kvp_copy_kernel<uint4, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a);
-		break;
-	case 8:
-		kvp_copy_kernel<uint2, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a);
-		break;
-	case 4:
-		kvp_copy_kernel<uint32_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a);
-		break;
-	case 2:
-		kvp_copy_kernel<uint16_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a);
-		break;
-	default:
-		kvp_copy_kernel<uint8_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a);
-		break;
+	case 16: kvp_copy_kernel<uint4, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a); break;
+	case 8: kvp_copy_kernel<uint2, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a); break;
+	case 4: kvp_copy_kernel<uint32_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a); break;
+	case 2: kvp_copy_kernel<uint16_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a); break;
+	default: kvp_copy_kernel<uint8_t, D2H><<<blocks, KVP_BLOCK_THREADS, 0, s>>>(a); break;
 	}
 	return cudaGetLastError();
 }

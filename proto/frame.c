@@ -116,7 +116,8 @@ int kvp_frame_next(struct kvp_frame_buf *b, const uint8_t **payload, uint32_t *l
 	*len = n;
 	b->off += KVP_FRAME_HDR + n;
 	if (b->off == b->len)
-		b->off = b->len = 0; /* payload stays readable: nothing is written before the next call */
+		b->off = b->len =
+			0; /* payload stays readable: nothing is written before the next call */
 	return 1;
 }
 
@@ -270,8 +271,7 @@ static size_t plain_size(const ProtobufCMessage *m)
 				n += tag + varint_size(l) + l;
 			break;
 		}
-		default:
-			return SIZE_MAX;
+		default: return SIZE_MAX;
 		}
 	}
 	return n;
@@ -351,7 +351,7 @@ static void *alloc_with(ProtobufCAllocator *a, size_t n)
 /* Starts a fast unpack: a fresh message of d (fields tracked in a 64-bit mask), or NULL with
  * *fallback set for protobuf-c (too many fields) or unset (out of memory). */
 static ProtobufCMessage *fast_begin(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
-				   bool *fallback)
+				    bool *fallback)
 {
 	ProtobufCMessage *m;
 
@@ -455,8 +455,7 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 				goto fallback;
 			*(protobuf_c_boolean *)mb = v != 0;
 			break;
-		default:
-			goto fallback;
+		default: goto fallback;
 		}
 	}
 	*fallback = false;
@@ -468,9 +467,8 @@ fail:
 	return NULL;
 }
 
-typedef ProtobufCMessage *fast_unpack_fn(const ProtobufCMessageDescriptor *d,
-					  ProtobufCAllocator *a, const uint8_t *data, size_t len,
-					  bool *fallback);
+typedef ProtobufCMessage *fast_unpack_fn(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+					 const uint8_t *data, size_t len, bool *fallback);
 
 /* Unpacks with fast, or with protobuf-c where fast leaves the bytes to it. */
 static ProtobufCMessage *unpack(fast_unpack_fn *fast, const ProtobufCMessageDescriptor *d,
@@ -590,9 +588,8 @@ size_t kvp_frame_pack_plan(const struct kvp_frame_plan *p, uint8_t *buf)
 /* Decodes an envelope of descriptor d with allocator a (NULL: malloc) when the payload has the
  * plain shape. Returns the message, or NULL with *fallback set when protobuf-c must decode it
  * (or unset when the payload is invalid either way). */
-static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d,
-					 ProtobufCAllocator *a, const uint8_t *data, size_t len,
-					 bool *fallback)
+static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
+					 const uint8_t *data, size_t len, bool *fallback)
 {
 	const uint8_t *p = data, *end = data + len;
 	ProtobufCMessage *m;
@@ -673,8 +670,7 @@ static void *arena_alloc(void *data, size_t n)
 		UNPOISON(p, n);
 		return p;
 	}
-	if (n > SIZE_MAX - sizeof(*h) || (a->deny && a->deny()) ||
-	    !(h = malloc(sizeof(*h) + n))) {
+	if (n > SIZE_MAX - sizeof(*h) || (a->deny && a->deny()) || !(h = malloc(sizeof(*h) + n))) {
 		a->oom = true;
 		return NULL;
 	}

@@ -26,7 +26,8 @@ void kvp_frame_buf_release(struct kvp_frame_buf *b);
  * one maximal frame plus its header (the peer is not respecting the limit). */
 int kvp_frame_buf_append(struct kvp_frame_buf *b, const void *p, size_t n);
 /* Where to read into directly: makes room for at least `want` bytes and returns a pointer to
- * the free tail, or NULL on ENOMEM or when more than a maximal frame is already held. Call kvp_frame_buf_commit with what was read. */
+ * the free tail, or NULL on ENOMEM or when more than a maximal frame is already held. Call
+ * kvp_frame_buf_commit with what was read. */
 uint8_t *kvp_frame_buf_space(struct kvp_frame_buf *b, size_t want, size_t *avail);
 void kvp_frame_buf_commit(struct kvp_frame_buf *b, size_t n);
 /* The next complete frame's payload. Returns 1 and sets *payload and *len when one is complete

@@ -1,5 +1,5 @@
-/* names.h - the names both sides print for wire values (tiers, backends, dtypes) and the socket path
- * both sides default to, kept once so the daemon, the library and the CLI never disagree. */
+/* names.h - the names both sides print for wire values (tiers, backends, dtypes) and the socket
+ * path both sides default to, kept once so the daemon, the library and the CLI never disagree. */
 #pragma once
 #include <stddef.h>
 

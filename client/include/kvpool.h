@@ -466,8 +466,8 @@ struct kvp_insert_keys_result {
  * Returns 0 or a negative code (KVP_E_NOT_FOUND for a lease or page not the session's). */
 int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint64_t ns,
 			  const struct kvp_page_key *keys, uint32_t nkeys, uint32_t cached_keys,
-			  const uint32_t *pages, uint32_t npages, struct kvp_insert_keys_result *out,
-			  struct kvp_error *err);
+			  const uint32_t *pages, uint32_t npages,
+			  struct kvp_insert_keys_result *out, struct kvp_error *err);
 
 struct kvp_match_keys_result {
 	size_t struct_size;    /* set by the caller: sizeof(struct kvp_match_keys_result) */
@@ -477,9 +477,9 @@ struct kvp_match_keys_result {
 	uint64_t lock_id;      /* nonzero when locked: release with kvp_cache_release */
 };
 /* The longest leading run of keys[0 .. nkeys) cached in ns of pool p. With lock, pins the run
- * until kvp_cache_release or the session ends. device_pages and host_pages need room for cap entries
- * each (nkeys suffices). Returns 0 or a negative code (KVP_E_BUFFER when cap is short: the lock,
- * if taken, is released). */
+ * until kvp_cache_release or the session ends. device_pages and host_pages need room for cap
+ * entries each (nkeys suffices). Returns 0 or a negative code (KVP_E_BUFFER when cap is short: the
+ * lock, if taken, is released). */
 int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
 			 uint32_t nkeys, int lock, struct kvp_match_keys_result *m,
 			 uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,

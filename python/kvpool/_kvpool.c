@@ -81,8 +81,8 @@ static PyObject *g_asarray;		   /* numpy.asarray, or NULL */
 static PyObject *g_array_type;		   /* array.array */
 static PyObject *g_client_type, *g_pool_type, *g_lease_type, *g_match_type, *g_view_type;
 
-static const char *const g_dtype_names[KVP_DTYPE_MAX] = {"none", "fp16", "bf16", "fp8", "fp32"};
-static const unsigned g_dtype_bytes[KVP_DTYPE_MAX] = {0, 2, 2, 1, 4};
+static const char *const g_dtype_names[KVP_DTYPE_MAX] = { "none", "fp16", "bf16", "fp8", "fp32" };
+static const unsigned g_dtype_bytes[KVP_DTYPE_MAX] = { 0, 2, 2, 1, 4 };
 
 /* ---- errors ---- */
 static const struct {
@@ -90,32 +90,33 @@ static const struct {
 	const char *name;
 	const char *doc;
 } g_exc_table[] = {
-    {KVP_E_OUT_OF_CAPACITY, "OutOfCapacity",
-     "No room in a tier even after evicting: tier, requested_tokens, free_tokens, "
-     "evictable_tokens, protected_tokens, leased_tokens, total_tokens say why."},
-    {KVP_E_HOST_BUDGET_EXCEEDED, "HostBudgetExceeded",
-     "Host memory budget exceeded: requested_bytes, available_bytes, limit, numa_node, pool."},
-    {KVP_E_QUOTA_EXCEEDED, "QuotaExceeded",
-     "The session's token quota: quota_tokens, held_tokens, requested_tokens."},
-    {KVP_E_NO_SUCH_POOL, "NoSuchPool", "The daemon has no pool of that name."},
-    {KVP_E_GEOMETRY_MISMATCH, "GeometryMismatch",
-     "The pool's geometry differs from the expected one: expected, actual (Geometry)."},
-    {KVP_E_NOT_FOUND, "NotFound", "No such lease, page or lock of this session."},
-    {KVP_E_INVALID_ARGUMENT, "InvalidArgument", "The daemon refused an argument."},
-    {KVP_E_PERMISSION_DENIED, "PermissionDenied", "The call needs rights this user lacks."},
-    {KVP_E_PROTOCOL, "ProtocolError", "A malformed or unexpected message."},
-    {KVP_E_VERSION, "VersionMismatch", "Client and daemon speak different protocol versions."},
-    {KVP_E_SHUTTING_DOWN, "ShuttingDown", "The daemon is draining: no new leases."},
-    {KVP_E_LIMIT_EXCEEDED, "LimitExceeded", "A per-session or daemon limit: what, limit."},
-    {KVP_E_UNAVAILABLE, "Unavailable",
-     "The resource is pinned by another session's lock (read the host pages instead)."},
-    {KVP_E_INTERNAL, "Internal", "An internal daemon error."},
-    {KVP_E_NO_DAEMON, "NoDaemon", "No kvpoold answers on the socket: errno says why."},
-    {KVP_E_TRANSPORT, "TransportError",
-     "The connection failed or closed mid-call (errno says why); close the client."},
-    {KVP_E_NOMEM, "OutOfMemory", "libkvpool could not allocate memory."},
-    {KVP_E_MAP, "MapError", "Mapping a tier's memory failed: errno and message say why."},
-    {KVP_E_BUFFER, "BufferTooSmall", "A reply did not fit the buffer given for it."},
+	{ KVP_E_OUT_OF_CAPACITY, "OutOfCapacity",
+	  "No room in a tier even after evicting: tier, requested_tokens, free_tokens, "
+	  "evictable_tokens, protected_tokens, leased_tokens, total_tokens say why." },
+	{ KVP_E_HOST_BUDGET_EXCEEDED, "HostBudgetExceeded",
+	  "Host memory budget exceeded: requested_bytes, available_bytes, limit, numa_node, pool." },
+	{ KVP_E_QUOTA_EXCEEDED, "QuotaExceeded",
+	  "The session's token quota: quota_tokens, held_tokens, requested_tokens." },
+	{ KVP_E_NO_SUCH_POOL, "NoSuchPool", "The daemon has no pool of that name." },
+	{ KVP_E_GEOMETRY_MISMATCH, "GeometryMismatch",
+	  "The pool's geometry differs from the expected one: expected, actual (Geometry)." },
+	{ KVP_E_NOT_FOUND, "NotFound", "No such lease, page or lock of this session." },
+	{ KVP_E_INVALID_ARGUMENT, "InvalidArgument", "The daemon refused an argument." },
+	{ KVP_E_PERMISSION_DENIED, "PermissionDenied", "The call needs rights this user lacks." },
+	{ KVP_E_PROTOCOL, "ProtocolError", "A malformed or unexpected message." },
+	{ KVP_E_VERSION, "VersionMismatch",
+	  "Client and daemon speak different protocol versions." },
+	{ KVP_E_SHUTTING_DOWN, "ShuttingDown", "The daemon is draining: no new leases." },
+	{ KVP_E_LIMIT_EXCEEDED, "LimitExceeded", "A per-session or daemon limit: what, limit." },
+	{ KVP_E_UNAVAILABLE, "Unavailable",
+	  "The resource is pinned by another session's lock (read the host pages instead)." },
+	{ KVP_E_INTERNAL, "Internal", "An internal daemon error." },
+	{ KVP_E_NO_DAEMON, "NoDaemon", "No kvpoold answers on the socket: errno says why." },
+	{ KVP_E_TRANSPORT, "TransportError",
+	  "The connection failed or closed mid-call (errno says why); close the client." },
+	{ KVP_E_NOMEM, "OutOfMemory", "libkvpool could not allocate memory." },
+	{ KVP_E_MAP, "MapError", "Mapping a tier's memory failed: errno and message say why." },
+	{ KVP_E_BUFFER, "BufferTooSmall", "A reply did not fit the buffer given for it." },
 };
 
 static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
@@ -181,7 +182,7 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 {
 	int code = e->code;
 	PyObject *cls =
-	    code > 0 && code < KVP_CODE_MAX && g_code_exc[code] ? g_code_exc[code] : g_error;
+		code > 0 && code < KVP_CODE_MAX && g_code_exc[code] ? g_code_exc[code] : g_error;
 	PyObject *msg = str_from(e->message[0] ? e->message : kvp_code_name(code));
 	PyObject *exc = msg ? PyObject_CallFunctionObjArgs(cls, msg, NULL) : NULL;
 	int r = 0;
@@ -233,8 +234,7 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 		r |= set_attr_str(exc, "what", e->limit.what);
 		r |= set_attr_u64(exc, "limit", e->limit.limit);
 		break;
-	default:
-		break;
+	default: break;
 	}
 	if (r) {
 		Py_DECREF(exc);
@@ -508,7 +508,7 @@ static int u32list_from(PyObject *o, const char *what, struct u32list *l)
 static PyObject *pages_out(const uint32_t *p, size_t n)
 {
 	PyObject *ba =
-	    PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * sizeof(uint32_t)));
+		PyByteArray_FromStringAndSize((const char *)p, (Py_ssize_t)(n * sizeof(uint32_t)));
 	PyObject *r;
 
 	if (!ba)
@@ -591,9 +591,9 @@ static struct kvp_client *client_enter(ClientObject *self)
 	}
 	if (self->busy) {
 		PyErr_SetString(
-		    g_client_busy,
-		    "this kvpool Client is in a call on another thread: a Client is not "
-		    "thread-safe, use one per thread or a lock of your own");
+			g_client_busy,
+			"this kvpool Client is in a call on another thread: a Client is not "
+			"thread-safe, use one per thread or a lock of your own");
 		return NULL;
 	}
 	self->busy = 1;
@@ -865,10 +865,10 @@ static int geometry_field(PyObject *src, const char *name, uint32_t *out)
 
 static PyObject *client_attach(ClientObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"pool", "expect", NULL};
+	static char *kwlist[] = { "pool", "expect", NULL };
 	PyObject *expect = Py_None;
 	const char *name;
-	struct kvp_geometry g = {0}, *gp = NULL;
+	struct kvp_geometry g = { 0 }, *gp = NULL;
 	struct kvp_client *c;
 	struct kvp_error err;
 	struct kvp_pool *p;
@@ -933,7 +933,7 @@ static PyObject *client_attach(ClientObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *client_evict(ClientObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"pool", "tokens", "tier", NULL};
+	static char *kwlist[] = { "pool", "tokens", "tier", NULL };
 	PyObject *tokens_o, *tier_o = NULL;
 	const char *pool;
 	uint64_t tokens, evicted = 0;
@@ -1074,7 +1074,7 @@ static PyObject *event_to_py(const struct kvp_event *ev, const uint8_t *buf)
 static PyObject *client_next_event(ClientObject *self, PyObject *unused)
 {
 	struct kvp_client *c = client_enter(self);
-	struct kvp_event ev = {.struct_size = sizeof(ev), .payload_cap = KVPY_EVENT_PAYLOAD};
+	struct kvp_event ev = { .struct_size = sizeof(ev), .payload_cap = KVPY_EVENT_PAYLOAD };
 	struct kvp_error err;
 	PyObject *r;
 	int rc;
@@ -1117,62 +1117,65 @@ static PyObject *client_events(ClientObject *self, PyObject *unused)
 }
 
 static PyMethodDef client_methods[] = {
-    {"close", (PyCFunction)client_close, METH_NOARGS,
-     "close()\n--\n\nCloses the connection: the daemon returns every lease and lock of the "
-     "session at once. Views taken from its pools keep their memory mapped until they "
-     "go."},
-    {"ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip."},
-    {"event_fd", (PyCFunction)client_event_fd, METH_NOARGS,
-     "event_fd()\n--\n\nA descriptor to poll for reading (owned by the client: do not read "
-     "or close it): readable when an event the daemon pushed unasked is queued or bytes from "
-     "the daemon wait. When it polls readable, drain events() (or next_event() until None), "
-     "then poll again. TransportError when the connection was lost."},
-    {"next_event", (PyCFunction)client_next_event, METH_NOARGS,
-     "next_event()\n--\n\nThe oldest queued event as a kvpool.Event (type, code, id, "
-     "dropped, payload, payload_len), None when none is queued. Never blocks; TransportError "
-     "once the connection failed and the queue is empty."},
-    {"events", (PyCFunction)client_events, METH_NOARGS,
-     "events()\n--\n\nAn iterator over the events queued now (next_event() until None)."},
-    {"status", (PyCFunction)client_status, METH_NOARGS,
-     "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
-     "pools (name, pool_id, geometry, tiers with token counts, hit/queried tokens)."},
-    {"attach", (PyCFunction)(void (*)(void))client_attach, METH_VARARGS | METH_KEYWORDS,
-     "attach(pool, expect=None)\n--\n\nAttaches to pool `pool` and maps its tiers. `expect`"
-     " (a Geometry, a dict or any object with those attributes; missing or 0 fields match "
-     "anything) must match the pool's geometry, else GeometryMismatch. The daemon keeps one "
-     "attachment per session and pool: attaching again through the same client returns the "
-     "same Pool object while it is attached."},
-    {"evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
-     "evict(pool, tokens, tier='device')\n--\n\nEvicts up to `tokens` cached tokens from a "
-     "tier of pool `pool` (admin). Returns the tokens evicted."},
-    {"flush", (PyCFunction)client_flush, METH_VARARGS,
-     "flush(pool)\n--\n\nDrops every unlocked cached prefix of pool `pool` (admin). Returns "
-     "the tokens evicted."},
-    {"set_timeout", (PyCFunction)client_set_timeout, METH_O,
-     "set_timeout(ms)\n--\n\nReceive timeout of every call (0: wait forever). A call that "
-     "times out raises TransportError and the client must be closed."},
-    {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the client."},
-    {"__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, "Closes the client."},
-    {NULL, NULL, 0, NULL}};
+	{ "close", (PyCFunction)client_close, METH_NOARGS,
+	  "close()\n--\n\nCloses the connection: the daemon returns every lease and lock of the "
+	  "session at once. Views taken from its pools keep their memory mapped until they "
+	  "go." },
+	{ "ping", (PyCFunction)client_ping, METH_NOARGS, "ping()\n--\n\nOne round trip." },
+	{ "event_fd", (PyCFunction)client_event_fd, METH_NOARGS,
+	  "event_fd()\n--\n\nA descriptor to poll for reading (owned by the client: do not read "
+	  "or close it): readable when an event the daemon pushed unasked is queued or bytes from "
+	  "the daemon wait. When it polls readable, drain events() (or next_event() until None), "
+	  "then poll again. TransportError when the connection was lost." },
+	{ "next_event", (PyCFunction)client_next_event, METH_NOARGS,
+	  "next_event()\n--\n\nThe oldest queued event as a kvpool.Event (type, code, id, "
+	  "dropped, payload, payload_len), None when none is queued. Never blocks; TransportError "
+	  "once the connection failed and the queue is empty." },
+	{ "events", (PyCFunction)client_events, METH_NOARGS,
+	  "events()\n--\n\nAn iterator over the events queued now (next_event() until None)." },
+	{ "status", (PyCFunction)client_status, METH_NOARGS,
+	  "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
+	  "pools (name, pool_id, geometry, tiers with token counts, hit/queried tokens)." },
+	{ "attach", (PyCFunction)(void (*)(void))client_attach, METH_VARARGS | METH_KEYWORDS,
+	  "attach(pool, expect=None)\n--\n\nAttaches to pool `pool` and maps its tiers. `expect`"
+	  " (a Geometry, a dict or any object with those attributes; missing or 0 fields match "
+	  "anything) must match the pool's geometry, else GeometryMismatch. The daemon keeps one "
+	  "attachment per session and pool: attaching again through the same client returns the "
+	  "same Pool object while it is attached." },
+	{ "evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
+	  "evict(pool, tokens, tier='device')\n--\n\nEvicts up to `tokens` cached tokens from a "
+	  "tier of pool `pool` (admin). Returns the tokens evicted." },
+	{ "flush", (PyCFunction)client_flush, METH_VARARGS,
+	  "flush(pool)\n--\n\nDrops every unlocked cached prefix of pool `pool` (admin). Returns "
+	  "the tokens evicted." },
+	{ "set_timeout", (PyCFunction)client_set_timeout, METH_O,
+	  "set_timeout(ms)\n--\n\nReceive timeout of every call (0: wait forever). A call that "
+	  "times out raises TransportError and the client must be closed." },
+	{ "__enter__", client_enter_ctx, METH_NOARGS, "Returns the client." },
+	{ "__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, "Closes the client." },
+	{ NULL, NULL, 0, NULL }
+};
 
-static PyGetSetDef client_getset[] = {
-    {"closed", (getter)client_get_closed, NULL, "Whether close() was called.", NULL},
-    {"session_id", (getter)client_get_session_id, NULL, "The daemon's id of this session.", NULL},
-    {"daemon_version", (getter)client_get_daemon_version, NULL, "The daemon's version string.",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+static PyGetSetDef client_getset[] = { { "closed", (getter)client_get_closed, NULL,
+					 "Whether close() was called.", NULL },
+				       { "session_id", (getter)client_get_session_id, NULL,
+					 "The daemon's id of this session.", NULL },
+				       { "daemon_version", (getter)client_get_daemon_version, NULL,
+					 "The daemon's version string.", NULL },
+				       { NULL, NULL, NULL, NULL, NULL } };
 
 static PyType_Slot client_slots[] = {
-    {Py_tp_doc, "A connection to kvpoold (kvpool.connect makes one). Not thread-safe: use "
-		"one per thread; a second thread entering a busy client gets ClientBusy."},
-    {Py_tp_dealloc, client_dealloc},
-    {Py_tp_methods, client_methods},
-    {Py_tp_getset, client_getset},
-    {0, NULL}};
+	{ Py_tp_doc, "A connection to kvpoold (kvpool.connect makes one). Not thread-safe: use "
+		     "one per thread; a second thread entering a busy client gets ClientBusy." },
+	{ Py_tp_dealloc, client_dealloc },
+	{ Py_tp_methods, client_methods },
+	{ Py_tp_getset, client_getset },
+	{ 0, NULL }
+};
 
-static PyType_Spec client_spec = {"kvpool.Client", sizeof(ClientObject), 0,
-				  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-				  client_slots};
+static PyType_Spec client_spec = { "kvpool.Client", sizeof(ClientObject), 0,
+				   Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+				   client_slots };
 
 /* ---- Pool ---- */
 /* The pool handle for a call, or NULL with ValueError when detached or closed. */
@@ -1343,7 +1346,7 @@ static PyObject *pool_pages_for(PoolObject *self, PyObject *arg)
 
 static PyObject *pool_slot_address(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"tier", "layer", "kv", "page", "tok", NULL};
+	static char *kwlist[] = { "tier", "layer", "kv", "page", "tok", NULL };
 	PyObject *tier_o, *layer_o, *kv_o, *page_o, *tok_o = NULL;
 	uint32_t layer, kv, page, tok = 0;
 	struct kvp_pool *p = pool_handle(self);
@@ -1382,7 +1385,7 @@ static PyObject *lease_new(PoolObject *pool, int tier, uint64_t id, uint32_t *pa
 
 static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"npages", "tier", NULL};
+	static char *kwlist[] = { "npages", "tier", NULL };
 	PyObject *n_o, *tier_o = NULL, *lease;
 	struct kvp_pool *p = pool_handle(self);
 	struct kvp_error err;
@@ -1444,10 +1447,10 @@ static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
 
 static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"lease", "tokens", "cached_pages", "namespace", "pages", NULL};
+	static char *kwlist[] = { "lease", "tokens", "cached_pages", "namespace", "pages", NULL };
 	PyObject *lease_o, *tokens_o, *cp_o = NULL, *ns_o = NULL, *pages_o = Py_None;
 	struct kvp_pool *p = pool_handle(self);
-	struct u32list tokens, pages = {0};
+	struct u32list tokens, pages = { 0 };
 	const uint32_t *pv;
 	uint32_t cached = 0, npages, whole;
 	uint64_t ns = 0, new_tokens = 0;
@@ -1496,8 +1499,8 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 		u32list_done(&pages);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_cache_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv, npages,
-				 &new_tokens, &err));
+	KVPY_WAIT(r = kvp_cache_insert(p, l->id, ns, tokens.v, (uint32_t)tokens.n, cached, pv,
+				       npages, &new_tokens, &err));
 	client_leave(self->client);
 	if (r == 0) {
 		/* whole pages left the lease (cached, or freed as duplicates); the tail stays */
@@ -1524,7 +1527,7 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"tokens", "namespace", "lock", NULL};
+	static char *kwlist[] = { "tokens", "namespace", "lock", NULL };
 	PyObject *tokens_o, *ns_o = NULL;
 	struct kvp_pool *p = pool_handle(self);
 	struct u32list tokens;
@@ -1554,8 +1557,8 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	if (!client_enter(self->client)) {
 		r = -1;
 	} else {
-		KVPY_WAIT(r = kvp_cache_match(p, ns, tokens.v, (uint32_t)tokens.n, lock, &m, dev, host,
-					cap, &err));
+		KVPY_WAIT(r = kvp_cache_match(p, ns, tokens.v, (uint32_t)tokens.n, lock, &m, dev,
+					      host, cap, &err));
 		client_leave(self->client);
 		if (r < 0)
 			raise_kvp(&err);
@@ -1590,7 +1593,7 @@ static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim,
 
 static PyObject *pool_kv(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"tier", "layer", "kv", NULL};
+	static char *kwlist[] = { "tier", "layer", "kv", NULL };
 	PyObject *tier_o, *layer_o, *kv_o;
 	uint32_t layer, kv;
 	struct kvp_pool *p = pool_handle(self);
@@ -1598,7 +1601,8 @@ static PyObject *pool_kv(PoolObject *self, PyObject *args, PyObject *kw)
 	void *a;
 	int tier;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OOO:kv", kwlist, &tier_o, &layer_o, &kv_o))
+	if (!p ||
+	    !PyArg_ParseTupleAndKeywords(args, kw, "OOO:kv", kwlist, &tier_o, &layer_o, &kv_o))
 		return NULL;
 	if (tier_from(tier_o, "tier", &tier) || u32_arg(layer_o, "layer", &layer) ||
 	    u32_arg(kv_o, "kv", &kv))
@@ -1660,79 +1664,87 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw);
 
 static PyMethodDef pool_methods[] = {
-    {"detach", (PyCFunction)pool_detach, METH_NOARGS,
-     "detach()\n--\n\nDetaches: the session's leases in this pool are freed and its locks "
-     "released at once. Views taken from it keep their memory mapped until they go."},
-    {"tier_pages", (PyCFunction)pool_tier_pages, METH_O,
-     "tier_pages(tier)\n--\n\nPages in the tier ('device' or 'host'); 0 when absent."},
-    {"tier_bytes", (PyCFunction)pool_tier_bytes, METH_O,
-     "tier_bytes(tier)\n--\n\nBytes of the tier's mapping."},
-    {"tier_backend", (PyCFunction)pool_tier_backend, METH_O,
-     "tier_backend(tier)\n--\n\nThe tier's backend: 'sim', 'cuda', 'memfd' or 'none'."},
-    {"tier_cuda_device", (PyCFunction)pool_tier_cuda_device, METH_O,
-     "tier_cuda_device(tier)\n--\n\nThis process's CUDA device number of a cuda tier, -1 "
-     "for others."},
-    {"pages_for", (PyCFunction)pool_pages_for, METH_O,
-     "pages_for(tokens)\n--\n\nPages needed for `tokens` tokens."},
-    {"slot_address", (PyCFunction)(void (*)(void))pool_slot_address, METH_VARARGS | METH_KEYWORDS,
-     "slot_address(tier, layer, kv, page, tok=0)\n--\n\nThe address of one row (K: kv=0, V: "
-     "kv=1) in this process, as kvp_pool_slot_addr gives it."},
-    {"alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
-     "alloc(npages, tier='device')\n--\n\nLeases `npages` pages, evicting cold prefixes when "
-     "free pages are short. Returns a Lease; OutOfCapacity says why when it cannot."},
-    {"insert", (PyCFunction)(void (*)(void))pool_insert, METH_VARARGS | METH_KEYWORDS,
-     "insert(lease, tokens, cached_pages=0, namespace=0, pages=None)\n--\n\nPublishes "
-     "`tokens`: the first `cached_pages` whole pages are ones matched earlier, the lease's "
-     "pages (or `pages`) hold the rest in order. Whole pages move into the cache, the tail "
-     "stays in the lease. The pages' writes must be complete. Returns the newly cached "
-     "tokens."},
-    {"match", (PyCFunction)(void (*)(void))pool_match, METH_VARARGS | METH_KEYWORDS,
-     "match(tokens, namespace=0, lock=True)\n--\n\nThe longest cached prefix of `tokens`, "
-     "locked against eviction when `lock`. Returns a Match."},
-    {"kv", (PyCFunction)(void (*)(void))pool_kv, METH_VARARGS | METH_KEYWORDS,
-     "kv(tier, layer, kv)\n--\n\nA zero-copy View of one layer's K (kv=0) or V (kv=1) plane "
-     "of the device tier: shape [slots, kv_heads, head_dim], slot = page * page_tokens + "
-     "offset."},
-    {"host_pages_view", (PyCFunction)pool_host_pages_view, METH_NOARGS,
-     "host_pages_view()\n--\n\nA zero-copy View of the host tier: shape [pages, layers, 2, "
-     "page_tokens, kv_heads, head_dim]."},
-    {"insert_keys", (PyCFunction)(void (*)(void))pool_insert_keys, METH_VARARGS | METH_KEYWORDS,
-     "insert_keys(lease, keys, cached_keys=0, namespace=0, pages=None)\n--\n\nPublishes the "
-     "chain `keys` (a sequence of bytes, 1 to 64 bytes each) in a hash-keyed namespace: the "
-     "first `cached_keys` are ones matched earlier, the lease's pages (or `pages`) hold the "
-     "rest in order. Returns a dict: new_pages, dup_pages, done_keys, lease_pages."},
-    {"match_keys", (PyCFunction)(void (*)(void))pool_match_keys, METH_VARARGS | METH_KEYWORDS,
-     "match_keys(keys, namespace=0, lock=True)\n--\n\nThe longest leading run of `keys` "
-     "cached, locked against eviction when `lock`. Returns a Match (tokens = matched pages "
-     "* page_tokens)."},
-    {"exists_keys", (PyCFunction)(void (*)(void))pool_exists_keys, METH_VARARGS | METH_KEYWORDS,
-     "exists_keys(keys, namespace=0)\n--\n\nThe count of leading `keys` cached (no lock)."},
-    {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the pool."},
-    {"__exit__", (PyCFunction)pool_exit_ctx, METH_VARARGS, "Detaches the pool."},
-    {NULL, NULL, 0, NULL}};
+	{ "detach", (PyCFunction)pool_detach, METH_NOARGS,
+	  "detach()\n--\n\nDetaches: the session's leases in this pool are freed and its locks "
+	  "released at once. Views taken from it keep their memory mapped until they go." },
+	{ "tier_pages", (PyCFunction)pool_tier_pages, METH_O,
+	  "tier_pages(tier)\n--\n\nPages in the tier ('device' or 'host'); 0 when absent." },
+	{ "tier_bytes", (PyCFunction)pool_tier_bytes, METH_O,
+	  "tier_bytes(tier)\n--\n\nBytes of the tier's mapping." },
+	{ "tier_backend", (PyCFunction)pool_tier_backend, METH_O,
+	  "tier_backend(tier)\n--\n\nThe tier's backend: 'sim', 'cuda', 'memfd' or 'none'." },
+	{ "tier_cuda_device", (PyCFunction)pool_tier_cuda_device, METH_O,
+	  "tier_cuda_device(tier)\n--\n\nThis process's CUDA device number of a cuda tier, -1 "
+	  "for others." },
+	{ "pages_for", (PyCFunction)pool_pages_for, METH_O,
+	  "pages_for(tokens)\n--\n\nPages needed for `tokens` tokens." },
+	{ "slot_address", (PyCFunction)(void (*)(void))pool_slot_address,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "slot_address(tier, layer, kv, page, tok=0)\n--\n\nThe address of one row (K: kv=0, V: "
+	  "kv=1) in this process, as kvp_pool_slot_addr gives it." },
+	{ "alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
+	  "alloc(npages, tier='device')\n--\n\nLeases `npages` pages, evicting cold prefixes when "
+	  "free pages are short. Returns a Lease; OutOfCapacity says why when it cannot." },
+	{ "insert", (PyCFunction)(void (*)(void))pool_insert, METH_VARARGS | METH_KEYWORDS,
+	  "insert(lease, tokens, cached_pages=0, namespace=0, pages=None)\n--\n\nPublishes "
+	  "`tokens`: the first `cached_pages` whole pages are ones matched earlier, the lease's "
+	  "pages (or `pages`) hold the rest in order. Whole pages move into the cache, the tail "
+	  "stays in the lease. The pages' writes must be complete. Returns the newly cached "
+	  "tokens." },
+	{ "match", (PyCFunction)(void (*)(void))pool_match, METH_VARARGS | METH_KEYWORDS,
+	  "match(tokens, namespace=0, lock=True)\n--\n\nThe longest cached prefix of `tokens`, "
+	  "locked against eviction when `lock`. Returns a Match." },
+	{ "kv", (PyCFunction)(void (*)(void))pool_kv, METH_VARARGS | METH_KEYWORDS,
+	  "kv(tier, layer, kv)\n--\n\nA zero-copy View of one layer's K (kv=0) or V (kv=1) plane "
+	  "of the device tier: shape [slots, kv_heads, head_dim], slot = page * page_tokens + "
+	  "offset." },
+	{ "host_pages_view", (PyCFunction)pool_host_pages_view, METH_NOARGS,
+	  "host_pages_view()\n--\n\nA zero-copy View of the host tier: shape [pages, layers, 2, "
+	  "page_tokens, kv_heads, head_dim]." },
+	{ "insert_keys", (PyCFunction)(void (*)(void))pool_insert_keys,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "insert_keys(lease, keys, cached_keys=0, namespace=0, pages=None)\n--\n\nPublishes the "
+	  "chain `keys` (a sequence of bytes, 1 to 64 bytes each) in a hash-keyed namespace: the "
+	  "first `cached_keys` are ones matched earlier, the lease's pages (or `pages`) hold the "
+	  "rest in order. Returns a dict: new_pages, dup_pages, done_keys, lease_pages." },
+	{ "match_keys", (PyCFunction)(void (*)(void))pool_match_keys, METH_VARARGS | METH_KEYWORDS,
+	  "match_keys(keys, namespace=0, lock=True)\n--\n\nThe longest leading run of `keys` "
+	  "cached, locked against eviction when `lock`. Returns a Match (tokens = matched pages "
+	  "* page_tokens)." },
+	{ "exists_keys", (PyCFunction)(void (*)(void))pool_exists_keys,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "exists_keys(keys, namespace=0)\n--\n\nThe count of leading `keys` cached (no lock)." },
+	{ "__enter__", client_enter_ctx, METH_NOARGS, "Returns the pool." },
+	{ "__exit__", (PyCFunction)pool_exit_ctx, METH_VARARGS, "Detaches the pool." },
+	{ NULL, NULL, 0, NULL }
+};
 
 static PyGetSetDef pool_getset[] = {
-    {"geometry", (getter)pool_get_geometry, NULL,
-     "The pool's Geometry (layers, kv_heads, head_dim, dtype, page_tokens).", NULL},
-    {"name", (getter)pool_get_name, NULL, "The pool's name.", NULL},
-    {"id", (getter)pool_get_id, NULL, "The daemon's id of the pool.", NULL},
-    {"client", (getter)pool_get_client, NULL, "The Client this pool was attached through.", NULL},
-    {"detached", (getter)pool_get_detached, NULL, "Whether detach() was called.", NULL},
-    {"page_bytes", (getter)pool_get_page_bytes, NULL,
-     "Bytes of one page in the host layout (all layers, K and V).", NULL},
-    {"row_bytes", (getter)pool_get_row_bytes, NULL, "Bytes of one token of one layer of K (or V).",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+	{ "geometry", (getter)pool_get_geometry, NULL,
+	  "The pool's Geometry (layers, kv_heads, head_dim, dtype, page_tokens).", NULL },
+	{ "name", (getter)pool_get_name, NULL, "The pool's name.", NULL },
+	{ "id", (getter)pool_get_id, NULL, "The daemon's id of the pool.", NULL },
+	{ "client", (getter)pool_get_client, NULL, "The Client this pool was attached through.",
+	  NULL },
+	{ "detached", (getter)pool_get_detached, NULL, "Whether detach() was called.", NULL },
+	{ "page_bytes", (getter)pool_get_page_bytes, NULL,
+	  "Bytes of one page in the host layout (all layers, K and V).", NULL },
+	{ "row_bytes", (getter)pool_get_row_bytes, NULL,
+	  "Bytes of one token of one layer of K (or V).", NULL },
+	{ NULL, NULL, NULL, NULL, NULL }
+};
 
 static PyType_Slot pool_slots[] = {
-    {Py_tp_doc, "A pool attached through a Client (Client.attach makes one)."},
-    {Py_tp_dealloc, pool_dealloc},
-    {Py_tp_methods, pool_methods},
-    {Py_tp_getset, pool_getset},
-    {0, NULL}};
+	{ Py_tp_doc, "A pool attached through a Client (Client.attach makes one)." },
+	{ Py_tp_dealloc, pool_dealloc },
+	{ Py_tp_methods, pool_methods },
+	{ Py_tp_getset, pool_getset },
+	{ 0, NULL }
+};
 
-static PyType_Spec pool_spec = {"kvpool.Pool", sizeof(PoolObject), 0,
-				Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, pool_slots};
+static PyType_Spec pool_spec = { "kvpool.Pool", sizeof(PoolObject), 0,
+				 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+				 pool_slots };
 
 /* ---- Lease ---- */
 static void lease_dealloc(LeaseObject *self)
@@ -1818,10 +1830,10 @@ static PyObject *lease_extend(LeaseObject *self, PyObject *arg)
 
 static PyObject *lease_free(LeaseObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"pages", NULL};
+	static char *kwlist[] = { "pages", NULL };
 	PyObject *pages_o = Py_None;
 	struct kvp_pool *p;
-	struct u32list pages = {0};
+	struct u32list pages = { 0 };
 	struct kvp_error err;
 	int r;
 
@@ -1894,34 +1906,37 @@ static PyObject *lease_exit_ctx(LeaseObject *self, PyObject *args)
 }
 
 static PyMethodDef lease_methods[] = {
-    {"extend", (PyCFunction)lease_extend, METH_O,
-     "extend(npages)\n--\n\nAdds `npages` pages to the lease; returns the new page ids."},
-    {"free", (PyCFunction)(void (*)(void))lease_free, METH_VARARGS | METH_KEYWORDS,
-     "free(pages=None)\n--\n\nReturns `pages` of the lease (None: all of them, and the lease "
-     "ends). Returns the pages left. After Pool.detach() or Client.close() the lease has "
-     "gone with them: it ends and 0 is returned."},
-    {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the lease."},
-    {"__exit__", (PyCFunction)lease_exit_ctx, METH_VARARGS, "Frees the whole lease."},
-    {NULL, NULL, 0, NULL}};
+	{ "extend", (PyCFunction)lease_extend, METH_O,
+	  "extend(npages)\n--\n\nAdds `npages` pages to the lease; returns the new page ids." },
+	{ "free", (PyCFunction)(void (*)(void))lease_free, METH_VARARGS | METH_KEYWORDS,
+	  "free(pages=None)\n--\n\nReturns `pages` of the lease (None: all of them, and the lease "
+	  "ends). Returns the pages left. After Pool.detach() or Client.close() the lease has "
+	  "gone with them: it ends and 0 is returned." },
+	{ "__enter__", client_enter_ctx, METH_NOARGS, "Returns the lease." },
+	{ "__exit__", (PyCFunction)lease_exit_ctx, METH_VARARGS, "Frees the whole lease." },
+	{ NULL, NULL, 0, NULL }
+};
 
 static PyGetSetDef lease_getset[] = {
-    {"id", (getter)lease_get_id, NULL, "The daemon's lease id.", NULL},
-    {"pages", (getter)lease_get_pages, NULL, "The lease's page ids, in order.", NULL},
-    {"tier", (getter)lease_get_tier, NULL, "The tier the pages are in.", NULL},
-    {"ended", (getter)lease_get_ended, NULL, "Whether the lease was freed whole.", NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+	{ "id", (getter)lease_get_id, NULL, "The daemon's lease id.", NULL },
+	{ "pages", (getter)lease_get_pages, NULL, "The lease's page ids, in order.", NULL },
+	{ "tier", (getter)lease_get_tier, NULL, "The tier the pages are in.", NULL },
+	{ "ended", (getter)lease_get_ended, NULL, "Whether the lease was freed whole.", NULL },
+	{ NULL, NULL, NULL, NULL, NULL }
+};
 
 static PyType_Slot lease_slots[] = {
-    {Py_tp_doc, "Pages leased from a pool (Pool.alloc makes one); the context manager frees "
-		"them."},
-    {Py_tp_dealloc, lease_dealloc},
-    {Py_tp_methods, lease_methods},
-    {Py_tp_getset, lease_getset},
-    {0, NULL}};
+	{ Py_tp_doc, "Pages leased from a pool (Pool.alloc makes one); the context manager frees "
+		     "them." },
+	{ Py_tp_dealloc, lease_dealloc },
+	{ Py_tp_methods, lease_methods },
+	{ Py_tp_getset, lease_getset },
+	{ 0, NULL }
+};
 
-static PyType_Spec lease_spec = {"kvpool.Lease", sizeof(LeaseObject), 0,
-				 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-				 lease_slots};
+static PyType_Spec lease_spec = { "kvpool.Lease", sizeof(LeaseObject), 0,
+				  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+				  lease_slots };
 
 /* ---- Match ---- */
 static void match_dealloc(MatchObject *self)
@@ -2029,36 +2044,39 @@ static PyObject *match_get_host_pages(MatchObject *self, void *unused)
 }
 
 static PyMethodDef match_methods[] = {
-    {"load", (PyCFunction)match_load, METH_NOARGS,
-     "load()\n--\n\nPromotes the host-only pages of the locked match to device pages and "
-     "returns the device page ids of the whole path (device_pages then holds them, "
-     "host_pages is empty). Unavailable when another session's lock pins the host pages."},
-    {"release", (PyCFunction)match_release, METH_NOARGS,
-     "release()\n--\n\nReleases the lock (no-op when not locked or already released)."},
-    {"__enter__", client_enter_ctx, METH_NOARGS, "Returns the match."},
-    {"__exit__", (PyCFunction)match_exit_ctx, METH_VARARGS, "Releases the lock."},
-    {NULL, NULL, 0, NULL}};
+	{ "load", (PyCFunction)match_load, METH_NOARGS,
+	  "load()\n--\n\nPromotes the host-only pages of the locked match to device pages and "
+	  "returns the device page ids of the whole path (device_pages then holds them, "
+	  "host_pages is empty). Unavailable when another session's lock pins the host pages." },
+	{ "release", (PyCFunction)match_release, METH_NOARGS,
+	  "release()\n--\n\nReleases the lock (no-op when not locked or already released)." },
+	{ "__enter__", client_enter_ctx, METH_NOARGS, "Returns the match." },
+	{ "__exit__", (PyCFunction)match_exit_ctx, METH_VARARGS, "Releases the lock." },
+	{ NULL, NULL, 0, NULL }
+};
 
 static PyGetSetDef match_getset[] = {
-    {"tokens", (getter)match_get_tokens, NULL, "Matched tokens (whole pages).", NULL},
-    {"lock_id", (getter)match_get_lock_id, NULL, "The lock's id, 0 when not locked.", NULL},
-    {"device_pages", (getter)match_get_device_pages, NULL,
-     "Leading device-resident pages of the match.", NULL},
-    {"host_pages", (getter)match_get_host_pages, NULL, "Host-only continuation after device_pages.",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+	{ "tokens", (getter)match_get_tokens, NULL, "Matched tokens (whole pages).", NULL },
+	{ "lock_id", (getter)match_get_lock_id, NULL, "The lock's id, 0 when not locked.", NULL },
+	{ "device_pages", (getter)match_get_device_pages, NULL,
+	  "Leading device-resident pages of the match.", NULL },
+	{ "host_pages", (getter)match_get_host_pages, NULL,
+	  "Host-only continuation after device_pages.", NULL },
+	{ NULL, NULL, NULL, NULL, NULL }
+};
 
 static PyType_Slot match_slots[] = {
-    {Py_tp_doc, "A matched cached prefix (Pool.match makes one); the context manager "
-		"releases its lock."},
-    {Py_tp_dealloc, match_dealloc},
-    {Py_tp_methods, match_methods},
-    {Py_tp_getset, match_getset},
-    {0, NULL}};
+	{ Py_tp_doc, "A matched cached prefix (Pool.match makes one); the context manager "
+		     "releases its lock." },
+	{ Py_tp_dealloc, match_dealloc },
+	{ Py_tp_methods, match_methods },
+	{ Py_tp_getset, match_getset },
+	{ 0, NULL }
+};
 
-static PyType_Spec match_spec = {"kvpool.Match", sizeof(MatchObject), 0,
-				 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-				 match_slots};
+static PyType_Spec match_spec = { "kvpool.Match", sizeof(MatchObject), 0,
+				  Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+				  match_slots };
 
 /* ---- View ---- */
 static PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, const Py_ssize_t *shape)
@@ -2171,21 +2189,13 @@ static void capsule_free_versioned(PyObject *cap)
 
 static DLDataType view_dl_dtype(const ViewObject *self, int fp8_code)
 {
-	DLDataType d = {kDLUInt, 8, 1};
+	DLDataType d = { kDLUInt, 8, 1 };
 
 	switch (self->dtype) {
-	case KVP_DTYPE_FP16:
-		d.code = kDLFloat, d.bits = 16;
-		break;
-	case KVP_DTYPE_BF16:
-		d.code = kDLBfloat, d.bits = 16;
-		break;
-	case KVP_DTYPE_FP32:
-		d.code = kDLFloat, d.bits = 32;
-		break;
-	case KVP_DTYPE_FP8:
-		d.code = (uint8_t)fp8_code, d.bits = 8;
-		break;
+	case KVP_DTYPE_FP16: d.code = kDLFloat, d.bits = 16; break;
+	case KVP_DTYPE_BF16: d.code = kDLBfloat, d.bits = 16; break;
+	case KVP_DTYPE_FP32: d.code = kDLFloat, d.bits = 32; break;
+	case KVP_DTYPE_FP8: d.code = (uint8_t)fp8_code, d.bits = 8; break;
 	}
 	return d;
 }
@@ -2204,7 +2214,7 @@ static int parse_version(PyObject *o, long *major, long *minor)
 
 static PyObject *view_dlpack(ViewObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+	static char *kwlist[] = { "stream", "max_version", "dl_device", "copy", NULL };
 	PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
 	struct kvpy_export *x;
 	long major = 0, minor = 0;
@@ -2284,14 +2294,10 @@ static PyObject *view_dlpack_device(ViewObject *self, PyObject *unused)
 static const char *view_format(const ViewObject *self)
 {
 	switch (self->dtype) {
-	case KVP_DTYPE_FP16:
-		return "e";
-	case KVP_DTYPE_FP32:
-		return "f";
-	case KVP_DTYPE_BF16:
-		return "H"; /* no struct code for bf16: raw 16-bit words */
-	default:
-		return "B"; /* fp8: raw bytes */
+	case KVP_DTYPE_FP16: return "e";
+	case KVP_DTYPE_FP32: return "f";
+	case KVP_DTYPE_BF16: return "H"; /* no struct code for bf16: raw 16-bit words */
+	default: return "B";		 /* fp8: raw bytes */
 	}
 }
 
@@ -2372,8 +2378,8 @@ static PyObject *view_get_dtype(ViewObject *self, void *unused)
 {
 	(void)unused;
 	return PyUnicode_FromString(self->dtype > 0 && self->dtype < KVP_DTYPE_MAX
-					? g_dtype_names[self->dtype]
-					: "unknown");
+					    ? g_dtype_names[self->dtype]
+					    : "unknown");
 }
 
 static PyObject *view_get_data_ptr(ViewObject *self, void *unused)
@@ -2400,51 +2406,57 @@ static PyObject *view_repr(ViewObject *self)
 
 	if (!shape)
 		return NULL;
-	r = PyUnicode_FromFormat(
-	    "<kvpool.View %s tier of %U, shape %R, %s, %s:%d>", kvp_tier_name(self->tier),
-	    self->pool_name, shape,
-	    self->dtype > 0 && self->dtype < KVP_DTYPE_MAX ? g_dtype_names[self->dtype] : "unknown",
-	    self->device.device_type == kDLCUDA ? "cuda" : "cpu", self->device.device_id);
+	r = PyUnicode_FromFormat("<kvpool.View %s tier of %U, shape %R, %s, %s:%d>",
+				 kvp_tier_name(self->tier), self->pool_name, shape,
+				 self->dtype > 0 && self->dtype < KVP_DTYPE_MAX
+					 ? g_dtype_names[self->dtype]
+					 : "unknown",
+				 self->device.device_type == kDLCUDA ? "cuda" : "cpu",
+				 self->device.device_id);
 	Py_DECREF(shape);
 	return r;
 }
 
 static PyMethodDef view_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))view_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA "
-     "DLPack capsule of the view: 'dltensor_versioned' (DLPack 1.x) when max_version >= "
-     "(1, 0), else 'dltensor'. Never copies."},
-    {"__dlpack_device__", (PyCFunction)view_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(device_type, device_id): (1, 0) for CPU-mapped tiers, "
-     "(2, N) for a cuda tier."},
-    {NULL, NULL, 0, NULL}};
+	{ "__dlpack__", (PyCFunction)(void (*)(void))view_dlpack, METH_VARARGS | METH_KEYWORDS,
+	  "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nA "
+	  "DLPack capsule of the view: 'dltensor_versioned' (DLPack 1.x) when max_version >= "
+	  "(1, 0), else 'dltensor'. Never copies." },
+	{ "__dlpack_device__", (PyCFunction)view_dlpack_device, METH_NOARGS,
+	  "__dlpack_device__()\n--\n\n(device_type, device_id): (1, 0) for CPU-mapped tiers, "
+	  "(2, N) for a cuda tier." },
+	{ NULL, NULL, 0, NULL }
+};
 
 static PyGetSetDef view_getset[] = {
-    {"shape", (getter)view_get_shape, NULL, "Shape of the view.", NULL},
-    {"strides", (getter)view_get_strides, NULL, "Strides in bytes.", NULL},
-    {"dtype", (getter)view_get_dtype, NULL, "Element type: fp16, bf16, fp8 or fp32.", NULL},
-    {"data_ptr", (getter)view_get_data_ptr, NULL, "Address of the first element.", NULL},
-    {"nbytes", (getter)view_get_nbytes, NULL, "Bytes the view spans.", NULL},
-    {"tier", (getter)view_get_tier, NULL, "The tier viewed.", NULL},
-    {NULL, NULL, NULL, NULL, NULL}};
+	{ "shape", (getter)view_get_shape, NULL, "Shape of the view.", NULL },
+	{ "strides", (getter)view_get_strides, NULL, "Strides in bytes.", NULL },
+	{ "dtype", (getter)view_get_dtype, NULL, "Element type: fp16, bf16, fp8 or fp32.", NULL },
+	{ "data_ptr", (getter)view_get_data_ptr, NULL, "Address of the first element.", NULL },
+	{ "nbytes", (getter)view_get_nbytes, NULL, "Bytes the view spans.", NULL },
+	{ "tier", (getter)view_get_tier, NULL, "The tier viewed.", NULL },
+	{ NULL, NULL, NULL, NULL, NULL }
+};
 
 static PyType_Slot view_slots[] = {
-    {Py_tp_doc, "A zero-copy view of tier memory (Pool.kv, Pool.host_pages_view); keeps the "
-		"mapping alive as long as it or anything made from it lives."},
-    {Py_tp_dealloc, view_dealloc},
-    {Py_tp_methods, view_methods},
-    {Py_tp_getset, view_getset},
-    {Py_tp_repr, view_repr},
-    {Py_bf_getbuffer, view_getbuffer},
-    {0, NULL}};
+	{ Py_tp_doc, "A zero-copy view of tier memory (Pool.kv, Pool.host_pages_view); keeps the "
+		     "mapping alive as long as it or anything made from it lives." },
+	{ Py_tp_dealloc, view_dealloc },
+	{ Py_tp_methods, view_methods },
+	{ Py_tp_getset, view_getset },
+	{ Py_tp_repr, view_repr },
+	{ Py_bf_getbuffer, view_getbuffer },
+	{ 0, NULL }
+};
 
-static PyType_Spec view_spec = {"kvpool.View", sizeof(ViewObject), 0,
-				Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, view_slots};
+static PyType_Spec view_spec = { "kvpool.View", sizeof(ViewObject), 0,
+				 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+				 view_slots };
 
 /* ---- module ---- */
 static PyObject *mod_connect(PyObject *mod, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"socket", "name", NULL};
+	static char *kwlist[] = { "socket", "name", NULL };
 	const char *path = NULL, *name = "python";
 	struct kvp_client *c;
 	struct kvp_error err;
@@ -2530,7 +2542,8 @@ static int c_match_loop(struct kvp_pool *p, const struct u32list *tokens, unsign
 	int r = 0;
 
 	for (unsigned int i = 0; i < n && r >= 0; i++)
-		r = kvp_cache_match(p, 0, tokens->v, (uint32_t)tokens->n, 0, &m, dev, host, cap, err);
+		r = kvp_cache_match(p, 0, tokens->v, (uint32_t)tokens->n, 0, &m, dev, host, cap,
+				    err);
 	return r;
 }
 
@@ -2595,7 +2608,8 @@ static int keylist_from(PyObject *o, struct keylist *kl)
 
 	memset(kl, 0, sizeof(*kl));
 	if (PyBytes_Check(o) || PyByteArray_Check(o) || PyUnicode_Check(o)) {
-		PyErr_SetString(PyExc_TypeError, "keys must be a sequence of bytes objects, not one");
+		PyErr_SetString(PyExc_TypeError,
+				"keys must be a sequence of bytes objects, not one");
 		return -1;
 	}
 	kl->tuple = PySequence_Tuple(o);
@@ -2634,11 +2648,11 @@ fail:
 
 static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"lease", "keys", "cached_keys", "namespace", "pages", NULL};
+	static char *kwlist[] = { "lease", "keys", "cached_keys", "namespace", "pages", NULL };
 	PyObject *lease_o, *keys_o, *ck_o = NULL, *ns_o = NULL, *pages_o = Py_None;
 	struct kvp_pool *p = pool_handle(self);
 	struct kvp_insert_keys_result res = { .struct_size = sizeof(res) };
-	struct u32list pages = {0};
+	struct u32list pages = { 0 };
 	struct keylist keys;
 	struct kvp_error err;
 	uint32_t cached = 0, npages, used;
@@ -2681,8 +2695,8 @@ static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw
 		npages = keys.n - cached;
 		if (npages > l->n) {
 			PyErr_Format(PyExc_ValueError,
-				     "%u keys past cached_keys need %u pages, the lease has %u", npages,
-				     npages, l->n);
+				     "%u keys past cached_keys need %u pages, the lease has %u",
+				     npages, npages, l->n);
 			goto fail;
 		}
 		pv = l->pages;
@@ -2717,10 +2731,10 @@ fail:
 
 static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"keys", "namespace", "lock", NULL};
+	static char *kwlist[] = { "keys", "namespace", "lock", NULL };
 	PyObject *keys_o, *ns_o = NULL;
 	struct kvp_pool *p = pool_handle(self);
-	struct kvp_match_keys_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
 	struct kvp_error err;
 	struct keylist keys;
 	uint32_t *dev, *host, cap;
@@ -2774,7 +2788,7 @@ fail:
 
 static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"keys", "namespace", NULL};
+	static char *kwlist[] = { "keys", "namespace", NULL };
 	PyObject *keys_o, *ns_o = NULL;
 	struct kvp_pool *p = pool_handle(self);
 	struct kvp_error err;
@@ -2801,52 +2815,61 @@ static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw
 }
 
 static PyMethodDef mod_methods[] = {
-    {"_c_alloc_free", mod_c_alloc_free, METH_VARARGS,
-     "_c_alloc_free(pool, n)\n--\n\nBenchmark baseline: n Alloc(1 page) + Free round trips "
-     "through the C API in one C loop; returns the seconds taken."},
-    {"_c_match", mod_c_match, METH_VARARGS,
-     "_c_match(pool, tokens, n)\n--\n\nBenchmark baseline: n unlocked matches of tokens "
-     "through the C API in one C loop; returns the seconds taken."},
-    {"connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
-     "connect(socket=None, name='python')\n--\n\nConnects to kvpoold at `socket` (None: "
-     "$KVPOOL_SOCKET, else the default path) and says Hello as `name`. Returns a Client; "
-     "NoDaemon when none answers."},
-    {"default_socket", mod_default_socket, METH_NOARGS,
-     "default_socket()\n--\n\nThe socket path a client uses when none is given."},
-    {NULL, NULL, 0, NULL}};
+	{ "_c_alloc_free", mod_c_alloc_free, METH_VARARGS,
+	  "_c_alloc_free(pool, n)\n--\n\nBenchmark baseline: n Alloc(1 page) + Free round trips "
+	  "through the C API in one C loop; returns the seconds taken." },
+	{ "_c_match", mod_c_match, METH_VARARGS,
+	  "_c_match(pool, tokens, n)\n--\n\nBenchmark baseline: n unlocked matches of tokens "
+	  "through the C API in one C loop; returns the seconds taken." },
+	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
+	  "connect(socket=None, name='python')\n--\n\nConnects to kvpoold at `socket` (None: "
+	  "$KVPOOL_SOCKET, else the default path) and says Hello as `name`. Returns a Client; "
+	  "NoDaemon when none answers." },
+	{ "default_socket", mod_default_socket, METH_NOARGS,
+	  "default_socket()\n--\n\nThe socket path a client uses when none is given." },
+	{ NULL, NULL, 0, NULL }
+};
 
 static struct PyModuleDef kvpool_module = {
-    PyModuleDef_HEAD_INIT,
-    "_kvpool",
-    "The C extension under the kvpool package (import kvpool, not this).",
-    -1,
-    mod_methods,
-    NULL,
-    NULL,
-    NULL,
-    NULL};
+	PyModuleDef_HEAD_INIT,
+	"_kvpool",
+	"The C extension under the kvpool package (import kvpool, not this).",
+	-1,
+	mod_methods,
+	NULL,
+	NULL,
+	NULL,
+	NULL
+};
 
 static PyStructSequence_Field g_geometry_fields[] = {
-    {"layers", "Transformer layers."},	    {"kv_heads", "Key/value heads per layer."},
-    {"head_dim", "Dimension of one head."}, {"dtype", "Element type: fp16, bf16, fp8 or fp32."},
-    {"page_tokens", "Tokens per page."},    {NULL, NULL}};
+	{ "layers", "Transformer layers." },
+	{ "kv_heads", "Key/value heads per layer." },
+	{ "head_dim", "Dimension of one head." },
+	{ "dtype", "Element type: fp16, bf16, fp8 or fp32." },
+	{ "page_tokens", "Tokens per page." },
+	{ NULL, NULL }
+};
 
 static PyStructSequence_Desc g_geometry_desc = {
-    "kvpool.Geometry", "A pool's KV layout: layers, kv_heads, head_dim, dtype, page_tokens.",
-    g_geometry_fields, 5};
+	"kvpool.Geometry", "A pool's KV layout: layers, kv_heads, head_dim, dtype, page_tokens.",
+	g_geometry_fields, 5
+};
 
 static PyStructSequence_Field g_event_fields[] = {
-    {"type", "The Response's result field number (kvpool.proto), 0 for none."},
-    {"code", "The frame's status code (0: OK)."},
-    {"id", "The frame's id (0: pushed by the daemon)."},
-    {"dropped", "Events dropped for a full queue since the last one taken."},
-    {"payload", "The frame's protobuf Response (at most 64 KiB of it)."},
-    {"payload_len", "The frame's size in bytes."},
-    {NULL, NULL}};
+	{ "type", "The Response's result field number (kvpool.proto), 0 for none." },
+	{ "code", "The frame's status code (0: OK)." },
+	{ "id", "The frame's id (0: pushed by the daemon)." },
+	{ "dropped", "Events dropped for a full queue since the last one taken." },
+	{ "payload", "The frame's protobuf Response (at most 64 KiB of it)." },
+	{ "payload_len", "The frame's size in bytes." },
+	{ NULL, NULL }
+};
 
 static PyStructSequence_Desc g_event_desc = {
-    "kvpool.Event", "A frame the daemon sent unasked (Client.next_event, Client.events).",
-    g_event_fields, 6};
+	"kvpool.Event", "A frame the daemon sent unasked (Client.next_event, Client.events).",
+	g_event_fields, 6
+};
 
 static int add_type(PyObject *m, PyType_Spec *spec, PyObject **out)
 {
@@ -2864,10 +2887,10 @@ static int add_exceptions(PyObject *m)
 	PyObject *code;
 
 	g_error = PyErr_NewExceptionWithDoc(
-	    "kvpool.Error",
-	    "Every failure kvpool reports: .code (enum kvp_code), .name and .message; the "
-	    "subclasses carry the typed detail as attributes.",
-	    NULL, NULL);
+		"kvpool.Error",
+		"Every failure kvpool reports: .code (enum kvp_code), .name and .message; the "
+		"subclasses carry the typed detail as attributes.",
+		NULL, NULL);
 	if (!g_error || PyModule_AddObjectRef(m, "Error", g_error))
 		return -1;
 	if (PyObject_SetAttrString(g_error, "code", Py_None))
@@ -2890,10 +2913,10 @@ static int add_exceptions(PyObject *m)
 			return -1;
 	}
 	g_client_busy = PyErr_NewExceptionWithDoc(
-	    "kvpool.ClientBusy",
-	    "A Client was entered by a second thread while in a call: a Client is not "
-	    "thread-safe.",
-	    g_error, NULL);
+		"kvpool.ClientBusy",
+		"A Client was entered by a second thread while in a call: a Client is not "
+		"thread-safe.",
+		g_error, NULL);
 	if (!g_client_busy || PyModule_AddObjectRef(m, "ClientBusy", g_client_busy))
 		return -1;
 	return 0;
@@ -2931,11 +2954,11 @@ PyMODINIT_FUNC PyInit__kvpool(void)
 	g_geometry_type = (PyObject *)PyStructSequence_NewType(&g_geometry_desc);
 	g_event_type = (PyObject *)PyStructSequence_NewType(&g_event_desc);
 	if (!g_geometry_type || PyModule_AddObjectRef(m, "Geometry", g_geometry_type) ||
-	    !g_event_type || PyModule_AddObjectRef(m, "Event", g_event_type) ||
-	    add_exceptions(m) || add_type(m, &client_spec, &g_client_type) ||
-	    add_type(m, &pool_spec, &g_pool_type) || add_type(m, &lease_spec, &g_lease_type) ||
-	    add_type(m, &match_spec, &g_match_type) || add_type(m, &view_spec, &g_view_type) ||
-	    import_helpers() || PyModule_AddStringConstant(m, "__version__", KVP_VERSION) ||
+	    !g_event_type || PyModule_AddObjectRef(m, "Event", g_event_type) || add_exceptions(m) ||
+	    add_type(m, &client_spec, &g_client_type) || add_type(m, &pool_spec, &g_pool_type) ||
+	    add_type(m, &lease_spec, &g_lease_type) || add_type(m, &match_spec, &g_match_type) ||
+	    add_type(m, &view_spec, &g_view_type) || import_helpers() ||
+	    PyModule_AddStringConstant(m, "__version__", KVP_VERSION) ||
 	    PyModule_AddIntConstant(m, "PROTOCOL_VERSION", KVP_PROTOCOL_VERSION) ||
 	    PyModule_AddIntConstant(m, "HAVE_CUDA", KVP_HAVE_CUDA)) {
 		Py_DECREF(m);

@@ -103,8 +103,8 @@ static inline void b_row_print(const struct b_row *r)
 	uname(&u);
 	printf("{\"name\":");
 	b_json_str(stdout, r->name);
-	printf(",\"params\":%s,\"machine\":{\"nproc\":%ld,\"kernel\":", r->params ? r->params : "{}",
-	       sysconf(_SC_NPROCESSORS_ONLN));
+	printf(",\"params\":%s,\"machine\":{\"nproc\":%ld,\"kernel\":",
+	       r->params ? r->params : "{}", sysconf(_SC_NPROCESSORS_ONLN));
 	b_json_str(stdout, u.release);
 	printf("},\"baseline\":");
 	b_json_num(stdout, r->baseline, r->have_base);

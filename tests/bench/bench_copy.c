@@ -35,11 +35,12 @@ static void shuffle_ids(uint32_t *v, uint32_t n, unsigned *seed)
 
 static const char *params(uint32_t pages, int reps, const char *impl)
 {
-	return b_fmt("{\"layers\":%u,\"page_tokens\":%u,\"row_bytes\":%u,\"page_bytes\":%u,"
-		     "\"batch_pages\":%u,\"tier_pages\":%u,\"page_ids\":\"shuffled\",\"best_of\":%d,"
-		     "\"impl\":\"%s\",\"stream_min_bytes\":%llu}",
-		     LAYERS, PT, ROW, LAYERS * 2 * PT * ROW, BATCH, pages, reps, impl,
-		     (unsigned long long)KVP_COPY_STREAM_DEFAULT);
+	return b_fmt(
+		"{\"layers\":%u,\"page_tokens\":%u,\"row_bytes\":%u,\"page_bytes\":%u,"
+		"\"batch_pages\":%u,\"tier_pages\":%u,\"page_ids\":\"shuffled\",\"best_of\":%d,"
+		"\"impl\":\"%s\",\"stream_min_bytes\":%llu}",
+		LAYERS, PT, ROW, LAYERS * 2 * PT * ROW, BATCH, pages, reps, impl,
+		(unsigned long long)KVP_COPY_STREAM_DEFAULT);
 }
 
 static void cuda_rows(int quick, uint32_t pages);
@@ -49,8 +50,11 @@ int main(int argc, char **argv)
 	int quick = b_quick(argc, argv);
 	uint32_t pages = quick ? 512 : 2048;
 	int reps = quick ? 3 : 15;
-	struct kvp_copy_geom g = { .layers = LAYERS, .page_tokens = PT, .row_bytes = ROW,
-				   .dev_slots = (uint64_t)pages * PT, .host_pages = pages };
+	struct kvp_copy_geom g = { .layers = LAYERS,
+				   .page_tokens = PT,
+				   .row_bytes = ROW,
+				   .dev_slots = (uint64_t)pages * PT,
+				   .host_pages = pages };
 	uint64_t pb = kvp_host_page_bytes(&g), bytes = pb * BATCH;
 	uint8_t *dev = malloc(pb * pages), *host = malloc(pb * pages);
 	uint32_t *dp = malloc(sizeof(uint32_t) * pages), *hp = malloc(sizeof(uint32_t) * pages);
@@ -95,15 +99,25 @@ int main(int argc, char **argv)
 		}
 	}
 	b_row_print(&(struct b_row){
-		.name = "copy.demote.cpu", .params = params(pages, reps, "kvp_copy_dev_to_host_cpu"),
+		.name = "copy.demote.cpu",
+		.params = params(pages, reps, "kvp_copy_dev_to_host_cpu"),
 		.baseline_what = "memcpy of the same bytes, page-contiguous, same page ids (GB/s)",
-		.baseline = best[1] / 1e9, .have_base = 1, .value = best[0] / 1e9, .have_value = 1,
-		.unit = "GB/s", .target = "ratio >= 0.70" });
+		.baseline = best[1] / 1e9,
+		.have_base = 1,
+		.value = best[0] / 1e9,
+		.have_value = 1,
+		.unit = "GB/s",
+		.target = "ratio >= 0.70" });
 	b_row_print(&(struct b_row){
-		.name = "copy.promote.cpu", .params = params(pages, reps, "kvp_copy_host_to_dev_cpu"),
+		.name = "copy.promote.cpu",
+		.params = params(pages, reps, "kvp_copy_host_to_dev_cpu"),
 		.baseline_what = "memcpy of the same bytes, page-contiguous, same page ids (GB/s)",
-		.baseline = best[3] / 1e9, .have_base = 1, .value = best[2] / 1e9, .have_value = 1,
-		.unit = "GB/s", .target = "ratio >= 0.70" });
+		.baseline = best[3] / 1e9,
+		.have_base = 1,
+		.value = best[2] / 1e9,
+		.have_value = 1,
+		.unit = "GB/s",
+		.target = "ratio >= 0.70" });
 	free(dev);
 	free(host);
 	free(dp);
@@ -121,14 +135,19 @@ static void skipped(const char *why)
 	const char *pcie[2] = { "copy.demote.cuda_vs_pcie", "copy.promote.cuda_vs_pcie" };
 
 	for (int i = 0; i < 2; i++) {
-		b_row_print(&(struct b_row){
-			.name = names[i], .params = params(0, 0, "kv_copy.cu"),
-			.baseline_what = "cudaMemcpyAsync of the same bytes (GB/s)",
-			.unit = "GB/s", .target = CUDA_TARGET, .note = why });
-		b_row_print(&(struct b_row){
-			.name = pcie[i], .params = params(0, 0, "kv_copy.cu"),
-			.baseline_what = PCIE_WHAT, .unit = "GB/s",
-			.target = "none (the link's ceiling)", .note = why });
+		b_row_print(&(struct b_row){ .name = names[i],
+					     .params = params(0, 0, "kv_copy.cu"),
+					     .baseline_what =
+						     "cudaMemcpyAsync of the same bytes (GB/s)",
+					     .unit = "GB/s",
+					     .target = CUDA_TARGET,
+					     .note = why });
+		b_row_print(&(struct b_row){ .name = pcie[i],
+					     .params = params(0, 0, "kv_copy.cu"),
+					     .baseline_what = PCIE_WHAT,
+					     .unit = "GB/s",
+					     .target = "none (the link's ceiling)",
+					     .note = why });
 	}
 }
 
@@ -179,8 +198,11 @@ static int pcie_limit(int dev, double *gbs, char *what, size_t n)
 
 static void cuda_rows(int quick, uint32_t pages)
 {
-	struct kvp_copy_geom g = { .layers = LAYERS, .page_tokens = PT, .row_bytes = ROW,
-				   .dev_slots = (uint64_t)pages * PT, .host_pages = pages };
+	struct kvp_copy_geom g = { .layers = LAYERS,
+				   .page_tokens = PT,
+				   .row_bytes = ROW,
+				   .dev_slots = (uint64_t)pages * PT,
+				   .host_pages = pages };
 	uint64_t pb = kvp_host_page_bytes(&g), bytes = pb * BATCH;
 	struct kvp_copy_cuda *cc = NULL;
 	void *dev = NULL, *host = NULL, *host_d = NULL;
@@ -225,7 +247,8 @@ static void cuda_rows(int quick, uint32_t pages)
 
 			switch (k) {
 			case 0:
-				if (kvp_copy_dev_to_host_cuda(cc, &g, dev, host_d, dp, hp, BATCH) < 0 ||
+				if (kvp_copy_dev_to_host_cuda(cc, &g, dev, host_d, dp, hp, BATCH) <
+					    0 ||
 				    kvp_copy_cuda_sync(cc) < 0)
 					B_DIE("cuda demote: %s", kvp_copy_cuda_error(cc));
 				break;
@@ -234,7 +257,8 @@ static void cuda_rows(int quick, uint32_t pages)
 				cudaStreamSynchronize(s);
 				break;
 			case 2:
-				if (kvp_copy_host_to_dev_cuda(cc, &g, host_d, dev, hp, dp, BATCH) < 0 ||
+				if (kvp_copy_host_to_dev_cuda(cc, &g, host_d, dev, hp, dp, BATCH) <
+					    0 ||
 				    kvp_copy_cuda_sync(cc) < 0)
 					B_DIE("cuda promote: %s", kvp_copy_cuda_error(cc));
 				break;
@@ -249,15 +273,26 @@ static void cuda_rows(int quick, uint32_t pages)
 		}
 	}
 	b_row_print(&(struct b_row){
-		.name = "copy.demote.cuda", .params = params(pages, reps - 1, "kv_copy.cu"),
+		.name = "copy.demote.cuda",
+		.params = params(pages, reps - 1, "kv_copy.cu"),
 		.baseline_what = "one cudaMemcpyAsync DtoH of the same bytes to pinned host (GB/s)",
-		.baseline = best[1] / 1e9, .have_base = 1, .value = best[0] / 1e9, .have_value = 1,
-		.unit = "GB/s", .target = CUDA_TARGET });
+		.baseline = best[1] / 1e9,
+		.have_base = 1,
+		.value = best[0] / 1e9,
+		.have_value = 1,
+		.unit = "GB/s",
+		.target = CUDA_TARGET });
 	b_row_print(&(struct b_row){
-		.name = "copy.promote.cuda", .params = params(pages, reps - 1, "kv_copy.cu"),
-		.baseline_what = "one cudaMemcpyAsync HtoD of the same bytes from pinned host (GB/s)",
-		.baseline = best[3] / 1e9, .have_base = 1, .value = best[2] / 1e9, .have_value = 1,
-		.unit = "GB/s", .target = CUDA_TARGET });
+		.name = "copy.promote.cuda",
+		.params = params(pages, reps - 1, "kv_copy.cu"),
+		.baseline_what =
+			"one cudaMemcpyAsync HtoD of the same bytes from pinned host (GB/s)",
+		.baseline = best[3] / 1e9,
+		.have_base = 1,
+		.value = best[2] / 1e9,
+		.have_value = 1,
+		.unit = "GB/s",
+		.target = CUDA_TARGET });
 	{
 		double limit = 0;
 		char link[96];
@@ -265,10 +300,15 @@ static void cuda_rows(int quick, uint32_t pages)
 
 		for (int k = 0; k < 2; k++)
 			b_row_print(&(struct b_row){
-				.name = k ? "copy.promote.cuda_vs_pcie" : "copy.demote.cuda_vs_pcie",
+				.name = k ? "copy.promote.cuda_vs_pcie"
+					  : "copy.demote.cuda_vs_pcie",
 				.params = params(pages, reps - 1, "kv_copy.cu"),
-				.baseline_what = PCIE_WHAT, .baseline = limit, .have_base = have,
-				.value = best[k ? 2 : 0] / 1e9, .have_value = 1, .unit = "GB/s",
+				.baseline_what = PCIE_WHAT,
+				.baseline = limit,
+				.have_base = have,
+				.value = best[k ? 2 : 0] / 1e9,
+				.have_value = 1,
+				.unit = "GB/s",
 				.target = "none (the link's ceiling)",
 				.note = have ? b_fmt("link %s", link)
 					     : "PCIe link not reported in sysfs" });

@@ -19,8 +19,8 @@
 
 #define PT 16
 #define PREFIX_PAGES 64
-#define POOL_FMT                                                                        \
-	"[pool.%s]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\npage_tokens = 16\n" \
+#define POOL_FMT                                                                                   \
+	"[pool.%s]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\npage_tokens = 16\n"     \
 	"device = %s\ndevice_capacity = 16384t\nhost_capacity = 4096t\nmlock = off\n"
 #define TARGET "ratio >= 0.90"
 
@@ -42,9 +42,12 @@ static const char *params(int reps, double window)
 static void skipped(const char *why)
 {
 	for (int i = 0; i < 2; i++)
-		b_row_print(&(struct b_row){ .name = g_names[i], .params = params(0, 0),
-					     .baseline_what = g_what[i], .unit = "pairs/s",
-					     .target = TARGET, .note = why });
+		b_row_print(&(struct b_row){ .name = g_names[i],
+					     .params = params(0, 0),
+					     .baseline_what = g_what[i],
+					     .unit = "pairs/s",
+					     .target = TARGET,
+					     .note = why });
 }
 
 #if !KVP_HAVE_CUDA
@@ -78,8 +81,9 @@ static double window(struct kvp_pool *p, int k, const uint32_t *tok, double secs
 				    kvp_lease_free(p, lease, NULL, 0, &e) < 0)
 					return -1;
 			} else if (kvp_cache_match(p, 0, tok, PREFIX_PAGES * PT, 1, &m, dev, host,
-					     PREFIX_PAGES, &e) < 0 ||
-				   m.n_device != PREFIX_PAGES || kvp_cache_release(p, m.lock_id, &e) < 0) {
+						   PREFIX_PAGES, &e) < 0 ||
+				   m.n_device != PREFIX_PAGES ||
+				   kvp_cache_release(p, m.lock_id, &e) < 0) {
 				return -1;
 			}
 		}
@@ -116,7 +120,7 @@ static int client(void *arg)
 		/* the bytes do not matter to the daemon: publish the pages as they are */
 		if (kvp_lease_alloc(p[i], KVP_TIER_DEVICE, PREFIX_PAGES, &lease, pages, &e) < 0 ||
 		    kvp_cache_insert(p[i], lease, 0, tok, PREFIX_PAGES * PT, 0, pages, PREFIX_PAGES,
-			       &fresh, &e) < 0) {
+				     &fresh, &e) < 0) {
 			fprintf(stderr, "insert %s: %s\n", names[i], e.message);
 			return 3;
 		}
@@ -171,7 +175,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (rc != 0)
-		B_DIE("kvp_cuda_probe failed in a child (exit %d): a GPU is there but unusable", rc);
+		B_DIE("kvp_cuda_probe failed in a child (exit %d): a GPU is there but unusable",
+		      rc);
 	snprintf(conf, sizeof(conf), POOL_FMT POOL_FMT, "sim", "sim", "cuda", "cuda:0");
 	bn_daemon_start(&d, conf);
 	if (pipe(p) < 0)
@@ -184,11 +189,15 @@ int main(int argc, char **argv)
 		B_DIE("the measuring client failed (exit %d); daemon log %s", rc, d.log);
 	close(p[0]);
 	for (int k = 0; k < 2; k++)
-		b_row_print(&(struct b_row){
-			.name = g_names[k], .params = params(r.quick ? 2 : 5, r.quick ? 0.2 : 1.0),
-			.baseline_what = g_what[k], .baseline = best[k * 2], .have_base = 1,
-			.value = best[k * 2 + 1], .have_value = 1, .unit = "pairs/s",
-			.target = TARGET });
+		b_row_print(&(struct b_row){ .name = g_names[k],
+					     .params = params(r.quick ? 2 : 5, r.quick ? 0.2 : 1.0),
+					     .baseline_what = g_what[k],
+					     .baseline = best[k * 2],
+					     .have_base = 1,
+					     .value = best[k * 2 + 1],
+					     .have_value = 1,
+					     .unit = "pairs/s",
+					     .target = TARGET });
 	return 0;
 }
 #endif

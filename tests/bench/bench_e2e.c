@@ -171,10 +171,19 @@ static void run_prefix(struct daemon *d, int private_pools, const char *seconds,
 static void run_uneven(struct daemon *d, int private_pools, const char *seconds, struct lg *lng,
 		       struct lg *shrt)
 {
-	static const char *const long_wl[] = { "--workload", "lease", "--min-tokens", LONG_TOKENS,
-					       "--max-tokens", LONG_TOKENS, "--batch", "1", NULL };
-	static const char *const short_wl[] = { "--workload", "lease", "--min-tokens", "128",
-						"--max-tokens", "768", "--batch", "2", NULL };
+	static const char *const long_wl[] = { "--workload",
+					       "lease",
+					       "--min-tokens",
+					       LONG_TOKENS,
+					       "--max-tokens",
+					       LONG_TOKENS,
+					       "--batch",
+					       "1",
+					       NULL };
+	static const char *const short_wl[] = {
+		"--workload", "lease", "--min-tokens", "128", "--max-tokens", "768", "--batch",
+		"2",	      NULL
+	};
 	struct lg_run a, b;
 
 	lg_start(&a, d, private_pools ? "long" : "burst", private_pools, "1", seconds, long_wl);
@@ -194,11 +203,14 @@ int main(int argc, char **argv)
 	const char *seconds = quick ? "1" : "6";
 	/* 16 system prompts of 768 tokens (12288 tokens: fit the shared pool's 2 x 8192, not a
 	 * private pool's 2 x 2048), conversations of 4 turns of 128 tokens */
-	static const char *const wl[] = { "--workload", "shared-prefix", "--families", "16",
-					  "--prefix-tokens", "768", "--turn-tokens", "128", "--turns",
-					  "4", NULL };
+	static const char *const wl[] = {
+		"--workload", "shared-prefix", "--families", "16",	"--prefix-tokens",
+		"768",	      "--turn-tokens", "128",	     "--turns", "4",
+		NULL
+	};
 	char conf[8192] = "[daemon]\nkeepalive_ms = 10000\n";
-	struct lg sh = { 0 }, pr = { 0 }, ul_sh = { 0 }, us_sh = { 0 }, ul_pr = { 0 }, us_pr = { 0 };
+	struct lg sh = { 0 }, pr = { 0 }, ul_sh = { 0 }, us_sh = { 0 }, ul_pr = { 0 },
+		  us_pr = { 0 };
 	static struct daemon d;
 	const char *prm;
 
@@ -227,28 +239,48 @@ int main(int argc, char **argv)
 		    seconds, C_TOKENS, C_TOKENS, C_TOKENS / 4, C_TOKENS / 4,
 		    sh.queried ? sh.hit / sh.queried : 0, pr.queried ? pr.hit / pr.queried : 0,
 		    sh.oom, pr.oom, sh.requests, pr.requests);
+	b_row_print(&(struct b_row){ .name = "e2e.shared_prefix.requests_per_s",
+				     .params = prm,
+				     .baseline_what =
+					     "same workload, 4 private pools of C/4 (requests/s)",
+				     .baseline = pr.rps,
+				     .have_base = 1,
+				     .value = sh.rps,
+				     .have_value = 1,
+				     .unit = "requests/s",
+				     .target = "shared / private" });
 	b_row_print(&(struct b_row){
-		.name = "e2e.shared_prefix.requests_per_s", .params = prm,
-		.baseline_what = "same workload, 4 private pools of C/4 (requests/s)",
-		.baseline = pr.rps, .have_base = 1, .value = sh.rps, .have_value = 1,
-		.unit = "requests/s", .target = "shared / private" });
-	b_row_print(&(struct b_row){
-		.name = "e2e.shared_prefix.hit_tokens", .params = prm,
+		.name = "e2e.shared_prefix.hit_tokens",
+		.params = prm,
 		.baseline_what = "same workload, 4 private pools of C/4 (tokens not recomputed)",
-		.baseline = pr.hit, .have_base = 1, .value = sh.hit, .have_value = 1,
-		.unit = "tokens", .target = "shared / private",
+		.baseline = pr.hit,
+		.have_base = 1,
+		.value = sh.hit,
+		.have_value = 1,
+		.unit = "tokens",
+		.target = "shared / private",
 		.note = "totals over the run; compare with requests (params) for per-request" });
 	b_row_print(&(struct b_row){
-		.name = "e2e.shared_prefix.hit_rate", .params = prm,
-		.baseline_what = "same workload, 4 private pools of C/4 (hit tokens / queried tokens)",
-		.baseline = pr.queried ? pr.hit / pr.queried : 0, .have_base = pr.queried > 0,
-		.value = sh.queried ? sh.hit / sh.queried : 0, .have_value = sh.queried > 0,
-		.unit = "fraction", .target = "shared / private" });
+		.name = "e2e.shared_prefix.hit_rate",
+		.params = prm,
+		.baseline_what =
+			"same workload, 4 private pools of C/4 (hit tokens / queried tokens)",
+		.baseline = pr.queried ? pr.hit / pr.queried : 0,
+		.have_base = pr.queried > 0,
+		.value = sh.queried ? sh.hit / sh.queried : 0,
+		.have_value = sh.queried > 0,
+		.unit = "fraction",
+		.target = "shared / private" });
 	b_row_print(&(struct b_row){
-		.name = "e2e.shared_prefix.capacity_errors", .params = prm,
+		.name = "e2e.shared_prefix.capacity_errors",
+		.params = prm,
 		.baseline_what = "same workload, 4 private pools of C/4 (errors.OUT_OF_CAPACITY)",
-		.baseline = pr.oom, .have_base = 1, .value = sh.oom, .have_value = 1,
-		.unit = "errors", .target = "fewer is better" });
+		.baseline = pr.oom,
+		.have_base = 1,
+		.value = sh.oom,
+		.have_value = 1,
+		.unit = "errors",
+		.target = "fewer is better" });
 
 	prm = b_fmt("{\"seconds\":%s,\"long\":{\"procs\":1,\"tokens\":%s,\"batch\":1},"
 		    "\"short\":{\"procs\":3,\"tokens\":\"128-768\",\"batch\":2},"
@@ -260,17 +292,28 @@ int main(int argc, char **argv)
 		    seconds, LONG_TOKENS, C_TOKENS, C_TOKENS / 4, ul_sh.requests, ul_pr.requests,
 		    us_sh.rps, us_pr.rps, ul_sh.oom + us_sh.oom, ul_pr.oom + us_pr.oom);
 	b_row_print(&(struct b_row){
-		.name = "e2e.uneven.long_requests", .params = prm,
-		.baseline_what = "same engines, 4 private pools of C/4 (long-context requests served)",
-		.baseline = ul_pr.requests, .have_base = 1, .value = ul_sh.requests, .have_value = 1,
-		.unit = "requests", .target = "shared / private",
+		.name = "e2e.uneven.long_requests",
+		.params = prm,
+		.baseline_what =
+			"same engines, 4 private pools of C/4 (long-context requests served)",
+		.baseline = ul_pr.requests,
+		.have_base = 1,
+		.value = ul_sh.requests,
+		.have_value = 1,
+		.unit = "requests",
+		.target = "shared / private",
 		.note = "a long request needs more than a quarter pool: privately it is refused "
 			"every time (short requests/s in params: on few cores they share the CPU "
 			"with the long engine's byte work)" });
 	b_row_print(&(struct b_row){
-		.name = "e2e.uneven.capacity_errors", .params = prm,
+		.name = "e2e.uneven.capacity_errors",
+		.params = prm,
 		.baseline_what = "same engines, 4 private pools of C/4 (errors.OUT_OF_CAPACITY)",
-		.baseline = ul_pr.oom + us_pr.oom, .have_base = 1, .value = ul_sh.oom + us_sh.oom,
-		.have_value = 1, .unit = "errors", .target = "fewer is better" });
+		.baseline = ul_pr.oom + us_pr.oom,
+		.have_base = 1,
+		.value = ul_sh.oom + us_sh.oom,
+		.have_value = 1,
+		.unit = "errors",
+		.target = "fewer is better" });
 	return 0;
 }

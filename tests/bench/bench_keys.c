@@ -97,8 +97,8 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		uint32_t pg;
 
 		if (kvp_pages_alloc(host, 1, &pg) < 0 ||
-		    kvp_keys_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_ID_HOST, &pg, NULL, NULL) <
-			0)
+		    kvp_keys_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_ID_HOST, &pg, NULL,
+				    NULL) < 0)
 			return -1;
 	}
 	t0 = b_now_s();
@@ -112,17 +112,17 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 	if (hits != npages)
 		return -1;
 	b_row_print(&(struct b_row){
-	    .name = "keys_match_1M_scattered",
-	    .params = b_fmt("{\"cached_pages\":%u,\"chain\":%d,\"key_bytes\":%d}", npages, CHAIN,
-			    KEY_BYTES),
-	    .baseline_what = "plain open-addressing hash-set lookup of the same keys, keys/s",
-	    .baseline = base,
-	    .have_base = 1,
-	    .value = npages / t,
-	    .have_value = 1,
-	    .unit = "keys/s",
-	    .target = "none (the table path alone; the 20M target is keys_match_1M's)",
-	    .note = "keys inserted one per call in random order: every lookup hashes and probes",
+		.name = "keys_match_1M_scattered",
+		.params = b_fmt("{\"cached_pages\":%u,\"chain\":%d,\"key_bytes\":%d}", npages,
+				CHAIN, KEY_BYTES),
+		.baseline_what = "plain open-addressing hash-set lookup of the same keys, keys/s",
+		.baseline = base,
+		.have_base = 1,
+		.value = npages / t,
+		.have_value = 1,
+		.unit = "keys/s",
+		.target = "none (the table path alone; the 20M target is keys_match_1M's)",
+		.note = "keys inserted one per call in random order: every lookup hashes and probes",
 	});
 	kvp_keys_free(kc);
 	kvp_pages_free(host);
@@ -154,13 +154,13 @@ int main(int argc, char **argv)
 		memcpy(kb + i, &v, 8);
 	}
 	for (uint32_t i = 0; i < npages; i++)
-		keys[i] = (struct kvp_key){KEY_BYTES, kb + (size_t)i * KEY_BYTES};
+		keys[i] = (struct kvp_key){ KEY_BYTES, kb + (size_t)i * KEY_BYTES };
 	for (uint32_t c = 0; c < nchains; c++) {
 		struct kvp_keys_insert_result r;
 
 		if (kvp_pages_alloc(host, CHAIN, pages) < 0 ||
-		    kvp_keys_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_ID_HOST, pages,
-				    &r, NULL) < 0 ||
+		    kvp_keys_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_ID_HOST,
+				    pages, &r, NULL) < 0 ||
 		    r.new_pages != CHAIN) {
 			fprintf(stderr, "bench_keys: insert failed\n");
 			return 1;
@@ -206,31 +206,33 @@ int main(int argc, char **argv)
 	bpp = kvp_keys_bytes_per_page(kc);
 
 	b_row_print(&(struct b_row){
-	    .name = "keys_match_1M",
-	    .params = b_fmt("{\"cached_pages\":%u,\"chain\":%d,\"key_bytes\":%d}", npages, CHAIN,
-			    KEY_BYTES),
-	    .baseline_what = "plain open-addressing hash-set lookup of the same keys, keys/s",
-	    .baseline = npages / t_set,
-	    .have_base = 1,
-	    .value = npages / t_kc,
-	    .have_value = 1,
-	    .unit = "keys/s",
-	    .target = ">= 20M keys/s",
-	    .note = "single thread, every chain matched once in random order (no lock)",
+		.name = "keys_match_1M",
+		.params = b_fmt("{\"cached_pages\":%u,\"chain\":%d,\"key_bytes\":%d}", npages,
+				CHAIN, KEY_BYTES),
+		.baseline_what = "plain open-addressing hash-set lookup of the same keys, keys/s",
+		.baseline = npages / t_set,
+		.have_base = 1,
+		.value = npages / t_kc,
+		.have_value = 1,
+		.unit = "keys/s",
+		.target = ">= 20M keys/s",
+		.note = "single thread, every chain matched once in random order (no lock)",
 	});
 	b_row_print(&(struct b_row){
-	    .name = "keys_metadata_per_page",
-	    .params = b_fmt("{\"cached_pages\":%u,\"key_bytes\":%d}", npages, KEY_BYTES),
-	    .baseline_what = "bytes per slot of the baseline hash set (key inline, 1 used byte, "
-			     "load 1/2)",
-	    .baseline = (double)slots * (KEY_BYTES + 1) / npages,
-	    .have_base = 1,
-	    .value = bpp,
-	    .have_value = 1,
-	    .unit = "bytes/page (entry + table share, key slab apart)",
-	    .target = "<= 64 B plus the key bytes",
-	    .note = b_fmt("key slabs %.1f B/page; all metadata incl. spare capacity %.1f B/page",
-			  (double)st.key_bytes / npages, (double)st.metadata_bytes / npages),
+		.name = "keys_metadata_per_page",
+		.params = b_fmt("{\"cached_pages\":%u,\"key_bytes\":%d}", npages, KEY_BYTES),
+		.baseline_what =
+			"bytes per slot of the baseline hash set (key inline, 1 used byte, "
+			"load 1/2)",
+		.baseline = (double)slots * (KEY_BYTES + 1) / npages,
+		.have_base = 1,
+		.value = bpp,
+		.have_value = 1,
+		.unit = "bytes/page (entry + table share, key slab apart)",
+		.target = "<= 64 B plus the key bytes",
+		.note = b_fmt(
+			"key slabs %.1f B/page; all metadata incl. spare capacity %.1f B/page",
+			(double)st.key_bytes / npages, (double)st.metadata_bytes / npages),
 	});
 	kvp_keys_free(kc);
 	kvp_pages_free(host);

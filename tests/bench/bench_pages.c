@@ -85,8 +85,10 @@ int main(int argc, char **argv)
 					"\"seconds\":%.2f,\"best_of\":%d}",
 					b, TOTAL, TOTAL / 2, secs, reps),
 			.baseline_what = "memcpy of the same id arrays in and out (pages/s)",
-			.baseline = best_m, .have_base = 1,
-			.value = best_k, .have_value = 1,
+			.baseline = best_m,
+			.have_base = 1,
+			.value = best_k,
+			.have_value = 1,
 			.unit = "pages/s",
 			.target = "none (floor of touching the ids)",
 		});

@@ -23,7 +23,7 @@
 
 struct conv {
 	uint32_t prompt;
-	uint32_t own;  /* tokens after the prompt, whole pages */
+	uint32_t own; /* tokens after the prompt, whole pages */
 	uint64_t seed;
 };
 
@@ -107,16 +107,19 @@ static void run(uint64_t target_tokens, int quick)
 	uint32_t nprompts = 300;
 	uint32_t pool_pages = (uint32_t)(target_tokens / PT + 2 * 4096 + 4096);
 	struct kvp_pages *dev = kvp_pages_new(pool_pages);
-	struct kvp_prefix_conf conf = { .page_tokens = PT, .policy = KVP_EVICT_POLICY_LRU,
-					.dev = dev, .copy = noop_copy };
+	struct kvp_prefix_conf conf = {
+		.page_tokens = PT, .policy = KVP_EVICT_POLICY_LRU, .dev = dev, .copy = noop_copy
+	};
 	struct kvp_prefix *pfx;
 	struct kvp_prefix_stats st;
 	uint32_t maxseq = 2048 + 4 * MAX_TURN_TOKENS + TAIL;
 	uint32_t *seq = malloc(sizeof(uint32_t) * maxseq), *ref = malloc(sizeof(uint32_t) * maxseq);
-	uint32_t *pages = malloc(sizeof(uint32_t) * maxseq), *dup = malloc(sizeof(uint32_t) * maxseq);
+	uint32_t *pages = malloc(sizeof(uint32_t) * maxseq),
+		 *dup = malloc(sizeof(uint32_t) * maxseq);
 	uint32_t *dups = malloc(sizeof(uint32_t) * maxseq);
 	uint32_t *dst = malloc(sizeof(uint32_t) * maxseq);
-	uint32_t *mdev = malloc(sizeof(uint32_t) * maxseq), *mhost = malloc(sizeof(uint32_t) * maxseq);
+	uint32_t *mdev = malloc(sizeof(uint32_t) * maxseq),
+		 *mhost = malloc(sizeof(uint32_t) * maxseq);
 	uint32_t *dupcount;
 	uint64_t cached = 0, ins_tokens = 0, ins_ns = 0, base_ns = 0;
 	const char *tag = target_tokens >= 10000000 ? "10M" : "1M";
@@ -167,7 +170,8 @@ static void run(uint64_t target_tokens, int quick)
 		B_DIE("out of memory");
 	for (uint32_t i = 0; i < sh.nconvs; i++) {
 		const struct conv *c = &sh.convs[i];
-		uint32_t n = conv_tokens(&sh, c, seq), known = dupcount[c->prompt]++ ? sh.plen[c->prompt] : 0;
+		uint32_t n = conv_tokens(&sh, c, seq),
+			 known = dupcount[c->prompt]++ ? sh.plen[c->prompt] : 0;
 		uint64_t t0;
 
 		memcpy(ref, seq, sizeof(uint32_t) * known);
@@ -184,18 +188,24 @@ static void run(uint64_t target_tokens, int quick)
 		.name = b_fmt("prefix.insert.%s", tag),
 		.params = b_fmt("{\"cached_tokens\":%lu,\"page_tokens\":%u,\"system_prompts\":%u,"
 				"\"conversations\":%u,\"nodes\":%lu,\"inserted_tokens\":%lu}",
-				(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT, sh.nprompts,
-				sh.nconvs, (unsigned long)st.nodes, (unsigned long)ins_tokens),
-		.baseline_what = "memcmp of the already-cached tokens + memcpy of the new ones (tokens/s)",
-		.baseline = (double)ins_tokens / ((double)base_ns / 1e9), .have_base = 1,
-		.value = (double)ins_tokens / ((double)ins_ns / 1e9), .have_value = 1,
-		.unit = "tokens/s", .target = "none",
+				(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT,
+				sh.nprompts, sh.nconvs, (unsigned long)st.nodes,
+				(unsigned long)ins_tokens),
+		.baseline_what =
+			"memcmp of the already-cached tokens + memcpy of the new ones (tokens/s)",
+		.baseline = (double)ins_tokens / ((double)base_ns / 1e9),
+		.have_base = 1,
+		.value = (double)ins_tokens / ((double)ins_ns / 1e9),
+		.have_value = 1,
+		.unit = "tokens/s",
+		.target = "none",
 		.note = "tree built from empty by these inserts" });
 
 	/* Match: queries are cached conversations plus an uncached, unaligned next turn. */
 	{
 		uint32_t nq = quick ? 1024 : 8192, reps = quick ? 5 : 7;
-		uint32_t *qoff = malloc(sizeof(uint32_t) * (nq + 1)), *qmatch = calloc(nq, sizeof(uint32_t));
+		uint32_t *qoff = malloc(sizeof(uint32_t) * (nq + 1)),
+			 *qmatch = calloc(nq, sizeof(uint32_t));
 		uint32_t *qbuf, *rbuf;
 		uint64_t total = 0, matched = 0;
 		double best_k = 0, best_kl = 0, best_m = 0;
@@ -236,8 +246,8 @@ static void run(uint64_t target_tokens, int quick)
 			for (uint32_t i = 0; i < nq; i++) {
 				struct kvp_prefix_match m;
 
-				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i], 0, &m,
-						     mdev, mhost) < 0)
+				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i],
+						     0, &m, mdev, mhost) < 0)
 					B_DIE("kvp_prefix_match failed");
 				qmatch[i] = m.dev_pages * PT;
 				mt += qmatch[i];
@@ -247,13 +257,14 @@ static void run(uint64_t target_tokens, int quick)
 			if ((double)mt / ((double)(t1 - t0) / 1e9) > best_k)
 				best_k = (double)mt / ((double)(t1 - t0) / 1e9);
 
-			/* kvpool, lock + unlock (what the daemon does for kvp_cache_match with lock) */
+			/* kvpool, lock + unlock (what the daemon does for kvp_cache_match with
+			 * lock) */
 			t0 = b_now_ns();
 			for (uint32_t i = 0; i < nq; i++) {
 				struct kvp_prefix_match m;
 
-				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i], 1, &m,
-						     mdev, mhost) < 0)
+				if (kvp_prefix_match(pfx, 0, qbuf + qoff[i], qoff[i + 1] - qoff[i],
+						     1, &m, mdev, mhost) < 0)
 					B_DIE("kvp_prefix_match (lock) failed");
 				kvp_prefix_unlock(pfx, m.lock);
 			}
@@ -264,7 +275,8 @@ static void run(uint64_t target_tokens, int quick)
 			/* baseline: memcmp of the matched token bytes against a copy */
 			t0 = b_now_ns();
 			for (uint32_t i = 0; i < nq; i++)
-				if (memcmp(qbuf + qoff[i], rbuf + qoff[i], sizeof(uint32_t) * qmatch[i]))
+				if (memcmp(qbuf + qoff[i], rbuf + qoff[i],
+					   sizeof(uint32_t) * qmatch[i]))
 					B_DIE("baseline mismatch");
 			t1 = b_now_ns();
 			if ((double)mt / ((double)(t1 - t0) / 1e9) > best_m)
@@ -276,15 +288,21 @@ static void run(uint64_t target_tokens, int quick)
 		for (int lock = 0; lock < 2; lock++)
 			b_row_print(&(struct b_row){
 				.name = b_fmt("prefix.match%s.%s", lock ? "_lock" : "", tag),
-				.params = b_fmt("{\"cached_tokens\":%lu,\"page_tokens\":%u,\"queries\":%u,"
-						"\"avg_query_tokens\":%.0f,\"uncached_tail\":%u,"
-						"\"threads\":1,\"lock\":%s,\"best_of\":%u}",
-						(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT, nq,
-						(double)total / nq, TAIL, lock ? "true" : "false", reps),
-				.baseline_what = "memcmp of the same matched token bytes (tokens/s)",
-				.baseline = best_m, .have_base = 1,
-				.value = lock ? best_kl : best_k, .have_value = 1,
-				.unit = "tokens/s", .target = "value >= 1e8 tokens/s" });
+				.params = b_fmt(
+					"{\"cached_tokens\":%lu,\"page_tokens\":%u,\"queries\":%u,"
+					"\"avg_query_tokens\":%.0f,\"uncached_tail\":%u,"
+					"\"threads\":1,\"lock\":%s,\"best_of\":%u}",
+					(unsigned long)st.cached_pages[KVP_TIER_ID_DEVICE] * PT, PT,
+					nq, (double)total / nq, TAIL, lock ? "true" : "false",
+					reps),
+				.baseline_what =
+					"memcmp of the same matched token bytes (tokens/s)",
+				.baseline = best_m,
+				.have_base = 1,
+				.value = lock ? best_kl : best_k,
+				.have_value = 1,
+				.unit = "tokens/s",
+				.target = "value >= 1e8 tokens/s" });
 		free(qconv);
 		free(qoff);
 		free(qmatch);
@@ -301,15 +319,25 @@ static void run(uint64_t target_tokens, int quick)
 					(unsigned long)st.metadata_bytes);
 
 		b_row_print(&(struct b_row){
-			.name = b_fmt("prefix.metadata_per_page.%s", tag), .params = prm,
+			.name = b_fmt("prefix.metadata_per_page.%s", tag),
+			.params = prm,
 			.baseline_what = "token ids alone: 4 * page_tokens (bytes/page)",
-			.baseline = 4.0 * PT, .have_base = 1, .value = bpp, .have_value = cp > 0,
-			.unit = "bytes/page", .target = "value <= 64 + 4 * page_tokens" });
+			.baseline = 4.0 * PT,
+			.have_base = 1,
+			.value = bpp,
+			.have_value = cp > 0,
+			.unit = "bytes/page",
+			.target = "value <= 64 + 4 * page_tokens" });
 		b_row_print(&(struct b_row){
-			.name = b_fmt("prefix.metadata_overhead_per_page.%s", tag), .params = prm,
+			.name = b_fmt("prefix.metadata_overhead_per_page.%s", tag),
+			.params = prm,
 			.baseline_what = "the 64 B budget (bytes/page)",
-			.baseline = 64, .have_base = 1, .value = bpp - 4.0 * PT, .have_value = cp > 0,
-			.unit = "bytes/page", .target = "ratio <= 1",
+			.baseline = 64,
+			.have_base = 1,
+			.value = bpp - 4.0 * PT,
+			.have_value = cp > 0,
+			.unit = "bytes/page",
+			.target = "ratio <= 1",
 			.note = "metadata bytes per cached page minus the token ids" });
 	}
 	kvp_prefix_free(pfx);

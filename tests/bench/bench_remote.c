@@ -17,7 +17,7 @@
 #define NPAGES 1000
 #define DEPTH 16
 
-static const struct kvp_rv_fp g_fp = {32, 8, 128, 1, 16, 0};
+static const struct kvp_rv_fp g_fp = { 32, 8, 128, 1, 16, 0 };
 static struct kvp_rc *g_rc;
 static int g_left, g_bad;
 static size_t g_page;
@@ -48,7 +48,7 @@ static int have(const char *prog)
 
 static redisReply *cmd(int port, const char *c)
 {
-	struct timeval tv = {2, 0};
+	struct timeval tv = { 2, 0 };
 	redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
 	redisReply *r = NULL;
 
@@ -197,18 +197,19 @@ int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv), port;
 	char seeds[64];
-	struct kvp_rc_config cfg = {
-	    .max_inflight_cmds = DEPTH, .max_inflight_bytes = 1ull << 30, .op_timeout_ms = 10000};
+	struct kvp_rc_config cfg = { .max_inflight_cmds = DEPTH,
+				     .max_inflight_bytes = 1ull << 30,
+				     .op_timeout_ms = 10000 };
 	double set_best = 0, get_best = 0, set_redis, get_redis;
 	uint8_t *page;
 
 	g_page = quick ? 64 << 10 : 256 << 10;
 	if (!have("redis-server") || !have("redis-benchmark")) {
 		for (int g = 0; g < 2; g++)
-			b_row_print(
-			    &(struct b_row){.name = g ? "remote.fetch" : "remote.spill",
-					    .unit = "GB/s",
-					    .note = "skipped: no redis-server/redis-benchmark"});
+			b_row_print(&(struct b_row){
+				.name = g ? "remote.fetch" : "remote.spill",
+				.unit = "GB/s",
+				.note = "skipped: no redis-server/redis-benchmark" });
 		return 0;
 	}
 	page = malloc(g_page);
@@ -242,19 +243,19 @@ int main(int argc, char **argv)
 	stop_redis();
 	for (int g = 0; g < 2; g++)
 		b_row_print(&(struct b_row){
-		    .name = g ? "remote.fetch" : "remote.spill",
-		    .params = b_fmt("{\"pages\":%d,\"value_bytes\":%zu,\"in_flight\":%d,"
-				    "\"redis_masters\":1}",
-				    NPAGES, g_page + KVP_RV_HDR_SIZE, DEPTH),
-		    .baseline_what = g ? "redis-benchmark GET, same value size and clients"
-				       : "redis-benchmark SET, same value size and clients",
-		    .baseline = g ? get_redis : set_redis,
-		    .have_base = 1,
-		    .value = g ? get_best : set_best,
-		    .have_value = 1,
-		    .unit = "GB/s",
-		    .target = "ratio >= 0.8",
-		    .note = g ? "GET + header and CRC32C check" : "header + CRC32C + SET",
+			.name = g ? "remote.fetch" : "remote.spill",
+			.params = b_fmt("{\"pages\":%d,\"value_bytes\":%zu,\"in_flight\":%d,"
+					"\"redis_masters\":1}",
+					NPAGES, g_page + KVP_RV_HDR_SIZE, DEPTH),
+			.baseline_what = g ? "redis-benchmark GET, same value size and clients"
+					   : "redis-benchmark SET, same value size and clients",
+			.baseline = g ? get_redis : set_redis,
+			.have_base = 1,
+			.value = g ? get_best : set_best,
+			.have_value = 1,
+			.unit = "GB/s",
+			.target = "ratio >= 0.8",
+			.note = g ? "GET + header and CRC32C check" : "header + CRC32C + SET",
 		});
 	free(page);
 	return 0;

@@ -171,9 +171,13 @@ static void rows(const char *prefix, const char *placement, size_t n, const size
 					"\"frames_bytes\":{\"alloc_req\":%zu,\"alloc_resp\":%zu,"
 					"\"free_req\":%zu,\"free_resp\":%zu},\"pages\":1%s}",
 					n, BLOCK, sz[0], sz[1], sz[2], sz[3], pl),
-			.baseline_what = "raw unix-socket ping-pong, 2 processes, same 4 frame sizes "
-					 "(2 round trips, us)",
-			.baseline = vr, .have_base = 1, .value = vk, .have_value = 1,
+			.baseline_what =
+				"raw unix-socket ping-pong, 2 processes, same 4 frame sizes "
+				"(2 round trips, us)",
+			.baseline = vr,
+			.have_base = 1,
+			.value = vk,
+			.have_value = 1,
 			.unit = "us per Alloc+Free",
 			.target = spec ? targets[i] : "diagnostic: placement" });
 		b_row_print(&(struct b_row){
@@ -183,8 +187,12 @@ static void rows(const char *prefix, const char *placement, size_t n, const size
 					n, BLOCK, sz[0], sz[2], pl),
 			.baseline_what = "io_uring frame echo server (echo_server.c), frames of "
 					 "the Alloc and Free request sizes (2 round trips, us)",
-			.baseline = vu, .have_base = 1, .value = vk, .have_value = 1,
-			.unit = "us per Alloc+Free", .target = "diagnostic: kvpoold's own cost" });
+			.baseline = vu,
+			.have_base = 1,
+			.value = vk,
+			.have_value = 1,
+			.unit = "us per Alloc+Free",
+			.target = "diagnostic: kvpoold's own cost" });
 	}
 }
 
@@ -224,8 +232,8 @@ int main(int argc, char **argv)
 		    kvp_lease_free(p, lease, NULL, 0, &e) < 0)
 			B_DIE("alloc/free: %s", e.message);
 	}
-	frame_sizes(2000 + (uint64_t)blocks * BLOCK, kvp_pool_id(p), lease + (uint64_t)blocks * BLOCK,
-		    page, sz);
+	frame_sizes(2000 + (uint64_t)blocks * BLOCK, kvp_pool_id(p),
+		    lease + (uint64_t)blocks * BLOCK, page, sz);
 
 	snprintf(path, sizeof(path), "%s/raw.sock", d.dir);
 	lfd = bn_listen(path);
@@ -281,11 +289,13 @@ int main(int argc, char **argv)
 				ok &= pin(servers[k], cpu[cross]) == 0;
 			if (!ok) {
 				fprintf(stderr, "bench: pinning to CPU %d failed: %s; no %s rows\n",
-					cpu[cross], strerror(errno), cross ? "cross_cpu" : "same_cpu");
+					cpu[cross], strerror(errno),
+					cross ? "cross_cpu" : "same_cpu");
 				continue;
 			}
 			run_blocks(&(struct sides){ p, fd, efd, sz, ef }, pb, lk, lr, lu);
-			rows(cross ? "rpc.latency.alloc_free.cross_cpu" : "rpc.latency.alloc_free.same_cpu",
+			rows(cross ? "rpc.latency.alloc_free.cross_cpu"
+				   : "rpc.latency.alloc_free.same_cpu",
 			     cross ? b_fmt("client on CPU %d, servers on CPU %d", cpu[0], cpu[1])
 				   : b_fmt("client and servers on CPU %d", cpu[0]),
 			     (size_t)pb * BLOCK, sz, lk, lr, lu, 0);

@@ -220,8 +220,8 @@ int main(int argc, char **argv)
 	int nclients = quick ? 2 : 4, reps = quick ? 1 : 5;
 	const int depths[] = { 1, 16 };
 	double secs = quick ? 0.25 : 0.7, warm = quick ? 0.05 : 0.15;
-	struct shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-				 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct shared *sh =
+		mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	static struct daemon d;
 	char echo_path[200];
 
@@ -260,8 +260,11 @@ int main(int argc, char **argv)
 						depth, secs, nreps),
 					.baseline_what = "io_uring frame echo server (tests/bench/"
 							 "echo_server.c), same clients (calls/s)",
-					.baseline = best_e, .have_base = 1, .value = best_k,
-					.have_value = 1, .unit = "calls/s",
+					.baseline = best_e,
+					.have_base = 1,
+					.value = best_k,
+					.have_value = 1,
+					.unit = "calls/s",
 					.target = "ratio >= 0.60" });
 			}
 		}

@@ -152,7 +152,8 @@ int echo_server_run(int lfd)
 
 		if (io_uring_submit_and_wait(&ring, 1) < 0 && errno != EINTR)
 			return -1;
-		io_uring_for_each_cqe(&ring, head, cqe) {
+		io_uring_for_each_cqe(&ring, head, cqe)
+		{
 			uint64_t d = io_uring_cqe_get_data64(cqe);
 			int op = (int)(d & 0xff), i = (int)(d >> 8), res = cqe->res;
 

@@ -3,8 +3,8 @@
  * leased page with cudaMemcpy, the other reads them back; a demotion through the daemon's CUDA
  * kernels puts them in the host page, and a promotion brings them back after the old device page
  * was cleared; an Alloc of the whole device tier demotes it again off the loop thread (a CUDA
- * event waited for on the daemon's worker). Exits 77 with the reason on machines without a GPU. The parent never touches
- * CUDA, so its children may. */
+ * event waited for on the daemon's worker). Exits 77 with the reason on machines without a GPU. The
+ * parent never touches CUDA, so its children may. */
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <signal.h>
@@ -155,7 +155,7 @@ static int reader(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-reader", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t page, tok[PAGE_TOKENS], dev[2], host[2], loaded[2];
 	uint64_t ev;
 
@@ -195,8 +195,8 @@ static int whole_tier(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "gpu-whole", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "g", NULL, &e) : NULL;
-	struct kvp_status st = {.struct_size = sizeof(st)};
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[PAGE_TOKENS], dev[2], host[2], n, *pages;
 	uint64_t lease;
 

@@ -26,11 +26,11 @@
 
 #define LAYERS 2
 #define PT 16
-#define ROW 256		/* kv_heads * head_dim * fp16 */
+#define ROW 256		 /* kv_heads * head_dim * fp16 */
 #define DEV_TOKENS 65536 /* 64 MiB of device tier: a leak of it shows in cudaMemGetInfo */
 #define CYCLES 20
-#define CACHED_PAGES 8	/* inserted and locked by each engine */
-#define HELD_PAGES 4	/* leased and never inserted, device and host each */
+#define CACHED_PAGES 8 /* inserted and locked by each engine */
+#define HELD_PAGES 4   /* leased and never inserted, device and host each */
 #define GPU_SLACK (32ull << 20)
 
 static const char *const g_conf = "[pool.g]\n"
@@ -175,7 +175,8 @@ static bool reclaimed(uint32_t sessions, int ms, struct kvp_status *st)
 			     st->sessions == sessions;
 
 		for (int t = 0; clean && t < KVP_TIER_MAX; t++)
-			clean = tier(st, t)->leased_tokens == 0 && tier(st, t)->protected_tokens == 0;
+			clean = tier(st, t)->leased_tokens == 0 &&
+				tier(st, t)->protected_tokens == 0;
 		if (clean)
 			return true;
 		usleep(20000);
@@ -241,8 +242,8 @@ static int engine(void *arg)
 	if (cudaDeviceSynchronize() != cudaSuccess)
 		return 12;
 	tokens_of(en->cycle, tok);
-	if (kvp_cache_insert(p, lease, 0, tok, CACHED_PAGES * PT, 0, pages, CACHED_PAGES, &fresh, &e) <
-		    0 ||
+	if (kvp_cache_insert(p, lease, 0, tok, CACHED_PAGES * PT, 0, pages, CACHED_PAGES, &fresh,
+			     &e) < 0 ||
 	    fresh != CACHED_PAGES * PT)
 		return 13;
 	if (kvp_cache_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) < 0 ||
@@ -256,7 +257,8 @@ static int engine(void *arg)
 	    cudaStreamCreate(&s) != cudaSuccess)
 		return 16;
 	for (int i = 0; i < 2000; i++)
-		if (cudaMemsetAsync(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, i % LAYERS, 0, held[0], 0),
+		if (cudaMemsetAsync(kvp_pool_slot_addr(p, KVP_TIER_DEVICE, i % LAYERS, 0, held[0],
+						       0),
 				    i & 0xff, (size_t)PT * ROW, s) != cudaSuccess)
 			return 17;
 	if (write(en->ready, &one, 1) != 1)
@@ -301,7 +303,8 @@ static void test_reclaim_sigkill_cycles(void)
 		close(p[1]);
 		if (!wait_ready(p[0], 60000)) {
 			rc = h_wait_pid(pid, 1);
-			printf("\n    cycle %u: the engine did not get ready (exit %d)\n", cycle, rc);
+			printf("\n    cycle %u: the engine did not get ready (exit %d)\n", cycle,
+			       rc);
 			CU_FAIL_FATAL("engine not ready");
 		}
 		close(p[0]);
@@ -329,8 +332,8 @@ static void test_reclaim_sigkill_cycles(void)
 				(uint64_t)(cycle + 1) * CACHED_PAGES * PT);
 		/* every other cycle the daemon demotes a prefix through its CUDA kernels */
 		if (cycle % 2 == 0) {
-			CU_ASSERT(kvp_admin_evict(g_obs, "g", KVP_TIER_DEVICE, CACHED_PAGES * PT, &ev, &e) ==
-				  0);
+			CU_ASSERT(kvp_admin_evict(g_obs, "g", KVP_TIER_DEVICE, CACHED_PAGES * PT,
+						  &ev, &e) == 0);
 			CU_ASSERT_EQUAL(ev, CACHED_PAGES * PT);
 			g_demoted += ev;
 		}
@@ -380,9 +383,10 @@ static int check_prefixes(void *arg)
 		return 40;
 	for (uint32_t cycle = 0; cycle < CYCLES; cycle++) {
 		tokens_of(cycle, tok);
-		if (kvp_cache_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES, &e) <
-			    0 ||
-		    m.matched_tokens != CACHED_PAGES * PT || m.n_device + m.n_host != CACHED_PAGES) {
+		if (kvp_cache_match(p, 0, tok, CACHED_PAGES * PT, 1, &m, dev, host, CACHED_PAGES,
+				    &e) < 0 ||
+		    m.matched_tokens != CACHED_PAGES * PT ||
+		    m.n_device + m.n_host != CACHED_PAGES) {
 			printf("cycle %u's prefix: matched %llu tokens\n", cycle,
 			       (unsigned long long)m.matched_tokens);
 			return 41;

@@ -42,8 +42,8 @@ static unsigned char pattern(uint64_t i, unsigned seed)
 static int send_fd(int sock, int fd, const void *data, size_t len)
 {
 	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	struct iovec iov = { .iov_base = (void *)data, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 	struct cmsghdr *cm;
 
 	memset(cbuf, 0, sizeof(cbuf));
@@ -60,8 +60,8 @@ static int send_fd(int sock, int fd, const void *data, size_t len)
 static int recv_fd(int sock, int *fd, void *data, size_t len)
 {
 	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = {.iov_base = data, .iov_len = len};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	struct iovec iov = { .iov_base = data, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 	struct cmsghdr *cm;
 
 	mh.msg_control = cbuf;
@@ -107,7 +107,7 @@ static int child_main(int sock)
 	buf = malloc(half);
 	if (!buf || cudaSetDevice(msg.device) != cudaSuccess ||
 	    cudaMemcpy(buf, (void *)(uintptr_t)m.dptr, half, cudaMemcpyDeviceToHost) !=
-		cudaSuccess) {
+		    cudaSuccess) {
 		snprintf(reply, sizeof(reply), "child: reading the mapping: %s",
 			 cudaGetErrorString(cudaGetLastError()));
 		goto out_destroy;
@@ -123,7 +123,7 @@ static int child_main(int sock)
 	for (uint64_t i = 0; i < half; i++)
 		buf[i] = pattern(i, 0x77);
 	if (cudaMemcpy((void *)(uintptr_t)(m.dptr + half), buf, half, cudaMemcpyHostToDevice) !=
-		cudaSuccess ||
+		    cudaSuccess ||
 	    cudaDeviceSynchronize() != cudaSuccess) {
 		snprintf(reply, sizeof(reply), "child: writing the mapping: %s",
 			 cudaGetErrorString(cudaGetLastError()));
@@ -152,7 +152,7 @@ static void test_kvp_cuda_probe_count(void)
 
 static void test_kvp_cuda_mem_create_share(void)
 {
-	struct share_msg msg = {.device = 0};
+	struct share_msg msg = { .device = 0 };
 	struct kvp_cuda_mem m;
 	char reason[256] = "", reply[320] = "", fdarg[16];
 	unsigned char *buf;
@@ -274,8 +274,8 @@ static void test_kvp_cuda_mem_import_bad(void)
 static void test_kvp_tier_cuda_create_adopt(void)
 {
 	const struct kvp_tier_ops *ops = &kvp_tier_cuda_ops;
-	struct kvp_tier_spec s = {.name = "t:cuda", .bytes = (3u << 20) + 1, .numa_node = -1};
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_spec s = { .name = "t:cuda", .bytes = (3u << 20) + 1, .numa_node = -1 };
+	struct kvp_tier_fail tf = { 0 };
 	struct kvp_tier_mem a, b, c;
 	unsigned char *buf, *back;
 	int dup_fd;
@@ -324,14 +324,18 @@ static void test_kvp_tier_cuda_create_adopt(void)
  * layout helpers, and the host page bound of the batch check. */
 static void test_kvp_tier_cuda_copy(void)
 {
-	const struct kvp_copy_geom g = {
-	    .layers = 3, .page_tokens = 16, .row_bytes = 256, .dev_slots = 8 * 16, .host_pages = 6};
+	const struct kvp_copy_geom g = { .layers = 3,
+					 .page_tokens = 16,
+					 .row_bytes = 256,
+					 .dev_slots = 8 * 16,
+					 .host_pages = 6 };
 	const uint64_t pb = kvp_host_page_bytes(&g), run = g.page_tokens * g.row_bytes;
-	struct kvp_tier_spec ds = {.name = "t:device", .bytes = 8 * pb, .numa_node = -1};
-	struct kvp_tier_spec hs = {.name = "t:host", .bytes = 6 * pb, .numa_node = -1};
+	struct kvp_tier_spec ds = { .name = "t:device", .bytes = 8 * pb, .numa_node = -1 };
+	struct kvp_tier_spec hs = { .name = "t:host", .bytes = 6 * pb, .numa_node = -1 };
 	const struct kvp_tier_ops *ops = &kvp_tier_cuda_ops;
-	uint32_t dsrc[3] = {7, 0, 3}, hdst[3] = {5, 2, 0}, dback[3] = {1, 4, 6}, bad[3] = {5, 6, 0};
-	struct kvp_tier_fail tf = {0};
+	uint32_t dsrc[3] = { 7, 0, 3 }, hdst[3] = { 5, 2, 0 }, dback[3] = { 1, 4, 6 },
+		 bad[3] = { 5, 6, 0 };
+	struct kvp_tier_fail tf = { 0 };
 	struct kvp_tier_copy *c = NULL;
 	struct kvp_tier_mem dev, host;
 	unsigned char *buf, *back;
@@ -357,9 +361,9 @@ static void test_kvp_tier_cuda_copy(void)
 			for (uint32_t kv = 0; kv < 2; kv++)
 				CU_ASSERT(memcmp(buf + kvp_dev_offset(&g, l, kv,
 								      (uint64_t)dsrc[i] *
-									  g.page_tokens),
+									      g.page_tokens),
 						 (unsigned char *)host.base +
-						     kvp_host_offset(&g, hdst[i], l, kv, 0),
+							 kvp_host_offset(&g, hdst[i], l, kv, 0),
 						 run) == 0);
 	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_PROMOTE, hdst, dback, 3), 0);
 	CU_ASSERT_EQUAL(ops->copy_wait(c), 0);
@@ -370,9 +374,9 @@ static void test_kvp_tier_cuda_copy(void)
 			for (uint32_t kv = 0; kv < 2; kv++)
 				CU_ASSERT(memcmp(back + kvp_dev_offset(&g, l, kv,
 								       (uint64_t)dback[i] *
-									   g.page_tokens),
+									       g.page_tokens),
 						 (unsigned char *)host.base +
-						     kvp_host_offset(&g, hdst[i], l, kv, 0),
+							 kvp_host_offset(&g, hdst[i], l, kv, 0),
 						 run) == 0);
 	/* host page 6 of 6: refused before anything is queued */
 	CU_ASSERT_EQUAL(ops->copy(c, KVP_COPY_DEMOTE, dsrc, bad, 3), -ERANGE);
@@ -388,12 +392,9 @@ static void test_kvp_tier_cuda_copy(void)
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_cuda_probe_count),
-	    H_TEST(test_kvp_cuda_mem_create_share),
-	    H_TEST(test_kvp_cuda_mem_create_bad),
-	    H_TEST(test_kvp_cuda_mem_import_bad),
-	    H_TEST(test_kvp_tier_cuda_create_adopt),
-	    H_TEST(test_kvp_tier_cuda_copy),
+		H_TEST(test_kvp_cuda_probe_count),	 H_TEST(test_kvp_cuda_mem_create_share),
+		H_TEST(test_kvp_cuda_mem_create_bad),	 H_TEST(test_kvp_cuda_mem_import_bad),
+		H_TEST(test_kvp_tier_cuda_create_adopt), H_TEST(test_kvp_tier_cuda_copy),
 	};
 	char reason[256] = "";
 	int n;

@@ -140,17 +140,17 @@ struct case_geom {
 };
 
 static const struct case_geom g_cases[] = {
-    {1, 1, 16, 8, 8},	    /* fp8 2x8 */
-    {2, 16, 256, 12, 10},   /* fp16 2 heads x 64 */
-    {3, 64, 64, 5, 7},	    /* fp32 2x8 */
-    {4, 16, 1024, 9, 9},    /* fp8 8x128 */
-    {4, 1, 2048, 17, 13},   /* fp16 8x128, one token pages */
-    {2, 64, 4096, 3, 6},    /* fp32 8x128 */
-    {3, 16, 3, 6, 8},	    /* fp8 1x3: byte path */
-    {2, 16, 6, 6, 8},	    /* fp16 1x3: 2-byte path */
-    {1, 64, 60, 4, 4},	    /* fp32 3x5: 4-byte path */
-    {2, 8, 24, 5, 5},	    /* fp8 3x8: 8-byte path */
-    {32, 16, 2048, 40, 64}, /* a real model's shape: 2 MiB pages */
+	{ 1, 1, 16, 8, 8 },	  /* fp8 2x8 */
+	{ 2, 16, 256, 12, 10 },	  /* fp16 2 heads x 64 */
+	{ 3, 64, 64, 5, 7 },	  /* fp32 2x8 */
+	{ 4, 16, 1024, 9, 9 },	  /* fp8 8x128 */
+	{ 4, 1, 2048, 17, 13 },	  /* fp16 8x128, one token pages */
+	{ 2, 64, 4096, 3, 6 },	  /* fp32 8x128 */
+	{ 3, 16, 3, 6, 8 },	  /* fp8 1x3: byte path */
+	{ 2, 16, 6, 6, 8 },	  /* fp16 1x3: 2-byte path */
+	{ 1, 64, 60, 4, 4 },	  /* fp32 3x5: 4-byte path */
+	{ 2, 8, 24, 5, 5 },	  /* fp8 3x8: 8-byte path */
+	{ 32, 16, 2048, 40, 64 }, /* a real model's shape: 2 MiB pages */
 };
 
 static void each_case(int to_host)
@@ -181,7 +181,8 @@ static void test_kvp_copy_host_to_dev_cuda_geometries(void)
 /* Bases off 16-byte alignment force the 8/4/2/1-byte paths even for 16-multiple rows. */
 static void test_kvp_copy_dev_to_host_cuda_misaligned(void)
 {
-	static const unsigned offs[][2] = {{0, 8}, {4, 0}, {2, 2}, {1, 0}, {0, 3}, {16, 32}};
+	static const unsigned offs[][2] = { { 0, 8 }, { 4, 0 }, { 2, 2 },
+					    { 1, 0 }, { 0, 3 }, { 16, 32 } };
 	struct tiers t;
 
 	tiers_init(&t, 2, 16, 256, 8, 8);
@@ -192,7 +193,8 @@ static void test_kvp_copy_dev_to_host_cuda_misaligned(void)
 
 static void test_kvp_copy_host_to_dev_cuda_misaligned(void)
 {
-	static const unsigned offs[][2] = {{0, 8}, {4, 0}, {2, 2}, {1, 0}, {0, 3}, {16, 32}};
+	static const unsigned offs[][2] = { { 0, 8 }, { 4, 0 }, { 2, 2 },
+					    { 1, 0 }, { 0, 3 }, { 16, 32 } };
 	struct tiers t;
 
 	tiers_init(&t, 2, 16, 256, 8, 8);
@@ -245,7 +247,7 @@ static void test_kvp_copy_host_to_dev_cuda_queued(void)
 /* dev -> host -> dev on other device pages gives the same bytes per page. */
 static void test_kvp_copy_host_to_dev_cuda_round_trip(void)
 {
-	uint32_t from[4] = {7, 0, 3, 5}, via[4] = {2, 9, 4, 0}, to[4] = {1, 6, 2, 8};
+	uint32_t from[4] = { 7, 0, 3, 5 }, via[4] = { 2, 9, 4, 0 }, to[4] = { 1, 6, 2, 8 };
 	struct tiers t;
 	uint64_t run;
 	unsigned char *dev;
@@ -253,11 +255,12 @@ static void test_kvp_copy_host_to_dev_cuda_round_trip(void)
 	tiers_init(&t, 4, 16, 512, 10, 10);
 	run = (uint64_t)t.g.page_tokens * t.g.row_bytes;
 	tiers_fill(&t, 1);
-	CU_ASSERT_EQUAL(
-	    kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, from, via, 4),
-	    0);
-	CU_ASSERT_EQUAL(
-	    kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, via, to, 4), 0);
+	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, from,
+						  via, 4),
+			0);
+	CU_ASSERT_EQUAL(kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, via,
+						  to, 4),
+			0);
 	CU_ASSERT_EQUAL(kvp_copy_cuda_sync(g_ctx), 0);
 	dev = malloc(t.dev_bytes + 2 * PAD);
 	CU_ASSERT_FATAL(dev != NULL);
@@ -267,11 +270,11 @@ static void test_kvp_copy_host_to_dev_cuda_round_trip(void)
 		for (uint32_t l = 0; l < t.g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
 				uint64_t a =
-				    PAD + kvp_dev_offset(&t.g, l, kv,
-							 (uint64_t)from[i] * t.g.page_tokens);
+					PAD + kvp_dev_offset(&t.g, l, kv,
+							     (uint64_t)from[i] * t.g.page_tokens);
 				uint64_t b =
-				    PAD +
-				    kvp_dev_offset(&t.g, l, kv, (uint64_t)to[i] * t.g.page_tokens);
+					PAD + kvp_dev_offset(&t.g, l, kv,
+							     (uint64_t)to[i] * t.g.page_tokens);
 
 				CU_ASSERT(memcmp(dev + b, t.sh_dev + a, run) == 0);
 			}
@@ -282,8 +285,9 @@ static void test_kvp_copy_host_to_dev_cuda_round_trip(void)
 static void test_kvp_copy_dev_to_host_cuda_bad_args(void)
 {
 	struct kvp_copy_geom bad = {
-	    .layers = 0, .page_tokens = 16, .row_bytes = 256, .dev_slots = 64};
-	uint32_t dp[2] = {0, 4}, hp[2] = {0, 1};
+		.layers = 0, .page_tokens = 16, .row_bytes = 256, .dev_slots = 64
+	};
+	uint32_t dp[2] = { 0, 4 }, hp[2] = { 0, 1 };
 	struct tiers t;
 
 	tiers_init(&t, 2, 16, 256, 4, 4);
@@ -295,18 +299,18 @@ static void test_kvp_copy_dev_to_host_cuda_bad_args(void)
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, NULL, t.dev, t.host_dptr, dp, hp, 1),
 			-EINVAL);
 	/* device page 4 of 4, then host page 4 of 4 */
-	CU_ASSERT_EQUAL(
-	    kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, dp, hp, 2),
-	    -ERANGE);
-	CU_ASSERT_EQUAL(
-	    kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, hp, dp, 2),
-	    -ERANGE);
-	CU_ASSERT_EQUAL(
-	    kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, hp, dp, 2),
-	    -ERANGE);
-	CU_ASSERT_EQUAL(
-	    kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, dp, hp, 2),
-	    -ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, dp,
+						  hp, 2),
+			-ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, hp,
+						  dp, 2),
+			-ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev + PAD, t.host_dptr + PAD, hp,
+						  dp, 2),
+			-ERANGE);
+	CU_ASSERT_EQUAL(kvp_copy_host_to_dev_cuda(g_ctx, &t.g, t.host_dptr + PAD, t.dev + PAD, dp,
+						  hp, 2),
+			-ERANGE);
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, NULL, t.host_dptr, dp, hp, 1),
 			-EINVAL);
 	CU_ASSERT_EQUAL(kvp_copy_dev_to_host_cuda(g_ctx, &t.g, t.dev, t.host_dptr, NULL, hp, 1),
@@ -322,14 +326,14 @@ static void test_kvp_copy_dev_to_host_cuda_bad_args(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_copy_dev_to_host_cuda_geometries),
-	    H_TEST(test_kvp_copy_host_to_dev_cuda_geometries),
-	    H_TEST(test_kvp_copy_dev_to_host_cuda_misaligned),
-	    H_TEST(test_kvp_copy_host_to_dev_cuda_misaligned),
-	    H_TEST(test_kvp_copy_dev_to_host_cuda_large_batch),
-	    H_TEST(test_kvp_copy_host_to_dev_cuda_queued),
-	    H_TEST(test_kvp_copy_host_to_dev_cuda_round_trip),
-	    H_TEST(test_kvp_copy_dev_to_host_cuda_bad_args),
+		H_TEST(test_kvp_copy_dev_to_host_cuda_geometries),
+		H_TEST(test_kvp_copy_host_to_dev_cuda_geometries),
+		H_TEST(test_kvp_copy_dev_to_host_cuda_misaligned),
+		H_TEST(test_kvp_copy_host_to_dev_cuda_misaligned),
+		H_TEST(test_kvp_copy_dev_to_host_cuda_large_batch),
+		H_TEST(test_kvp_copy_host_to_dev_cuda_queued),
+		H_TEST(test_kvp_copy_host_to_dev_cuda_round_trip),
+		H_TEST(test_kvp_copy_dev_to_host_cuda_bad_args),
 	};
 	int ret, count = 0, status;
 

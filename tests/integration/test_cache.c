@@ -61,8 +61,9 @@ static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t ba
 	for (uint32_t pos = from; pos < to; pos++)
 		for (uint32_t l = 0; l < 2; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_pool_slot_addr(
-				    p, tier, l, kv, pages[(pos - base) / PT], (pos - base) % PT);
+				uint8_t *a =
+					kvp_pool_slot_addr(p, tier, l, kv, pages[(pos - base) / PT],
+							   (pos - base) % PT);
 
 				if (!a)
 					return 1000;
@@ -102,7 +103,7 @@ static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages, uint64_t ns
 static struct kvp_tier_status tier(int t)
 {
 	struct kvp_error err;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
 	struct kvp_tier_status z = { 0 };
 
@@ -126,7 +127,7 @@ static int reader(void *arg)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
 	int bad;
 
@@ -167,7 +168,7 @@ static void test_insert_after_match_extends_the_prefix(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16], pages[8];
 	uint64_t lease, fresh = 0;
 
@@ -222,7 +223,7 @@ static void test_demotion_then_promotion_keeps_bytes(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16], loaded[16];
 	uint64_t evicted = 0;
 	int n;
@@ -255,7 +256,7 @@ static int locker(void)
 {
 	struct eng b;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
 
 	if (eng_open(&b, "locker") < 0)
@@ -317,7 +318,7 @@ static void test_namespaces_never_share(void)
 {
 	struct eng a;
 	struct kvp_error err;
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);

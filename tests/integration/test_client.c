@@ -243,8 +243,9 @@ static void test_kvp_client_event_next_pushed_before_reply(void)
 	pid_t pid = start_fake(script_push, NULL);
 	struct kvp_client *c = fake_connect();
 	uint8_t buf[256];
-	struct kvp_event ev = {
-	    .struct_size = sizeof(ev), .payload = buf, .payload_cap = sizeof(buf)};
+	struct kvp_event ev = { .struct_size = sizeof(ev),
+				.payload = buf,
+				.payload_cap = sizeof(buf) };
 	struct {
 		struct kvp_event s;
 		uint8_t tail[8];
@@ -259,7 +260,7 @@ static void test_kvp_client_event_next_pushed_before_reply(void)
 	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
 	efd = kvp_client_event_fd(c);
 	CU_ASSERT_FATAL(efd >= 0);
-	pf = (struct pollfd){.fd = efd, .events = POLLIN};
+	pf = (struct pollfd){ .fd = efd, .events = POLLIN };
 	CU_ASSERT_EQUAL(poll(&pf, 1, 0), 1);
 	CU_ASSERT_EQUAL_FATAL(kvp_client_event_next(c, &ev, &e), 0);
 	CU_ASSERT_EQUAL(ev.type, KVPOOL__RESPONSE__RESULT_PING);
@@ -320,7 +321,7 @@ static void test_kvp_client_event_next_bounded_queue(void)
 {
 	pid_t pid = start_fake(script_flood, NULL);
 	struct kvp_client *c = fake_connect();
-	struct kvp_event ev = {.struct_size = sizeof(ev)};
+	struct kvp_event ev = { .struct_size = sizeof(ev) };
 	struct kvp_error e;
 	int n = 0;
 
@@ -366,7 +367,7 @@ static void test_kvp_pool_attach_stale_reply_fds_closed(void)
 {
 	pid_t pid = start_fake(script_stale_fd, NULL);
 	struct kvp_client *c = fake_connect();
-	struct kvp_event ev = {.struct_size = sizeof(ev)};
+	struct kvp_event ev = { .struct_size = sizeof(ev) };
 	struct kvp_error e;
 	struct kvp_pool *p;
 	int before;
@@ -402,7 +403,7 @@ static void test_kvp_pool_attach_stale_reply_fds_closed(void)
 
 /* ---- odd status codes ---- */
 
-static const int g_codes[] = {INT_MIN, INT_MAX, -3, 100, 104, 1000};
+static const int g_codes[] = { INT_MIN, INT_MAX, -3, 100, 104, 1000 };
 
 /* Answers each Ping with a failed status of the next code in g_codes. */
 static int script_codes(int fd, void *arg)
@@ -472,7 +473,7 @@ static int script_alloc_short(int fd, void *arg)
 	Kvpool__Response r = KVPOOL__RESPONSE__INIT;
 	Kvpool__AllocResp a = KVPOOL__ALLOC_RESP__INIT;
 	Kvpool__FreeResp f = KVPOOL__FREE_RESP__INIT;
-	uint32_t pages[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+	uint32_t pages[8] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 	int ok;
 
 	(void)arg;
@@ -506,7 +507,7 @@ static void test_kvp_lease_alloc_short_reply_frees_lease(void)
 {
 	pid_t pid = start_fake(script_alloc_short, NULL);
 	struct kvp_client *c = fake_connect();
-	uint32_t pages[4] = {99, 99, 99, 99};
+	uint32_t pages[4] = { 99, 99, 99, 99 };
 	uint64_t lease = 5;
 	struct kvp_error e;
 	struct kvp_pool *p;
@@ -526,9 +527,9 @@ static void test_kvp_lease_alloc_short_reply_frees_lease(void)
 /* Answers the next four requests (Free, Insert, Evict, Flush) with a Ping result. */
 static int script_wrong_kind(int fd, void *arg)
 {
-	static const int calls[] = {KVPOOL__REQUEST__CALL_FREE,	   KVPOOL__REQUEST__CALL_INSERT,
-				    KVPOOL__REQUEST__CALL_EVICT,   KVPOOL__REQUEST__CALL_FLUSH,
-				    KVPOOL__REQUEST__CALL_RELEASE, KVPOOL__REQUEST__CALL_DRAIN};
+	static const int calls[] = { KVPOOL__REQUEST__CALL_FREE,    KVPOOL__REQUEST__CALL_INSERT,
+				     KVPOOL__REQUEST__CALL_EVICT,   KVPOOL__REQUEST__CALL_FLUSH,
+				     KVPOOL__REQUEST__CALL_RELEASE, KVPOOL__REQUEST__CALL_DRAIN };
 
 	(void)arg;
 	if (!fake_hello(fd) || fake_attach(fd) < 0)
@@ -549,7 +550,7 @@ static void test_kvp_client_wrong_result_is_protocol(void)
 {
 	pid_t pid = start_fake(script_wrong_kind, NULL);
 	struct kvp_client *c = fake_connect();
-	uint32_t tokens[16] = {1}, pages[1] = {0};
+	uint32_t tokens[16] = { 1 }, pages[1] = { 0 };
 	uint64_t n = 77;
 	struct kvp_error e;
 	struct kvp_pool *p;
@@ -599,7 +600,7 @@ static void test_kvp_cache_exists_keys_count_beyond_keys_is_protocol(void)
 {
 	pid_t pid = start_fake(script_exists_too_many, NULL);
 	struct kvp_client *c = fake_connect();
-	struct kvp_page_key k[2] = {{"a", 1}, {"b", 1}};
+	struct kvp_page_key k[2] = { { "a", 1 }, { "b", 1 } };
 	struct kvp_error e;
 	struct kvp_pool *p;
 
@@ -750,9 +751,9 @@ static void test_kvp_session_list_and_cache_list(void)
 {
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "lister", &e);
-	struct kvp_session_info s[8] = {[0].struct_size = sizeof(s[0])};
-	struct kvp_cache_prefix top[4] = {[0].struct_size = sizeof(top[0])};
-	struct kvp_match_result mr = {.struct_size = sizeof(mr)};
+	struct kvp_session_info s[8] = { [0].struct_size = sizeof(s[0]) };
+	struct kvp_cache_prefix top[4] = { [0].struct_size = sizeof(top[0]) };
+	struct kvp_match_result mr = { .struct_size = sizeof(mr) };
 	uint32_t tokens[32], pages[2], dev[4], host[4];
 	struct kvp_pool *p;
 	uint64_t lease;
@@ -825,7 +826,7 @@ static void test_kvp_struct_size_larger_first_and_smaller(void)
 	BIG(struct kvp_cache_prefix) cp[2];
 	BIG(struct kvp_reload_item) ri[2];
 	BIG(struct kvp_event) ev;
-	struct kvp_page_key key = {"struct-size-key", 15};
+	struct kvp_page_key key = { "struct-size-key", 15 };
 	uint32_t tokens[16], pages[1], dev[4], host[4];
 	struct kvp_pool *p;
 	uint64_t lease;
@@ -885,7 +886,7 @@ static void test_kvp_struct_size_larger_first_and_smaller(void)
 
 	/* client opts: the trailing bytes are not read (a pattern would be a name pointer) */
 	memset(&op, PAT, sizeof(op));
-	op.s = (struct kvp_client_opts){.struct_size = sizeof(op.s) + 8, .name = "sizes-2"};
+	op.s = (struct kvp_client_opts){ .struct_size = sizeof(op.s) + 8, .name = "sizes-2" };
 	c2 = kvp_client_connect_opts(g_d.sock, &op.s, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
 	CU_ASSERT(tail_intact(op.tail));
@@ -934,7 +935,7 @@ static void test_kvp_struct_size_larger_first_and_smaller(void)
 
 	/* event: none queued, but the size is checked first */
 	memset(&ev, PAT, sizeof(ev));
-	ev.s = (struct kvp_event){.struct_size = KVP_EVENT_SIZE_V02};
+	ev.s = (struct kvp_event){ .struct_size = KVP_EVENT_SIZE_V02 };
 	CU_ASSERT_EQUAL(kvp_client_event_next(c, &ev.s, &e), -KVP_E_AGAIN);
 	ev.s.struct_size = KVP_EVENT_SIZE_V02 - 1;
 	CU_ASSERT_EQUAL(kvp_client_event_next(c, &ev.s, &e), -KVP_E_INVALID_ARGUMENT);
@@ -949,7 +950,7 @@ static void test_kvp_admin_reload_lists_result(void)
 {
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "reloader", &e);
-	struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+	struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 	int n;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
@@ -989,21 +990,21 @@ static void test_kvpoolctl_check_config_json_escapes_error(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_client_event_next_pushed_before_reply),
-	    H_TEST(test_kvp_client_event_next_bounded_queue),
-	    H_TEST(test_kvp_pool_attach_stale_reply_fds_closed),
-	    H_TEST(test_kvp_client_ping_out_of_range_codes),
-	    H_TEST(test_kvp_lease_alloc_short_reply_frees_lease),
-	    H_TEST(test_kvp_client_wrong_result_is_protocol),
-	    H_TEST(test_kvp_cache_exists_keys_count_beyond_keys_is_protocol),
-	    H_TEST(test_kvp_client_connect_path_too_long),
-	    H_TEST(test_kvpoolctl_socket_too_long),
-	    H_TEST(test_kvp_pool_tier_mapping_outlives_detach_and_close),
-	    H_TEST(test_kvp_pool_detach_unmaps_unreferenced),
-	    H_TEST(test_kvp_session_list_and_cache_list),
-	    H_TEST(test_kvp_admin_reload_lists_result),
-	    H_TEST(test_kvp_struct_size_larger_first_and_smaller),
-	    H_TEST(test_kvpoolctl_check_config_json_escapes_error),
+		H_TEST(test_kvp_client_event_next_pushed_before_reply),
+		H_TEST(test_kvp_client_event_next_bounded_queue),
+		H_TEST(test_kvp_pool_attach_stale_reply_fds_closed),
+		H_TEST(test_kvp_client_ping_out_of_range_codes),
+		H_TEST(test_kvp_lease_alloc_short_reply_frees_lease),
+		H_TEST(test_kvp_client_wrong_result_is_protocol),
+		H_TEST(test_kvp_cache_exists_keys_count_beyond_keys_is_protocol),
+		H_TEST(test_kvp_client_connect_path_too_long),
+		H_TEST(test_kvpoolctl_socket_too_long),
+		H_TEST(test_kvp_pool_tier_mapping_outlives_detach_and_close),
+		H_TEST(test_kvp_pool_detach_unmaps_unreferenced),
+		H_TEST(test_kvp_session_list_and_cache_list),
+		H_TEST(test_kvp_admin_reload_lists_result),
+		H_TEST(test_kvp_struct_size_larger_first_and_smaller),
+		H_TEST(test_kvpoolctl_check_config_json_escapes_error),
 	};
 
 	return H_RUN_SUITE("client", init_suite, clean_suite, tests);

@@ -29,7 +29,7 @@ static int clean_suite(void)
 static int client_pings(void *arg)
 {
 	struct kvp_error e;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = kvp_client_connect(g_d.sock, (const char *)arg, &e);
 
 	if (!c)
@@ -67,7 +67,7 @@ static void test_hello_ping_status_several_processes(void)
 static void test_status_counts_sessions(void)
 {
 	struct kvp_error e;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *a = kvp_client_connect(g_d.sock, "a", &e);
 	struct kvp_client *b = kvp_client_connect(g_d.sock, "b", &e);
 
@@ -108,7 +108,7 @@ static void test_version_mismatch(void)
 	const struct {
 		uint32_t version;
 		uint64_t required;
-	} bad[] = {{99, UINT64_C(1) << 40}, {0, 0}};
+	} bad[] = { { 99, UINT64_C(1) << 40 }, { 0, 0 } };
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		int fd = h_raw_connect(g_d.sock);
@@ -136,11 +136,11 @@ static void test_hello_capabilities(void)
 		uint32_t version;
 		uint64_t offer, required, agreed;
 	} ok[] = {
-	    {1, 0, 0, 0},
-	    {99, 0, 0, 0},
-	    {1, UINT64_MAX, 0, KVP_CAPS_DAEMON},
-	    {2, KVP_CAP_EVENTS, KVP_CAP_EVENTS, KVP_CAP_EVENTS},
-	    {1, UINT64_C(1) << 40, 0, 0},
+		{ 1, 0, 0, 0 },
+		{ 99, 0, 0, 0 },
+		{ 1, UINT64_MAX, 0, KVP_CAPS_DAEMON },
+		{ 2, KVP_CAP_EVENTS, KVP_CAP_EVENTS, KVP_CAP_EVENTS },
+		{ 1, UINT64_C(1) << 40, 0, 0 },
 	};
 
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
@@ -162,7 +162,7 @@ static void test_hello_capabilities(void)
  * connects; requiring a bit the daemon lacks is KVP_E_VERSION. */
 static void test_client_connect_capabilities(void)
 {
-	struct kvp_client_opts o = {.struct_size = sizeof(o), .name = "caps"};
+	struct kvp_client_opts o = { .struct_size = sizeof(o), .name = "caps" };
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "caps", &e);
 
@@ -343,7 +343,7 @@ static void test_permission_denied_for_uid_not_allowed(void)
 	struct daemon saved = g_d, d;
 	char uid[32];
 	const char *args[] = { "--allow-uid", uid, NULL };
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_error e;
 	struct kvp_client *c;
 
@@ -436,21 +436,21 @@ static void test_no_daemon_is_typed(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_hello_ping_status_several_processes),
-	    H_TEST(test_status_counts_sessions),
-	    H_TEST(test_version_mismatch),
-	    H_TEST(test_hello_capabilities),
-	    H_TEST(test_client_connect_capabilities),
-	    H_TEST(test_call_before_hello_is_protocol),
-	    H_TEST(test_garbage_frame_closes_only_its_connection),
-	    H_TEST(test_oversized_frame_closes_only_its_connection),
-	    H_TEST(test_split_and_merged_frames),
-	    H_TEST(test_unknown_call_is_typed),
-	    H_TEST(test_permission_denied_for_uid_not_allowed),
-	    H_TEST(test_socket_mode_0660),
-	    H_TEST(test_runtime_directory_mode_0750),
-	    H_TEST(test_sigterm_with_clients_connected_exits_0),
-	    H_TEST(test_no_daemon_is_typed),
+		H_TEST(test_hello_ping_status_several_processes),
+		H_TEST(test_status_counts_sessions),
+		H_TEST(test_version_mismatch),
+		H_TEST(test_hello_capabilities),
+		H_TEST(test_client_connect_capabilities),
+		H_TEST(test_call_before_hello_is_protocol),
+		H_TEST(test_garbage_frame_closes_only_its_connection),
+		H_TEST(test_oversized_frame_closes_only_its_connection),
+		H_TEST(test_split_and_merged_frames),
+		H_TEST(test_unknown_call_is_typed),
+		H_TEST(test_permission_denied_for_uid_not_allowed),
+		H_TEST(test_socket_mode_0660),
+		H_TEST(test_runtime_directory_mode_0750),
+		H_TEST(test_sigterm_with_clients_connected_exits_0),
+		H_TEST(test_no_daemon_is_typed),
 	};
 
 	return H_RUN_SUITE("daemon", init_suite, clean_suite, tests);

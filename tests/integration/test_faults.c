@@ -15,9 +15,9 @@
 #include "harness.h"
 #include "kvpool.h"
 
-#define POOL                                                                            \
-	"[pool.small]\n"                                                                \
-	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"     \
+#define POOL                                                                                       \
+	"[pool.small]\n"                                                                           \
+	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"                \
 	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
 
 static unsigned g_faults;
@@ -74,7 +74,7 @@ static int cycler(void *arg)
 	for (int i = 0; i < CYCLES; i++) {
 		uint32_t fam = (uint32_t)rand_r(&seed) % 4, n = 1 + (uint32_t)rand_r(&seed) % 4;
 		uint32_t tok[64], dev[8], host[8], pages[8];
-		struct kvp_match_result m = {.struct_size = sizeof(m)};
+		struct kvp_match_result m = { .struct_size = sizeof(m) };
 		uint64_t lease;
 
 		for (uint32_t k = 0; k < n * 16; k++)
@@ -103,7 +103,7 @@ static int cycler(void *arg)
 static void test_sigkill_clients_mid_cycle_returns_pages(void)
 {
 	struct daemon d;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	unsigned killed = 0;
 
 	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
@@ -140,10 +140,11 @@ static void test_sigkill_clients_mid_cycle_returns_pages(void)
 
 		CU_ASSERT_EQUAL(x->leased_tokens, 0);
 		CU_ASSERT_EQUAL(x->protected_tokens, 0); /* every lock went with its session */
-		CU_ASSERT_EQUAL(x->free_tokens + x->leased_tokens + x->cached_tokens, x->total_tokens);
+		CU_ASSERT_EQUAL(x->free_tokens + x->leased_tokens + x->cached_tokens,
+				x->total_tokens);
 	}
 	CU_ASSERT(st.pools[0].tiers[KVP_TIER_DEVICE].cached_tokens > 0); /* the cycles cached */
-	CU_ASSERT_EQUAL(st.sessions, 1); /* just the probe */
+	CU_ASSERT_EQUAL(st.sessions, 1);				 /* just the probe */
 	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
 	h_daemon_cleanup(&d);
 }
@@ -238,11 +239,12 @@ static void test_limits_sessions_and_leases(void)
 	uint32_t page;
 	int typed = 0, lost = 0;
 
-	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d,
-					     "[daemon]\nmax_sessions = 4\nmax_leases_per_session = 3\n"
-					     "max_locks_per_session = 2\n" POOL,
-					     NULL),
-			      0);
+	CU_ASSERT_EQUAL_FATAL(
+		h_daemon_start(&d,
+			       "[daemon]\nmax_sessions = 4\nmax_leases_per_session = 3\n"
+			       "max_locks_per_session = 2\n" POOL,
+			       NULL),
+		0);
 	for (int i = 0; i < 4; i++) {
 		c[i] = kvp_client_connect(d.sock, "held", &e);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(c[i]);
@@ -283,7 +285,7 @@ static void test_limits_sessions_and_leases(void)
 	/* Locks: cache one page, then the third lock on it is refused. */
 	{
 		uint32_t tok[16], dev[2], host[2];
-		struct kvp_match_result m = {.struct_size = sizeof(m)};
+		struct kvp_match_result m = { .struct_size = sizeof(m) };
 
 		for (uint32_t k = 0; k < 16; k++)
 			tok[k] = 9000 + k;
@@ -304,7 +306,7 @@ static void test_limits_sessions_and_leases(void)
 		kvp_client_close(c[i]);
 	/* Sessions came back: a new client gets in. */
 	{
-		struct kvp_status st = {.struct_size = sizeof(st)};
+		struct kvp_status st = { .struct_size = sizeof(st) };
 		uint64_t end = h_now_ms() + 3000;
 		int r = -1;
 
@@ -376,7 +378,7 @@ static void test_sigterm_under_load(void)
 static void test_fork_inheritance_parent_exit_frees(void)
 {
 	struct daemon d;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	int pfd[2];
 	pid_t a, b = 0;
 	uint64_t t0;
@@ -430,7 +432,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 static void test_injected_failures_end_typed_or_closed(void)
 {
 	struct daemon d;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	unsigned ok = 0, internal = 0, closed = 0, other = 0;
 
 	setenv("KVPOOLD_FAULTS", "pidfd:1,reply_queue:13:25,reply_alloc:17:25", 1);
@@ -467,7 +469,8 @@ static void test_injected_failures_end_typed_or_closed(void)
 			else if (e.code == KVP_E_TRANSPORT)
 				closed++;
 			else
-				other++, printf("\n    unexpected: code %d: %s\n", e.code, e.message);
+				other++, printf("\n    unexpected: code %d: %s\n", e.code,
+						e.message);
 		}
 		kvp_client_close(c);
 	}
@@ -501,9 +504,7 @@ static bool count(struct tally *t, int r, const struct kvp_error *e)
 	case KVP_E_OUT_OF_CAPACITY:
 		t->capacity++; /* pressure: the unit tests cover it, here it is just allowed */
 		return true;
-	case KVP_E_TRANSPORT:
-		t->closed++;
-		return false;
+	case KVP_E_TRANSPORT: t->closed++; return false;
 	default:
 		t->other++;
 		printf("\n    unexpected: code %d: %s\n", e->code, e->message);
@@ -521,7 +522,7 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 {
 	static uint32_t big[BIG_MATCH], dev[BIG_MATCH / 16], host[BIG_MATCH / 16];
 	uint32_t tok[96], lease_pages[6];
-	struct kvp_match_result m = {.struct_size = sizeof(m)};
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	struct kvp_error e;
 	uint64_t lease = 0;
 	bool alive;
@@ -551,9 +552,10 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
 	if (alive && step % 5 == 4) {
 		for (uint32_t i = 0; i < BIG_MATCH; i++)
 			big[i] = i < 64 ? 100 + i : 7000000 + i;
-		alive = count(
-		    t, kvp_cache_match(p, 0, big, BIG_MATCH, 0, &m, dev, host, BIG_MATCH / 16, &e),
-		    &e);
+		alive = count(t,
+			      kvp_cache_match(p, 0, big, BIG_MATCH, 0, &m, dev, host,
+					      BIG_MATCH / 16, &e),
+			      &e);
 	}
 	return alive;
 }
@@ -566,16 +568,17 @@ static bool engine_step(struct kvp_pool *p, unsigned step, struct tally *t)
  * consistent (it aborts otherwise), and again at exit (status 70 otherwise). */
 static void test_injected_allocation_failures_keep_the_books(void)
 {
-	static const char *const sites[] = { "conn", "session", "input", "decode", "lease",
-					     "idmap", "lock", "prefix" };
+	static const char *const sites[] = { "conn",  "session", "input", "decode",
+					     "lease", "idmap",	 "lock",  "prefix" };
 	struct tally t = { 0 };
 	struct daemon d;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	unsigned step = 0, refused = 0;
 
 	setenv("KVPOOLD_FAULTS",
 	       "conn:7:4,session:5:4,input:53:6,decode:2:4,lease:11:25,idmap:3:12,lock:7:25,"
-	       "prefix:17:40", 1);
+	       "prefix:17:40",
+	       1);
 	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL, NULL), 0);
 	unsetenv("KVPOOLD_FAULTS");
 	for (int round = 0; round < 80; round++) {

@@ -68,10 +68,13 @@ static bool same_state(const struct kvp_status *a, const struct kvp_status *b)
 		return false;
 	for (uint32_t i = 0; i < a->n_pools && i < KVP_STATUS_MAX_POOLS; i++) {
 		for (int t = 0; t < KVP_TIER_MAX; t++) {
-			const struct kvp_tier_status *x = &a->pools[i].tiers[t], *y = &b->pools[i].tiers[t];
+			const struct kvp_tier_status *x = &a->pools[i].tiers[t],
+						     *y = &b->pools[i].tiers[t];
 
-			if (x->total_tokens != y->total_tokens || x->free_tokens != y->free_tokens ||
-			    x->leased_tokens != y->leased_tokens || x->cached_tokens != y->cached_tokens ||
+			if (x->total_tokens != y->total_tokens ||
+			    x->free_tokens != y->free_tokens ||
+			    x->leased_tokens != y->leased_tokens ||
+			    x->cached_tokens != y->cached_tokens ||
 			    x->free_tokens + x->leased_tokens + x->cached_tokens != x->total_tokens)
 				return false;
 		}
@@ -128,7 +131,7 @@ static bool in(int code, const int *ok)
 /* One bad input: a typed error from ok[] and the state as marked. */
 static void bad(int fd, Kvpool__Request *q, const int *ok, const char *what)
 {
-	struct kvp_status after = {.struct_size = sizeof(after)};
+	struct kvp_status after = { .struct_size = sizeof(after) };
 	int code = rcall(fd, q, NULL);
 
 	g_cases++;
@@ -571,15 +574,15 @@ static void test_version_skew_is_version(void)
 		uint64_t required;
 		int code;
 	} cases[] = {
-	    {0, 0, KVP_E_VERSION},
-	    {KVP_PROTOCOL_VERSION + 1, UINT64_C(1) << 63, KVP_E_VERSION},
-	    {UINT32_MAX, UINT64_MAX, KVP_E_VERSION},
-	    {NEG32, NEG64, KVP_E_VERSION},
-	    {KVP_PROTOCOL_VERSION + 1, 0, 0},
-	    {UINT32_MAX, KVP_CAP_ALL, 0},
-	    {NEG32, 0, 0},
+		{ 0, 0, KVP_E_VERSION },
+		{ KVP_PROTOCOL_VERSION + 1, UINT64_C(1) << 63, KVP_E_VERSION },
+		{ UINT32_MAX, UINT64_MAX, KVP_E_VERSION },
+		{ NEG32, NEG64, KVP_E_VERSION },
+		{ KVP_PROTOCOL_VERSION + 1, 0, 0 },
+		{ UINT32_MAX, KVP_CAP_ALL, 0 },
+		{ NEG32, 0, 0 },
 	};
-	struct kvp_status after = {.struct_size = sizeof(after)};
+	struct kvp_status after = { .struct_size = sizeof(after) };
 
 	mark();
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -606,7 +609,7 @@ static void test_random_bytes_after_hello_closes_only_it(void)
 	uint8_t junk[4 + 64];
 	uint64_t lease;
 	uint32_t pg[2];
-	struct kvp_status after = {.struct_size = sizeof(after)};
+	struct kvp_status after = { .struct_size = sizeof(after) };
 	int fd = raw_session();
 	Kvpool__Response *r;
 
@@ -644,8 +647,8 @@ static void test_half_frame_and_silent_connection_dropped(void)
 	int half = raw_session(), silent = h_raw_connect(g_d.sock);
 	uint8_t part[4 + 10] = { 100, 0, 0, 0, 0x08, 0x01 };
 	uint64_t t0, t_half = 0, t_silent = 0, end;
-	struct kvp_status mid = {.struct_size = sizeof(mid)},
-			  after = {.struct_size = sizeof(after)};
+	struct kvp_status mid = { .struct_size = sizeof(mid) },
+			  after = { .struct_size = sizeof(after) };
 
 	CU_ASSERT_FATAL(half >= 0 && silent >= 0);
 	g_cases += 2;
@@ -661,14 +664,16 @@ static void test_half_frame_and_silent_connection_dropped(void)
 
 		if (poll(p, 2, 200) <= 0)
 			continue;
-		if (!t_half && (p[0].revents & (POLLIN | POLLHUP)) && recv(half, buf, sizeof(buf), 0) <= 0)
+		if (!t_half && (p[0].revents & (POLLIN | POLLHUP)) &&
+		    recv(half, buf, sizeof(buf), 0) <= 0)
 			t_half = h_now_ms();
 		if (!t_silent && (p[1].revents & (POLLIN | POLLHUP)) &&
 		    recv(silent, buf, sizeof(buf), 0) <= 0)
 			t_silent = h_now_ms();
 	}
 	printf("\n    half-sent frame dropped after %lu ms, silent connection after %lu ms\n",
-	       (unsigned long)(t_half ? t_half - t0 : 0), (unsigned long)(t_silent ? t_silent - t0 : 0));
+	       (unsigned long)(t_half ? t_half - t0 : 0),
+	       (unsigned long)(t_silent ? t_silent - t0 : 0));
 	CU_ASSERT(t_half && t_half - t0 >= 4500 && t_half - t0 <= 8000);
 	CU_ASSERT(t_silent && t_silent - t0 >= 4000 && t_silent - t0 <= 8000);
 	usleep(100000);
@@ -727,7 +732,7 @@ static void test_zz_daemon_unharmed_and_count(void)
 	struct kvp_error e;
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "after", &e);
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	uint32_t pages[64];
 	uint64_t lease;
 

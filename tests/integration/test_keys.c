@@ -52,7 +52,7 @@ static void keys_of(uint32_t seq, struct kvp_page_key *k, uint32_t n)
 	for (uint32_t i = 0; i < n; i++) {
 		for (uint32_t j = 0; j < KB; j++)
 			g_kb[i][j] = (uint8_t)(seq * 17 + i * 5 + j);
-		k[i] = (struct kvp_page_key){g_kb[i], KB};
+		k[i] = (struct kvp_page_key){ g_kb[i], KB };
 	}
 }
 
@@ -94,7 +94,7 @@ static void flush_all(void)
 static int publish(struct eng *a, uint32_t seq, uint32_t n, int t)
 {
 	struct kvp_page_key k[64];
-	struct kvp_insert_keys_result r = {.struct_size = sizeof(r)};
+	struct kvp_insert_keys_result r = { .struct_size = sizeof(r) };
 	struct kvp_error err;
 	uint32_t pages[64];
 	uint64_t lease;
@@ -117,7 +117,7 @@ static struct kvp_tier_status tier(int t)
 	struct kvp_error err;
 	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = kvp_client_connect(g_d.sock, "probe", &err);
-	struct kvp_tier_status z = {0};
+	struct kvp_tier_status z = { 0 };
 
 	if (c && kvp_client_status(c, &st, &err) == 0)
 		z = st.pools[0].tiers[t];
@@ -207,27 +207,27 @@ static void test_keys_bad_keys_are_typed_errors(void)
 	struct eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[2];
-	uint8_t big[65] = {1};
+	uint8_t big[65] = { 1 };
 	uint32_t pages[2];
 	uint64_t lease;
 	int r;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	keys_of(3, k, 2);
-	k[1] = (struct kvp_page_key){big, sizeof(big)};
+	k[1] = (struct kvp_page_key){ big, sizeof(big) };
 	r = kvp_cache_exists_keys(a.p, NS, k, 2, &err);
 	CU_ASSERT_EQUAL(r, -KVP_E_INVALID_ARGUMENT);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "65 bytes"));
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 2, NULL, &err),
 			-KVP_E_INVALID_ARGUMENT);
-	k[1] = (struct kvp_page_key){big, 0};
+	k[1] = (struct kvp_page_key){ big, 0 };
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 2, NULL, &err),
 			-KVP_E_INVALID_ARGUMENT);
 	/* pages that are not the lease's, and a count that does not fit */
 	keys_of(3, k, 2);
-	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, (uint32_t[]){pages[0], pages[0]},
-					2, NULL, &err),
+	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0,
+					      (uint32_t[]){ pages[0], pages[0] }, 2, NULL, &err),
 			-KVP_E_NOT_FOUND);
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 1, NULL, &err),
 			-KVP_E_INVALID_ARGUMENT);
@@ -247,7 +247,7 @@ static void test_keys_insert_after_matched_keys_evicted(void)
 	struct eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[4];
-	struct kvp_insert_keys_result r = {.struct_size = 0};
+	struct kvp_insert_keys_result r = { .struct_size = 0 };
 	uint32_t pages[2];
 	uint64_t lease;
 
@@ -282,7 +282,7 @@ static void test_keys_a_million_keys_is_limit_exceeded(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	for (uint32_t i = 0; i < 1000000; i++)
-		k[i] = (struct kvp_page_key){&one, 1};
+		k[i] = (struct kvp_page_key){ &one, 1 };
 	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, 1000000, &err), -KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(err.detail, KVP_DETAIL_LIMIT);
 	CU_ASSERT_EQUAL(err.limit.limit, 65536);
@@ -301,7 +301,7 @@ static void test_keys_namespace_kinds_do_not_mix(void)
 	struct kvp_error err;
 	struct kvp_page_key k[2];
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
-	uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, pages[2], dev[2], host[2];
+	uint32_t tok[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, pages[2], dev[2], host[2];
 	uint64_t lease;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
@@ -311,8 +311,11 @@ static void test_keys_namespace_kinds_do_not_mix(void)
 	keys_of(1, k, 2);
 	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, 9, k, 2, &err), -KVP_E_INVALID_ARGUMENT);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "token-keyed"));
-	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, 9, k, 2, 0, (struct kvp_match_keys_result[1]){ { .struct_size = sizeof(struct kvp_match_keys_result) } }, dev,
-				       host, 2, &err),
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, 9, k, 2, 0,
+					     (struct kvp_match_keys_result[1]){
+						     { .struct_size = sizeof(
+							       struct kvp_match_keys_result) } },
+					     dev, host, 2, &err),
 			-KVP_E_INVALID_ARGUMENT);
 	/* hash-keyed namespace NS */
 	CU_ASSERT_EQUAL(publish(&a, 1, 2, KVP_TIER_DEVICE), 2);
@@ -344,7 +347,8 @@ static void test_keys_leasing_every_page_evicts_keyed_pages(void)
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 4, 8, KVP_TIER_DEVICE), 8);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).evictable_tokens, 8 * PT);
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages, &err),
+			      0);
 	/* the chain was demoted to host pages, bytes kept */
 	CU_ASSERT_EQUAL(tier(KVP_TIER_DEVICE).cached_tokens, 0);
 	CU_ASSERT_EQUAL(tier(KVP_TIER_HOST).cached_tokens, 8 * PT);
@@ -360,13 +364,13 @@ static void test_keys_leasing_every_page_evicts_keyed_pages(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_keys_insert_in_a_match_in_b_reads_a_bytes),
-	    H_TEST(test_keys_host_chain_loads_to_device),
-	    H_TEST(test_keys_bad_keys_are_typed_errors),
-	    H_TEST(test_keys_insert_after_matched_keys_evicted),
-	    H_TEST(test_keys_a_million_keys_is_limit_exceeded),
-	    H_TEST(test_keys_namespace_kinds_do_not_mix),
-	    H_TEST(test_keys_leasing_every_page_evicts_keyed_pages),
+		H_TEST(test_keys_insert_in_a_match_in_b_reads_a_bytes),
+		H_TEST(test_keys_host_chain_loads_to_device),
+		H_TEST(test_keys_bad_keys_are_typed_errors),
+		H_TEST(test_keys_insert_after_matched_keys_evicted),
+		H_TEST(test_keys_a_million_keys_is_limit_exceeded),
+		H_TEST(test_keys_namespace_kinds_do_not_mix),
+		H_TEST(test_keys_leasing_every_page_evicts_keyed_pages),
 	};
 
 	return H_RUN_SUITE("keys", init_suite, clean_suite, tests);

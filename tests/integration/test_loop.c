@@ -139,7 +139,7 @@ static int svc_spawn(struct svc *s, const char *config, const struct spawn_opts 
 				setenv("LISTEN_FDNAMES", o->fdnames, 1);
 		}
 		if (o && o->memlock) {
-			struct rlimit rl = {o->memlock, o->memlock};
+			struct rlimit rl = { o->memlock, o->memlock };
 
 			if (setrlimit(RLIMIT_MEMLOCK, &rl) < 0 ||
 			    (geteuid() == 0 &&
@@ -288,10 +288,15 @@ static int watchdogs(int fd)
 static void test_reload_slow_pools_built_off_the_loop(void)
 {
 	char notify[200];
-	const char *env[] = {"KVPOOLD_RELOAD_DELAY_MS", "2500", "WATCHDOG_USEC", "400000",
-			     "NOTIFY_SOCKET", notify, NULL};
-	struct spawn_opts o = {.env = env};
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	const char *env[] = { "KVPOOLD_RELOAD_DELAY_MS",
+			      "2500",
+			      "WATCHDOG_USEC",
+			      "400000",
+			      "NOTIFY_SOCKET",
+			      notify,
+			      NULL };
+	struct spawn_opts o = { .env = env };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c, *c2;
@@ -362,8 +367,8 @@ static void test_reload_slow_pools_built_off_the_loop(void)
  * destroyed with the others, nothing leaks). */
 static void test_reload_in_progress_at_stop(void)
 {
-	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "800", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_RELOAD_DELAY_MS", "800", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
@@ -402,8 +407,8 @@ static int read_all(FILE *f, char *buf, size_t cap)
 
 static void test_reload_call_answered_when_applied(void)
 {
-	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1500", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_RELOAD_DELAY_MS", "1500", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -447,14 +452,14 @@ static void test_reload_call_answered_when_applied(void)
 	CU_ASSERT_EQUAL(n_pools(c), 2);
 	/* Through the library too: nothing changed this time, answered at once. */
 	{
-		struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+		struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 
 		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), 0);
 	}
 	/* A file refused whole is the call's failure, with its reason. */
 	CU_ASSERT_EQUAL(write_file(s.config, POOL_B), 0);
 	{
-		struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+		struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 
 		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), -KVP_E_INVALID_ARGUMENT);
 		CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "pool a was removed"));
@@ -469,8 +474,8 @@ static void test_reload_call_answered_when_applied(void)
  * the call: both callers are answered, the second with what its own reload did. */
 static void test_reload_call_during_reload_waits_for_next(void)
 {
-	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1000", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_RELOAD_DELAY_MS", "1000", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	char out1[2048], out2[2048];
 	int st1, st2;
@@ -502,12 +507,12 @@ static void test_reload_call_during_reload_waits_for_next(void)
  * checked at exit). */
 static void test_reload_caller_gone_before_answer(void)
 {
-	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "800", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_RELOAD_DELAY_MS", "800", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c, *c2;
-	struct kvp_reload_item it[4] = {[0].struct_size = sizeof(it[0])};
+	struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
@@ -534,8 +539,8 @@ static void test_reload_caller_gone_before_answer(void)
  * fails, it does not hang), the reload finishes, its answer is dropped, the exit is clean. */
 static void test_reload_call_at_stop_answered(void)
 {
-	static const char *const env[] = {"KVPOOLD_RELOAD_DELAY_MS", "1500", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_RELOAD_DELAY_MS", "1500", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	char out[2048];
 	int st;
@@ -579,8 +584,8 @@ static int client_round(void *arg)
  * signalfd. Every call is answered and the daemon stops cleanly. */
 static void test_sqe_exhaustion_retried(void)
 {
-	static const char *const env[] = {"KVPOOLD_FAULTS", "sqe:3", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_FAULTS", "sqe:3", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	int failed = 0;
 
@@ -668,8 +673,8 @@ static bool wait_sessions(struct kvp_client *c, uint32_t want, int ms)
 
 static void pidfd_exit_tracked(const char *faults, const char *expect_log)
 {
-	const char *env[] = {"KVPOOLD_FAULTS", faults, NULL};
-	struct spawn_opts o = {.env = faults ? env : NULL};
+	const char *env[] = { "KVPOOLD_FAULTS", faults, NULL };
+	struct spawn_opts o = { .env = faults ? env : NULL };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -704,8 +709,8 @@ static void pidfd_exit_tracked(const char *faults, const char *expect_log)
  * nothing (or a stranger that reused the pid). */
 static void peer_gone_before_accept(const char *faults, const char *expect_log)
 {
-	const char *env[] = {"KVPOOLD_FAULTS", faults, NULL};
-	struct spawn_opts o = {.env = faults ? env : NULL};
+	const char *env[] = { "KVPOOLD_FAULTS", faults, NULL };
+	struct spawn_opts o = { .env = faults ? env : NULL };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -781,8 +786,8 @@ static void test_peer_pidfd_fallback_pidfd_open(void)
  * limited), not silently. */
 static void test_pidfd_failure_counted_and_logged(void)
 {
-	static const char *const env[] = {"KVPOOLD_FAULTS", "pidfd:1", NULL};
-	struct spawn_opts o = {.env = env};
+	static const char *const env[] = { "KVPOOLD_FAULTS", "pidfd:1", NULL };
+	struct spawn_opts o = { .env = env };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c[3];
@@ -838,8 +843,8 @@ static int connect_with_groups(void *arg)
 
 static void test_peer_groups_beyond_64_admitted(void)
 {
-	static const char *const args[] = {"--allow-gid", "5069", NULL};
-	struct spawn_opts o = {.args = args};
+	static const char *const args[] = { "--allow-gid", "5069", NULL };
+	struct spawn_opts o = { .args = args };
 	struct groups_arg g;
 	struct svc s;
 
@@ -871,7 +876,7 @@ static void test_peer_groups_beyond_64_admitted(void)
 static void test_socket_path_too_long_refused(void)
 {
 	char path[300], cut[108];
-	const char *args[] = {"--socket", path, NULL};
+	const char *args[] = { "--socket", path, NULL };
 	struct daemon d;
 	struct stat sb;
 	int r;
@@ -901,7 +906,7 @@ static void test_socket_path_too_long_refused(void)
  * 3 MiB left) would refuse it. */
 static void test_reload_budget_counts_only_new_pools(void)
 {
-	struct spawn_opts o = {.memlock = 8ul << 20};
+	struct spawn_opts o = { .memlock = 8ul << 20 };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -928,8 +933,9 @@ static void test_reload_budget_counts_only_new_pools(void)
 	c = kvp_client_connect(s.sock, "budget", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL(
-	    write_file(s.config, POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")), 0);
+	CU_ASSERT_EQUAL(write_file(s.config,
+				   POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")),
+			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload: done (2 pools)", 5000));
 	CU_ASSERT_FALSE(svc_log_contains(&s, "HOST_BUDGET_EXCEEDED"));
@@ -937,7 +943,7 @@ static void test_reload_budget_counts_only_new_pools(void)
 	/* A new pool that does not fit is still refused: 9 MiB exceed the limit itself (under
 	 * AddressSanitizer, which makes mlock a no-op, nothing is locked and 8 MiB are left). */
 	CU_ASSERT_EQUAL(write_file(s.config, POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")
-						 POOL_LOCKED("huge", "576t")),
+						     POOL_LOCKED("huge", "576t")),
 			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "new pools do not fit", 5000));
@@ -952,7 +958,7 @@ static void test_reload_budget_counts_only_new_pools(void)
 
 static int unix_listener(const char *path)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
 
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
@@ -967,7 +973,7 @@ static int unix_listener(const char *path)
 static void test_socket_activation_fds_by_name_and_type(void)
 {
 	char other[200];
-	struct spawn_opts o = {.fdnames = "kvpoold:metrics:kvpoold.sock"};
+	struct spawn_opts o = { .fdnames = "kvpoold:metrics:kvpoold.sock" };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -1009,7 +1015,7 @@ static void test_socket_activation_fds_by_name_and_type(void)
  * skipped. */
 static void test_socket_activation_unnamed_first_listener(void)
 {
-	struct spawn_opts o = {0};
+	struct spawn_opts o = { 0 };
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -1041,23 +1047,23 @@ static void test_socket_activation_unnamed_first_listener(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_reload_slow_pools_built_off_the_loop),
-	    H_TEST(test_reload_in_progress_at_stop),
-	    H_TEST(test_reload_call_answered_when_applied),
-	    H_TEST(test_reload_call_during_reload_waits_for_next),
-	    H_TEST(test_reload_caller_gone_before_answer),
-	    H_TEST(test_reload_call_at_stop_answered),
-	    H_TEST(test_sqe_exhaustion_retried),
-	    H_TEST(test_peer_pidfd_tracks_exit),
-	    H_TEST(test_peer_pidfd_fallback_pidfd_open),
-	    H_TEST(test_pidfd_failure_counted_and_logged),
-	    H_TEST(test_peer_gone_before_accept_peerpidfd),
-	    H_TEST(test_peer_gone_before_accept_pidfd_open),
-	    H_TEST(test_peer_groups_beyond_64_admitted),
-	    H_TEST(test_socket_path_too_long_refused),
-	    H_TEST(test_reload_budget_counts_only_new_pools),
-	    H_TEST(test_socket_activation_fds_by_name_and_type),
-	    H_TEST(test_socket_activation_unnamed_first_listener),
+		H_TEST(test_reload_slow_pools_built_off_the_loop),
+		H_TEST(test_reload_in_progress_at_stop),
+		H_TEST(test_reload_call_answered_when_applied),
+		H_TEST(test_reload_call_during_reload_waits_for_next),
+		H_TEST(test_reload_caller_gone_before_answer),
+		H_TEST(test_reload_call_at_stop_answered),
+		H_TEST(test_sqe_exhaustion_retried),
+		H_TEST(test_peer_pidfd_tracks_exit),
+		H_TEST(test_peer_pidfd_fallback_pidfd_open),
+		H_TEST(test_pidfd_failure_counted_and_logged),
+		H_TEST(test_peer_gone_before_accept_peerpidfd),
+		H_TEST(test_peer_gone_before_accept_pidfd_open),
+		H_TEST(test_peer_groups_beyond_64_admitted),
+		H_TEST(test_socket_path_too_long_refused),
+		H_TEST(test_reload_budget_counts_only_new_pools),
+		H_TEST(test_socket_activation_fds_by_name_and_type),
+		H_TEST(test_socket_activation_unnamed_first_listener),
 	};
 
 	return H_RUN_SUITE("loop", NULL, NULL, tests);

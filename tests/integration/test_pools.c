@@ -47,7 +47,7 @@ static struct kvp_client *conn(const char *name)
 static uint64_t tier_leased(int tier)
 {
 	struct kvp_error e;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_client *c = conn("probe");
 	uint64_t v = UINT64_MAX;
 

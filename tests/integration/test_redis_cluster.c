@@ -21,7 +21,7 @@
 #define NPAGES 1000
 #define PAGE 16384
 
-static const struct kvp_rv_fp fp = {32, 8, 128, 1, 16, 0};
+static const struct kvp_rv_fp fp = { 32, 8, 128, 1, 16, 0 };
 static struct kvp_rc *rc;
 static int ports[3];
 static const char *dir;
@@ -75,7 +75,7 @@ static int drive(int max_ms)
 
 static redisReply *admin(int port, const char *fmt, ...)
 {
-	struct timeval tv = {5, 0};
+	struct timeval tv = { 5, 0 };
 	redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
 	redisReply *r = NULL;
 	va_list ap;
@@ -154,7 +154,7 @@ static void on_op(void *arg, enum kvp_rc_status st, const void *val, size_t len)
 /* Counts of each status among res[0..n), on stderr (when an assertion is about to fail). */
 static void show(const char *what, int n)
 {
-	int c[KVP_RC_STATUS_MAX] = {0};
+	int c[KVP_RC_STATUS_MAX] = { 0 };
 
 	for (int i = 0; i < n; i++)
 		c[res[i].st]++;
@@ -168,7 +168,7 @@ static void show(const char *what, int n)
 static void reset(void)
 {
 	for (int i = 0; i < NPAGES; i++)
-		res[i] = (struct res){.idx = i};
+		res[i] = (struct res){ .idx = i };
 }
 
 static void set_page(int i)
@@ -194,10 +194,10 @@ static void get_page(int i)
 static int init(void)
 {
 	const char *p = getenv("KVP_REDIS_PORTS");
-	struct kvp_rc_config cfg = {.op_timeout_ms = 1000,
-				    .connect_timeout_ms = 1000,
-				    .max_inflight_bytes = 4u << 20,
-				    .backoff_max_ms = 500};
+	struct kvp_rc_config cfg = { .op_timeout_ms = 1000,
+				     .connect_timeout_ms = 1000,
+				     .max_inflight_bytes = 4u << 20,
+				     .backoff_max_ms = 500 };
 	char seeds[128];
 	uint8_t h[32], prev[32];
 	uint32_t toks[16];
@@ -246,8 +246,8 @@ static void test_rc_map_loads_from_one_seed(void)
 
 static void test_rc_slot_matches_server(void)
 {
-	static const char *const tagged[] = {"{user1000}.following", "{user1000}.followers",
-					     "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}"};
+	static const char *const tagged[] = { "{user1000}.following", "{user1000}.followers",
+					      "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}" };
 
 	for (int i = 0; i < 200; i++) {
 		redisReply *r = admin(ports[i % 3], "CLUSTER KEYSLOT %b", keys[i], klens[i]);
@@ -287,7 +287,7 @@ static void test_rc_set_get_exists_1000_pages(void)
 	static char absent[24][KVP_RV_KEY_MAX];
 	const void *ks[NPAGES + 24];
 	size_t kl[NPAGES + 24];
-	int per_node[3] = {0}, ok = 0, hit = 0;
+	int per_node[3] = { 0 }, ok = 0, hit = 0;
 	uint64_t t0;
 
 	reset();
@@ -322,7 +322,7 @@ static void test_rc_set_get_exists_1000_pages(void)
 		kl[i] = klens[i];
 	}
 	for (int i = 0; i < 24; i++) {
-		uint8_t h[32] = {(uint8_t)i, 0xee};
+		uint8_t h[32] = { (uint8_t)i, 0xee };
 
 		kl[NPAGES + i] = (size_t)kvp_rv_key(&fp, "itest", h, absent[i]);
 		ks[NPAGES + i] = absent[i];
@@ -366,7 +366,7 @@ static void test_rc_corrupt_and_foreign_values_are_refused(void)
 {
 	static uint8_t page[PAGE], v[KVP_RV_HDR_SIZE + PAGE];
 	struct kvp_rv_fp other = fp;
-	static const int want[3] = {-KVP_RV_EMAGIC, -KVP_RV_EFOREIGN, -KVP_RV_ECHECKSUM};
+	static const int want[3] = { -KVP_RV_EMAGIC, -KVP_RV_EFOREIGN, -KVP_RV_ECHECKSUM };
 
 	memset(v, 'x', 100); /* longer than a header, not one */
 	CU_ASSERT_EQUAL_FATAL(cli_set(0, v, 100), 0);
@@ -453,7 +453,7 @@ static void test_rc_ask_while_migrating_then_moved(void)
 	/* a new key of a migrating slot: ASK to B */
 	page_fill(page, 7);
 	left = 1;
-	r2 = (struct res){.idx = 7};
+	r2 = (struct res){ .idx = 7 };
 	CU_ASSERT_EQUAL(kvp_rc_set(rc, k2, strlen(k2), NULL, 0, page, 64, 60, on_op, &r2), 0);
 	CU_ASSERT_EQUAL_FATAL(drive(5000), 0);
 	CU_ASSERT_EQUAL(r2.st, KVP_RC_OK);
@@ -473,7 +473,7 @@ static void test_rc_ask_while_migrating_then_moved(void)
 	freeReplyObject(r);
 	for (int k = 0; k < 3; k++)
 		CU_ASSERT(
-		    admin_ok(admin(ports[(b + k) % 3], "CLUSTER SETSLOT %u NODE %s", s, idb)));
+			admin_ok(admin(ports[(b + k) % 3], "CLUSTER SETSLOT %u NODE %s", s, idb)));
 	(void)c;
 	moved0 = kvp_rc_stats(rc)->moved;
 	reset();
@@ -624,13 +624,13 @@ static void test_rc_killed_master_fails_fast_then_recovers(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_rc_map_loads_from_one_seed),
-	    H_TEST(test_rc_slot_matches_server),
-	    H_TEST(test_rc_set_get_exists_1000_pages),
-	    H_TEST(test_rc_corrupt_and_foreign_values_are_refused),
-	    H_TEST(test_rc_ask_while_migrating_then_moved),
-	    H_TEST(test_rc_slow_node_times_out),
-	    H_TEST(test_rc_killed_master_fails_fast_then_recovers),
+		H_TEST(test_rc_map_loads_from_one_seed),
+		H_TEST(test_rc_slot_matches_server),
+		H_TEST(test_rc_set_get_exists_1000_pages),
+		H_TEST(test_rc_corrupt_and_foreign_values_are_refused),
+		H_TEST(test_rc_ask_while_migrating_then_moved),
+		H_TEST(test_rc_slow_node_times_out),
+		H_TEST(test_rc_killed_master_fails_fast_then_recovers),
 	};
 
 	if (!getenv("KVP_REDIS_PORTS")) {

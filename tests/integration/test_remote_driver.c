@@ -24,7 +24,7 @@ static void drive(int max_ms)
 	uint64_t end = kvp_rc_now_ms() + (uint64_t)max_ms;
 
 	while (g_left > 0 && kvp_rc_now_ms() < end) {
-		struct pollfd p = {.fd = kvp_remote_fd(g_r), .events = POLLIN};
+		struct pollfd p = { .fd = kvp_remote_fd(g_r), .events = POLLIN };
 
 		if (poll(&p, 1, 50) > 0)
 			kvp_remote_on_ready(g_r);
@@ -103,13 +103,13 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_remote_on_ready_cluster_roundtrip),
+		H_TEST(test_kvp_remote_on_ready_cluster_roundtrip),
 	};
 	const char *ports = getenv("KVP_REDIS_PORTS");
-	struct kvp_remote_conf c = {.enabled = 1,
-				    .connect_timeout_ms = 1000,
-				    .command_timeout_ms = 2000,
-				    .max_inflight_bytes = 64 << 20};
+	struct kvp_remote_conf c = { .enabled = 1,
+				     .connect_timeout_ms = 1000,
+				     .command_timeout_ms = 2000,
+				     .max_inflight_bytes = 64 << 20 };
 	int p[3], rc;
 
 	if (!ports || sscanf(ports, "%d,%d,%d", &p[0], &p[1], &p[2]) != 3) {

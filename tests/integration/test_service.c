@@ -21,10 +21,10 @@
 #include "harness.h"
 #include "kvpool.h"
 
-#define POOL_SMALL                                                                      \
-	"[pool.small]\n"                                                                \
-	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = %u\n"     \
-	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"    \
+#define POOL_SMALL                                                                                 \
+	"[pool.small]\n"                                                                           \
+	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = %u\n"                \
+	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"               \
 	"session_quota = %u\n"
 
 static const char *kvpoolctl(void)
@@ -310,7 +310,7 @@ static void test_socket_activation_serves_passed_fd(void)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct kvp_error e;
 	struct kvp_client *c;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	int fd;
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
@@ -368,7 +368,7 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	uint64_t lease;
 	char cmd[512];
 	int held = 0, r;
@@ -402,7 +402,8 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	held++;
 	CU_ASSERT(svc_wait_log(&s, "session quota 64 -> 0", 2000));
 
-	/* Back to 64 through `kvpoolctl reload`: this session is over it, so the next is refused. */
+	/* Back to 64 through `kvpoolctl reload`: this session is over it, so the next is refused.
+	 */
 	write_small_conf(s.config, 16, 64);
 	snprintf(cmd, sizeof(cmd), "%s --socket '%s' reload >/dev/null 2>&1", kvpoolctl(), s.sock);
 	r = system(cmd);
@@ -463,7 +464,7 @@ static void test_drain_refuses_leases_then_exits_0(void)
 	kvp_client_set_timeout(c, 5000);
 	p = kvp_pool_attach(c, "small", NULL, &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
-	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){0}, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, (uint32_t[2]){ 0 }, &e), 0);
 	CU_ASSERT_EQUAL(kvp_admin_drain(c, 5000, &e),
 			0); /* this process is root or the daemon's uid */
 	r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, &e);
@@ -538,7 +539,7 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	struct kvp_status st = {.struct_size = sizeof(st)};
+	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct family *fam = calloc(256, sizeof(*fam));
 	regex_t sample_re;
 	char cmd[512], line[4096], want[128];
@@ -649,7 +650,8 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	}
 	for (int i = 0; i < nfam; i++)
 		if (!fam[i].help || !fam[i].type) {
-			printf("\n    family %s lacks %s\n", fam[i].name, fam[i].help ? "TYPE" : "HELP");
+			printf("\n    family %s lacks %s\n", fam[i].name,
+			       fam[i].help ? "TYPE" : "HELP");
 			bad++;
 		}
 	printf("\n    metrics: %d families, %d samples\n", nfam, nsamples);
@@ -739,8 +741,8 @@ static void test_metrics_http_endpoint(void)
 	/* The loop publishes a snapshot every second; the first within a tick or two. */
 	end = h_now_ms() + 5000;
 	while (!ok && h_now_ms() < end) {
-		if (http_get(port, "/metrics", buf, sizeof(buf)) > 0 &&
-		    strstr(buf, " 200 OK") && strstr(buf, "kvpool_sessions ") &&
+		if (http_get(port, "/metrics", buf, sizeof(buf)) > 0 && strstr(buf, " 200 OK") &&
+		    strstr(buf, "kvpool_sessions ") &&
 		    strstr(buf, "kvpool_tier_total_tokens{pool=\"small\",tier=\"device\"} 1024"))
 			ok = 1;
 		else
@@ -760,9 +762,10 @@ static void test_check_config_good_bad_and_too_big(void)
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/good.conf", dir);
-	snprintf(conf, sizeof(conf), POOL_SMALL "[pool.other]\nlayers = 1\nkv_heads = 1\n"
-					     "head_dim = 8\ndtype = fp32\npage_tokens = 8\n"
-					     "device = none\nhost_capacity = 800t\nmlock = off\n",
+	snprintf(conf, sizeof(conf),
+		 POOL_SMALL "[pool.other]\nlayers = 1\nkv_heads = 1\n"
+			    "head_dim = 8\ndtype = fp32\npage_tokens = 8\n"
+			    "device = none\nhost_capacity = 800t\nmlock = off\n",
 		 16u, 0u);
 	CU_ASSERT_EQUAL_FATAL(write_file(path, conf), 0);
 	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", kvpoolctl(), path);
@@ -865,7 +868,8 @@ static void test_admin_calls_permission_denied_for_others(void)
 	r = h_in_child(nobody_admin_calls, NULL);
 	CU_ASSERT_EQUAL(r, 0);
 	if (r)
-		printf("\n    nobody child: %d (1 evict, 2 drain, 4 flush, 8 ping; 50+ setup)\n", r);
+		printf("\n    nobody child: %d (1 evict, 2 drain, 4 flush, 8 ping; 50+ setup)\n",
+		       r);
 	/* Nothing changed: not draining, leases still granted. */
 	c = kvp_client_connect(s.sock, "root", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);

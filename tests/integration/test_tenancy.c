@@ -262,11 +262,11 @@ static int child_namespace(void *arg)
 static void test_namespace_bound_to_users(void)
 {
 	struct ns_case cases[] = {
-	    {0, 5, KVP_E_PERMISSION_DENIED},	   /* root's namespace */
-	    {0, 7, KVP_E_PERMISSION_DENIED},	   /* a group's, not a member */
-	    {NS7_GID, 7, 0},			   /* a member */
-	    {0, 6, 0},				   /* unbound: shared */
-	    {NS7_GID, 5, KVP_E_PERMISSION_DENIED}, /* the group does not own 5 */
+		{ 0, 5, KVP_E_PERMISSION_DENIED },	 /* root's namespace */
+		{ 0, 7, KVP_E_PERMISSION_DENIED },	 /* a group's, not a member */
+		{ NS7_GID, 7, 0 },			 /* a member */
+		{ 0, 6, 0 },				 /* unbound: shared */
+		{ NS7_GID, 5, KVP_E_PERMISSION_DENIED }, /* the group does not own 5 */
 	};
 
 	root_insert(5, 100);
@@ -368,8 +368,9 @@ static void test_quota_counts_locked_tokens(void)
 			refused++;
 			break;
 		}
-		CU_ASSERT_EQUAL(
-		    kvp_cache_insert(pa, lease, 0, tokens, (i + 1) * 64, i * 4, pages, 4, NULL, &e), 0);
+		CU_ASSERT_EQUAL(kvp_cache_insert(pa, lease, 0, tokens, (i + 1) * 64, i * 4, pages,
+						 4, NULL, &e),
+				0);
 		CU_ASSERT_EQUAL(kvp_lease_free(pa, lease, NULL, 0, &e), 0); /* emptied: gone */
 		rc = kvp_cache_match(pa, 0, tokens, (i + 1) * 64, 1, &m, dev, host, 64, &e);
 		if (rc < 0) {
@@ -449,8 +450,10 @@ static void test_locked_match_too_large_keeps_no_lock(void)
 	for (uint32_t i = 0; i < n; i++)
 		tokens[i] = i % 100; /* one byte each on the wire */
 	for (uint32_t done = 0; done < n; done += chunk) {
-		CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, chunk, &lease, pages, &e), 0);
-		rc = kvp_cache_insert(p, lease, 0, tokens, done + chunk, done, pages, chunk, NULL, &e);
+		CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, chunk, &lease, pages, &e),
+				      0);
+		rc = kvp_cache_insert(p, lease, 0, tokens, done + chunk, done, pages, chunk, NULL,
+				      &e);
 		if (rc < 0)
 			printf("\n    insert: %s\n", e.message);
 		CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -572,7 +575,7 @@ static void test_client_names_sanitised(void)
 
 static void test_geometry_mismatch_names_dtype(void)
 {
-	struct kvp_geometry want = {.dtype = KVP_DTYPE_FP32};
+	struct kvp_geometry want = { .dtype = KVP_DTYPE_FP32 };
 	struct kvp_error e;
 
 	CU_ASSERT_PTR_NULL(kvp_pool_attach(g_root, "open", &want, &e));
@@ -642,7 +645,8 @@ static void test_insert_on_emptied_lease(void)
 			printf("\n    alloc %u: %s\n", i, e.message);
 		CU_ASSERT_EQUAL_FATAL(rc, 0);
 		tokens[0] = 7000 + i;
-		CU_ASSERT_EQUAL(kvp_cache_insert(p, lease, 0, tokens, 16, 0, pages, 1, NULL, &e), 0);
+		CU_ASSERT_EQUAL(kvp_cache_insert(p, lease, 0, tokens, 16, 0, pages, 1, NULL, &e),
+				0);
 		last = lease;
 	}
 	CU_ASSERT_EQUAL(kvp_lease_free(p, last, NULL, 0, &e), 0);
@@ -657,7 +661,7 @@ struct reload_child {
 static int child_reload(void *arg)
 {
 	struct reload_child *rc = arg;
-	gid_t groups[] = {ADMIN_GID, PRIVATE_GID};
+	gid_t groups[] = { ADMIN_GID, PRIVATE_GID };
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
@@ -679,7 +683,8 @@ static int child_reload(void *arg)
 	/* admin_groups and the pool's allowed_groups no longer name this user's groups. */
 	if (kvp_admin_flush(c, "open", &evicted, &e) == 0 || e.code != KVP_E_PERMISSION_DENIED)
 		return 95;
-	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, pages, &e) == 0 || e.code != KVP_E_NOT_FOUND)
+	if (kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, pages, &e) == 0 ||
+	    e.code != KVP_E_NOT_FOUND)
 		return 96;
 	if (write(rc->to_parent[1], "2", 1) != 1 || read(rc->to_child[0], &b, 1) != 1)
 		return 97;
@@ -775,18 +780,18 @@ static void test_reload_revokes_open_sessions(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_attach_pool_allowed_lists),
-	    H_TEST(test_namespace_bound_to_users),
-	    H_TEST(test_sessions_and_cache_detail_own_only),
-	    H_TEST(test_quota_counts_locked_tokens),
-	    H_TEST(test_alloc_reply_too_large_keeps_nothing),
-	    H_TEST(test_locked_match_too_large_keeps_no_lock),
-	    H_TEST(test_ids_not_sequential_across_sessions),
-	    H_TEST(test_client_names_sanitised),
-	    H_TEST(test_geometry_mismatch_names_dtype),
-	    H_TEST(test_attach_name_with_nul_refused),
-	    H_TEST(test_insert_on_emptied_lease),
-	    H_TEST(test_reload_revokes_open_sessions),
+		H_TEST(test_attach_pool_allowed_lists),
+		H_TEST(test_namespace_bound_to_users),
+		H_TEST(test_sessions_and_cache_detail_own_only),
+		H_TEST(test_quota_counts_locked_tokens),
+		H_TEST(test_alloc_reply_too_large_keeps_nothing),
+		H_TEST(test_locked_match_too_large_keeps_no_lock),
+		H_TEST(test_ids_not_sequential_across_sessions),
+		H_TEST(test_client_names_sanitised),
+		H_TEST(test_geometry_mismatch_names_dtype),
+		H_TEST(test_attach_name_with_nul_refused),
+		H_TEST(test_insert_on_emptied_lease),
+		H_TEST(test_reload_revokes_open_sessions),
 	};
 
 	return H_RUN_SUITE("tenancy", init_suite, clean_suite, tests);

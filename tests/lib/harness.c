@@ -295,7 +295,7 @@ int h_fake_send(int fd, Kvpool__Response *resp, const int *fds, int nfds)
 		char buf[CMSG_SPACE(sizeof(int) * 8)];
 		struct cmsghdr align;
 	} cm;
-	struct msghdr msg = {0};
+	struct msghdr msg = { 0 };
 	struct iovec iov;
 	uint8_t *buf;
 	size_t len;
@@ -330,7 +330,7 @@ int h_fake_send(int fd, Kvpool__Response *resp, const int *fds, int nfds)
 
 int h_fake_daemon(const char *sock, int (*script)(int fd, void *arg), void *arg, pid_t *pid)
 {
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (lfd < 0 || strlen(sock) >= sizeof(sa.sun_path))
@@ -347,7 +347,7 @@ int h_fake_daemon(const char *sock, int (*script)(int fd, void *arg), void *arg,
 		return -1;
 	}
 	if (*pid == 0) {
-		struct pollfd pf = {.fd = lfd, .events = POLLIN};
+		struct pollfd pf = { .fd = lfd, .events = POLLIN };
 		int fd;
 
 		alarm(20);

@@ -16,16 +16,12 @@ static inline size_t h_scalar_size(ProtobufCType t)
 	case PROTOBUF_C_TYPE_SFIXED64:
 	case PROTOBUF_C_TYPE_UINT64:
 	case PROTOBUF_C_TYPE_FIXED64:
-	case PROTOBUF_C_TYPE_DOUBLE:
-		return 8;
-	case PROTOBUF_C_TYPE_BOOL:
-		return sizeof(protobuf_c_boolean);
+	case PROTOBUF_C_TYPE_DOUBLE: return 8;
+	case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
 	case PROTOBUF_C_TYPE_STRING:
 	case PROTOBUF_C_TYPE_BYTES:
-	case PROTOBUF_C_TYPE_MESSAGE:
-		return 0;
-	default:
-		return 4;
+	case PROTOBUF_C_TYPE_MESSAGE: return 0;
+	default: return 4;
 	}
 }
 
@@ -49,22 +45,17 @@ static inline bool h_value_eq(const ProtobufCFieldDescriptor *f, const void *pa,
 
 		return (!x || !y) ? x == y : h_msg_eq(x, y);
 	}
-	default:
-		return memcmp(pa, pb, h_scalar_size(f->type)) == 0;
+	default: return memcmp(pa, pb, h_scalar_size(f->type)) == 0;
 	}
 }
 
 static inline size_t h_elem_size(const ProtobufCFieldDescriptor *f)
 {
 	switch (f->type) {
-	case PROTOBUF_C_TYPE_STRING:
-		return sizeof(char *);
-	case PROTOBUF_C_TYPE_BYTES:
-		return sizeof(ProtobufCBinaryData);
-	case PROTOBUF_C_TYPE_MESSAGE:
-		return sizeof(ProtobufCMessage *);
-	default:
-		return h_scalar_size(f->type);
+	case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+	case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+	case PROTOBUF_C_TYPE_MESSAGE: return sizeof(ProtobufCMessage *);
+	default: return h_scalar_size(f->type);
 	}
 }
 
@@ -76,7 +67,8 @@ static bool h_msg_eq(const ProtobufCMessage *a, const ProtobufCMessage *b)
 	if (b->descriptor != d || a->n_unknown_fields != b->n_unknown_fields)
 		return false;
 	for (unsigned i = 0; i < a->n_unknown_fields; i++) {
-		const ProtobufCMessageUnknownField *x = &a->unknown_fields[i], *y = &b->unknown_fields[i];
+		const ProtobufCMessageUnknownField *x = &a->unknown_fields[i],
+						   *y = &b->unknown_fields[i];
 
 		if (x->tag != y->tag || x->wire_type != y->wire_type || x->len != y->len ||
 		    (x->len && memcmp(x->data, y->data, x->len)))
@@ -102,7 +94,8 @@ static bool h_msg_eq(const ProtobufCMessage *a, const ProtobufCMessage *b)
 			if (n != *(const size_t *)(bb + f->quantifier_offset))
 				return false;
 			for (size_t k = 0; k < n; k++)
-				if (!h_value_eq(f, xa + k * h_elem_size(f), xb + k * h_elem_size(f)))
+				if (!h_value_eq(f, xa + k * h_elem_size(f),
+						xb + k * h_elem_size(f)))
 					return false;
 			continue;
 		}

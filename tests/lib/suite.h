@@ -8,12 +8,15 @@ struct h_test {
 	const char *name;
 	CU_TestFunc fn;
 };
-#define H_TEST(fn) { #fn, fn }
+#define H_TEST(fn)                                                                                 \
+	{                                                                                          \
+#fn, fn                                                                            \
+	}
 
 /* Runs tests as suite `suite` (init and clean may be NULL): SIGPIPE ignored, verbose output.
  * Returns the exit status: 0 when every test passed and the suite's init and cleanup did too. */
 int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
 		const struct h_test *tests, size_t n);
 
-#define H_RUN_SUITE(name, init, clean, tests) \
+#define H_RUN_SUITE(name, init, clean, tests)                                                      \
 	h_run_suite((name), (init), (clean), (tests), sizeof(tests) / sizeof((tests)[0]))

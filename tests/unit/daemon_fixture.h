@@ -15,7 +15,7 @@
 static inline struct kvp_daemon *fx_daemon(const char *conf)
 {
 	struct kvp_daemon *d = calloc(1, sizeof(*d));
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	char err[256];
 
 	g_log_level = -1; /* quiet */
@@ -51,7 +51,7 @@ static inline void fx_daemon_free(struct kvp_daemon *d)
 /* A session past Hello (admin or not). */
 static inline struct kvp_session *fx_session(struct kvp_daemon *d, bool admin)
 {
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_session *s = kvp_session_new(d, 4242, 1000, 1000, admin, &f);
 
 	if (s)
@@ -86,7 +86,7 @@ static inline int fx_cache(struct kvpd_pool *p, int tier, uint64_t ns, uint32_t 
 {
 	uint32_t npages = ntokens / p->conf.page_tokens;
 	uint32_t *tokens = malloc(sizeof(*tokens) * (ntokens + 1));
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l;
 	uint64_t newt = 0, dup = 0;
 	int rc = -1;

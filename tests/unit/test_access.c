@@ -46,7 +46,7 @@ static void test_kvp_daemon_new_id_distinct_unpredictable(void)
 
 static struct kvp_lease *lease(struct kvp_daemon *d, struct kvp_session *s, uint32_t pages)
 {
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l = kvp_lease_create(d->pools[0], KVP_TIER_ID_DEVICE,
 					       kvp_daemon_new_id(d, &d->next_lease_id), pages, &f);
 
@@ -59,7 +59,7 @@ static void test_kvp_session_may_lease_uid_quota(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s1, *s2, *other;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	s1 = fx_session(d, false);
@@ -84,7 +84,7 @@ static void test_kvp_session_may_lock_pages_lock_quota(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	s = fx_session(d, false);
@@ -105,15 +105,14 @@ static void test_kvp_session_may_attach_and_use_ns(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s, *root;
-	struct kvp_fail f = {0};
-	gid_t g60 = 60, g61[] = {60, 61};
+	struct kvp_fail f = { 0 };
+	gid_t g60 = 60, g61[] = { 60, 61 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	s = fx_session(d, false);
 	root = fx_session(d, true);
 	root->uid = 0;
-	CU_ASSERT_EQUAL(kvp_session_may_attach(d, s, d->pools[0], &f),
-			-KVP_ERR_PERMISSION_DENIED);
+	CU_ASSERT_EQUAL(kvp_session_may_attach(d, s, d->pools[0], &f), -KVP_ERR_PERMISSION_DENIED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(f.msg, "pool a"));
 	CU_ASSERT_EQUAL(kvp_session_may_attach(d, root, d->pools[0], &f), 0);
 	kvp_session_set_groups(s, &g60, 1);
@@ -135,7 +134,7 @@ static void test_kvp_daemon_recheck_sessions(void)
 	Kvpool__PingReq ping = KVPOOL__PING_REQ__INIT;
 	struct kvp_session *s, *keep;
 	struct kvp_reply r;
-	gid_t groups[] = {50, 60};
+	gid_t groups[] = { 50, 60 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	d->conf.admin_gids[0] = 50;
@@ -177,11 +176,11 @@ static void test_kvp_daemon_recheck_sessions(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_daemon_new_id_distinct_unpredictable),
-	    H_TEST(test_kvp_session_may_lease_uid_quota),
-	    H_TEST(test_kvp_session_may_lock_pages_lock_quota),
-	    H_TEST(test_kvp_session_may_attach_and_use_ns),
-	    H_TEST(test_kvp_daemon_recheck_sessions),
+		H_TEST(test_kvp_daemon_new_id_distinct_unpredictable),
+		H_TEST(test_kvp_session_may_lease_uid_quota),
+		H_TEST(test_kvp_session_may_lock_pages_lock_quota),
+		H_TEST(test_kvp_session_may_attach_and_use_ns),
+		H_TEST(test_kvp_daemon_recheck_sessions),
 	};
 
 	return H_RUN_SUITE("access", NULL, NULL, tests);

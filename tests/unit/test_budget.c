@@ -85,13 +85,13 @@ static void reset(void)
 	g_f.node[0] = g_f.node[1] = 1000 * GiB;
 	g_f.max_node = 1;
 	g_env = (struct kvp_budget_env){
-	    .mem_available = fake_mem,
-	    .numa_node_free = fake_node,
-	    .cgroup_room = fake_cgroup,
-	    .memlock_room = fake_lock,
-	    .hugepages_free = fake_huge,
-	    .numa_max_node = fake_max_node,
-	    .ctx = &g_f,
+		.mem_available = fake_mem,
+		.numa_node_free = fake_node,
+		.cgroup_room = fake_cgroup,
+		.memlock_room = fake_lock,
+		.hugepages_free = fake_huge,
+		.numa_max_node = fake_max_node,
+		.ctx = &g_f,
 	};
 }
 
@@ -160,7 +160,7 @@ static void test_kvp_budget_check_fits(void)
 	/* exactly enough: the cuda tier is not host memory, but kvpoold's bookkeeping of its
 	 * pages is */
 	g_f.mem = g_f.cgroup =
-	    300 * MiB + kvp_conf_meta_bytes(&c.pools[0]) + kvp_conf_meta_bytes(&c.pools[1]);
+		300 * MiB + kvp_conf_meta_bytes(&c.pools[0]) + kvp_conf_meta_bytes(&c.pools[1]);
 	g_f.node[0] = 200 * MiB;
 	g_f.node[1] = 100 * MiB;
 	memset(&v, 0xff, sizeof(v));
@@ -411,8 +411,10 @@ static void test_kvp_budget_check_read_error(void)
 static void test_kvp_limit_name_all(void)
 {
 	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_MEM_AVAILABLE), "MemAvailable");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_NUMA_NODE_FREE), "NUMA node free memory");
-	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_CGROUP_MEMORY_MAX), "cgroup memory.max");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_NUMA_NODE_FREE),
+			       "NUMA node free memory");
+	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_CGROUP_MEMORY_MAX),
+			       "cgroup memory.max");
 	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_RLIMIT_MEMLOCK), "RLIMIT_MEMLOCK");
 	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_HUGEPAGES_FREE), "free huge pages");
 	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_NONE), "none");
@@ -448,19 +450,19 @@ static void test_kvp_budget_env_system_reads(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_pool_host_bytes_tiers),
-	    H_TEST(test_kvp_budget_check_fits),
-	    H_TEST(test_kvp_budget_check_mem_available_binds),
-	    H_TEST(test_kvp_budget_check_numa_node_binds),
-	    H_TEST(test_kvp_budget_check_numa_node_missing),
-	    H_TEST(test_kvp_budget_check_cgroup_binds),
-	    H_TEST(test_kvp_budget_check_memlock_binds_on),
-	    H_TEST(test_kvp_budget_check_memlock_warns_try),
-	    H_TEST(test_kvp_budget_check_hugepages_binds_on),
-	    H_TEST(test_kvp_budget_format_known_case),
-	    H_TEST(test_kvp_budget_check_read_error),
-	    H_TEST(test_kvp_limit_name_all),
-	    H_TEST(test_kvp_budget_env_system_reads),
+		H_TEST(test_kvp_pool_host_bytes_tiers),
+		H_TEST(test_kvp_budget_check_fits),
+		H_TEST(test_kvp_budget_check_mem_available_binds),
+		H_TEST(test_kvp_budget_check_numa_node_binds),
+		H_TEST(test_kvp_budget_check_numa_node_missing),
+		H_TEST(test_kvp_budget_check_cgroup_binds),
+		H_TEST(test_kvp_budget_check_memlock_binds_on),
+		H_TEST(test_kvp_budget_check_memlock_warns_try),
+		H_TEST(test_kvp_budget_check_hugepages_binds_on),
+		H_TEST(test_kvp_budget_format_known_case),
+		H_TEST(test_kvp_budget_check_read_error),
+		H_TEST(test_kvp_limit_name_all),
+		H_TEST(test_kvp_budget_env_system_reads),
 	};
 
 	return H_RUN_SUITE("budget", NULL, NULL, tests);

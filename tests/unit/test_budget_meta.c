@@ -71,12 +71,12 @@ static int fake_max_node(void *ctx)
 }
 
 static const struct kvp_budget_env g_env = {
-    .mem_available = fake_mem,
-    .numa_node_free = fake_node,
-    .cgroup_room = fake_none,
-    .memlock_room = fake_none,
-    .hugepages_free = fake_none,
-    .numa_max_node = fake_max_node,
+	.mem_available = fake_mem,
+	.numa_node_free = fake_node,
+	.cgroup_room = fake_none,
+	.memlock_room = fake_none,
+	.hugepages_free = fake_none,
+	.numa_max_node = fake_max_node,
 };
 
 /* 2-byte pages (one fp8 token of one head of one layer): 200M of them are 0.4 GB. */
@@ -132,7 +132,7 @@ static void test_pool_arrays_per_page_measured(void)
 {
 	const uint32_t n = 1u << 20;
 	static struct kvp_conf c;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvpd_pool *p;
 	struct kvp_pages *pg;
 	struct kvp_lease *l;
@@ -170,12 +170,12 @@ static void test_pool_arrays_per_page_measured(void)
 /* The prefix tree at its worst: every cached page its own node (branches at the root). */
 static void test_prefix_per_page_measured(void)
 {
-	static const uint32_t pts[] = {1, 16};
+	static const uint32_t pts[] = { 1, 16 };
 
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const uint32_t n = 1u << 16, pt = pts[k];
 		static struct kvp_conf c;
-		struct kvp_fail f = {0};
+		struct kvp_fail f = { 0 };
 		struct kvpd_pool *p;
 		struct kvp_lease *l;
 		uint32_t tokens[16];
@@ -194,19 +194,20 @@ static void test_prefix_per_page_measured(void)
 
 			for (uint32_t t = 0; t < pt; t++)
 				tokens[t] = i * 16 + t; /* a new first page each time */
-			CU_ASSERT_EQUAL_FATAL(
-			    kvp_lease_insert(l, 0, tokens, pt, 0, &page, 1, &nt, &dt, &f), 0);
+			CU_ASSERT_EQUAL_FATAL(kvp_lease_insert(l, 0, tokens, pt, 0, &page, 1, &nt,
+							       &dt, &f),
+					      0);
 		}
 		tree_b = heap_bytes() - before;
 		kvp_prefix_stats(p->pfx, &ps);
 		/* The tree's own count of what it allocated holds under any allocator. */
 		CU_ASSERT(ps.metadata_bytes <=
 			  (KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES) * n);
-		printf(
-		    "    page_tokens %u: the tree holds %.1f B per cached page by malloc, "
-		    "%.1f B by its own count (budget %lu)\n",
-		    pt, (double)tree_b / n, (double)ps.metadata_bytes / n,
-		    (unsigned long)(KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES));
+		printf("    page_tokens %u: the tree holds %.1f B per cached page by malloc, "
+		       "%.1f B by its own count (budget %lu)\n",
+		       pt, (double)tree_b / n, (double)ps.metadata_bytes / n,
+		       (unsigned long)(KVP_BUDGET_PAGE_META_BYTES(pt) -
+				       KVP_BUDGET_PAGE_FIXED_BYTES));
 		CU_ASSERT(tree_b <=
 			  (KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES) * n);
 		CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
@@ -218,9 +219,9 @@ static void test_prefix_per_page_measured(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_budget_check_counts_bookkeeping),
-	    H_TEST(test_pool_arrays_per_page_measured),
-	    H_TEST(test_prefix_per_page_measured),
+		H_TEST(test_kvp_budget_check_counts_bookkeeping),
+		H_TEST(test_pool_arrays_per_page_measured),
+		H_TEST(test_prefix_per_page_measured),
 	};
 
 	return H_RUN_SUITE("budget_meta", NULL, NULL, tests);

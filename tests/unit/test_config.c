@@ -335,9 +335,9 @@ static void test_kvp_conf_load_string_out_of_range(void)
 		   "t.conf:2: key 'kv_heads' in [pool.q]: expected an integer in 1..1024, got "
 		   "'99999999999999999999999'");
 	expect_err(
-	    "[daemon]\nkeepalive_ms = 99\n",
-	    "t.conf:2: key 'keepalive_ms' in [daemon]: expected an integer in 100..86400000, "
-	    "got '99'");
+		"[daemon]\nkeepalive_ms = 99\n",
+		"t.conf:2: key 'keepalive_ms' in [daemon]: expected an integer in 100..86400000, "
+		"got '99'");
 	expect_err("[pool.q]\nnuma_node = 1024\n",
 		   "t.conf:2: key 'numa_node' in [pool.q]: expected auto or a node number in "
 		   "0..1023, got '1024'");
@@ -353,13 +353,11 @@ static void test_kvp_conf_load_string_unknown_key(void)
 
 static void test_kvp_conf_load_string_unknown_section(void)
 {
-	expect_err(POOL_P "[pools.x]\nlayers = 1\n",
-		   "t.conf:9: unknown section [pools.x]: "
-		   "expected [daemon], [remote] or [pool.NAME]");
+	expect_err(POOL_P "[pools.x]\nlayers = 1\n", "t.conf:9: unknown section [pools.x]: "
+						     "expected [daemon], [remote] or [pool.NAME]");
 	/* even one without keys */
-	expect_err(POOL_P "[Daemon]\n",
-		   "t.conf:9: unknown section [Daemon]: "
-		   "expected [daemon], [remote] or [pool.NAME]");
+	expect_err(POOL_P "[Daemon]\n", "t.conf:9: unknown section [Daemon]: "
+					"expected [daemon], [remote] or [pool.NAME]");
 	expect_err("[daemon]\n[daemon]\n" POOL_P, "t.conf:2: [daemon] appears twice");
 }
 
@@ -405,8 +403,8 @@ static void test_kvp_conf_load_string_bad_enum(void)
 	expect_err("[pool.q]\ndevice = gpu0\n",
 		   "t.conf:2: key 'device' in [pool.q]: expected cuda:N, sim or none, got 'gpu0'");
 	expect_err(
-	    "[pool.q]\ndevice = cuda:x\n",
-	    "t.conf:2: key 'device' in [pool.q]: expected cuda:N, sim or none, got 'cuda:x'");
+		"[pool.q]\ndevice = cuda:x\n",
+		"t.conf:2: key 'device' in [pool.q]: expected cuda:N, sim or none, got 'cuda:x'");
 	expect_err("[pool.q]\nhugepages = yes\n",
 		   "t.conf:2: key 'hugepages' in [pool.q]: expected off, try or on, got 'yes'");
 	expect_err("[pool.q]\nmlock = always\n",
@@ -443,10 +441,10 @@ static void test_kvp_conf_load_string_capacity_resolution(void)
 		const char *dev, *host;
 		uint64_t dev_pages, host_pages;
 	} cases[] = {
-	    {"1000", "0", 3, 0}, /* bytes round down */
-	    {"1024", "1025", 4, 4},   {"1K", "2k", 4, 8},
-	    {"1KiB", "1M", 4, 4096},  {"5t", "4t", 2, 1}, /* tokens round up */
-	    {"8 tokens", "9t", 2, 3}, {"1G", "1GiB", 1u << 22, 1u << 22},
+		{ "1000", "0", 3, 0 }, /* bytes round down */
+		{ "1024", "1025", 4, 4 },   { "1K", "2k", 4, 8 },
+		{ "1KiB", "1M", 4, 4096 },  { "5t", "4t", 2, 1 }, /* tokens round up */
+		{ "8 tokens", "9t", 2, 3 }, { "1G", "1GiB", 1u << 22, 1u << 22 },
 	};
 	char text[512], err[512];
 	struct kvp_conf c;
@@ -652,7 +650,9 @@ static void test_kvp_conf_load_string_error_truncated(void)
 
 static void test_kvp_pool_page_bytes_dtypes(void)
 {
-	struct kvp_pool_conf p = {.layers = 32, .kv_heads = 8, .head_dim = 128, .page_tokens = 16};
+	struct kvp_pool_conf p = {
+		.layers = 32, .kv_heads = 8, .head_dim = 128, .page_tokens = 16
+	};
 
 	p.dtype = KVP_CONF_DTYPE_FP8;
 	CU_ASSERT_EQUAL(kvp_conf_token_bytes(&p), 65536);
@@ -682,7 +682,7 @@ static void test_kvp_conf_load_string_pool_access(void)
 					  "namespace.7 = user:0, group:root,group:60020\n"
 					  "namespace.18446744073709551615 = user:1000\n",
 				   &c, err, sizeof(err)),
-			       0);
+			      0);
 	CU_ASSERT_EQUAL(c.pools[0].n_allowed_uids, 3);
 	CU_ASSERT_EQUAL(c.pools[0].allowed_uids[1], 1000);
 	CU_ASSERT_EQUAL(c.pools[0].allowed_uids[2], 0);
@@ -738,33 +738,33 @@ static void test_kvp_conf_load_string_pool_access(void)
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_conf_load_string_good),
-	    H_TEST(test_kvp_conf_load_string_defaults),
-	    H_TEST(test_kvp_conf_load_string_crlf_bom_comments),
-	    H_TEST(test_kvp_conf_load_embedded_default),
-	    H_TEST(test_kvp_conf_load_file_example),
-	    H_TEST(test_kvp_conf_load_file_example_cuda),
-	    H_TEST(test_kvp_conf_load_file_line_numbers),
-	    H_TEST(test_kvp_conf_load_file_missing),
-	    H_TEST(test_kvp_conf_load_string_bad_number),
-	    H_TEST(test_kvp_conf_load_string_out_of_range),
-	    H_TEST(test_kvp_conf_load_string_unknown_key),
-	    H_TEST(test_kvp_conf_load_string_unknown_section),
-	    H_TEST(test_kvp_conf_load_string_missing_key),
-	    H_TEST(test_kvp_conf_load_string_no_capacity),
-	    H_TEST(test_kvp_conf_load_string_bad_enum),
-	    H_TEST(test_kvp_conf_load_string_bad_size),
-	    H_TEST(test_kvp_conf_load_string_capacity_resolution),
-	    H_TEST(test_kvp_conf_load_string_too_large),
-	    H_TEST(test_kvp_conf_load_string_duplicate_pool),
-	    H_TEST(test_kvp_conf_load_string_too_many_pools),
-	    H_TEST(test_kvp_conf_load_string_bad_name),
-	    H_TEST(test_kvp_conf_load_string_syntax),
-	    H_TEST(test_kvp_conf_load_string_long_line),
-	    H_TEST(test_kvp_conf_load_string_daemon_values),
-	    H_TEST(test_kvp_conf_load_string_error_truncated),
-	    H_TEST(test_kvp_pool_page_bytes_dtypes),
-	    H_TEST(test_kvp_conf_load_string_pool_access),
+		H_TEST(test_kvp_conf_load_string_good),
+		H_TEST(test_kvp_conf_load_string_defaults),
+		H_TEST(test_kvp_conf_load_string_crlf_bom_comments),
+		H_TEST(test_kvp_conf_load_embedded_default),
+		H_TEST(test_kvp_conf_load_file_example),
+		H_TEST(test_kvp_conf_load_file_example_cuda),
+		H_TEST(test_kvp_conf_load_file_line_numbers),
+		H_TEST(test_kvp_conf_load_file_missing),
+		H_TEST(test_kvp_conf_load_string_bad_number),
+		H_TEST(test_kvp_conf_load_string_out_of_range),
+		H_TEST(test_kvp_conf_load_string_unknown_key),
+		H_TEST(test_kvp_conf_load_string_unknown_section),
+		H_TEST(test_kvp_conf_load_string_missing_key),
+		H_TEST(test_kvp_conf_load_string_no_capacity),
+		H_TEST(test_kvp_conf_load_string_bad_enum),
+		H_TEST(test_kvp_conf_load_string_bad_size),
+		H_TEST(test_kvp_conf_load_string_capacity_resolution),
+		H_TEST(test_kvp_conf_load_string_too_large),
+		H_TEST(test_kvp_conf_load_string_duplicate_pool),
+		H_TEST(test_kvp_conf_load_string_too_many_pools),
+		H_TEST(test_kvp_conf_load_string_bad_name),
+		H_TEST(test_kvp_conf_load_string_syntax),
+		H_TEST(test_kvp_conf_load_string_long_line),
+		H_TEST(test_kvp_conf_load_string_daemon_values),
+		H_TEST(test_kvp_conf_load_string_error_truncated),
+		H_TEST(test_kvp_pool_page_bytes_dtypes),
+		H_TEST(test_kvp_conf_load_string_pool_access),
 	};
 	static char example[4096];
 	const char *srcdir = getenv("KVP_SRCDIR");

@@ -229,12 +229,12 @@ static void test_kvp_conf_remote_same_cases(void)
 	CU_ASSERT_TRUE(kvp_conf_remote_same(&a, &b));
 	/* a new pool with the remote tier off is fine, one with it on is not */
 	expect_ok(REMOTE POOL_P "remote = spill\n[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\n"
-			       "dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\n",
+				"dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\n",
 		  &b);
 	CU_ASSERT_TRUE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE POOL_P "remote = spill\n[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\n"
-			       "dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\n"
-			       "remote = spill\n",
+				"dtype = fp32\npage_tokens = 1\nhost_capacity = 4K\n"
+				"remote = spill\n",
 		  &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE POOL_P "remote = write-through\n", &b);
@@ -295,14 +295,14 @@ static void test_kvp_conf_load_file_example_remote(void)
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_conf_load_string_remote_absent),
-	    H_TEST(test_kvp_conf_load_string_remote_defaults),
-	    H_TEST(test_kvp_conf_load_string_remote_values),
-	    H_TEST(test_kvp_conf_load_string_remote_section_errors),
-	    H_TEST(test_kvp_conf_load_string_remote_bad_seeds),
-	    H_TEST(test_kvp_conf_load_string_remote_pool_errors),
-	    H_TEST(test_kvp_conf_remote_same_cases),
-	    H_TEST(test_kvp_conf_load_file_example_remote),
+		H_TEST(test_kvp_conf_load_string_remote_absent),
+		H_TEST(test_kvp_conf_load_string_remote_defaults),
+		H_TEST(test_kvp_conf_load_string_remote_values),
+		H_TEST(test_kvp_conf_load_string_remote_section_errors),
+		H_TEST(test_kvp_conf_load_string_remote_bad_seeds),
+		H_TEST(test_kvp_conf_load_string_remote_pool_errors),
+		H_TEST(test_kvp_conf_remote_same_cases),
+		H_TEST(test_kvp_conf_load_file_example_remote),
 	};
 	static char example[4096];
 	const char *srcdir = getenv("KVP_SRCDIR");

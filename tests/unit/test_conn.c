@@ -9,11 +9,11 @@
 #include <string.h>
 
 static const struct conn_limits g_lim = {
-    .turn_budget = 4,
-    .outq_max = 1000,
-    .handshake_ms = 5000,
-    .partial_ms = 3000,
-    .keepalive_ms = 10000,
+	.turn_budget = 4,
+	.outq_max = 1000,
+	.handshake_ms = 5000,
+	.partial_ms = 3000,
+	.keepalive_ms = 10000,
 };
 
 static void test_conn_init_handshake(void)
@@ -55,12 +55,12 @@ static void test_conn_set_state_illegal(void)
 	static const struct {
 		enum conn_state from, to;
 	} bad[] = {
-	    {CONN_HANDSHAKE, CONN_HANDSHAKE}, {CONN_OPEN, CONN_HANDSHAKE},
-	    {CONN_OPEN, CONN_OPEN},	      {CONN_FLUSHING, CONN_OPEN},
-	    {CONN_FLUSHING, CONN_HANDSHAKE},  {CONN_FLUSHING, CONN_FLUSHING},
-	    {CONN_CLOSING, CONN_OPEN},	      {CONN_CLOSING, CONN_FLUSHING},
-	    {CONN_CLOSING, CONN_CLOSING},     {CONN_CLOSING, CONN_HANDSHAKE},
-	    {CONN_OPEN, CONN_STATE_MAX},      {CONN_OPEN, (enum conn_state) - 1},
+		{ CONN_HANDSHAKE, CONN_HANDSHAKE }, { CONN_OPEN, CONN_HANDSHAKE },
+		{ CONN_OPEN, CONN_OPEN },	    { CONN_FLUSHING, CONN_OPEN },
+		{ CONN_FLUSHING, CONN_HANDSHAKE },  { CONN_FLUSHING, CONN_FLUSHING },
+		{ CONN_CLOSING, CONN_OPEN },	    { CONN_CLOSING, CONN_FLUSHING },
+		{ CONN_CLOSING, CONN_CLOSING },	    { CONN_CLOSING, CONN_HANDSHAKE },
+		{ CONN_OPEN, CONN_STATE_MAX },	    { CONN_OPEN, (enum conn_state) - 1 },
 	};
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -76,8 +76,8 @@ static void test_conn_set_state_illegal(void)
 
 static void test_conn_hold_frees_when_last_released(void)
 {
-	static const enum conn_hold holds[] = {CONN_HOLD_RECV, CONN_HOLD_SEND, CONN_HOLD_PIDFD,
-					       CONN_HOLD_SERVE, CONN_HOLD_READY};
+	static const enum conn_hold holds[] = { CONN_HOLD_RECV, CONN_HOLD_SEND, CONN_HOLD_PIDFD,
+						CONN_HOLD_SERVE, CONN_HOLD_READY };
 	struct conn c;
 
 	conn_init(&c, &g_lim, 0);
@@ -216,11 +216,16 @@ static void test_conn_expiry_flush(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_conn_init_handshake),	 H_TEST(test_conn_set_state_forward),
-	    H_TEST(test_conn_set_state_illegal), H_TEST(test_conn_hold_frees_when_last_released),
-	    H_TEST(test_conn_turn_take_budget),	 H_TEST(test_conn_outq_pauses_reading),
-	    H_TEST(test_conn_expiry_handshake),	 H_TEST(test_conn_expiry_partial_frame),
-	    H_TEST(test_conn_expiry_keepalive),	 H_TEST(test_conn_expiry_flush),
+		H_TEST(test_conn_init_handshake),
+		H_TEST(test_conn_set_state_forward),
+		H_TEST(test_conn_set_state_illegal),
+		H_TEST(test_conn_hold_frees_when_last_released),
+		H_TEST(test_conn_turn_take_budget),
+		H_TEST(test_conn_outq_pauses_reading),
+		H_TEST(test_conn_expiry_handshake),
+		H_TEST(test_conn_expiry_partial_frame),
+		H_TEST(test_conn_expiry_keepalive),
+		H_TEST(test_conn_expiry_flush),
 	};
 
 	return H_RUN_SUITE("conn", NULL, NULL, tests);

@@ -96,12 +96,12 @@ struct worker {
 static void *worker_run(void *arg)
 {
 	struct worker *w = arg;
-	struct kvp_cuda_mem m = {.device = 0,
-				 .fd = -1,
-				 .bytes = 2 << 20,
-				 .dptr = 1 << 21,
-				 .handle = 7,
-				 .granularity = 2 << 20};
+	struct kvp_cuda_mem m = { .device = 0,
+				  .fd = -1,
+				  .bytes = 2 << 20,
+				  .dptr = 1 << 21,
+				  .handle = 7,
+				  .granularity = 2 << 20 };
 
 	pthread_barrier_wait(&g_go);
 	if (w->loads)
@@ -154,7 +154,7 @@ static int in_child(int (*fn)(void))
 static int child_fake_loads_once(void)
 {
 	struct worker w[THREADS];
-	struct kvp_cuda_mem m = {.fd = -1, .bytes = 2 << 20, .handle = 9};
+	struct kvp_cuda_mem m = { .fd = -1, .bytes = 2 << 20, .handle = 9 };
 	unsigned before;
 	int bad = 0;
 
@@ -237,9 +237,9 @@ static void test_kvp_cuda_drv_load_threads_runtime(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_cuda_drv_load_threads_once),
-	    H_TEST(test_kvp_cuda_drv_load_threads_failure_once),
-	    H_TEST(test_kvp_cuda_drv_load_threads_runtime),
+		H_TEST(test_kvp_cuda_drv_load_threads_once),
+		H_TEST(test_kvp_cuda_drv_load_threads_failure_once),
+		H_TEST(test_kvp_cuda_drv_load_threads_runtime),
 	};
 
 	return H_RUN_SUITE("cuda_drv", NULL, NULL, tests);

@@ -31,8 +31,8 @@ static bool deliver(void *ctx, const struct kvp_defer *t, struct kvp_reply *r, i
 
 static void test_defer_take_bounded_per_session(void)
 {
-	struct sink k = {.live_session = 1};
-	struct kvp_defers ds = {.deliver = deliver, .ctx = &k};
+	struct sink k = { .live_session = 1 };
+	struct kvp_defers ds = { .deliver = deliver, .ctx = &k };
 	struct kvp_defer *t[KVP_DEFER_PER_SESSION + 1];
 	struct kvp_fail f;
 	struct kvp_reply r;
@@ -78,9 +78,9 @@ static void test_defer_take_bounded_per_session(void)
 
 static void test_defer_take_bounded_in_all(void)
 {
-	struct sink k = {0};
-	struct kvp_defers ds = {.deliver = deliver, .ctx = &k, .max = 5, .per_session = 2};
-	static const int order[] = {2, 0, 4, 1, 3};
+	struct sink k = { 0 };
+	struct kvp_defers ds = { .deliver = deliver, .ctx = &k, .max = 5, .per_session = 2 };
+	static const int order[] = { 2, 0, 4, 1, 3 };
 	struct kvp_defer *t[5];
 	struct kvp_fail f;
 
@@ -106,7 +106,7 @@ static void test_defer_take_bounded_in_all(void)
 
 static void test_defer_answer_without_deliver_drops(void)
 {
-	struct kvp_defers ds = {0};
+	struct kvp_defers ds = { 0 };
 	struct kvp_fail f;
 	struct kvp_defer *t;
 	struct kvp_reply r;
@@ -124,9 +124,9 @@ static void test_defer_answer_without_deliver_drops(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_defer_take_bounded_per_session),
-	    H_TEST(test_defer_take_bounded_in_all),
-	    H_TEST(test_defer_answer_without_deliver_drops),
+		H_TEST(test_defer_take_bounded_per_session),
+		H_TEST(test_defer_take_bounded_in_all),
+		H_TEST(test_defer_answer_without_deliver_drops),
 	};
 
 	return H_RUN_SUITE("defer", NULL, NULL, tests);

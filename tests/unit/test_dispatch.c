@@ -120,7 +120,7 @@ static uint64_t evict(struct kvp_daemon *d, struct kvp_session *s, uint64_t toke
  * everything evictable; so do counts just below, and a count of one page evicts one page. */
 static void test_evict_tokens_near_2_64_saturate(void)
 {
-	const uint64_t asks[] = {UINT64_MAX, UINT64_MAX - 4, UINT64_MAX - 3, UINT64_MAX - 1};
+	const uint64_t asks[] = { UINT64_MAX, UINT64_MAX - 4, UINT64_MAX - 3, UINT64_MAX - 1 };
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s;
 	struct kvp_tier_figures fig;
@@ -201,10 +201,10 @@ static void test_dispatch_refuses_before_hello(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_release_reply_failure_keeps_lock),
-	    H_TEST(test_evict_tokens_near_2_64_saturate),
-	    H_TEST(test_pool_pages_of_saturates),
-	    H_TEST(test_dispatch_refuses_before_hello),
+		H_TEST(test_release_reply_failure_keeps_lock),
+		H_TEST(test_evict_tokens_near_2_64_saturate),
+		H_TEST(test_pool_pages_of_saturates),
+		H_TEST(test_dispatch_refuses_before_hello),
 	};
 
 	return H_RUN_SUITE("dispatch", NULL, NULL, tests);

@@ -166,7 +166,8 @@ static void test_frame_pack_roundtrip_every_call(void)
 
 		if (f->id == 1)
 			continue;
-		sub = calloc(1, ((const ProtobufCMessageDescriptor *)f->descriptor)->sizeof_message);
+		sub = calloc(1,
+			     ((const ProtobufCMessageDescriptor *)f->descriptor)->sizeof_message);
 		protobuf_c_message_init(f->descriptor, sub);
 		req.id = 1000 + f->id;
 		req.call_case = (Kvpool__Request__CallCase)f->id;
@@ -244,17 +245,10 @@ static void fill_random(ProtobufCMessage *sub, unsigned *seed)
 			*(uint32_t *)mb = (uint32_t)rand_r(seed) << 1 >> (r % 32);
 			break;
 		case PROTOBUF_C_TYPE_INT32:
-		case PROTOBUF_C_TYPE_ENUM:
-			*(int32_t *)mb = ints[r % 8];
-			break;
-		case PROTOBUF_C_TYPE_BOOL:
-			*(protobuf_c_boolean *)mb = bools[r % 5];
-			break;
-		case PROTOBUF_C_TYPE_STRING:
-			*(char **)mb = r % 5 == 4 ? NULL : strs[r % 4];
-			break;
-		default:
-			break;
+		case PROTOBUF_C_TYPE_ENUM: *(int32_t *)mb = ints[r % 8]; break;
+		case PROTOBUF_C_TYPE_BOOL: *(protobuf_c_boolean *)mb = bools[r % 5]; break;
+		case PROTOBUF_C_TYPE_STRING: *(char **)mb = r % 5 == 4 ? NULL : strs[r % 4]; break;
+		default: break;
 		}
 	}
 }
@@ -449,13 +443,13 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 		/* a 10-byte id, then one whose last byte overflows 64 bits */
 		{ 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 },
 		{ 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f },
-		{ 0x0a, 0x01, 0x00 },			/* id with the wrong wire type */
-		{ 0xf8, 0x07, 0x01 },			/* unknown field 127 */
-		{ 0x88, 0x00, 0x01 },			/* non-minimal tag */
-		{ 0x5a, 0x05, 0x08 },			/* length past the end */
-		{ 0x5a, 0x80 },				/* truncated length */
-		{ 0x00, 0x01 },				/* field 0 */
-		{ 0x12, 0x02, 0x08, 0x07 },		/* Response status / Request unknown 2 */
+		{ 0x0a, 0x01, 0x00 },	    /* id with the wrong wire type */
+		{ 0xf8, 0x07, 0x01 },	    /* unknown field 127 */
+		{ 0x88, 0x00, 0x01 },	    /* non-minimal tag */
+		{ 0x5a, 0x05, 0x08 },	    /* length past the end */
+		{ 0x5a, 0x80 },		    /* truncated length */
+		{ 0x00, 0x01 },		    /* field 0 */
+		{ 0x12, 0x02, 0x08, 0x07 }, /* Response status / Request unknown 2 */
 	};
 	Kvpool__Request req = KVPOOL__REQUEST__INIT;
 	Kvpool__Response resp = KVPOOL__RESPONSE__INIT;
@@ -490,28 +484,35 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 			uint8_t n, b[16];
 		} subs[] = {
 			{ "free", 6, { 0x08, 0x05, 0x12, 0x02, 0x01, 0x02 } }, /* canonical */
-			{ "free", 4, { 0x10, 0x01, 0x10, 0x02 } },		/* list unpacked */
-			{ "free", 4, { 0x12, 0x00, 0x08, 0x01 } },		/* empty list */
-			{ "free", 3, { 0x12, 0x01, 0x81 } },			/* ends mid-varint */
-			{ "free", 8, { 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 } }, /* 6 bytes */
-			{ "free", 7, { 0x12, 0x05, 0xff, 0xff, 0xff, 0xff, 0x7f } }, /* past 32 bits */
-			{ "free", 4, { 0x08, 0x01, 0x08, 0x02 } },		/* a scalar twice */
+			{ "free", 4, { 0x10, 0x01, 0x10, 0x02 } },	       /* list unpacked */
+			{ "free", 4, { 0x12, 0x00, 0x08, 0x01 } },	       /* empty list */
+			{ "free", 3, { 0x12, 0x01, 0x81 } },		       /* ends mid-varint */
+			{ "free",
+			  8,
+			  { 0x12, 0x06, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01 } }, /* 6 bytes */
+			{ "free",
+			  7,
+			  { 0x12, 0x05, 0xff, 0xff, 0xff, 0xff, 0x7f } },      /* past 32 bits */
+			{ "free", 4, { 0x08, 0x01, 0x08, 0x02 } },	       /* a scalar twice */
 			{ "free", 6, { 0x12, 0x01, 0x01, 0x12, 0x01, 0x02 } }, /* a list twice */
-			{ "free", 2, { 0x18, 0x01 } },				/* unknown field 3 */
-			{ "free", 9, { 0x09, 0, 0, 0, 0, 0, 0, 0, 0 } },	/* fixed64 lease_id */
+			{ "free", 2, { 0x18, 0x01 } },			       /* unknown field 3 */
+			{ "free", 9, { 0x09, 0, 0, 0, 0, 0, 0, 0, 0 } }, /* fixed64 lease_id */
 			{ "alloc", 6, { 0x08, 0x80, 0x80, 0x80, 0x80, 0x10 } }, /* past 32 bits */
 			{ "alloc", 6, { 0x20, 0xff, 0xff, 0xff, 0xff, 0x0f } }, /* enum 2^32 - 1 */
-			{ "alloc", 11,
-			  { 0x20, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01 } }, /* -2 */
+			{ "alloc",
+			  11,
+			  { 0x20, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+			    0x01 } },						/* -2 */
 			{ "alloc", 2, { 0x08, 0x00 } },				/* a zero written */
 			{ "match", 2, { 0x20, 0x02 } },				/* bool as 2 */
 			{ "match", 6, { 0x20, 0x80, 0x80, 0x80, 0x80, 0x01 } }, /* bool, 5 bytes */
-			{ "match", 3, { 0x20, 0x80, 0x00 } },			/* bool 0, 2 bytes */
+			{ "match", 3, { 0x20, 0x80, 0x00 } }, /* bool 0, 2 bytes */
 		};
 
 		for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
-			const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(
-				&kvpool__request__descriptor, subs[i].call);
+			const ProtobufCFieldDescriptor *f =
+				protobuf_c_message_descriptor_get_field_by_name(
+					&kvpool__request__descriptor, subs[i].call);
 			uint8_t m[32] = { 0x08, 0x07 };
 			size_t k = 2;
 

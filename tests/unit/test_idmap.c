@@ -94,7 +94,7 @@ static void test_idmap_put_grows_through_tombstones(void)
 static void test_idmap_next_visits_each_once(void)
 {
 	struct kvp_idmap m;
-	unsigned char seen[301] = {0};
+	unsigned char seen[301] = { 0 };
 	uint32_t visits = 0;
 	uint64_t id;
 	void *v;
@@ -166,11 +166,11 @@ static void test_idmap_put_failed_growth_changes_nothing(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_idmap_put_get_del),
-	    H_TEST(test_idmap_put_reserved_ids),
-	    H_TEST(test_idmap_put_grows_through_tombstones),
-	    H_TEST(test_idmap_next_visits_each_once),
-	    H_TEST(test_idmap_put_failed_growth_changes_nothing),
+		H_TEST(test_idmap_put_get_del),
+		H_TEST(test_idmap_put_reserved_ids),
+		H_TEST(test_idmap_put_grows_through_tombstones),
+		H_TEST(test_idmap_next_visits_each_once),
+		H_TEST(test_idmap_put_failed_growth_changes_nothing),
 	};
 
 	return H_RUN_SUITE("idmap", NULL, NULL, tests);

@@ -41,7 +41,7 @@ static int copy_fn(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, const 
 
 static void fix_init(struct fix *x, uint32_t ndev, uint32_t nhost)
 {
-	uint32_t n[KVP_TIER_ID_MAX] = {ndev, nhost};
+	uint32_t n[KVP_TIER_ID_MAX] = { ndev, nhost };
 
 	memset(x, 0, sizeof(*x));
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
@@ -73,7 +73,7 @@ static struct kvp_key key(int chain, int i)
 	uint8_t *b = g_kb[next++ % 4096];
 	int len = snprintf((char *)b, 16, "%c%d", 'a' + chain, i);
 
-	return (struct kvp_key){(size_t)len, b};
+	return (struct kvp_key){ (size_t)len, b };
 }
 
 static void chain(struct kvp_key *out, int c, int n)
@@ -86,7 +86,7 @@ static void chain(struct kvp_key *out, int c, int n)
 static struct kvp_keys_insert_result put(struct fix *x, uint64_t ns, const struct kvp_key *k,
 					 uint32_t n, uint32_t cached, int tier, uint8_t pat)
 {
-	struct kvp_keys_insert_result r = {0};
+	struct kvp_keys_insert_result r = { 0 };
 	uint32_t pages[64], dup[64];
 
 	CU_ASSERT_FATAL(n - cached <= 64);
@@ -187,16 +187,16 @@ static void test_kvp_keys_insert_bad(void)
 {
 	struct fix x;
 	struct kvp_key k[2];
-	uint8_t big[65] = {0};
+	uint8_t big[65] = { 0 };
 	uint32_t pg[2];
 
 	fix_init(&x, 4, 0);
 	chain(k, 0, 2);
 	CU_ASSERT_EQUAL(kvp_pages_alloc(x.pg[DEV], 2, pg), 0);
 	/* a key of 65 bytes and one of 0 bytes */
-	k[1] = (struct kvp_key){65, big};
+	k[1] = (struct kvp_key){ 65, big };
 	CU_ASSERT_EQUAL(kvp_keys_insert(x.kc, 0, k, 2, 0, DEV, pg, NULL, NULL), -EINVAL);
-	k[1] = (struct kvp_key){0, big};
+	k[1] = (struct kvp_key){ 0, big };
 	CU_ASSERT_EQUAL(kvp_keys_insert(x.kc, 0, k, 2, 0, DEV, pg, NULL, NULL), -EINVAL);
 	chain(k, 0, 2);
 	/* a page listed twice, a page not leased, no host tier */
@@ -548,7 +548,7 @@ static void test_kvp_keys_books_random(void)
 			uint32_t len = 1 + (base + i) % 40;
 
 			memset(kb[i], (int)(base + i), len);
-			k[i] = (struct kvp_key){len, kb[i]};
+			k[i] = (struct kvp_key){ len, kb[i] };
 		}
 		have = kvp_keys_exists(x.kc, ns, k, n);
 		freep = kvp_pages_count(x.pg[tier], KVP_PAGE_FREE);
@@ -603,9 +603,9 @@ static void test_kvp_conf_keys_limits(void)
 			0);
 	CU_ASSERT_EQUAL(c.max_keys_per_call, 10);
 	CU_ASSERT_EQUAL(c.max_key_bytes, 32);
-	CU_ASSERT_EQUAL(
-	    kvp_conf_load_string(&c, "[daemon]\nmax_key_bytes = 65\n" POOL, NULL, err, sizeof(err)),
-	    -EINVAL);
+	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_key_bytes = 65\n" POOL, NULL, err,
+					     sizeof(err)),
+			-EINVAL);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err, "max_key_bytes"));
 	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 0\n" POOL, NULL,
 					     err, sizeof(err)),

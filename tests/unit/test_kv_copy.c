@@ -25,14 +25,14 @@ struct case_geom {
 };
 
 static const struct case_geom g_cases[] = {
-    {1, 1, 1, 1, 8, 8, 8},    /* fp8, one layer, one token per page */
-    {2, 16, 2, 2, 8, 12, 10}, /* fp16 */
-    {3, 64, 4, 1, 4, 5, 7},   /* fp32, big pages */
-    {4, 16, 1, 2, 16, 9, 9},  /* fp8, 4 layers */
-    {4, 1, 2, 4, 8, 17, 13},  /* fp16, page_tokens 1 */
-    {2, 64, 2, 1, 8, 3, 6},   /* fp16, 64 tokens */
-    {3, 16, 1, 1, 3, 6, 8},   /* fp8, odd 3-byte rows */
-    {1, 64, 4, 3, 5, 4, 4},   /* fp32, 60-byte rows */
+	{ 1, 1, 1, 1, 8, 8, 8 },    /* fp8, one layer, one token per page */
+	{ 2, 16, 2, 2, 8, 12, 10 }, /* fp16 */
+	{ 3, 64, 4, 1, 4, 5, 7 },   /* fp32, big pages */
+	{ 4, 16, 1, 2, 16, 9, 9 },  /* fp8, 4 layers */
+	{ 4, 1, 2, 4, 8, 17, 13 },  /* fp16, page_tokens 1 */
+	{ 2, 64, 2, 1, 8, 3, 6 },   /* fp16, 64 tokens */
+	{ 3, 16, 1, 1, 3, 6, 8 },   /* fp8, odd 3-byte rows */
+	{ 1, 64, 4, 3, 5, 4, 4 },   /* fp32, 60-byte rows */
 };
 
 static struct h_rng g_rng = { 0x9E3779B97F4A7C15ull };
@@ -40,11 +40,11 @@ static struct h_rng g_rng = { 0x9E3779B97F4A7C15ull };
 static struct kvp_copy_geom geom_of(const struct case_geom *c)
 {
 	struct kvp_copy_geom g = {
-	    .layers = c->layers,
-	    .page_tokens = c->page_tokens,
-	    .row_bytes = (uint64_t)c->elem * c->kv_heads * c->head_dim,
-	    .dev_slots = (uint64_t)c->dev_pages * c->page_tokens,
-	    .host_pages = c->host_pages,
+		.layers = c->layers,
+		.page_tokens = c->page_tokens,
+		.row_bytes = (uint64_t)c->elem * c->kv_heads * c->head_dim,
+		.dev_slots = (uint64_t)c->dev_pages * c->page_tokens,
+		.host_pages = c->host_pages,
 	};
 	return g;
 }
@@ -125,7 +125,9 @@ static uint32_t min_u32(uint32_t a, uint32_t b)
 
 static void test_kvp_dev_offset_layout(void)
 {
-	struct kvp_copy_geom g = {.layers = 3, .page_tokens = 4, .row_bytes = 10, .dev_slots = 20};
+	struct kvp_copy_geom g = {
+		.layers = 3, .page_tokens = 4, .row_bytes = 10, .dev_slots = 20
+	};
 
 	CU_ASSERT_EQUAL(kvp_dev_offset(&g, 0, 0, 0), 0);
 	CU_ASSERT_EQUAL(kvp_dev_offset(&g, 0, 0, 7), 70);
@@ -137,7 +139,9 @@ static void test_kvp_dev_offset_layout(void)
 
 static void test_kvp_host_offset_layout(void)
 {
-	struct kvp_copy_geom g = {.layers = 3, .page_tokens = 4, .row_bytes = 10, .dev_slots = 20};
+	struct kvp_copy_geom g = {
+		.layers = 3, .page_tokens = 4, .row_bytes = 10, .dev_slots = 20
+	};
 
 	CU_ASSERT_EQUAL(kvp_host_page_bytes(&g), 3 * 2 * 4 * 10);
 	CU_ASSERT_EQUAL(kvp_host_offset(&g, 0, 0, 0, 0), 0);
@@ -262,8 +266,8 @@ static void test_kvp_copy_host_to_dev_cpu_round_trip(void)
 		for (uint32_t l = 0; l < g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++)
 				for (uint32_t p = 0; p < c->dev_pages; p++) {
-					uint64_t off =
-					    kvp_dev_offset(&g, l, kv, (uint64_t)p * g.page_tokens);
+					uint64_t off = kvp_dev_offset(&g, l, kv,
+								      (uint64_t)p * g.page_tokens);
 
 					if (in_list[p]) {
 						CU_ASSERT(memcmp(dev2 + off, dev + off, run) == 0);
@@ -285,7 +289,8 @@ static void test_kvp_copy_host_to_dev_cpu_round_trip(void)
 static void test_kvp_copy_geom_check_bad(void)
 {
 	const struct kvp_copy_geom ok = {
-	    .layers = 2, .page_tokens = 16, .row_bytes = 256, .dev_slots = 64};
+		.layers = 2, .page_tokens = 16, .row_bytes = 256, .dev_slots = 64
+	};
 	struct kvp_copy_geom g;
 
 	CU_ASSERT_EQUAL(kvp_copy_geom_check(&ok), 0);
@@ -318,10 +323,12 @@ static void test_kvp_copy_geom_check_bad(void)
 static void check_rejected(int to_host)
 {
 	const struct kvp_copy_geom ok = {
-	    .layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 16, .host_pages = 4};
+		.layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 16, .host_pages = 4
+	};
 	unsigned char dev[2 * 2 * 16 * 8], host[4 * 2 * 2 * 4 * 8];
 	unsigned char dev0[sizeof(dev)], host0[sizeof(host)];
-	uint32_t dp[3] = {0, 3, 1}, hp[3] = {2, 0, 3}, bad_dp[3] = {0, 1, 4}, bad_hp[3] = {2, 0, 4};
+	uint32_t dp[3] = { 0, 3, 1 }, hp[3] = { 2, 0, 3 }, bad_dp[3] = { 0, 1, 4 },
+		 bad_hp[3] = { 2, 0, 4 };
 	struct kvp_copy_geom g;
 	int (*d2h)(const struct kvp_copy_geom *, const void *, void *, const uint32_t *,
 		   const uint32_t *, uint32_t) = kvp_copy_dev_to_host_cpu;
@@ -375,8 +382,9 @@ static void check_rejected(int to_host)
 static void test_kvp_copy_batch_check_bounds(void)
 {
 	const struct kvp_copy_geom g = {
-	    .layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 12, .host_pages = 5};
-	uint32_t dp[4] = {0, 1, 2, 1}, hp[4] = {4, 0, 3, 2};
+		.layers = 2, .page_tokens = 4, .row_bytes = 8, .dev_slots = 12, .host_pages = 5
+	};
+	uint32_t dp[4] = { 0, 1, 2, 1 }, hp[4] = { 4, 0, 3, 2 };
 	unsigned char d, h;
 
 	CU_ASSERT_EQUAL(kvp_copy_batch_check(&g, &d, &h, dp, hp, 4), 0);
@@ -399,10 +407,11 @@ static void test_kvp_copy_batch_check_bounds(void)
 static void test_kvp_copy_dev_to_host_cpu_host_page_out_of_range(void)
 {
 	const struct kvp_copy_geom g = {
-	    .layers = 1, .page_tokens = 2, .row_bytes = 4, .dev_slots = 4, .host_pages = 2};
+		.layers = 1, .page_tokens = 2, .row_bytes = 4, .dev_slots = 4, .host_pages = 2
+	};
 	uint64_t pb = kvp_host_page_bytes(&g);
 	unsigned char dev[2 * 4 * 4], host[3 * 16], host0[sizeof(host)];
-	uint32_t dp[1] = {1}, hp[1] = {2};
+	uint32_t dp[1] = { 1 }, hp[1] = { 2 };
 
 	CU_ASSERT_EQUAL_FATAL(pb, 16);
 	h_fill_random(&g_rng, dev, sizeof(dev));
@@ -429,21 +438,21 @@ static void test_kvp_copy_host_to_dev_cpu_bad_geometry(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_dev_offset_layout),
-	    H_TEST(test_kvp_host_offset_layout),
-	    H_TEST(test_kvp_copy_geom_check_bad),
-	    H_TEST(test_kvp_copy_dev_to_host_cpu_geometries),
-	    H_TEST(test_kvp_copy_host_to_dev_cpu_geometries),
-	    H_TEST(test_kvp_copy_cpu_streamed_geometries),
-	    H_TEST(test_kvp_copy_dev_to_host_cpu_n0),
-	    H_TEST(test_kvp_copy_host_to_dev_cpu_n0),
-	    H_TEST(test_kvp_copy_dev_to_host_cpu_n1),
-	    H_TEST(test_kvp_copy_host_to_dev_cpu_n1),
-	    H_TEST(test_kvp_copy_host_to_dev_cpu_round_trip),
-	    H_TEST(test_kvp_copy_batch_check_bounds),
-	    H_TEST(test_kvp_copy_dev_to_host_cpu_host_page_out_of_range),
-	    H_TEST(test_kvp_copy_dev_to_host_cpu_bad_geometry),
-	    H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
+		H_TEST(test_kvp_dev_offset_layout),
+		H_TEST(test_kvp_host_offset_layout),
+		H_TEST(test_kvp_copy_geom_check_bad),
+		H_TEST(test_kvp_copy_dev_to_host_cpu_geometries),
+		H_TEST(test_kvp_copy_host_to_dev_cpu_geometries),
+		H_TEST(test_kvp_copy_cpu_streamed_geometries),
+		H_TEST(test_kvp_copy_dev_to_host_cpu_n0),
+		H_TEST(test_kvp_copy_host_to_dev_cpu_n0),
+		H_TEST(test_kvp_copy_dev_to_host_cpu_n1),
+		H_TEST(test_kvp_copy_host_to_dev_cpu_n1),
+		H_TEST(test_kvp_copy_host_to_dev_cpu_round_trip),
+		H_TEST(test_kvp_copy_batch_check_bounds),
+		H_TEST(test_kvp_copy_dev_to_host_cpu_host_page_out_of_range),
+		H_TEST(test_kvp_copy_dev_to_host_cpu_bad_geometry),
+		H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
 	};
 
 	return H_RUN_SUITE("kv_copy", NULL, NULL, tests);

@@ -12,11 +12,11 @@
 #include "suite.h"
 
 static const char *const g_conf =
-    "[pool.a]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 4\n"
-    "device = sim\ndevice_capacity = 64t\nhost_capacity = 32t\nmlock = off\n"
-    "session_quota = 40\n"
-    "[pool.b]\nlayers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 8\n"
-    "device = none\nhost_capacity = 128t\nmlock = off\n";
+	"[pool.a]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 4\n"
+	"device = sim\ndevice_capacity = 64t\nhost_capacity = 32t\nmlock = off\n"
+	"session_quota = 40\n"
+	"[pool.b]\nlayers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 8\n"
+	"device = none\nhost_capacity = 128t\nmlock = off\n";
 
 static size_t count(const char *hay, const char *needle)
 {
@@ -101,7 +101,7 @@ static void test_metrics_render_values_match_state(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l;
 	char *text;
 
@@ -160,14 +160,18 @@ static void test_metrics_render_values_match_state(void)
 	CU_ASSERT_EQUAL(sample(text, "kvpool_rpc_total{call=\"match\"}"), -1); /* never called */
 	CU_ASSERT_EQUAL(sample(text, "kvpool_rpc_failures_total{code=\"QUOTA_EXCEEDED\"}"), 1);
 	CU_ASSERT_EQUAL(sample(text, "kvpool_rpc_failures_total{code=\"NOT_FOUND\"}"), 0);
-	CU_ASSERT_EQUAL(
-	    sample(text, "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"2.5e-05\"}"), 1);
-	CU_ASSERT_EQUAL(
-	    sample(text, "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"0.001\"}"), 1);
-	CU_ASSERT_EQUAL(
-	    sample(text, "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"0.0025\"}"), 2);
-	CU_ASSERT_EQUAL(
-	    sample(text, "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"+Inf\"}"), 2);
+	CU_ASSERT_EQUAL(sample(text,
+			       "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"2.5e-05\"}"),
+			1);
+	CU_ASSERT_EQUAL(sample(text,
+			       "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"0.001\"}"),
+			1);
+	CU_ASSERT_EQUAL(sample(text,
+			       "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"0.0025\"}"),
+			2);
+	CU_ASSERT_EQUAL(sample(text,
+			       "kvpool_rpc_duration_seconds_bucket{call=\"ping\",le=\"+Inf\"}"),
+			2);
 	CU_ASSERT_EQUAL(sample(text, "kvpool_rpc_duration_seconds_count{call=\"ping\"}"), 2);
 	CU_ASSERT_DOUBLE_EQUAL(sample(text, "kvpool_rpc_duration_seconds_sum{call=\"ping\"}"),
 			       0.00202, 1e-9);
@@ -193,9 +197,9 @@ static void test_daemon_figures_now(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_metrics_render_every_family_once),
-	    H_TEST(test_metrics_render_values_match_state),
-	    H_TEST(test_daemon_figures_now),
+		H_TEST(test_metrics_render_every_family_once),
+		H_TEST(test_metrics_render_values_match_state),
+		H_TEST(test_daemon_figures_now),
 	};
 
 	return H_RUN_SUITE("metrics", NULL, NULL, tests);

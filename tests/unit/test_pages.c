@@ -54,7 +54,8 @@ static void test_pages_random_sequences_keep_invariant(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
 	for (int step = 0; step < 20000; step++) {
 		int op = rand_r(&seed) % 4;
-		uint32_t ids[16], n = 1 + (uint32_t)rand_r(&seed) % 16, c[KVP_PAGE_STATE_MAX] = { 0 };
+		uint32_t ids[16], n = 1 + (uint32_t)rand_r(&seed) % 16,
+				  c[KVP_PAGE_STATE_MAX] = { 0 };
 
 		if (op == 0) {
 			uint32_t nfree = kvp_pages_count(p, KVP_PAGE_FREE);

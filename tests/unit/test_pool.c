@@ -176,7 +176,8 @@ static void stamp(struct kvpd_pool *p, uint32_t page, uint32_t key)
 	for (uint32_t l = 0; l < p->conf.layers; l++)
 		for (uint32_t kv = 0; kv < 2; kv++) {
 			uint8_t *a = (uint8_t *)p->mem[KVP_TIER_ID_DEVICE].base +
-				     kvp_dev_offset(&p->geom, l, kv, (uint64_t)page * p->conf.page_tokens);
+				     kvp_dev_offset(&p->geom, l, kv,
+						    (uint64_t)page * p->conf.page_tokens);
 
 			memset(a, (int)((key * 7 + l * 3 + kv) & 0xff),
 			       p->geom.row_bytes * p->conf.page_tokens);
@@ -187,13 +188,14 @@ static int verify(struct kvpd_pool *p, int tier, uint32_t page, uint32_t key)
 {
 	for (uint32_t l = 0; l < p->conf.layers; l++)
 		for (uint32_t kv = 0; kv < 2; kv++) {
-			const uint8_t *a = tier == KVP_TIER_ID_DEVICE
-						   ? (uint8_t *)p->mem[tier].base +
-							     kvp_dev_offset(&p->geom, l, kv,
-									    (uint64_t)page *
-										    p->conf.page_tokens)
-						   : (uint8_t *)p->mem[tier].base +
-							     kvp_host_offset(&p->geom, page, l, kv, 0);
+			const uint8_t *a =
+				tier == KVP_TIER_ID_DEVICE
+					? (uint8_t *)p->mem[tier].base +
+						  kvp_dev_offset(&p->geom, l, kv,
+								 (uint64_t)page *
+									 p->conf.page_tokens)
+					: (uint8_t *)p->mem[tier].base +
+						  kvp_host_offset(&p->geom, page, l, kv, 0);
 
 			for (uint64_t i = 0; i < p->geom.row_bytes * p->conf.page_tokens; i++)
 				if (a[i] != (uint8_t)((key * 7 + l * 3 + kv) & 0xff))
@@ -217,7 +219,8 @@ static void test_pool_random_sequences_keep_invariant(void)
 		int op = rand_r(&seed) % 7, k = rand_r(&seed) % 8;
 		struct kvp_fail f = { 0 };
 		/* Sequences: 4 families, a page's tokens depend on family and position. */
-		uint32_t fam = (uint32_t)rand_r(&seed) % 4, npages = 1 + (uint32_t)rand_r(&seed) % 8;
+		uint32_t fam = (uint32_t)rand_r(&seed) % 4,
+			 npages = 1 + (uint32_t)rand_r(&seed) % 8;
 		uint32_t tok[64];
 
 		for (uint32_t i = 0; i < npages * 4; i++)
@@ -225,7 +228,8 @@ static void test_pool_random_sequences_keep_invariant(void)
 		switch (op) {
 		case 0: /* lease */
 			if (!leases[k])
-				leases[k] = kvp_lease_create(p, KVP_TIER_ID_DEVICE, next_id++, npages, &f);
+				leases[k] = kvp_lease_create(p, KVP_TIER_ID_DEVICE, next_id++,
+							     npages, &f);
 			if (!leases[k])
 				CU_ASSERT_EQUAL(f.code, KVP_ERR_OUT_OF_CAPACITY);
 			break;
@@ -258,7 +262,8 @@ static void test_pool_random_sequences_keep_invariant(void)
 			for (uint32_t i = 0; i < m.dev_pages; i++, verified++)
 				CU_ASSERT(verify(p, KVP_TIER_ID_DEVICE, dev[i], fam * 64 + i));
 			for (uint32_t i = 0; i < m.host_pages; i++, verified++)
-				CU_ASSERT(verify(p, KVP_TIER_ID_HOST, host[i], fam * 64 + m.dev_pages + i));
+				CU_ASSERT(verify(p, KVP_TIER_ID_HOST, host[i],
+						 fam * 64 + m.dev_pages + i));
 			if (m.lock) {
 				locks[k] = m.lock;
 				lock_pages[k] = m.dev_pages + m.host_pages;
@@ -281,7 +286,8 @@ static void test_pool_random_sequences_keep_invariant(void)
 					CU_ASSERT_EQUAL(n, lock_pages[k]);
 			}
 			break;
-		default: { /* evict from either tier (one rand_r per statement: same in every build) */
+		default: { /* evict from either tier (one rand_r per statement: same in every build)
+			    */
 			int tier = rand_r(&seed) % 2;
 
 			kvp_pool_evict(p, tier, 1 + (uint32_t)rand_r(&seed) % 6);
@@ -316,7 +322,7 @@ static void count_moved(void *ctx, struct kvpd_pool *p)
 /* Caches 8 device pages of sequence fam (stamped). */
 static void cache_seq(struct kvpd_pool *p, uint32_t fam, uint64_t id)
 {
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, id, 8, &f);
 	uint32_t tok[32], pg[8];
 	uint64_t nt, dt;
@@ -338,8 +344,8 @@ static void cache_seq(struct kvpd_pool *p, uint32_t fam, uint64_t id)
 static void test_pool_demotion_in_flight_on_worker(void)
 {
 	struct kvp_work *w = kvp_work_start();
-	struct kvp_prefix_match m = {0};
-	struct kvp_fail f = {0};
+	struct kvp_prefix_match m = { 0 };
+	struct kvp_fail f = { 0 };
 	struct kvp_tier_counts dc, hc;
 	struct kvpd_pool *p;
 	struct kvp_lease *l;
@@ -367,7 +373,8 @@ static void test_pool_demotion_in_flight_on_worker(void)
 	CU_ASSERT_EQUAL(hc.cached, 0);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	CU_ASSERT_EQUAL(moved, 0);
-	CU_ASSERT_EQUAL(poll(&(struct pollfd){.fd = kvp_work_fd(w), .events = POLLIN}, 1, 5000), 1);
+	CU_ASSERT_EQUAL(poll(&(struct pollfd){ .fd = kvp_work_fd(w), .events = POLLIN }, 1, 5000),
+			1);
 	CU_ASSERT_EQUAL(kvp_work_reap(w), 1);
 	CU_ASSERT_EQUAL(moved, 1);
 	CU_ASSERT_EQUAL(kvp_pool_inflight(p, KVP_TIER_ID_DEVICE), 0);

@@ -20,7 +20,7 @@ enum { PT = 4 };
 static struct kvpd_pool *make_pool(void)
 {
 	static struct kvp_conf c;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	char err[256];
 
 	if (kvp_conf_load_string(&c, g_conf, "test", err, sizeof(err)) < 0)
@@ -33,7 +33,7 @@ static void keys_of(int seq, struct kvp_key *k, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++) {
 		memset(g_kb[i], seq * 16 + (int)i, 8);
-		k[i] = (struct kvp_key){8, g_kb[i]};
+		k[i] = (struct kvp_key){ 8, g_kb[i] };
 	}
 }
 
@@ -204,10 +204,10 @@ static void test_kvp_pool_keys_load_makes_room(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_pool_keys_share_the_books),
-	    H_TEST(test_kvp_pool_check_covers_the_key_cache),
-	    H_TEST(test_kvp_pool_evict_takes_from_both),
-	    H_TEST(test_kvp_pool_keys_load_makes_room),
+		H_TEST(test_kvp_pool_keys_share_the_books),
+		H_TEST(test_kvp_pool_check_covers_the_key_cache),
+		H_TEST(test_kvp_pool_evict_takes_from_both),
+		H_TEST(test_kvp_pool_keys_load_makes_room),
 	};
 
 	return H_RUN_SUITE("pool_keys", NULL, NULL, tests);

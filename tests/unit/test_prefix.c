@@ -27,12 +27,12 @@
 
 static struct {
 	unsigned calls;
-	int fail_errno;	 /* every call fails with this when nonzero */
-	int eintr_once;	 /* the next call fails with EINTR */
-	size_t chunk;	 /* at most this many bytes per call when nonzero */
-	bool scripted;	 /* bytes come from value (low byte first), not the kernel */
+	int fail_errno; /* every call fails with this when nonzero */
+	int eintr_once; /* the next call fails with EINTR */
+	size_t chunk;	/* at most this many bytes per call when nonzero */
+	bool scripted;	/* bytes come from value (low byte first), not the kernel */
 	uint64_t value;
-	size_t given;	 /* bytes of value handed out so far */
+	size_t given; /* bytes of value handed out so far */
 } g_rnd;
 
 ssize_t getrandom(void *buf, size_t len, unsigned int flags)
@@ -63,7 +63,7 @@ static void rnd_reset(void)
 
 static struct kvp_prefix *host_only_tree(struct kvp_pages *host)
 {
-	struct kvp_prefix_conf c = {.page_tokens = 4, .host = host};
+	struct kvp_prefix_conf c = { .page_tokens = 4, .host = host };
 
 	return kvp_prefix_new(&c);
 }
@@ -133,8 +133,8 @@ static int fx_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, ui
 		return f->copy_fail;
 	if (f->start_now) {
 		for (uint32_t i = 0; i < n; i++)
-			memcpy(f->mem[HOST] + (size_t)dst[i] * PB, f->mem[DEV] + (size_t)src[i] * PB,
-			       PB);
+			memcpy(f->mem[HOST] + (size_t)dst[i] * PB,
+			       f->mem[DEV] + (size_t)src[i] * PB, PB);
 		f->copied[KVP_COPY_DEMOTE] += n;
 		return 0;
 	}
@@ -165,8 +165,8 @@ static void fx_land(struct fx *f, uint32_t i, int rc)
 static void fx_init(struct fx *f, uint32_t pt, uint32_t ndev, uint32_t nhost,
 		    enum kvp_evict_policy policy)
 {
-	struct kvp_prefix_conf c = {0};
-	uint32_t total[KVP_TIER_ID_MAX] = {ndev, nhost};
+	struct kvp_prefix_conf c = { 0 };
+	uint32_t total[KVP_TIER_ID_MAX] = { ndev, nhost };
 
 	memset(f, 0, sizeof(*f));
 	f->pt = pt;
@@ -308,15 +308,16 @@ static int fx_put(struct fx *f, uint64_t ns, const uint32_t *tok, uint32_t npage
 	return 0;
 }
 
-static struct kvp_prefix_match fx_match(struct fx *f, uint64_t ns, const uint32_t *tok, uint32_t ntok,
-				 int lock, uint32_t *dev, uint32_t *host)
+static struct kvp_prefix_match fx_match(struct fx *f, uint64_t ns, const uint32_t *tok,
+					uint32_t ntok, int lock, uint32_t *dev, uint32_t *host)
 {
 	struct kvp_prefix_match m;
 	uint32_t d[64], h[64];
 
 	memset(&m, 0xff, sizeof(m));
-	CU_ASSERT_EQUAL(
-	    kvp_prefix_match(f->pfx, ns, tok, ntok, lock, &m, dev ? dev : d, host ? host : h), 0);
+	CU_ASSERT_EQUAL(kvp_prefix_match(f->pfx, ns, tok, ntok, lock, &m, dev ? dev : d,
+					 host ? host : h),
+			0);
 	return m;
 }
 
@@ -331,7 +332,7 @@ static void seq(uint32_t *tok, uint32_t n, uint32_t first)
 static void test_kvp_prefix_new_bad_conf(void)
 {
 	struct kvp_pages *a = kvp_pages_new(4), *b = kvp_pages_new(4);
-	struct kvp_prefix_conf c = {.page_tokens = 4, .dev = a};
+	struct kvp_prefix_conf c = { .page_tokens = 4, .dev = a };
 	struct kvp_prefix *p;
 
 	CU_ASSERT_PTR_NULL(kvp_prefix_new(NULL));
@@ -476,7 +477,7 @@ static void test_kvp_prefix_insert_invalid(void)
 	struct fx f;
 	uint32_t a[16], pg[4], bad[4];
 	struct kvp_prefix_stats before, after;
-	struct kvp_insert_result r = {77, 77, 77};
+	struct kvp_insert_result r = { 77, 77, 77 };
 
 	fx_init(&f, 4, 16, 0, KVP_EVICT_POLICY_LRU);
 	seq(a, 16, 1);
@@ -1294,7 +1295,7 @@ static void test_kvp_prefix_stats_metadata_per_page(void)
 {
 	enum { PT = 16, SYS = 16, SYSP = 32, CONV = 60, TURNS = 4, TURNP = 16 };
 	struct kvp_pages *dev = kvp_pages_new(70000);
-	struct kvp_prefix_conf c = {.page_tokens = PT, .dev = dev};
+	struct kvp_prefix_conf c = { .page_tokens = PT, .dev = dev };
 	struct kvp_prefix *p = kvp_prefix_new(&c);
 	uint32_t *tok = malloc(sizeof(*tok) * (SYSP + TURNS * TURNP) * PT);
 	uint32_t pg[SYSP + TURNS * TURNP];
@@ -1580,8 +1581,8 @@ static void step_match(struct model *m)
 	for (uint32_t k = 0; k < got; k++) {
 		bool d = k < mt.dev_pages;
 
-		CU_ASSERT(
-		    page_ok(f, d ? DEV : HOST, d ? dev[k] : host[k - mt.dev_pages], ns, tok, k));
+		CU_ASSERT(page_ok(f, d ? DEV : HOST, d ? dev[k] : host[k - mt.dev_pages], ns, tok,
+				  k));
 	}
 	CU_ASSERT((mt.lock != NULL) == (lock && got));
 	if (mt.lock) {

@@ -38,8 +38,10 @@ static void test_rc_slot_hash_tags(void)
 static void test_rc_new_rejects_bad_seeds(void)
 {
 	static const char *const bad[] = {
-	    "", "localhost", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:70000", "127.0.0.1:1,", ":5"};
-	struct kvp_rc_config cfg = {0};
+		"",  "localhost", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:70000", "127.0.0.1:1,",
+		":5"
+	};
+	struct kvp_rc_config cfg = { 0 };
 
 	CU_ASSERT_PTR_NULL(kvp_rc_new(&cfg));
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -76,11 +78,11 @@ static void on_multi(void *arg, size_t n, const enum kvp_rc_status *st)
  * tick; the bounds refuse with -EAGAIN and the callback is never called for those. */
 static void test_rc_submit_without_map_fails_from_tick(void)
 {
-	struct kvp_rc_config cfg = {.seeds = "127.0.0.1:1", .max_inflight_cmds = 3};
+	struct kvp_rc_config cfg = { .seeds = "127.0.0.1:1", .max_inflight_cmds = 3 };
 	struct kvp_rc *rc = kvp_rc_new(&cfg);
-	struct seen g = {0}, s = {0}, e = {0}, x = {0};
-	const void *keys[2] = {"a", "b"};
-	size_t klens[2] = {1, 1};
+	struct seen g = { 0 }, s = { 0 }, e = { 0 }, x = { 0 };
+	const void *keys[2] = { "a", "b" };
+	size_t klens[2] = { 1, 1 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(rc);
 	CU_ASSERT_EQUAL(kvp_rc_get(rc, "k", 0, on_done, &g), -EINVAL);
@@ -111,10 +113,10 @@ static void test_rc_submit_without_map_fails_from_tick(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_rc_crc16_known_vector),
-	    H_TEST(test_rc_slot_hash_tags),
-	    H_TEST(test_rc_new_rejects_bad_seeds),
-	    H_TEST(test_rc_submit_without_map_fails_from_tick),
+		H_TEST(test_rc_crc16_known_vector),
+		H_TEST(test_rc_slot_hash_tags),
+		H_TEST(test_rc_new_rejects_bad_seeds),
+		H_TEST(test_rc_submit_without_map_fails_from_tick),
 	};
 
 	return H_RUN_SUITE("remote_cluster", NULL, NULL, tests);

@@ -47,7 +47,7 @@ static int drive(struct kvp_remote *r, int ms, const int *until)
 	int wakeups = 0;
 
 	while (!*until && kvp_rc_now_ms() < end) {
-		struct pollfd p = {.fd = kvp_remote_fd(r), .events = POLLIN};
+		struct pollfd p = { .fd = kvp_remote_fd(r), .events = POLLIN };
 
 		if (poll(&p, 1, 50) > 0) {
 			wakeups++;
@@ -79,7 +79,7 @@ static void test_kvp_remote_on_ready_timer_completes(void)
 {
 	struct kvp_remote_conf c;
 	struct kvp_remote *r;
-	struct done d = {0};
+	struct done d = { 0 };
 	struct pollfd p;
 
 	conf_init(&c, "127.0.0.1:1");
@@ -88,7 +88,7 @@ static void test_kvp_remote_on_ready_timer_completes(void)
 	CU_ASSERT_EQUAL(kvp_rc_get(kvp_remote_rc(r), "k", 1, on_op, &d), 0);
 	kvp_remote_sync(r);
 	CU_ASSERT_EQUAL(d.n, 0);
-	p = (struct pollfd){.fd = kvp_remote_fd(r), .events = POLLIN};
+	p = (struct pollfd){ .fd = kvp_remote_fd(r), .events = POLLIN };
 	CU_ASSERT_EQUAL(poll(&p, 1, 1000), 1);
 	CU_ASSERT_EQUAL(d.n, 0); /* readable, but nothing runs before on_ready */
 	drive(r, 2000, &d.n);
@@ -102,7 +102,7 @@ static void test_kvp_remote_on_ready_timer_completes(void)
  * while it waits: wake-ups stay far below one per millisecond. */
 static void test_kvp_remote_on_ready_silent_node(void)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t alen = sizeof(a);
 	int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct kvp_remote_conf c;
@@ -127,8 +127,8 @@ static void test_kvp_remote_on_ready_silent_node(void)
 	/* The socket is quiet now: only the timer can wake the owner for the deferred failure
 	 * of a GET without a slot map. */
 	{
-		struct done d = {0};
-		struct pollfd p = {.fd = kvp_remote_fd(r), .events = POLLIN};
+		struct done d = { 0 };
+		struct pollfd p = { .fd = kvp_remote_fd(r), .events = POLLIN };
 
 		CU_ASSERT_EQUAL(kvp_rc_get(kvp_remote_rc(r), "k", 1, on_op, &d), 0);
 		kvp_remote_sync(r);
@@ -147,9 +147,9 @@ static void test_kvp_remote_on_ready_silent_node(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_remote_new_refuses),
-	    H_TEST(test_kvp_remote_on_ready_timer_completes),
-	    H_TEST(test_kvp_remote_on_ready_silent_node),
+		H_TEST(test_kvp_remote_new_refuses),
+		H_TEST(test_kvp_remote_on_ready_timer_completes),
+		H_TEST(test_kvp_remote_on_ready_silent_node),
 	};
 
 	return H_RUN_SUITE("remote_driver", NULL, NULL, tests);

@@ -21,7 +21,7 @@
 #include "remote_value.h"
 #include "suite.h"
 
-static const struct kvp_rv_fp fp = {32, 8, 128, 1, 16, 0};
+static const struct kvp_rv_fp fp = { 32, 8, 128, 1, 16, 0 };
 
 static void hex(const uint8_t *h, char *out)
 {
@@ -131,8 +131,8 @@ static void test_rv_decode_each_corruption(void)
 
 static void test_rv_page_hash_matches_sglang(void)
 {
-	static const uint32_t t1[] = {1, 2, 3, 4}, t2[] = {5, 6, 7, 8};
-	static const uint32_t t3[] = {0, 4294967295u, 151643, 128000};
+	static const uint32_t t1[] = { 1, 2, 3, 4 }, t2[] = { 5, 6, 7, 8 };
+	static const uint32_t t3[] = { 0, 4294967295u, 151643, 128000 };
 	uint32_t t300[300];
 	uint8_t a[32], b[32], c[32], d[32], e[32];
 	char s[65];
@@ -166,7 +166,7 @@ static void test_rv_key_text_and_refusals(void)
 {
 	uint8_t h[32];
 	char key[KVP_RV_KEY_MAX], ns[KVP_RV_NS_MAX + 2];
-	static const uint32_t t1[] = {1, 2, 3, 4};
+	static const uint32_t t1[] = { 1, 2, 3, 4 };
 	int len;
 
 	CU_ASSERT_EQUAL(kvp_rv_fp_id(&fp), 0x567568aee78ee655ull);
@@ -216,9 +216,12 @@ static void test_rv_key_pages_of_one_prefix_spread(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_crc32c_known_vector),	    H_TEST(test_rv_decode_round_trip),
-	    H_TEST(test_rv_decode_each_corruption), H_TEST(test_rv_page_hash_matches_sglang),
-	    H_TEST(test_rv_key_text_and_refusals),  H_TEST(test_rv_key_pages_of_one_prefix_spread),
+		H_TEST(test_crc32c_known_vector),
+		H_TEST(test_rv_decode_round_trip),
+		H_TEST(test_rv_decode_each_corruption),
+		H_TEST(test_rv_page_hash_matches_sglang),
+		H_TEST(test_rv_key_text_and_refusals),
+		H_TEST(test_rv_key_pages_of_one_prefix_spread),
 	};
 
 	return H_RUN_SUITE("remote_value", NULL, NULL, tests);

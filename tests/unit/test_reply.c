@@ -181,8 +181,8 @@ static void test_reply_fail_fills_status_and_detail(void)
 	kvp_fail_init(&f);
 	kvp_fail(&f, KVP_ERR_GEOMETRY_MISMATCH, "geometry");
 	f.detail = KVP_FAIL_GEOMETRY;
-	f.geom.expected = (struct kvp_geom){2, 1, 4, 1, 16};
-	f.geom.actual = (struct kvp_geom){1, 1, 4, 1, 16};
+	f.geom.expected = (struct kvp_geom){ 2, 1, 4, 1, 16 };
+	f.geom.actual = (struct kvp_geom){ 1, 1, 4, 1, 16 };
 	kvp_reply_init(&r, 1);
 	kvp_reply_fail(&r, &f);
 	CU_ASSERT_EQUAL(r.status.detail_case, KVPOOL__STATUS__DETAIL_GEOMETRY);
@@ -213,13 +213,13 @@ static void test_reply_fail_fills_status_and_detail(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_reply_init_sets_id_and_status),
-	    H_TEST(test_reply_alloc_inline_then_malloc),
-	    H_TEST(test_reply_release_frees_all),
-	    H_TEST(test_reply_msg_and_strdup),
-	    H_TEST(test_reply_add_fd_bounded),
-	    H_TEST(test_reply_alloc_fault_site),
-	    H_TEST(test_reply_fail_fills_status_and_detail),
+		H_TEST(test_reply_init_sets_id_and_status),
+		H_TEST(test_reply_alloc_inline_then_malloc),
+		H_TEST(test_reply_release_frees_all),
+		H_TEST(test_reply_msg_and_strdup),
+		H_TEST(test_reply_add_fd_bounded),
+		H_TEST(test_reply_alloc_fault_site),
+		H_TEST(test_reply_fail_fills_status_and_detail),
 	};
 
 	return H_RUN_SUITE("reply", NULL, NULL, tests);

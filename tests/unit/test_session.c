@@ -9,12 +9,12 @@
 #include "suite.h"
 
 static const char *const g_conf =
-    "[daemon]\nmax_sessions = 3\nmax_leases_per_session = 3\nmax_locks_per_session = 2\n"
-    "[pool.a]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 4\n"
-    "device = sim\ndevice_capacity = 64t\nhost_capacity = 32t\nmlock = off\n"
-    "session_quota = 40\n"
-    "[pool.b]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 8\n"
-    "device = none\nhost_capacity = 64t\nmlock = off\n";
+	"[daemon]\nmax_sessions = 3\nmax_leases_per_session = 3\nmax_locks_per_session = 2\n"
+	"[pool.a]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 4\n"
+	"device = sim\ndevice_capacity = 64t\nhost_capacity = 32t\nmlock = off\n"
+	"session_quota = 40\n"
+	"[pool.b]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 8\n"
+	"device = none\nhost_capacity = 64t\nmlock = off\n";
 
 static const char *const g_restricted = "[daemon]\nallowed_users = 1001, 1002\n"
 					"allowed_groups = 2001\nadmin_groups = 3001\n"
@@ -25,7 +25,7 @@ static const char *const g_restricted = "[daemon]\nallowed_users = 1001, 1002\n"
 static void test_daemon_admit_open(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	bool admin = true;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
@@ -43,8 +43,8 @@ static void test_daemon_admit_open(void)
 static void test_daemon_admit_restricted(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_restricted);
-	const gid_t other[] = {7, 8}, member[] = {7, 2001}, admins[] = {3001};
-	struct kvp_fail f = {0};
+	const gid_t other[] = { 7, 8 }, member[] = { 7, 2001 }, admins[] = { 3001 };
+	struct kvp_fail f = { 0 };
 	bool admin = false;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
@@ -77,7 +77,7 @@ static void test_session_new_limit_and_ids(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s[3];
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
 	for (int i = 0; i < 3; i++) {
@@ -123,7 +123,7 @@ static void test_session_lease_accounting(void)
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvpd_pool *a;
 	struct kvp_session *s, *s2;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l1, *l2, *l3;
 	uint32_t before, back[2];
 
@@ -143,8 +143,7 @@ static void test_session_lease_accounting(void)
 	/* quota 40 tokens = 10 pages of 4 */
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 10, true, &f), 0);
 	kvp_fail_init(&f);
-	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 11, true, &f),
-			-KVP_ERR_QUOTA_EXCEEDED);
+	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 11, true, &f), -KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(f.detail, KVP_FAIL_QUOTA);
 	CU_ASSERT_EQUAL(f.quota.quota, 40);
 	CU_ASSERT_EQUAL(f.quota.held, 0);
@@ -157,8 +156,7 @@ static void test_session_lease_accounting(void)
 	CU_ASSERT_PTR_NULL(kvp_session_lease(s, l1->id + 100, &f));
 	CU_ASSERT_EQUAL(f.code, KVP_ERR_NOT_FOUND);
 	kvp_fail_init(&f);
-	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 5, false, &f),
-			-KVP_ERR_QUOTA_EXCEEDED);
+	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 5, false, &f), -KVP_ERR_QUOTA_EXCEEDED);
 	CU_ASSERT_EQUAL(f.quota.held, 24);
 	CU_ASSERT_EQUAL(kvp_session_may_lease(d, s, a, 4, false, &f), 0);
 	CU_ASSERT_EQUAL(kvp_session_leased_tokens(d, s), 24);
@@ -221,7 +219,7 @@ static void test_session_lock_accounting(void)
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvpd_pool *a;
 	struct kvp_session *s;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_prefix_match mt;
 	struct kvp_lock *k1, *k2;
 	uint32_t tokens[16], dev[4], host[4];
@@ -286,11 +284,11 @@ static void test_session_detach_one_pool(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *la, *lb;
 	struct kvp_lock *k;
 	struct kvp_prefix_match mt;
-	uint32_t tokens[8] = {0, 1, 2, 3, 4, 5, 6, 7}, dev[2], host[2];
+	uint32_t tokens[8] = { 0, 1, 2, 3, 4, 5, 6, 7 }, dev[2], host[2];
 	struct kvp_tier_figures fig;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
@@ -346,7 +344,7 @@ static void test_daemon_check_catches_wrong_books(void)
 {
 	struct kvp_daemon *d = fx_daemon(g_conf);
 	struct kvp_session *s;
-	struct kvp_fail f = {0};
+	struct kvp_fail f = { 0 };
 	struct kvp_lease *l, *orphan;
 	uint32_t keep;
 
@@ -377,13 +375,13 @@ static void test_daemon_check_catches_wrong_books(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_daemon_admit_open),
-	    H_TEST(test_daemon_admit_restricted),
-	    H_TEST(test_session_new_limit_and_ids),
-	    H_TEST(test_session_lease_accounting),
-	    H_TEST(test_session_lock_accounting),
-	    H_TEST(test_session_detach_one_pool),
-	    H_TEST(test_daemon_check_catches_wrong_books),
+		H_TEST(test_daemon_admit_open),
+		H_TEST(test_daemon_admit_restricted),
+		H_TEST(test_session_new_limit_and_ids),
+		H_TEST(test_session_lease_accounting),
+		H_TEST(test_session_lock_accounting),
+		H_TEST(test_session_detach_one_pool),
+		H_TEST(test_daemon_check_catches_wrong_books),
 	};
 
 	return H_RUN_SUITE("session", NULL, NULL, tests);

@@ -28,7 +28,9 @@
 
 static struct kvp_tier_spec spec(const char *name, uint64_t bytes)
 {
-	struct kvp_tier_spec s = {.name = name, .bytes = bytes, .numa_node = -1, .cuda_device = 0};
+	struct kvp_tier_spec s = {
+		.name = name, .bytes = bytes, .numa_node = -1, .cuda_device = 0
+	};
 
 	return s;
 }
@@ -49,9 +51,9 @@ static void fill(void *base, uint64_t bytes, uint32_t seed)
 static void test_kvp_tier_ops_of_table(void)
 {
 	static const char *const names[KVP_BACKEND_KIND_MAX] = {
-	    [KVP_BACKEND_KIND_SIM] = "sim",
-	    [KVP_BACKEND_KIND_CUDA] = "cuda",
-	    [KVP_BACKEND_KIND_MEMFD] = "memfd",
+		[KVP_BACKEND_KIND_SIM] = "sim",
+		[KVP_BACKEND_KIND_CUDA] = "cuda",
+		[KVP_BACKEND_KIND_MEMFD] = "memfd",
 	};
 
 	for (int k = KVP_BACKEND_KIND_SIM; k < KVP_BACKEND_KIND_MAX; k++) {
@@ -65,8 +67,9 @@ static void test_kvp_tier_ops_of_table(void)
 		CU_ASSERT(ops->create && ops->adopt && ops->destroy);
 		/* device backends copy; the host backend does not */
 		CU_ASSERT(k == KVP_BACKEND_KIND_MEMFD
-			      ? !ops->copy_open && !ops->copy && !ops->copy_wait
-			      : ops->copy_open && ops->copy && ops->copy_wait && ops->copy_close);
+				  ? !ops->copy_open && !ops->copy && !ops->copy_wait
+				  : ops->copy_open && ops->copy && ops->copy_wait &&
+					    ops->copy_close);
 	}
 	CU_ASSERT_PTR_NULL(kvp_tier_ops_of(KVP_BACKEND_KIND_NONE));
 	CU_ASSERT_PTR_NULL(kvp_tier_ops_of(KVP_BACKEND_KIND_MAX));
@@ -81,7 +84,7 @@ static void check_create_adopt(enum kvp_backend_kind kind)
 	const struct kvp_tier_ops *ops = kvp_tier_ops_of(kind);
 	struct kvp_tier_spec s = spec("t:tier", 3 * PAGE + 100);
 	struct kvp_tier_mem a, b;
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_fail tf = { 0 };
 	char note[128] = "x";
 	int dup_fd, afd;
 
@@ -161,7 +164,7 @@ static void check_refused(const struct kvp_tier_ops *ops, int fd, uint64_t bytes
 			  enum kvp_tier_error want)
 {
 	struct kvp_tier_spec s = spec("t:adopt", bytes);
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_fail tf = { 0 };
 	struct kvp_tier_mem t;
 
 	memset(&t, 0x5a, sizeof(t));
@@ -233,7 +236,7 @@ static void test_kvp_tier_sim_adopt_refused(void)
 static void test_kvp_tier_memfd_create_bad(void)
 {
 	struct kvp_tier_spec s = spec("t:zero", 0);
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_fail tf = { 0 };
 	struct kvp_tier_mem t;
 
 	CU_ASSERT_EQUAL(kvp_tier_memfd_ops.create(&t, &s, NULL, 0, &tf), -KVP_TIER_E_INVALID);
@@ -248,14 +251,16 @@ static void test_kvp_tier_memfd_create_bad(void)
 static void test_kvp_tier_sim_copy(void)
 {
 	const struct kvp_copy_geom g = {
-	    .layers = 2, .page_tokens = 4, .row_bytes = 16, .dev_slots = 6 * 4, .host_pages = 5};
+		.layers = 2, .page_tokens = 4, .row_bytes = 16, .dev_slots = 6 * 4, .host_pages = 5
+	};
 	const uint64_t pb = kvp_host_page_bytes(&g);
 	struct kvp_tier_spec ds = spec("t:device", 6 * pb), hs = spec("t:host", 5 * pb);
 	struct kvp_tier_mem dev, host;
 	struct kvp_tier_copy *c = NULL;
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_fail tf = { 0 };
 	const struct kvp_tier_ops *ops = &kvp_tier_sim_ops;
-	uint32_t dsrc[3] = {5, 0, 2}, hdst[3] = {4, 1, 0}, dback[3] = {1, 3, 4}, bad[3] = {4, 1, 5};
+	uint32_t dsrc[3] = { 5, 0, 2 }, hdst[3] = { 4, 1, 0 }, dback[3] = { 1, 3, 4 },
+		 bad[3] = { 4, 1, 5 };
 	uint8_t *host0;
 
 	CU_ASSERT_EQUAL_FATAL(ops->create(&dev, &ds, NULL, 0, &tf), 0);
@@ -271,8 +276,9 @@ static void test_kvp_tier_sim_copy(void)
 		for (uint32_t l = 0; l < g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
 				const uint8_t *d =
-				    (const uint8_t *)dev.base +
-				    kvp_dev_offset(&g, l, kv, (uint64_t)dsrc[i] * g.page_tokens);
+					(const uint8_t *)dev.base +
+					kvp_dev_offset(&g, l, kv,
+						       (uint64_t)dsrc[i] * g.page_tokens);
 				const uint8_t *h = (const uint8_t *)host.base +
 						   kvp_host_offset(&g, hdst[i], l, kv, 0);
 
@@ -289,8 +295,9 @@ static void test_kvp_tier_sim_copy(void)
 		for (uint32_t l = 0; l < g.layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
 				const uint8_t *d =
-				    (const uint8_t *)dev.base +
-				    kvp_dev_offset(&g, l, kv, (uint64_t)dback[i] * g.page_tokens);
+					(const uint8_t *)dev.base +
+					kvp_dev_offset(&g, l, kv,
+						       (uint64_t)dback[i] * g.page_tokens);
 				const uint8_t *h = (const uint8_t *)host.base +
 						   kvp_host_offset(&g, hdst[i], l, kv, 0);
 
@@ -328,7 +335,7 @@ static void test_kvp_tier_sim_copy(void)
 static void test_kvp_tier_cuda_create_refused_without_gpu(void)
 {
 	struct kvp_tier_spec s = spec("t:cuda", 2u << 20);
-	struct kvp_tier_fail tf = {0};
+	struct kvp_tier_fail tf = { 0 };
 	struct kvp_tier_mem t;
 	int r;
 
@@ -351,14 +358,14 @@ static void test_kvp_tier_cuda_create_refused_without_gpu(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_tier_ops_of_table),
-	    H_TEST(test_kvp_tier_memfd_create_adopt),
-	    H_TEST(test_kvp_tier_sim_create_adopt),
-	    H_TEST(test_kvp_tier_memfd_adopt_refused),
-	    H_TEST(test_kvp_tier_sim_adopt_refused),
-	    H_TEST(test_kvp_tier_memfd_create_bad),
-	    H_TEST(test_kvp_tier_sim_copy),
-	    H_TEST(test_kvp_tier_cuda_create_refused_without_gpu),
+		H_TEST(test_kvp_tier_ops_of_table),
+		H_TEST(test_kvp_tier_memfd_create_adopt),
+		H_TEST(test_kvp_tier_sim_create_adopt),
+		H_TEST(test_kvp_tier_memfd_adopt_refused),
+		H_TEST(test_kvp_tier_sim_adopt_refused),
+		H_TEST(test_kvp_tier_memfd_create_bad),
+		H_TEST(test_kvp_tier_sim_copy),
+		H_TEST(test_kvp_tier_cuda_create_refused_without_gpu),
 	};
 
 	return H_RUN_SUITE("tier", NULL, NULL, tests);

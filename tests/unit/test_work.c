@@ -25,7 +25,7 @@ static int g_next_order;
 static void tjob_run(struct kvp_job *j)
 {
 	struct tjob *t = (struct tjob *)j;
-	struct timespec ts = {.tv_sec = t->ms / 1000, .tv_nsec = (t->ms % 1000) * 1000000L};
+	struct timespec ts = { .tv_sec = t->ms / 1000, .tv_nsec = (t->ms % 1000) * 1000000L };
 
 	__atomic_store_n(&t->started, 1, __ATOMIC_SEQ_CST);
 	if (t->ms)
@@ -46,7 +46,7 @@ static void tjob_done(struct kvp_job *j, bool cancelled)
 
 static void tjob_init(struct tjob *t, int ms)
 {
-	*t = (struct tjob){.job = {.run = tjob_run, .done = tjob_done}, .ms = ms};
+	*t = (struct tjob){ .job = { .run = tjob_run, .done = tjob_done }, .ms = ms };
 }
 
 /* Waits for the eventfd and reaps until n jobs completed (5 s at most). */
@@ -55,7 +55,7 @@ static int reap_until(struct kvp_work *w, int n)
 	int got = 0;
 
 	for (int i = 0; i < 500 && got < n; i++) {
-		struct pollfd p = {.fd = kvp_work_fd(w), .events = POLLIN};
+		struct pollfd p = { .fd = kvp_work_fd(w), .events = POLLIN };
 		uint64_t v;
 
 		if (poll(&p, 1, 10) == 1 && read(kvp_work_fd(w), &v, sizeof(v)) == sizeof(v))
@@ -131,9 +131,9 @@ static void test_kvp_work_stop_cancels_queued(void)
 int main(void)
 {
 	static const struct h_test tests[] = {
-	    H_TEST(test_kvp_work_submit_runs_off_thread),
-	    H_TEST(test_kvp_work_reap_in_order),
-	    H_TEST(test_kvp_work_stop_cancels_queued),
+		H_TEST(test_kvp_work_submit_runs_off_thread),
+		H_TEST(test_kvp_work_reap_in_order),
+		H_TEST(test_kvp_work_stop_cancels_queued),
 	};
 
 	return H_RUN_SUITE("work", NULL, NULL, tests);
