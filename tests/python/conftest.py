@@ -88,6 +88,22 @@ mlock = off
 """
 
 
+def host_pool(name, head_dim=8, capacity="256t"):
+    """The section of a host-only pool (2 layers, 2 kv heads, fp16, 4-token pages) that a test
+    module adds to DEFAULT_CONF in its CONF."""
+    return f"""
+[pool.{name}]
+layers = 2
+kv_heads = 2
+head_dim = {head_dim}
+dtype = fp16
+page_tokens = 4
+device = none
+host_capacity = {capacity}
+mlock = off
+"""
+
+
 class Daemon:
     """One kvpoold process on a socket in its own temporary folder."""
 
@@ -149,9 +165,10 @@ class Daemon:
 
 
 @pytest.fixture(scope="module")
-def daemon():
-    """A kvpoold shared by the tests of one module (pools c, f32, small, bf16, llama, fp8)."""
-    d = Daemon()
+def daemon(request):
+    """A kvpoold shared by the tests of one module: of the module's CONF where it has one, else
+    of DEFAULT_CONF (pools c, f32, small, bf16, llama, fp8)."""
+    d = Daemon(getattr(request.module, "CONF", DEFAULT_CONF))
     yield d
     d.stop()
 

@@ -5,26 +5,9 @@ import hashlib
 import pytest
 
 import kvpool
-from conftest import DEFAULT_CONF, Daemon
+from conftest import DEFAULT_CONF, host_pool
 
-CONF = DEFAULT_CONF + """
-[pool.hostonly]
-layers = 2
-kv_heads = 2
-head_dim = 8
-dtype = fp16
-page_tokens = 4
-device = none
-host_capacity = 64t
-mlock = off
-"""
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(CONF)
-    yield d
-    d.stop()
+CONF = DEFAULT_CONF + host_pool("hostonly", capacity="64t")
 
 
 def chain(n, seed=b"", size=32):

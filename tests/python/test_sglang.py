@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import DEFAULT_CONF, Daemon
+from conftest import DEFAULT_CONF, host_pool
 from engine_util import HostPool, import_sglang, restart
 
 hicache_storage, backend_factory, sgl_utils = import_sglang()
@@ -18,34 +18,7 @@ import kvpool  # noqa: E402
 from kvpool.sglang import KvpoolStorage  # noqa: E402
 
 L, H, D, T = 2, 2, 8, 4
-CONF = DEFAULT_CONF + """
-[pool.sgl]
-layers = 2
-kv_heads = 2
-head_dim = 8
-dtype = fp16
-page_tokens = 4
-device = none
-host_capacity = 256t
-mlock = off
-
-[pool.sglwide]
-layers = 2
-kv_heads = 2
-head_dim = 16
-dtype = fp16
-page_tokens = 4
-device = none
-host_capacity = 64t
-mlock = off
-"""
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(CONF)
-    yield d
-    d.stop()
+CONF = DEFAULT_CONF + host_pool("sgl") + host_pool("sglwide", head_dim=16, capacity="64t")
 
 
 def extra(sock, **kw):

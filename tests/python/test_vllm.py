@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import DEFAULT_CONF, Daemon
+from conftest import DEFAULT_CONF, host_pool
 from engine_util import restart
 
 torch = pytest.importorskip("torch")
@@ -26,24 +26,7 @@ from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
 
 T = 4
 BLOCK = 512  # bytes of one worker's block: the page_bytes of pool "vl" (2*2*2*4*8*2)
-CONF = DEFAULT_CONF + """
-[pool.vl]
-layers = 2
-kv_heads = 2
-head_dim = 8
-dtype = fp16
-page_tokens = 4
-device = none
-host_capacity = 256t
-mlock = off
-"""
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = Daemon(CONF)
-    yield d
-    d.stop()
+CONF = DEFAULT_CONF + host_pool("vl")
 
 
 def block_keys(tokens, group=0):
