@@ -1445,6 +1445,38 @@ static int lease_drop_pages(LeaseObject *l, const uint32_t *pages, uint32_t n)
 	return 0;
 }
 
+/* Drops the first n pages the cache took or freed from the lease's page list: its head when
+ * the call used the lease's own pages (own), else pages[0 .. n) wherever they stand. */
+static int lease_drop_used(LeaseObject *l, int own, const uint32_t *pages, uint32_t n)
+{
+	if (!own)
+		return lease_drop_pages(l, pages, n);
+	memmove(l->pages, l->pages + n, (size_t)(l->n - n) * sizeof(uint32_t));
+	l->n -= n;
+	return 0;
+}
+
+/* The live kvpool.Lease of this Pool object that o is, or NULL with an exception set. */
+static LeaseObject *lease_arg(PoolObject *self, PyObject *o)
+{
+	LeaseObject *l;
+
+	if (!PyObject_TypeCheck(o, (PyTypeObject *)g_lease_type)) {
+		PyErr_SetString(PyExc_TypeError, "lease must be a kvpool.Lease");
+		return NULL;
+	}
+	l = (LeaseObject *)o;
+	if (l->pool != self) {
+		PyErr_SetString(PyExc_ValueError, "lease belongs to another Pool object");
+		return NULL;
+	}
+	if (l->ended) {
+		PyErr_SetString(PyExc_ValueError, "lease has ended");
+		return NULL;
+	}
+	return l;
+}
+
 static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "lease", "tokens", "cached_pages", "namespace", "pages", NULL };
@@ -1461,19 +1493,9 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO:insert", kwlist, &lease_o,
 					       &tokens_o, &cp_o, &ns_o, &pages_o))
 		return NULL;
-	if (!PyObject_TypeCheck(lease_o, (PyTypeObject *)g_lease_type)) {
-		PyErr_SetString(PyExc_TypeError, "lease must be a kvpool.Lease");
+	l = lease_arg(self, lease_o);
+	if (!l)
 		return NULL;
-	}
-	l = (LeaseObject *)lease_o;
-	if (l->pool != self) {
-		PyErr_SetString(PyExc_ValueError, "lease belongs to another Pool object");
-		return NULL;
-	}
-	if (l->ended) {
-		PyErr_SetString(PyExc_ValueError, "lease has ended");
-		return NULL;
-	}
 	if ((cp_o && u32_arg(cp_o, "cached_pages", &cached)) ||
 	    (ns_o && u64_arg(ns_o, "namespace", &ns)))
 		return NULL;
@@ -1508,13 +1530,8 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 		whole = whole > cached ? whole - cached : 0;
 		if (whole > npages)
 			whole = npages;
-		if (pages_o == Py_None) {
-			memmove(l->pages, l->pages + whole,
-				(size_t)(l->n - whole) * sizeof(uint32_t));
-			l->n -= whole;
-		} else if (lease_drop_pages(l, pv, whole)) {
+		if (lease_drop_used(l, pages_o == Py_None, pv, whole))
 			r = 1; /* out of memory, set */
-		}
 	}
 	u32list_done(&tokens);
 	u32list_done(&pages);
@@ -1523,6 +1540,47 @@ static PyObject *pool_insert(PoolObject *self, PyObject *args, PyObject *kw)
 	if (r < 0)
 		return raise_kvp(&err);
 	return PyLong_FromUnsignedLongLong(new_tokens);
+}
+
+/* The device and host page lists of a match of at most cap pages: 0, or -1 with both NULL and
+ * MemoryError set. */
+static int match_bufs(uint32_t cap, uint32_t **dev, uint32_t **host)
+{
+	*dev = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
+	*host = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
+	if (*dev && *host)
+		return 0;
+	PyMem_Free(*dev);
+	PyMem_Free(*host);
+	*dev = *host = NULL;
+	PyErr_NoMemory();
+	return -1;
+}
+
+/* A kvpool.Match of a cache match: it takes dev and host (freed here when it cannot be made,
+ * and the match's lock released). */
+static PyObject *match_new(PoolObject *self, struct kvp_pool *p, uint64_t tokens, uint64_t lock_id,
+			   uint32_t *dev, uint32_t *host, uint32_t n_device, uint32_t n_host)
+{
+	MatchObject *mo = (MatchObject *)alloc_obj(g_match_type);
+
+	if (!mo) {
+		if (lock_id && client_enter(self->client)) {
+			KVPY_WAIT(kvp_cache_release(p, lock_id, NULL));
+			client_leave(self->client);
+		}
+		PyMem_Free(dev);
+		PyMem_Free(host);
+		return NULL;
+	}
+	mo->pool = (PoolObject *)Py_NewRef((PyObject *)self);
+	mo->tokens = tokens;
+	mo->lock_id = lock_id;
+	mo->device_pages = dev;
+	mo->host_pages = host;
+	mo->n_device = n_device;
+	mo->n_host = n_host;
+	return (PyObject *)mo;
 }
 
 static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
@@ -1535,7 +1593,6 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	struct kvp_error err;
 	uint32_t *dev, *host, cap;
 	uint64_t ns = 0;
-	MatchObject *mo;
 	int lock = 1, r;
 
 	if (!p ||
@@ -1546,13 +1603,9 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	if (u32list_from(tokens_o, "tokens", &tokens))
 		return NULL;
 	cap = (uint32_t)((uint64_t)tokens.n / self->g.page_tokens) + 1;
-	dev = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	host = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	if (!dev || !host) {
+	if (match_bufs(cap, &dev, &host)) {
 		u32list_done(&tokens);
-		PyMem_Free(dev);
-		PyMem_Free(host);
-		return PyErr_NoMemory();
+		return NULL;
 	}
 	if (!client_enter(self->client)) {
 		r = -1;
@@ -1566,22 +1619,7 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	u32list_done(&tokens);
 	if (r < 0)
 		goto fail;
-	mo = (MatchObject *)alloc_obj(g_match_type);
-	if (!mo) {
-		if (m.lock_id && client_enter(self->client)) {
-			KVPY_WAIT(kvp_cache_release(p, m.lock_id, NULL));
-			client_leave(self->client);
-		}
-		goto fail;
-	}
-	mo->pool = (PoolObject *)Py_NewRef((PyObject *)self);
-	mo->tokens = m.matched_tokens;
-	mo->lock_id = m.lock_id;
-	mo->device_pages = dev;
-	mo->host_pages = host;
-	mo->n_device = m.n_device;
-	mo->n_host = m.n_host;
-	return (PyObject *)mo;
+	return match_new(self, p, m.matched_tokens, m.lock_id, dev, host, m.n_device, m.n_host);
 fail:
 	PyMem_Free(dev);
 	PyMem_Free(host);
@@ -2664,19 +2702,9 @@ static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw
 	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO:insert_keys", kwlist, &lease_o,
 					       &keys_o, &ck_o, &ns_o, &pages_o))
 		return NULL;
-	if (!PyObject_TypeCheck(lease_o, (PyTypeObject *)g_lease_type)) {
-		PyErr_SetString(PyExc_TypeError, "lease must be a kvpool.Lease");
+	l = lease_arg(self, lease_o);
+	if (!l)
 		return NULL;
-	}
-	l = (LeaseObject *)lease_o;
-	if (l->pool != self) {
-		PyErr_SetString(PyExc_ValueError, "lease belongs to another Pool object");
-		return NULL;
-	}
-	if (l->ended) {
-		PyErr_SetString(PyExc_ValueError, "lease has ended");
-		return NULL;
-	}
 	if ((ck_o && u32_arg(ck_o, "cached_keys", &cached)) ||
 	    (ns_o && u64_arg(ns_o, "namespace", &ns)))
 		return NULL;
@@ -2713,12 +2741,8 @@ static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw
 	used = res.done_keys > cached ? res.done_keys - cached : 0;
 	if (used > npages)
 		used = npages;
-	if (pages_o == Py_None) {
-		memmove(l->pages, l->pages + used, (size_t)(l->n - used) * sizeof(uint32_t));
-		l->n -= used;
-	} else if (lease_drop_pages(l, pv, used) < 0) {
+	if (lease_drop_used(l, pages_o == Py_None, pv, used))
 		goto fail;
-	}
 	keylist_done(&keys);
 	u32list_done(&pages);
 	return Py_BuildValue("{sIsIsIsI}", "new_pages", res.new_pages, "dup_pages", res.dup_pages,
@@ -2739,7 +2763,6 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 	struct keylist keys;
 	uint32_t *dev, *host, cap;
 	uint64_t ns = 0;
-	MatchObject *mo;
 	int lock = 1, r = -1;
 
 	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|Op:match_keys", kwlist, &keys_o, &ns_o,
@@ -2750,11 +2773,7 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 	if (keylist_from(keys_o, &keys))
 		return NULL;
 	cap = keys.n ? keys.n : 1;
-	dev = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	host = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	if (!dev || !host) {
-		PyErr_NoMemory();
-	} else if (client_enter(self->client)) {
+	if (match_bufs(cap, &dev, &host) == 0 && client_enter(self->client)) {
 		KVPY_WAIT(r = kvp_cache_match_keys(p, ns, keys.v, keys.n, lock, &m, dev, host, cap,
 						   &err));
 		client_leave(self->client);
@@ -2764,22 +2783,8 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 	keylist_done(&keys);
 	if (r < 0)
 		goto fail;
-	mo = (MatchObject *)alloc_obj(g_match_type);
-	if (!mo) {
-		if (m.lock_id && client_enter(self->client)) {
-			KVPY_WAIT(kvp_cache_release(p, m.lock_id, NULL));
-			client_leave(self->client);
-		}
-		goto fail;
-	}
-	mo->pool = (PoolObject *)Py_NewRef((PyObject *)self);
-	mo->tokens = (uint64_t)m.matched_keys * self->g.page_tokens;
-	mo->lock_id = m.lock_id;
-	mo->device_pages = dev;
-	mo->host_pages = host;
-	mo->n_device = m.n_device;
-	mo->n_host = m.n_host;
-	return (PyObject *)mo;
+	return match_new(self, p, (uint64_t)m.matched_keys * self->g.page_tokens, m.lock_id, dev,
+			 host, m.n_device, m.n_host);
 fail:
 	PyMem_Free(dev);
 	PyMem_Free(host);
