@@ -119,9 +119,9 @@ static const struct {
 	{ KVP_E_BUFFER, "BufferTooSmall", "A reply did not fit the buffer given for it." },
 };
 
-static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
+/* Sets o.name to x and drops the reference to x; -1 (with the exception set) when x is NULL. */
+static int set_attr_steal(PyObject *o, const char *name, PyObject *x)
 {
-	PyObject *x = PyLong_FromUnsignedLongLong(v);
 	int r;
 
 	if (!x)
@@ -129,6 +129,11 @@ static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
 	r = PyObject_SetAttrString(o, name, x);
 	Py_DECREF(x);
 	return r;
+}
+
+static int set_attr_u64(PyObject *o, const char *name, uint64_t v)
+{
+	return set_attr_steal(o, name, PyLong_FromUnsignedLongLong(v));
 }
 
 /* A string from the daemon or libkvpool as str: bytes that are not UTF-8 become U+FFFD, so a
@@ -141,14 +146,7 @@ static PyObject *str_from(const char *s)
 
 static int set_attr_str(PyObject *o, const char *name, const char *s)
 {
-	PyObject *x = str_from(s);
-	int r;
-
-	if (!x)
-		return -1;
-	r = PyObject_SetAttrString(o, name, x);
-	Py_DECREF(x);
-	return r;
+	return set_attr_steal(o, name, str_from(s));
 }
 
 static PyObject *geometry_to_py(const struct kvp_geometry *g)
@@ -285,7 +283,10 @@ static PyObject *int_arg(PyObject *o, const char *what)
 	return PyNumber_Index(o);
 }
 
-static int u32_arg(PyObject *arg, const char *what, uint32_t *out)
+/* arg as an unsigned int of at most max: a TypeError when it is no int, a ValueError (out of
+ * range, the message naming what) when it is negative or above max. */
+static int uint_arg(PyObject *arg, const char *what, unsigned long long max,
+		    unsigned long long *out)
 {
 	PyObject *o = int_arg(arg, what);
 	unsigned long long v;
@@ -293,34 +294,39 @@ static int u32_arg(PyObject *arg, const char *what, uint32_t *out)
 	if (!o)
 		return -1;
 	v = PyLong_AsUnsignedLongLong(o);
-	if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
+	if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > max) {
 		PyErr_Clear();
-		PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what, UINT32_MAX, o);
+		if (max == UINT32_MAX)
+			PyErr_Format(PyExc_ValueError, "%s must be in 0..%u, not %R", what,
+				     UINT32_MAX, o);
+		else
+			PyErr_Format(PyExc_ValueError,
+				     "%s must be a non-negative 64-bit int, not %R", what, o);
 		Py_DECREF(o);
 		return -1;
 	}
 	Py_DECREF(o);
+	*out = v;
+	return 0;
+}
+
+static int u32_arg(PyObject *arg, const char *what, uint32_t *out)
+{
+	unsigned long long v;
+
+	if (uint_arg(arg, what, UINT32_MAX, &v))
+		return -1;
 	*out = (uint32_t)v;
 	return 0;
 }
 
 static int u64_arg(PyObject *arg, const char *what, uint64_t *out)
 {
-	PyObject *o = int_arg(arg, what);
 	unsigned long long v;
 
-	if (!o)
+	if (uint_arg(arg, what, UINT64_MAX, &v))
 		return -1;
-	v = PyLong_AsUnsignedLongLong(o);
-	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-		PyErr_Clear();
-		PyErr_Format(PyExc_ValueError, "%s must be a non-negative 64-bit int, not %R", what,
-			     o);
-		Py_DECREF(o);
-		return -1;
-	}
-	Py_DECREF(o);
-	*out = v;
+	*out = (uint64_t)v;
 	return 0;
 }
 
@@ -691,30 +697,6 @@ static PyObject *client_ping(ClientObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
-static int dict_set_u64(PyObject *d, const char *k, uint64_t v)
-{
-	PyObject *x = PyLong_FromUnsignedLongLong(v);
-	int r;
-
-	if (!x)
-		return -1;
-	r = PyDict_SetItemString(d, k, x);
-	Py_DECREF(x);
-	return r;
-}
-
-static int dict_set_str(PyObject *d, const char *k, const char *v)
-{
-	PyObject *x = str_from(v);
-	int r;
-
-	if (!x)
-		return -1;
-	r = PyDict_SetItemString(d, k, x);
-	Py_DECREF(x);
-	return r;
-}
-
 static int dict_steal(PyObject *d, const char *k, PyObject *v)
 {
 	int r;
@@ -724,6 +706,16 @@ static int dict_steal(PyObject *d, const char *k, PyObject *v)
 	r = PyDict_SetItemString(d, k, v);
 	Py_DECREF(v);
 	return r;
+}
+
+static int dict_set_u64(PyObject *d, const char *k, uint64_t v)
+{
+	return dict_steal(d, k, PyLong_FromUnsignedLongLong(v));
+}
+
+static int dict_set_str(PyObject *d, const char *k, const char *v)
+{
+	return dict_steal(d, k, str_from(v));
 }
 
 static PyObject *tier_status_to_py(const struct kvp_tier_status *t)
