@@ -267,16 +267,19 @@ class KvpoolStorage(HiCacheStorage):
         self.link.stats["exists_hits"] += r or 0
         return r or 0
 
+    def _batch_args(self, call, keys, host_indices):
+        """The kvpool keys of keys and their host pool pages, for a batch call of n > 0 keys."""
+        if self.mem_pool_host is None:
+            raise RuntimeError(f"kvpool.sglang: {call} before register_mem_pool_host")
+        return [self._key(k) for k in keys], self._pidx(host_indices, len(keys))
+
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
         """Stores the pages at host_indices (page_size token slots per key) under keys."""
         n = len(keys)
         if n == 0:
             return []
-        if self.mem_pool_host is None:
-            raise RuntimeError("kvpool.sglang: batch_set_v1 before register_mem_pool_host")
-        kk = [self._key(k) for k in keys]
-        pidx = self._pidx(host_indices, n)
+        kk, pidx = self._batch_args("batch_set_v1", keys, host_indices)
         anchor = None
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
         if prefix:
@@ -332,10 +335,7 @@ class KvpoolStorage(HiCacheStorage):
         n = len(keys)
         if n == 0:
             return []
-        if self.mem_pool_host is None:
-            raise RuntimeError("kvpool.sglang: batch_get_v1 before register_mem_pool_host")
-        kk = [self._key(k) for k in keys]
-        pidx = self._pidx(host_indices, n)
+        kk, pidx = self._batch_args("batch_get_v1", keys, host_indices)
 
         def go(pool, state):
             got = 0
