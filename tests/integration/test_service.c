@@ -140,61 +140,25 @@ static int svc_init(struct svc *s)
 
 static int svc_wait_ready(struct svc *s)
 {
-	uint64_t end = h_now_ms() + 10000;
-
-	while (h_now_ms() < end) {
-		int fd = h_raw_connect(s->sock), st;
-
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-			s->pid = 0;
-			return -1;
-		}
-		usleep(10000);
-	}
-	return -1;
+	return h_wait_accepting(s->sock, &s->pid, 10000);
 }
 
 static bool svc_log_contains(const struct svc *s, const char *needle)
 {
-	struct daemon d;
-
-	memset(&d, 0, sizeof(d));
-	snprintf(d.log, sizeof(d.log), "%s", s->log);
-	return h_log_contains(&d, needle);
+	return h_file_contains(s->log, needle);
 }
 
 static bool svc_wait_log(const struct svc *s, const char *needle, int ms)
 {
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-
-	do {
-		if (svc_log_contains(s, needle))
-			return true;
-		usleep(20000);
-	} while (h_now_ms() < end);
-	return false;
+	return h_wait_file_contains(s->log, needle, ms);
 }
 
 static void svc_cleanup(struct svc *s)
 {
-	char cmd[300];
-
 	if (s->pid > 0)
 		stop_pid(s->pid);
 	s->pid = 0;
-	if (getenv("KVP_KEEP_LOGS")) {
-		fprintf(stderr, "kept %s\n", s->dir);
-		return;
-	}
-	if (strncmp(s->dir, "/tmp/kvpool-test-", 17) == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s->dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "cleanup of %s failed\n", s->dir);
-	}
+	h_dir_remove(s->dir);
 }
 
 /* ---- sd_notify ---- */
