@@ -35,23 +35,6 @@
 	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"                \
 	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
 
-static const char *kvpoolctl(void)
-{
-	const char *p = getenv("KVPOOLCTL");
-
-	return p ? p : "../client/kvpoolctl";
-}
-
-static int write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-
-	if (!f)
-		return -1;
-	fputs(text, f);
-	return fclose(f);
-}
-
 /* A daemon of our own spawning: extra environment, fds passed at 3.., a memlock limit without
  * CAP_IPC_LOCK. */
 struct svc {
@@ -93,7 +76,7 @@ static int svc_spawn(struct svc *s, const char *config, const struct spawn_opts 
 	argv[n++] = "--log-level";
 	argv[n++] = "debug";
 	if (config) {
-		if (write_file(s->config, config) < 0)
+		if (h_write_file(s->config, config) < 0)
 			return -1;
 		argv[n++] = "--config";
 		argv[n++] = s->config;
@@ -209,7 +192,7 @@ static long metric(const struct svc *s, const char *name)
 	long v = -1;
 	FILE *f;
 
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics 2>/dev/null", kvpoolctl(), s->sock);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics 2>/dev/null", h_kvpoolctl(), s->sock);
 	f = popen(cmd, "r");
 	if (!f)
 		return -1;
@@ -279,7 +262,7 @@ static void test_reload_slow_pools_built_off_the_loop(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
 	CU_ASSERT_EQUAL(n_pools(c), 1);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
 	/* The worker sleeps 2.5 s before creating pool b: meanwhile every call is answered at
@@ -338,7 +321,7 @@ static void test_reload_in_progress_at_stop(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload: delayed", 3000));
 	CU_ASSERT_EQUAL(svc_stop(&s), 0);
@@ -353,7 +336,7 @@ static FILE *reload_cmd(const struct svc *s, bool json)
 {
 	char cmd[512];
 
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s'%s reload 2>&1", kvpoolctl(), s->sock,
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s'%s reload 2>&1", h_kvpoolctl(), s->sock,
 		 json ? " --json" : "");
 	return popen(cmd, "r");
 }
@@ -387,7 +370,7 @@ static void test_reload_call_answered_when_applied(void)
 	c = kvp_client_connect(s.sock, "pinger", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	t0 = h_now_ms();
 	f = reload_cmd(&s, true);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -421,7 +404,7 @@ static void test_reload_call_answered_when_applied(void)
 		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), 0);
 	}
 	/* A file refused whole is the call's failure, with its reason. */
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_B), 0);
 	{
 		struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 
@@ -448,7 +431,7 @@ static void test_reload_call_during_reload_waits_for_next(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	f1 = reload_cmd(&s, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f1);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
@@ -481,7 +464,7 @@ static void test_reload_caller_gone_before_answer(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	c = kvp_client_connect(s.sock, "impatient", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 200);
@@ -513,7 +496,7 @@ static void test_reload_call_at_stop_answered(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	f = reload_cmd(&s, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
@@ -897,8 +880,8 @@ static void test_reload_budget_counts_only_new_pools(void)
 	c = kvp_client_connect(s.sock, "budget", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL(write_file(s.config,
-				   POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")),
+	CU_ASSERT_EQUAL(h_write_file(s.config,
+				     POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")),
 			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload: done (2 pools)", 5000));
@@ -906,8 +889,9 @@ static void test_reload_budget_counts_only_new_pools(void)
 	CU_ASSERT_EQUAL(n_pools(c), 2);
 	/* A new pool that does not fit is still refused: 9 MiB exceed the limit itself (under
 	 * AddressSanitizer, which makes mlock a no-op, nothing is locked and 8 MiB are left). */
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")
-						     POOL_LOCKED("huge", "576t")),
+	CU_ASSERT_EQUAL(h_write_file(s.config,
+				     POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")
+					     POOL_LOCKED("huge", "576t")),
 			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "new pools do not fit", 5000));

@@ -158,6 +158,23 @@ int h_daemon_stop(struct daemon *d)
 	return r;
 }
 
+const char *h_kvpoolctl(void)
+{
+	const char *p = getenv("KVPOOLCTL");
+
+	return p ? p : "../client/kvpoolctl";
+}
+
+int h_write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f)
+		return -1;
+	fputs(text, f);
+	return fclose(f);
+}
+
 bool h_log_contains(const struct daemon *d, const char *s)
 {
 	return h_file_contains(d->log, s);

@@ -21,6 +21,10 @@ struct daemon {
 
 /* Path of the kvpoold binary: $KVPOOLD, else ../daemon/kvpoold relative to the build dir. */
 const char *h_kvpoold(void);
+/* Path of the kvpoolctl binary: $KVPOOLCTL, else ../client/kvpoolctl. */
+const char *h_kvpoolctl(void);
+/* Writes text to the file at path (created or truncated). 0, or -1 / EOF on failure. */
+int h_write_file(const char *path, const char *text);
 /* Writes config text (NULL: none) and starts kvpoold with extra args (NULL-terminated).
  * Waits until it accepts connections (10 s). Returns 0 or -1 (d->log says why). */
 int h_daemon_start(struct daemon *d, const char *config, const char *const *args);
