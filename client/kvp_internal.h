@@ -41,6 +41,17 @@ static inline void kvp__struct_out(void *out, const void *full, size_t size)
 	*(size_t *)out = n;
 }
 
+/* Copies a match reply's page lists to the caller's arrays (an empty repeated field arrives as
+ * NULL, so nothing is copied from it). */
+static inline void kvp__pages_out(uint32_t *device_pages, const uint32_t *dev, size_t n_dev,
+				  uint32_t *host_pages, const uint32_t *host, size_t n_host)
+{
+	if (n_dev)
+		memcpy(device_pages, dev, sizeof(uint32_t) * n_dev);
+	if (n_host)
+		memcpy(host_pages, host, sizeof(uint32_t) * n_host);
+}
+
 /* Reads the caller's struct (struct_size set) into full (this version's `size` bytes):
  * min(struct_size, size) bytes, the rest zeroed. */
 static inline void kvp__struct_in(void *full, const void *in, size_t size)

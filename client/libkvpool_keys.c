@@ -112,10 +112,8 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 	o.n_host = (uint32_t)mr->n_host_pages;
 	o.lock_id = mr->lock_id;
 	kvp__struct_out(m, &o, sizeof(o));
-	if (mr->n_device_pages)
-		memcpy(device_pages, mr->device_pages, sizeof(uint32_t) * mr->n_device_pages);
-	if (mr->n_host_pages)
-		memcpy(host_pages, mr->host_pages, sizeof(uint32_t) * mr->n_host_pages);
+	kvp__pages_out(device_pages, mr->device_pages, mr->n_device_pages, host_pages,
+		       mr->host_pages, mr->n_host_pages);
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }

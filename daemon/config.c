@@ -308,45 +308,60 @@ static int resolve_name(struct parse *s, const char *key, const char *tok, bool 
 	}
 }
 
+/* Takes the next entry of a list separated by spaces or commas from *v into tok (cap bytes):
+ * 1, 0 at the end of the list, or -1 (the key failed) when the entry does not fit. */
+static int next_entry(struct parse *s, const char *key, const char **v, char *tok, size_t cap)
+{
+	size_t len = 0;
+
+	while (**v && (len = strcspn(*v, " \t,")) == 0)
+		(*v)++;
+	if (!**v)
+		return 0;
+	if (len >= cap) {
+		key_fail(s, key, "entry longer than %zu characters", cap - 1);
+		return -1;
+	}
+	memcpy(tok, *v, len);
+	tok[len] = '\0';
+	*v += len;
+	return 1;
+}
+
+/* One id entry: a number, or a user (group) name to look up. 0, or <0 (the key failed). */
+static int parse_id(struct parse *s, const char *key, const char *tok, bool group, uint32_t *id)
+{
+	uint64_t num;
+
+	if (!isdigit((unsigned char)tok[0]))
+		return resolve_name(s, key, tok, group, id);
+	if (parse_u64(tok, NULL, &num) < 0 || num >= UINT32_MAX) {
+		key_fail(s, key, "'%s' is not a valid %s id", tok, group ? "group" : "user");
+		return -EINVAL;
+	}
+	*id = (uint32_t)num;
+	return 0;
+}
+
 /* Ids or names, separated by spaces or commas. */
 static void parse_ids(struct parse *s, const char *key, const char *v, bool group, uint32_t *ids,
 		      uint32_t *n)
 {
 	uint32_t count = 0;
+	char tok[256];
+	int rc;
 
-	while (*v) {
-		char tok[256];
-		size_t len = strcspn(v, " \t,");
-		uint64_t num;
-
-		if (len == 0) {
-			v++;
-			continue;
-		}
-		if (len >= sizeof(tok)) {
-			key_fail(s, key, "entry longer than %zu characters", sizeof(tok) - 1);
-			return;
-		}
-		memcpy(tok, v, len);
-		tok[len] = '\0';
-		v += len;
+	while ((rc = next_entry(s, key, &v, tok, sizeof(tok))) > 0) {
 		if (count == KVP_MAX_IDS) {
 			key_fail(s, key, "more than %d entries", KVP_MAX_IDS);
 			return;
 		}
-		if (isdigit((unsigned char)tok[0])) {
-			if (parse_u64(tok, NULL, &num) < 0 || num >= UINT32_MAX) {
-				key_fail(s, key, "'%s' is not a valid %s id", tok,
-					 group ? "group" : "user");
-				return;
-			}
-			ids[count++] = (uint32_t)num;
-		} else {
-			if (resolve_name(s, key, tok, group, &ids[count]) < 0)
-				return;
-			count++;
-		}
+		if (parse_id(s, key, tok, group, &ids[count]) < 0)
+			return;
+		count++;
 	}
+	if (rc < 0)
+		return;
 	*n = count;
 }
 
@@ -779,7 +794,9 @@ static void set_namespace(struct parse *s, const char *key, const char *v)
 {
 	struct kvp_pool_conf *p = s->pool;
 	struct kvp_ns_owner *o;
+	char tok[256];
 	uint64_t ns;
+	int rc = 0;
 
 	if (parse_u64(key + strlen("namespace."), NULL, &ns) < 0) {
 		key_fail(s, key, "expected namespace.N with N a namespace number");
@@ -798,24 +815,11 @@ static void set_namespace(struct parse *s, const char *key, const char *v)
 	o = &p->ns_owners[p->n_ns_owners];
 	memset(o, 0, sizeof(*o));
 	o->ns = ns;
-	while (*v && !s->err_set) {
-		char tok[256];
-		size_t len = strcspn(v, " \t,");
+	while (!s->err_set && (rc = next_entry(s, key, &v, tok, sizeof(tok))) > 0) {
 		bool group;
 		const char *name;
 		uint32_t *ids, *n;
 
-		if (len == 0) {
-			v++;
-			continue;
-		}
-		if (len >= sizeof(tok)) {
-			key_fail(s, key, "entry longer than %zu characters", sizeof(tok) - 1);
-			return;
-		}
-		memcpy(tok, v, len);
-		tok[len] = '\0';
-		v += len;
 		if (strncmp(tok, "user:", 5) == 0) {
 			group = false;
 			name = tok + 5;
@@ -833,22 +837,11 @@ static void set_namespace(struct parse *s, const char *key, const char *v)
 				 group ? "group" : "user");
 			return;
 		}
-		if (isdigit((unsigned char)name[0])) {
-			uint64_t num;
-
-			if (parse_u64(name, NULL, &num) < 0 || num >= UINT32_MAX) {
-				key_fail(s, key, "'%s' is not a valid %s id", name,
-					 group ? "group" : "user");
-				return;
-			}
-			ids[(*n)++] = (uint32_t)num;
-		} else {
-			if (resolve_name(s, key, name, group, &ids[*n]) < 0)
-				return;
-			(*n)++;
-		}
+		if (parse_id(s, key, name, group, &ids[*n]) < 0)
+			return;
+		(*n)++;
 	}
-	if (s->err_set)
+	if (rc < 0 || s->err_set)
 		return;
 	if (!o->n_uids && !o->n_gids) {
 		key_fail(s, key, "no owner: give user:NAME or group:NAME entries");

@@ -26,6 +26,7 @@
 #include <sys/random.h>
 
 #include "fault.h"
+#include "mix.h"
 
 #define NONE UINT32_MAX
 #define NCLASS 4u
@@ -103,16 +104,6 @@ struct kvp_keys {
 
 /* ---- helpers ---- */
 
-static inline uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
-
 /* Seeded: keys come from clients, who must not be able to build long chains. */
 static uint32_t key_hash(const struct kvp_keys *kc, uint64_t ns, const uint8_t *k, size_t len)
 {
@@ -132,7 +123,7 @@ static uint32_t key_hash(const struct kvp_keys *kc, uint64_t ns, const uint8_t *
 		memcpy(&v, k + i, len - i);
 		h = (h ^ (v * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
 	}
-	return (uint32_t)mix64(h);
+	return (uint32_t)kvp_mix64(h);
 }
 
 static inline uint32_t class_of(size_t len)
@@ -166,7 +157,7 @@ static void *md_realloc(struct kvp_keys *kc, void *p, size_t old, size_t sz, uin
 
 static inline uint32_t ns_slot0(const struct kvp_keys *kc, uint64_t ns)
 {
-	return (uint32_t)mix64(ns ^ kc->seed) & (kc->nsmap_cap - 1);
+	return (uint32_t)kvp_mix64(ns ^ kc->seed) & (kc->nsmap_cap - 1);
 }
 
 /* Record index of ns, or NONE. */

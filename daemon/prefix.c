@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "fault.h"
+#include "mix.h"
 
 #define PT_MAX (1u << 16)
 #define NO_IDX UINT32_MAX
@@ -104,16 +105,6 @@ static inline uint32_t min_u32(uint32_t a, uint32_t b)
 	return a < b ? a : b;
 }
 
-static inline uint64_t mix64(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
-
 /* Seeded per tree: token ids come from clients, who must not be able to build long chains. */
 static uint32_t page_hash(const struct kvp_prefix *pfx, const uint32_t *t)
 {
@@ -129,12 +120,12 @@ static uint32_t page_hash(const struct kvp_prefix *pfx, const uint32_t *t)
 	}
 	if (i < pt)
 		h = (h ^ (t[i] * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
-	return (uint32_t)mix64(h);
+	return (uint32_t)kvp_mix64(h);
 }
 
 static inline uint32_t ns_hash(const struct kvp_prefix *pfx, uint64_t ns)
 {
-	return (uint32_t)mix64(ns ^ pfx->seed);
+	return (uint32_t)kvp_mix64(ns ^ pfx->seed);
 }
 
 static inline uint32_t *node_tokens(const struct kvp_prefix_node *n)
@@ -238,7 +229,7 @@ static inline uint32_t bucket_of(const struct kvp_prefix *pfx, const struct kvp_
 {
 	uint64_t k = (uint64_t)(uintptr_t)parent ^ ((uint64_t)hash * 0x9e3779b97f4a7c15ULL);
 
-	return (uint32_t)mix64(k) & (pfx->nbuckets - 1);
+	return (uint32_t)kvp_mix64(k) & (pfx->nbuckets - 1);
 }
 
 static void hash_add(struct kvp_prefix *pfx, struct kvp_prefix_node *n)

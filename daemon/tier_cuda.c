@@ -222,22 +222,27 @@ const struct kvp_tier_ops kvp_tier_cuda_ops = {
 static const char no_cuda[] = "this kvpoold was built without CUDA (use device = sim, or "
 			      "rebuild with the CUDA toolkit)";
 
+/* Creating and adopting a device tier both end here. */
+static int cuda_refuse(struct kvp_tier_mem *t, const struct kvp_tier_spec *s,
+		       struct kvp_tier_fail *tf)
+{
+	kvp_tier_mem_init(t);
+	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
+			    s->cuda_device, no_cuda);
+}
+
 static int cuda_create(struct kvp_tier_mem *t, const struct kvp_tier_spec *s, char *note,
 		       size_t notelen, struct kvp_tier_fail *tf)
 {
 	(void)note, (void)notelen;
-	kvp_tier_mem_init(t);
-	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
-			    s->cuda_device, no_cuda);
+	return cuda_refuse(t, s, tf);
 }
 
 static int cuda_adopt(struct kvp_tier_mem *t, int fd, const struct kvp_tier_spec *s,
 		      struct kvp_tier_fail *tf)
 {
 	(void)fd;
-	kvp_tier_mem_init(t);
-	return kvp_tier_err(tf, KVP_TIER_E_UNAVAILABLE, "cuda:%d device tier refused: %s",
-			    s->cuda_device, no_cuda);
+	return cuda_refuse(t, s, tf);
 }
 
 /* Nothing can have been created. */

@@ -335,6 +335,23 @@ static int granularity(int device, const CUmemAllocationProp *prop, uint64_t *re
 	return 0;
 }
 
+/* The start of an allocation or import: enters device's context (the previous one in *prev),
+ * fills prop and reads its granularities. 0, or a negative errno (with reason, the context left
+ * again). */
+static int mem_begin(int device, CUcontext *prev, CUmemAllocationProp *prop, uint64_t *g_rec,
+		     uint64_t *g_min, char *reason, size_t len)
+{
+	int ret = ctx_enter(device, prev, reason, len);
+
+	if (ret)
+		return ret;
+	prop_init(device, prop);
+	ret = granularity(device, prop, g_rec, g_min, reason, len);
+	if (ret)
+		ctx_leave(*prev);
+	return ret;
+}
+
 /* Reserve an address range, map h over all of it and grant `device` read-write access. */
 static int map_rw(int device, CUmemGenericAllocationHandle h, uint64_t bytes, uint64_t align,
 		  uint64_t *dptr, char *reason, size_t len)
@@ -390,13 +407,9 @@ int kvp_cuda_mem_create(int device, uint64_t bytes, struct kvp_cuda_mem *out, ch
 		    !out ? "no output" : "0 bytes");
 		return -EINVAL;
 	}
-	ret = ctx_enter(device, &prev, reason, len);
+	ret = mem_begin(device, &prev, &prop, &g_rec, &g_min, reason, len);
 	if (ret)
 		return ret;
-	prop_init(device, &prop);
-	ret = granularity(device, &prop, &g_rec, &g_min, reason, len);
-	if (ret)
-		goto out;
 	if (bytes > UINT64_MAX - (g_rec - 1) || bytes > SIZE_MAX - (g_rec - 1)) {
 		say(reason, len, "device %d: %llu bytes is too large", device,
 		    (unsigned long long)bytes);
@@ -463,13 +476,9 @@ int kvp_cuda_mem_import(int device, int fd, uint64_t bytes, struct kvp_cuda_mem 
 			     : "size");
 		return -EINVAL;
 	}
-	ret = ctx_enter(device, &prev, reason, len);
+	ret = mem_begin(device, &prev, &prop, &g_rec, &g_min, reason, len);
 	if (ret)
 		return ret;
-	prop_init(device, &prop);
-	ret = granularity(device, &prop, &g_rec, &g_min, reason, len);
-	if (ret)
-		goto out;
 	if (bytes % g_min) {
 		say(reason, len, "device %d: %llu bytes is not a multiple of the granularity %llu",
 		    device, (unsigned long long)bytes, (unsigned long long)g_min);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "eng.h"
 #include "harness.h"
 #include "kvpool.h"
 
@@ -32,23 +33,9 @@ static int clean_suite(void)
 	return h_daemon_finish(&g_d);
 }
 
-struct eng {
-	struct kvp_client *c;
-	struct kvp_pool *p;
-};
-
-static int eng_open(struct eng *e, const char *name)
+static int eng_open(struct h_eng *e, const char *name)
 {
-	struct kvp_error err;
-
-	e->c = kvp_client_connect(g_d.sock, name, &err);
-	e->p = e->c ? kvp_pool_attach(e->c, "c", NULL, &err) : NULL;
-	return e->p ? 0 : -1;
-}
-
-static uint8_t byte_of(uint32_t tok_pos, uint32_t seq, uint32_t layer, uint32_t kv, uint32_t i)
-{
-	return (uint8_t)(seq * 131 + tok_pos * 31 + layer * 7 + kv * 3 + i);
+	return h_eng_open(e, g_d.sock, name, "c");
 }
 
 /* Writes (or checks) positions [from, to) of sequence seq into pages (page i = positions
@@ -69,9 +56,9 @@ static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t ba
 					return 1000;
 				for (uint32_t i = 0; i < ROW; i++) {
 					if (!check)
-						a[i] = byte_of(pos, seq, l, kv, i);
+						a[i] = h_byte_of(pos, seq, l, kv, i);
 					else
-						bad += a[i] != byte_of(pos, seq, l, kv, i);
+						bad += a[i] != h_byte_of(pos, seq, l, kv, i);
 				}
 			}
 	return bad;
@@ -84,7 +71,7 @@ static void tokens_of(uint32_t seq, uint32_t *t, uint32_t n)
 }
 
 /* Leases, writes and inserts a sequence of npages pages. Returns new tokens or -1. */
-static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages, uint64_t ns)
+static int64_t publish(struct h_eng *e, uint32_t seq, uint32_t npages, uint64_t ns)
 {
 	struct kvp_error err;
 	uint32_t tok[256], pages[64];
@@ -125,7 +112,7 @@ static void flush_all(void)
 
 static int reader(void *arg)
 {
-	struct eng b;
+	struct h_eng b;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
@@ -151,7 +138,7 @@ static int reader(void *arg)
 
 static void test_insert_in_a_match_in_b_reads_a_bytes(void)
 {
-	struct eng a;
+	struct h_eng a;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine-a"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 7, 10, 0), 40);
@@ -166,7 +153,7 @@ static void test_insert_in_a_match_in_b_reads_a_bytes(void)
 
 static void test_insert_after_match_extends_the_prefix(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16], pages[8];
@@ -193,7 +180,7 @@ static void test_insert_after_match_extends_the_prefix(void)
 
 static void test_eviction_frees_exactly_the_shortfall(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	uint32_t pages[DEV_PAGES];
 	uint64_t lease;
@@ -221,7 +208,7 @@ static void test_eviction_frees_exactly_the_shortfall(void)
 
 static void test_demotion_then_promotion_keeps_bytes(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16], loaded[16];
@@ -254,7 +241,7 @@ static int g_pipe[2];
 
 static int locker(void)
 {
-	struct eng b;
+	struct h_eng b;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
@@ -273,7 +260,7 @@ static int locker(void)
 
 static void test_killed_client_locks_are_released(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	uint32_t pages[DEV_PAGES];
 	uint64_t lease, end;
@@ -316,7 +303,7 @@ static void test_killed_client_locks_are_released(void)
 
 static void test_namespaces_never_share(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
@@ -336,7 +323,7 @@ static void test_namespaces_never_share(void)
 
 static void test_admin_calls_refused_for_others(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 
 	if (getuid() != 0)

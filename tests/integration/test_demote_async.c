@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eng.h"
 #include "harness.h"
 #include "kvpool.h"
 
@@ -40,23 +41,9 @@ static int clean_suite(void)
 	return h_daemon_finish(&g_d);
 }
 
-struct eng {
-	struct kvp_client *c;
-	struct kvp_pool *p;
-};
-
-static int eng_open(struct eng *e, const char *name)
+static int eng_open(struct h_eng *e, const char *name)
 {
-	struct kvp_error err;
-
-	e->c = kvp_client_connect(g_d.sock, name, &err);
-	e->p = e->c ? kvp_pool_attach(e->c, "c", NULL, &err) : NULL;
-	return e->p ? 0 : -1;
-}
-
-static uint8_t byte_of(uint32_t tok_pos, uint32_t seq, uint32_t layer, uint32_t kv, uint32_t i)
-{
-	return (uint8_t)(seq * 131 + tok_pos * 31 + layer * 7 + kv * 3 + i);
+	return h_eng_open(e, g_d.sock, name, "c");
 }
 
 /* Writes (or checks) positions [0, to) of sequence seq in pages of tier. Returns mismatches. */
@@ -75,9 +62,9 @@ static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t to
 					return 1000;
 				for (uint32_t i = 0; i < ROW; i++) {
 					if (!check)
-						a[i] = byte_of(pos, seq, l, kv, i);
+						a[i] = h_byte_of(pos, seq, l, kv, i);
 					else
-						bad += a[i] != byte_of(pos, seq, l, kv, i);
+						bad += a[i] != h_byte_of(pos, seq, l, kv, i);
 				}
 			}
 	return bad;
@@ -90,7 +77,7 @@ static void tokens_of(uint32_t seq, uint32_t *t, uint32_t n)
 }
 
 /* Leases, writes and inserts a sequence of npages device pages. Returns new tokens or -1. */
-static int64_t publish(struct eng *e, uint32_t seq, uint32_t npages)
+static int64_t publish(struct h_eng *e, uint32_t seq, uint32_t npages)
 {
 	struct kvp_error err;
 	uint32_t tok[256], pages[64];
@@ -134,7 +121,7 @@ static struct kvp_tier_status tier(int t)
  * the Alloc succeeded no sooner than the copy could land; 2 when it came too soon. */
 static int whole_tier(void)
 {
-	struct eng e;
+	struct h_eng e;
 	struct kvp_error err;
 	uint32_t pages[DEV_PAGES];
 	uint64_t lease, t0;
@@ -170,7 +157,7 @@ static void sleep_ms(long ms)
 
 static void test_alloc_waits_for_demotion_others_served(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint32_t tok[64], dev[16], host[16];
@@ -231,7 +218,7 @@ static void test_alloc_waits_for_demotion_others_served(void)
  * lease is made for it. */
 static void test_engine_gone_while_alloc_waits(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_tier_status d, h;
 	pid_t pid;
 	int st;
@@ -268,7 +255,7 @@ static void keys_of(uint32_t seq, struct kvp_page_key *k, uint32_t n)
 
 /* Leases, writes and inserts a keyed chain of npages device pages (page i holds positions
  * [i * PT, i * PT + PT) of sequence seq). Returns the pages taken, or -1. */
-static int publish_keys(struct eng *e, uint32_t seq, uint32_t npages)
+static int publish_keys(struct h_eng *e, uint32_t seq, uint32_t npages)
 {
 	struct kvp_insert_keys_result r = { .struct_size = sizeof(r) };
 	struct kvp_page_key k[16];
@@ -291,7 +278,7 @@ static int publish_keys(struct eng *e, uint32_t seq, uint32_t npages)
  * up with the destinations moving; then the chain is in the host tier with the same bytes. */
 static void test_keyed_alloc_waits_for_demotion_others_served(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
 	struct kvp_page_key k[12];

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eng.h"
 #include "harness.h"
 #include "kvpool.h"
 
@@ -31,18 +32,9 @@ static int clean_suite(void)
 	return h_daemon_finish(&g_d);
 }
 
-struct eng {
-	struct kvp_client *c;
-	struct kvp_pool *p;
-};
-
-static int eng_open(struct eng *e, const char *name)
+static int eng_open(struct h_eng *e, const char *name)
 {
-	struct kvp_error err;
-
-	e->c = kvp_client_connect(g_d.sock, name, &err);
-	e->p = e->c ? kvp_pool_attach(e->c, "c", NULL, &err) : NULL;
-	return e->p ? 0 : -1;
+	return h_eng_open(e, g_d.sock, name, "c");
 }
 
 /* Key i of chain seq: 32 bytes, as a chained page hash would be. */
@@ -91,7 +83,7 @@ static void flush_all(void)
 }
 
 /* A publishes chain seq of n keys in tier t with its bytes. Returns new pages or -1. */
-static int publish(struct eng *a, uint32_t seq, uint32_t n, int t)
+static int publish(struct h_eng *a, uint32_t seq, uint32_t n, int t)
 {
 	struct kvp_page_key k[64];
 	struct kvp_insert_keys_result r = { .struct_size = sizeof(r) };
@@ -127,7 +119,7 @@ static struct kvp_tier_status tier(int t)
 
 static int reader(void *arg)
 {
-	struct eng b;
+	struct h_eng b;
 	struct kvp_error err;
 	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
 	struct kvp_page_key k[8];
@@ -164,7 +156,7 @@ static int reader(void *arg)
 
 static void test_keys_insert_in_a_match_in_b_reads_a_bytes(void)
 {
-	struct eng a;
+	struct h_eng a;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine-a"), 0);
 	CU_ASSERT_EQUAL(publish(&a, 7, 6, KVP_TIER_DEVICE), 6);
@@ -181,7 +173,7 @@ static void test_keys_insert_in_a_match_in_b_reads_a_bytes(void)
 
 static void test_keys_host_chain_loads_to_device(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
 	struct kvp_page_key k[4];
@@ -204,7 +196,7 @@ static void test_keys_host_chain_loads_to_device(void)
 
 static void test_keys_bad_keys_are_typed_errors(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[2];
 	uint8_t big[65] = { 1 };
@@ -244,7 +236,7 @@ static void test_keys_bad_keys_are_typed_errors(void)
  * pages stay in its lease. */
 static void test_keys_insert_after_matched_keys_evicted(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[4];
 	struct kvp_insert_keys_result r = { .struct_size = 0 };
@@ -274,7 +266,7 @@ static void test_keys_insert_after_matched_keys_evicted(void)
 
 static void test_keys_a_million_keys_is_limit_exceeded(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key *k = malloc(1000000 * sizeof(*k));
 	static const uint8_t one = 7;
@@ -297,7 +289,7 @@ static void test_keys_a_million_keys_is_limit_exceeded(void)
 
 static void test_keys_namespace_kinds_do_not_mix(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[2];
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
@@ -338,7 +330,7 @@ static void test_keys_namespace_kinds_do_not_mix(void)
 
 static void test_keys_leasing_every_page_evicts_keyed_pages(void)
 {
-	struct eng a;
+	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key k[8];
 	uint32_t pages[DEV_PAGES];

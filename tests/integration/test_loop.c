@@ -35,23 +35,6 @@
 	"layers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"                \
 	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
 
-static const char *kvpoolctl(void)
-{
-	const char *p = getenv("KVPOOLCTL");
-
-	return p ? p : "../client/kvpoolctl";
-}
-
-static int write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-
-	if (!f)
-		return -1;
-	fputs(text, f);
-	return fclose(f);
-}
-
 /* A daemon of our own spawning: extra environment, fds passed at 3.., a memlock limit without
  * CAP_IPC_LOCK. */
 struct svc {
@@ -93,7 +76,7 @@ static int svc_spawn(struct svc *s, const char *config, const struct spawn_opts 
 	argv[n++] = "--log-level";
 	argv[n++] = "debug";
 	if (config) {
-		if (write_file(s->config, config) < 0)
+		if (h_write_file(s->config, config) < 0)
 			return -1;
 		argv[n++] = "--config";
 		argv[n++] = s->config;
@@ -154,43 +137,17 @@ static int svc_spawn(struct svc *s, const char *config, const struct spawn_opts 
 
 static int svc_wait_ready(struct svc *s)
 {
-	uint64_t end = h_now_ms() + 10000;
-
-	while (h_now_ms() < end) {
-		int fd = h_raw_connect(s->sock), st;
-
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-			s->pid = 0;
-			return -1;
-		}
-		usleep(10000);
-	}
-	return -1;
+	return h_wait_accepting(s->sock, &s->pid, 10000);
 }
 
 static bool svc_log_contains(const struct svc *s, const char *needle)
 {
-	struct daemon d;
-
-	memset(&d, 0, sizeof(d));
-	snprintf(d.log, sizeof(d.log), "%s", s->log);
-	return h_log_contains(&d, needle);
+	return h_file_contains(s->log, needle);
 }
 
 static bool svc_wait_log(const struct svc *s, const char *needle, int ms)
 {
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-
-	do {
-		if (svc_log_contains(s, needle))
-			return true;
-		usleep(20000);
-	} while (h_now_ms() < end);
-	return false;
+	return h_wait_file_contains(s->log, needle, ms);
 }
 
 /* How many lines of the log contain needle. */
@@ -223,19 +180,9 @@ static int svc_stop(struct svc *s)
 
 static void svc_cleanup(struct svc *s)
 {
-	char cmd[300];
-
 	if (s->pid > 0)
 		svc_stop(s);
-	if (getenv("KVP_KEEP_LOGS")) {
-		fprintf(stderr, "kept %s\n", s->dir);
-		return;
-	}
-	if (strncmp(s->dir, "/tmp/kvpool-test-", 17) == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s->dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "cleanup of %s failed\n", s->dir);
-	}
+	h_dir_remove(s->dir);
 }
 
 /* The value of a counter in `kvpoolctl metrics`, -1 when absent. */
@@ -245,7 +192,7 @@ static long metric(const struct svc *s, const char *name)
 	long v = -1;
 	FILE *f;
 
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics 2>/dev/null", kvpoolctl(), s->sock);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics 2>/dev/null", h_kvpoolctl(), s->sock);
 	f = popen(cmd, "r");
 	if (!f)
 		return -1;
@@ -315,7 +262,7 @@ static void test_reload_slow_pools_built_off_the_loop(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
 	CU_ASSERT_EQUAL(n_pools(c), 1);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
 	/* The worker sleeps 2.5 s before creating pool b: meanwhile every call is answered at
@@ -374,7 +321,7 @@ static void test_reload_in_progress_at_stop(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload: delayed", 3000));
 	CU_ASSERT_EQUAL(svc_stop(&s), 0);
@@ -389,7 +336,7 @@ static FILE *reload_cmd(const struct svc *s, bool json)
 {
 	char cmd[512];
 
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s'%s reload 2>&1", kvpoolctl(), s->sock,
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s'%s reload 2>&1", h_kvpoolctl(), s->sock,
 		 json ? " --json" : "");
 	return popen(cmd, "r");
 }
@@ -423,7 +370,7 @@ static void test_reload_call_answered_when_applied(void)
 	c = kvp_client_connect(s.sock, "pinger", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	t0 = h_now_ms();
 	f = reload_cmd(&s, true);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
@@ -457,7 +404,7 @@ static void test_reload_call_answered_when_applied(void)
 		CU_ASSERT_EQUAL(kvp_admin_reload(c, it, 4, &e), 0);
 	}
 	/* A file refused whole is the call's failure, with its reason. */
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_B), 0);
 	{
 		struct kvp_reload_item it[4] = { [0].struct_size = sizeof(it[0]) };
 
@@ -484,7 +431,7 @@ static void test_reload_call_during_reload_waits_for_next(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	f1 = reload_cmd(&s, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f1);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
@@ -517,7 +464,7 @@ static void test_reload_caller_gone_before_answer(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	c = kvp_client_connect(s.sock, "impatient", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 200);
@@ -549,7 +496,7 @@ static void test_reload_call_at_stop_answered(void)
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_wait_ready(&s), 0);
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_A POOL_B), 0);
+	CU_ASSERT_EQUAL(h_write_file(s.config, POOL_A POOL_B), 0);
 	f = reload_cmd(&s, false);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	CU_ASSERT_FATAL(svc_wait_log(&s, "reload: delayed", 3000));
@@ -933,8 +880,8 @@ static void test_reload_budget_counts_only_new_pools(void)
 	c = kvp_client_connect(s.sock, "budget", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL(write_file(s.config,
-				   POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")),
+	CU_ASSERT_EQUAL(h_write_file(s.config,
+				     POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")),
 			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "reload: done (2 pools)", 5000));
@@ -942,8 +889,9 @@ static void test_reload_budget_counts_only_new_pools(void)
 	CU_ASSERT_EQUAL(n_pools(c), 2);
 	/* A new pool that does not fit is still refused: 9 MiB exceed the limit itself (under
 	 * AddressSanitizer, which makes mlock a no-op, nothing is locked and 8 MiB are left). */
-	CU_ASSERT_EQUAL(write_file(s.config, POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")
-						     POOL_LOCKED("huge", "576t")),
+	CU_ASSERT_EQUAL(h_write_file(s.config,
+				     POOL_LOCKED("big", "320t") POOL_LOCKED("small", "64t")
+					     POOL_LOCKED("huge", "576t")),
 			0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGHUP), 0);
 	CU_ASSERT(svc_wait_log(&s, "new pools do not fit", 5000));

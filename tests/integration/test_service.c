@@ -27,29 +27,12 @@
 	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"               \
 	"session_quota = %u\n"
 
-static const char *kvpoolctl(void)
-{
-	const char *p = getenv("KVPOOLCTL");
-
-	return p ? p : "../client/kvpoolctl";
-}
-
-static int write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-
-	if (!f)
-		return -1;
-	fputs(text, f);
-	return fclose(f);
-}
-
 static void write_small_conf(const char *path, unsigned page_tokens, unsigned quota)
 {
 	char buf[512];
 
 	snprintf(buf, sizeof(buf), POOL_SMALL, page_tokens, quota);
-	CU_ASSERT_EQUAL(write_file(path, buf), 0);
+	CU_ASSERT_EQUAL(h_write_file(path, buf), 0);
 }
 
 static int stop_pid(pid_t pid)
@@ -83,7 +66,7 @@ static int svc_spawn(struct svc *s, const char *config, const char *const *env, 
 	argv[n++] = "--log-level";
 	argv[n++] = "debug";
 	if (config) {
-		if (write_file(s->config, config) < 0)
+		if (h_write_file(s->config, config) < 0)
 			return -1;
 		argv[n++] = "--config";
 		argv[n++] = s->config;
@@ -140,61 +123,25 @@ static int svc_init(struct svc *s)
 
 static int svc_wait_ready(struct svc *s)
 {
-	uint64_t end = h_now_ms() + 10000;
-
-	while (h_now_ms() < end) {
-		int fd = h_raw_connect(s->sock), st;
-
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-			s->pid = 0;
-			return -1;
-		}
-		usleep(10000);
-	}
-	return -1;
+	return h_wait_accepting(s->sock, &s->pid, 10000);
 }
 
 static bool svc_log_contains(const struct svc *s, const char *needle)
 {
-	struct daemon d;
-
-	memset(&d, 0, sizeof(d));
-	snprintf(d.log, sizeof(d.log), "%s", s->log);
-	return h_log_contains(&d, needle);
+	return h_file_contains(s->log, needle);
 }
 
 static bool svc_wait_log(const struct svc *s, const char *needle, int ms)
 {
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-
-	do {
-		if (svc_log_contains(s, needle))
-			return true;
-		usleep(20000);
-	} while (h_now_ms() < end);
-	return false;
+	return h_wait_file_contains(s->log, needle, ms);
 }
 
 static void svc_cleanup(struct svc *s)
 {
-	char cmd[300];
-
 	if (s->pid > 0)
 		stop_pid(s->pid);
 	s->pid = 0;
-	if (getenv("KVP_KEEP_LOGS")) {
-		fprintf(stderr, "kept %s\n", s->dir);
-		return;
-	}
-	if (strncmp(s->dir, "/tmp/kvpool-test-", 17) == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s->dir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "cleanup of %s failed\n", s->dir);
-	}
+	h_dir_remove(s->dir);
 }
 
 /* ---- sd_notify ---- */
@@ -405,7 +352,8 @@ static void test_reload_quota_sighup_and_kvpoolctl(void)
 	/* Back to 64 through `kvpoolctl reload`: this session is over it, so the next is refused.
 	 */
 	write_small_conf(s.config, 16, 64);
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s' reload >/dev/null 2>&1", kvpoolctl(), s.sock);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' reload >/dev/null 2>&1", h_kvpoolctl(),
+		 s.sock);
 	r = system(cmd);
 	CU_ASSERT(WIFEXITED(r) && WEXITSTATUS(r) == 0);
 	CU_ASSERT_EQUAL(retry_alloc(p, -KVP_E_QUOTA_EXCEEDED, 3000), -KVP_E_QUOTA_EXCEEDED);
@@ -575,7 +523,7 @@ static void test_metrics_prometheus_text_and_leased_gauge(void)
 	CU_ASSERT_EQUAL(kvp_client_status(c, &st, &e), 0);
 	CU_ASSERT_EQUAL(st.pools[0].tiers[KVP_TIER_DEVICE].leased_tokens, 48);
 
-	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics", kvpoolctl(), s.sock);
+	snprintf(cmd, sizeof(cmd), "%s --socket '%s' metrics", h_kvpoolctl(), s.sock);
 	f = popen(cmd, "r");
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	snprintf(want, sizeof(want), "kvpool_tier_leased_tokens{pool=\"small\",tier=\"device\"} ");
@@ -767,8 +715,8 @@ static void test_check_config_good_bad_and_too_big(void)
 			    "head_dim = 8\ndtype = fp32\npage_tokens = 8\n"
 			    "device = none\nhost_capacity = 800t\nmlock = off\n",
 		 16u, 0u);
-	CU_ASSERT_EQUAL_FATAL(write_file(path, conf), 0);
-	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", kvpoolctl(), path);
+	CU_ASSERT_EQUAL_FATAL(h_write_file(path, conf), 0);
+	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", h_kvpoolctl(), path);
 	rc = run_capture(cmd, out, sizeof(out));
 	CU_ASSERT_EQUAL(rc, 0);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "valid"));
@@ -776,8 +724,8 @@ static void test_check_config_good_bad_and_too_big(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "pool other: 64 B/token, 512 B/page"));
 
 	snprintf(path, sizeof(path), "%s/bad.conf", dir);
-	CU_ASSERT_EQUAL_FATAL(write_file(path, "[pool.small]\nlayers = 2\nkv_heads = many\n"), 0);
-	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", kvpoolctl(), path);
+	CU_ASSERT_EQUAL_FATAL(h_write_file(path, "[pool.small]\nlayers = 2\nkv_heads = many\n"), 0);
+	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", h_kvpoolctl(), path);
 	rc = run_capture(cmd, out, sizeof(out));
 	CU_ASSERT_EQUAL(rc, 2);
 	{
@@ -790,11 +738,12 @@ static void test_check_config_good_bad_and_too_big(void)
 
 	/* 64 TB of host pages (4 MiB pages): valid, but it fits no machine here. */
 	snprintf(path, sizeof(path), "%s/huge.conf", dir);
-	CU_ASSERT_EQUAL_FATAL(write_file(path, "[pool.big]\nlayers = 64\nkv_heads = 8\n"
-					       "head_dim = 128\ndtype = fp16\npage_tokens = 16\n"
-					       "device = none\nhost_capacity = 64T\nmlock = off\n"),
+	CU_ASSERT_EQUAL_FATAL(h_write_file(path,
+					   "[pool.big]\nlayers = 64\nkv_heads = 8\n"
+					   "head_dim = 128\ndtype = fp16\npage_tokens = 16\n"
+					   "device = none\nhost_capacity = 64T\nmlock = off\n"),
 			      0);
-	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", kvpoolctl(), path);
+	snprintf(cmd, sizeof(cmd), "%s check-config '%s' 2>&1", h_kvpoolctl(), path);
 	rc = run_capture(cmd, out, sizeof(out));
 	CU_ASSERT_EQUAL(rc, 1);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "pool big"));

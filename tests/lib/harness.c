@@ -89,20 +89,24 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 
 int h_daemon_start(struct daemon *d, const char *config, const char *const *args)
 {
-	uint64_t end;
-
 	if (spawn(d, config, args) < 0)
 		return -1;
-	end = h_now_ms() + 10000;
+	return h_wait_accepting(d->sock, &d->pid, 10000);
+}
+
+int h_wait_accepting(const char *sock, pid_t *pid, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+
 	while (h_now_ms() < end) {
-		int fd = h_raw_connect(d->sock), st;
+		int fd = h_raw_connect(sock), st;
 
 		if (fd >= 0) {
 			close(fd);
 			return 0;
 		}
-		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
-			d->pid = 0;
+		if (waitpid(*pid, &st, WNOHANG) == *pid) {
+			*pid = 0;
 			return -1;
 		}
 		usleep(10000);
@@ -154,10 +158,44 @@ int h_daemon_stop(struct daemon *d)
 	return r;
 }
 
+const char *h_kvpoolctl(void)
+{
+	const char *p = getenv("KVPOOLCTL");
+
+	return p ? p : "../client/kvpoolctl";
+}
+
+int h_write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f)
+		return -1;
+	fputs(text, f);
+	return fclose(f);
+}
+
 bool h_log_contains(const struct daemon *d, const char *s)
 {
+	return h_file_contains(d->log, s);
+}
+
+bool h_wait_file_contains(const char *path, const char *s, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+
+	do {
+		if (h_file_contains(path, s))
+			return true;
+		usleep(20000);
+	} while (h_now_ms() < end);
+	return false;
+}
+
+bool h_file_contains(const char *path, const char *s)
+{
 	char buf[1 << 16];
-	FILE *f = fopen(d->log, "r");
+	FILE *f = fopen(path, "r");
 	size_t n;
 	bool found = false;
 
@@ -176,18 +214,23 @@ bool h_log_contains(const struct daemon *d, const char *s)
 
 void h_daemon_cleanup(struct daemon *d)
 {
-	char cmd[300];
-
 	if (d->pid > 0)
 		h_daemon_stop(d);
+	h_dir_remove(d->dir);
+}
+
+void h_dir_remove(const char *dir)
+{
+	char cmd[300];
+
 	if (getenv("KVP_KEEP_LOGS")) {
-		fprintf(stderr, "kept %s\n", d->dir);
+		fprintf(stderr, "kept %s\n", dir);
 		return;
 	}
-	if (d->dir[0] && strncmp(d->dir, "/tmp/kvpool-test-", 17) == 0) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (dir[0] && strncmp(dir, "/tmp/kvpool-test-", 17) == 0) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 		if (system(cmd) != 0)
-			fprintf(stderr, "cleanup of %s failed\n", d->dir);
+			fprintf(stderr, "cleanup of %s failed\n", dir);
 	}
 }
 
@@ -250,41 +293,48 @@ static int read_exact(int fd, uint8_t *p, size_t n, uint64_t end)
 	return 0;
 }
 
-Kvpool__Response *h_raw_recv(int fd, int ms)
+/* Reads exactly one frame within ms (nothing of the next one is consumed): its payload
+ * (malloc'd, the caller frees it) and *len, or NULL on EOF, timeout or an oversized length. */
+static uint8_t *read_frame(int fd, int ms, uint32_t *len)
 {
 	uint64_t end = h_now_ms() + (uint64_t)ms;
-	Kvpool__Response *m = NULL;
 	uint8_t hdr[4], *payload;
-	uint32_t len;
 
-	/* Exactly one frame: nothing of the next one is consumed. */
 	if (read_exact(fd, hdr, 4, end) < 0)
 		return NULL;
-	len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
-	      (uint32_t)hdr[3] << 24;
-	if (len > KVP_FRAME_MAX || !(payload = malloc(len ? len : 1)))
+	*len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
+	       (uint32_t)hdr[3] << 24;
+	if (*len > KVP_FRAME_MAX || !(payload = malloc(*len ? *len : 1)))
 		return NULL;
-	if (read_exact(fd, payload, len, end) == 0)
-		m = kvp_frame_decode_response(payload, len);
+	if (read_exact(fd, payload, *len, end) < 0) {
+		free(payload);
+		return NULL;
+	}
+	return payload;
+}
+
+Kvpool__Response *h_raw_recv(int fd, int ms)
+{
+	Kvpool__Response *m;
+	uint32_t len;
+	uint8_t *payload = read_frame(fd, ms, &len);
+
+	if (!payload)
+		return NULL;
+	m = kvp_frame_decode_response(payload, len);
 	free(payload);
 	return m;
 }
 
 Kvpool__Request *h_fake_recv(int fd, int ms)
 {
-	uint64_t end = h_now_ms() + (uint64_t)ms;
-	Kvpool__Request *m = NULL;
-	uint8_t hdr[4], *payload;
+	Kvpool__Request *m;
 	uint32_t len;
+	uint8_t *payload = read_frame(fd, ms, &len);
 
-	if (read_exact(fd, hdr, 4, end) < 0)
+	if (!payload)
 		return NULL;
-	len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16 |
-	      (uint32_t)hdr[3] << 24;
-	if (len > KVP_FRAME_MAX || !(payload = malloc(len ? len : 1)))
-		return NULL;
-	if (read_exact(fd, payload, len, end) == 0)
-		m = kvp_frame_decode_request(payload, len);
+	m = kvp_frame_decode_request(payload, len);
 	free(payload);
 	return m;
 }

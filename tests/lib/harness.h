@@ -21,6 +21,10 @@ struct daemon {
 
 /* Path of the kvpoold binary: $KVPOOLD, else ../daemon/kvpoold relative to the build dir. */
 const char *h_kvpoold(void);
+/* Path of the kvpoolctl binary: $KVPOOLCTL, else ../client/kvpoolctl. */
+const char *h_kvpoolctl(void);
+/* Writes text to the file at path (created or truncated). 0, or -1 / EOF on failure. */
+int h_write_file(const char *path, const char *text);
 /* Writes config text (NULL: none) and starts kvpoold with extra args (NULL-terminated).
  * Waits until it accepts connections (10 s). Returns 0 or -1 (d->log says why). */
 int h_daemon_start(struct daemon *d, const char *config, const char *const *args);
@@ -31,8 +35,17 @@ int h_daemon_run_to_exit(struct daemon *d, const char *config, const char *const
 int h_daemon_stop(struct daemon *d);
 /* Whether the daemon's log contains s. */
 bool h_log_contains(const struct daemon *d, const char *s);
-/* Removes the temporary directory. */
+/* Stops the daemon when it still runs and removes the temporary directory. */
 void h_daemon_cleanup(struct daemon *d);
+/* Removes a /tmp/kvpool-test-* directory (kept, and named on stderr, with KVP_KEEP_LOGS). */
+void h_dir_remove(const char *dir);
+/* Waits up to ms until sock accepts connections: 0, or -1 on timeout or when the child *pid
+ * exited first (then *pid = 0). */
+int h_wait_accepting(const char *sock, pid_t *pid, int ms);
+/* Whether the file at path contains s. */
+bool h_file_contains(const char *path, const char *s);
+/* Polls up to ms until the file at path contains s. */
+bool h_wait_file_contains(const char *path, const char *s, int ms);
 /* A suite's cleanup: h_daemon_stop then h_daemon_cleanup; 0 when the daemon exited 0, else -1
  * (a CUnit cleanup failure). */
 int h_daemon_finish(struct daemon *d);
