@@ -570,9 +570,10 @@ static void test_sqe_exhaustion_retried(void)
 
 /* ---- peer pidfds ---- */
 
-/* A child that connects, hands its socket to a grandchild that lives on, and exits: its
- * session must end with it (the pidfd), not with the socket. Returns the grandchild. */
-static pid_t connect_then_exit(const char *sock)
+/* A child that connects (with Hello and a ping, or raw: a bare connect), hands its socket to a
+ * grandchild that lives on, and exits; it is reaped before this returns, so its pid is free.
+ * Its session must end with it (the pidfd), not with the socket. Returns the grandchild. */
+static pid_t connect_then_exit(const char *sock, bool raw)
 {
 	int pfd[2];
 	pid_t child, grand = -1;
@@ -581,12 +582,20 @@ static pid_t connect_then_exit(const char *sock)
 		return -1;
 	child = fork();
 	if (child == 0) {
-		struct kvp_error e;
-		struct kvp_client *c = kvp_client_connect(sock, "exits", &e);
 		pid_t g;
 
-		if (!c || kvp_client_ping(c, &e) < 0)
-			_exit(1);
+		if (raw) {
+			/* a bare connect completes in the listen backlog, even with kvpoold stopped
+			 */
+			if (h_raw_connect(sock) < 0)
+				_exit(1);
+		} else {
+			struct kvp_error e;
+			struct kvp_client *c = kvp_client_connect(sock, "exits", &e);
+
+			if (!c || kvp_client_ping(c, &e) < 0)
+				_exit(1);
+		}
 		g = fork();
 		if (g == 0) {
 			sleep(30); /* holds the socket open */
@@ -633,7 +642,7 @@ static void pidfd_exit_tracked(const char *faults, const char *expect_log)
 	c = kvp_client_connect(s.sock, "watcher", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	grand = connect_then_exit(s.sock);
+	grand = connect_then_exit(s.sock, false);
 	CU_ASSERT(grand > 0);
 	CU_ASSERT(wait_sessions(c, 1, 3000)); /* only the watcher's */
 	CU_ASSERT(svc_wait_log(&s, "client process exited", 2000));
@@ -661,8 +670,7 @@ static void peer_gone_before_accept(const char *faults, const char *expect_log)
 	struct svc s;
 	struct kvp_error e;
 	struct kvp_client *c;
-	int pfd[2];
-	pid_t child, grand = -1;
+	pid_t grand;
 
 	CU_ASSERT_EQUAL_FATAL(svc_init(&s), 0);
 	CU_ASSERT_EQUAL_FATAL(svc_spawn(&s, POOL_A, &o), 0);
@@ -670,29 +678,8 @@ static void peer_gone_before_accept(const char *faults, const char *expect_log)
 	c = kvp_client_connect(s.sock, "watcher", &e);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
 	kvp_client_set_timeout(c, 5000);
-	CU_ASSERT_EQUAL_FATAL(pipe(pfd), 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGSTOP), 0); /* nothing is accepted meanwhile */
-	child = fork();
-	if (child == 0) {
-		int fd = h_raw_connect(s.sock); /* completes in the listen backlog */
-		pid_t g;
-
-		if (fd < 0)
-			_exit(1);
-		g = fork();
-		if (g == 0) {
-			sleep(30); /* holds the socket open */
-			_exit(0);
-		}
-		if (write(pfd[1], &g, sizeof(g)) != sizeof(g))
-			_exit(1);
-		_exit(0);
-	}
-	close(pfd[1]);
-	if (read(pfd[0], &grand, sizeof(grand)) != sizeof(grand))
-		grand = -1;
-	close(pfd[0]);
-	waitpid(child, NULL, 0); /* reaped: the pid is free before kvpoold sees the peer */
+	grand = connect_then_exit(s.sock, true);
 	CU_ASSERT(grand > 0);
 	CU_ASSERT_EQUAL(kill(s.pid, SIGCONT), 0);
 	/* Well before the 5 s handshake deadline, which would end it anyway. */
