@@ -2,6 +2,8 @@
 #include "suite.h"
 
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include <CUnit/Basic.h>
 
@@ -25,4 +27,17 @@ int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
 		 CU_get_number_of_suites_failed() + !s;
 	CU_cleanup_registry();
 	return failed ? 1 : 0;
+}
+
+const char *h_src_path(int argc, char **argv, const char *rel)
+{
+	static char path[4096];
+	const char *srcdir = getenv("KVP_SRCDIR");
+
+	if (argc > 1)
+		return argv[1];
+	if (srcdir && *srcdir &&
+	    snprintf(path, sizeof(path), "%s/%s", srcdir, rel) < (int)sizeof(path))
+		return path;
+	return rel;
 }

@@ -18,5 +18,9 @@ struct h_test {
 int h_run_suite(const char *suite, CU_InitializeFunc init, CU_CleanupFunc clean,
 		const struct h_test *tests, size_t n);
 
+/* The path of a source-tree file a test reads: argv[1] when given (meson passes it), else
+ * $KVP_SRCDIR/rel, else rel (run from the source root). The result lives until exit. */
+const char *h_src_path(int argc, char **argv, const char *rel);
+
 #define H_RUN_SUITE(name, init, clean, tests)                                                      \
 	h_run_suite((name), (init), (clean), (tests), sizeof(tests) / sizeof((tests)[0]))

@@ -766,17 +766,7 @@ int main(int argc, char **argv)
 		H_TEST(test_kvp_pool_page_bytes_dtypes),
 		H_TEST(test_kvp_conf_load_string_pool_access),
 	};
-	static char example[4096];
-	const char *srcdir = getenv("KVP_SRCDIR");
-
-	if (argc > 1)
-		g_example_path = argv[1];
-	else if (srcdir && *srcdir) {
-		snprintf(example, sizeof(example), "%s/systemd/kvpoold.conf.example", srcdir);
-		g_example_path = example;
-	} else {
-		g_example_path = "systemd/kvpoold.conf.example";
-	}
+	g_example_path = h_src_path(argc, argv, "systemd/kvpoold.conf.example");
 
 	return H_RUN_SUITE("config", NULL, NULL, tests);
 }
