@@ -118,22 +118,36 @@ class Link:
         """fn(pool, state) under the lock; None when kvpoold cannot be reached or the call
         failed (counted under what and the error's name)."""
         with self.lock:
+            fresh = self.pool is None  # this call makes the connection
             pool = self.pool if self.pool is not None else self._attach()
             if pool is None:
                 self.stats[f"{what}_unavailable"] += 1
                 return None
-            try:
-                return fn(pool, self.state)
-            except _DOWN as e:
-                self.stats[f"{what}_{type(e).__name__}"] += 1
-                log.warning("kvpool: %s: %s; reconnecting", what, e)
-                self.drop()
-                self._down(time.monotonic())
-                return None
-            except kvpool.Error as e:
-                self.stats[f"{what}_{type(e).__name__}"] += 1
-                log.info("kvpool: %s: %s", what, e)
-                return None
+            for attempt in (0, 1):
+                try:
+                    return fn(pool, self.state)
+                except _DOWN as e:
+                    self.stats[f"{what}_{type(e).__name__}"] += 1
+                    self.drop()
+                    # A connection that served before and is gone now (kvpoold reclaimed an
+                    # idle session after keepalive_ms, or restarted): attach again at once and
+                    # retry this call once; a second loss, or a failed attach, backs off.
+                    if attempt == 0 and not fresh:
+                        log.info("kvpool: %s: %s; reconnecting now", what, e)
+                        self._next_try = 0.0
+                        pool = self._attach()
+                        if pool is not None:
+                            continue
+                        self.stats[f"{what}_unavailable"] += 1
+                        return None
+                    log.warning("kvpool: %s: %s; reconnecting", what, e)
+                    self._down(time.monotonic())
+                    return None
+                except kvpool.Error as e:
+                    self.stats[f"{what}_{type(e).__name__}"] += 1
+                    log.info("kvpool: %s: %s", what, e)
+                    return None
+            return None
 
     def close(self) -> None:
         with self.lock:
