@@ -6,8 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-int kvp_units_duration_ms(const char *s, uint64_t bare_unit_ms, uint64_t max_ms,
-			  uint64_t *out_ms)
+int kvp_units_duration_ms(const char *s, uint64_t bare_unit_ms, uint64_t max_ms, uint64_t *out_ms)
 {
 	static const struct {
 		const char *name;

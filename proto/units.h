@@ -10,8 +10,7 @@
  * Returns 0, -EINVAL when s is not a duration (empty, a sign, a fraction, an unknown unit), or
  * -ERANGE when it is more than max_ms (also when the digits overflow); *out_ms is untouched on
  * failure. */
-int kvp_units_duration_ms(const char *s, uint64_t bare_unit_ms, uint64_t max_ms,
-			  uint64_t *out_ms);
+int kvp_units_duration_ms(const char *s, uint64_t bare_unit_ms, uint64_t max_ms, uint64_t *out_ms);
 
 /* A byte count for people: "%.2f GB" (10^9) from 0.10 GB up, below that "%.1f MiB", "%.1f KiB"
  * or "%u B", so a small pool never reads "0.00 GB". Returns snprintf's count. */

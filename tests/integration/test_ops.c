@@ -16,15 +16,15 @@
 #include "kvpool.h"
 
 #define POOL_A                                                                                     \
-	"[pool.a]\nlayers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"     \
+	"[pool.a]\nlayers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\npage_tokens = 16\n"      \
 	"device = sim\ndevice_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
 #define POOL_B                                                                                     \
-	"[pool.b]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 16\n"      \
+	"[pool.b]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 16\n"       \
 	"device = sim\ndevice_capacity = 256t\nhost_capacity = 256t\nmlock = off\n"
 /* Passes the budget check (its host tier is small) but cannot be created: no CUDA device 1023
  * exists, with or without a GPU or a CUDA build. */
 #define POOL_C                                                                                     \
-	"[pool.c]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 16\n"      \
+	"[pool.c]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = 16\n"       \
 	"device = cuda:1023\ndevice_capacity = 256t\nhost_capacity = 256t\nmlock = off\n"
 
 /* Runs argv (argv[0] a path) as uid (uid 0: as is), stdout and stderr into out. Returns the exit
@@ -250,8 +250,8 @@ static void test_drain_deadline_units_and_overflow(void)
 	CU_ASSERT(h_log_contains(&d, "or in 30000 ms"));
 	CU_ASSERT_EQUAL(kvp_admin_drain_cancel(c, &e), 1);
 	{
-		const char *argv[] = { h_kvpoolctl(), "--socket", d.sock, "--json", "drain",
-				       "--deadline", "1500", NULL };
+		const char *argv[] = { h_kvpoolctl(), "--socket",   d.sock, "--json",
+				       "drain",	      "--deadline", "1500", NULL };
 
 		rc = run_as(0, out, sizeof(out), argv);
 	}
@@ -308,8 +308,8 @@ static void test_check_on_fifo_ends_on_sigterm(void)
 	rc = h_wait_pid(pid, 3000); /* -1: still running after 3 s (then killed) */
 	printf("\n    kvpoold --check on a FIFO, SIGTERM: %s (%d)\n",
 	       rc == 128 + SIGTERM ? "ended by SIGTERM"
-	       : rc < 0	     ? "still running 3 s later"
-			     : "exited",
+	       : rc < 0		   ? "still running 3 s later"
+				   : "exited",
 	       rc);
 	CU_ASSERT_EQUAL(rc, 128 + SIGTERM);
 	h_dir_remove(dir);
@@ -350,8 +350,7 @@ static void test_sigterm_during_prefault(void)
 						 "device = none\nhost_capacity = 3G\nmlock = off\n"
 						 "hugepages = off\n"),
 			      0);
-	pid = spawn_kvpoold(dir,
-			    (const char *const[]){ "--socket", sock, "--config", conf, NULL });
+	pid = spawn_kvpoold(dir, (const char *const[]){ "--socket", sock, "--config", conf, NULL });
 	CU_ASSERT_FATAL(pid > 0);
 	t0 = h_now_ms();
 	while (h_now_ms() - t0 < 10000 && (rss = rss_shmem_kib(pid)) < 32 * 1024)
@@ -405,19 +404,19 @@ static void test_check_config_statuses_and_small_sizes(void)
 	CU_ASSERT_EQUAL(run_as(0, out, sizeof(out), dargv), 0);
 
 	/* valid, but fits no machine: 1 (kvpoold --check: 3) */
-	CU_ASSERT_EQUAL_FATAL(
-		h_write_file(path, "[pool.big]\nlayers = 64\nkv_heads = 8\nhead_dim = 128\n"
-				   "dtype = fp16\npage_tokens = 16\ndevice = none\n"
-				   "host_capacity = 64T\nmlock = off\n"),
-		0);
+	CU_ASSERT_EQUAL_FATAL(h_write_file(path,
+					   "[pool.big]\nlayers = 64\nkv_heads = 8\nhead_dim = 128\n"
+					   "dtype = fp16\npage_tokens = 16\ndevice = none\n"
+					   "host_capacity = 64T\nmlock = off\n"),
+			      0);
 	CU_ASSERT_EQUAL(run_as(0, out, sizeof(out), argv), 1);
 	CU_ASSERT_EQUAL(run_as(0, out, sizeof(out), dargv), 3);
 	/* a NUMA node this machine lacks: does not fit, 1 */
-	CU_ASSERT_EQUAL_FATAL(
-		h_write_file(path, "[pool.n]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\n"
-				   "dtype = fp16\npage_tokens = 16\ndevice = none\n"
-				   "host_capacity = 1M\nmlock = off\nnuma_node = 1023\n"),
-		0);
+	CU_ASSERT_EQUAL_FATAL(h_write_file(path,
+					   "[pool.n]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\n"
+					   "dtype = fp16\npage_tokens = 16\ndevice = none\n"
+					   "host_capacity = 1M\nmlock = off\nnuma_node = 1023\n"),
+			      0);
 	CU_ASSERT_EQUAL(run_as(0, out, sizeof(out), argv), 1);
 	/* invalid: 2, both */
 	CU_ASSERT_EQUAL_FATAL(h_write_file(path, "[pool.x]\nlayers = many\n"), 0);

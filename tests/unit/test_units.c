@@ -68,8 +68,8 @@ static void test_kvp_units_duration_ms_overflow(void)
 
 static void test_kvp_units_duration_ms_not_a_duration(void)
 {
-	static const char *const bad[] = { "", " 5s", "-5", "+5", "5x", "5 sec", "1.5s",
-					   "s",	 "0x10", "5s ", "5S", "5ms5" };
+	static const char *const bad[] = { "",	   " 5s", "-5",	  "+5",	 "5x", "5 sec",
+					   "1.5s", "s",	  "0x10", "5s ", "5S", "5ms5" };
 	int r;
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
