@@ -72,8 +72,12 @@ static int drain_args(int argc, char **argv, uint64_t *ms, bool *cancel)
 			*cancel = true;
 			continue;
 		}
-		if (strcmp(argv[i], "--deadline") != 0 || i + 1 >= argc) {
+		if (strcmp(argv[i], "--deadline") != 0) {
 			fprintf(stderr, "kvpoolctl: drain: unexpected '%s'\n", argv[i]);
+			return -1;
+		}
+		if (i + 1 >= argc) {
+			fprintf(stderr, "kvpoolctl: drain: --deadline needs a duration (30s)\n");
 			return -1;
 		}
 		r = kvp_units_duration_ms(argv[++i], 1, UINT32_MAX, ms);

@@ -143,7 +143,8 @@ static void early_signal(int sig)
 
 static void early_signals(void)
 {
-	struct sigaction sa = { .sa_handler = early_signal };
+	/* SA_RESTART: a thread the signal only passes through is not interrupted. */
+	struct sigaction sa = { .sa_handler = early_signal, .sa_flags = SA_RESTART };
 	sigset_t hup;
 
 	g_main_thread = pthread_self();
