@@ -7,6 +7,7 @@
 #include "budget.h"
 #include "config.h"
 #include "json.h"
+#include "units.h"
 
 int kvp_check_config(const char *path, int json);
 
@@ -61,14 +62,18 @@ int kvp_check_config(const char *path, int json)
 			       (unsigned long)(p->device_pages * p->page_tokens), (unsigned long)hb,
 			       (unsigned long)(p->host_pages * p->page_tokens), p->numa_node);
 		} else {
+			char dsz[32], hsz[32];
+
+			kvp_units_bytes(db, dsz, sizeof(dsz));
+			kvp_units_bytes(hb, hsz, sizeof(hsz));
 			printf("pool %s: %lu B/token, %lu B/page (%u tokens)\n", p->name,
 			       (unsigned long)tb, (unsigned long)pb, p->page_tokens);
-			printf("  device %-4s %10.2f GB  %12lu tokens\n",
-			       kvp_device_kind_name(p->device), (double)db / 1e9,
+			printf("  device %-4s %13s  %12lu tokens\n",
+			       kvp_device_kind_name(p->device), dsz,
 			       (unsigned long)(p->device_pages * p->page_tokens));
-			printf("  host        %10.2f GB  %12lu tokens  NUMA node %s%d, hugepages %s, "
+			printf("  host        %13s  %12lu tokens  NUMA node %s%d, hugepages %s, "
 			       "mlock %s\n",
-			       (double)hb / 1e9, (unsigned long)(p->host_pages * p->page_tokens),
+			       hsz, (unsigned long)(p->host_pages * p->page_tokens),
 			       p->numa_node < 0 ? "auto->" : "",
 			       p->numa_node < 0 ? 0 : p->numa_node, kvp_tristate_name(p->hugepages),
 			       kvp_tristate_name(p->mlock));

@@ -1,6 +1,8 @@
 /* kvpoolctl.c - inspect and steer a running kvpoold. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +10,7 @@
 #include "json.h"
 #include "kvpool.h"
 #include "names.h"
+#include "units.h"
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_NO_DAEMON = 3 };
 
@@ -37,8 +40,10 @@ static void usage(FILE *f)
 		"  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
 		"  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
 		"  flush POOL             drop every unlocked cached prefix (admin)\n"
-		"  drain [--deadline MS]  stop new leases, exit when sessions end or at the deadline "
-		"(admin)\n"
+		"  drain [--deadline DURATION]  refuse new leases and non-admin connections, exit when\n"
+		"                         sessions end or at the deadline (30s, 500ms, 5m; a bare\n"
+		"                         number is ms; default 30s) (admin)\n"
+		"  drain --cancel         end a drain: serve as before (admin)\n"
 		"  reload                 re-read the configuration file and print what changed, once "
 		"applied (admin)\n"
 		"  metrics                Prometheus text exposition\n"
@@ -50,8 +55,48 @@ static void usage(FILE *f)
 		"                      as root, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock)\n"
 		"  -j, --json          one JSON object on stdout, stable field names\n"
 		"  -h, --help          this text\n\n"
-		"Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed);\n"
+		"Exit status: 0 success; 1 kvpoold refused the call (the typed error is printed) or\n"
+		"refused part of a reload (nothing was applied);\n"
 		"2 usage error or invalid config; 3 no kvpoold reachable or the connection failed.\n");
+}
+
+/* drain's flags: --deadline DURATION (units.h: "30s", "500ms", "2m"; a bare number is ms; at
+ * most what the wire's uint32 of ms holds) and --cancel. -1, with the reason printed, when
+ * they are wrong. */
+static int drain_args(int argc, char **argv, uint64_t *ms, bool *cancel)
+{
+	for (int i = 1; i < argc; i++) {
+		int r;
+
+		if (strcmp(argv[i], "--cancel") == 0) {
+			*cancel = true;
+			continue;
+		}
+		if (strcmp(argv[i], "--deadline") != 0) {
+			fprintf(stderr, "kvpoolctl: drain: unexpected '%s'\n", argv[i]);
+			return -1;
+		}
+		if (i + 1 >= argc) {
+			fprintf(stderr, "kvpoolctl: drain: --deadline needs a duration (30s)\n");
+			return -1;
+		}
+		r = kvp_units_duration_ms(argv[++i], 1, UINT32_MAX, ms);
+		if (r == -ERANGE) {
+			fprintf(stderr,
+				"kvpoolctl: drain: --deadline '%s' is longer than the %lu ms (about "
+				"49 days) kvpoold takes\n",
+				argv[i], (unsigned long)UINT32_MAX);
+			return -1;
+		}
+		if (r < 0) {
+			fprintf(stderr,
+				"kvpoolctl: drain: --deadline '%s' is not a duration (a number of ms, "
+				"or with a unit: 500ms, 30s, 5m, 1h)\n",
+				argv[i]);
+			return -1;
+		}
+	}
+	return 0;
 }
 
 static int report(const struct kvp_error *e)
@@ -368,12 +413,14 @@ static int cmd_reload(struct kvp_client *c)
 {
 	struct kvp_reload_item *v;
 	struct kvp_error e;
-	int n = list_all(c, reload_fn, NULL, sizeof(*v), (void **)&v, &e);
+	int refused = 0, n = list_all(c, reload_fn, NULL, sizeof(*v), (void **)&v, &e);
 
 	if (n < 0)
 		return report(&e);
+	for (int i = 0; i < n; i++)
+		refused += v[i].refused ? 1 : 0;
 	if (g_json) {
-		printf("{\"reload\":\"done\",\"changes\":[");
+		printf("{\"reload\":\"%s\",\"changes\":[", refused ? "refused" : "done");
 		for (int i = 0, k = 0; i < n; i++) {
 			if (v[i].refused)
 				continue;
@@ -388,13 +435,17 @@ static int cmd_reload(struct kvp_client *c)
 			json_str(v[i].text);
 		}
 		printf("]}\n");
+	} else if (refused) {
+		printf("reload refused, nothing applied:\n");
+		for (int i = 0; i < n; i++)
+			printf("  %s %s\n", v[i].refused ? "refused:" : "not applied:", v[i].text);
 	} else {
 		printf("reload done%s\n", n ? ":" : ": nothing changed");
 		for (int i = 0; i < n; i++)
-			printf("  %s %s\n", v[i].refused ? "refused:" : "changed:", v[i].text);
+			printf("  changed: %s\n", v[i].text);
 	}
 	free(v);
-	return EXIT_OK;
+	return refused ? EXIT_REFUSED : EXIT_OK;
 }
 
 static int cmd_metrics(struct kvp_client *c)
@@ -430,6 +481,33 @@ static int cmd_metrics(struct kvp_client *c)
 		free(buf);
 		return EXIT_OK;
 	}
+}
+
+/* drain [--deadline DURATION] | drain --cancel (main checked the flags before connecting). */
+static int cmd_drain(struct kvp_client *c, int argc, char **argv)
+{
+	struct kvp_error e;
+	uint64_t ms = 30000;
+	bool cancel = false;
+
+	if (drain_args(argc, argv, &ms, &cancel) < 0)
+		return EXIT_USAGE;
+	if (cancel) {
+		int was = kvp_admin_drain_cancel(c, &e);
+
+		if (was < 0)
+			return report(&e);
+		printf(g_json ? "{\"draining\":false,\"was_draining\":%s}\n" : "%s\n",
+		       g_json ? (was ? "true" : "false")
+			      : (was ? "drain cancelled: new leases and connections are taken again"
+				     : "kvpoold was not draining"));
+		return EXIT_OK;
+	}
+	if (kvp_admin_drain(c, (uint32_t)ms, &e) < 0)
+		return report(&e);
+	printf(g_json ? "{\"draining\":true,\"deadline_ms\":%lu}\n" : "draining, deadline %lu ms\n",
+	       (unsigned long)ms);
+	return EXIT_OK;
 }
 
 static int cmd_simple(struct kvp_client *c, int argc, char **argv)
@@ -471,18 +549,8 @@ static int cmd_simple(struct kvp_client *c, int argc, char **argv)
 		       (unsigned long)n);
 		return EXIT_OK;
 	}
-	if (strcmp(cmd, "drain") == 0) {
-		unsigned long ms = 30000;
-
-		if (argc >= 3 && strcmp(argv[1], "--deadline") == 0)
-			ms = strtoul(argv[2], NULL, 10);
-		if (kvp_admin_drain(c, (uint32_t)ms, &e) < 0)
-			return report(&e);
-		printf(g_json ? "{\"draining\":true,\"deadline_ms\":%lu}\n"
-			      : "draining, deadline %lu ms\n",
-		       ms);
-		return EXIT_OK;
-	}
+	if (strcmp(cmd, "drain") == 0)
+		return cmd_drain(c, argc, argv);
 	if (strcmp(cmd, "reload") == 0)
 		return cmd_reload(c);
 	if (strcmp(cmd, "metrics") == 0)
@@ -538,6 +606,13 @@ int main(int argc, char **argv)
 	if (strcmp(argv[0], "help") == 0) {
 		usage(stdout);
 		return EXIT_OK;
+	}
+	if (strcmp(argv[0], "drain") == 0) {
+		uint64_t ms;
+		bool cancel;
+
+		if (drain_args(argc, argv, &ms, &cancel) < 0)
+			return EXIT_USAGE;
 	}
 	c = kvp_client_connect(sock, "kvpoolctl", &e);
 	if (!c)

@@ -1502,6 +1502,20 @@ KVP_EXPORT int kvp_admin_drain(struct kvp_client *c, uint32_t deadline_ms, struc
 	return rpc_void(c, &req, RESULT(DRAIN), err);
 }
 
+KVP_EXPORT int kvp_admin_drain_cancel(struct kvp_client *c, struct kvp_error *err)
+{
+	CALL_SETUP(req, drain, DRAIN, Kvpool__DrainReq, KVPOOL__DRAIN_REQ__INIT);
+	Kvpool__Response *resp;
+	int r;
+
+	drain.cancel = true;
+	if ((r = kvp__rpc(c, &req, RESULT(DRAIN), &resp, NULL, NULL, err)) < 0)
+		return r;
+	r = resp->drain->was_draining ? 1 : 0;
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
 KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
 				struct kvp_error *err)
 {

@@ -3,6 +3,7 @@
  * Every reading of the machine goes through struct kvp_budget_env, so the arithmetic here is
  * tested with fake numbers; the system readers at the bottom are thin. */
 #include "budget.h"
+#include "units.h"
 
 #include <errno.h>
 #include <numa.h>
@@ -217,11 +218,17 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 				share_tiers(s, true));
 			break;
 		}
-		if (c->pools[i].mlock == KVP_TRY && s->lock && lock_all > r.lock && !out.warning[0])
+		if (c->pools[i].mlock == KVP_TRY && s->lock && lock_all > r.lock &&
+		    !out.warning[0]) {
+			char want[32], room[32];
+
+			kvp_units_bytes(lock_all, want, sizeof(want));
+			kvp_units_bytes(r.lock, room, sizeof(room));
 			snprintf(out.warning, sizeof(out.warning),
-				 "pool %s: mlock = try: %.2f GB would be locked but RLIMIT_MEMLOCK "
-				 "allows %.2f GB; the rest stays unlocked",
-				 name, (double)lock_all / 1e9, (double)r.lock / 1e9);
+				 "pool %s: mlock = try: %s would be locked but RLIMIT_MEMLOCK "
+				 "allows %s; the rest stays unlocked",
+				 name, want, room);
+		}
 	}
 	*v = out;
 	return out.limit == KVP_BUDGET_NONE ? 0 : -ENOMEM;
@@ -243,7 +250,7 @@ const char *kvp_budget_limit_name(enum kvp_budget_limit l)
 
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 {
-	char limit[64];
+	char limit[64], req[32], avail[32], meta[32], earlier[32];
 	char before[80] = "";
 	const char *what;
 
@@ -263,19 +270,20 @@ int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len)
 		snprintf(limit, sizeof(limit), "NUMA node %d free memory", v->numa_node);
 	else
 		snprintf(limit, sizeof(limit), "%s", kvp_budget_limit_name(v->limit));
-	if (v->earlier)
-		snprintf(before, sizeof(before), " (with %.2f GB for the pools before it)",
-			 (double)v->earlier / 1e9);
+	kvp_units_bytes(v->requested, req, sizeof(req));
+	kvp_units_bytes(v->available, avail, sizeof(avail));
+	kvp_units_bytes(v->metadata, meta, sizeof(meta));
+	if (v->earlier) {
+		kvp_units_bytes(v->earlier, earlier, sizeof(earlier));
+		snprintf(before, sizeof(before), " (with %s for the pools before it)", earlier);
+	}
 	if (v->metadata && v->requested <= v->available)
-		return snprintf(
-			buf, len,
-			"pool %s: %s %.2f GB%s and %.2f GB of kvpoold's bookkeeping for the "
-			"pools' pages, but only %.2f GB is available (%s)",
-			v->pool, what, (double)v->requested / 1e9, before,
-			(double)v->metadata / 1e9, (double)v->available / 1e9, limit);
-	return snprintf(buf, len, "pool %s: %s %.2f GB%s but only %.2f GB is available (%s)",
-			v->pool, what, (double)v->requested / 1e9, before,
-			(double)v->available / 1e9, limit);
+		return snprintf(buf, len,
+				"pool %s: %s %s%s and %s of kvpoold's bookkeeping for the "
+				"pools' pages, but only %s is available (%s)",
+				v->pool, what, req, before, meta, avail, limit);
+	return snprintf(buf, len, "pool %s: %s %s%s but only %s is available (%s)", v->pool, what,
+			req, before, avail, limit);
 }
 
 /* ---- the system readers ---- */

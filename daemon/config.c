@@ -8,6 +8,7 @@
  * Everything goes into a temporary that is copied out only when the whole file is valid. */
 #include "config.h"
 #include "names.h"
+#include "units.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -190,6 +191,32 @@ static int parse_u32(struct parse *s, const char *key, const char *v, uint32_t m
 	if (r == 0)
 		*out = (uint32_t)x;
 	return r;
+}
+
+/* A duration key (units.h): "30s", "250ms", "5m", "1h"; a bare number counts bare_ms
+ * milliseconds (the unit the key's name ends in). *out gets it in that unit, which must then be
+ * whole. */
+static int parse_duration(struct parse *s, const char *key, const char *v, uint64_t bare_ms,
+			  uint64_t min, uint64_t max, uint32_t *out)
+{
+	const char *unit = bare_ms == 1000 ? "s" : "ms";
+	uint64_t ms;
+	int r = kvp_units_duration_ms(v, bare_ms, max * bare_ms, &ms);
+
+	if (r == -EINVAL || (r == 0 && ms % bare_ms)) {
+		key_fail(s, key,
+			 "expected a duration: a whole number of %s, or one with a unit (ms, s, "
+			 "m, h), got '%s'",
+			 unit, v);
+		return -EINVAL;
+	}
+	if (r < 0 || ms / bare_ms < min) {
+		key_fail(s, key, "expected a duration in %" PRIu64 "..%" PRIu64 " %s, got '%s'",
+			 min, max, unit, v);
+		return -ERANGE;
+	}
+	*out = (uint32_t)(ms / bare_ms);
+	return 0;
 }
 
 /* Returns the index of v in names[0..n), or -1. */
@@ -394,7 +421,7 @@ static void set_admin_groups(struct parse *s, const char *key, const char *v)
 
 static void set_keepalive(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 100, 86400000, &s->conf.keepalive_ms);
+	parse_duration(s, key, v, 1, 100, 86400000, &s->conf.keepalive_ms);
 }
 
 static void set_log_level(struct parse *s, const char *key, const char *v)
@@ -558,17 +585,17 @@ static void set_seeds(struct parse *s, const char *key, const char *v)
 
 static void set_connect_timeout(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 1, 60000, &s->conf.remote.connect_timeout_ms);
+	parse_duration(s, key, v, 1, 1, 60000, &s->conf.remote.connect_timeout_ms);
 }
 
 static void set_command_timeout(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 1, 60000, &s->conf.remote.command_timeout_ms);
+	parse_duration(s, key, v, 1, 1, 60000, &s->conf.remote.command_timeout_ms);
 }
 
 static void set_match_timeout(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 1, 10000, &s->conf.remote.match_timeout_ms);
+	parse_duration(s, key, v, 1, 1, 10000, &s->conf.remote.match_timeout_ms);
 }
 
 static void set_match_pages(struct parse *s, const char *key, const char *v)
@@ -594,7 +621,7 @@ static void set_max_inflight(struct parse *s, const char *key, const char *v)
 
 static void set_ttl(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 0, INT32_MAX, &s->conf.remote.ttl_s);
+	parse_duration(s, key, v, 1000, 0, INT32_MAX, &s->conf.remote.ttl_s);
 }
 
 /* seeds is required; keep it first. */

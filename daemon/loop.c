@@ -763,7 +763,7 @@ static void on_accept(struct server *sv, int fd)
 		groups = groups_buf;
 		ngroups = 0;
 	}
-	if (sv->stopping || sv->d->draining) {
+	if (sv->stopping) { /* a drain refuses non-admins at Hello (kvp_rpc_hello) */
 		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "kvpoold is shutting down");
 		r = -1;
 	} else {
@@ -946,7 +946,7 @@ static void begin_stop(struct server *sv, const char *why)
 		return;
 	log_notice("stopping: %s", why);
 	kvp_notify("STOPPING=1");
-	sv->stopping = true;
+	sv->stopping = sv->d->stopping = true;
 	sv->stop_deadline_ms = kvp_now_ms() + KVP_STOP_FLUSH_MS;
 	cancel_accept(sv);
 	/* Answer every complete request already received, then close after the flush. */
@@ -1140,7 +1140,8 @@ static int setup(struct server *sv)
 					      (int)i);
 		io_uring_buf_ring_advance(sv->br, NBUFS);
 	}
-	/* main() blocked these before the socket was listening: one that arrived since waits. */
+	/* From here the loop owns them (main.c's handler ended start-up on SIGTERM/SIGINT and
+	 * blocked SIGHUP, which waits if it came). */
 	kvp_signals_block(&mask);
 	sv->sig_fd = signalfd(-1, &mask, SFD_CLOEXEC);
 	if (sv->sig_fd < 0)

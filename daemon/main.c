@@ -2,6 +2,8 @@
  * event loop. */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,10 +120,47 @@ static int parse_id(const char *s, uint32_t *out)
 	return 0;
 }
 
+/* SIGTERM and SIGINT before the loop owns them (it blocks them and reads a signalfd): reading
+ * a config that never arrives (a FIFO), a long prefault or --check end at once, by the signal,
+ * as an unhandled one would. A thread started meanwhile (a GPU driver's) keeps them unblocked;
+ * if one is delivered to it once the loop owns them, it goes on to the loop's thread. */
+static pthread_t g_main_thread;
+
+static void early_signal(int sig)
+{
+	static const char msg[] = "<5>kvpoold: stopped by a signal before serving\n";
+
+	if (!pthread_equal(pthread_self(), g_main_thread)) {
+		pthread_kill(g_main_thread, sig);
+		return;
+	}
+	if (write(2, msg, sizeof(msg) - 1) < 0) {
+		/* nothing more to do: the signal still ends the process */
+	}
+	signal(sig, SIG_DFL);
+	raise(sig); /* delivered as the handler returns, with the default action */
+}
+
+static void early_signals(void)
+{
+	/* SA_RESTART: a thread the signal only passes through is not interrupted. */
+	struct sigaction sa = { .sa_handler = early_signal, .sa_flags = SA_RESTART };
+	sigset_t hup;
+
+	g_main_thread = pthread_self();
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	/* A reload asked for during start-up waits for the loop. */
+	sigemptyset(&hup);
+	sigaddset(&hup, SIGHUP);
+	sigprocmask(SIG_BLOCK, &hup, NULL);
+}
+
 static int create_pools(struct kvp_daemon *d)
 {
 	for (uint32_t i = 0; i < d->conf.n_pools; i++) {
-		struct kvpd_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i);
+		struct kvpd_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i, NULL, 0);
 
 		if (!p)
 			return -1;
@@ -159,10 +198,9 @@ int main(int argc, char **argv)
 	const char *socket_flag = NULL, *level_flag = NULL;
 	char sock[108], err[512];
 	bool check_only = false;
-	sigset_t sigs;
 	int fd, o, r, code;
 
-	kvp_signals_block(&sigs);
+	early_signals();
 
 	while ((o = getopt_long(argc, argv, "s:c:l:Vh", opts, NULL)) != -1) {
 		uint32_t id;

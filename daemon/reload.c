@@ -12,6 +12,7 @@
 #include "defer.h"
 #include "log.h"
 #include "reply.h"
+#include "units.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)
 {
@@ -38,26 +39,30 @@ int kvp_daemon_check_budget(const struct kvp_conf *c)
 	return 0;
 }
 
-struct kvpd_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id)
+struct kvpd_pool *kvp_daemon_create_pool(const struct kvp_pool_conf *pc, uint32_t id, char *why,
+					 size_t whylen)
 {
 	struct kvp_fail f = { 0 };
 	struct kvpd_pool *p = kvp_pool_create(pc, id, &f);
+	char dev[32], host[32];
 
 	if (!p) {
 		log_err("pool %s: %s", pc->name, f.msg);
+		if (why)
+			snprintf(why, whylen, "%s", f.msg);
 		return NULL;
 	}
+	kvp_units_bytes(p->mem[KVP_TIER_ID_DEVICE].bytes, dev, sizeof(dev));
+	kvp_units_bytes(p->mem[KVP_TIER_ID_HOST].bytes, host, sizeof(host));
 	log_notice("pool %s: %u layers x %u kv heads x %u dim %s, %u tokens/page, "
-		   "%lu B/token; device %s %lu pages (%lu MiB, NUMA %d), host %lu pages "
-		   "(%lu MiB, NUMA %d%s%s)%s%s",
+		   "%lu B/token; device %s %lu pages (%s, NUMA %d), host %lu pages "
+		   "(%s, NUMA %d%s%s)%s%s",
 		   pc->name, pc->layers, pc->kv_heads, pc->head_dim, kvp_conf_dtype_name(pc->dtype),
 		   pc->page_tokens, (unsigned long)kvp_conf_token_bytes(pc),
 		   kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? kvp_device_kind_name(pc->device)
 							    : "none",
 		   (unsigned long)(kvp_pool_has_tier(p, KVP_TIER_ID_DEVICE) ? pc->device_pages : 0),
-		   (unsigned long)(p->mem[KVP_TIER_ID_DEVICE].bytes >> 20),
-		   p->mem[KVP_TIER_ID_DEVICE].numa_node, (unsigned long)pc->host_pages,
-		   (unsigned long)(p->mem[KVP_TIER_ID_HOST].bytes >> 20),
+		   dev, p->mem[KVP_TIER_ID_DEVICE].numa_node, (unsigned long)pc->host_pages, host,
 		   p->mem[KVP_TIER_ID_HOST].numa_node,
 		   p->mem[KVP_TIER_ID_HOST].locked ? ", locked" : "",
 		   p->mem[KVP_TIER_ID_HOST].huge ? ", huge pages" : "", p->note[0] ? ": " : "",
@@ -183,6 +188,7 @@ struct reload_job {
 	struct kvp_conf cur;  /* the running configuration when the reload began */
 	struct kvp_conf next; /* the file's */
 	bool refused;	      /* logged; nothing to apply */
+	bool not_created;     /* a new pool could not be created: refused, res lists why */
 	struct kvpd_pool *pools[KVP_MAX_POOLS]; /* created here for next.pools[cur.n_pools..] */
 	uint32_t n_new;				/* how many of them were created */
 	struct kvp_defer *waiters;		/* the Reload calls this reload answers */
@@ -302,17 +308,53 @@ static void reload_run(struct kvp_job *job)
 	if (j->next.n_pools > j->cur.n_pools)
 		test_delay();
 	for (uint32_t i = j->cur.n_pools; i < j->next.n_pools; i++) {
-		struct kvpd_pool *p = kvp_daemon_create_pool(&j->next.pools[i], i);
+		char why[256] = "";
+		struct kvpd_pool *p =
+			kvp_daemon_create_pool(&j->next.pools[i], i, why, sizeof(why));
 
 		if (!p) {
-			/* It and the pools after it keep their place free for a later reload. */
-			for (uint32_t k = i; k < j->next.n_pools; k++)
-				note(&j->res, 1, "pool %s: not created (kvpoold's log says why)",
-				     j->next.pools[k].name);
-			break;
+			/* All or nothing: the pools made so far go (reload_done destroys them), and
+			 * nothing of the file is applied. */
+			note(&j->res, 1, "pool %s: cannot be created: %s", j->next.pools[i].name,
+			     why);
+			for (uint32_t k = i + 1; k < j->next.n_pools; k++)
+				note(&j->res, 1, "pool %s: not tried", j->next.pools[k].name);
+			j->refused = j->not_created = true;
+			return;
 		}
 		j->pools[j->n_new++] = p;
 	}
+}
+
+/* The changes the file makes to the running configuration, as notes in res (logged when
+ * applied: dry false). */
+static void describe(const struct kvp_daemon *d, struct reload_job *j, bool dry)
+{
+	struct reload_result *res = &j->res;
+	const struct kvp_conf *n = &j->next;
+
+	for (uint32_t i = 0; i < d->n_pools; i++) {
+		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens) {
+			if (!dry)
+				log_notice("reload: pool %s session quota %lu -> %lu tokens",
+					   n->pools[i].name,
+					   (unsigned long)d->conf.pools[i].session_quota_tokens,
+					   (unsigned long)n->pools[i].session_quota_tokens);
+			note(res, 0, "pool %s: session quota %lu -> %lu tokens", n->pools[i].name,
+			     (unsigned long)d->conf.pools[i].session_quota_tokens,
+			     (unsigned long)n->pools[i].session_quota_tokens);
+		}
+	}
+	if (d->conf.log_level != n->log_level)
+		note(res, 0, "log level %d -> %d", d->conf.log_level, n->log_level);
+	if (d->conf.keepalive_ms != n->keepalive_ms)
+		note(res, 0, "keep-alive %lu -> %lu ms", (unsigned long)d->conf.keepalive_ms,
+		     (unsigned long)n->keepalive_ms);
+	if (dry)
+		for (uint32_t i = d->n_pools; i < n->n_pools; i++)
+			note(res, 0, "pool %s: would be created (%lu device pages, %lu host pages)",
+			     n->pools[i].name, (unsigned long)n->pools[i].device_pages,
+			     (unsigned long)n->pools[i].host_pages);
 }
 
 /* On the loop thread: the quotas, access lists, log level, keep-alive and limits of the file
@@ -324,23 +366,9 @@ static void apply(struct kvp_daemon *d, struct reload_job *j)
 	uint32_t old_pools = d->n_pools;
 	struct kvp_pool_conf keep[KVP_MAX_POOLS];
 
-	for (uint32_t i = 0; i < old_pools; i++) {
-		if (d->conf.pools[i].session_quota_tokens != n->pools[i].session_quota_tokens) {
-			log_notice("reload: pool %s session quota %lu -> %lu tokens",
-				   n->pools[i].name,
-				   (unsigned long)d->conf.pools[i].session_quota_tokens,
-				   (unsigned long)n->pools[i].session_quota_tokens);
-			note(res, 0, "pool %s: session quota %lu -> %lu tokens", n->pools[i].name,
-			     (unsigned long)d->conf.pools[i].session_quota_tokens,
-			     (unsigned long)n->pools[i].session_quota_tokens);
-		}
+	describe(d, j, false);
+	for (uint32_t i = 0; i < old_pools; i++)
 		kvp_pool_conf_copy_access(&d->pools[i]->conf, &n->pools[i]);
-	}
-	if (d->conf.log_level != n->log_level)
-		note(res, 0, "log level %d -> %d", d->conf.log_level, n->log_level);
-	if (d->conf.keepalive_ms != n->keepalive_ms)
-		note(res, 0, "keep-alive %lu -> %lu ms", (unsigned long)d->conf.keepalive_ms,
-		     (unsigned long)n->keepalive_ms);
 	memcpy(keep, d->conf.pools, sizeof(keep));
 	d->conf = *n;
 	memcpy(d->conf.pools, keep, sizeof(keep[0]) * old_pools);
@@ -371,6 +399,13 @@ static void reload_done(struct kvp_job *job, bool cancelled)
 	if (cancelled) {
 		log_notice("reload: dropped, kvpoold is stopping");
 		refuse(&j->res, KVP_ERR_SHUTTING_DOWN, "kvpoold is stopping");
+	} else if (j->not_created) {
+		/* What the file would change is listed with what was refused; the log says both. */
+		describe(d, j, true);
+		for (uint32_t i = 0; i < j->res.n[1]; i++)
+			log_err("reload refused, nothing applied: %s", j->res.line[1][i]);
+		for (uint32_t i = 0; i < j->res.n[0]; i++)
+			log_notice("reload: not applied: %s", j->res.line[0][i]);
 	} else if (!j->refused) {
 		/* Only a reload changes the pools, and one runs at a time: d is as it was copied.
 		 */

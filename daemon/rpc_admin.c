@@ -221,13 +221,27 @@ KVP_RPC_HANDLER(kvp_rpc_drain)
 
 	if ((rc = need_admin(s, "Drain", f)) < 0)
 		return rc;
+	if (d->stopping)
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN, "kvpoold is stopping");
 	m = KVP_REPLY_NEW(r, Kvpool__DrainResp, kvpool__drain_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);
+	if (q->drain->cancel) {
+		m->was_draining = d->draining;
+		m->sessions = d->n_sessions;
+		if (d->draining)
+			log_notice("drain cancelled by session %lu (uid %u): serving as before",
+				   (unsigned long)s->id, (unsigned)s->uid);
+		d->draining = false;
+		r->resp.result_case = KVPOOL__RESPONSE__RESULT_DRAIN;
+		r->resp.drain = m;
+		return 0;
+	}
 	d->draining = true;
 	d->drain_deadline_ms = kvp_now_ms() + q->drain->deadline_ms;
 	m->sessions = d->n_sessions;
-	log_notice("draining: no new leases; exiting when sessions end or in %u ms",
+	log_notice("draining: no new leases or non-admin connections; exiting when sessions end "
+		   "or in %u ms",
 		   q->drain->deadline_ms);
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_DRAIN;
 	r->resp.drain = m;

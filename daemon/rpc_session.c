@@ -89,6 +89,14 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	}
 	if (s->hello)
 		return kvp_fail(f, KVP_ERR_PROTOCOL, "Hello was already said");
+	/* A drain takes no new sessions but admins', who may watch it and cancel it. */
+	if (d->draining && !s->admin) {
+		r->close_after = true;
+		d->st.connections_refused++;
+		log_info("refused connection of pid %d uid %u: kvpoold is draining", (int)s->pid,
+			 (unsigned)s->uid);
+		return kvp_fail(f, KVP_ERR_SHUTTING_DOWN, "kvpoold is draining: no new sessions");
+	}
 	m = KVP_REPLY_NEW(r, Kvpool__HelloResp, kvpool__hello_resp__descriptor);
 	if (!m)
 		return kvp_rpc_oom(f);

@@ -25,14 +25,23 @@
 #define HUGE_2M (2ull << 20)
 #define SIZE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 
+/* Faults in 32 MiB at a time, so a signal that stops kvpoold (SIGTERM at start-up) is taken
+ * between pieces instead of after many gigabytes. */
+#define PREFAULT_STEP (32ull << 20)
+
 static void prefault(void *base, uint64_t bytes)
 {
 	long pg = sysconf(_SC_PAGESIZE);
 
-	if (madvise(base, bytes, MADV_POPULATE_WRITE) == 0)
+	for (uint64_t off = 0; off < bytes; off += PREFAULT_STEP) {
+		uint64_t n = bytes - off < PREFAULT_STEP ? bytes - off : PREFAULT_STEP;
+
+		if (madvise((char *)base + off, n, MADV_POPULATE_WRITE) == 0)
+			continue;
+		for (uint64_t o = off; o < bytes; o += (uint64_t)pg)
+			((volatile char *)base)[o] = 0;
 		return;
-	for (uint64_t off = 0; off < bytes; off += (uint64_t)pg)
-		((volatile char *)base)[off] = 0;
+	}
 }
 
 static int memfd_open(const char *name, uint64_t bytes, bool huge)

@@ -422,8 +422,13 @@ int kvp_admin_evict(struct kvp_client *c, const char *pool, int tier, uint64_t t
 /* Drops every unlocked cached prefix of pool `name`. */
 int kvp_admin_flush(struct kvp_client *c, const char *pool, uint64_t *evicted,
 		    struct kvp_error *err);
-/* Stops new leases; sessions may finish until deadline_ms, then the daemon exits 0. */
+/* Stops new leases and new sessions of non-admins (their Hello is KVP_E_SHUTTING_DOWN; admins
+ * may still connect); sessions may finish until deadline_ms, then the daemon exits 0. */
 int kvp_admin_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err);
+/* Ends a drain: new leases and connections are taken again. Returns 1 when a drain was
+ * cancelled, 0 when none was running, or a negative code (KVP_E_PERMISSION_DENIED;
+ * KVP_E_SHUTTING_DOWN once the drain has ended and kvpoold is stopping). */
+int kvp_admin_drain_cancel(struct kvp_client *c, struct kvp_error *err);
 
 struct kvp_reload_item {
 	size_t struct_size;

@@ -419,14 +419,13 @@ static void test_drain_refuses_leases_then_exits_0(void)
 	CU_ASSERT_EQUAL(r, -KVP_E_SHUTTING_DOWN);
 	CU_ASSERT_EQUAL(e.code, KVP_E_SHUTTING_DOWN);
 	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0); /* the session itself still works */
-	/* New connections are refused while draining. */
+	/* An admin (this process) may still connect to watch the drain; others are refused
+	 * (test_ops). */
 	{
 		struct kvp_error e2;
 		struct kvp_client *c2 = kvp_client_connect(s.sock, "late", &e2);
 
-		CU_ASSERT_PTR_NULL(c2);
-		/* The refusal is typed, even when the daemon closed before the Hello went out. */
-		CU_ASSERT_EQUAL(e2.code, KVP_E_SHUTTING_DOWN);
+		CU_ASSERT_PTR_NOT_NULL(c2);
 		kvp_client_close(c2);
 	}
 	CU_ASSERT_EQUAL(waitpid(s.pid, NULL, WNOHANG), 0); /* not before the session ends */

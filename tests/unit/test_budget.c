@@ -275,6 +275,25 @@ static void test_kvp_budget_check_cgroup_binds(void)
 	CU_ASSERT_EQUAL(v.limit, KVP_BUDGET_MEM_AVAILABLE);
 }
 
+/* Small figures read in MiB and KiB, never "0.00 GB". */
+static void test_kvp_budget_format_small_sizes(void)
+{
+	struct kvp_conf c;
+	struct kvp_budget_verdict v;
+
+	new_conf(&c);
+	add_pool(&c, "tiny", KVP_DEVICE_NONE, 0, 1, 0)->mlock = KVP_ON;
+	g_f.lock = 512 << 10;
+	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
+	expect_msg(&v, "pool tiny: host tier needs 1.0 MiB but only 512.0 KiB is available "
+		       "(RLIMIT_MEMLOCK)");
+	g_f.lock = 100;
+	CU_ASSERT_EQUAL(kvp_budget_check(&c, &g_env, &v), -ENOMEM);
+	expect_msg(&v, "pool tiny: host tier needs 1.0 MiB but only 100 B is available "
+		       "(RLIMIT_MEMLOCK)");
+	g_f.lock = UINT64_MAX;
+}
+
 static void test_kvp_budget_check_memlock_binds_on(void)
 {
 	struct kvp_conf c;
@@ -461,6 +480,7 @@ int main(void)
 		H_TEST(test_kvp_budget_check_hugepages_binds_on),
 		H_TEST(test_kvp_budget_format_known_case),
 		H_TEST(test_kvp_budget_check_read_error),
+		H_TEST(test_kvp_budget_format_small_sizes),
 		H_TEST(test_kvp_limit_name_all),
 		H_TEST(test_kvp_budget_env_system_reads),
 	};

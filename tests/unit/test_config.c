@@ -336,8 +336,15 @@ static void test_kvp_conf_load_string_out_of_range(void)
 		   "'99999999999999999999999'");
 	expect_err(
 		"[daemon]\nkeepalive_ms = 99\n",
-		"t.conf:2: key 'keepalive_ms' in [daemon]: expected an integer in 100..86400000, "
+		"t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration in 100..86400000 ms, "
 		"got '99'");
+	expect_err("[daemon]\nkeepalive_ms = 2d\n",
+		   "t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration: a whole number "
+		   "of ms, or one with a unit (ms, s, m, h), got '2d'");
+	expect_err(
+		"[daemon]\nkeepalive_ms = 25h\n",
+		"t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration in 100..86400000 ms, "
+		"got '25h'");
 	expect_err("[pool.q]\nnuma_node = 1024\n",
 		   "t.conf:2: key 'numa_node' in [pool.q]: expected auto or a node number in "
 		   "0..1023, got '1024'");

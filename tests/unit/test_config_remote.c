@@ -93,8 +93,8 @@ static void test_kvp_conf_load_string_remote_values(void)
 
 	expect_ok("[remote]\n"
 		  "seeds = 127.0.0.1:7000, redis-a.local:7001 ,10.0.0.3:65535\n"
-		  "connect_timeout_ms = 250\n"
-		  "command_timeout_ms = 60000\n"
+		  "connect_timeout_ms = 250ms\n"
+		  "command_timeout_ms = 1m\n"
 		  "match_timeout_ms = 5\n"
 		  "match_max_pages = 4096\n"
 		  "max_inflight_bytes = 1G\n"
@@ -134,14 +134,14 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 	expect_err(REMOTE "timeout_ms = 5\n" POOL_P,
 		   "t.conf:3: unknown key 'timeout_ms' in [remote]");
 	expect_err(REMOTE "connect_timeout_ms = 0\n" POOL_P,
-		   "t.conf:3: key 'connect_timeout_ms' in [remote]: expected an integer in "
-		   "1..60000, got '0'");
+		   "t.conf:3: key 'connect_timeout_ms' in [remote]: expected a duration in "
+		   "1..60000 ms, got '0'");
 	expect_err(REMOTE "command_timeout_ms = 60001\n" POOL_P,
-		   "t.conf:3: key 'command_timeout_ms' in [remote]: expected an integer in "
-		   "1..60000, got '60001'");
+		   "t.conf:3: key 'command_timeout_ms' in [remote]: expected a duration in "
+		   "1..60000 ms, got '60001'");
 	expect_err(REMOTE "match_timeout_ms = -1\n" POOL_P,
-		   "t.conf:3: key 'match_timeout_ms' in [remote]: expected a positive integer, "
-		   "got '-1'");
+		   "t.conf:3: key 'match_timeout_ms' in [remote]: expected a duration: a "
+		   "whole number of ms, or one with a unit (ms, s, m, h), got '-1'");
 	expect_err(REMOTE "match_max_pages = 4097\n" POOL_P,
 		   "t.conf:3: key 'match_max_pages' in [remote]: expected an integer in 1..4096, "
 		   "got '4097'");
@@ -154,8 +154,14 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 	expect_err(REMOTE "max_inflight_bytes = 65G\n" POOL_P,
 		   "t.conf:3: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
 		   "(256M), got '65G'");
+	expect_err(REMOTE "ttl_s = 1500ms\n" POOL_P,
+		   "t.conf:3: key 'ttl_s' in [remote]: expected a duration: a whole number of s, "
+		   "or one with a unit (ms, s, m, h), got '1500ms'");
+	expect_err(REMOTE "command_timeout_ms = 2m\n" POOL_P,
+		   "t.conf:3: key 'command_timeout_ms' in [remote]: expected a duration in "
+		   "1..60000 ms, got '2m'");
 	expect_err(REMOTE "ttl_s = 2147483648\n" POOL_P,
-		   "t.conf:3: key 'ttl_s' in [remote]: expected an integer in 0..2147483647, "
+		   "t.conf:3: key 'ttl_s' in [remote]: expected a duration in 0..2147483647 s, "
 		   "got '2147483648'");
 }
 
