@@ -23,7 +23,7 @@
 	"mlock = off\n" extra
 static const char *const g_conf =
 	"[daemon]\nkeepalive_ms = 600000\n" POOL("p", "pressure_watermark = 25%\n"
-						  "pressure_interval_ms = 0\n")
+						      "pressure_interval_ms = 0\n")
 		POOL("q", "pressure_watermark = 64t\npressure_interval_ms = 600\n") POOL("n", "");
 enum { PT = 4, PAGES = 64, WM = 16, GAP_MS = 600 };
 
@@ -63,7 +63,9 @@ static int listener(struct h_eng *e, const char *pool)
 static int next_notice(struct kvp_client *c, int ms, struct kvp_pressure *n)
 {
 	uint8_t buf[4096];
-	struct kvp_event ev = { .struct_size = sizeof(ev), .payload = buf, .payload_cap = sizeof(buf) };
+	struct kvp_event ev = { .struct_size = sizeof(ev),
+				.payload = buf,
+				.payload_cap = sizeof(buf) };
 	struct kvp_error err;
 	uint64_t end = h_now_ms() + (uint64_t)ms;
 	int fd = kvp_client_event_fd(c);
@@ -117,8 +119,8 @@ static uint64_t counter_of(const char *pool, const char *name)
 	st->struct_size = sizeof(*st);
 	CU_ASSERT_EQUAL(kvp_client_status(e.c, st, &err), 0);
 	for (uint32_t i = 0; i < st->n_pools; i++)
-		for (uint32_t k = 0; !strcmp(st->pools[i].name, pool) && k < st->pools[i].n_counters;
-		     k++)
+		for (uint32_t k = 0;
+		     !strcmp(st->pools[i].name, pool) && k < st->pools[i].n_counters; k++)
 			if (!strcmp(st->pools[i].counters[k].name, name))
 				v = st->pools[i].counters[k].value;
 	free(st);
@@ -417,8 +419,11 @@ static void test_sessions_that_did_not_ask_get_nothing(void)
 static void test_decode_refuses_other_events(void)
 {
 	uint8_t junk[3] = { 1, 2, 3 };
-	struct kvp_event ev = { .struct_size = sizeof(ev), .type = 11, .payload = junk,
-				.payload_cap = sizeof(junk), .payload_len = sizeof(junk) };
+	struct kvp_event ev = { .struct_size = sizeof(ev),
+				.type = 11,
+				.payload = junk,
+				.payload_cap = sizeof(junk),
+				.payload_len = sizeof(junk) };
 	struct kvp_pressure n = { .struct_size = sizeof(n) };
 	struct kvp_error err;
 
