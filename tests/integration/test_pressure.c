@@ -436,6 +436,52 @@ static void test_decode_refuses_other_events(void)
 	CU_ASSERT_EQUAL(kvp_pressure_decode(&ev, &n, &err), -KVP_E_INVALID_ARGUMENT);
 }
 
+/* kvpool-loadgen on pool p (its demand is four times the pool), with or without
+ * --on-pressure; its JSON summary into out. Returns its exit status. */
+static int loadgen(int on_pressure, char *out, size_t cap)
+{
+	const char *lg = getenv("KVPOOL_LOADGEN");
+	char cmd[1024];
+	size_t n = 0;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd),
+		 "%s --socket %s --pool p --procs 2 --seconds 1 --min-tokens 16 --max-tokens 64 "
+		 "--batch 8 --json %s",
+		 lg ? lg : "../client/kvpool-loadgen", g_d.sock,
+		 on_pressure ? "--on-pressure" : "");
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	n = fread(out, 1, cap - 1, f);
+	out[n] = 0;
+	return pclose(f);
+}
+
+static double json_field(const char *json, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(json, pat);
+	return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+static void test_loadgen_on_pressure_takes_notices(void)
+{
+	char out[4096];
+
+	CU_ASSERT_EQUAL_FATAL(loadgen(1, out, sizeof(out)), 0);
+	CU_ASSERT(json_field(out, "pressure_notices") > 0);
+	CU_ASSERT(json_field(out, "pressure_waits") > 0);
+	CU_ASSERT_EQUAL(json_field(out, "mismatches"), 0);
+	CU_ASSERT(json_field(out, "requests") > 0);
+	CU_ASSERT_EQUAL_FATAL(loadgen(0, out, sizeof(out)), 0);
+	CU_ASSERT_EQUAL(json_field(out, "pressure_notices"), 0);
+	CU_ASSERT_EQUAL(tier_of("p", KVP_TIER_DEVICE).leased_tokens, 0);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -445,6 +491,7 @@ int main(void)
 		H_TEST(test_rate_limit),
 		H_TEST(test_sessions_that_did_not_ask_get_nothing),
 		H_TEST(test_decode_refuses_other_events),
+		H_TEST(test_loadgen_on_pressure_takes_notices),
 	};
 
 	return H_RUN_SUITE("pressure", init_suite, clean_suite, tests);
