@@ -478,15 +478,17 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 		conn_flush(p, 0);
 }
 
-/* Whether p's peer has read the last pressure notice sent to it: all of it sent, and nothing
- * of what was sent waits unread in the socket (SIOCOUTQ). */
+/* Whether p's peer has read the last pressure notice sent to it: all of it sent, and what
+ * waits unread in the socket (SIOCOUTQ: the newest bytes, counted with their buffers'
+ * overhead, so never fewer than they are) fits in what was sent after it. */
 static bool notice_read(struct peer *p)
 {
 	int unread = 0;
 
 	if (!p->notice_mark)
 		return true;
-	if (p->sent_total < p->notice_mark || ioctl(p->fd, SIOCOUTQ, &unread) < 0 || unread > 0)
+	if (p->sent_total < p->notice_mark || ioctl(p->fd, SIOCOUTQ, &unread) < 0 || unread < 0 ||
+	    (uint64_t)unread > p->sent_total - p->notice_mark)
 		return false;
 	p->notice_mark = 0;
 	return true;
