@@ -587,8 +587,6 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 	return 0;
 }
 
-#define KVP_PRESSURE_SIZE_V04 KVP__SIZE_UPTO(struct kvp_pressure, pool)
-
 KVP_EXPORT int kvp_pressure_decode(const struct kvp_event *ev, struct kvp_pressure *out,
 				   struct kvp_error *err)
 {
@@ -597,13 +595,11 @@ KVP_EXPORT int kvp_pressure_decode(const struct kvp_event *ev, struct kvp_pressu
 	Kvpool__Response *m;
 
 	if (!ev || ev->struct_size < KVP_EVENT_SIZE_V02 || !out ||
-	    out->struct_size < KVP_PRESSURE_SIZE_V04)
+	    out->struct_size < KVP_PRESSURE_SIZE_V03)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct too small");
 	if (ev->type != KVP_EVENT_PRESSURE)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
-				 "event of type %u is not a "
-				 "pressure notice",
-				 (unsigned)ev->type);
+				 "event of type %u is not a pressure notice", (unsigned)ev->type);
 	if (!ev->payload || ev->payload_len > ev->payload_cap)
 		return kvp__fail(err, KVP_E_BUFFER, 0, "the event's %zu bytes were not all kept",
 				 ev->payload_len);

@@ -160,7 +160,7 @@ struct kvp_client_opts {
 	uint64_t capabilities;		/* KVP_CAP_* offered (kvp_client_connect: KVP_CAP_ALL) */
 	uint64_t required_capabilities; /* KVP_CAP_* the daemon must agree to, else KVP_E_VERSION */
 	uint32_t timeout_ms;		/* as kvp_client_set_timeout, applied from Hello on */
-	uint64_t flags;			/* KVP_CLIENT_F_*; read only when struct_size reaches it */
+	uint64_t flags; /* 0.3: KVP_CLIENT_F_*; read only when struct_size reaches it */
 };
 /* Every kvp_pool_attach of the client asks for pressure notices (granted when KVP_CAP_EVENTS
  * is agreed; kvp_pool_pressure_notices tells). */
