@@ -137,7 +137,7 @@ static void test_kvp_pressure_next_change_recovery_coalesce(void)
 	CU_ASSERT_TRUE(m.recovered);
 	CU_ASSERT_EQUAL(m.seq, 4);
 	CU_ASSERT_EQUAL(m.coalesced, 0);
-	CU_ASSERT_FALSE(kvp_pressure_owed(d, b)); /* b's last news (nothing) is right again */
+	CU_ASSERT_FALSE(kvp_pressure_owed(d, b));     /* b's last news (nothing) is right again */
 	CU_ASSERT_EQUAL(p->st.pressure_coalesced, 2); /* b: its pressure, then its recovery */
 	l2 = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 4, 2, &f);
 	kvp_pressure_scan(d, false);
