@@ -29,6 +29,8 @@
 #define KVP_RELOAD_ITEM_SIZE_V02 KVP__SIZE_UPTO(struct kvp_reload_item, text)
 #define KVP_INSERT_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_insert_keys_result, lease_pages)
 #define KVP_MATCH_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_keys_result, lock_id)
+/* Structs first in 0.3. */
+#define KVP_PRESSURE_SIZE_V03 KVP__SIZE_UPTO(struct kvp_pressure, pool)
 
 /* Copies the struct the library filled (full, this version's `size` bytes) to the caller's
  * (its struct_size set): min(struct_size, size) bytes, struct_size kept; the caller's bytes

@@ -59,6 +59,8 @@ struct kvp_pool {
 	struct kvp_copy_geom cg;
 	uint64_t page_bytes;
 	struct kvp_tier_map tier[KVP_TIER_MAX];
+	int pressure;			    /* notices granted at attach */
+	uint64_t pressure_wm[KVP_TIER_MAX]; /* tokens */
 	struct kvp_pool *next;
 };
 
@@ -87,6 +89,7 @@ struct kvp_client {
 	uint64_t next_id;
 	uint64_t session_id;
 	uint64_t caps;
+	uint64_t flags; /* KVP_CLIENT_F_* */
 	char daemon_version[32];
 	struct kvp_frame_buf in;
 	int rxfds[KVP_CLIENT_MAX_FDS]; /* received, for the next frame completed */
@@ -584,6 +587,47 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 	return 0;
 }
 
+KVP_EXPORT int kvp_pressure_decode(const struct kvp_event *ev, struct kvp_pressure *out,
+				   struct kvp_error *err)
+{
+	const Kvpool__PressureNotice *n;
+	struct kvp_pressure o;
+	Kvpool__Response *m;
+
+	if (!ev || ev->struct_size < KVP_EVENT_SIZE_V02 || !out ||
+	    out->struct_size < KVP_PRESSURE_SIZE_V03)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct too small");
+	if (ev->type != KVP_EVENT_PRESSURE)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "event of type %u is not a pressure notice", (unsigned)ev->type);
+	if (!ev->payload || ev->payload_len > ev->payload_cap)
+		return kvp__fail(err, KVP_E_BUFFER, 0, "the event's %zu bytes were not all kept",
+				 ev->payload_len);
+	m = kvp_frame_decode_response(ev->payload, (uint32_t)ev->payload_len);
+	if (!m || m->result_case != KVPOOL__RESPONSE__RESULT_PRESSURE || !m->pressure) {
+		if (m)
+			kvpool__response__free_unpacked(m, NULL);
+		return kvp__fail(err, KVP_E_PROTOCOL, 0, "not a valid pressure notice");
+	}
+	n = m->pressure;
+	memset(&o, 0, sizeof(o));
+	o.struct_size = out->struct_size;
+	o.pool_id = n->pool_id;
+	o.tier = (uint32_t)n->tier;
+	o.recovered = n->recovered;
+	o.coalesced = n->coalesced;
+	o.free_tokens = n->free_tokens;
+	o.evictable_tokens = n->evictable_tokens;
+	o.reserved_tokens = n->reserved_tokens;
+	o.watermark_tokens = n->watermark_tokens;
+	o.total_tokens = n->total_tokens;
+	o.seq = n->seq;
+	snprintf(o.pool, sizeof(o.pool), "%s", n->pool ? n->pool : "");
+	kvpool__response__free_unpacked(m, NULL);
+	kvp__struct_out(out, &o, sizeof(o));
+	return 0;
+}
+
 KVP_EXPORT const char *kvp_client_default_socket(char *buf, size_t len)
 {
 	return kvp_names_default_socket(buf, len) == 0 ? buf : NULL;
@@ -674,6 +718,7 @@ KVP_EXPORT struct kvp_client *kvp_client_connect_opts(const char *path,
 		return NULL;
 	}
 	c->caps = agreed;
+	c->flags = opts->flags;
 	return c;
 }
 
@@ -1109,6 +1154,7 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 		eg.page_tokens = expected->page_tokens;
 		attach.expected = &eg;
 	}
+	attach.pressure_notices = (c->flags & KVP_CLIENT_F_PRESSURE) && (c->caps & KVP_CAP_EVENTS);
 	if (kvp__rpc(c, &req, RESULT(ATTACH), &resp, fds, &nfds, err) < 0)
 		return NULL;
 	p = calloc(1, sizeof(*p));
@@ -1121,6 +1167,9 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 	p->id = a->pool_id;
 	snprintf(p->name, sizeof(p->name), "%s", a->pool ? a->pool : "");
 	geom_from(&p->g, a->geometry);
+	p->pressure = a->pressure_notices;
+	for (size_t t = 0; t < a->n_pressure_watermark_tokens && t < KVP_TIER_MAX; t++)
+		p->pressure_wm[t] = a->pressure_watermark_tokens[t];
 	for (size_t i = 0; i < a->n_tiers; i++) {
 		const Kvpool__TierInfo *ti = a->tiers[i];
 
@@ -1220,6 +1269,16 @@ KVP_EXPORT int kvp_pool_tier_fd(const struct kvp_pool *p, int tier)
 KVP_EXPORT uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier)
 {
 	return tmap(p, tier) ? tmap(p, tier)->m->bytes : 0;
+}
+
+KVP_EXPORT int kvp_pool_pressure_notices(const struct kvp_pool *p)
+{
+	return p && p->pressure ? 1 : 0;
+}
+
+KVP_EXPORT uint64_t kvp_pool_pressure_watermark(const struct kvp_pool *p, int tier)
+{
+	return p && tier >= 0 && tier < KVP_TIER_MAX ? p->pressure_wm[tier] : 0;
 }
 
 KVP_EXPORT struct kvp_mapping *kvp_pool_tier_mapping(struct kvp_pool *p, int tier)

@@ -3,7 +3,9 @@
  * Workload "lease": each process keeps a batch of synthetic requests in flight: it leases
  * slots for a request, writes deterministic K/V bytes (a function of token id, position and
  * layer) straight into the shared pages, reads them back, and frees them. On OUT_OF_CAPACITY
- * it backs off and shrinks its batch, as an engine does.
+ * it backs off and shrinks its batch, as an engine does. With --on-pressure it also asks kvpoold
+ * for pressure notices and reacts before anything fails: below the watermark it halves its batch,
+ * admits one request at a time and stops growing, until the recovery notice.
  *
  * Workload "shared-prefix": requests share system prompts (families) and grow as multi-turn
  * conversations. Each request matches the cache, verifies that every matched page holds
@@ -31,6 +33,7 @@ struct opts {
 	uint32_t families, prefix_tokens, turn_tokens, turns, conversations;
 	int json;
 	int private_pools; /* process i attaches pool "<pool><i>" */
+	int on_pressure;   /* ask for pressure notices and shrink the batch under pressure */
 };
 
 /* Client-observed RPC latency: buckets growing by 1.25x from 1 us. */
@@ -43,6 +46,7 @@ struct result {
 	uint64_t requests, tokens, bytes_verified, mismatches;
 	uint64_t errors[KVP_CODE_MAX];
 	uint64_t hit_tokens, queried_tokens, loads, backoffs;
+	uint64_t pressure_notices, pressure_waits; /* notices taken; admissions held back */
 	int failed;
 	char why[640];
 };
@@ -141,7 +145,33 @@ struct ctx {
 	struct result *res;
 	const struct opts *o;
 	unsigned seed;
+	int pressured; /* the last notice for the device tier said: below the watermark */
 };
+
+/* Takes the pressure notices queued for x's client (never blocks). Returns 1 when one said the
+ * device tier fell below its watermark since the last call, else 0. */
+static int take_notices(struct ctx *x)
+{
+	uint8_t buf[512];
+	struct kvp_event ev = { .struct_size = sizeof(ev),
+				.payload = buf,
+				.payload_cap = sizeof(buf) };
+	struct kvp_pressure n = { .struct_size = sizeof(n) };
+	struct kvp_error e;
+	int fell = 0;
+
+	if (!x->o->on_pressure)
+		return 0;
+	while (kvp_client_event_next(x->c, &ev, &e) == 0) {
+		if (kvp_pressure_decode(&ev, &n, &e) < 0 || n.tier != KVP_TIER_DEVICE)
+			continue;
+		x->res->pressure_notices++;
+		if (!n.recovered && !x->pressured)
+			fell = 1;
+		x->pressured = !n.recovered;
+	}
+	return fell;
+}
 
 /* Writes (or verifies) the rows of token positions [from, to) whose keys are keys[], held in
  * pages of tier (page i of pages[] holds positions [base + i*pt ...)). */
@@ -205,10 +235,17 @@ static int lease_workload(struct ctx *x)
 		uint32_t n = 0;
 
 		/* Admit a batch. */
+		if (take_notices(x) && batch > 1)
+			batch /= 2; /* the pool runs short: shrink before anything fails */
 		for (; n < batch; n++) {
 			struct req *r = &reqs[n];
 			uint32_t span = cap > o->min_tokens ? cap - o->min_tokens + 1 : 1;
 			struct kvp_error e;
+
+			if (n && (take_notices(x), x->pressured)) {
+				x->res->pressure_waits++; /* one request at a time while short */
+				break;
+			}
 
 			r->ntokens = o->min_tokens + (uint32_t)rand_r(&x->seed) % span;
 			r->npages = kvp_pool_pages_for(x->p, r->ntokens);
@@ -266,7 +303,7 @@ static int lease_workload(struct ctx *x)
 			free(r->pages);
 			free(r->keys);
 		}
-		if (batch < o->batch && n == batch)
+		if (batch < o->batch && n == batch && !x->pressured)
 			batch++; /* pressure eased: grow back */
 	}
 	free(reqs);
@@ -409,7 +446,14 @@ static int child(const struct opts *o, int idx, struct result *res)
 	int rc;
 
 	snprintf(name, sizeof(name), "loadgen-%d", idx);
-	x.c = kvp_client_connect(o->socket, name, &e);
+	x.c = kvp_client_connect_opts(o->socket,
+				      &(struct kvp_client_opts){
+					      .struct_size = sizeof(struct kvp_client_opts),
+					      .name = name,
+					      .capabilities = KVP_CAP_ALL,
+					      .flags = o->on_pressure ? KVP_CLIENT_F_PRESSURE : 0,
+				      },
+				      &e);
 	if (!x.c) {
 		snprintf(res->why, sizeof(res->why), "connect: %s", e.message);
 		return 1;
@@ -465,6 +509,8 @@ static void usage(FILE *f)
 		"      --conversations N   conversations per family (shared-prefix; default 8)\n"
 		"      --private-pools     process i attaches pool NAME<i> (a private pool each,\n"
 		"                          as in-process allocators do; for comparisons)\n"
+		"      --on-pressure       ask for pressure notices; under pressure halve the batch\n"
+		"                          and admit one request at a time (lease)\n"
 		"      --json              print the summary as one JSON object\n");
 }
 
@@ -486,6 +532,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, 8 },
 		{ "private-pools", no_argument, NULL, 9 },
 		{ "conversations", required_argument, NULL, 10 },
+		{ "on-pressure", no_argument, NULL, 11 },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -522,6 +569,7 @@ int main(int argc, char **argv)
 		case 8: o.json = 1; break;
 		case 9: o.private_pools = 1; break;
 		case 10: o.conversations = (uint32_t)atoi(optarg); break;
+		case 11: o.on_pressure = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -566,6 +614,8 @@ int main(int argc, char **argv)
 		sum.queried_tokens += res[i].queried_tokens;
 		sum.loads += res[i].loads;
 		sum.backoffs += res[i].backoffs;
+		sum.pressure_notices += res[i].pressure_notices;
+		sum.pressure_waits += res[i].pressure_waits;
 		for (int b = 0; b < LAT_BUCKETS; b++)
 			sum.lat[b] += res[i].lat[b];
 		for (int k = 0; k < KVP_CODE_MAX; k++)
@@ -579,12 +629,14 @@ int main(int argc, char **argv)
 		printf(",\"procs\":%d,\"wall_s\":%.3f,\"requests\":%lu,"
 		       "\"tokens\":%lu,\"requests_per_s\":%.1f,\"bytes_verified\":%lu,"
 		       "\"mismatches\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,\"loads\":%lu,"
-		       "\"backoffs\":%lu,\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
+		       "\"backoffs\":%lu,\"pressure_notices\":%lu,\"pressure_waits\":%lu,"
+		       "\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
 		       o.procs, wall, (unsigned long)sum.requests, (unsigned long)sum.tokens,
 		       (double)sum.requests / wall, (unsigned long)sum.bytes_verified,
 		       (unsigned long)sum.mismatches, (unsigned long)sum.hit_tokens,
 		       (unsigned long)sum.queried_tokens, (unsigned long)sum.loads,
-		       (unsigned long)sum.backoffs, lat_quantile(sum.lat, 0.5),
+		       (unsigned long)sum.backoffs, (unsigned long)sum.pressure_notices,
+		       (unsigned long)sum.pressure_waits, lat_quantile(sum.lat, 0.5),
 		       lat_quantile(sum.lat, 0.99));
 		for (int k = 1, first = 1; k < KVP_CODE_MAX; k++) {
 			if (!sum.errors[k])
@@ -611,6 +663,10 @@ int main(int argc, char **argv)
 				       : 0.0,
 			       (unsigned long)sum.loads);
 		printf("  back-offs       %lu\n", (unsigned long)sum.backoffs);
+		if (o.on_pressure)
+			printf("  pressure        %lu notices, %lu admissions held back\n",
+			       (unsigned long)sum.pressure_notices,
+			       (unsigned long)sum.pressure_waits);
 		printf("  rpc latency     p50 <= %.0f us, p99 <= %.0f us (client-observed)\n",
 		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
 		printf("  errors by code ");

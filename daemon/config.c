@@ -885,6 +885,41 @@ static void set_eviction(struct parse *s, const char *key, const char *v)
 		s->pool->eviction = (enum kvp_eviction)i;
 }
 
+/* pressure_watermark = 10% (of each tier's pages, 0 .. 100, decimals allowed) or tokens ("4096t",
+ * "4096 tokens", "4096"); 0 = none. */
+static void set_pressure_watermark(struct parse *s, const char *key, const char *v)
+{
+	size_t n = strlen(v);
+
+	if (n && v[n - 1] == '%') {
+		char num[32], *end;
+		double pct;
+
+		if (n - 1 >= sizeof(num) || !isdigit((unsigned char)v[0])) {
+			key_fail(s, key,
+				 "expected a percent like 10%% or tokens like 4096t, got '%s'", v);
+			return;
+		}
+		memcpy(num, v, n - 1);
+		num[n - 1] = '\0';
+		pct = strtod(num, &end);
+		if (*end || !(pct >= 0 && pct <= 100)) {
+			key_fail(s, key, "expected a percent in 0..100%%, got '%s'", v);
+			return;
+		}
+		s->pool->pressure_watermark_pct = pct;
+		s->pool->pressure_watermark_tokens = 0;
+		return;
+	}
+	parse_tokens(s, key, v, &s->pool->pressure_watermark_tokens);
+	s->pool->pressure_watermark_pct = 0;
+}
+
+static void set_pressure_interval(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 3600000, &s->pool->pressure_interval_ms);
+}
+
 static void set_remote(struct parse *s, const char *key, const char *v)
 {
 	int i = parse_enum(s, key, v, g_remote_mode_names, KVP_REMOTE_MODE_MAX,
@@ -914,6 +949,8 @@ static const struct key_def g_pool_keys[] = {
 	{ "uid_quota", set_uid_quota },
 	{ "allowed_users", set_pool_allowed_users },
 	{ "allowed_groups", set_pool_allowed_groups },
+	{ "pressure_watermark", set_pressure_watermark },
+	{ "pressure_interval_ms", set_pressure_interval },
 	{ "remote", set_remote },
 };
 enum { POOL_KEY_REMOTE = sizeof(g_pool_keys) / sizeof(g_pool_keys[0]) - 1 };
@@ -933,6 +970,7 @@ static void pool_defaults(struct kvp_pool_conf *p)
 	p->hugepages = KVP_OFF;
 	p->mlock = KVP_TRY;
 	p->eviction = KVP_EVICT_LRU;
+	p->pressure_interval_ms = 100;
 }
 
 static bool pool_name_ok(const char *name)
@@ -1433,6 +1471,9 @@ void kvp_pool_conf_copy_access(struct kvp_pool_conf *dst, const struct kvp_pool_
 	dst->n_allowed_gids = src->n_allowed_gids;
 	memcpy(dst->ns_owners, src->ns_owners, sizeof(dst->ns_owners));
 	dst->n_ns_owners = src->n_ns_owners;
+	dst->pressure_watermark_pct = src->pressure_watermark_pct;
+	dst->pressure_watermark_tokens = src->pressure_watermark_tokens;
+	dst->pressure_interval_ms = src->pressure_interval_ms;
 }
 
 const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p, uint64_t ns)

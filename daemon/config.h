@@ -107,6 +107,13 @@ struct kvp_pool_conf {
 	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
 	uint32_t n_ns_owners;
 	enum kvp_remote_mode remote; /* default off; not off needs a [remote] section */
+	/* pressure_watermark: free pages of a tier below this start pressure notices; a percent
+	 * of each tier ("10%") or tokens ("4096t", "4096"); 0 = none (the default). A reload may
+	 * change it and pressure_interval_ms (default 100: at least this between two notices of
+	 * the pool to one session). */
+	double pressure_watermark_pct;
+	uint64_t pressure_watermark_tokens;
+	uint32_t pressure_interval_ms;
 };
 
 struct kvp_conf {

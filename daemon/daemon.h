@@ -10,6 +10,7 @@
 #include "fail.h"
 #include "idmap.h"
 #include "pool.h"
+#include "pressure.h"
 #include "stats.h"
 
 struct kvp_session {
@@ -34,6 +35,8 @@ struct kvp_session {
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
 	uint64_t locked_pages[KVP_MAX_POOLS]; /* pages its locks pin, counted in the quotas too */
 	uint64_t locked_tokens;
+	uint64_t caps;			   /* the capabilities agreed in Hello (KVP_CAP_*) */
+	struct kvpd_pressure_sub pressure; /* pressure notices asked for (pressure.h) */
 	struct kvp_session *prev, *next;
 };
 
@@ -71,6 +74,7 @@ struct kvp_daemon {
 	struct kvp_remote *remote;	   /* the remote tier (remote.h); NULL without [remote] */
 	struct kvp_remote_stats remote_st; /* its client's figures, as of the last loop turn */
 	struct kvp_alloc_wait *alloc_waiting; /* Allocs waiting for demotions (rpc_lease.c) */
+	struct kvpd_pressure pressure;	      /* tiers against their watermarks (pressure.h) */
 };
 
 uint64_t kvp_now_ms(void);

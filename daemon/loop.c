@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -32,6 +34,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
+#include "pressure.h"
 #include "reload.h"
 #include "src.h"
 #include "work.h"
@@ -77,6 +80,9 @@ struct peer {
 	struct obuf *oq_head, *oq_tail;
 	struct obuf *spare; /* a sent OBUF_CAP buffer, reused by the next reply */
 	struct kvp_session *sess;
+	/* Bytes of frames queued and sent so far; notice_mark: queued_total after the last
+	 * pressure notice, 0 once the peer has read it (push_notices). */
+	uint64_t queued_total, sent_total, notice_mark;
 	struct peer *ready_next;
 	struct peer *prev, *next;
 	struct msghdr msg;
@@ -466,9 +472,73 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 	o->nfds = r->nfds;
 	memcpy(o->fds, r->fds, sizeof(int) * (size_t)r->nfds);
 	conn_outq_add(&p->c, len);
+	p->queued_total += len;
 	sv->d->st.frames_out++;
 	if (r->close_after)
 		conn_flush(p, 0);
+}
+
+/* Whether p's peer has read the last pressure notice sent to it: all of it sent, and what
+ * waits unread in the socket (SIOCOUTQ: the newest bytes, counted with their buffers'
+ * overhead, so never fewer than they are) fits in what was sent after it. */
+static bool notice_read(struct peer *p)
+{
+	int unread = 0;
+
+	if (!p->notice_mark)
+		return true;
+	if (p->sent_total < p->notice_mark || ioctl(p->fd, SIOCOUTQ, &unread) < 0 || unread < 0 ||
+	    (uint64_t)unread > p->sent_total - p->notice_mark)
+		return false;
+	p->notice_mark = 0;
+	return true;
+}
+
+/* Pressure notices (pressure.h) owed to sessions, pushed as Responses with id 0. A session's
+ * notices go once it has read the previous ones, so one that never reads holds one batch in
+ * its socket and the rest pending in kvpoold (one per pool and tier, replaced by newer
+ * states); nothing else changes for it (it is neither paused nor timed out). Looked at when a
+ * tier's state changed or a session subscribed, and on the tick while some are pending. */
+static void push_notices(struct server *sv, bool tick)
+{
+	struct kvp_daemon *d = sv->d;
+	bool pending = false;
+	uint64_t now;
+
+	if (sv->stopping || !kvp_pressure_scan(d, tick))
+		return;
+	now = kvp_now_ms();
+	for (struct peer *p = sv->conns, *n; p; p = n) {
+		n = p->next;
+		if (!p->sess || p->c.state != CONN_OPEN || !kvp_pressure_owed(d, p->sess))
+			continue;
+		if (!notice_read(p)) {
+			pending = true;
+			continue;
+		}
+		conn_hold(&p->c, CONN_HOLD_SERVE); /* a reply that cannot be queued closes p */
+		while (p->sess) {
+			struct kvp_reply r;
+			int rc;
+
+			kvp_reply_init(&r, 0);
+			rc = kvp_pressure_next(d, p->sess, now, &r);
+			if (rc > 0) {
+				send_reply(sv, p, &r);
+				p->notice_mark = p->queued_total;
+			}
+			kvp_reply_release(&r);
+			if (rc <= 0)
+				break;
+		}
+		if (p->sess && kvp_pressure_owed(d, p->sess))
+			pending = true; /* its pool's rate limit: the tick tries again */
+		arm_send(sv, p);
+		conn_release(&p->c, CONN_HOLD_SERVE);
+		if (conn_closing(&p->c))
+			conn_maybe_free(sv, p);
+	}
+	kvp_pressure_walked(d, pending);
 }
 
 static bool decode_spill_fails(void)
@@ -898,6 +968,7 @@ static void on_send(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		return;
 	}
 	conn_outq_sent(&p->c, sent);
+	p->sent_total += sent;
 	while (sent && p->oq_head) {
 		struct obuf *o = p->oq_head;
 		size_t take = o->len - o->off < sent ? o->len - o->off : sent;
@@ -1047,6 +1118,7 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 			kvp_pool_log_summary(d->pools[i], now - sv->last_summary_ms);
 		sv->last_summary_ms = now;
 	}
+	push_notices(sv, true);
 	if (now - sv->last_status_ms >= 5000) {
 		status_line(sv);
 		sv->last_status_ms = now;
@@ -1277,6 +1349,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			ready = p->ready_next;
 			look_again(&sv, p);
 		}
+		push_notices(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
 			if (kvp_reload_start(d, sv.work, reload_finished, &sv) == 0) {

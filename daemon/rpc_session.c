@@ -108,6 +108,7 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	m->protocol_version = KVP_PROTO_VERSION;
 	m->keepalive_ms = d->conf.keepalive_ms;
 	m->capabilities = q->hello->capabilities & KVP_CAPS_DAEMON;
+	s->caps = m->capabilities;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_HELLO;
 	r->resp.hello = m;
 	log_info("session %lu: hello from '%s' pid %d uid %u%s", (unsigned long)s->id, s->name,
@@ -216,7 +217,16 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 		ti->page_bytes = p->page_bytes;
 		m->tiers[m->n_tiers++] = ti;
 	}
+	m->pressure_watermark_tokens = kvp_reply_alloc(r, sizeof(uint64_t) * KVP_TIER_ID_MAX);
+	if (!m->pressure_watermark_tokens)
+		return kvp_rpc_oom(f);
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+		m->pressure_watermark_tokens[t] =
+			kvp_pressure_watermark(p, t) * p->conf.page_tokens;
+	m->n_pressure_watermark_tokens = KVP_TIER_ID_MAX;
+	m->pressure_interval_ms = p->conf.pressure_interval_ms;
 	kvp_session_attach(s, p);
+	m->pressure_notices = kvp_pressure_attach(d, s, p, a->pressure_notices);
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_ATTACH;
 	r->resp.attach = m;
 	return 0;

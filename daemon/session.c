@@ -410,6 +410,7 @@ uint64_t kvp_session_detach(struct kvp_daemon *d, struct kvp_session *s, struct 
 	uint64_t t = release_owned(s, p);
 
 	(void)d;
+	kvp_pressure_detach(s, p);
 	if (s->attached[p->id]) {
 		s->attached[p->id] = false;
 		p->sessions--;

@@ -14,7 +14,12 @@
 	X(free_pages, "free_pages_total", "Pages returned from leases")                            \
 	X(inserted_tokens, "inserted_tokens_total", "Tokens newly cached by Insert")               \
 	X(matches, "matches_total", "Match calls")                                                 \
-	X(loads, "loads_total", "Load calls (promotions asked)")
+	X(loads, "loads_total", "Load calls (promotions asked)")                                   \
+	X(pressure_changes, "pressure_changes_total",                                              \
+	  "Tier free pages crossing the pressure watermark, either way")                           \
+	X(pressure_notices, "pressure_notices_total", "Pressure notices sent to sessions")         \
+	X(pressure_coalesced, "pressure_coalesced_total",                                          \
+	  "Pressure notices replaced by a newer state before they were sent")
 
 #define KVP_DAEMON_COUNTERS(X)                                                                     \
 	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                    \

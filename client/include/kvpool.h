@@ -160,7 +160,11 @@ struct kvp_client_opts {
 	uint64_t capabilities;		/* KVP_CAP_* offered (kvp_client_connect: KVP_CAP_ALL) */
 	uint64_t required_capabilities; /* KVP_CAP_* the daemon must agree to, else KVP_E_VERSION */
 	uint32_t timeout_ms;		/* as kvp_client_set_timeout, applied from Hello on */
+	uint64_t flags; /* 0.3: KVP_CLIENT_F_*; read only when struct_size reaches it */
 };
+/* Every kvp_pool_attach of the client asks for pressure notices (granted when KVP_CAP_EVENTS
+ * is agreed; kvp_pool_pressure_notices tells). */
+#define KVP_CLIENT_F_PRESSURE (UINT64_C(1) << 0)
 /* Connects to path (NULL: kvp_client_default_socket) and says Hello. A path that does not fit
  * a unix socket address is refused (KVP_E_INVALID_ARGUMENT), never truncated. Returns the
  * client, or NULL with err filled (KVP_E_NO_DAEMON, KVP_E_VERSION, KVP_E_PERMISSION_DENIED,
@@ -213,6 +217,32 @@ int kvp_client_event_fd(struct kvp_client *c);
  * none is queued, -KVP_E_INVALID_ARGUMENT, or -KVP_E_TRANSPORT (the connection failed; queued
  * events are still handed out first). */
 int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev, struct kvp_error *err);
+
+/* ---- pressure notices: an event pushed for a pool attached with KVP_CLIENT_F_PRESSURE ----
+ * One comes when a tier's free pages fall below the pool's pressure_watermark (recovered 0),
+ * before the daemon has to evict for lack of free pages, and one when they are back at or
+ * above it (recovered 1). The daemon sends at most one per pool every pressure_interval_ms and
+ * holds at most one per pool and tier unsent: a newer state replaces it (coalesced counts
+ * those replaced), so a client that is slow to read sees the latest state, never a backlog. */
+#define KVP_EVENT_PRESSURE 60 /* kvp_event.type of a pressure notice */
+struct kvp_pressure {
+	size_t struct_size;
+	uint32_t pool_id;
+	uint32_t tier;	    /* enum kvp_tier */
+	uint32_t recovered; /* 0: below the watermark now; 1: back at or above it */
+	uint32_t coalesced; /* earlier states of this tier replaced before they were sent */
+	uint64_t free_tokens, evictable_tokens;
+	uint64_t reserved_tokens; /* in clients' page reserves, unused (0 without reserves) */
+	uint64_t watermark_tokens, total_tokens;
+	uint64_t seq; /* the tier's pressure changes so far: a gap means states were coalesced */
+	char pool[64];
+};
+/* Decodes an event taken by kvp_client_event_next (its whole payload copied: payload_len <=
+ * payload_cap) into out (out->struct_size set by the caller). Returns 0, -KVP_E_INVALID_ARGUMENT
+ * (not a pressure notice, or a struct too small), -KVP_E_BUFFER (the payload was cut short) or
+ * -KVP_E_PROTOCOL (not a valid notice). */
+int kvp_pressure_decode(const struct kvp_event *ev, struct kvp_pressure *out,
+			struct kvp_error *err);
 
 #define KVP_STATUS_MAX_POOLS 16
 #define KVP_STATUS_MAX_COUNTERS 32
@@ -314,6 +344,11 @@ void *kvp_pool_tier_base(const struct kvp_pool *p, int tier);
 /* The tier's memory fd as received (owned by the mapping), -1 when absent. */
 int kvp_pool_tier_fd(const struct kvp_pool *p, int tier);
 uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier);
+/* 1 when the daemon sends pressure notices for p (asked with KVP_CLIENT_F_PRESSURE and
+ * granted), else 0. */
+int kvp_pool_pressure_notices(const struct kvp_pool *p);
+/* The tier's pressure watermark in tokens as the daemon said at attach (0: none). */
+uint64_t kvp_pool_pressure_watermark(const struct kvp_pool *p, int tier);
 /* Bytes of one token of one layer of K (or V); of one page in the host layout (all layers). */
 uint64_t kvp_pool_row_bytes(const struct kvp_pool *p);
 uint64_t kvp_pool_page_bytes(const struct kvp_pool *p);

@@ -21,8 +21,10 @@ shared object file".
 from ._kvpool import (
     PROTOCOL_VERSION,
     HAVE_CUDA,
+    EVENT_PRESSURE,
     __version__,
     connect,
+    decode_pressure,
     default_socket,
     Client,
     Pool,
@@ -31,6 +33,7 @@ from ._kvpool import (
     View,
     Geometry,
     Event,
+    PressureNotice,
     Error,
     ClientBusy,
     OutOfCapacity,
@@ -61,4 +64,5 @@ __all__ = [
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
     "LimitExceeded", "Unavailable", "Internal", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall",
+    "EVENT_PRESSURE", "decode_pressure", "PressureNotice",
 ]

@@ -14,6 +14,7 @@
 #endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <poll.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +77,7 @@ static PyObject *g_code_exc[KVP_CODE_MAX]; /* subclass per enum kvp_code, NULL f
 static PyObject *g_client_busy;		   /* kvpool.ClientBusy */
 static PyObject *g_geometry_type;	   /* kvpool.Geometry (a struct sequence) */
 static PyObject *g_event_type;		   /* kvpool.Event (a struct sequence) */
+static PyObject *g_pressure_type;	   /* kvpool.PressureNotice (a struct sequence) */
 static PyObject *g_frombuffer, *g_uint32;  /* numpy.frombuffer and numpy.uint32, or NULL */
 static PyObject *g_asarray;		   /* numpy.asarray, or NULL */
 static PyObject *g_array_type;		   /* array.array */
@@ -1108,6 +1110,128 @@ static PyObject *client_events(ClientObject *self, PyObject *unused)
 	return it;
 }
 
+/* ---- pressure notices: pushed events of type KVP_EVENT_PRESSURE ---- */
+#define KVPY_PRESSURE_FIELDS 11
+
+static double now_mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static PyObject *pressure_to_py(const struct kvp_pressure *n)
+{
+	PyObject *e = PyStructSequence_New((PyTypeObject *)g_pressure_type);
+	PyObject *v[KVPY_PRESSURE_FIELDS];
+
+	if (!e)
+		return NULL;
+	v[0] = PyUnicode_FromString(n->pool);
+	v[1] = PyLong_FromUnsignedLong(n->pool_id);
+	v[2] = PyUnicode_FromString(kvp_tier_name((int)n->tier));
+	v[3] = PyBool_FromLong(n->recovered);
+	v[4] = PyLong_FromUnsignedLongLong(n->free_tokens);
+	v[5] = PyLong_FromUnsignedLongLong(n->evictable_tokens);
+	v[6] = PyLong_FromUnsignedLongLong(n->reserved_tokens);
+	v[7] = PyLong_FromUnsignedLongLong(n->watermark_tokens);
+	v[8] = PyLong_FromUnsignedLongLong(n->total_tokens);
+	v[9] = PyLong_FromUnsignedLong(n->coalesced);
+	v[10] = PyLong_FromUnsignedLongLong(n->seq);
+	for (int i = 0; i < KVPY_PRESSURE_FIELDS; i++) {
+		if (!v[i]) {
+			for (int j = i; j < KVPY_PRESSURE_FIELDS; j++)
+				Py_XDECREF(v[j]);
+			Py_DECREF(e);
+			return NULL;
+		}
+		PyStructSequence_SetItem(e, i, v[i]);
+	}
+	return e;
+}
+
+/* Appends to list the pressure notices queued in c now (other events are dropped). 0, or -1
+ * with an exception set. */
+static int drain_pressure(struct kvp_client *c, uint8_t *buf, PyObject *list)
+{
+	for (;;) {
+		struct kvp_event ev = { .struct_size = sizeof(ev),
+					.payload = buf,
+					.payload_cap = KVPY_EVENT_PAYLOAD };
+		struct kvp_pressure n = { .struct_size = sizeof(n) };
+		struct kvp_error err;
+		PyObject *o;
+		int rc = kvp_client_event_next(c, &ev, &err);
+
+		if (rc == -KVP_E_AGAIN)
+			return 0;
+		if (rc < 0) {
+			raise_kvp(&err);
+			return -1;
+		}
+		if (ev.type != KVP_EVENT_PRESSURE)
+			continue;
+		if (kvp_pressure_decode(&ev, &n, &err) < 0) {
+			raise_kvp(&err);
+			return -1;
+		}
+		o = pressure_to_py(&n);
+		if (!o || PyList_Append(list, o) < 0) {
+			Py_XDECREF(o);
+			return -1;
+		}
+		Py_DECREF(o);
+	}
+}
+
+static PyObject *client_pressure_notices(ClientObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	double timeout = 0.0, end;
+	struct kvp_client *c;
+	PyObject *list, *it = NULL;
+	uint8_t *buf;
+	int fd;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|d:pressure_notices", kwlist, &timeout))
+		return NULL;
+	if (!(timeout >= 0)) {
+		PyErr_SetString(PyExc_ValueError, "timeout must be >= 0");
+		return NULL;
+	}
+	if (!(list = PyList_New(0)))
+		return NULL;
+	if (!(buf = PyMem_Malloc(KVPY_EVENT_PAYLOAD))) {
+		Py_DECREF(list);
+		return PyErr_NoMemory();
+	}
+	c = client_enter(self);
+	if (!c)
+		goto out;
+	end = now_mono() + timeout;
+	fd = kvp_client_event_fd(c);
+	for (;;) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		double left;
+
+		if (drain_pressure(c, buf, list) < 0) {
+			client_leave(self);
+			goto out;
+		}
+		left = end - now_mono();
+		if (PyList_Size(list) || left <= 0 || fd < 0)
+			break;
+		KVPY_WAIT(poll(&pf, 1, (int)(left * 1000.0) + 1));
+	}
+	client_leave(self);
+	it = PyObject_GetIter(list);
+out:
+	PyMem_Free(buf);
+	Py_DECREF(list);
+	return it;
+}
+
 static PyMethodDef client_methods[] = {
 	{ "close", (PyCFunction)client_close, METH_NOARGS,
 	  "close()\n--\n\nCloses the connection: the daemon returns every lease and lock of the "
@@ -1125,6 +1249,12 @@ static PyMethodDef client_methods[] = {
 	  "once the connection failed and the queue is empty." },
 	{ "events", (PyCFunction)client_events, METH_NOARGS,
 	  "events()\n--\n\nAn iterator over the events queued now (next_event() until None)." },
+	{ "pressure_notices", (PyCFunction)(void (*)(void))client_pressure_notices,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "pressure_notices(timeout=0.0)\n--\n\nAn iterator over the pressure notices queued "
+	  "now as kvpool.PressureNotice, after waiting up to `timeout` seconds (GIL released) for "
+	  "the first. Pools attached by a client connected with pressure_notices=True get them; "
+	  "events of other kinds are taken and dropped (events() shows every kind)." },
 	{ "status", (PyCFunction)client_status, METH_NOARGS,
 	  "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
 	  "pools (name, pool_id, geometry, tiers with token counts, hit/queried tokens)." },
@@ -1284,6 +1414,24 @@ static PyObject *pool_get_row_bytes(PoolObject *self, void *unused)
 
 	(void)unused;
 	return p ? PyLong_FromUnsignedLongLong(kvp_pool_row_bytes(p)) : NULL;
+}
+
+static PyObject *pool_get_pressure_notices(PoolObject *self, void *unused)
+{
+	struct kvp_pool *p = pool_handle(self);
+
+	(void)unused;
+	return p ? PyBool_FromLong(kvp_pool_pressure_notices(p)) : NULL;
+}
+
+static PyObject *pool_pressure_watermark(PoolObject *self, PyObject *arg)
+{
+	struct kvp_pool *p = pool_handle(self);
+	int tier;
+
+	if (!p || tier_from(arg, "tier", &tier))
+		return NULL;
+	return PyLong_FromUnsignedLongLong(kvp_pool_pressure_watermark(p, tier));
 }
 
 static PyObject *pool_tier_pages(PoolObject *self, PyObject *arg)
@@ -1706,6 +1854,9 @@ static PyMethodDef pool_methods[] = {
 	{ "tier_cuda_device", (PyCFunction)pool_tier_cuda_device, METH_O,
 	  "tier_cuda_device(tier)\n--\n\nThis process's CUDA device number of a cuda tier, -1 "
 	  "for others." },
+	{ "pressure_watermark", (PyCFunction)pool_pressure_watermark, METH_O,
+	  "pressure_watermark(tier)\n--\n\nThe tier's pressure watermark in tokens as the daemon "
+	  "said at attach (0: none)." },
 	{ "pages_for", (PyCFunction)pool_pages_for, METH_O,
 	  "pages_for(tokens)\n--\n\nPages needed for `tokens` tokens." },
 	{ "slot_address", (PyCFunction)(void (*)(void))pool_slot_address,
@@ -1761,6 +1912,8 @@ static PyGetSetDef pool_getset[] = {
 	  "Bytes of one page in the host layout (all layers, K and V).", NULL },
 	{ "row_bytes", (getter)pool_get_row_bytes, NULL,
 	  "Bytes of one token of one layer of K (or V).", NULL },
+	{ "pressure_notices", (getter)pool_get_pressure_notices, NULL,
+	  "Whether the daemon sends pressure notices for this pool.", NULL },
 	{ NULL, NULL, NULL, NULL, NULL }
 };
 
@@ -2486,16 +2639,20 @@ static PyType_Spec view_spec = { "kvpool.View", sizeof(ViewObject), 0,
 /* ---- module ---- */
 static PyObject *mod_connect(PyObject *mod, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "socket", "name", NULL };
+	static char *kwlist[] = { "socket", "name", "pressure_notices", NULL };
 	const char *path = NULL, *name = "python";
+	struct kvp_client_opts o = { .struct_size = sizeof(o), .capabilities = KVP_CAP_ALL };
 	struct kvp_client *c;
 	struct kvp_error err;
 	ClientObject *co;
+	int pressure = 0;
 
 	(void)mod;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zs:connect", kwlist, &path, &name))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zsp:connect", kwlist, &path, &name, &pressure))
 		return NULL;
-	KVPY_WAIT(c = kvp_client_connect(path, name, &err));
+	o.name = name;
+	o.flags = pressure ? KVP_CLIENT_F_PRESSURE : 0;
+	KVPY_WAIT(c = kvp_client_connect_opts(path, &o, &err));
 	if (!c)
 		return raise_kvp(&err);
 	co = (ClientObject *)alloc_obj(g_client_type);
@@ -2505,6 +2662,41 @@ static PyObject *mod_connect(PyObject *mod, PyObject *args, PyObject *kw)
 	}
 	co->c = c;
 	return (PyObject *)co;
+}
+
+static PyObject *mod_decode_pressure(PyObject *mod, PyObject *ev_o)
+{
+	struct kvp_event ev = { .struct_size = sizeof(ev) };
+	struct kvp_pressure n = { .struct_size = sizeof(n) };
+	struct kvp_error err;
+	PyObject *type, *payload, *len;
+	char *bytes;
+	Py_ssize_t blen;
+
+	(void)mod;
+	if (!PyObject_TypeCheck(ev_o, (PyTypeObject *)g_event_type)) {
+		PyErr_SetString(PyExc_TypeError, "decode_pressure() takes a kvpool.Event");
+		return NULL;
+	}
+	type = PyStructSequence_GetItem(ev_o, 0);
+	payload = PyStructSequence_GetItem(ev_o, 4);
+	len = PyStructSequence_GetItem(ev_o, 5);
+	if (PyLong_AsUnsignedLong(type) != KVP_EVENT_PRESSURE) {
+		if (PyErr_Occurred())
+			return NULL;
+		Py_RETURN_NONE;
+	}
+	if (PyBytes_AsStringAndSize(payload, &bytes, &blen) < 0)
+		return NULL;
+	ev.type = KVP_EVENT_PRESSURE;
+	ev.payload = bytes;
+	ev.payload_cap = (size_t)blen;
+	ev.payload_len = PyLong_AsSize_t(len);
+	if (ev.payload_len == (size_t)-1 && PyErr_Occurred())
+		return NULL;
+	if (kvp_pressure_decode(&ev, &n, &err) < 0)
+		return raise_kvp(&err);
+	return pressure_to_py(&n);
 }
 
 static PyObject *mod_default_socket(PyObject *mod, PyObject *unused)
@@ -2819,9 +3011,13 @@ static PyMethodDef mod_methods[] = {
 	  "_c_match(pool, tokens, n)\n--\n\nBenchmark baseline: n unlocked matches of tokens "
 	  "through the C API in one C loop; returns the seconds taken." },
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
-	  "connect(socket=None, name='python')\n--\n\nConnects to kvpoold at `socket` (None: "
-	  "$KVPOOL_SOCKET, else the default path) and says Hello as `name`. Returns a Client; "
-	  "NoDaemon when none answers." },
+	  "connect(socket=None, name='python', pressure_notices=False)\n--\n\nConnects to "
+	  "kvpoold at `socket` (None: $KVPOOL_SOCKET, else the default path) and says Hello as "
+	  "`name`. With pressure_notices, every attach asks for pressure notices "
+	  "(Client.pressure_notices). Returns a Client; NoDaemon when none answers." },
+	{ "decode_pressure", mod_decode_pressure, METH_O,
+	  "decode_pressure(event)\n--\n\nThe kvpool.PressureNotice an Event carries, None for "
+	  "an event of another type." },
 	{ "default_socket", mod_default_socket, METH_NOARGS,
 	  "default_socket()\n--\n\nThe socket path a client uses when none is given." },
 	{ NULL, NULL, 0, NULL }
@@ -2866,6 +3062,27 @@ static PyStructSequence_Field g_event_fields[] = {
 static PyStructSequence_Desc g_event_desc = {
 	"kvpool.Event", "A frame the daemon sent unasked (Client.next_event, Client.events).",
 	g_event_fields, 6
+};
+
+static PyStructSequence_Field g_pressure_fields[] = {
+	{ "pool", "The pool's name." },
+	{ "pool_id", "The daemon's id of the pool." },
+	{ "tier", "'device' or 'host'." },
+	{ "recovered", "False: free pages fell below the watermark; True: they are back." },
+	{ "free_tokens", "Tokens free in the tier when the notice was sent." },
+	{ "evictable_tokens", "Tokens of cached prefixes that could be evicted." },
+	{ "reserved_tokens", "Tokens in clients' page reserves, unused (0 without reserves)." },
+	{ "watermark_tokens", "The tier's watermark in tokens." },
+	{ "total_tokens", "Tokens of the tier." },
+	{ "coalesced", "Earlier states of this tier replaced before they were sent." },
+	{ "seq", "The tier's pressure changes so far." },
+	{ NULL, NULL }
+};
+
+static PyStructSequence_Desc g_pressure_desc = {
+	"kvpool.PressureNotice",
+	"A tier's free pages crossed its pressure watermark (Client.pressure_notices).",
+	g_pressure_fields, KVPY_PRESSURE_FIELDS
 };
 
 static int add_type(PyObject *m, PyType_Spec *spec, PyObject **out)
@@ -2950,8 +3167,11 @@ PyMODINIT_FUNC PyInit__kvpool(void)
 		return NULL;
 	g_geometry_type = (PyObject *)PyStructSequence_NewType(&g_geometry_desc);
 	g_event_type = (PyObject *)PyStructSequence_NewType(&g_event_desc);
+	g_pressure_type = (PyObject *)PyStructSequence_NewType(&g_pressure_desc);
 	if (!g_geometry_type || PyModule_AddObjectRef(m, "Geometry", g_geometry_type) ||
-	    !g_event_type || PyModule_AddObjectRef(m, "Event", g_event_type) || add_exceptions(m) ||
+	    !g_event_type || PyModule_AddObjectRef(m, "Event", g_event_type) || !g_pressure_type ||
+	    PyModule_AddObjectRef(m, "PressureNotice", g_pressure_type) ||
+	    PyModule_AddIntConstant(m, "EVENT_PRESSURE", KVP_EVENT_PRESSURE) || add_exceptions(m) ||
 	    add_type(m, &client_spec, &g_client_type) || add_type(m, &pool_spec, &g_pool_type) ||
 	    add_type(m, &lease_spec, &g_lease_type) || add_type(m, &match_spec, &g_match_type) ||
 	    add_type(m, &view_spec, &g_view_type) || import_helpers() ||

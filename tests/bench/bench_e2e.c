@@ -9,7 +9,11 @@
  *     recompute saved; hit_tokens does.
  * (2) Uneven demand (lease workload): one engine serves long contexts, three serve short
  *     requests, at the same time. Pool "burst" against "long0", "short0".."short2". Long
- *     requests served, short requests/s, OUT_OF_CAPACITY errors. */
+ *     requests served, short requests/s, OUT_OF_CAPACITY errors.
+ * (3) The same uneven demand on one pool "tight" of 3C/4 (the four engines' peak needs more),
+ *     with pressure_watermark = 25%: the engines without pressure notices against the same
+ *     engines with kvpool-loadgen --on-pressure (they shrink their batch below the watermark,
+ *     before an Alloc fails). OUT_OF_CAPACITY errors, requests served. */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -38,7 +42,7 @@ static void pool_section(char *buf, size_t cap, const char *name, uint32_t token
 
 struct lg {
 	double rps, wall;
-	double requests, hit, queried, oom, failed, mismatches;
+	double requests, hit, queried, oom, failed, mismatches, notices;
 };
 
 static double field(const char *json, const char *key)
@@ -150,6 +154,7 @@ static int lg_finish(struct lg_run *run, struct daemon *d, struct lg *out)
 	out->oom = field(buf, "OUT_OF_CAPACITY");
 	out->failed = field(buf, "failed_procs");
 	out->mismatches = field(buf, "mismatches");
+	out->notices = field(buf, "pressure_notices");
 	return 0;
 }
 
@@ -168,26 +173,34 @@ static void run_prefix(struct daemon *d, int private_pools, const char *seconds,
  * quarter pool holds), three serve short requests. Shared: all four on pool "burst" (C);
  * private: "long0" and "short0".."short2" (C/4 each). */
 #define LONG_TOKENS "3072"
-static void run_uneven(struct daemon *d, int private_pools, const char *seconds, struct lg *lng,
-		       struct lg *shrt)
+static void run_uneven_on(struct daemon *d, const char *long_pool, const char *short_pool,
+			  int private_pools, int on_pressure, const char *seconds, struct lg *lng,
+			  struct lg *shrt)
 {
-	static const char *const long_wl[] = { "--workload",
-					       "lease",
-					       "--min-tokens",
-					       LONG_TOKENS,
-					       "--max-tokens",
-					       LONG_TOKENS,
-					       "--batch",
-					       "1",
-					       NULL };
-	static const char *const short_wl[] = {
-		"--workload", "lease", "--min-tokens", "128", "--max-tokens", "768", "--batch",
-		"2",	      NULL
-	};
+	const char *const long_wl[] = { "--workload",
+					"lease",
+					"--min-tokens",
+					LONG_TOKENS,
+					"--max-tokens",
+					LONG_TOKENS,
+					"--batch",
+					"1",
+					on_pressure ? "--on-pressure" : NULL,
+					NULL };
+	const char *const short_wl[] = { "--workload",
+					 "lease",
+					 "--min-tokens",
+					 "128",
+					 "--max-tokens",
+					 "768",
+					 "--batch",
+					 "2",
+					 on_pressure ? "--on-pressure" : NULL,
+					 NULL };
 	struct lg_run a, b;
 
-	lg_start(&a, d, private_pools ? "long" : "burst", private_pools, "1", seconds, long_wl);
-	lg_start(&b, d, private_pools ? "short" : "burst", private_pools, "3", seconds, short_wl);
+	lg_start(&a, d, long_pool, private_pools, "1", seconds, long_wl);
+	lg_start(&b, d, short_pool, private_pools, "3", seconds, short_wl);
 	if (lg_finish(&a, d, lng) < 0) {
 		kill(b.pid, SIGTERM); /* not left running past this process */
 		waitpid(b.pid, NULL, 0);
@@ -195,6 +208,13 @@ static void run_uneven(struct daemon *d, int private_pools, const char *seconds,
 	}
 	if (lg_finish(&b, d, shrt) < 0)
 		B_DIE("the uneven run failed");
+}
+
+static void run_uneven(struct daemon *d, int private_pools, const char *seconds, struct lg *lng,
+		       struct lg *shrt)
+{
+	run_uneven_on(d, private_pools ? "long" : "burst", private_pools ? "short" : "burst",
+		      private_pools, 0, seconds, lng, shrt);
 }
 
 int main(int argc, char **argv)
@@ -210,7 +230,7 @@ int main(int argc, char **argv)
 	};
 	char conf[8192] = "[daemon]\nkeepalive_ms = 10000\n";
 	struct lg sh = { 0 }, pr = { 0 }, ul_sh = { 0 }, us_sh = { 0 }, ul_pr = { 0 },
-		  us_pr = { 0 };
+		  us_pr = { 0 }, tl_off = { 0 }, ts_off = { 0 }, tl_on = { 0 }, ts_on = { 0 };
 	static struct daemon d;
 	const char *prm;
 
@@ -221,12 +241,17 @@ int main(int argc, char **argv)
 	pool_section(conf, sizeof(conf), "long0", C_TOKENS / 4);
 	for (int i = 0; i < 3; i++)
 		pool_section(conf, sizeof(conf), b_fmt("short%d", i), C_TOKENS / 4);
+	pool_section(conf, sizeof(conf), "tight", C_TOKENS * 3 / 4);
+	snprintf(conf + strlen(conf), sizeof(conf) - strlen(conf),
+		 "pressure_watermark = 50%%\npressure_interval_ms = 10\n");
 	bn_daemon_start(&d, conf);
 	/* alternate: private first, then shared (each pool starts cold) */
 	run_prefix(&d, 1, seconds, wl, &pr);
 	run_prefix(&d, 0, seconds, wl, &sh);
 	run_uneven(&d, 1, seconds, &ul_pr, &us_pr);
 	run_uneven(&d, 0, seconds, &ul_sh, &us_sh);
+	run_uneven_on(&d, "tight", "tight", 0, 0, seconds, &tl_off, &ts_off);
+	run_uneven_on(&d, "tight", "tight", 0, 1, seconds, &tl_on, &ts_on);
 	bn_cleanup();
 
 	prm = b_fmt("{\"procs\":4,\"seconds\":%s,\"families\":16,\"prefix_tokens\":768,"
@@ -315,5 +340,31 @@ int main(int argc, char **argv)
 		.have_value = 1,
 		.unit = "errors",
 		.target = "fewer is better" });
+
+	prm = b_fmt("{\"seconds\":%s,\"long\":{\"procs\":1,\"tokens\":%s,\"batch\":1},"
+		    "\"short\":{\"procs\":3,\"tokens\":\"128-768\",\"batch\":2},"
+		    "\"page_tokens\":16,\"pool\":{\"device_tokens\":%u,"
+		    "\"pressure_watermark\":\"50%%\",\"pressure_interval_ms\":10},"
+		    "\"capacity_errors\":{\"notices\":%.0f,\"no_notices\":%.0f},"
+		    "\"long_requests\":{\"notices\":%.0f,\"no_notices\":%.0f},"
+		    "\"short_requests\":{\"notices\":%.0f,\"no_notices\":%.0f},"
+		    "\"notices_taken\":%.0f}",
+		    seconds, LONG_TOKENS, C_TOKENS * 3 / 4, tl_on.oom + ts_on.oom,
+		    tl_off.oom + ts_off.oom, tl_on.requests, tl_off.requests, ts_on.requests,
+		    ts_off.requests, tl_on.notices + ts_on.notices);
+	b_row_print(&(struct b_row){
+		.name = "e2e.uneven.pressure_notices.capacity_errors",
+		.params = prm,
+		.baseline_what = "same engines on the same pool of 3C/4, no pressure notices "
+				 "(errors.OUT_OF_CAPACITY)",
+		.baseline = tl_off.oom + ts_off.oom,
+		.have_base = 1,
+		.value = tl_on.oom + ts_on.oom,
+		.have_value = 1,
+		.unit = "errors",
+		.target = "fewer is better",
+		.note = "with notices (kvpool-loadgen --on-pressure) the engines halve their batch "
+			"and admit one request at a time below the watermark; requests served in "
+			"params" });
 	return 0;
 }
