@@ -296,6 +296,10 @@ int main(int argc, char **argv)
 #endif
 	}
 
+	/* Once clients can connect, a stop request waits for the loop's signalfd (start-up from
+	 * here to the loop never blocks): a SIGTERM right after the socket appears is a clean
+	 * stop, exit 0, not the start-up handler's end by the signal. */
+	kvp_signals_block(&(sigset_t){ 0 });
 	fd = kvp_activation_fd();
 	if (fd >= 0) {
 		log_info("serving the socket passed by socket activation");
