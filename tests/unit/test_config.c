@@ -233,7 +233,8 @@ static void test_kvp_conf_load_file_example(void)
 /* The commented-out cuda pool of the example is valid too. */
 static void test_kvp_conf_load_file_example_cuda(void)
 {
-	char text[8192], line[512], err[512];
+	static char text[16384];
+	char line[512], err[512];
 	struct kvp_conf c;
 	bool in_cuda = false;
 	FILE *f = fopen(g_example_path, "re");
