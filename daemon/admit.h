@@ -15,19 +15,19 @@
 #include "config.h"
 #include "fail.h"
 
-#define KVP_CONN_FDS 2		     /* a connection's socket and its peer's pidfd */
-#define KVP_ATTACH_FDS_INFLIGHT 16   /* Attach replies with descriptors not yet read, per conn */
+#define KVP_CONN_FDS 2		   /* a connection's socket and its peer's pidfd */
+#define KVP_ATTACH_FDS_INFLIGHT 16 /* Attach replies with descriptors not yet read, per conn */
 #define KVP_BUDGET_PER_SESSION (64u << 10) /* buffer_budget = 0: this per max_sessions, */
 #define KVP_BUDGET_MIN (32u << 20)	   /* and at least this */
 
 /* What the loop counts when a connection arrives or says Hello. */
 struct kvp_admit_counts {
-	uint32_t prehello;   /* connections not yet said Hello (the new one not included) */
-	uint32_t sessions;   /* connections that said Hello */
-	uint32_t uid_conns;  /* of either, those of the caller's uid (the new one not included) */
-	uint64_t fds_used;   /* descriptors kvpoold holds now (the new connection's included) */
-	uint64_t fd_limit;   /* RLIMIT_NOFILE (soft) */
-	uint64_t buf_bytes;  /* reply and input buffer bytes held now */
+	uint32_t prehello;  /* connections not yet said Hello (the new one not included) */
+	uint32_t sessions;  /* connections that said Hello */
+	uint32_t uid_conns; /* of either, those of the caller's uid (the new one not included) */
+	uint64_t fds_used;  /* descriptors kvpoold holds now (the new connection's included) */
+	uint64_t fd_limit;  /* RLIMIT_NOFILE (soft) */
+	uint64_t buf_bytes; /* reply and input buffer bytes held now */
 };
 
 /* Raises RLIMIT_NOFILE's soft limit to its hard limit. Returns the soft limit now in force. */

@@ -657,13 +657,15 @@ static bool refuse_call(struct server *sv, struct peer *p, const Kvpool__Request
 
 /* After a turn: which of the client's deadlines run. While complete requests wait (kvpoold is
  * behind) neither the half-frame clock nor the keep-alive runs; the half-frame clock runs only
- * while kvpoold reads and holds part of a frame. A large input buffer is given back once
- * drained. */
-static void note_input(struct server *sv, struct peer *p, uint64_t now)
+ * while kvpoold reads and holds part of a frame, from the last frame served (served: this turn
+ * served one). A large input buffer is given back once drained. */
+static void note_input(struct server *sv, struct peer *p, bool served, uint64_t now)
 {
 	bool waiting = kvp_frame_ready(&p->in) || budget_hold(sv, p);
 
 	conn_backlog(&p->c, waiting);
+	if (served) /* the stream moves: whatever part of a frame is held is a new one */
+		conn_input_note(&p->c, false, now);
 	conn_input_note(&p->c, !waiting && !conn_paused(&p->c) && kvp_frame_pending(&p->in), now);
 	if (p->in.cap > IN_KEEP && kvp_frame_pending(&p->in) <= IN_KEEP / 4) {
 		kvp_frame_buf_shrink(&p->in, 0);
@@ -747,7 +749,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 		p->sess->last_ms = ms_of(&now);
 		conn_activity(&p->c, ms_of(&now));
 	}
-	note_input(sv, p, kvp_now_ms());
+	note_input(sv, p, served, kvp_now_ms());
 }
 
 /* Serves a connection's complete frames (up to its budget), then sends the replies of the
