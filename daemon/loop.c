@@ -611,10 +611,19 @@ static uint32_t fd_replies_in_flight(struct peer *p)
 	return n + p->fd_replies;
 }
 
+/* Whether req gives back what its session holds (Free, Release, Detach): never refused for the
+ * buffer budget, its reply is small. */
+static bool gives_back(const Kvpool__Request *req)
+{
+	return req->call_case == KVPOOL__REQUEST__CALL_FREE ||
+	       req->call_case == KVPOOL__REQUEST__CALL_RELEASE ||
+	       req->call_case == KVPOOL__REQUEST__CALL_DETACH;
+}
+
 /* Admission of one call before it is dispatched: a Hello past max_sessions (admin slots kept),
- * an Attach past the descriptors in flight of its connection, any call of a non-admin past the
- * buffer budget. Returns true with f filled (and *close set for a refused Hello) when req is
- * refused: nothing of it is done. */
+ * an Attach past the descriptors in flight of its connection, a call of a non-admin past the
+ * buffer budget (unless it gives back). Returns true with f filled (and *close set for a
+ * refused Hello) when req is refused: nothing of it is done. */
 static bool refuse_call(struct server *sv, struct peer *p, const Kvpool__Request *req,
 			struct kvp_fail *f, bool *close)
 {
@@ -622,7 +631,7 @@ static bool refuse_call(struct server *sv, struct peer *p, const Kvpool__Request
 	struct kvp_daemon *d = sv->d;
 	uint64_t now = kvp_now_ms();
 
-	if (!p->admin && over_budget(sv)) {
+	if (!p->admin && !gives_back(req) && over_budget(sv)) {
 		kvp_admit_buffer(&d->conf, &n, 1, f);
 		d->st.refused_buffers++;
 		kvp_log_limited(&sv->log_refuse, now, LOG_WARNING,
@@ -1173,7 +1182,6 @@ static bool fd_reply_refused(struct server *sv, struct peer *p)
 	conn_outq_add(&p->c, e->len);
 	obuf_free(sv, o);
 	sv->d->st.refused_attach_fds++;
-	kvp_rpc_observe(&sv->d->rpc, KVPOOL__REQUEST__CALL_ATTACH, KVP_ERR_LIMIT_EXCEEDED, 0);
 	kvp_log_limited(&sv->log_send, kvp_now_ms(), LOG_WARNING,
 			"session %lu (pid %d): an Attach reply's descriptors could not be passed: "
 			"answered LIMIT_EXCEEDED",
