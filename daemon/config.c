@@ -497,6 +497,40 @@ static void set_max_key_bytes(struct parse *s, const char *key, const char *v)
 	parse_u32(s, key, v, 1, 64, &s->conf.max_key_bytes);
 }
 
+static void set_hello_timeout(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 100, 600000, &s->conf.hello_timeout_ms);
+}
+
+static void set_max_prehello(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 65536, &s->conf.max_prehello);
+}
+
+static void set_max_per_uid(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 65536, &s->conf.max_sessions_per_uid);
+}
+
+static void set_admin_sessions(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 65536, &s->conf.admin_sessions);
+}
+
+/* Bytes ("64M", "1G", a plain number), 0 = sized from max_sessions; tokens mean nothing here. */
+static void set_buffer_budget(struct parse *s, const char *key, const char *v)
+{
+	struct cap c = { 0 };
+
+	if (parse_cap(s, key, v, &c) < 0)
+		return;
+	if (c.tokens || (c.value && c.value < (1u << 20))) {
+		key_fail(s, key, "expected 0 or a byte size of at least 1M (\"64M\"), got '%s'", v);
+		return;
+	}
+	s->conf.buffer_budget = c.value;
+}
+
 static const struct key_def g_daemon_keys[] = {
 	{ "socket", set_socket },
 	{ "allowed_users", set_allowed_users },
@@ -510,6 +544,11 @@ static const struct key_def g_daemon_keys[] = {
 	{ "max_locks_per_session", set_max_locks },
 	{ "max_keys_per_call", set_max_keys },
 	{ "max_key_bytes", set_max_key_bytes },
+	{ "hello_timeout_ms", set_hello_timeout },
+	{ "max_prehello", set_max_prehello },
+	{ "max_sessions_per_uid", set_max_per_uid },
+	{ "admin_sessions", set_admin_sessions },
+	{ "buffer_budget", set_buffer_budget },
 };
 
 /* ---- [remote] keys ---- */
@@ -1386,6 +1425,10 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_locks_per_session = 4096;
 	c->max_keys_per_call = 65536;
 	c->max_key_bytes = 64;
+	c->hello_timeout_ms = 2000;
+	c->max_prehello = 256;
+	c->max_sessions_per_uid = 256;
+	c->admin_sessions = 16;
 	remote_defaults(&c->remote);
 }
 

@@ -133,6 +133,16 @@ struct kvp_conf {
 	uint32_t max_locks_per_session;
 	uint32_t max_keys_per_call; /* hash-keyed calls: keys in one call */
 	uint32_t max_key_bytes;	    /* hash-keyed calls: bytes of one key, 1 .. 64 */
+	/* Admission (admit.h): connections that have not said Hello close after hello_timeout_ms
+	 * and are at most max_prehello; one uid holds at most max_sessions_per_uid connections
+	 * (0 = no limit); admin_sessions of max_sessions and of max_prehello are kept for admins;
+	 * reply and input buffers of all connections together stay within buffer_budget bytes
+	 * (0 = sized from max_sessions). */
+	uint32_t hello_timeout_ms;
+	uint32_t max_prehello;
+	uint32_t max_sessions_per_uid;
+	uint32_t admin_sessions;
+	uint64_t buffer_budget;
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;
@@ -140,7 +150,9 @@ struct kvp_conf {
 
 /* Fills c with the daemon defaults and no pools: socket /run/kvpool/kvpoold.sock,
  * keepalive 10000 ms, log level info, no metrics endpoint, 1024 sessions,
- * 4096 leases and 4096 locks per session, 65536 keys per call of up to 64 bytes each. */
+ * 4096 leases and 4096 locks per session, 65536 keys per call of up to 64 bytes each,
+ * hello_timeout_ms 2000, 256 pre-Hello connections, 256 connections per uid, 16 admin sessions,
+ * buffer_budget 0 (sized from max_sessions). */
 void kvp_conf_defaults(struct kvp_conf *c);
 
 /* The three loaders start from kvp_conf_defaults(), apply the INI text and check it whole.

@@ -120,6 +120,11 @@ void conn_activity(struct conn *c, uint64_t now)
 	c->last_ms = now;
 }
 
+void conn_backlog(struct conn *c, bool waiting)
+{
+	c->backlog = waiting;
+}
+
 void conn_flush_deadline(struct conn *c, uint64_t deadline_ms)
 {
 	if (c->state == CONN_FLUSHING)
@@ -144,7 +149,7 @@ enum conn_expiry conn_expiry(const struct conn *c, uint64_t now)
 	if (c->state != CONN_FLUSHING && c->partial_since_ms &&
 	    past(now, c->partial_since_ms, l->partial_ms))
 		return CONN_EXPIRED_PARTIAL;
-	if (c->greeted && l->keepalive_ms && past(now, c->last_ms, l->keepalive_ms))
+	if (c->greeted && l->keepalive_ms && !c->backlog && past(now, c->last_ms, l->keepalive_ms))
 		return CONN_EXPIRED_KEEPALIVE;
 	return CONN_LIVE;
 }

@@ -39,7 +39,7 @@ enum conn_expiry {
 struct conn_limits {
 	int turn_budget;       /* frames served per turn */
 	size_t outq_max;       /* queued reply bytes before reading stops */
-	uint64_t handshake_ms; /* Hello within this of the accept */
+	uint64_t handshake_ms; /* Hello within this of the accept (hello_timeout_ms) */
 	uint64_t partial_ms;   /* a half-sent frame completes within this */
 	uint64_t keepalive_ms; /* an open connection calls within this; 0: no limit */
 };
@@ -48,7 +48,8 @@ struct conn {
 	enum conn_state state;
 	unsigned holds; /* enum conn_hold bits */
 	bool greeted;	/* it was OPEN (said Hello): keep-alive, not the handshake, applies */
-	int budget;	/* frames left this turn */
+	bool backlog; /* complete requests wait to be served: kvpoold, not the client, is behind */
+	int budget;   /* frames left this turn */
 	size_t out_bytes;
 	uint64_t accepted_ms, last_ms, partial_since_ms, flush_deadline_ms;
 	const struct conn_limits *lim;
@@ -93,8 +94,12 @@ void conn_outq_sent(struct conn *c, size_t n);
 /* After a turn: pending says whether a half frame waits in the input. Starts the half-frame
  * clock at now, or stops it. */
 void conn_input_note(struct conn *c, bool pending, uint64_t now);
-/* A call was served at now (keep-alive). */
+/* A call was served, or reply bytes were read by the client, at now (keep-alive). */
 void conn_activity(struct conn *c, uint64_t now);
+/* After a turn: whether complete requests still wait to be served. While they do, the
+ * keep-alive does not run (the client is not the one behind); it restarts from the next
+ * activity. */
+void conn_backlog(struct conn *c, bool waiting);
 /* Sets the time by which a FLUSHING connection's queue must be sent (0: none). */
 void conn_flush_deadline(struct conn *c, uint64_t deadline_ms);
 /* Which deadline, if any, c has passed at now. */

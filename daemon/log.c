@@ -47,3 +47,40 @@ void kvp_log(int prio, const char *fmt, ...)
 	fwrite(line, 1, (size_t)n, stderr);
 	fflush(stderr);
 }
+
+uint64_t g_log_suppressed;
+
+static void limit_emit(struct kvp_log_limit *l, uint64_t now)
+{
+	if (l->suppressed)
+		kvp_log(l->prio, "%s (and %lu more like it in the last %lu ms)", l->last,
+			(unsigned long)l->suppressed, (unsigned long)(now - l->last_ms));
+	else
+		kvp_log(l->prio, "%s", l->last);
+	l->suppressed = 0;
+	l->last_ms = now ? now : 1;
+}
+
+void kvp_log_limited(struct kvp_log_limit *l, uint64_t now, int prio, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (prio > g_log_level)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(l->last, sizeof(l->last), fmt, ap);
+	va_end(ap);
+	l->prio = prio;
+	if (l->last_ms && now - l->last_ms < l->interval_ms) {
+		l->suppressed++;
+		g_log_suppressed++;
+		return;
+	}
+	limit_emit(l, now);
+}
+
+void kvp_log_limit_flush(struct kvp_log_limit *l, uint64_t now)
+{
+	if (l->suppressed && now - l->last_ms >= l->interval_ms)
+		limit_emit(l, now);
+}

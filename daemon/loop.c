@@ -12,8 +12,11 @@
  * by deliver_deferred when the work completes, to its session's connection if still open. */
 #include "loop.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <liburing.h>
+#include <malloc.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +29,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "conn.h"
 #include "dispatch.h"
 #include "fault.h"
@@ -52,9 +56,14 @@
 #define NBUFS 256
 #define BUFSZ (16u << 10)
 #define TICK_MS 100
-#define ARENA_BYTES (64u << 10) /* a decoded request beyond this spills to malloc */
-#define FAIL_FLUSH_MS 1000	/* a connection closed for an error has this long to read why */
-#define PIDFD_LOG_MS 60000	/* at most one log line per interval about failed pidfds */
+#define ARENA_BYTES (64u << 10)	   /* a decoded request beyond this spills to malloc */
+#define FAIL_FLUSH_MS 1000	   /* a connection closed for an error has this long to read why */
+#define PIDFD_LOG_MS 60000	   /* at most one log line per interval about failed pidfds */
+#define REPEAT_LOG_MS 5000	   /* at most one line per interval of each repeated event */
+#define ACCEPT_BACKOFF_MS 50	   /* accept waits this long after EMFILE, doubling, */
+#define ACCEPT_BACKOFF_MAX_MS 1000 /* up to this */
+#define FDCOUNT_MS 1000		   /* kvpoold's own descriptors are counted again this often */
+#define IN_KEEP (64u << 10)	   /* an input buffer beyond this is given back once drained */
 
 /* Queued reply bytes: one or more whole frames. Replies of a turn are packed one after another
  * into the tail buffer; one that carries descriptors gets a buffer of its own. Bytes appended
@@ -64,6 +73,7 @@ struct obuf {
 	size_t len, off, cap;
 	int fds[KVP_REPLY_MAX_FDS];
 	int nfds;
+	uint64_t req_id; /* of the reply carrying fds: answered with an error if they cannot go */
 	uint8_t data[];
 };
 
@@ -83,6 +93,10 @@ struct peer {
 	/* Bytes of frames queued and sent so far; notice_mark: queued_total after the last
 	 * pressure notice, 0 once the peer has read it (push_notices). */
 	uint64_t queued_total, sent_total, notice_mark;
+	bool admin;
+	bool greeted_counted; /* counted in n_greeted, else (not closing) in n_prehello */
+	size_t in_acct;	      /* bytes of in counted in the buffer budget */
+	uint32_t fd_replies;  /* replies with fds sent whose bytes the peer may not have read */
 	struct peer *ready_next;
 	struct peer *prev, *next;
 	struct msghdr msg;
@@ -123,7 +137,15 @@ struct server {
 	bool no_peerpidfd;
 	uint64_t pidfd_log_ms, pidfd_unlogged;
 	int exit_code;
+	/* Admission (admit.h): connections by state, descriptors, buffer bytes. */
+	uint32_t n_prehello, n_greeted;
+	uint64_t fd_limit, conn_fds, fds_other, last_fdcount_ms;
+	uint64_t buf_bytes;
+	uint64_t accept_retry_ms, accept_backoff_ms; /* accept waits after EMFILE until then */
+	struct kvp_log_limit log_accept, log_refuse, log_send, log_hello;
 };
+
+#define OBUF_BYTES(o) (sizeof(struct obuf) + (o)->cap)
 
 /* An SQE for src, or NULL when the ring is full even after a submit (then sv->retry is set:
  * the caller leaves its operation unarmed and it is tried again next turn). */
@@ -143,12 +165,51 @@ static struct io_uring_sqe *get_sqe(struct server *sv)
 	return sqe;
 }
 
+/* The counts admission rules look at (admit.h). */
+static struct kvp_admit_counts admit_counts(const struct server *sv)
+{
+	return (struct kvp_admit_counts){
+		.prehello = sv->n_prehello,
+		.sessions = sv->n_greeted,
+		.fds_used = sv->fds_other + sv->conn_fds,
+		.fd_limit = sv->fd_limit,
+		.buf_bytes = sv->buf_bytes,
+	};
+}
+
+static bool over_budget(const struct server *sv)
+{
+	return sv->buf_bytes >= kvp_admit_buffer_budget(&sv->d->conf);
+}
+
+/* Whether p waits on the buffer budget: past it, a connection with replies queued is neither
+ * served nor read until they drain. */
+static bool budget_hold(const struct server *sv, const struct peer *p)
+{
+	return p->c.out_bytes && over_budget(sv);
+}
+
+/* The input buffer's memory, counted again after it grew or shrank. */
+static void in_account(struct server *sv, struct peer *p)
+{
+	sv->buf_bytes = sv->buf_bytes - p->in_acct + p->in.cap;
+	p->in_acct = p->in.cap;
+}
+
+static void obuf_free(struct server *sv, struct obuf *o)
+{
+	sv->buf_bytes -= OBUF_BYTES(o);
+	free(o);
+}
+
 static void arm_accept(struct server *sv)
 {
 	struct io_uring_sqe *sqe;
 
 	if (sv->accept_armed || sv->listen_fd < 0 || sv->stopping)
 		return;
+	if (sv->accept_retry_ms && kvp_now_ms() < sv->accept_retry_ms)
+		return; /* backing off after running out of descriptors: the tick tries again */
 	sqe = get_sqe(sv);
 	if (!sqe)
 		return;
@@ -265,6 +326,10 @@ static void arm_recv(struct server *sv, struct peer *p)
 
 	if (!conn_may_recv(&p->c) || sv->stopping)
 		return;
+	/* Backpressure: while complete frames wait to be served, nothing more is read (they
+	 * are served first, a turn budget at a time). */
+	if (kvp_frame_ready(&p->in) || budget_hold(sv, p))
+		return;
 	sqe = get_sqe(sv);
 	if (!sqe) {
 		mark_ready(sv, p);
@@ -344,13 +409,18 @@ static void conn_free(struct server *sv, struct peer *p)
 
 	for (o = p->oq_head; o; o = n) {
 		n = o->next;
-		free(o);
+		obuf_free(sv, o);
 	}
-	free(p->spare);
+	if (p->spare)
+		obuf_free(sv, p->spare);
 	kvp_frame_buf_release(&p->in);
-	if (p->pidfd >= 0)
+	in_account(sv, p);
+	if (p->pidfd >= 0) {
 		close(p->pidfd);
+		sv->conn_fds--;
+	}
 	close(p->fd);
+	sv->conn_fds--;
 	if (p->prev)
 		p->prev->next = p->next;
 	else
@@ -394,6 +464,10 @@ static void conn_close(struct server *sv, struct peer *p, const char *why)
 	if (conn_closing(&p->c))
 		return;
 	conn_set_state(&p->c, CONN_CLOSING);
+	if (p->greeted_counted)
+		sv->n_greeted--;
+	else
+		sv->n_prehello--;
 	if (p->sess) {
 		if (why)
 			log_info("session %lu ('%s' pid %d): %s", (unsigned long)p->sess->id,
@@ -417,7 +491,7 @@ static void conn_flush(struct peer *p, uint64_t deadline_ms)
 
 /* Room for a frame of len bytes at the tail of p's queue: the tail buffer when the frame fits
  * and neither carries descriptors, else a new buffer. NULL on ENOMEM. */
-static struct obuf *queue_room(struct peer *p, size_t len, int nfds)
+static struct obuf *queue_room(struct server *sv, struct peer *p, size_t len, int nfds)
 {
 	struct obuf *o = p->oq_tail;
 
@@ -432,6 +506,7 @@ static struct obuf *queue_room(struct peer *p, size_t len, int nfds)
 		o = malloc(sizeof(*o) + (len > OBUF_CAP ? len : OBUF_CAP));
 		if (!o)
 			return NULL;
+		sv->buf_bytes += sizeof(*o) + (len > OBUF_CAP ? len : OBUF_CAP);
 	}
 	o->next = NULL;
 	o->len = o->off = 0;
@@ -463,13 +538,14 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 		kvp_reply_fail(r, &f);
 		len = kvp_frame_plan(&plan, &r->resp.base);
 	}
-	o = queue_room(p, len, r->nfds);
+	o = queue_room(sv, p, len, r->nfds);
 	if (!o) {
 		conn_close(sv, p, "out of memory queueing a reply");
 		return;
 	}
 	o->len += kvp_frame_pack_plan(&plan, o->data + o->len);
 	o->nfds = r->nfds;
+	o->req_id = r->resp.id;
 	memcpy(o->fds, r->fds, sizeof(int) * (size_t)r->nfds);
 	conn_outq_add(&p->c, len);
 	p->queued_total += len;
@@ -589,6 +665,96 @@ static double elapsed_us(const struct timespec *a, const struct timespec *b)
  * arena, dispatched and its reply packed into p's queue; the time from the end of one to the
  * end of the next (decode, dispatch, pack: one clock read per request) is the call's
  * server-side latency. */
+/* Replies with descriptors p's peer may not have read yet: those queued, and those sent while
+ * its socket still holds unread bytes (every one of them then, to be safe: SIOCOUTQ counts
+ * memory, not which reply). Descriptors in flight count against kvpoold's RLIMIT_NOFILE. */
+static uint32_t fd_replies_in_flight(struct peer *p)
+{
+	uint32_t n = 0;
+	int unread = 0;
+
+	for (struct obuf *o = p->oq_head; o; o = o->next)
+		n += o->nfds && o->off == 0;
+	if (p->fd_replies && ioctl(p->fd, SIOCOUTQ, &unread) == 0 && unread == 0)
+		p->fd_replies = 0;
+	return n + p->fd_replies;
+}
+
+/* Whether req gives back what its session holds (Free, Release, Detach): never refused for the
+ * buffer budget, its reply is small. */
+static bool gives_back(const Kvpool__Request *req)
+{
+	return req->call_case == KVPOOL__REQUEST__CALL_FREE ||
+	       req->call_case == KVPOOL__REQUEST__CALL_RELEASE ||
+	       req->call_case == KVPOOL__REQUEST__CALL_DETACH;
+}
+
+/* Admission of one call before it is dispatched: a Hello past max_sessions (admin slots kept),
+ * an Attach past the descriptors in flight of its connection, a call of a non-admin past the
+ * buffer budget (unless it gives back). Returns true with f filled (and *close set for a
+ * refused Hello) when req is refused: nothing of it is done. */
+static bool refuse_call(struct server *sv, struct peer *p, const Kvpool__Request *req,
+			struct kvp_fail *f, bool *close)
+{
+	struct kvp_admit_counts n = admit_counts(sv);
+	struct kvp_daemon *d = sv->d;
+	uint64_t now = kvp_now_ms();
+
+	if (!p->admin && !gives_back(req) && over_budget(sv)) {
+		kvp_admit_buffer(&d->conf, &n, 1, f);
+		d->st.refused_buffers++;
+		kvp_log_limited(&sv->log_refuse, now, LOG_WARNING,
+				"refused a call of pid %d uid %u: %s", (int)p->sess->pid,
+				(unsigned)p->sess->uid, f->msg);
+		return true;
+	}
+	if (req->call_case == KVPOOL__REQUEST__CALL_HELLO && !p->greeted_counted &&
+	    kvp_admit_hello(&d->conf, &n, p->admin, f) != KVP_ADMIT_OK) {
+		d->st.refused_sessions++;
+		d->st.connections_refused++;
+		*close = true;
+		kvp_log_limited(&sv->log_refuse, now, LOG_WARNING,
+				"refused the Hello of pid %d uid %u: %s", (int)p->sess->pid,
+				(unsigned)p->sess->uid, f->msg);
+		return true;
+	}
+	if (req->call_case == KVPOOL__REQUEST__CALL_ATTACH &&
+	    fd_replies_in_flight(p) >= KVP_ATTACH_FDS_INFLIGHT) {
+		kvp_fail_limit(f, "Attach replies in flight", KVP_ATTACH_FDS_INFLIGHT);
+		kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
+			 "%u Attach replies with descriptors are not read yet: read them first",
+			 KVP_ATTACH_FDS_INFLIGHT);
+		d->st.refused_attach_fds++;
+		kvp_log_limited(&sv->log_refuse, now, LOG_NOTICE,
+				"refused an Attach of session %lu (pid %d): %s",
+				(unsigned long)p->sess->id, (int)p->sess->pid, f->msg);
+		return true;
+	}
+	return false;
+}
+
+/* After a turn: which of the client's deadlines run. While complete requests wait (kvpoold is
+ * behind) neither the half-frame clock nor the keep-alive runs; the half-frame clock runs only
+ * while kvpoold reads and holds part of a frame, from the last frame served (served: this turn
+ * served one). A large input buffer is given back once drained. */
+static void note_input(struct server *sv, struct peer *p, bool served, uint64_t now)
+{
+	bool waiting = kvp_frame_ready(&p->in) || budget_hold(sv, p);
+
+	conn_backlog(&p->c, waiting);
+	if (served) /* the stream moves: whatever part of a frame is held is a new one */
+		conn_input_note(&p->c, false, now);
+	conn_input_note(&p->c, !waiting && !conn_paused(&p->c) && kvp_frame_pending(&p->in), now);
+	if (p->in.cap > IN_KEEP && kvp_frame_pending(&p->in) <= IN_KEEP / 4) {
+		kvp_frame_buf_shrink(&p->in, 0);
+		in_account(sv, p);
+	}
+}
+
+/* Serves p's complete frames, up to its budget. Each request is decoded into the server's
+ * arena, dispatched and its reply packed into p's queue; the time from the end of one to the
+ * end of the next (decode, dispatch, pack: one clock read per request) is the call's
+ * server-side latency. */
 static void serve_frames_budget(struct server *sv, struct peer *p)
 {
 	struct timespec prev, now;
@@ -597,10 +763,12 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 	clock_gettime(CLOCK_MONOTONIC, &prev);
 	now = prev;
 	conn_turn_begin(&p->c);
-	while (conn_serving(&p->c) && !conn_paused(&p->c)) {
+	while (conn_serving(&p->c) && !conn_paused(&p->c) && !budget_hold(sv, p)) {
 		const uint8_t *payload;
 		Kvpool__Request *req;
 		struct kvp_reply r;
+		struct kvp_fail f = { 0 };
+		bool refused_close = false;
 		uint32_t len;
 		int n, code;
 
@@ -631,9 +799,19 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 		if (!served)
 			p->sess->last_ms = ms_of(&prev); /* a call is activity, from its start */
 		kvp_reply_init(&r, req->id);
-		code = kvp_dispatch_frame(sv->d, p->sess, req, payload, len, &r);
-		if (p->c.state == CONN_HANDSHAKE && p->sess->hello)
+		if (refuse_call(sv, p, req, &f, &refused_close)) {
+			kvp_reply_fail(&r, &f);
+			code = (int)f.code;
+			r.close_after = refused_close;
+		} else {
+			code = kvp_dispatch_frame(sv->d, p->sess, req, payload, len, &r);
+		}
+		if (p->c.state == CONN_HANDSHAKE && p->sess->hello) {
 			conn_set_state(&p->c, CONN_OPEN);
+			p->greeted_counted = true;
+			sv->n_prehello--;
+			sv->n_greeted++;
+		}
 		if (code != KVP_DEFERRED) /* else deliver_deferred sends it later */
 			send_reply(sv, p, &r);
 		kvp_reply_release(&r);
@@ -649,7 +827,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 		p->sess->last_ms = ms_of(&now);
 		conn_activity(&p->c, ms_of(&now));
 	}
-	conn_input_note(&p->c, kvp_frame_pending(&p->in), kvp_now_ms());
+	note_input(sv, p, served, kvp_now_ms());
 }
 
 /* Serves a connection's complete frames (up to its budget), then sends the replies of the
@@ -811,6 +989,29 @@ static int peer_pidfd(struct server *sv, int fd, pid_t pid)
 
 static kvp_src_fn on_recv, on_send, on_pidfd;
 
+/* The admission rules for a new connection (admit.h): descriptors, pre-Hello connections, the
+ * uid's connections. 0, or -1 with f filled (counted and logged, at most a line per interval). */
+static int admit_connection(struct server *sv, const struct ucred *cred, bool admin,
+			    struct kvp_fail *f)
+{
+	struct kvp_admit_counts n = admit_counts(sv);
+	struct kvp_daemon_stats *st = &sv->d->st;
+
+	n.fds_used++; /* the accepted socket */
+	for (struct peer *q = sv->conns; q; q = q->next)
+		n.uid_conns += !conn_closing(&q->c) && q->sess && q->sess->uid == cred->uid;
+	switch (kvp_admit_connect(&sv->d->conf, &n, admin, cred->uid, f)) {
+	case KVP_ADMIT_OK: return 0;
+	case KVP_ADMIT_FDS: st->refused_fds++; break;
+	case KVP_ADMIT_PREHELLO: st->refused_prehello++; break;
+	default: st->refused_uid++; break;
+	}
+	kvp_log_limited(&sv->log_refuse, kvp_now_ms(), LOG_WARNING,
+			"refused connection of pid %d uid %u%s: %s", (int)cred->pid,
+			(unsigned)cred->uid, admin ? " (admin)" : "", f->msg);
+	return -1;
+}
+
 static void on_accept(struct server *sv, int fd)
 {
 	struct ucred cred;
@@ -840,9 +1041,12 @@ static void on_accept(struct server *sv, int fd)
 		r = kvp_daemon_admit(sv->d, cred.pid, cred.uid, cred.gid, groups, ngroups, &admin,
 				     &f);
 		if (r < 0)
-			log_notice("refused connection of pid %d uid %u: not allowed",
-				   (int)cred.pid, (unsigned)cred.uid);
+			kvp_log_limited(&sv->log_refuse, kvp_now_ms(), LOG_NOTICE,
+					"refused connection of pid %d uid %u: not allowed",
+					(int)cred.pid, (unsigned)cred.uid);
 	}
+	if (r == 0 && admit_connection(sv, &cred, admin, &f) < 0)
+		r = -1;
 	if (r < 0) {
 		reject(sv, fd, &f);
 		goto out;
@@ -864,7 +1068,8 @@ static void on_accept(struct server *sv, int fd)
 	p->sess = kvp_session_new(sv->d, cred.pid, cred.uid, cred.gid, admin, &f);
 	if (!p->sess) {
 		free(p);
-		log_warn("refused connection of pid %d: %s", (int)cred.pid, f.msg);
+		kvp_log_limited(&sv->log_refuse, kvp_now_ms(), LOG_WARNING,
+				"refused connection of pid %d: %s", (int)cred.pid, f.msg);
 		goto refuse;
 	}
 	if (kvp_session_set_groups(p->sess, groups, ngroups) < 0) {
@@ -876,6 +1081,9 @@ static void on_accept(struct server *sv, int fd)
 	}
 	p->fd = fd;
 	p->pidfd = pidfd;
+	p->admin = admin;
+	sv->conn_fds += 1 + (pidfd >= 0);
+	sv->n_prehello++;
 	conn_init(&p->c, &sv->lim, kvp_now_ms());
 	kvp_src_init(&p->recv_src, KVP_SRC_RECV, on_recv, p);
 	kvp_src_init(&p->send_src, KVP_SRC_SEND, on_send, p);
@@ -901,16 +1109,63 @@ out:
 static void on_accept_cqe(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
 	struct server *sv = loop;
+	int res = cqe->res;
 
 	(void)src;
 	if (!(cqe->flags & IORING_CQE_F_MORE)) {
 		sv->accept_armed = false;
 		sv->accept_cancel_sent = false;
 	}
-	if (cqe->res >= 0)
-		on_accept(sv, cqe->res);
-	else if (cqe->res != -ECANCELED)
-		log_warn("accept: %s", strerror(-cqe->res));
+	if (res >= 0 && kvp_fault_hit(KVP_FAULT_ACCEPT)) {
+		close(res);
+		res = -EMFILE;
+	}
+	if (res >= 0) {
+		sv->accept_backoff_ms = 0;
+		on_accept(sv, res);
+		return;
+	}
+	if (res == -ECANCELED)
+		return;
+	sv->d->st.accept_errors++;
+	if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
+		/* Out of descriptors or memory: accepting again at once would fail the same way,
+		 * forever. Wait, doubling the wait, and let the tick arm it again. */
+		uint64_t now = kvp_now_ms();
+
+		sv->accept_backoff_ms =
+			sv->accept_backoff_ms ? 2 * sv->accept_backoff_ms : ACCEPT_BACKOFF_MS;
+		if (sv->accept_backoff_ms > ACCEPT_BACKOFF_MAX_MS)
+			sv->accept_backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+		sv->accept_retry_ms = now + sv->accept_backoff_ms;
+		if (sv->accept_armed)
+			cancel_accept(sv);
+		kvp_log_limited(&sv->log_accept, now, LOG_WARNING,
+				"accept: %s: trying again in %lu ms", strerror(-res),
+				(unsigned long)sv->accept_backoff_ms);
+		return;
+	}
+	kvp_log_limited(&sv->log_accept, kvp_now_ms(), LOG_WARNING, "accept: %s", strerror(-res));
+}
+
+/* Whether n more input bytes would grow p's input buffer past IN_KEEP and the buffer budget
+ * (admins excepted): the frame is then refused and the connection closed (its id is not known
+ * yet, so no call can be answered). */
+static bool input_refused(struct server *sv, struct peer *p, size_t n)
+{
+	size_t need = kvp_frame_pending(&p->in) + n;
+	struct kvp_admit_counts c = admit_counts(sv);
+	struct kvp_fail f = { 0 };
+
+	if (p->admin || need <= IN_KEEP || need <= p->in.cap)
+		return false;
+	if (kvp_admit_buffer(&sv->d->conf, &c, need - p->in.cap, &f) == 0)
+		return false;
+	sv->d->st.refused_buffers++;
+	kvp_log_limited(&sv->log_refuse, kvp_now_ms(), LOG_WARNING,
+			"input of session %lu (pid %d) refused: %s", (unsigned long)p->sess->id,
+			(int)p->sess->pid, f.msg);
+	return true;
 }
 
 static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
@@ -924,13 +1179,19 @@ static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		unsigned bid = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
 		int r = 0;
 
-		if (res > 0 && conn_serving(&p->c))
+		if (res > 0 && conn_serving(&p->c) && input_refused(sv, p, (size_t)res))
+			r = -ENOSPC;
+		else if (res > 0 && conn_serving(&p->c))
 			r = kvp_fault_hit(KVP_FAULT_INPUT)
 				    ? -ENOMEM
 				    : kvp_frame_buf_append(&p->in, sv->bufs + (size_t)bid * BUFSZ,
 							   (size_t)res);
+		in_account(sv, p);
 		if (r == -EMSGSIZE)
 			protocol_error(sv, p, "frame larger than the maximum");
+		else if (r == -ENOSPC)
+			fail_close(sv, p, KVP_ERR_LIMIT_EXCEEDED,
+				   "the input does not fit in kvpoold's buffer budget");
 		else if (r < 0)
 			fail_close(sv, p, KVP_ERR_INTERNAL,
 				   "out of memory for the connection's input");
@@ -951,6 +1212,53 @@ static void on_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 	mark_ready(sv, p);
 }
 
+/* The reply at the head of p's queue carries descriptors the kernel would not pass
+ * (ETOOMANYREFS: too many of kvpoold's descriptors are in flight; EMFILE, ENFILE): that call
+ * alone fails, LIMIT_EXCEEDED in place of its reply; the connection goes on. Returns false
+ * when no error reply could be made (then the connection closes). */
+static bool fd_reply_refused(struct server *sv, struct peer *p)
+{
+	struct obuf *o = p->oq_head, *e;
+	struct kvp_reply r;
+	struct kvp_fail f = { 0 };
+	struct kvp_frame_plan plan;
+	size_t len;
+
+	kvp_reply_init(&r, o->req_id);
+	kvp_fail_limit(&f, "descriptors in flight", sv->fd_limit);
+	kvp_fail(&f, KVP_ERR_LIMIT_EXCEEDED,
+		 "the pool's memory descriptors cannot be passed now: too many of kvpoold's "
+		 "descriptors are in flight to clients that have not read them; try again");
+	kvp_reply_fail(&r, &f);
+	len = kvp_frame_plan(&plan, &r.resp.base);
+	e = malloc(sizeof(*e) + len);
+	if (!e) {
+		kvp_reply_release(&r);
+		return false;
+	}
+	e->cap = len;
+	e->len = kvp_frame_pack_plan(&plan, e->data);
+	e->off = 0;
+	e->nfds = 0;
+	e->req_id = o->req_id;
+	e->next = o->next;
+	kvp_reply_release(&r);
+	sv->buf_bytes += OBUF_BYTES(e);
+	p->oq_head = e;
+	if (p->oq_tail == o)
+		p->oq_tail = e;
+	conn_outq_sent(&p->c, o->len);
+	conn_outq_add(&p->c, e->len);
+	obuf_free(sv, o);
+	sv->d->st.refused_attach_fds++;
+	kvp_log_limited(&sv->log_send, kvp_now_ms(), LOG_WARNING,
+			"session %lu (pid %d): an Attach reply's descriptors could not be passed: "
+			"answered LIMIT_EXCEEDED",
+			p->sess ? (unsigned long)p->sess->id : 0UL,
+			p->sess ? (int)p->sess->pid : -1);
+	return true;
+}
+
 static void on_send(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
 	struct server *sv = loop;
@@ -963,16 +1271,30 @@ static void on_send(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		conn_maybe_free(sv, p);
 		return;
 	}
+	if ((res == -ETOOMANYREFS || res == -EMFILE || res == -ENFILE) && p->oq_head &&
+	    p->oq_head->nfds && p->oq_head->off == 0 && fd_reply_refused(sv, p)) {
+		arm_send(sv, p);
+		return;
+	}
 	if (res < 0) {
-		conn_close(sv, p, "send failed (client gone)");
+		kvp_log_limited(&sv->log_send, kvp_now_ms(), LOG_INFO,
+				"session %lu ('%s' pid %d): send failed (%s): closing it",
+				p->sess ? (unsigned long)p->sess->id : 0UL,
+				p->sess ? p->sess->name : "", p->sess ? (int)p->sess->pid : -1,
+				strerror(-res));
+		conn_close(sv, p, NULL);
 		return;
 	}
 	conn_outq_sent(&p->c, sent);
 	p->sent_total += sent;
+	if (sent)
+		conn_activity(&p->c, kvp_now_ms()); /* the client reads: it is not the one behind */
 	while (sent && p->oq_head) {
 		struct obuf *o = p->oq_head;
 		size_t take = o->len - o->off < sent ? o->len - o->off : sent;
 
+		if (o->nfds && o->off == 0)
+			p->fd_replies++;
 		o->off += take;
 		sent -= take;
 		o->nfds = 0; /* descriptors went with the first byte */
@@ -984,7 +1306,7 @@ static void on_send(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		if (!p->spare && o->cap == OBUF_CAP)
 			p->spare = o;
 		else
-			free(o);
+			obuf_free(sv, o);
 	}
 	if (p->oq_head) {
 		arm_send(sv, p);
@@ -1071,6 +1393,24 @@ static void status_line(struct server *sv)
 	kvp_notify(buf);
 }
 
+/* kvpoold's descriptors other than its connections' (pools, the ring, reloads, metrics, the
+ * remote tier), counted in /proc/self/fd. Kept as it was when they cannot be counted. */
+static void count_own_fds(struct server *sv, uint64_t now)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	uint64_t n = 0;
+	struct dirent *e;
+
+	sv->last_fdcount_ms = now;
+	if (!dir)
+		return;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	n = n ? n - 1 : 0; /* the directory's own */
+	sv->fds_other = n > sv->conn_fds ? n - sv->conn_fds : 0;
+}
+
 static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
 	struct server *sv = loop;
@@ -1081,6 +1421,7 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 	(void)cqe;
 	sv->timer_armed = false;
 	sv->lim.keepalive_ms = d->conf.keepalive_ms; /* a reload may change it */
+	sv->lim.handshake_ms = d->conf.hello_timeout_ms;
 	for (struct peer *p = sv->conns, *n; p; p = n) {
 		enum conn_expiry e;
 
@@ -1090,14 +1431,35 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 			continue;
 		}
 		e = conn_expiry(&p->c, now);
-		if (e == CONN_LIVE)
+		if (e == CONN_LIVE) {
+			/* Frames held back by the buffer budget: looked at again. */
+			if (!conn_closing(&p->c) && kvp_frame_ready(&p->in))
+				mark_ready(sv, p);
 			continue;
+		}
 		if (e == CONN_EXPIRED_PARTIAL)
 			d->st.protocol_errors++;
 		else if (e == CONN_EXPIRED_KEEPALIVE)
 			d->st.sessions_reclaimed++;
+		if (e == CONN_EXPIRED_HANDSHAKE) {
+			d->st.hello_timeouts++;
+			kvp_log_limited(&sv->log_hello, now, LOG_INFO,
+					"connection of pid %d uid %u: %s: closed",
+					p->sess ? (int)p->sess->pid : -1,
+					p->sess ? (unsigned)p->sess->uid : 0u,
+					conn_expiry_reason(e));
+			conn_close(sv, p, NULL);
+			continue;
+		}
 		conn_close(sv, p, conn_expiry_reason(e));
 	}
+	if (now - sv->last_fdcount_ms >= FDCOUNT_MS)
+		count_own_fds(sv, now);
+	kvp_log_limit_flush(&sv->log_accept, now);
+	kvp_log_limit_flush(&sv->log_refuse, now);
+	kvp_log_limit_flush(&sv->log_send, now);
+	kvp_log_limit_flush(&sv->log_hello, now);
+	d->st.log_suppressed = g_log_suppressed;
 	if (d->draining && !sv->stopping && (d->n_sessions == 0 || now >= d->drain_deadline_ms))
 		begin_stop(sv,
 			   d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
@@ -1273,10 +1635,12 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	sv.lim = (struct conn_limits){
 		.turn_budget = KVP_TURN_BUDGET,
 		.outq_max = KVP_OUTQ_MAX,
-		.handshake_ms = KVP_HANDSHAKE_MS,
+		.handshake_ms = d->conf.hello_timeout_ms,
 		.partial_ms = KVP_PARTIAL_FRAME_MS,
 		.keepalive_ms = d->conf.keepalive_ms,
 	};
+	sv.log_accept.interval_ms = sv.log_refuse.interval_ms = REPEAT_LOG_MS;
+	sv.log_send.interval_ms = sv.log_hello.interval_ms = REPEAT_LOG_MS;
 	kvp_src_init(&sv.accept_src, KVP_SRC_ACCEPT, on_accept_cqe, &sv);
 	kvp_src_init(&sv.signal_src, KVP_SRC_SIGNAL, on_signal, &sv);
 	kvp_src_init(&sv.timer_src, KVP_SRC_TIMER, on_tick, &sv);
@@ -1306,6 +1670,15 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	}
 	sv.watchdog_ms = kvp_watchdog_ms();
 	sv.last_summary_ms = kvp_now_ms();
+	/* Buffers for clients above this come from mmap and go back to the system when freed
+	 * (glibc would otherwise raise the threshold after the first large free and keep them). */
+	mallopt(M_MMAP_THRESHOLD, 256 << 10);
+	sv.fd_limit = kvp_admit_raise_nofile();
+	count_own_fds(&sv, kvp_now_ms());
+	log_info("descriptors: limit %lu, %lu in use, %lu kept in reserve; buffer budget %lu bytes",
+		 (unsigned long)sv.fd_limit, (unsigned long)sv.fds_other,
+		 (unsigned long)kvp_admit_fd_reserve(sv.fd_limit),
+		 (unsigned long)kvp_admit_buffer_budget(&d->conf));
 	if (d->conf.metrics_listen[0])
 		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
 	rearm(&sv);

@@ -10,7 +10,6 @@
 #define KVP_TURN_BUDGET 32	  /* frames served per connection per loop turn */
 #define KVP_SEND_IOV 64		  /* replies gathered into one sendmsg */
 #define KVP_OUTQ_MAX (8u << 20)	  /* queued reply bytes before a connection stops being read */
-#define KVP_HANDSHAKE_MS 5000	  /* Hello must come within this */
 #define KVP_PARTIAL_FRAME_MS 5000 /* a half-sent frame must complete within this */
 #define KVP_STOP_FLUSH_MS 2000	  /* at shutdown, replies get this long to leave */
 #define KVP_SUMMARY_MS 10000	  /* eviction summary lines, at most one per pool per interval */

@@ -65,8 +65,10 @@ struct kvp_session *kvp_session_new(struct kvp_daemon *d, pid_t pid, uid_t uid, 
 {
 	struct kvp_session *s;
 
-	if (d->n_sessions >= d->conf.max_sessions) {
-		kvp_fail_limit(f, "sessions", d->conf.max_sessions);
+	/* Connections are sessions from accept; Hello is where max_sessions applies (admit.h), so
+	 * this bound counts the pre-Hello ones too. */
+	if (d->n_sessions >= d->conf.max_sessions + d->conf.max_prehello) {
+		kvp_fail_limit(f, "sessions", d->conf.max_sessions + d->conf.max_prehello);
 		return NULL;
 	}
 	s = KVP_FAULT_OR(KVP_FAULT_SESSION, calloc(1, sizeof(*s)));

@@ -31,7 +31,18 @@
 	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")     \
 	X(frames_in, "frames_in_total", "Request frames received")                                 \
 	X(frames_out, "frames_out_total", "Response frames sent")                                  \
-	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)")
+	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)") \
+	X(refused_fds, "refused_fds_total", "Connections refused: the fd reserve reached")         \
+	X(refused_prehello, "refused_prehello_total",                                              \
+	  "Connections refused: too many not yet said Hello")                                      \
+	X(refused_uid, "refused_uid_total", "Connections refused: max_sessions_per_uid reached")   \
+	X(refused_sessions, "refused_sessions_total", "Hellos refused: max_sessions reached")      \
+	X(refused_buffers, "refused_buffers_total", "Calls or connections refused: buffer_budget") \
+	X(refused_attach_fds, "refused_attach_fds_total",                                          \
+	  "Attach calls refused: too many descriptors in flight")                                  \
+	X(hello_timeouts, "hello_timeouts_total", "Connections closed: no Hello in time")          \
+	X(accept_errors, "accept_errors_total", "Accept failures (accept backs off after them)")   \
+	X(log_suppressed, "log_lines_suppressed_total", "Repeated log lines left out (counted)")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

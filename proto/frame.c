@@ -126,6 +126,43 @@ size_t kvp_frame_pending(const struct kvp_frame_buf *b)
 	return b->len - b->off;
 }
 
+bool kvp_frame_ready(const struct kvp_frame_buf *b)
+{
+	size_t held = b->len - b->off;
+	uint32_t n;
+
+	if (held < KVP_FRAME_HDR)
+		return false;
+	n = get_le32(b->data + b->off);
+	return n > KVP_FRAME_MAX || held - KVP_FRAME_HDR >= n;
+}
+
+size_t kvp_frame_buf_shrink(struct kvp_frame_buf *b, size_t keep)
+{
+	size_t held = b->len - b->off, cap = keep > held ? keep : held;
+	uint8_t *d;
+
+	if (b->cap <= cap)
+		return b->cap;
+	if (b->off) {
+		memmove(b->data, b->data + b->off, held);
+		b->len = held;
+		b->off = 0;
+	}
+	if (cap == 0) {
+		free(b->data);
+		b->data = NULL;
+		b->cap = b->len = 0;
+		return 0;
+	}
+	d = realloc(b->data, cap);
+	if (d) {
+		b->data = d;
+		b->cap = cap;
+	}
+	return b->cap;
+}
+
 int kvp_frame_pack(const ProtobufCMessage *msg, uint8_t **out, size_t *outlen)
 {
 	struct kvp_frame_plan plan;

@@ -36,6 +36,12 @@ void kvp_frame_buf_commit(struct kvp_frame_buf *b, size_t n);
 int kvp_frame_next(struct kvp_frame_buf *b, const uint8_t **payload, uint32_t *len);
 /* Bytes of an incomplete frame held (0 when the buffer ends on a frame boundary). */
 size_t kvp_frame_pending(const struct kvp_frame_buf *b);
+/* Whether a complete frame (or a header announcing more than KVP_FRAME_MAX) is held: the
+ * next kvp_frame_next answers without more bytes. */
+bool kvp_frame_ready(const struct kvp_frame_buf *b);
+/* After a large frame: gives back all but max(keep, the bytes held) of the buffer's memory.
+ * Returns the capacity now. */
+size_t kvp_frame_buf_shrink(struct kvp_frame_buf *b, size_t keep);
 
 /* Packs msg as one frame into a new malloc'ed buffer. Returns 0 and sets *out and *outlen,
  * -EMSGSIZE when the message exceeds KVP_FRAME_MAX, -ENOMEM. */

@@ -3,11 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -32,6 +34,10 @@ const char *h_kvpoold(void)
 
 	return p ? p : "../daemon/kvpoold";
 }
+
+/* What h_daemon_start_as asks of the next spawn (reset by it). */
+static unsigned g_spawn_nofile;
+static uid_t g_spawn_uid;
 
 static pid_t spawn(struct daemon *d, const char *config, const char *const *args)
 {
@@ -80,6 +86,17 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 		}
 		unsetenv("NOTIFY_SOCKET");
 		unsetenv("LISTEN_FDS");
+		if (g_spawn_nofile) {
+			struct rlimit rl = { g_spawn_nofile, g_spawn_nofile };
+
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				_exit(126);
+		}
+		if (g_spawn_uid &&
+		    (chown(d->dir, g_spawn_uid, g_spawn_uid) < 0 || setgroups(0, NULL) < 0 ||
+		     setresgid(g_spawn_uid, g_spawn_uid, g_spawn_uid) < 0 ||
+		     setresuid(g_spawn_uid, g_spawn_uid, g_spawn_uid) < 0))
+			_exit(126);
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
@@ -90,6 +107,21 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 int h_daemon_start(struct daemon *d, const char *config, const char *const *args)
 {
 	if (spawn(d, config, args) < 0)
+		return -1;
+	return h_wait_accepting(d->sock, &d->pid, 10000);
+}
+
+int h_daemon_start_as(struct daemon *d, const char *config, const char *const *args,
+		      unsigned nofile, uid_t uid)
+{
+	int r;
+
+	g_spawn_nofile = nofile;
+	g_spawn_uid = uid;
+	r = spawn(d, config, args);
+	g_spawn_nofile = 0;
+	g_spawn_uid = 0;
+	if (r < 0)
 		return -1;
 	return h_wait_accepting(d->sock, &d->pid, 10000);
 }

@@ -28,6 +28,11 @@ int h_write_file(const char *path, const char *text);
 /* Writes config text (NULL: none) and starts kvpoold with extra args (NULL-terminated).
  * Waits until it accepts connections (10 s). Returns 0 or -1 (d->log says why). */
 int h_daemon_start(struct daemon *d, const char *config, const char *const *args);
+/* h_daemon_start with kvpoold's RLIMIT_NOFILE set to nofile, soft and hard (0: inherited),
+ * and, when uid is not 0, kvpoold run as uid (group uid, no supplementary groups; its temporary
+ * directory is handed to it). */
+int h_daemon_start_as(struct daemon *d, const char *config, const char *const *args,
+		      unsigned nofile, uid_t uid);
 /* Starts kvpoold and waits for it to exit (for start-up failures). Returns its exit status,
  * -1 when it did not exit within 10 s. */
 int h_daemon_run_to_exit(struct daemon *d, const char *config, const char *const *args);

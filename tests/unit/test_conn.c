@@ -187,6 +187,23 @@ static void test_conn_expiry_keepalive(void)
 	CU_ASSERT_EQUAL(conn_expiry(&c, 4000), CONN_LIVE);
 }
 
+/* While complete requests wait on kvpoold (backlog), the keep-alive does not reclaim the
+ * client; reading replies counts as activity. */
+static void test_conn_expiry_keepalive_backlog(void)
+{
+	struct conn c;
+
+	conn_init(&c, &g_lim, 0);
+	conn_set_state(&c, CONN_OPEN);
+	conn_activity(&c, 1000);
+	conn_backlog(&c, true);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 50000), CONN_LIVE);
+	conn_backlog(&c, false);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 50000), CONN_EXPIRED_KEEPALIVE);
+	conn_activity(&c, 49000); /* reply bytes read */
+	CU_ASSERT_EQUAL(conn_expiry(&c, 50000), CONN_LIVE);
+}
+
 static void test_conn_expiry_flush(void)
 {
 	struct conn c;
@@ -225,6 +242,7 @@ int main(void)
 		H_TEST(test_conn_expiry_handshake),
 		H_TEST(test_conn_expiry_partial_frame),
 		H_TEST(test_conn_expiry_keepalive),
+		H_TEST(test_conn_expiry_keepalive_backlog),
 		H_TEST(test_conn_expiry_flush),
 	};
 

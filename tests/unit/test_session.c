@@ -9,7 +9,7 @@
 #include "suite.h"
 
 static const char *const g_conf =
-	"[daemon]\nmax_sessions = 3\nmax_leases_per_session = 3\nmax_locks_per_session = 2\n"
+	"[daemon]\nmax_sessions = 2\nmax_prehello = 1\nmax_leases_per_session = 3\nmax_locks_per_session = 2\n"
 	"[pool.a]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\ndtype = fp16\npage_tokens = 4\n"
 	"device = sim\ndevice_capacity = 64t\nhost_capacity = 32t\nmlock = off\n"
 	"session_quota = 40\n"
