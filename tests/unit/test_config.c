@@ -337,8 +337,15 @@ static void test_kvp_conf_load_string_out_of_range(void)
 		   "'99999999999999999999999'");
 	expect_err(
 		"[daemon]\nkeepalive_ms = 99\n",
-		"t.conf:2: key 'keepalive_ms' in [daemon]: expected an integer in 100..86400000, "
+		"t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration in 100..86400000 ms, "
 		"got '99'");
+	expect_err("[daemon]\nkeepalive_ms = 2d\n",
+		   "t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration: a whole number "
+		   "of ms, or one with a unit (ms, s, m, h), got '2d'");
+	expect_err(
+		"[daemon]\nkeepalive_ms = 25h\n",
+		"t.conf:2: key 'keepalive_ms' in [daemon]: expected a duration in 100..86400000 ms, "
+		"got '25h'");
 	expect_err("[pool.q]\nnuma_node = 1024\n",
 		   "t.conf:2: key 'numa_node' in [pool.q]: expected auto or a node number in "
 		   "0..1023, got '1024'");
@@ -736,6 +743,48 @@ static void test_kvp_conf_load_string_pool_access(void)
 		   "t.conf:2: unknown key 'namespace.3' in [daemon]");
 }
 
+static void test_kvp_conf_load_string_pressure_watermark(void)
+{
+	struct kvp_conf c, d;
+	char err[512];
+
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P, &c, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_watermark_tokens, 0);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_watermark_pct, 0);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_interval_ms, 100);
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P "pressure_watermark = 12.5%\n"
+					  "pressure_interval_ms = 0\n",
+				   &c, err, sizeof(err)),
+			      0);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_watermark_pct, 12.5);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_watermark_tokens, 0);
+	CU_ASSERT_EQUAL(c.pools[0].pressure_interval_ms, 0);
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P "pressure_watermark = 4096t\n", &d, err, sizeof(err)), 0);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_watermark_tokens, 4096);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_watermark_pct, 0);
+	CU_ASSERT_EQUAL_FATAL(load(POOL_P "pressure_watermark = 300 tokens\n", &d, err,
+				   sizeof(err)),
+			      0);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_watermark_tokens, 300);
+	/* a reload carries both over */
+	kvp_pool_conf_copy_access(&d.pools[0], &c.pools[0]);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_watermark_pct, 12.5);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_watermark_tokens, 0);
+	CU_ASSERT_EQUAL(d.pools[0].pressure_interval_ms, 0);
+	expect_err(POOL_P "pressure_watermark = 101%\n",
+		   "t.conf:9: key 'pressure_watermark' in [pool.p]: expected a percent in 0..100%, "
+		   "got '101%'");
+	expect_err(POOL_P "pressure_watermark = x%\n",
+		   "t.conf:9: key 'pressure_watermark' in [pool.p]: expected a percent like 10% or "
+		   "tokens like 4096t, got 'x%'");
+	expect_err(POOL_P "pressure_watermark = 5G\n",
+		   "t.conf:9: key 'pressure_watermark' in [pool.p]: expected a non-negative "
+		   "integer, got '5G'");
+	expect_err(POOL_P "pressure_interval_ms = 3600001\n",
+		   "t.conf:9: key 'pressure_interval_ms' in [pool.p]: expected an integer in "
+		   "0..3600000, got '3600001'");
+}
+
 int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
@@ -766,6 +815,7 @@ int main(int argc, char **argv)
 		H_TEST(test_kvp_conf_load_string_error_truncated),
 		H_TEST(test_kvp_pool_page_bytes_dtypes),
 		H_TEST(test_kvp_conf_load_string_pool_access),
+		H_TEST(test_kvp_conf_load_string_pressure_watermark),
 	};
 	g_example_path = h_src_path(argc, argv, "systemd/kvpoold.conf.example");
 
