@@ -69,8 +69,8 @@ static uint8_t row_byte(const struct engine *x, uint32_t pos, uint32_t layer, ui
 
 /* Writes (fill) or compares the rows of tokens [from, to) held by pages[] of tier, pages[0]
  * holding token `first`. Returns 0, or -1 with the first difference printed into why. */
-static int rows(struct engine *x, int tier, const uint32_t *pages, uint32_t first,
-		uint32_t from, uint32_t to, int fill, char *why, size_t whylen)
+static int rows(struct engine *x, int tier, const uint32_t *pages, uint32_t first, uint32_t from,
+		uint32_t to, int fill, char *why, size_t whylen)
 {
 	uint64_t rb = kvp_pool_row_bytes(x->p);
 	uint32_t pt = x->g.page_tokens;
@@ -93,11 +93,12 @@ static int rows(struct engine *x, int tier, const uint32_t *pages, uint32_t firs
 					if (fill) {
 						a[i] = want;
 					} else if (a[i] != want) {
-						snprintf(why, whylen,
-							 "mismatch: token %u layer %u kv %u byte %lu "
-							 "of %s page %u",
-							 pos, l, kv, (unsigned long)i,
-							 kvp_tier_name(tier), page);
+						snprintf(
+							why, whylen,
+							"mismatch: token %u layer %u kv %u byte %lu "
+							"of %s page %u",
+							pos, l, kv, (unsigned long)i,
+							kvp_tier_name(tier), page);
 						return -1;
 					}
 				}
@@ -141,8 +142,8 @@ static int marker(struct engine *x, int fill, char *why, size_t whylen)
 {
 	uint32_t pt = x->g.page_tokens;
 
-	return rows(x, KVP_TIER_DEVICE, x->lease_pages, x->ntokens, x->ntokens,
-		    x->ntokens + 2 * pt, fill, why, whylen);
+	return rows(x, KVP_TIER_DEVICE, x->lease_pages, x->ntokens, x->ntokens, x->ntokens + 2 * pt,
+		    fill, why, whylen);
 }
 
 static int publish(struct engine *x)
@@ -223,12 +224,13 @@ static int match_verify(struct engine *x, uint32_t *matched, int retry)
 		printf("fail out of memory\n");
 		goto out;
 	}
-	while ((r = kvp_cache_match(x->p, 0, x->tokens, x->ntokens, 1, &m, dev, host, cap,
-				    &e)) < 0 &&
+	while ((r = kvp_cache_match(x->p, 0, x->tokens, x->ntokens, 1, &m, dev, host, cap, &e)) <
+		       0 &&
 	       retry && again(x, &e, end))
 		;
 	if (r < 0) {
-		fail("match", &e);
+		printf("fail match: %s: %s%s%s\n", kvp_code_name(e.code), e.message,
+		       x->seen[0] ? "; retried after:" : "", x->seen);
 		goto out;
 	}
 	r = -1;
@@ -281,8 +283,7 @@ static int check(struct engine *x)
 		struct stat st;
 
 		if (kvp_pool_tier_base(x->p, t) != x->base[t]) {
-			printf("fail the %s tier is mapped at another address\n",
-			       kvp_tier_name(t));
+			printf("fail the %s tier is mapped at another address\n", kvp_tier_name(t));
 			return -1;
 		}
 		if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_ino != x->st[t].st_ino ||

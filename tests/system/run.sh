@@ -83,6 +83,8 @@ leader=
 teardown() {
 	local rc=$?
 
+	trap '' INT TERM HUP # nothing cuts the teardown short
+
 	if [ -n "$nspawn_pid" ] && kill -0 "$nspawn_pid" 2>/dev/null; then
 		# nspawn asks the container's systemd to power off; SIGKILL if that hangs.
 		kill -TERM "$nspawn_pid" 2>/dev/null
@@ -103,7 +105,7 @@ teardown() {
 	exit "$rc"
 }
 trap teardown EXIT
-trap 'exit 1' INT TERM HUP
+trap 'echo "run.sh: interrupted"; exit 1' INT TERM HUP
 
 mkdir "$root"
 tar -C "$root" -xf "$tarball" || { echo "run.sh: cannot unpack $tarball" >&2; exit 1; }
@@ -138,7 +140,6 @@ cp "$root$conf" "$work/kvpoold.conf.good"
 # Enabled as a package's postinst would: the socket listens from boot on.
 systemctl --root="$root" enable kvpoold.socket >/dev/null 2>&1 ||
 	{ echo "run.sh: systemctl --root enable kvpoold.socket failed" >&2; exit 1; }
-echo "kvpool-system" >"$root/etc/hostname"
 # A machine id of its own, so the boot is not a first boot (which would apply the presets and
 # enable kvpoold.service itself, not only its socket).
 tr -d - </proc/sys/kernel/random/uuid >"$root/etc/machine-id"
@@ -148,6 +149,7 @@ echo "== system: root unpacked and kvpool installed in $((SECONDS - t0)) s"
 # CAP_IPC_LOCK: the unit grants it (mlock of the host tier), as a real machine's bounding set
 # allows; nspawn drops it by default.
 SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0 systemd-nspawn --register=no --keep-unit --quiet \
+	--machine="kvpool-system-$$" \
 	--capability=CAP_IPC_LOCK --console=passive -D "$root" -b >"$work/console.log" 2>&1 &
 nspawn_pid=$!
 for _ in $(seq 300); do
