@@ -13,7 +13,9 @@
 # /var/tmp/kvpool-sysroot); each run unpacks a fresh copy, boots it and tears it down at the
 # end, also on failure. Tests that need kvpoold's fd store support (the cache survives a
 # restart) run only when `kvpoold --help` or `--version` mentions "fdstore", else they print
-# SKIP and the others still count.
+# SKIP and the others still count. A broken config's reload must leave kvpoold on its old
+# config in any case; that `systemctl reload` also exits non-zero is required once ExecReload=
+# waits for the reload's result (kvpoolctl reload), and a SKIP while it only sends SIGHUP.
 #
 # Exit: 0 every test passed (or skipped), 1 a test failed, 2 usage, 77 the container cannot be
 # made or booted here (the reason printed: not root, no systemd-nspawn or debootstrap, no
@@ -21,6 +23,7 @@
 #   KVP_SYSROOT_CACHE=DIR    where the root tarball is kept
 #   KVP_DEBIAN_MIRROR=URL    debootstrap's mirror (default http://deb.debian.org/debian)
 #   KVP_SYSTEM_KEEP=1        leave the container's root in place (its path is printed)
+# shellcheck disable=SC2016 # single-quoted programs for the container's sh and awk
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -66,6 +69,8 @@ make_root() {
 		rm -rf "$dir"
 		return 1
 	fi
+	# Roots of other package lists are not used again.
+	rm -f "$cache"/bookworm-*.tar
 	tar -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
 	local r=$?
 	rm -rf "$dir"
@@ -146,9 +151,13 @@ tr -d - </proc/sys/kernel/random/uuid >"$root/etc/machine-id"
 echo "== system: root unpacked and kvpool installed in $((SECONDS - t0)) s"
 
 # ---- boot ----
-# CAP_IPC_LOCK: the unit grants it (mlock of the host tier), as a real machine's bounding set
-# allows; nspawn drops it by default.
-SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0 systemd-nspawn --register=no --keep-unit --quiet \
+# On a host with cgroup v1 controllers (a legacy or hybrid /sys/fs/cgroup) the container gets
+# the legacy hierarchy too; on a cgroup2-only host nspawn's own choice holds. CAP_IPC_LOCK: the
+# unit grants it (mlock of the host tier), as a real machine's bounding set allows; nspawn
+# drops it by default.
+unified=0
+[ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ] && unified=1
+SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=$unified systemd-nspawn --register=no --keep-unit --quiet \
 	--machine="kvpool-system-$$" \
 	--capability=CAP_IPC_LOCK --console=passive -D "$root" -b >"$work/console.log" 2>&1 &
 nspawn_pid=$!
@@ -166,8 +175,8 @@ if [ -z "$leader" ]; then
 fi
 # Commands in the container, with its own environment (nothing of this shell's leaks in).
 ct() {
-	nsenter -t "$leader" -a -- env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		LANG=C.UTF-8 "$@"
+	nsenter -t "$leader" -a -- env -i LANG=C.UTF-8 \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"
 }
 # "offline" until the manager's private bus socket is up, then --wait waits for the boot.
 state=
@@ -372,7 +381,7 @@ engine_cmd() { # command; sets $line
 }
 engine_stop() {
 	[ -n "${engine_pid:-}" ] || return 0
-	echo quit >&"$engine_in" 2>/dev/null
+	{ echo quit >&"$engine_in"; } 2>/dev/null
 	exec {engine_in}>&-
 	wait "$engine_pid" 2>/dev/null
 	engine_pid=
