@@ -242,10 +242,21 @@ put_conf() { ct tee "$conf" >/dev/null; }
 journal_has() { ct journalctl -u kvpoold.service --no-pager | grep -i -- "$1" >/dev/null; }
 ctl() { ct kvpoolctl "$@"; }
 has_fdstore=0
-ct kvpoold --help 2>&1 | grep -qi fdstore && has_fdstore=1
-ct kvpoold --version 2>&1 | grep -qi fdstore && has_fdstore=1
+ct kvpoold --help 2>&1 | grep -i fdstore >/dev/null && has_fdstore=1
+ct kvpoold --version 2>&1 | grep -i fdstore >/dev/null && has_fdstore=1
 echo "== system: kvpoold $(ct kvpoold --version 2>&1 | head -1);" \
 	"fd store support: $([ $has_fdstore = 1 ] && echo yes || echo no)"
+
+cur="units load cleanly"
+# systemd logs "FILE:LINE: ..." for each line of a unit it ignores or does not understand.
+warn=$(ct journalctl -b --no-pager -o cat | grep -E 'kvpoold\.(service|socket)(\.d/[^:]*)?:[0-9]+:')
+if [ "$(prop LoadState)" != loaded ] || [ "$(prop LoadState kvpoold.socket)" != loaded ]; then
+	fail "LoadState $(prop LoadState) / $(prop LoadState kvpoold.socket)"
+elif [ -n "$warn" ]; then
+	fail "systemd complained: $warn"
+else
+	pass "kvpoold.service and kvpoold.socket loaded, no warnings"
+fi
 
 cur="sysusers and tmpfiles"
 uid=$(ct getent passwd kvpool | cut -d: -f3)
@@ -257,10 +268,13 @@ elif [ "$uid" -ge 1000 ]; then
 elif ! ct getent group kvpool-admin >/dev/null; then
 	fail "no group kvpool-admin"
 elif [ "$(ct stat -c '%U:%G %a' /run/kvpool)" != "kvpool:kvpool 750" ]; then
+	# (kvpoold.socket would make it root's: the owner says tmpfiles did, at boot)
 	fail "/run/kvpool is $(ct stat -c '%U:%G %a' /run/kvpool), not kvpool:kvpool 750"
 elif [ "$(prop Result systemd-sysusers.service)" != success ] ||
 	[ "$(prop Result systemd-tmpfiles-setup.service)" != success ]; then
 	fail "systemd-sysusers or systemd-tmpfiles-setup did not succeed"
+elif ! ct systemd-tmpfiles --cat-config | grep '^d /run/kvpool ' >/dev/null; then
+	fail "kvpool's tmpfiles.d entry is not in systemd-tmpfiles --cat-config"
 else
 	pass "uid $uid, gid $gid, /run/kvpool kvpool:kvpool 0750"
 fi
@@ -284,7 +298,7 @@ else
 fi
 
 cur="READY and STATUS"
-status_ok() { prop StatusText | grep -qE '^[0-9]+ pools, [0-9]+ sessions, '; }
+status_ok() { prop StatusText | grep -E '^[0-9]+ pools, [0-9]+ sessions, ' >/dev/null; }
 if [ "$(prop Type)" != notify ]; then
 	fail "Type=$(prop Type), not notify"
 elif ! is_running; then
@@ -330,7 +344,7 @@ pid=$(main_pid)
 	printf '\n[pool.reloaded]\nlayers = 2\nkv_heads = 1\nhead_dim = 64\ndtype = fp16\n'
 	printf 'page_tokens = 16\ndevice = none\nhost_capacity = 4M\n'
 } >"$work/kvpoold.conf.more"
-has_pool() { ctl pools 2>/dev/null | grep -qw reloaded; }
+has_pool() { ctl pools 2>/dev/null | grep -w reloaded >/dev/null; }
 put_conf <"$work/kvpoold.conf.more"
 if ! out=$(ct systemctl reload kvpoold.service 2>&1); then
 	fail "systemctl reload failed on a valid config: $out"
