@@ -15,6 +15,10 @@ fi
 if [ "${KVP_NO_FORMAT:-0}" != 1 ]; then
 	pkgs+=(clang-format)
 fi
+# tests/system/run.sh (test.sh's real-systemd stage): a container booted with systemd
+if [ "${KVP_NO_SYSTEM:-0}" != 1 ]; then
+	pkgs+=(systemd-container debootstrap)
+fi
 if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
 	pkgs+=(clang libclang-rt-14-dev)
 fi
