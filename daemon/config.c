@@ -470,6 +470,16 @@ static void set_max_key_bytes(struct parse *s, const char *key, const char *v)
 	parse_u32(s, key, v, 1, 64, &s->conf.max_key_bytes);
 }
 
+static void set_reserve_max_pages(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 32768, &s->conf.reserve_max_pages);
+}
+
+static void set_reserve_free_percent(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 100, &s->conf.reserve_free_percent);
+}
+
 static const struct key_def g_daemon_keys[] = {
 	{ "socket", set_socket },
 	{ "allowed_users", set_allowed_users },
@@ -483,6 +493,8 @@ static const struct key_def g_daemon_keys[] = {
 	{ "max_locks_per_session", set_max_locks },
 	{ "max_keys_per_call", set_max_keys },
 	{ "max_key_bytes", set_max_key_bytes },
+	{ "reserve_max_pages", set_reserve_max_pages },
+	{ "reserve_free_percent", set_reserve_free_percent },
 };
 
 /* ---- [remote] keys ---- */
@@ -1321,6 +1333,8 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_locks_per_session = 4096;
 	c->max_keys_per_call = 65536;
 	c->max_key_bytes = 64;
+	c->reserve_max_pages = 256;
+	c->reserve_free_percent = 25;
 	remote_defaults(&c->remote);
 }
 

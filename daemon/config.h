@@ -126,6 +126,10 @@ struct kvp_conf {
 	uint32_t max_locks_per_session;
 	uint32_t max_keys_per_call; /* hash-keyed calls: keys in one call */
 	uint32_t max_key_bytes;	    /* hash-keyed calls: bytes of one key, 1 .. 64 */
+	/* Page reserves a session may ask for at Attach: pages per tier (0 = none granted), and
+	 * the share of a tier's free pages one fill may take. Defaults 256 and 25. */
+	uint32_t reserve_max_pages;
+	uint32_t reserve_free_percent;
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;

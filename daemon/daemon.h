@@ -34,8 +34,12 @@ struct kvp_session {
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
 	uint64_t locked_pages[KVP_MAX_POOLS]; /* pages its locks pin, counted in the quotas too */
 	uint64_t locked_tokens;
+	/* Page reserves (reserve.h), per pool; their pages count in leased_pages. */
+	struct kvp_reserve *reserve[KVP_MAX_POOLS];
 	struct kvp_session *prev, *next;
 };
+
+struct kvp_reserve;
 
 struct kvp_lock {
 	uint64_t id;
@@ -125,6 +129,9 @@ struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
 			  const struct kvpd_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f);
+/* Pages s may still hold in p under the session and uid quotas (UINT64_MAX: no quota). */
+uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *s,
+			  const struct kvpd_pool *p);
 /* Ends s's empty leases (those an Insert emptied, kept for their Free) once the lease limit is
  * reached, so they never count against it. Returns how many ended. */
 uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s);

@@ -14,7 +14,9 @@
 	X(free_pages, "free_pages_total", "Pages returned from leases")                            \
 	X(inserted_tokens, "inserted_tokens_total", "Tokens newly cached by Insert")               \
 	X(matches, "matches_total", "Match calls")                                                 \
-	X(loads, "loads_total", "Load calls (promotions asked)")
+	X(loads, "loads_total", "Load calls (promotions asked)")                                   \
+	X(reserve_taken_back, "reserve_taken_back_pages_total",                                    \
+	  "Unused pages of session reserves taken back under pressure")
 
 #define KVP_DAEMON_COUNTERS(X)                                                                     \
 	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                    \
