@@ -46,8 +46,8 @@ struct kvp_resv {
 	struct kvp_resv_stats st;
 };
 
-int kvp__resv_open(struct kvp_client *c, uint32_t pool_id, int fd, uint64_t bytes,
-		   uint32_t slots, const uint32_t *granted, size_t ngranted, struct kvp_resv **out,
+int kvp__resv_open(struct kvp_client *c, uint32_t pool_id, int fd, uint64_t bytes, uint32_t slots,
+		   const uint32_t *granted, size_t ngranted, struct kvp_resv **out,
 		   struct kvp_error *err)
 {
 	struct kvp_resv *rv;
@@ -210,8 +210,8 @@ static int room_for(struct local_lease *l, uint32_t more)
 
 /* Sends a Reserve call (binds may be NULL), without waiting when !wait. 0 or a negative
  * code. */
-static int reserve_call(struct kvp_resv *rv, Kvpool__ReserveBind **binds, size_t nbinds,
-			bool wait, struct kvp_error *err)
+static int reserve_call(struct kvp_resv *rv, Kvpool__ReserveBind **binds, size_t nbinds, bool wait,
+			struct kvp_error *err)
 {
 	Kvpool__Request req = KVPOOL__REQUEST__INIT;
 	Kvpool__ReserveReq a = KVPOOL__RESERVE_REQ__INIT;
@@ -275,7 +275,8 @@ int kvp__resv_extend(struct kvp_resv *rv, uint64_t lease_id, uint32_t npages, ui
 	struct local_lease *l = rv ? find(rv, lease_id) : NULL;
 
 	if (!l || !npages || npages > rv->t[l->tier].granted || dead(rv) ||
-	    room_for(l, npages) < 0 || !kvp_ring_take(&rv->t[l->tier].fill, npages, l->pages + l->n))
+	    room_for(l, npages) < 0 ||
+	    !kvp_ring_take(&rv->t[l->tier].fill, npages, l->pages + l->n))
 		return 0;
 	memcpy(pages, l->pages + l->n, sizeof(uint32_t) * npages);
 	l->n += npages;

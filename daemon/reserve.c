@@ -23,9 +23,9 @@
 struct reserve_tier {
 	uint32_t granted; /* 0: this tier has no reserve */
 	struct kvp_lease *ring, *out;
-	uint32_t *shadow;      /* what kvpoold wrote in each fill slot */
-	uint32_t tail, seen;   /* fill ring: kvpoold's tail, the head it last read */
-	uint32_t rhead;	       /* return ring: kvpoold's head */
+	uint32_t *shadow;    /* what kvpoold wrote in each fill slot */
+	uint32_t tail, seen; /* fill ring: kvpoold's tail, the head it last read */
+	uint32_t rhead;	     /* return ring: kvpoold's head */
 	struct kvp_ring fill, ret;
 };
 
@@ -270,8 +270,8 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!kvp_pool_has_tier(p, t))
 			continue;
-		grant[t] = want[t] < d->conf.reserve_max_pages ? want[t]
-							       : d->conf.reserve_max_pages;
+		grant[t] =
+			want[t] < d->conf.reserve_max_pages ? want[t] : d->conf.reserve_max_pages;
 		if (grant[t] > most)
 			most = grant[t];
 	}
@@ -290,8 +290,7 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 	r->scratch = malloc(sizeof(uint32_t) * 2 * r->slots);
 	if (!r->scratch || (rc = map_region(r)) < 0) {
 		release(r);
-		return kvp_fail(f, KVP_ERR_INTERNAL, "reserve region: %s",
-				strerror(-rc));
+		return kvp_fail(f, KVP_ERR_INTERNAL, "reserve region: %s", strerror(-rc));
 	}
 	*hdr(r) = (struct kvp_resv_hdr){ .magic = KVP_RESV_MAGIC,
 					 .version = KVP_RESV_VERSION,

@@ -20,8 +20,8 @@ KVP_RPC_HANDLER(kvp_rpc_reserve)
 	if (!p)
 		return -(int)f->code;
 	if (!(rv = s->reserve[p->id]))
-		return kvp_fail(f, KVP_ERR_NOT_FOUND, "no reserve in pool %s: ask for one at Attach",
-				p->conf.name);
+		return kvp_fail(f, KVP_ERR_NOT_FOUND,
+				"no reserve in pool %s: ask for one at Attach", p->conf.name);
 	if (a->n_binds > RESERVE_MAX_BINDS)
 		return kvp_fail_limit(f, "binds in one Reserve call", RESERVE_MAX_BINDS);
 	m = KVP_REPLY_NEW(r, Kvpool__ReserveResp, kvpool__reserve_resp__descriptor);

@@ -38,10 +38,10 @@
 
 struct kvp_resv_hdr {
 	uint32_t magic, version;
-	uint32_t slots;			   /* per ring, a power of two */
-	_Atomic uint32_t flags;		   /* KVP_RESV_* */
-	_Atomic uint64_t kick_seq;	   /* the client: seq of its last Reserve call sent */
-	_Atomic uint64_t served_seq;	   /* kvpoold: seq of the last Reserve call served */
+	uint32_t slots;			  /* per ring, a power of two */
+	_Atomic uint32_t flags;		  /* KVP_RESV_* */
+	_Atomic uint64_t kick_seq;	  /* the client: seq of its last Reserve call sent */
+	_Atomic uint64_t served_seq;	  /* kvpoold: seq of the last Reserve call served */
 	uint32_t granted[KVP_RESV_TIERS]; /* the reserve's size per tier (kvpoold) */
 	uint8_t pad_[24];
 };
