@@ -66,7 +66,7 @@ int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 	for (uint32_t i = 0; i < n; i++)
 		out[i] = top[n - 1 - i];
 	for (uint32_t i = 0; i < n; i++)
-		state[out[i]] = KVP_PAGE_LEASED;
+		state[top[i]] = KVP_PAGE_LEASED;
 	p->nfree -= n;
 	p->count[KVP_PAGE_FREE] -= n;
 	p->count[KVP_PAGE_LEASED] += n;
