@@ -43,6 +43,7 @@ struct kvp_resv {
 	uint32_t nfree;
 	uint32_t gen;
 	uint64_t seq;
+	uint32_t miss_run, backoff; /* misses since the last refill asked, and how many to wait */
 	struct kvp_resv_stats st;
 };
 
@@ -256,9 +257,17 @@ int kvp__resv_alloc(struct kvp_resv *rv, int tier, uint32_t npages, uint64_t *le
 	if (room_for(l, npages) < 0 || !kvp_ring_take(&rv->t[tier].fill, npages, l->pages)) {
 		slot_drop(rv, l);
 		rv->st.misses++;
-		kick(rv);
+		/* An empty ring that refills do not fill (kvpoold has no free pages to spare): ask
+		 * again after 1, 2, 4 .. 64 misses, so the fallback costs no more than the call. */
+		if (++rv->miss_run >= rv->backoff) {
+			rv->miss_run = 0;
+			rv->backoff = rv->backoff ? (rv->backoff < 64 ? rv->backoff * 2 : 64) : 1;
+			kick(rv);
+		}
 		return 0;
 	}
+	rv->backoff = 0;
+	rv->miss_run = 0;
 	l->tier = tier;
 	l->n = npages;
 	memcpy(pages, l->pages, sizeof(uint32_t) * npages);
