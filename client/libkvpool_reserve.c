@@ -238,7 +238,7 @@ static int reserve_call(struct kvp_resv *rv, Kvpool__ReserveBind **binds, size_t
 /* A refill or drain, unless one is in flight (kvpoold has not served the last one sent). */
 static void kick(struct kvp_resv *rv)
 {
-	if (atomic_load_explicit(&rv->h->served_seq, memory_order_acquire) != rv->seq)
+	if (dead(rv) || atomic_load_explicit(&rv->h->served_seq, memory_order_acquire) != rv->seq)
 		return;
 	reserve_call(rv, NULL, 0, false, NULL);
 }
@@ -333,7 +333,10 @@ int kvp__resv_free(struct kvp_resv *rv, uint64_t lease_id, const uint32_t *pages
 		give = l->n;
 		ids = l->pages;
 	}
-	if (give && (dead(rv) || !kvp_ring_put(&rv->t[tier].ret, &rv->t[tier].rtail, ids, give))) {
+	if (dead(rv)) {
+		/* kvpoold ended the reserve and took every page of it back: nothing to return */
+		give = n ? n : l->n;
+	} else if (give && !kvp_ring_put(&rv->t[tier].ret, &rv->t[tier].rtail, ids, give)) {
 		/* no room now: a waited drain, then the ring or (failing that) the call */
 		if (dead(rv) || reserve_call(rv, NULL, 0, true, NULL) < 0 ||
 		    !kvp_ring_put(&rv->t[tier].ret, &rv->t[tier].rtail, ids, give))

@@ -75,16 +75,17 @@ static uint32_t pow2_at_least(uint32_t v)
 	return n;
 }
 
-/* The pages the client took since kvpoold last looked move from ring to out. 0 or -1 for a
- * head the client corrupted. */
+/* The pages the client took since kvpoold last looked move from ring to out. 0, or -ENOMEM
+ * (nothing changed: a later call retries). */
 static int see_taken(struct kvp_reserve *r, struct reserve_tier *t, uint32_t head)
 {
 	uint32_t n = head - t->seen;
+	int rc;
 
 	for (uint32_t i = 0; i < n; i++)
 		r->scratch[i] = t->shadow[(t->seen + i) & (r->slots - 1)];
-	if (n && kvp_lease_move(t->ring, t->out, r->scratch, n) < 0)
-		return -1; /* kvpoold's own copy disagrees with its books: never */
+	if (n && (rc = kvp_lease_move(t->ring, t->out, r->scratch, n)) < 0)
+		return rc == -ENOMEM ? rc : -EFAULT; /* -EFAULT: kvpoold's own books disagree */
 	t->seen = head;
 	return 0;
 }
@@ -100,30 +101,34 @@ static void produce(struct kvp_reserve *r, struct reserve_tier *t, uint32_t from
 }
 
 /* Reads the fill ring's head and the return ring. Returned pages refill the fill ring up to
- * the granted size; the rest go back to the pool. 0 or -1 for a bad ring. */
+ * the granted size; the rest go back to the pool. 0, -EPROTO for a bad ring, or -ENOMEM
+ * (nothing consumed: a later call retries). */
 static int sync_tier(struct kvp_reserve *r, int tier)
 {
 	struct reserve_tier *t = &r->t[tier];
 	uint32_t head, before = booked(t), keep, n0;
 	int64_t m;
+	int rc;
 
 	if (!t->granted)
 		return 0;
 	/* The return ring first: a page the client took and gave back since the fill ring's head
 	 * was last read is then seen taken too (its head moved before the return ring's tail). */
 	m = kvp_ring_peek(&t->ret, t->rhead, r->scratch + r->slots);
-	if (m < 0)
-		return -1;
-	if (kvp_ring_head_seen(&t->fill, t->seen, t->tail, &head) < 0 || see_taken(r, t, head) < 0)
-		return -1;
+	if (m < 0 || kvp_ring_head_seen(&t->fill, t->seen, t->tail, &head) < 0)
+		return -EPROTO;
+	if ((rc = see_taken(r, t, head)) < 0)
+		return rc;
 	if (m == 0)
 		return 0;
 	memmove(r->scratch, r->scratch + r->slots, sizeof(uint32_t) * (size_t)m);
 	/* Every id must be one the client took and has not given back or bound: checked, all of
 	 * them, before anything moves (kvp_lease_move changes nothing on failure). */
 	n0 = t->ring->n;
-	if (kvp_lease_move(t->out, t->ring, r->scratch, (uint32_t)m) < 0)
-		return -1;
+	if ((rc = kvp_lease_move(t->out, t->ring, r->scratch, (uint32_t)m)) < 0) {
+		recount(r, tier, before);
+		return rc == -ENOMEM ? rc : -EPROTO;
+	}
 	kvp_ring_consumed(&t->ret, &t->rhead, (uint32_t)m);
 	keep = t->tail - t->seen >= t->granted ? 0 : t->granted - (t->tail - t->seen);
 	if (keep > (uint32_t)m)
@@ -162,14 +167,20 @@ static void refill_tier(struct kvp_reserve *r, int tier)
 }
 
 /* Takes back what the client has not taken from the fill ring: those pages are freed. Returns
- * pages freed, or -1 for a bad ring. */
+ * pages freed, -EPROTO for a bad ring, or -ENOMEM. */
 static int64_t take_back(struct kvp_reserve *r, int tier)
 {
 	struct reserve_tier *t = &r->t[tier];
 	uint32_t from, n, before = booked(t);
+	int rc;
 
-	if (kvp_ring_take_back(&t->fill, t->seen, t->tail, &from) < 0 || see_taken(r, t, from) < 0)
-		return -1;
+	if (kvp_ring_take_back(&t->fill, t->seen, t->tail, &from) < 0)
+		return -EPROTO;
+	if ((rc = see_taken(r, t, from)) < 0) {
+		/* the ring is empty now (its head at the tail) and kvpoold's copy says which of
+		 * its pages the client took; without memory to move them, keep them in ring */
+		return rc;
+	}
 	n = t->ring->n; /* what is left in ring is exactly [from, tail) */
 	t->seen = t->tail;
 	if (n) {
@@ -274,6 +285,15 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 			want[t] < d->conf.reserve_max_pages ? want[t] : d->conf.reserve_max_pages;
 		if (grant[t] > most)
 			most = grant[t];
+	}
+	{
+		uint64_t room = kvp_session_room(d, s, p);
+
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+			if (grant[t] > room)
+				grant[t] = (uint32_t)room;
+		if (most > room)
+			most = (uint32_t)room;
 	}
 	if (!most)
 		return 0;
@@ -417,9 +437,14 @@ int kvp_reserve_call(struct kvp_daemon *d, struct kvp_session *s, struct kvp_res
 		return kvp_fail(f, KVP_ERR_PROTOCOL,
 				"the reserve of pool %s ended for a bad ring: use Alloc",
 				r->pool->conf.name);
-	for (int i = 0; i < KVP_TIER_ID_MAX; i++)
-		if (sync_tier(r, i) < 0)
+	for (int i = 0; i < KVP_TIER_ID_MAX; i++) {
+		int rc2 = sync_tier(r, i);
+
+		if (rc2 == -ENOMEM)
+			return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
+		if (rc2 < 0)
 			return bad_ring(r, i, f);
+	}
 	for (uint32_t i = 0; i < nbinds && rc == 0; i++)
 		rc = bind(r, &binds[i], f);
 	for (int i = 0; i < KVP_TIER_ID_MAX; i++)
@@ -441,7 +466,11 @@ uint32_t kvp_reserve_reclaim(void *ctx, struct kvpd_pool *p, int tier, uint32_t 
 		if (!r || r->dead || !r->t[tier].granted)
 			continue;
 		before = booked(&r->t[tier]);
-		if (sync_tier(r, tier) < 0 || (n = take_back(r, tier)) < 0) {
+		if ((n = sync_tier(r, tier)) == 0)
+			n = take_back(r, tier);
+		if (n == -ENOMEM)
+			continue;
+		if (n < 0) {
 			kill(r); /* that session's next Reserve call answers PROTOCOL */
 			freed += before;
 			continue;

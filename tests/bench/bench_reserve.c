@@ -114,8 +114,8 @@ static void lat_raw(int fd, uint64_t *lat, size_t n)
 	}
 }
 
-static void lat_row(const char *name, const char *what, const char *target, uint64_t *v,
-		    size_t n, uint64_t *base, size_t nb, double q)
+static void lat_row(const char *name, const char *what, const char *target, uint64_t *v, size_t n,
+		    uint64_t *base, size_t nb, double q)
 {
 	b_row_print(&(struct b_row){
 		.name = name,
@@ -400,7 +400,8 @@ int main(int argc, char **argv)
 		double v = run_clients(procs[i], M_RESERVE, secs);
 
 		b_row_print(&(struct b_row){
-			.name = b_fmt("reserve.throughput.exhausted.alloc_free.clients%d", procs[i]),
+			.name = b_fmt("reserve.throughput.exhausted.alloc_free.clients%d",
+				      procs[i]),
 			.params = b_fmt("{\"clients\":%d,\"seconds\":%.2f,\"pages\":1,"
 					"\"reserve_pages\":%u,\"free_pages\":96}",
 					procs[i], secs, RESV),
