@@ -36,6 +36,7 @@ struct kvp_session {
 	uint64_t locked_tokens;
 	/* Page reserves (reserve.h), per pool; their pages count in leased_pages. */
 	struct kvp_reserve *reserve[KVP_MAX_POOLS];
+	struct kvp_resv_region *resv_region[KVP_MAX_POOLS]; /* their memfds, until the end */
 	struct kvp_session *prev, *next;
 };
 

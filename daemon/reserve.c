@@ -29,10 +29,22 @@ struct reserve_tier {
 	struct kvp_ring fill, ret;
 };
 
+/* A session's region in one pool. It lives until the session ends, not the reserve: an Attach
+ * reply naming its fd may still wait to be sent when the reserve ends, and that fd number must
+ * not name another session's region by then. A later reserve of the session reuses it. */
+struct kvp_resv_region {
+	int fd;
+	void *base;
+	size_t bytes;
+	uint32_t slots;
+	struct kvp_resv_region *older; /* smaller ones it replaced (a reload raised the limit) */
+};
+
 struct kvp_reserve {
 	struct kvp_daemon *d;
 	struct kvp_session *s;
 	struct kvpd_pool *pool;
+	struct kvp_resv_region *reg;
 	int fd;
 	void *base;
 	size_t bytes;
@@ -231,10 +243,6 @@ static void release(struct kvp_reserve *r)
 		recount(r, i, before);
 		free(t->shadow);
 	}
-	if (r->base && r->base != MAP_FAILED)
-		munmap(r->base, r->bytes);
-	if (r->fd >= 0)
-		close(r->fd);
 	free(r->scratch);
 	free(r);
 }
@@ -251,20 +259,61 @@ void kvp_reserve_end(struct kvp_session *s, struct kvpd_pool *p)
 	release(r);
 }
 
-static int map_region(struct kvp_reserve *r)
+static void region_free(struct kvp_resv_region *g)
 {
-	r->fd = memfd_create("kvpool-reserve", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->fd < 0)
-		return -errno;
-	/* sized and sealed: the client cannot shrink it under kvpoold (SIGBUS) */
-	if (ftruncate(r->fd, (off_t)r->bytes) < 0 ||
-	    fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		return -errno;
-	r->base = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-	if (r->base == MAP_FAILED) {
-		r->base = NULL;
-		return -errno;
+	while (g) {
+		struct kvp_resv_region *o = g->older;
+
+		if (g->base)
+			munmap(g->base, g->bytes);
+		if (g->fd >= 0)
+			close(g->fd);
+		free(g);
+		g = o;
 	}
+}
+
+void kvp_reserve_regions_free(struct kvp_session *s)
+{
+	for (int i = 0; i < KVP_MAX_POOLS; i++) {
+		region_free(s->resv_region[i]);
+		s->resv_region[i] = NULL;
+	}
+}
+
+/* s's region in p with at least `slots` per ring, zeroed: the one it has, or a new one. 0 or
+ * -errno. */
+static int map_region(struct kvp_reserve *r, uint32_t slots)
+{
+	struct kvp_resv_region **gp = &r->s->resv_region[r->pool->id], *g = *gp;
+
+	if (g && g->slots >= slots) {
+		memset(g->base, 0, g->bytes);
+	} else {
+		if (!(g = calloc(1, sizeof(*g))))
+			return -ENOMEM;
+		g->slots = slots;
+		g->bytes = kvp_resv_bytes(slots);
+		g->fd = memfd_create("kvpool-reserve", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		/* sized and sealed: the client cannot shrink it under kvpoold (SIGBUS) */
+		if (g->fd < 0 || ftruncate(g->fd, (off_t)g->bytes) < 0 ||
+		    fcntl(g->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+		    (g->base = mmap(NULL, g->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd,
+				    0)) == MAP_FAILED) {
+			int e = errno;
+
+			g->base = NULL;
+			region_free(g);
+			return -e;
+		}
+		g->older = *gp;
+		*gp = g;
+	}
+	r->reg = g;
+	r->fd = g->fd;
+	r->base = g->base;
+	r->bytes = g->bytes;
+	r->slots = g->slots;
 	return 0;
 }
 
@@ -305,10 +354,8 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 	r->pool = p;
 	r->fd = -1;
 	/* the return ring holds every page the reserve can book twice over */
-	r->slots = pow2_at_least(2 * most);
-	r->bytes = kvp_resv_bytes(r->slots);
-	r->scratch = malloc(sizeof(uint32_t) * 2 * r->slots);
-	if (!r->scratch || (rc = map_region(r)) < 0) {
+	if ((rc = map_region(r, pow2_at_least(2 * most))) < 0 ||
+	    (rc = -ENOMEM, !(r->scratch = malloc(sizeof(uint32_t) * 2 * r->slots)))) {
 		release(r);
 		return kvp_fail(f, KVP_ERR_INTERNAL, "reserve region: %s", strerror(-rc));
 	}

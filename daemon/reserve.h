@@ -26,6 +26,9 @@ struct kvp_reserve_bind {
 int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p,
 		     const uint32_t want[KVP_TIER_ID_MAX], struct kvp_reserve **out,
 		     struct kvp_fail *f);
+/* Unmaps and closes s's reserve regions (kept past their reserves, see reserve.c); at the
+ * session's end, its reserves ended. */
+void kvp_reserve_regions_free(struct kvp_session *s);
 /* Ends s's reserve in p, if any: every page it books returns to the pool. */
 void kvp_reserve_end(struct kvp_session *s, struct kvpd_pool *p);
 struct kvpd_pool *kvp_reserve_pool(const struct kvp_reserve *r);

@@ -493,6 +493,7 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 	if (!s)
 		return;
 	release_owned(s, NULL);
+	kvp_reserve_regions_free(s);
 	for (uint32_t i = 0; i < d->n_pools; i++)
 		if (s->attached[i])
 			d->pools[i]->sessions--;

@@ -158,10 +158,6 @@ static void test_fast_path_serves_without_calls(void)
 		CU_ASSERT_EQUAL_FATAL(kvp_lease_free(p, id, NULL, 0, &e), 0);
 	}
 	kvp__resv_stats(kvp__pool_resv(p), &st);
-	fprintf(stderr, "fast: allocs %lu frees %lu misses %lu calls %lu binds %lu leased %lu\n",
-		(unsigned long)st.allocs, (unsigned long)st.frees, (unsigned long)st.misses,
-		(unsigned long)st.calls, (unsigned long)st.binds,
-		(unsigned long)leased_tokens("r", NULL) / PT);
 	/* nearly all from the rings (local lease ids); a Reserve call per many operations */
 	CU_ASSERT(st.allocs >= 9000);
 	CU_ASSERT(local >= st.allocs);
@@ -222,6 +218,33 @@ static void test_local_leases_bound_before_calls(void)
 	kvp_pool_detach(p, &e);
 	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
 	kvp_client_close(c);
+}
+
+/* Detach ends the reserve (its pages back); attaching again gets a fresh reserve in the same
+ * region, pipelined Attach + Detach + Attach included. */
+static void test_reattach_gets_a_fresh_reserve(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "again", &e);
+	uint32_t pages[2];
+	uint64_t id;
+
+	CU_ASSERT_FATAL(c != NULL);
+	for (int round = 0; round < 20; round++) {
+		struct kvp_pool *p = attach_resv(c, "r", RESV / 2);
+
+		CU_ASSERT_FATAL(p != NULL);
+		CU_ASSERT_EQUAL(kvp_pool_reserve_pages(p, KVP_TIER_DEVICE), RESV / 2);
+		CU_ASSERT_EQUAL(leased_tokens("r", NULL), (uint64_t)RESV / 2 * PT);
+		CU_ASSERT_EQUAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &id, pages, &e), 0);
+		CU_ASSERT((id & LOCAL) != 0);
+		if (round & 1)
+			CU_ASSERT_EQUAL(kvp_lease_free(p, id, NULL, 0, &e), 0);
+		CU_ASSERT_EQUAL(kvp_pool_detach(p, &e), 0);
+		CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
+	}
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(wait_sessions(1, 5000), 0);
 }
 
 /* One corruption of a session's rings: the next Reserve call is PROTOCOL for it, its reserve
@@ -596,6 +619,7 @@ int main(void)
 	static const struct h_test tests[] = {
 		H_TEST(test_fast_path_serves_without_calls),
 		H_TEST(test_local_leases_bound_before_calls),
+		H_TEST(test_reattach_gets_a_fresh_reserve),
 		H_TEST(test_corrupt_rings_refused_for_that_session),
 		H_TEST(test_take_back_under_pressure_keeps_one_owner),
 		H_TEST(test_out_of_capacity_names_reserved_tokens),
