@@ -29,6 +29,7 @@ static const char *const g_conf = "[daemon]\n"
 				  "reserve_max_pages = 256\n"
 				  "reserve_free_percent = 1\n"
 				  "max_sessions = 1024\n"
+				  "keepalive_ms = 3600000\n"
 				  "[pool.bench]\n"
 				  "layers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
 				  "page_tokens = 16\ndevice = sim\ndevice_capacity = 1048576t\n"
@@ -371,9 +372,6 @@ int main(int argc, char **argv)
 			.target = "ratio >= 2",
 			.note = have_redis ? "" : "skipped baseline: no redis-server" });
 	}
-	for (int i = 0; i < 4; i++)
-		rpc_ops[i] = run_clients(procs[i], M_RPC, secs);
-
 	/* Exhausted: fewer than 100 free pages, so no refill gives anything (1% of them). */
 	lat_kvpool(pr, rpc, nr); /* today's rows again, just before, under the same load */
 	ch = hog(96);
@@ -397,16 +395,25 @@ int main(int argc, char **argv)
 		kvp_client_close(ce);
 	}
 	for (int i = 0; i < 4; i++) {
-		double v = run_clients(procs[i], M_RESERVE, secs);
+		double v = 0;
 
+		/* alternating with today's RPC clients, in the same pool state; best of two */
+		rpc_ops[i] = 0;
+		for (int k = 0; k < 2; k++) {
+			double a = run_clients(procs[i], M_RPC, secs);
+			double b = run_clients(procs[i], M_RESERVE, secs);
+
+			rpc_ops[i] = a > rpc_ops[i] ? a : rpc_ops[i];
+			v = b > v ? b : v;
+		}
 		b_row_print(&(struct b_row){
 			.name = b_fmt("reserve.throughput.exhausted.alloc_free.clients%d",
 				      procs[i]),
 			.params = b_fmt("{\"clients\":%d,\"seconds\":%.2f,\"pages\":1,"
 					"\"reserve_pages\":%u,\"free_pages\":96}",
 					procs[i], secs, RESV),
-			.baseline_what = "today's RPC Alloc+Free, same processes, no reserve "
-					 "(ops/s, measured before the pool was filled)",
+			.baseline_what = "today's RPC Alloc+Free, same processes, no reserve, "
+					 "alternating with these runs (ops/s, best of 2 each)",
 			.baseline = rpc_ops[i],
 			.have_base = 1,
 			.value = v,
