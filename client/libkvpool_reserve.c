@@ -30,7 +30,7 @@ struct kvp_resv {
 	int fd;
 	void *base;
 	size_t bytes;
-	uint32_t slots;
+	uint32_t slots, epoch;
 	struct kvp_resv_hdr *h;
 	struct {
 		uint32_t granted;
@@ -46,6 +46,8 @@ struct kvp_resv {
 	uint32_t miss_run, backoff; /* misses since the last refill asked, and how many to wait */
 	struct kvp_resv_stats st;
 };
+
+static bool dead(const struct kvp_resv *rv);
 
 int kvp__resv_open(struct kvp_client *c, uint32_t pool_id, int fd, uint64_t bytes, uint32_t slots,
 		   const uint32_t *granted, size_t ngranted, struct kvp_resv **out,
@@ -81,6 +83,7 @@ int kvp__resv_open(struct kvp_client *c, uint32_t pool_id, int fd, uint64_t byte
 		kvp__resv_close(rv);
 		return kvp__fail(err, KVP_E_PROTOCOL, 0, "the reserve region has a bad header");
 	}
+	rv->epoch = atomic_load_explicit(&rv->h->epoch, memory_order_acquire);
 	for (int t = 0; t < KVP_TIER_MAX && (size_t)t < ngranted; t++) {
 		rv->t[t].granted = granted[t];
 		kvp_ring_at(rv->base, bytes, slots, t, KVP_RING_FILL, &rv->t[t].fill);
@@ -109,8 +112,7 @@ void kvp__resv_close(struct kvp_resv *rv)
 
 uint32_t kvp__resv_granted(const struct kvp_resv *rv, int tier)
 {
-	if (!rv || tier < 0 || tier >= KVP_TIER_MAX ||
-	    (atomic_load_explicit(&rv->h->flags, memory_order_acquire) & KVP_RESV_DEAD))
+	if (!rv || tier < 0 || tier >= KVP_TIER_MAX || dead(rv))
 		return 0;
 	return rv->t[tier].granted;
 }
@@ -132,9 +134,11 @@ void kvp__resv_stats(const struct kvp_resv *rv, struct kvp_resv_stats *out)
 		memset(out, 0, sizeof(*out));
 }
 
+/* The reserve ended, or the region serves a later reserve of the session now. */
 static bool dead(const struct kvp_resv *rv)
 {
-	return atomic_load_explicit(&rv->h->flags, memory_order_relaxed) & KVP_RESV_DEAD;
+	return (atomic_load_explicit(&rv->h->flags, memory_order_relaxed) & KVP_RESV_DEAD) ||
+	       atomic_load_explicit(&rv->h->epoch, memory_order_relaxed) != rv->epoch;
 }
 
 static struct local_lease *find(struct kvp_resv *rv, uint64_t id)

@@ -37,6 +37,7 @@ struct kvp_resv_region {
 	void *base;
 	size_t bytes;
 	uint32_t slots;
+	uint32_t epoch;		       /* reserves it held */
 	struct kvp_resv_region *older; /* smaller ones it replaced (a reload raised the limit) */
 };
 
@@ -309,6 +310,7 @@ static int map_region(struct kvp_reserve *r, uint32_t slots)
 		g->older = *gp;
 		*gp = g;
 	}
+	g->epoch++;
 	r->reg = g;
 	r->fd = g->fd;
 	r->base = g->base;
@@ -361,7 +363,8 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 	}
 	*hdr(r) = (struct kvp_resv_hdr){ .magic = KVP_RESV_MAGIC,
 					 .version = KVP_RESV_VERSION,
-					 .slots = r->slots };
+					 .slots = r->slots,
+					 .epoch = r->reg->epoch };
 	for (int i = 0; i < KVP_TIER_ID_MAX; i++) {
 		struct reserve_tier *t = &r->t[i];
 

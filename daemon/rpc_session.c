@@ -151,10 +151,10 @@ static int attach_reserve(struct kvp_daemon *d, struct kvp_session *s, struct kv
 	struct kvp_reserve *rv;
 	int rc, fdi;
 
-	if (!want[0] && !want[1]) {
-		kvp_reserve_end(s, p); /* a new attach without one ends an old one */
+	/* One reserve per session and pool: an Attach of a pool the session holds attached
+	 * already gets none (the first handle keeps its own; Detach ends it). */
+	if ((!want[0] && !want[1]) || s->attached[p->id])
 		return 0;
-	}
 	if ((rc = kvp_reserve_open(d, s, p, want, &rv, f)) < 0)
 		return rc;
 	if (!rv)

@@ -43,7 +43,10 @@ struct kvp_resv_hdr {
 	_Atomic uint64_t kick_seq;	  /* the client: seq of its last Reserve call sent */
 	_Atomic uint64_t served_seq;	  /* kvpoold: seq of the last Reserve call served */
 	uint32_t granted[KVP_RESV_TIERS]; /* the reserve's size per tier (kvpoold) */
-	uint8_t pad_[24];
+	/* kvpoold: which reserve of the session the region holds now (a region outlives its
+	 * reserve and serves the session's next one); a client whose epoch differs uses the RPC */
+	_Atomic uint32_t epoch;
+	uint8_t pad_[20];
 };
 _Static_assert(sizeof(struct kvp_resv_hdr) == 64, "one cache line");
 

@@ -243,6 +243,23 @@ static void test_reattach_gets_a_fresh_reserve(void)
 		CU_ASSERT_EQUAL(kvp_pool_detach(p, &e), 0);
 		CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
 	}
+	/* a second handle on a pool the session holds attached gets no reserve of its own; the
+	 * Detach of either ends the first handle's too */
+	{
+		struct kvp_pool *p1 = attach_resv(c, "r", RESV / 2),
+				*p2 = attach_resv(c, "r", RESV);
+
+		CU_ASSERT_FATAL(p1 && p2);
+		CU_ASSERT_EQUAL(kvp_pool_reserve_pages(p1, KVP_TIER_DEVICE), RESV / 2);
+		CU_ASSERT_EQUAL(kvp_pool_reserve_pages(p2, KVP_TIER_DEVICE), 0);
+		CU_ASSERT_EQUAL(kvp_lease_alloc(p1, KVP_TIER_DEVICE, 1, &id, pages, &e), 0);
+		CU_ASSERT((id & LOCAL) != 0);
+		CU_ASSERT_EQUAL(kvp_pool_detach(p2, &e), 0);
+		CU_ASSERT_EQUAL(kvp_pool_reserve_pages(p1, KVP_TIER_DEVICE), 0);
+		CU_ASSERT_EQUAL(kvp_lease_free(p1, id, NULL, 0, &e), 0);
+		CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
+		kvp_pool_detach(p1, &e);
+	}
 	kvp_client_close(c);
 	CU_ASSERT_EQUAL(wait_sessions(1, 5000), 0);
 }
