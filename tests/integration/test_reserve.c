@@ -220,6 +220,90 @@ static void test_local_leases_bound_before_calls(void)
 	kvp_client_close(c);
 }
 
+/* A raw Reserve call of pool p binding pages[0..n) as lease id. Returns the status code. */
+static int raw_bind(struct kvp_pool *p, uint64_t id, const uint32_t *pages, uint32_t n)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__ReserveReq a = KVPOOL__RESERVE_REQ__INIT;
+	Kvpool__ReserveBind bd = KVPOOL__RESERVE_BIND__INIT, *bp = &bd;
+	Kvpool__Response *resp;
+	struct kvp_error e;
+	int r;
+
+	req.call_case = KVPOOL__REQUEST__CALL_RESERVE;
+	req.reserve = &a;
+	a.pool_id = kvp_pool_id(p);
+	a.binds = &bp;
+	a.n_binds = 1;
+	bd.lease_id = id;
+	bd.tier = KVPOOL__TIER__DEVICE;
+	bd.pages = (uint32_t *)pages;
+	bd.n_pages = n;
+	r = kvp__rpc(kvp__pool_client(p), &req, KVPOOL__RESPONSE__RESULT_RESERVE, &resp, NULL, NULL,
+		     &e);
+	if (r == 0)
+		kvpool__response__free_unpacked(resp, NULL);
+	return -r;
+}
+
+/* kvpoold knows a local lease only once bound: a call naming it before is NOT_FOUND, and a
+ * bind naming pages the session did not take from its ring (another's, one still in the ring,
+ * twice) is refused with nothing changed. */
+static void test_binds_are_checked(void)
+{
+	struct kvp_error e;
+	struct kvp_client *a = kvp_client_connect(g_d.sock, "binder", &e);
+	struct kvp_client *b = kvp_client_connect(g_d.sock, "other", &e);
+	struct kvp_pool *pa = a ? attach_resv(a, "r", RESV) : NULL;
+	struct kvp_pool *pb = b ? attach_resv(b, "r", RESV) : NULL;
+	uint32_t ap[2], bp[1], slots, dup[2];
+	uint64_t aid, bid;
+	struct kvp_ring fill = { 0 };
+	size_t bytes;
+	void *base;
+
+	CU_ASSERT_FATAL(pa && pb);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(pa, KVP_TIER_DEVICE, 2, &aid, ap, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(pb, KVP_TIER_DEVICE, 1, &bid, bp, &e), 0);
+	/* not bound yet: kvpoold has no such lease */
+	{
+		Kvpool__Request req = KVPOOL__REQUEST__INIT;
+		Kvpool__FreeReq fr = KVPOOL__FREE_REQ__INIT;
+		Kvpool__Response *resp;
+
+		req.call_case = KVPOOL__REQUEST__CALL_FREE;
+		req.free = &fr;
+		fr.lease_id = aid;
+		CU_ASSERT_EQUAL(kvp__rpc(a, &req, KVPOOL__RESPONSE__RESULT_FREE, &resp, NULL, NULL,
+					 &e),
+				-KVP_E_NOT_FOUND);
+	}
+	/* another session's page, a page still in the ring, a page twice, a bad id */
+	CU_ASSERT_EQUAL(raw_bind(pa, LOCAL | 77, bp, 1), KVP_E_NOT_FOUND);
+	base = kvp__resv_region(kvp__pool_resv(pa), &bytes, &slots);
+	kvp_ring_at(base, bytes, slots, 0, KVP_RING_FILL, &fill);
+	{
+		uint32_t waiting = fill.slot[atomic_load(fill.head) & fill.mask];
+
+		CU_ASSERT_EQUAL(raw_bind(pa, LOCAL | 78, &waiting, 1), KVP_E_NOT_FOUND);
+	}
+	dup[0] = dup[1] = ap[0];
+	CU_ASSERT_EQUAL(raw_bind(pa, LOCAL | 79, dup, 2), KVP_E_NOT_FOUND);
+	CU_ASSERT_EQUAL(raw_bind(pa, 80, ap, 1), KVP_E_INVALID_ARGUMENT);
+	/* the right bind works once, under the client's id */
+	CU_ASSERT_EQUAL(raw_bind(pa, LOCAL | 81, ap, 2), KVP_OK);
+	CU_ASSERT_EQUAL(raw_bind(pa, LOCAL | 82, ap, 2), KVP_E_NOT_FOUND);
+	CU_ASSERT_EQUAL(kvp_lease_free(pa, LOCAL | 81, NULL, 0, &e), 0);
+	/* both reserves are intact */
+	CU_ASSERT_EQUAL(kvp_pool_reserve_pages(pa, KVP_TIER_DEVICE), RESV);
+	CU_ASSERT_EQUAL(kvp_lease_free(pb, bid, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp__resv_sync(kvp__pool_resv(pb), &e), 0);
+	kvp_client_close(a);
+	kvp_client_close(b);
+	CU_ASSERT_EQUAL(wait_sessions(1, 5000), 0);
+	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
+}
+
 /* Detach ends the reserve (its pages back); attaching again gets a fresh reserve in the same
  * region, pipelined Attach + Detach + Attach included. */
 static void test_reattach_gets_a_fresh_reserve(void)
@@ -637,6 +721,7 @@ int main(void)
 		H_TEST(test_fast_path_serves_without_calls),
 		H_TEST(test_local_leases_bound_before_calls),
 		H_TEST(test_reattach_gets_a_fresh_reserve),
+		H_TEST(test_binds_are_checked),
 		H_TEST(test_corrupt_rings_refused_for_that_session),
 		H_TEST(test_take_back_under_pressure_keeps_one_owner),
 		H_TEST(test_out_of_capacity_names_reserved_tokens),
