@@ -262,10 +262,11 @@ int kvp__resv_alloc(struct kvp_resv *rv, int tier, uint32_t npages, uint64_t *le
 		slot_drop(rv, l);
 		rv->st.misses++;
 		/* An empty ring that refills do not fill (kvpoold has no free pages to spare): ask
-		 * again after 1, 2, 4 .. 64 misses, so the fallback costs no more than the call. */
+		 * again after 1, 2, 4 .. 1024 misses, so the fallback costs what the call costs. */
 		if (++rv->miss_run >= rv->backoff) {
 			rv->miss_run = 0;
-			rv->backoff = rv->backoff ? (rv->backoff < 64 ? rv->backoff * 2 : 64) : 1;
+			rv->backoff =
+				rv->backoff ? (rv->backoff < 1024 ? rv->backoff * 2 : 1024) : 1;
 			kick(rv);
 		}
 		return 0;
