@@ -31,6 +31,7 @@
 #define KVP_MATCH_KEYS_RESULT_SIZE_V02 KVP__SIZE_UPTO(struct kvp_match_keys_result, lock_id)
 /* Structs first in 0.3. */
 #define KVP_PRESSURE_SIZE_V03 KVP__SIZE_UPTO(struct kvp_pressure, pool)
+#define KVP_POOL_OPTS_SIZE_V03 KVP__SIZE_UPTO(struct kvp_pool_opts, reserve_pages)
 
 /* Copies the struct the library filled (full, this version's `size` bytes) to the caller's
  * (its struct_size set): min(struct_size, size) bytes, struct_size kept; the caller's bytes
@@ -85,3 +86,41 @@ int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, .
 struct kvp_client *kvp__pool_client(const struct kvp_pool *p);
 /* The connected socket, for tests that send raw bytes. */
 int kvp__client_fd(const struct kvp_client *c);
+/* Sends req (id assigned here) without waiting: its reply is discarded when it arrives. Reads
+ * (without blocking) what waits in the socket first, so replies never pile up. 0 or a
+ * negative code. */
+int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *err);
+
+/* ---- the page reserve (libkvpool_reserve.c) ---- */
+struct kvp_resv;
+struct kvp_resv_stats {
+	uint64_t allocs, frees; /* served from the rings */
+	uint64_t misses;	/* Allocs the fill ring could not serve */
+	uint64_t calls, binds;	/* Reserve calls sent; local leases bound */
+};
+/* Maps the reserve region of an Attach reply (takes fd). 0 or a negative code. */
+int kvp__resv_open(struct kvp_client *c, uint32_t pool_id, int fd, uint64_t bytes, uint32_t slots,
+		   const uint32_t *granted, size_t ngranted, struct kvp_resv **out,
+		   struct kvp_error *err);
+/* Accepts NULL. */
+void kvp__resv_close(struct kvp_resv *rv);
+/* Pages granted in tier, 0 when none or the reserve ended. */
+uint32_t kvp__resv_granted(const struct kvp_resv *rv, int tier);
+/* From the rings: 1 when served (lease id local), 0 when the call must go to kvpoold. */
+int kvp__resv_alloc(struct kvp_resv *rv, int tier, uint32_t npages, uint64_t *lease_id,
+		    uint32_t *pages);
+int kvp__resv_extend(struct kvp_resv *rv, uint64_t lease_id, uint32_t npages, uint32_t *pages);
+/* 1 when served (*left set), 0 when lease_id is not a local lease (or the return ring has no
+ * room: bind, then call), or a negative code (KVP_E_NOT_FOUND). */
+int kvp__resv_free(struct kvp_resv *rv, uint64_t lease_id, const uint32_t *pages, uint32_t n,
+		   uint32_t *left, struct kvp_error *err);
+/* When lease_id is a local lease: pipelines a Reserve call binding it (kvpoold knows it by the
+ * next call) and forgets it. 0 or a negative code. */
+int kvp__resv_bind(struct kvp_resv *rv, uint64_t lease_id, struct kvp_error *err);
+/* A Reserve call waited for (refill and drain now). 0 or a negative code. */
+int kvp__resv_sync(struct kvp_resv *rv, struct kvp_error *err);
+/* The region (for tests that write into it) and figures; NULL / zeros without a reserve. */
+void *kvp__resv_region(const struct kvp_resv *rv, size_t *bytes, uint32_t *slots);
+void kvp__resv_stats(const struct kvp_resv *rv, struct kvp_resv_stats *out);
+/* The pool's reserve, NULL when none. */
+struct kvp_resv *kvp__pool_resv(const struct kvp_pool *p);

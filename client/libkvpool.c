@@ -61,6 +61,7 @@ struct kvp_pool {
 	struct kvp_tier_map tier[KVP_TIER_MAX];
 	int pressure;			    /* notices granted at attach */
 	uint64_t pressure_wm[KVP_TIER_MAX]; /* tokens */
+	struct kvp_resv *resv; /* the page reserve, NULL when none */
 	struct kvp_pool *next;
 };
 
@@ -223,6 +224,7 @@ int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err)
 		err->capacity.protected_tokens = st->capacity->protected_tokens;
 		err->capacity.leased_tokens = st->capacity->leased_tokens;
 		err->capacity.total_tokens = st->capacity->total_tokens;
+		err->capacity_reserved_tokens = st->capacity->reserved_tokens;
 		break;
 	case KVPOOL__STATUS__DETAIL_BUDGET:
 		err->detail = KVP_DETAIL_BUDGET;
@@ -515,6 +517,28 @@ int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Respo
 	return 0;
 }
 
+int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *err)
+{
+	uint8_t *buf;
+	size_t len;
+	int r;
+
+	if (c->fd < 0)
+		return kvp__fail(err, KVP_E_TRANSPORT, EPIPE, "the connection was closed before");
+	if ((r = pump(c, false)) < 0)
+		return lose(c, -r, err);
+	req->id = ++c->next_id;
+	r = kvp_frame_pack(&req->base, &buf, &len);
+	if (r < 0)
+		return kvp__fail(err, r == -EMSGSIZE ? KVP_E_INVALID_ARGUMENT : KVP_E_NOMEM, -r,
+				 "request does not fit in one frame");
+	r = send_all(c->fd, buf, len);
+	free(buf);
+	if (r < 0 && r != -EPIPE && r != -ECONNRESET)
+		return lose(c, -r, err);
+	return r < 0 ? kvp__fail(err, KVP_E_TRANSPORT, -r, "send: %s", strerror(-r)) : 0;
+}
+
 int kvp__client_fd(const struct kvp_client *c)
 {
 	return c->fd;
@@ -800,6 +824,8 @@ KVP_EXPORT int kvp_mapping_cuda_device(const struct kvp_mapping *m)
 
 static void pool_unmap(struct kvp_pool *p)
 {
+	kvp__resv_close(p->resv);
+	p->resv = NULL;
 	for (int t = 0; t < KVP_TIER_MAX; t++) {
 		kvp_mapping_unref(p->tier[t].m);
 		p->tier[t].m = NULL;
@@ -1138,13 +1164,51 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 					    const struct kvp_geometry *expected,
 					    struct kvp_error *err)
 {
+	struct kvp_pool_opts o = { .struct_size = sizeof(o), .expected = expected };
+
+	return kvp_pool_attach_opts(c, name, &o, err);
+}
+
+/* The reserve region of an Attach reply, when there is one. 0 or a negative code. */
+static int attach_resv(struct kvp_pool *p, const Kvpool__AttachResp *a, int *fds, int nfds,
+		       struct kvp_error *err)
+{
+	int fd;
+
+	if (!a->reserve_bytes)
+		return 0;
+	if (a->reserve_fd_index < 0 || a->reserve_fd_index >= nfds ||
+	    fds[a->reserve_fd_index] < 0 || a->n_reserve_pages > KVP_TIER_MAX)
+		return kvp__fail(err, KVP_E_PROTOCOL, 0, "attach reply names a bad reserve fd");
+	fd = fds[a->reserve_fd_index];
+	fds[a->reserve_fd_index] = -1;
+	return kvp__resv_open(p->c, p->id, fd, a->reserve_bytes, a->reserve_slots, a->reserve_pages,
+			      a->n_reserve_pages, &p->resv, err);
+}
+
+KVP_EXPORT struct kvp_pool *kvp_pool_attach_opts(struct kvp_client *c, const char *name,
+						 const struct kvp_pool_opts *opts,
+						 struct kvp_error *err)
+{
 	CALL_SETUP(req, attach, ATTACH, Kvpool__AttachReq, KVPOOL__ATTACH_REQ__INIT);
+	struct kvp_pool_opts o = { 0 };
+	const struct kvp_geometry *expected;
 	Kvpool__Geometry eg = KVPOOL__GEOMETRY__INIT;
 	Kvpool__Response *resp;
 	Kvpool__AttachResp *a;
 	int fds[KVP_CLIENT_MAX_FDS], nfds = 0, r;
 	struct kvp_pool *p;
 
+	if (opts) {
+		if (opts->struct_size < KVP_POOL_OPTS_SIZE_V03) {
+			kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "opts->struct_size is not set");
+			return NULL;
+		}
+		kvp__struct_in(&o, opts, sizeof(o));
+	}
+	expected = o.expected;
+	attach.reserve_device_pages = o.reserve_pages[KVP_TIER_DEVICE];
+	attach.reserve_host_pages = o.reserve_pages[KVP_TIER_HOST];
 	attach.pool = (char *)name;
 	if (expected) {
 		eg.layers = expected->layers;
@@ -1185,6 +1249,8 @@ KVP_EXPORT struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *na
 		if (r < 0)
 			goto fail;
 	}
+	if (attach_resv(p, a, fds, nfds, err) < 0)
+		goto fail;
 	p->cg.layers = p->g.layers;
 	p->cg.page_tokens = p->g.page_tokens;
 	p->cg.dev_slots =
@@ -1338,6 +1404,8 @@ KVP_EXPORT int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, ui
 	Kvpool__Response *resp;
 	int r;
 
+	if (p->resv && kvp__resv_alloc(p->resv, tier, npages, lease_id, pages))
+		return 0;
 	alloc.pool_id = p->id;
 	alloc.pages = npages;
 	alloc.tier = (Kvpool__Tier)tier;
@@ -1369,6 +1437,12 @@ KVP_EXPORT int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t 
 	Kvpool__Response *resp;
 	int r;
 
+	if (p->resv) {
+		if (kvp__resv_extend(p->resv, lease_id, npages, pages))
+			return 0;
+		if ((r = kvp__resv_bind(p->resv, lease_id, err)) < 0)
+			return r;
+	}
 	extend.lease_id = lease_id;
 	extend.pages = npages;
 	r = kvp__rpc(p->c, &req, RESULT(EXTEND), &resp, NULL, NULL, err);
@@ -1395,8 +1469,16 @@ KVP_EXPORT int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint3
 {
 	CALL_SETUP(req, free, FREE, Kvpool__FreeReq, KVPOOL__FREE_REQ__INIT);
 	Kvpool__Response *resp;
+	uint32_t left;
 	int r;
 
+	if (p->resv) {
+		r = kvp__resv_free(p->resv, lease_id, pages, n, &left, err);
+		if (r > 0)
+			return (int)left;
+		if (r < 0 || (r = kvp__resv_bind(p->resv, lease_id, err)) < 0)
+			return r;
+	}
 	free.lease_id = lease_id;
 	free.pages = (uint32_t *)pages;
 	free.n_pages = n;
@@ -1422,6 +1504,8 @@ KVP_EXPORT int kvp_cache_insert(struct kvp_pool *p, uint64_t lease_id, uint64_t 
 	Kvpool__Response *resp;
 	int r;
 
+	if (p->resv && (r = kvp__resv_bind(p->resv, lease_id, err)) < 0)
+		return r;
 	insert.lease_id = lease_id;
 	insert.namespace_ = ns;
 	insert.tokens = (uint32_t *)tokens;
@@ -1606,6 +1690,16 @@ KVP_EXPORT int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *en
 	r = list_count(m->n_changes + m->n_refused, err);
 	kvpool__response__free_unpacked(resp, NULL);
 	return r;
+}
+
+struct kvp_resv *kvp__pool_resv(const struct kvp_pool *p)
+{
+	return p ? p->resv : NULL;
+}
+
+KVP_EXPORT uint32_t kvp_pool_reserve_pages(const struct kvp_pool *p, int tier)
+{
+	return p ? kvp__resv_granted(p->resv, tier) : 0;
 }
 
 struct kvp_client *kvp__pool_client(const struct kvp_pool *p)

@@ -47,6 +47,8 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool or pages is NULL");
 	if (out && out->struct_size < KVP_INSERT_KEYS_RESULT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "out->struct_size is not set");
+	if ((r = kvp__resv_bind(kvp__pool_resv(p), lease_id, err)) < 0)
+		return r;
 	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;

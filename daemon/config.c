@@ -531,6 +531,16 @@ static void set_buffer_budget(struct parse *s, const char *key, const char *v)
 	s->conf.buffer_budget = c.value;
 }
 
+static void set_reserve_max_pages(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 32768, &s->conf.reserve_max_pages);
+}
+
+static void set_reserve_free_percent(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, 100, &s->conf.reserve_free_percent);
+}
+
 static const struct key_def g_daemon_keys[] = {
 	{ "socket", set_socket },
 	{ "allowed_users", set_allowed_users },
@@ -549,6 +559,8 @@ static const struct key_def g_daemon_keys[] = {
 	{ "max_sessions_per_uid", set_max_per_uid },
 	{ "admin_sessions", set_admin_sessions },
 	{ "buffer_budget", set_buffer_budget },
+	{ "reserve_max_pages", set_reserve_max_pages },
+	{ "reserve_free_percent", set_reserve_free_percent },
 };
 
 /* ---- [remote] keys ---- */
@@ -1429,6 +1441,8 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_prehello = 256;
 	c->max_sessions_per_uid = 256;
 	c->admin_sessions = 16;
+	c->reserve_max_pages = 256;
+	c->reserve_free_percent = 25;
 	remote_defaults(&c->remote);
 }
 

@@ -143,6 +143,10 @@ struct kvp_conf {
 	uint32_t max_sessions_per_uid;
 	uint32_t admin_sessions;
 	uint64_t buffer_budget;
+	/* Page reserves a session may ask for at Attach: pages per tier (0 = none granted), and
+	 * the share of a tier's free pages one fill may take. Defaults 256 and 25. */
+	uint32_t reserve_max_pages;
+	uint32_t reserve_free_percent;
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;

@@ -37,8 +37,13 @@ struct kvp_session {
 	uint64_t locked_tokens;
 	uint64_t caps;			   /* the capabilities agreed in Hello (KVP_CAP_*) */
 	struct kvpd_pressure_sub pressure; /* pressure notices asked for (pressure.h) */
+	/* Page reserves (reserve.h), per pool; their pages count in leased_pages. */
+	struct kvp_reserve *reserve[KVP_MAX_POOLS];
+	struct kvp_resv_region *resv_region[KVP_MAX_POOLS]; /* their memfds, until the end */
 	struct kvp_session *prev, *next;
 };
+
+struct kvp_reserve;
 
 struct kvp_lock {
 	uint64_t id;
@@ -129,6 +134,9 @@ struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
 			  const struct kvpd_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f);
+/* Pages s may still hold in p under the session and uid quotas (UINT64_MAX: no quota). */
+uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *s,
+			  const struct kvpd_pool *p);
 /* Ends s's empty leases (those an Insert emptied, kept for their Free) once the lease limit is
  * reached, so they never count against it. Returns how many ended. */
 uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s);

@@ -44,6 +44,7 @@ struct kvp_fail {
 	struct {
 		int tier;
 		uint64_t requested, free, evictable, protected_, leased, total;
+		uint64_t reserved; /* of leased: booked to sessions' page reserves */
 	} cap;
 	struct {
 		uint64_t quota, held, requested;

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct kvp_pages {
 	uint32_t total;
@@ -48,48 +49,110 @@ void kvp_pages_free(struct kvp_pages *p)
 	free(p);
 }
 
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+
+/* dst[i] = src[n - 1 - i] (the arrays do not overlap). */
+static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, uint32_t n)
+{
+	uint32_t i = 0;
+
+	for (; i + 4 <= n; i += 4) {
+		v4u32 v;
+
+		memcpy(&v, src + n - 4 - i, sizeof(v));
+		v = __builtin_shuffle(v, (v4u32){ 3, 2, 1, 0 });
+		memcpy(dst + i, &v, sizeof(v));
+	}
+	for (; i < n; i++)
+		dst[i] = src[n - 1 - i];
+}
+
 int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
+	/* Locals for everything the loops touch: a byte store may alias any object, so fields
+	 * read through p would be reloaded on every page. */
+	uint8_t *state = p->state;
+	const uint32_t *top;
+
 	if (n == 0)
 		return -EINVAL;
 	if (n > p->nfree)
 		return -ENOSPC;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t id = p->stack[--p->nfree];
-
-		p->state[id] = KVP_PAGE_LEASED;
-		out[i] = id;
-	}
+	top = p->stack + p->nfree - n;
+	/* the top of the stack first (a fresh pool hands out 0, 1, 2...): a reversed copy, four
+	 * ids at a time, then the states */
+	reverse_copy(out, top, n);
+	for (uint32_t i = 0; i < n; i++)
+		state[top[i]] = KVP_PAGE_LEASED;
+	p->nfree -= n;
 	p->count[KVP_PAGE_FREE] -= n;
 	p->count[KVP_PAGE_LEASED] += n;
 	return 0;
 }
 
-int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+/* Any mix of LEASED, CACHED and MOVING pages, duplicates and bad ids refused. */
+static int release_any(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
 	enum { MARK = 0x80 };
-	uint32_t i;
+	uint8_t *state = p->state;
+	const uint32_t total = p->total;
+	uint32_t i, cached = 0, moving = 0;
 
-	/* Validate everything first, marking each id so a duplicate in one call is caught. */
+	/* Validate everything first, marking each id so a duplicate in one call is caught, and
+	 * count what each page was. */
 	for (i = 0; i < n; i++) {
 		uint32_t id = ids[i];
+		uint8_t st;
 
-		if (id >= p->total || p->state[id] == KVP_PAGE_FREE || (p->state[id] & MARK))
+		if (id >= total)
 			break;
-		p->state[id] |= MARK;
+		st = state[id];
+		if (st == KVP_PAGE_FREE || (st & MARK))
+			break;
+		state[id] = (uint8_t)(st | MARK);
+		cached += st == KVP_PAGE_CACHED;
+		moving += st == KVP_PAGE_MOVING;
 	}
 	if (i < n) {
 		while (i-- > 0)
-			p->state[ids[i]] &= (uint8_t)~MARK;
+			state[ids[i]] &= (uint8_t)~MARK;
 		return -EINVAL;
 	}
+	for (i = 0; i < n; i++)
+		state[ids[i]] = KVP_PAGE_FREE;
+	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
+	p->nfree += n;
+	p->count[KVP_PAGE_LEASED] -= n - cached - moving;
+	p->count[KVP_PAGE_CACHED] -= cached;
+	p->count[KVP_PAGE_MOVING] -= moving;
+	p->count[KVP_PAGE_FREE] += n;
+	return 0;
+}
+
+int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	uint8_t *state = p->state;
+	const uint32_t total = p->total;
+	uint32_t i;
+
+	/* The common case in one pass: every page LEASED. A page in another state, a duplicate
+	 * (FREE by its first mention) or a bad id stops it; every page before that was LEASED, so
+	 * putting that back is exact, and the general path decides. */
 	for (i = 0; i < n; i++) {
 		uint32_t id = ids[i];
 
-		p->count[p->state[id] & ~MARK]--;
-		p->state[id] = KVP_PAGE_FREE;
-		p->stack[p->nfree++] = id;
+		if (id >= total || state[id] != KVP_PAGE_LEASED)
+			break;
+		state[id] = KVP_PAGE_FREE;
 	}
+	if (i < n) {
+		while (i-- > 0)
+			state[ids[i]] = KVP_PAGE_LEASED;
+		return release_any(p, ids, n);
+	}
+	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
+	p->nfree += n;
+	p->count[KVP_PAGE_LEASED] -= n;
 	p->count[KVP_PAGE_FREE] += n;
 	return 0;
 }

@@ -446,6 +446,7 @@ void kvp_pool_capacity_detail(const struct kvpd_pool *p, int tier, uint64_t npag
 	f->cap.protected_ = c.protected_ * pt;
 	f->cap.leased = c.leased * pt;
 	f->cap.total = c.total * pt;
+	f->cap.reserved = p->reserved[tier] * pt;
 }
 
 static int capacity_fail(struct kvpd_pool *p, int tier, uint32_t npages, struct kvp_fail *f)
@@ -474,6 +475,11 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 	struct kvp_pages *pg = p->pages[tier];
 	uint32_t nfree = kvp_pages_count(pg, KVP_PAGE_FREE);
 
+	if (npages > nfree && p->reclaim) {
+		/* Unused pages of sessions' reserves go back before any cached prefix does. */
+		p->reclaim(p->reclaim_ctx, p, tier, npages - nfree);
+		nfree = kvp_pages_count(pg, KVP_PAGE_FREE);
+	}
 	if (npages > nfree) {
 		struct kvp_tier_counts c;
 
@@ -640,6 +646,35 @@ void kvp_lease_destroy(struct kvp_lease *l)
 	}
 	free(l->pages);
 	free(l);
+}
+
+struct kvp_lease *kvp_lease_new_empty(struct kvpd_pool *p, int tier, uint64_t id)
+{
+	struct kvp_lease *l;
+
+	if (!kvp_pool_has_tier(p, tier))
+		return NULL;
+	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
+	if (!l)
+		return NULL;
+	l->id = id;
+	l->pool = p;
+	l->tier = tier;
+	return l;
+}
+
+int kvp_lease_move(struct kvp_lease *from, struct kvp_lease *to, const uint32_t *pages, uint32_t n)
+{
+	if (from->pool != to->pool || from->tier != to->tier || lease_owns_all(from, pages, n) < 0)
+		return -EINVAL;
+	if (lease_grow(to, n) < 0)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		lease_drop(from, pages[i]);
+		to->pages[to->n++] = pages[i];
+	}
+	lease_adopt(to, to->n - n);
+	return 0;
 }
 
 int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,

@@ -31,6 +31,12 @@ struct kvpd_pool {
 	bool dying;			/* destroyed with flights left: the last one frees it */
 	char note[256];			/* start-up fallbacks worth a log line */
 	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
+	/* Page reserves (reserve.c): pages of each tier booked to sessions' reserves (counted as
+	 * leased), and the hook that takes the unused part of them back before an allocation
+	 * evicts or fails (returns pages freed). */
+	uint64_t reserved[KVP_TIER_ID_MAX];
+	uint32_t (*reclaim)(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages);
+	void *reclaim_ctx;
 };
 
 struct kvp_lease {
@@ -92,6 +98,12 @@ int kvp_lease_grow(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
 int kvp_lease_return(struct kvp_lease *l, const uint32_t *pages, uint32_t n, struct kvp_fail *f);
 /* Frees every page and the lease. Accepts NULL. */
 void kvp_lease_destroy(struct kvp_lease *l);
+/* An empty lease of tier (grown by kvp_lease_grow, filled by kvp_lease_move). NULL on ENOMEM
+ * or a tier the pool lacks. */
+struct kvp_lease *kvp_lease_new_empty(struct kvpd_pool *p, int tier, uint64_t id);
+/* Moves pages[0..n) (all distinct, all in from) into to, of the same pool and tier; they stay
+ * LEASED. Nothing changes on failure (-EINVAL for a page not in from, or listed twice). */
+int kvp_lease_move(struct kvp_lease *from, struct kvp_lease *to, const uint32_t *pages, uint32_t n);
 /* Publishes whole pages of tokens into the prefix cache: the first `cached` pages of the
  * sequence are already cached (the caller matched them), pages[] are lease pages for the rest
  * (see kvp_insert in kvpool.h). 0 or negative Code. */

@@ -160,6 +160,7 @@ void kvp_reply_fail(struct kvp_reply *r, const struct kvp_fail *f)
 		c->protected_tokens = f->cap.protected_;
 		c->leased_tokens = f->cap.leased;
 		c->total_tokens = f->cap.total;
+		c->reserved_tokens = f->cap.reserved;
 		st->detail_case = KVPOOL__STATUS__DETAIL_CAPACITY;
 		st->capacity = c;
 		break;

@@ -9,6 +9,7 @@
 #include "kvp_config.h"
 #include "kvpool_caps.h"
 #include "log.h"
+#include "reserve.h"
 
 /* Length of the UTF-8 sequence at s (n bytes left) when it is valid and not a control character
  * (C0, DEL, C1); 0 otherwise. */
@@ -149,6 +150,38 @@ static bool geom_matches(const Kvpool__Geometry *e, const struct kvp_geom *a)
 	       (!e->page_tokens || e->page_tokens == a->page_tokens);
 }
 
+/* The page reserve the Attach asks for, its region's fd and figures in m. 0 or a negative
+ * Code with f (the reserve is ended then). */
+static int attach_reserve(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p,
+			  const Kvpool__AttachReq *a, struct kvp_reply *r, Kvpool__AttachResp *m,
+			  struct kvp_fail *f)
+{
+	uint32_t want[KVP_TIER_ID_MAX] = { a->reserve_device_pages, a->reserve_host_pages };
+	struct kvp_reserve *rv;
+	int rc, fdi;
+
+	/* One reserve per session and pool: an Attach of a pool the session holds attached
+	 * already gets none (the first handle keeps its own; Detach ends it). */
+	if ((!want[0] && !want[1]) || s->attached[p->id])
+		return 0;
+	if ((rc = kvp_reserve_open(d, s, p, want, &rv, f)) < 0)
+		return rc;
+	if (!rv)
+		return 0;
+	if (!(m->reserve_pages = kvp_reply_alloc(r, sizeof(uint32_t) * KVP_TIER_ID_MAX)) ||
+	    (fdi = kvp_reply_add_fd(r, kvp_reserve_fd(rv))) < 0) {
+		kvp_reserve_end(s, p);
+		return kvp_fail(f, KVP_ERR_INTERNAL, "attach: no room for the reserve");
+	}
+	m->n_reserve_pages = KVP_TIER_ID_MAX;
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+		m->reserve_pages[t] = kvp_reserve_granted(rv, t);
+	m->reserve_fd_index = fdi;
+	m->reserve_bytes = kvp_reserve_bytes(rv);
+	m->reserve_slots = kvp_reserve_slots(rv);
+	return 0;
+}
+
 KVP_RPC_HANDLER(kvp_rpc_attach)
 {
 	const Kvpool__AttachReq *a = q->attach;
@@ -225,6 +258,8 @@ KVP_RPC_HANDLER(kvp_rpc_attach)
 			kvp_pressure_watermark(p, t) * p->conf.page_tokens;
 	m->n_pressure_watermark_tokens = KVP_TIER_ID_MAX;
 	m->pressure_interval_ms = p->conf.pressure_interval_ms;
+	if ((rc = attach_reserve(d, s, p, a, r, m, f)) < 0)
+		return rc;
 	kvp_session_attach(s, p);
 	m->pressure_notices = kvp_pressure_attach(d, s, p, a->pressure_notices);
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_ATTACH;

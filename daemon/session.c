@@ -13,6 +13,7 @@
 #include "fault.h"
 #include "log.h"
 #include "pool_cache.h"
+#include "reserve.h"
 
 uint64_t kvp_now_ms(void)
 {
@@ -251,6 +252,21 @@ static int check_held(const struct kvp_daemon *d, const struct kvp_session *s,
 	return 0;
 }
 
+uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *s,
+			  const struct kvpd_pool *p)
+{
+	uint64_t pt = p->conf.page_tokens, room = UINT64_MAX, q;
+	uint64_t held = (s->leased_pages[p->id] + s->locked_pages[p->id]) * pt;
+
+	if ((q = p->conf.session_quota_tokens))
+		room = held >= q ? 0 : (q - held) / pt;
+	if ((q = p->conf.uid_quota_tokens)) {
+		held = uid_held(d, s->uid, p);
+		room = held >= q ? 0 : (q - held) / pt < room ? (q - held) / pt : room;
+	}
+	return room;
+}
+
 uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s)
 {
 	uint32_t ended = 0;
@@ -389,6 +405,16 @@ static uint64_t release_owned(struct kvp_session *s, struct kvpd_pool *p)
 	uint64_t tokens = 0, id;
 	void *v;
 
+	for (uint32_t i = 0; i < KVP_MAX_POOLS; i++) {
+		struct kvp_reserve *r = s->reserve[i];
+
+		if (!r || (p && p->id != i))
+			continue;
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+			tokens += (uint64_t)kvp_reserve_pages(r, t) *
+				  kvp_reserve_pool(r)->conf.page_tokens;
+		kvp_reserve_end(s, kvp_reserve_pool(r));
+	}
 	for (uint32_t i = 0; (i = kvp_idmap_next(&s->leases, i, &id, &v)) != 0;) {
 		struct kvp_lease *l = v;
 
@@ -470,6 +496,7 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 	if (!s)
 		return;
 	release_owned(s, NULL);
+	kvp_reserve_regions_free(s);
 	for (uint32_t i = 0; i < d->n_pools; i++)
 		if (s->attached[i])
 			d->pools[i]->sessions--;
@@ -521,6 +548,18 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 			if (k->id != id)
 				return -EFAULT;
 			mine[k->pool->id + KVP_MAX_POOLS] += k->pages;
+		}
+		for (uint32_t p = 0; p < KVP_MAX_POOLS; p++) {
+			const struct kvp_reserve *r = s->reserve[p];
+
+			if (!r)
+				continue;
+			if (kvp_reserve_check(r) < 0)
+				return -EFAULT;
+			for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
+				mine[p] += kvp_reserve_pages(r, t);
+				held[p][t] += kvp_reserve_pages(r, t);
+			}
 		}
 		for (uint32_t p = 0; p < d->n_pools; p++)
 			if (mine[p] != s->leased_pages[p] ||

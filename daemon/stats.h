@@ -19,7 +19,9 @@
 	  "Tier free pages crossing the pressure watermark, either way")                           \
 	X(pressure_notices, "pressure_notices_total", "Pressure notices sent to sessions")         \
 	X(pressure_coalesced, "pressure_coalesced_total",                                          \
-	  "Pressure notices replaced by a newer state before they were sent")
+	  "Pressure notices replaced by a newer state before they were sent")                       \
+	X(reserve_taken_back, "reserve_taken_back_pages_total",                                    \
+	  "Unused pages of session reserves taken back under pressure")
 
 #define KVP_DAEMON_COUNTERS(X)                                                                     \
 	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                    \

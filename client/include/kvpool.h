@@ -134,7 +134,10 @@ struct kvp_error {
 		char what[64];
 		uint64_t limit;
 	} limit;
-	uint64_t reserved[16]; /* room for details a later version adds, without an ABI change */
+	/* 0.3: of capacity.leased_tokens, those booked to sessions' page reserves (what kvpoold
+	 * could not take back from them before refusing). */
+	uint64_t capacity_reserved_tokens;
+	uint64_t reserved[15]; /* room for details a later version adds, without an ABI change */
 };
 
 /* Static names: of a code ("OUT_OF_CAPACITY", the sign ignored), a limit, a tier ("device",
@@ -323,6 +326,26 @@ struct kvp_mapping;
  * Returns the pool or NULL (KVP_E_NO_SUCH_POOL, KVP_E_GEOMETRY_MISMATCH, KVP_E_MAP, ...). */
 struct kvp_pool *kvp_pool_attach(struct kvp_client *c, const char *name,
 				 const struct kvp_geometry *expected, struct kvp_error *err);
+/* Attach options (0.3). */
+struct kvp_pool_opts {
+	size_t struct_size;
+	const struct kvp_geometry *expected; /* as kvp_pool_attach's; NULL: any */
+	/* A page reserve per tier (enum kvp_tier), 0: none. kvpoold grants up to its
+	 * reserve_max_pages, the session quota and a share of the free pages; the pages count as
+	 * leased by the session. While the reserve can serve, kvp_lease_alloc and kvp_lease_free
+	 * of up to that many pages make no system call: the lease gets a local id (bit 63 set)
+	 * that kvpoold learns when a call first names it (kvp_cache_insert, kvp_lease_extend or
+	 * kvp_lease_free past the reserve), pipelined before that call. Refills and returns are
+	 * sent without waiting. Under memory pressure kvpoold takes back what the reserve holds
+	 * unused; an Alloc it cannot serve goes to kvpoold as without a reserve. */
+	uint32_t reserve_pages[KVP_TIER_MAX];
+};
+/* kvp_pool_attach with options (opts may be NULL). Returns as kvp_pool_attach. */
+struct kvp_pool *kvp_pool_attach_opts(struct kvp_client *c, const char *name,
+				      const struct kvp_pool_opts *opts, struct kvp_error *err);
+/* Pages of tier granted to the pool's reserve; 0 when none was asked or granted, or when it
+ * ended (kvpoold found its rings corrupt). */
+uint32_t kvp_pool_reserve_pages(const struct kvp_pool *p, int tier);
 /* Detaches: the session's leases in this pool are freed, its locks released, and the pool's
  * references to its mappings dropped (memory still referenced through kvp_pool_tier_mapping
  * stays mapped until the last kvp_mapping_unref). Returns 0 or a negative code; the handle is

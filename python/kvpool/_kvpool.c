@@ -94,7 +94,8 @@ static const struct {
 } g_exc_table[] = {
 	{ KVP_E_OUT_OF_CAPACITY, "OutOfCapacity",
 	  "No room in a tier even after evicting: tier, requested_tokens, free_tokens, "
-	  "evictable_tokens, protected_tokens, leased_tokens, total_tokens say why." },
+	  "evictable_tokens, protected_tokens, leased_tokens, total_tokens (and reserved_tokens, "
+	  "of leased those in sessions' page reserves) say why." },
 	{ KVP_E_HOST_BUDGET_EXCEEDED, "HostBudgetExceeded",
 	  "Host memory budget exceeded: requested_bytes, available_bytes, limit, numa_node, pool." },
 	{ KVP_E_QUOTA_EXCEEDED, "QuotaExceeded",
@@ -204,6 +205,7 @@ static PyObject *raise_kvp(const struct kvp_error *e)
 		r |= set_attr_u64(exc, "protected_tokens", e->capacity.protected_tokens);
 		r |= set_attr_u64(exc, "leased_tokens", e->capacity.leased_tokens);
 		r |= set_attr_u64(exc, "total_tokens", e->capacity.total_tokens);
+		r |= set_attr_u64(exc, "reserved_tokens", e->capacity_reserved_tokens);
 		break;
 	case KVP_DETAIL_BUDGET:
 		r |= set_attr_u64(exc, "requested_bytes", e->budget.requested_bytes);

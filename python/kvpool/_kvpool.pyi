@@ -99,6 +99,7 @@ class OutOfCapacity(Error):
     protected_tokens: int
     leased_tokens: int
     total_tokens: int
+    reserved_tokens: int
 class HostBudgetExceeded(Error):
     requested_bytes: int
     available_bytes: int
