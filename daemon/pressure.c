@@ -115,7 +115,7 @@ static int build(struct kvp_daemon *d, struct kvp_session *s, uint32_t i, int t,
 	m->tier = (Kvpool__Tier)t;
 	m->free_tokens = c.free * pt;
 	m->evictable_tokens = c.evictable * pt;
-	m->reserved_tokens = 0; /* no page reserves in this tree */
+	m->reserved_tokens = p->reserved[t] * pt; /* booked to sessions' page reserves */
 	m->watermark_tokens = kvp_pressure_watermark(p, t) * pt;
 	m->recovered = !(d->pressure.under[i] & (1u << t));
 	m->total_tokens = c.total * pt;
