@@ -24,6 +24,7 @@
 #endif
 
 _Static_assert((int)KVP_E_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");
+_Static_assert((int)KVP_E_RESTARTED == (int)KVPOOL__CODE__RESTARTED, "codes follow the wire");
 _Static_assert((int)KVP_E_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_DTYPE_FP32 == (int)KVPOOL__DTYPE__FP32, "dtypes follow the wire");
 _Static_assert((int)KVP_BACKEND_MEMFD == (int)KVPOOL__BACKEND__MEMFD, "backends follow the wire");
@@ -115,10 +116,11 @@ static const char *const g_code_names[] = {
 	"LIMIT_EXCEEDED",
 	"UNAVAILABLE",
 	"INTERNAL",
+	"RESTARTED",
 };
 static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM",
 					     "MAP",	  "BUFFER",    "AGAIN" };
-_Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_INTERNAL + 1, "names");
+_Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_RESTARTED + 1, "names");
 _Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
 	       "local names");
 
@@ -128,7 +130,7 @@ KVP_EXPORT const char *kvp_code_name(int code)
 		return "UNKNOWN";
 	if (code < 0)
 		code = -code;
-	if (code <= KVP_E_INTERNAL)
+	if (code <= KVP_E_RESTARTED)
 		return g_code_names[code];
 	if (code >= KVP_E_NO_DAEMON && code < KVP_CODE_MAX)
 		return g_local_names[code - KVP_E_NO_DAEMON];

@@ -470,6 +470,16 @@ static void set_max_key_bytes(struct parse *s, const char *key, const char *v)
 	parse_u32(s, key, v, 1, 64, &s->conf.max_key_bytes);
 }
 
+static void set_resume_grace(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 3600000, &s->conf.resume_grace_ms);
+}
+
+static void set_snapshot_interval(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 3600000, &s->conf.snapshot_interval_ms);
+}
+
 static const struct key_def g_daemon_keys[] = {
 	{ "socket", set_socket },
 	{ "allowed_users", set_allowed_users },
@@ -483,6 +493,8 @@ static const struct key_def g_daemon_keys[] = {
 	{ "max_locks_per_session", set_max_locks },
 	{ "max_keys_per_call", set_max_keys },
 	{ "max_key_bytes", set_max_key_bytes },
+	{ "resume_grace_ms", set_resume_grace },
+	{ "snapshot_interval_ms", set_snapshot_interval },
 };
 
 /* ---- [remote] keys ---- */
@@ -1321,6 +1333,8 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->max_locks_per_session = 4096;
 	c->max_keys_per_call = 65536;
 	c->max_key_bytes = 64;
+	c->resume_grace_ms = 10000;
+	c->snapshot_interval_ms = 1000;
 	remote_defaults(&c->remote);
 }
 

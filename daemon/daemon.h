@@ -34,6 +34,11 @@ struct kvp_session {
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
 	uint64_t locked_pages[KVP_MAX_POOLS]; /* pages its locks pin, counted in the quotas too */
 	uint64_t locked_tokens;
+	/* Restarts (snapshot.c): the token a later Hello presents to resume this session, and
+	 * for a session of the previous kvpoold waiting for its client (no connection) the time
+	 * its leases and locks are reclaimed; 0 for a live session. */
+	uint8_t resume_token[16];
+	uint64_t resume_until_ms;
 	struct kvp_session *prev, *next;
 };
 
@@ -149,6 +154,9 @@ int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp
 struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f);
 /* Drops k's lock in its pool, unbooks and frees it. */
 void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k);
+/* Moves every lease and lock (ids kept) and pool attachment of from (a session of the previous
+ * kvpoold) to s, takes its resume token, and destroys from. */
+void kvp_session_take_over(struct kvp_daemon *d, struct kvp_session *s, struct kvp_session *from);
 /* Tokens s holds leased, over every pool. */
 uint64_t kvp_session_leased_tokens(const struct kvp_daemon *d, const struct kvp_session *s);
 

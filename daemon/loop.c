@@ -29,6 +29,7 @@
 #include "fault.h"
 #include "frame.h"
 #include "log.h"
+#include "snapshot.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
@@ -392,7 +393,10 @@ static void conn_close(struct server *sv, struct peer *p, const char *why)
 		if (why)
 			log_info("session %lu ('%s' pid %d): %s", (unsigned long)p->sess->id,
 				 p->sess->name, (int)p->sess->pid, why);
-		kvp_session_destroy(sv->d, p->sess);
+		/* Stopping: a session that may resume after the restart stays, without its
+		 * connection, until the books are written (kvp_snap_write_all). */
+		if (!(sv->stopping && p->sess->hello && sv->d->conf.resume_grace_ms))
+			kvp_session_destroy(sv->d, p->sess);
 		p->sess = NULL;
 	}
 	shutdown(p->fd, SHUT_RDWR);
@@ -1027,6 +1031,7 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 			d->st.sessions_reclaimed++;
 		conn_close(sv, p, conn_expiry_reason(e));
 	}
+	kvp_snap_tick(d, now);
 	if (d->draining && !sv->stopping && (d->n_sessions == 0 || now >= d->drain_deadline_ms))
 		begin_stop(sv,
 			   d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
@@ -1312,6 +1317,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		sv.exit_code = 70;
 	}
 	d->defers.deliver = NULL;
+	kvp_snap_write_all(d, true); /* every session still listed may resume */
 	for (struct peer *p = sv.conns; p; p = p->next) {
 		if (p->sess) {
 			kvp_session_destroy(d, p->sess);

@@ -14,6 +14,7 @@
 
 #include "kvp_config.h"
 #include "log.h"
+#include "fdstore.h"
 #if KVP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -155,6 +156,8 @@ int kvp_activation_fd(void)
 		const char *why = NULL;
 		int fd = 3 + i;
 
+		if (kvp_fdstore_owns(fd)) /* pool memory handed back: fdstore.c holds it */
+			continue;
 		fcntl(fd, F_SETFD, FD_CLOEXEC);
 		if (!is_unix_listener(fd, &why)) {
 			log_warn("socket activation: fd %d ('%s') is %s: closed", fd,

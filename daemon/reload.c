@@ -12,6 +12,7 @@
 #include "defer.h"
 #include "log.h"
 #include "reply.h"
+#include "snapshot.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)
 {
@@ -311,6 +312,8 @@ static void reload_run(struct kvp_job *job)
 				     j->next.pools[k].name);
 			break;
 		}
+		if (kvp_snap_attach(p) < 0)
+			log_warn("pool %s: no books for restarts", p->conf.name);
 		j->pools[j->n_new++] = p;
 	}
 }

@@ -26,7 +26,15 @@
 	X(protocol_errors, "protocol_errors_total", "Connections closed for malformed frames")     \
 	X(frames_in, "frames_in_total", "Request frames received")                                 \
 	X(frames_out, "frames_out_total", "Response frames sent")                                  \
-	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)")
+	X(pidfd_failures, "pidfd_failures_total", "Peers whose exit cannot be tracked (no pidfd)") \
+	X(restarts, "restarts_total", "Starts that took pools back from the fd store")             \
+	X(sessions_resumed, "sessions_resumed_total", "Sessions resumed with their token")         \
+	X(resume_expired, "resume_expired_total",                                                  \
+	  "Sessions of the previous kvpoold reclaimed after the resume grace")                     \
+	X(pages_adopted, "pages_adopted_total",                                                    \
+	  "Cached pages taken over from the previous kvpoold")                                     \
+	X(pages_discarded, "pages_discarded_total",                                                \
+	  "Pages of the previous kvpoold freed at start (state in doubt, or pool changed)")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

@@ -55,6 +55,9 @@ enum kvp_code {
 	KVP_E_LIMIT_EXCEEDED = 12,
 	KVP_E_UNAVAILABLE = 13,
 	KVP_E_INTERNAL = 14,
+	/* kvpoold restarted while the call was in flight: retry it (the library reconnects and
+	 * resumes the session; see kvp_client_opts.reconnect_ms). */
+	KVP_E_RESTARTED = 15,
 	KVP_E_NO_DAEMON = 100, /* connect failed: sys_errno says why */
 	KVP_E_TRANSPORT = 101, /* the connection failed or closed mid-call: sys_errno says why */
 	KVP_E_NOMEM = 102,

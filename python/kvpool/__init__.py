@@ -47,6 +47,7 @@ from ._kvpool import (
     LimitExceeded,
     Unavailable,
     Internal,
+    Restarted,
     NoDaemon,
     TransportError,
     OutOfMemory,
@@ -59,6 +60,6 @@ __all__ = [
     "Pool", "Lease", "Match", "View", "Geometry", "Event", "Error", "ClientBusy",
     "OutOfCapacity", "HostBudgetExceeded", "QuotaExceeded", "NoSuchPool", "GeometryMismatch", "NotFound",
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
-    "LimitExceeded", "Unavailable", "Internal", "NoDaemon", "TransportError", "OutOfMemory",
+    "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall",
 ]

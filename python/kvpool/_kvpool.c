@@ -111,6 +111,8 @@ static const struct {
 	{ KVP_E_UNAVAILABLE, "Unavailable",
 	  "The resource is pinned by another session's lock (read the host pages instead)." },
 	{ KVP_E_INTERNAL, "Internal", "An internal daemon error." },
+	{ KVP_E_RESTARTED, "Restarted",
+	  "kvpoold restarted while the call was in flight: retry it (the client reconnects)." },
 	{ KVP_E_NO_DAEMON, "NoDaemon", "No kvpoold answers on the socket: errno says why." },
 	{ KVP_E_TRANSPORT, "TransportError",
 	  "The connection failed or closed mid-call (errno says why); close the client." },
