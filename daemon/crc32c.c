@@ -53,4 +53,3 @@ uint32_t kvp_crc32c(const void *p, size_t n)
 #endif
 	return ~crc32c_sw(~0u, p, n);
 }
-

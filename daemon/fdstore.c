@@ -15,8 +15,8 @@
 #include "log.h"
 
 struct stored {
-	int fd;	   /* -1 once handed out */
-	int orig;  /* the fd number passed */
+	int fd;	  /* -1 once handed out */
+	int orig; /* the fd number passed */
 	char name[256];
 };
 

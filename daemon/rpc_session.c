@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "kvp_config.h"
 #include "kvpool_caps.h"
@@ -98,6 +99,13 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	m->resume_token.data = s->resume_token;
 	m->resume_token.len = sizeof(s->resume_token);
 	m->resume_grace_ms = d->conf.resume_grace_ms;
+	{
+		static uint64_t instance;
+
+		while (!instance && getrandom(&instance, sizeof(instance), 0) < 0)
+			;
+		m->instance = instance;
+	}
 	s->hello = true;
 	d->st.sessions_opened++;
 	m->session_id = s->id;

@@ -183,8 +183,7 @@ static int read_hdr(int fd, struct snap_hdr *h)
 }
 
 /* Why the stored pool of pc cannot be adopted ("" when it can). */
-static void adopt_check(const struct kvp_pool_conf *pc, char *why, size_t cap,
-			struct snap_hdr *h)
+static void adopt_check(const struct kvp_pool_conf *pc, char *why, size_t cap, struct snap_hdr *h)
 {
 	char tn[KVP_TIER_ID_MAX][300], mn[300];
 	int mfd;
@@ -402,8 +401,8 @@ void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
 			continue;
 		r = write_pool(d, p, clean_stop);
 		if (r < 0)
-			log_warn("pool %s: writing its books for a restart failed: %s", p->conf.name,
-				 strerror(-r));
+			log_warn("pool %s: writing its books for a restart failed: %s",
+				 p->conf.name, strerror(-r));
 		else if (clean_stop)
 			log_info("pool %s: books written for a restart (%lu bytes)", p->conf.name,
 				 (unsigned long)p->snap->hdr->body_bytes);
@@ -479,15 +478,14 @@ static int snap_open(struct kvpd_pool *p, int fd)
 	}
 	p->snap = sn;
 	return 0;
-fail:
-	{
-		int e = errno ? -errno : -EIO;
+fail : {
+	int e = errno ? -errno : -EIO;
 
-		if (fd >= 0)
-			close(fd);
-		free(sn);
-		return e;
-	}
+	if (fd >= 0)
+		close(fd);
+	free(sn);
+	return e;
+}
 }
 
 void kvp_snap_free(struct kvp_snap *s)
@@ -714,7 +712,8 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		}
 	}
 	if (r.bad || r.off != r.n) {
-		snprintf(why, cap, "the books do not parse or name a page twice or in the wrong state");
+		snprintf(why, cap,
+			 "the books do not parse or name a page twice or in the wrong state");
 		goto out;
 	}
 	/* Consistent: claim every page named, then rebuild. */
@@ -734,15 +733,18 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		for (uint32_t k = 0; k < e->path_pages; k++)
 			pages[k] = KVP_PAGE_NONE;
 		for (int pass = 0; pass < 2; pass++) {
-			uint32_t from = pass ? e->ndev : 0, to = pass ? e->path_pages - e->start : e->ndev;
+			uint32_t from = pass ? e->ndev : 0,
+				 to = pass ? e->path_pages - e->start : e->ndev;
 
 			if (from == to)
 				continue;
 			for (uint32_t k = 0; k < e->start + from; k++)
 				pages[k] = KVP_PAGE_NONE;
-			memcpy(pages + e->start + from, e->pages + 4 * from, (size_t)(to - from) * 4);
+			memcpy(pages + e->start + from, e->pages + 4 * from,
+			       (size_t)(to - from) * 4);
 			memset(&res, 0, sizeof(res));
-			if (kvp_prefix_insert(p->pfx, e->ns, (const uint32_t *)(const void *)e->tokens,
+			if (kvp_prefix_insert(p->pfx, e->ns,
+					      (const uint32_t *)(const void *)e->tokens,
 					      e->start + to,
 					      pass ? KVP_TIER_ID_HOST : KVP_TIER_ID_DEVICE, pages,
 					      &res, NULL) == 0)
@@ -799,8 +801,8 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		int32_t pid = (int32_t)get32(&r);
 		const char *name = take(&r, 64);
 		uint32_t nl = get32(&r);
-		struct kvp_session *s = with_sessions ? limbo_session(d, tok, uid, gid, pid, name)
-						      : NULL;
+		struct kvp_session *s =
+			with_sessions ? limbo_session(d, tok, uid, gid, pid, name) : NULL;
 
 		if (s)
 			out->sessions++;
@@ -1005,9 +1007,10 @@ int kvp_snap_start_pools(struct kvp_daemon *d,
 			if (!why[0]) {
 				p = adopt_pool(d, pc, i, &h, &adopted);
 			} else {
-				log_notice("pool %s: the stored pool is released and the pool created "
-					   "afresh: %s",
-					   pc->name, why);
+				log_notice(
+					"pool %s: the stored pool is released and the pool created "
+					"afresh: %s",
+					pc->name, why);
 				store_drop(pc);
 			}
 		}

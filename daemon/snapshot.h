@@ -25,10 +25,11 @@ struct kvpd_pool;
 struct kvp_pool_conf;
 struct kvp_snap;
 
-/* Creates (through create, which logs its failure) or adopts every configured pool: one whose memory and books the fd store handed back
- * with the same fingerprint is adopted and its books rebuilt (or started empty when they are
- * in doubt); one whose fingerprint changed is created afresh (the stored one released). Then
- * every pool's fds go to the fd store. 0, or -1 (a pool could not be made: logged). */
+/* Creates (through create, which logs its failure) or adopts every configured pool: one whose
+ * memory and books the fd store handed back with the same fingerprint is adopted and its books
+ * rebuilt (or started empty when they are in doubt); one whose fingerprint changed is created
+ * afresh (the stored one released). Then every pool's fds go to the fd store. 0, or -1 (a pool
+ * could not be made: logged). */
 int kvp_snap_start_pools(struct kvp_daemon *d,
 			 struct kvpd_pool *(*create)(const struct kvp_pool_conf *pc, uint32_t id));
 /* Whether pool pc will be adopted from the fd store (its memory is in use already: the budget

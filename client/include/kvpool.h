@@ -163,7 +163,15 @@ struct kvp_client_opts {
 	uint64_t capabilities;		/* KVP_CAP_* offered (kvp_client_connect: KVP_CAP_ALL) */
 	uint64_t required_capabilities; /* KVP_CAP_* the daemon must agree to, else KVP_E_VERSION */
 	uint32_t timeout_ms;		/* as kvp_client_set_timeout, applied from Hello on */
+	/* When the connection is lost and a restarted kvpoold (a new instance) answers within
+	 * this many ms, the library reconnects, resumes the session with its token (leases and
+	 * locks come back within the daemon's resume grace), re-attaches every pool (a tier
+	 * whose memory is the same file keeps its mapping; otherwise it is mapped anew) and the
+	 * call in flight returns -KVP_E_RESTARTED. Retries back off from 10 to 250 ms. 0: 3000;
+	 * KVP_RECONNECT_NEVER: a lost connection stays lost (KVP_E_TRANSPORT). */
+	uint32_t reconnect_ms;
 };
+#define KVP_RECONNECT_NEVER UINT32_MAX
 /* Connects to path (NULL: kvp_client_default_socket) and says Hello. A path that does not fit
  * a unix socket address is refused (KVP_E_INVALID_ARGUMENT), never truncated. Returns the
  * client, or NULL with err filled (KVP_E_NO_DAEMON, KVP_E_VERSION, KVP_E_PERMISSION_DENIED,
