@@ -1,0 +1,328 @@
+/* test_restart.c - kvpoold restarted by a test supervisor that plays systemd's fd store: it owns
+ * the NOTIFY_SOCKET, keeps the fds sent with FDSTORE=1/FDNAME= (once per file, dropped by
+ * FDSTOREREMOVE=1) and starts the next kvpoold with them in LISTEN_FDS/LISTEN_FDNAMES/
+ * LISTEN_PID. An engine publishes a prefix and holds a lease across a clean restart: its next
+ * call returns RESTARTED, then its match hits the same bytes, its lease is still its own and
+ * its mapping is the same memory. A kill -9 with a corrupt checkpoint starts the pool empty. */
+#include <CUnit/Basic.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvpool.h"
+#include "suite.h"
+
+#define PT 16
+#define NSTORE 16
+
+static char g_dir[64], g_sock[100], g_ns[100], g_cfg[100], g_log[100];
+static int g_nfd = -1;
+static struct {
+	int fd;
+	char name[128];
+} g_st[NSTORE];
+static int g_n;
+
+static void store_drain(void)
+{
+	for (;;) {
+		char buf[512];
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int) * 4)];
+		} cm;
+		struct iovec iov = { buf, sizeof(buf) - 1 };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				     .msg_controllen = sizeof(cm.b) };
+		ssize_t k = recvmsg(g_nfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		int fd = -1;
+		char *nm;
+
+		if (k < 0)
+			return;
+		buf[k] = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+			if (c->cmsg_type == SCM_RIGHTS)
+				memcpy(&fd, CMSG_DATA(c), sizeof(int));
+		nm = strstr(buf, "FDNAME=");
+		if (!nm)
+			continue;
+		nm += 7;
+		nm[strcspn(nm, "\n")] = 0;
+		if (strstr(buf, "FDSTOREREMOVE=1")) {
+			for (int i = 0; i < g_n; i++)
+				if (g_st[i].fd >= 0 && !strcmp(g_st[i].name, nm)) {
+					close(g_st[i].fd);
+					g_st[i].fd = -1;
+				}
+			continue;
+		}
+		if (fd >= 0 && strstr(buf, "FDSTORE=1")) {
+			struct stat a, b;
+			bool dup = false;
+
+			fstat(fd, &a);
+			for (int i = 0; i < g_n; i++)
+				if (g_st[i].fd >= 0 && fstat(g_st[i].fd, &b) == 0 &&
+				    a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+					dup = true;
+			if (dup || g_n == NSTORE) {
+				close(fd);
+				continue;
+			}
+			g_st[g_n].fd = fd;
+			snprintf(g_st[g_n].name, sizeof(g_st[g_n].name), "%s", nm);
+			g_n++;
+		}
+	}
+}
+
+static pid_t sup_start(void)
+{
+	pid_t pid;
+
+	store_drain();
+	pid = fork();
+	if (pid == 0) {
+		char names[2048] = "", num[16];
+		int n = 0, lo = 100;
+
+		for (int i = 0; i < g_n; i++) /* out of the way first, then 3.. */
+			if (g_st[i].fd >= 0)
+				dup2(g_st[i].fd, lo + i);
+		for (int i = 0; i < g_n; i++) {
+			if (g_st[i].fd < 0)
+				continue;
+			dup2(lo + i, 3 + n);
+			if (n)
+				strcat(names, ":");
+			strcat(names, g_st[i].name);
+			n++;
+		}
+		snprintf(num, sizeof(num), "%d", n);
+		if (n) {
+			setenv("LISTEN_FDS", num, 1);
+			setenv("LISTEN_FDNAMES", names, 1);
+			snprintf(num, sizeof(num), "%d", (int)getpid());
+			setenv("LISTEN_PID", num, 1);
+		}
+		setenv("NOTIFY_SOCKET", g_ns, 1);
+		int lf = open(g_log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+		dup2(lf, 2);
+		execl(h_kvpoold(), "kvpoold", "--config", g_cfg, "--socket", g_sock, (char *)NULL);
+		_exit(127);
+	}
+	{
+		pid_t w = pid;
+
+		CU_ASSERT_FATAL(h_wait_accepting(g_sock, &w, 10000) == 0);
+	}
+	return pid;
+}
+
+static void sup_stop(pid_t pid, int sig)
+{
+	int st;
+
+	kill(pid, sig);
+	waitpid(pid, &st, 0);
+	store_drain();
+}
+
+static void write_cfg(uint32_t host_pages)
+{
+	char text[512];
+
+	snprintf(text, sizeof(text),
+		 "[daemon]\nresume_grace_ms = 5000\nsnapshot_interval_ms = 100\n"
+		 "[pool.p]\nlayers = 2\nkv_heads = 2\nhead_dim = 8\ndtype = fp16\n"
+		 "page_tokens = %d\ndevice = none\nhost_capacity = %ut\nmlock = off\n",
+		 PT, host_pages * PT);
+	CU_ASSERT_FATAL(h_write_file(g_cfg, text) == 0);
+}
+
+static void setup(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	snprintf(g_dir, sizeof(g_dir), "/tmp/kvp-restart-XXXXXX");
+	CU_ASSERT_FATAL(mkdtemp(g_dir) != NULL);
+	snprintf(g_sock, sizeof(g_sock), "%s/s.sock", g_dir);
+	snprintf(g_ns, sizeof(g_ns), "%s/notify", g_dir);
+	snprintf(g_cfg, sizeof(g_cfg), "%s/kvpoold.conf", g_dir);
+	snprintf(g_log, sizeof(g_log), "%s/log", g_dir);
+	g_nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_ns);
+	CU_ASSERT_FATAL(bind(g_nfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	g_n = 0;
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < g_n; i++)
+		if (g_st[i].fd >= 0)
+			close(g_st[i].fd);
+	close(g_nfd);
+	h_dir_remove(g_dir);
+}
+
+static void fill(struct kvp_pool *p, uint32_t page, uint8_t seed)
+{
+	uint8_t *b = kvp_pool_tier_base(p, KVP_TIER_HOST);
+	size_t pb = 2 * 2 * 2 * 8 * 2 * PT; /* layers * K/V * heads * dim * 2 bytes * tokens */
+
+	for (size_t i = 0; i < pb; i++)
+		b[(size_t)page * pb + i] = (uint8_t)(seed + i * 7);
+}
+
+static bool check(struct kvp_pool *p, uint32_t page, uint8_t seed)
+{
+	const uint8_t *b = kvp_pool_tier_base(p, KVP_TIER_HOST);
+	size_t pb = 2 * 2 * 2 * 8 * 2 * PT;
+
+	for (size_t i = 0; i < pb; i++)
+		if (b[(size_t)page * pb + i] != (uint8_t)(seed + i * 7))
+			return false;
+	return true;
+}
+
+static int match_retry(struct kvp_pool *p, const uint32_t *tok, uint32_t n,
+		       struct kvp_match_result *m, uint32_t *host, int *restarted)
+{
+	uint32_t dev[8];
+	struct kvp_error e;
+	int r;
+
+	m->struct_size = sizeof(*m);
+	while ((r = kvp_cache_match(p, 1, tok, n, 0, m, dev, host, 8, &e)) == -KVP_E_RESTARTED)
+		(*restarted)++;
+	return r;
+}
+
+/* Publishes 4 pages, holds a lease of 2 more; restarts; everything is back. */
+static void test_restart_clean_keeps_cache_lease_and_mapping(void)
+{
+	uint32_t tok[4 * PT], pages[4], held[2], host[8];
+	struct kvp_match_result m;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease, held_id, nt;
+	void *base;
+	int restarted = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "restart-engine", &e);
+	CU_ASSERT_FATAL(c != NULL);
+	p = kvp_pool_attach(c, "p", NULL, &e);
+	CU_ASSERT_FATAL(p != NULL);
+	base = kvp_pool_tier_base(p, KVP_TIER_HOST);
+	for (uint32_t i = 0; i < 4 * PT; i++)
+		tok[i] = 1000 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 4, &lease, pages, &e), 0);
+	for (int i = 0; i < 4; i++)
+		fill(p, pages[i], (uint8_t)(17 * i + 1));
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 4 * PT, 0, pages, 4, &nt, &e), 0);
+	CU_ASSERT_EQUAL(nt, 4 * PT);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &held_id, held, &e), 0);
+
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+
+	CU_ASSERT_EQUAL(match_retry(p, tok, 4 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(restarted, 1);
+	CU_ASSERT_EQUAL(m.matched_tokens, 4 * PT);
+	CU_ASSERT_EQUAL(m.n_host, 4);
+	CU_ASSERT_PTR_EQUAL(kvp_pool_tier_base(p, KVP_TIER_HOST), base);
+	for (int i = 0; i < 4 && m.n_host == 4; i++) {
+		CU_ASSERT_EQUAL(host[i], pages[i]);
+		CU_ASSERT(check(p, host[i], (uint8_t)(17 * i + 1)));
+	}
+	/* the lease is still this session's: its pages can be returned */
+	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 2, &e), 0);
+	CU_ASSERT(h_file_contains(g_log, "adopted from the fd store"));
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* kill -9 with the checkpoint's bytes corrupted: the pool starts empty, says why, never serves
+ * what the books do not prove. */
+static void test_restart_corrupt_books_start_empty(void)
+{
+	uint32_t tok[2 * PT], pages[2], host[8];
+	struct kvp_match_result m;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease, nt;
+	int restarted = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "crash-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	for (uint32_t i = 0; i < 2 * PT; i++)
+		tok[i] = 7 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e), 0);
+	usleep(400 * 1000); /* a checkpoint is written */
+	sup_stop(pid, SIGKILL);
+	for (int i = 0; i < g_n; i++) /* flip a byte of the body */
+		if (g_st[i].fd >= 0 && strstr(g_st[i].name, ".meta")) {
+			uint8_t b;
+
+			CU_ASSERT_EQUAL(pread(g_st[i].fd, &b, 1, 4096 + 60), 1);
+			b ^= 0xff;
+			CU_ASSERT_EQUAL(pwrite(g_st[i].fd, &b, 1, 4096 + 60), 1);
+		}
+	pid = sup_start();
+	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 0);
+	CU_ASSERT(h_file_contains(g_log, "checksum of its books does not match"));
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* A changed host size: the stored pool is released, the new one created afresh. */
+static void test_restart_geometry_change_fresh_pool(void)
+{
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	sup_stop(pid, SIGTERM);
+	write_cfg(32);
+	pid = sup_start();
+	CU_ASSERT(h_file_contains(g_log, "created afresh: its geometry or size changed"));
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+int main(void)
+{
+	static const struct h_test tests[] = {
+		H_TEST(test_restart_clean_keeps_cache_lease_and_mapping),
+		H_TEST(test_restart_corrupt_books_start_empty),
+		H_TEST(test_restart_geometry_change_fresh_pool),
+	};
+
+	return H_RUN_SUITE("restart", NULL, NULL, tests);
+}
