@@ -809,8 +809,9 @@ static int reattach(struct kvp_client *c, struct kvp_pool *p)
 	struct kvp_error e;
 
 	attach.pool = p->name;
-	if (kvp__rpc(c, &req, RESULT(ATTACH), &resp, fds, &nfds, &e) < 0)
+	if (kvp__rpc(c, &req, RESULT(ATTACH), &resp, fds, &nfds, &e) < 0) {
 		return -1;
+	}
 	p->id = resp->attach->pool_id;
 	for (size_t i = 0; i < resp->attach->n_tiers && r == 0; i++) {
 		const Kvpool__TierInfo *ti = resp->attach->tiers[i];

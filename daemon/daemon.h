@@ -150,6 +150,9 @@ struct kvp_lock *kvp_session_lock_alloc(void);
 /* Books k (pool, node and pages set) as s's under a new id, its tokens counted as locked.
  * 0, or -ENOMEM: then k's lock is dropped in its pool and k freed. */
 int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp_lock *k);
+/* Books k (id, pool, node or keys and pages set: a lock a restart took again) as s's under
+ * k->id. 0, or -ENOMEM / -EEXIST: then k's lock is dropped in its pool and k freed. */
+int kvp_session_lock_restore(struct kvp_session *s, struct kvp_lock *k);
 /* s's lock id; NULL with f filled (NOT_FOUND). */
 struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f);
 /* Drops k's lock in its pool, unbooks and frees it. */

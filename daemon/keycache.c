@@ -700,6 +700,20 @@ int kvp_keys_walk(const struct kvp_keys *kc, int (*fn)(void *ctx, const struct k
 	return 0;
 }
 
+int kvp_keys_lock_key(const struct kvp_keys *kc, const struct kvp_keys_lock *lock, uint32_t i,
+		      struct kvp_key *k, uint64_t *ns)
+{
+	const struct kc_entry *e;
+
+	if (!kc || !lock || i >= lock->n || !k || !ns)
+		return -EINVAL;
+	e = &kc->ent[lock->idx[i]];
+	k->len = e->klen1 + 1u;
+	k->data = key_at(kc, e);
+	*ns = kc->nsr[e->ns].ns;
+	return 0;
+}
+
 int kvp_keys_set_hits(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits)
 {
 	uint32_t nsi = ns_find(kc, ns), at;

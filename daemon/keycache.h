@@ -147,6 +147,10 @@ struct kvp_keys_entry {
 /* Calls fn for every entry (any order). fn's nonzero return stops the walk and is returned. */
 int kvp_keys_walk(const struct kvp_keys *kc, int (*fn)(void *ctx, const struct kvp_keys_entry *e),
 		  void *ctx);
+/* Key i (< kvp_keys_lock_pages(lock)) of the run a lock pins, and its namespace; k->data
+ * points into the cache (valid until it changes). 0 or -EINVAL. */
+int kvp_keys_lock_key(const struct kvp_keys *kc, const struct kvp_keys_lock *lock, uint32_t i,
+		      struct kvp_key *k, uint64_t *ns);
 /* Sets the hit count of cached key k of ns to at least hits (a restore). 0 or -ENOENT. */
 int kvp_keys_set_hits(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits);
 

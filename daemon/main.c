@@ -89,10 +89,18 @@ static int listen_unix(const char *path)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		log_err("another kvpoold already listens on %s", path);
+	/* A kvpoold killed a moment ago may still be listening: its ring lets go of the socket
+	 * shortly after it died. A live one still listens a second later. */
+	for (int i = 0; connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0; i++) {
 		close(fd);
-		return -EADDRINUSE;
+		if (i == 20) {
+			log_err("another kvpoold already listens on %s", path);
+			return -EADDRINUSE;
+		}
+		usleep(50000);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
 	}
 	close(fd);
 	unlink(path);

@@ -1483,6 +1483,32 @@ int kvp_prefix_walk(const struct kvp_prefix *pfx,
 	return r;
 }
 
+int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,
+			 uint64_t *ns, uint32_t **tokens, uint32_t *npages)
+{
+	const struct kvp_prefix_node *a;
+	uint64_t pages = 0;
+	size_t off;
+	uint32_t *t;
+
+	if (!pfx || !lock || !ns || !tokens || !npages)
+		return -EINVAL;
+	for (a = lock; !is_root(a); a = a->parent)
+		pages += a->npages;
+	t = malloc(pages * pfx->pt * sizeof(*t) + sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	off = pages * pfx->pt;
+	for (a = lock; !is_root(a); a = a->parent) {
+		off -= (size_t)a->npages * pfx->pt;
+		memcpy(t + off, node_tokens(a), (size_t)a->npages * pfx->pt * sizeof(*t));
+	}
+	*ns = root_ns(a);
+	*tokens = t;
+	*npages = (uint32_t)pages;
+	return 0;
+}
+
 int kvp_prefix_set_hits(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens,
 			uint32_t npages, uint32_t hits)
 {

@@ -195,6 +195,10 @@ struct kvp_prefix_entry {
  * fn's nonzero return stops the walk and is returned. 0, fn's value, or -ENOMEM. */
 int kvp_prefix_walk(const struct kvp_prefix *pfx,
 		    int (*fn)(void *ctx, const struct kvp_prefix_entry *e), void *ctx);
+/* The path a lock handle pins: its namespace and tokens (root .. the handle's node, *npages
+ * pages), in a malloc'd array the caller frees. 0, -EINVAL (NULL), -ENOMEM. */
+int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,
+			 uint64_t *ns, uint32_t **tokens, uint32_t *npages);
 /* Sets the hit count of the node holding position npages - 1 of the cached path tokens[0 ..
  * npages * page_tokens) in ns to at least hits (a restore). 0, or -ENOENT when not cached. */
 int kvp_prefix_set_hits(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens,

@@ -352,6 +352,21 @@ int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp
 	return 0;
 }
 
+int kvp_session_lock_restore(struct kvp_session *s, struct kvp_lock *k)
+{
+	int r = kvp_idmap_put(&s->locks, k->id, k);
+
+	if (r < 0) {
+		kvp_pool_unlock(k->pool, k->node);
+		kvp_pool_keys_unlock(k->pool, k->keys);
+		free(k);
+		return r;
+	}
+	s->locked_tokens += (uint64_t)k->pages * k->pool->conf.page_tokens;
+	s->locked_pages[k->pool->id] += k->pages;
+	return 0;
+}
+
 struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f)
 {
 	struct kvp_lock *k = kvp_idmap_get(&s->locks, id);

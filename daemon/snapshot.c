@@ -302,6 +302,48 @@ static void put_sessions(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool 
 			nl++;
 		}
 		patch32(b, lat, nl);
+		lat = b->n;
+		nl = 0;
+		put32(b, 0);
+		for (uint32_t i = 0; (i = kvp_idmap_next(&s->locks, i, &id, &v)) != 0;) {
+			struct kvp_lock *k = v;
+			uint32_t *tok = NULL, np = 0;
+			uint64_t ns = 0;
+
+			if (k->pool != p)
+				continue;
+			if (k->node) {
+				if (kvp_prefix_lock_path(p->pfx, k->node, &ns, &tok, &np) < 0) {
+					b->oom = true;
+					return;
+				}
+				put64(b, k->id);
+				put8(b, 0);
+				put64(b, ns);
+				put32(b, np);
+				put(b, tok, (size_t)np * p->conf.page_tokens * 4);
+				free(tok);
+			} else if (k->keys) {
+				uint32_t nk = kvp_keys_lock_pages(k->keys);
+
+				put64(b, k->id);
+				put8(b, 1);
+				kvp_keys_lock_key(p->keys, k->keys, 0, &(struct kvp_key){ 0 }, &ns);
+				put64(b, ns);
+				put32(b, nk);
+				for (uint32_t j = 0; j < nk; j++) {
+					struct kvp_key key = { 0 };
+
+					kvp_keys_lock_key(p->keys, k->keys, j, &key, &ns);
+					put8(b, (uint8_t)key.len);
+					put(b, key.data, key.len);
+				}
+			} else {
+				continue;
+			}
+			nl++;
+		}
+		patch32(b, lat, nl);
 		n++;
 	}
 	patch32(b, at, n);
@@ -576,8 +618,71 @@ static bool ref(struct refs *rf, int t, uint32_t pg, int want)
 
 struct restored {
 	uint64_t cached, discarded;
-	uint32_t sessions, leases;
+	uint32_t sessions, leases, locks;
 };
+
+/* Takes the lock of a path again (match with lock) and books it as s's under id. */
+static int restore_token_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_t id, uint64_t ns,
+			      const uint8_t *tok, uint32_t npages)
+{
+	uint32_t *dev = calloc((size_t)npages + 1, sizeof(uint32_t));
+	uint32_t *host = calloc((size_t)npages + 1, sizeof(uint32_t));
+	uint32_t *t = malloc((size_t)npages * p->conf.page_tokens * 4 + 4);
+	struct kvp_prefix_match m = { 0 };
+	struct kvp_lock *k;
+	int r = -1;
+
+	if (!dev || !host || !t || !tok || !npages)
+		goto out;
+	memcpy(t, tok, (size_t)npages * p->conf.page_tokens * 4);
+	if (kvp_prefix_match(p->pfx, ns, t, npages * p->conf.page_tokens, 1, &m, dev, host) < 0 ||
+	    !m.lock)
+		goto out;
+	if (m.dev_pages + m.host_pages != npages || !(k = kvp_session_lock_alloc())) {
+		kvp_prefix_unlock(p->pfx, m.lock);
+		goto out;
+	}
+	k->id = id;
+	k->pool = p;
+	k->node = m.lock;
+	k->pages = npages;
+	r = kvp_session_lock_restore(s, k);
+out:
+	free(dev);
+	free(host);
+	free(t);
+	return r;
+}
+
+static int restore_keys_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_t id, uint64_t ns,
+			     const struct kvp_key *keys, uint32_t n)
+{
+	uint32_t *dev = calloc((size_t)n + 1, sizeof(uint32_t));
+	uint32_t *host = calloc((size_t)n + 1, sizeof(uint32_t));
+	struct kvp_keys_match m = { 0 };
+	struct kvp_lock *k;
+	int r = -1;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (!keys[i].data || !keys[i].len)
+			goto out;
+	if (!dev || !host || !n || kvp_keys_match(p->keys, ns, keys, n, 1, &m, dev, host) < 0 ||
+	    !m.lock)
+		goto out;
+	if (m.dev_pages + m.host_pages != n || !(k = kvp_session_lock_alloc())) {
+		kvp_keys_unlock(p->keys, m.lock);
+		goto out;
+	}
+	k->id = id;
+	k->pool = p;
+	k->keys = m.lock;
+	k->pages = kvp_keys_lock_pages(m.lock);
+	r = kvp_session_lock_restore(s, k);
+out:
+	free(dev);
+	free(host);
+	return r;
+}
 
 static struct kvp_session *limbo_session(struct kvp_daemon *d, const uint8_t *tok, uint32_t uid,
 					 uint32_t gid, int32_t pid, const char *name)
@@ -710,6 +815,24 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 					r.bad = true;
 			}
 		}
+		nl = get32(&r);
+		for (uint32_t j = 0; j < nl && !r.bad; j++) {
+			uint8_t kind;
+			uint32_t n;
+
+			get64(&r);
+			kind = get8(&r);
+			get64(&r);
+			n = get32(&r);
+			if (kind == 0) {
+				take(&r, (size_t)n * pt * 4);
+			} else if (kind == 1 && n <= h->body_bytes) {
+				for (uint32_t k = 0; k < n && !r.bad; k++)
+					take(&r, get8(&r));
+			} else {
+				r.bad = true;
+			}
+		}
 	}
 	if (r.bad || r.off != r.n) {
 		snprintf(why, cap,
@@ -829,6 +952,35 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 			}
 			kvp_session_attach(s, p);
 			out->leases++;
+		}
+		nl = get32(&r);
+		for (uint32_t j = 0; j < nl; j++) {
+			uint64_t id = get64(&r), ns;
+			uint8_t kind = get8(&r);
+			uint32_t n;
+
+			ns = get64(&r);
+			n = get32(&r);
+			if (kind == 0) {
+				const uint8_t *tok = take(&r, (size_t)n * pt * 4);
+
+				if (s && restore_token_lock(p, s, id, ns, tok, n) == 0)
+					out->locks++;
+			} else {
+				struct kvp_key *keys = calloc(n + 1, sizeof(*keys));
+
+				for (uint32_t k = 0; k < n; k++) {
+					if (keys) {
+						keys[k].len = get8(&r);
+						keys[k].data = take(&r, keys[k].len);
+					} else {
+						take(&r, get8(&r));
+					}
+				}
+				if (s && keys && restore_keys_lock(p, s, id, ns, keys, n) == 0)
+					out->locks++;
+				free(keys);
+			}
 		}
 	}
 	/* What no one took back (duplicates, failed inserts) is free again. */
@@ -977,10 +1129,11 @@ static struct kvpd_pool *adopt_pool(struct kvp_daemon *d, const struct kvp_pool_
 	} else {
 		d->st.pages_adopted += res.cached;
 		d->st.pages_discarded += res.discarded;
-		log_notice("pool %s: adopted from the fd store: %lu cached pages kept, %lu pages "
-			   "in doubt freed, %u sessions (%u leases) may resume within %u ms",
-			   pc->name, (unsigned long)res.cached, (unsigned long)res.discarded,
-			   res.sessions, res.leases, d->conf.resume_grace_ms);
+		log_notice(
+			"pool %s: adopted from the fd store: %lu cached pages kept, %lu pages "
+			"in doubt freed, %u sessions (%u leases, %u locks) may resume within %u ms",
+			pc->name, (unsigned long)res.cached, (unsigned long)res.discarded,
+			res.sessions, res.leases, res.locks, d->conf.resume_grace_ms);
 	}
 	if (snap_open(p, mfd) < 0)
 		log_warn("pool %s: its books cannot be kept for the next restart", pc->name);

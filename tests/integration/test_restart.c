@@ -25,7 +25,7 @@
 #define NSTORE 16
 
 static char g_dir[64], g_sock[100], g_ns[100], g_cfg[100], g_log[100];
-static int g_nfd = -1;
+static int g_nfd = -1, g_lfd = -1; /* the notify socket; the activation socket */
 static struct {
 	int fd;
 	char name[128];
@@ -41,7 +41,9 @@ static void store_drain(void)
 			char b[CMSG_SPACE(sizeof(int) * 4)];
 		} cm;
 		struct iovec iov = { buf, sizeof(buf) - 1 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+		struct msghdr mh = { .msg_iov = &iov,
+				     .msg_iovlen = 1,
+				     .msg_control = cm.b,
 				     .msg_controllen = sizeof(cm.b) };
 		ssize_t k = recvmsg(g_nfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 		int fd = -1;
@@ -86,6 +88,23 @@ static void store_drain(void)
 	}
 }
 
+static int g_starts;
+
+/* Times s occurs in kvpoold's log. */
+static int log_count(const char *s)
+{
+	FILE *f = fopen(g_log, "r");
+	char line[1024];
+	int n = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, s) != NULL;
+	fclose(f);
+	return n;
+}
+
 static pid_t sup_start(void)
 {
 	pid_t pid;
@@ -99,33 +118,32 @@ static pid_t sup_start(void)
 		for (int i = 0; i < g_n; i++) /* out of the way first, then 3.. */
 			if (g_st[i].fd >= 0)
 				dup2(g_st[i].fd, lo + i);
+		dup2(g_lfd, lo - 1);
+		dup2(lo - 1, 3 + n++); /* the activation socket first, as systemd passes it */
+		strcat(names, "kvpoold.socket");
 		for (int i = 0; i < g_n; i++) {
 			if (g_st[i].fd < 0)
 				continue;
 			dup2(lo + i, 3 + n);
-			if (n)
-				strcat(names, ":");
+			strcat(names, ":");
 			strcat(names, g_st[i].name);
 			n++;
 		}
 		snprintf(num, sizeof(num), "%d", n);
-		if (n) {
-			setenv("LISTEN_FDS", num, 1);
-			setenv("LISTEN_FDNAMES", names, 1);
-			snprintf(num, sizeof(num), "%d", (int)getpid());
-			setenv("LISTEN_PID", num, 1);
-		}
+		setenv("LISTEN_FDS", num, 1);
+		setenv("LISTEN_FDNAMES", names, 1);
+		snprintf(num, sizeof(num), "%d", (int)getpid());
+		setenv("LISTEN_PID", num, 1);
 		setenv("NOTIFY_SOCKET", g_ns, 1);
 		int lf = open(g_log, O_WRONLY | O_CREAT | O_APPEND, 0600);
 		dup2(lf, 2);
 		execl(h_kvpoold(), "kvpoold", "--config", g_cfg, "--socket", g_sock, (char *)NULL);
 		_exit(127);
 	}
-	{
-		pid_t w = pid;
-
-		CU_ASSERT_FATAL(h_wait_accepting(g_sock, &w, 10000) == 0);
-	}
+	g_starts++;
+	for (int i = 0; i < 1000 && log_count("kvpoold ready") < g_starts; i++)
+		usleep(10000);
+	CU_ASSERT_FATAL(log_count("kvpoold ready") == g_starts);
 	return pid;
 }
 
@@ -138,16 +156,21 @@ static void sup_stop(pid_t pid, int sig)
 	store_drain();
 }
 
-static void write_cfg(uint32_t host_pages)
+static void write_cfg_full(uint32_t host_pages, uint32_t grace_ms, uint32_t interval_ms)
 {
 	char text[512];
 
 	snprintf(text, sizeof(text),
-		 "[daemon]\nresume_grace_ms = 5000\nsnapshot_interval_ms = 100\n"
+		 "[daemon]\nresume_grace_ms = %u\nsnapshot_interval_ms = %u\n"
 		 "[pool.p]\nlayers = 2\nkv_heads = 2\nhead_dim = 8\ndtype = fp16\n"
 		 "page_tokens = %d\ndevice = none\nhost_capacity = %ut\nmlock = off\n",
-		 PT, host_pages * PT);
+		 grace_ms, interval_ms, PT, host_pages * PT);
 	CU_ASSERT_FATAL(h_write_file(g_cfg, text) == 0);
+}
+
+static void write_cfg(uint32_t host_pages)
+{
+	write_cfg_full(host_pages, 5000, 100);
 }
 
 static void setup(void)
@@ -163,7 +186,14 @@ static void setup(void)
 	g_nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_ns);
 	CU_ASSERT_FATAL(bind(g_nfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	/* The control socket is the supervisor's, as under socket activation: clients connect
+	 * while kvpoold restarts and are answered by the next one. */
+	g_lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_sock);
+	CU_ASSERT_FATAL(bind(g_lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	CU_ASSERT_FATAL(listen(g_lfd, 64) == 0);
 	g_n = 0;
+	g_starts = 0;
 }
 
 static void teardown(void)
@@ -172,7 +202,11 @@ static void teardown(void)
 		if (g_st[i].fd >= 0)
 			close(g_st[i].fd);
 	close(g_nfd);
-	h_dir_remove(g_dir);
+	close(g_lfd);
+	if (getenv("KVP_KEEP"))
+		printf("\n    kept %s\n", g_dir);
+	else
+		h_dir_remove(g_dir);
 }
 
 static void fill(struct kvp_pool *p, uint32_t page, uint8_t seed)
@@ -205,6 +239,8 @@ static int match_retry(struct kvp_pool *p, const uint32_t *tok, uint32_t n,
 	m->struct_size = sizeof(*m);
 	while ((r = kvp_cache_match(p, 1, tok, n, 0, m, dev, host, 8, &e)) == -KVP_E_RESTARTED)
 		(*restarted)++;
+	if (r < 0)
+		printf("\n    match: %s: %s\n", kvp_code_name(r), e.message);
 	return r;
 }
 
@@ -216,7 +252,11 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	uint64_t lease, held_id, nt;
+	uint64_t lease, held_id, nt, lock_id, klease, klock;
+	uint32_t kpages[3];
+	static const struct kvp_page_key keys[3] = { { "k-one", 5 }, { "k-two", 5 }, { "k-3", 3 } };
+	struct kvp_insert_keys_result kres;
+	struct kvp_match_keys_result km;
 	void *base;
 	int restarted = 0;
 	pid_t pid;
@@ -237,6 +277,22 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 4 * PT, 0, pages, 4, &nt, &e), 0);
 	CU_ASSERT_EQUAL(nt, 4 * PT);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &held_id, held, &e), 0);
+	/* a lock on the first two pages, and a hash-keyed chain of 3 pages, locked too */
+	m.struct_size = sizeof(m);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(p, 1, tok, 2 * PT, 1, &m, NULL, host, 8, &e), 0);
+	CU_ASSERT_FATAL(m.lock_id != 0);
+	lock_id = m.lock_id;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 3, &klease, kpages, &e), 0);
+	for (int i = 0; i < 3; i++)
+		fill(p, kpages[i], (uint8_t)(99 + i));
+	kres.struct_size = sizeof(kres);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert_keys(p, klease, 2, keys, 3, 0, kpages, 3, &kres, &e),
+			      0);
+	CU_ASSERT_EQUAL(kres.new_pages, 3);
+	km.struct_size = sizeof(km);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(p, 2, keys, 3, 1, &km, NULL, host, 8, &e), 0);
+	CU_ASSERT_FATAL(km.lock_id != 0);
+	klock = km.lock_id;
 
 	sup_stop(pid, SIGTERM);
 	pid = sup_start();
@@ -250,8 +306,17 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 		CU_ASSERT_EQUAL(host[i], pages[i]);
 		CU_ASSERT(check(p, host[i], (uint8_t)(17 * i + 1)));
 	}
-	/* the lease is still this session's: its pages can be returned */
+	/* the lease and the locks are still this session's */
 	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 2, &e), 0);
+	CU_ASSERT_EQUAL(kvp_cache_release(p, lock_id, &e), 0);
+	km.struct_size = sizeof(km);
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 2, keys, 3, 0, &km, NULL, host, 8, &e), 0);
+	CU_ASSERT_EQUAL(km.n_host, 3);
+	for (int i = 0; i < 3 && km.n_host == 3; i++) {
+		CU_ASSERT_EQUAL(host[i], kpages[i]);
+		CU_ASSERT(check(p, host[i], (uint8_t)(99 + i)));
+	}
+	CU_ASSERT_EQUAL(kvp_cache_release(p, klock, &e), 0);
 	CU_ASSERT(h_file_contains(g_log, "adopted from the fd store"));
 	kvp_client_close(c);
 	sup_stop(pid, SIGTERM);
@@ -316,12 +381,206 @@ static void test_restart_geometry_change_fresh_pool(void)
 	teardown();
 }
 
+/* The engine comes back after resume_grace_ms: its lease was reclaimed. */
+static void test_restart_after_grace_reclaimed(void)
+{
+	uint32_t held[2];
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t held_id, ev = 0;
+	int r;
+	pid_t pid;
+
+	setup();
+	write_cfg_full(64, 300, 100);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "late-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &held_id, held, &e), 0);
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+	CU_ASSERT(h_wait_file_contains(g_log, "not resumed within resume_grace_ms", 3000));
+	r = kvp_admin_flush(c, "p", &ev, &e);
+	CU_ASSERT_EQUAL(r, -KVP_E_RESTARTED);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 2, &e), -KVP_E_NOT_FOUND);
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* kill -9 of an idle pool after a checkpoint: the cache is adopted (same bytes), the lease is
+ * not (leases come back only from a clean stop). */
+static void test_restart_kill9_consistent_adopts_cache(void)
+{
+	uint32_t tok[3 * PT], pages[3], held[1], host[8];
+	struct kvp_match_result m;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease, held_id, nt;
+	int restarted = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "crash-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	for (uint32_t i = 0; i < 3 * PT; i++)
+		tok[i] = 500 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 3, &lease, pages, &e), 0);
+	for (int i = 0; i < 3; i++)
+		fill(p, pages[i], (uint8_t)(40 + i));
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 3 * PT, 0, pages, 3, &nt, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &held_id, held, &e), 0);
+	usleep(400 * 1000);
+	sup_stop(pid, SIGKILL);
+	pid = sup_start();
+	CU_ASSERT_EQUAL(match_retry(p, tok, 3 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(restarted, 1);
+	CU_ASSERT_EQUAL(m.n_host, 3);
+	for (int i = 0; i < 3 && m.n_host == 3; i++)
+		CU_ASSERT(check(p, host[i], (uint8_t)(40 + i)));
+	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 1, &e), -KVP_E_NOT_FOUND);
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* kill -9 right after cached pages were evicted and reused: the checkpoint no longer proves
+ * them, so the pool starts empty and says why. */
+static void test_restart_kill9_after_eviction_discards(void)
+{
+	uint32_t tok[2 * PT], pages[64], host[8];
+	struct kvp_match_result m;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease, big, nt;
+	int restarted = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg_full(64, 5000, 3600000); /* no checkpoint after the first */
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "evict-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	for (uint32_t i = 0; i < 2 * PT; i++)
+		tok[i] = 900 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e), 0);
+	/* a clean stop and start: the books now list the 2 cached pages */
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(m.n_host, 2);
+	/* every page leased: the cached ones are evicted and overwritten */
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 64, &big, pages, &e), 0);
+	for (int i = 0; i < 64; i++)
+		fill(p, pages[i], 0xee);
+	sup_stop(pid, SIGKILL);
+	pid = sup_start();
+	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 0);
+	CU_ASSERT(h_file_contains(g_log, "without a clean checkpoint"));
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* An engine in another process publishes and matches without pause while kvpoold restarts 20
+ * times (every fifth a kill -9): every hit holds the bytes of its own prefix. */
+static int load_engine(const char *stopfile)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_sock, "load-engine", &e);
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	uint32_t seq = 0, mismatches = 0, hits = 0, restarts = 0;
+
+	if (!p)
+		return 100;
+	while (access(stopfile, F_OK) != 0) {
+		uint32_t tok[2 * PT], pages[2], host[8], dev[8];
+		struct kvp_match_result m = { .struct_size = sizeof(m) };
+		uint64_t lease, nt;
+		uint32_t probe = seq ? seq - 1 - (uint32_t)rand() % (seq < 16 ? seq : 16) : 0;
+		int r;
+
+		for (uint32_t i = 0; i < 2 * PT; i++)
+			tok[i] = seq * 1000 + i + 1;
+		r = kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e);
+		if (r == 0) {
+			fill(p, pages[0], (uint8_t)seq);
+			fill(p, pages[1], (uint8_t)(seq + 100));
+			r = kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e);
+			if (r == 0)
+				r = kvp_lease_free(p, lease, NULL, 0, &e);
+			seq += r == 0;
+		}
+		restarts += r == -KVP_E_RESTARTED;
+		for (uint32_t i = 0; i < 2 * PT; i++)
+			tok[i] = probe * 1000 + i + 1;
+		r = kvp_cache_match(p, 1, tok, 2 * PT, 0, &m, dev, host, 8, &e);
+		restarts += r == -KVP_E_RESTARTED;
+		if (r == 0 && m.n_host) {
+			hits++;
+			if (!check(p, host[0], (uint8_t)probe))
+				mismatches++;
+			if (m.n_host > 1 && !check(p, host[1], (uint8_t)(probe + 100)))
+				mismatches++;
+		}
+		if (r < 0 && r != -KVP_E_RESTARTED && r != -KVP_E_NOT_FOUND)
+			return 101;
+	}
+	printf("\n    load engine: %u prefixes, %u hits, %u restarts seen, %u mismatches\n", seq,
+	       hits, restarts, mismatches);
+	kvp_client_close(c);
+	return mismatches ? 1 : restarts ? 0 : 102;
+}
+
+static void test_restart_20_under_load_no_mismatch(void)
+{
+	char stopfile[128];
+	pid_t pid, eng;
+	int st;
+
+	setup();
+	write_cfg(64);
+	snprintf(stopfile, sizeof(stopfile), "%s/stop", g_dir);
+	pid = sup_start();
+	eng = fork();
+	if (eng == 0) {
+		close(g_nfd);
+		close(g_lfd);
+		_exit(load_engine(stopfile));
+	}
+	for (int i = 0; i < 20; i++) {
+		usleep(150 * 1000);
+		sup_stop(pid, i % 5 == 4 ? SIGKILL : SIGTERM);
+		pid = sup_start();
+	}
+	usleep(200 * 1000);
+	CU_ASSERT_EQUAL(h_write_file(stopfile, "stop"), 0);
+	CU_ASSERT_EQUAL(waitpid(eng, &st, 0), eng);
+	CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_restart_clean_keeps_cache_lease_and_mapping),
 		H_TEST(test_restart_corrupt_books_start_empty),
 		H_TEST(test_restart_geometry_change_fresh_pool),
+		H_TEST(test_restart_after_grace_reclaimed),
+		H_TEST(test_restart_kill9_consistent_adopts_cache),
+		H_TEST(test_restart_kill9_after_eviction_discards),
+		H_TEST(test_restart_20_under_load_no_mismatch),
 	};
 
 	return H_RUN_SUITE("restart", NULL, NULL, tests);
