@@ -110,6 +110,7 @@ struct kvp_client {
 	size_t token_len;
 	uint64_t instance;
 	bool reconnecting;
+	bool retry; /* the connection was lost and no reconnect was tried since */
 };
 
 static const char *const g_code_names[] = {
@@ -440,6 +441,7 @@ static int lose(struct kvp_client *c, int e, struct kvp_error *err)
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
+	c->retry = !c->reconnecting;
 	signal_events(c); /* a poller learns of it from kvp_client_event_next */
 	return kvp__fail(err, KVP_E_TRANSPORT, e, "connection to kvpoold lost: %s", strerror(e));
 }
@@ -468,8 +470,7 @@ static int lose_call(struct kvp_client *c, int e, struct kvp_error *err)
 {
 	int r = lose(c, e, err);
 
-	if (!c->reconnecting && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER &&
-	    reconnect(c) == 0)
+	if (c->retry && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER && reconnect(c) == 0)
 		return kvp__fail(err, KVP_E_RESTARTED, e,
 				 "kvpoold restarted during the call: the session is resumed, "
 				 "retry the call");
@@ -484,8 +485,8 @@ int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Respo
 	size_t len;
 	int r;
 
-	if (c->fd < 0 && !c->reconnecting && c->instance &&
-	    c->reconnect_ms != KVP_RECONNECT_NEVER && reconnect(c) == 0)
+	if (c->fd < 0 && c->retry && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER &&
+	    reconnect(c) == 0)
 		return kvp__fail(err, KVP_E_RESTARTED, ECONNRESET,
 				 "kvpoold restarted: the session is resumed, retry the call");
 	if (c->fd < 0)
@@ -849,6 +850,7 @@ static int reconnect(struct kvp_client *c)
 	int r;
 
 	c->reconnecting = true;
+	c->retry = false; /* one try per loss: a kvpoold gone for good costs one deadline */
 	while ((r = hello_again(c)) == -EAGAIN && mono_ms() < deadline) {
 		struct timespec ts = { 0, (long)wait * 1000000L };
 

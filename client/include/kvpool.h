@@ -167,8 +167,10 @@ struct kvp_client_opts {
 	 * this many ms, the library reconnects, resumes the session with its token (leases and
 	 * locks come back within the daemon's resume grace), re-attaches every pool (a tier
 	 * whose memory is the same file keeps its mapping; otherwise it is mapped anew) and the
-	 * call in flight returns -KVP_E_RESTARTED. Retries back off from 10 to 250 ms. 0: 3000;
-	 * KVP_RECONNECT_NEVER: a lost connection stays lost (KVP_E_TRANSPORT). */
+	 * call in flight returns -KVP_E_RESTARTED. Retries back off from 10 to 250 ms; when none
+	 * answers in time the call returns -KVP_E_TRANSPORT and so do the later ones (one try per
+	 * lost connection: close the client and connect anew). 0: 3000; KVP_RECONNECT_NEVER: a
+	 * lost connection stays lost. */
 	uint32_t reconnect_ms;
 };
 #define KVP_RECONNECT_NEVER UINT32_MAX

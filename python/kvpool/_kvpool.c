@@ -2488,16 +2488,21 @@ static PyType_Spec view_spec = { "kvpool.View", sizeof(ViewObject), 0,
 /* ---- module ---- */
 static PyObject *mod_connect(PyObject *mod, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "socket", "name", NULL };
+	static char *kwlist[] = { "socket", "name", "reconnect_ms", NULL };
 	const char *path = NULL, *name = "python";
+	struct kvp_client_opts o = { .struct_size = sizeof(o), .capabilities = KVP_CAP_ALL };
+	unsigned int reconnect_ms = 0;
 	struct kvp_client *c;
 	struct kvp_error err;
 	ClientObject *co;
 
 	(void)mod;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zs:connect", kwlist, &path, &name))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zsI:connect", kwlist, &path, &name,
+					 &reconnect_ms))
 		return NULL;
-	KVPY_WAIT(c = kvp_client_connect(path, name, &err));
+	o.name = name;
+	o.reconnect_ms = reconnect_ms;
+	KVPY_WAIT(c = kvp_client_connect_opts(path, &o, &err));
 	if (!c)
 		return raise_kvp(&err);
 	co = (ClientObject *)alloc_obj(g_client_type);

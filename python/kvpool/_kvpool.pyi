@@ -102,8 +102,10 @@ class MapError(Error):
     errno: int
 class BufferTooSmall(Error): ...
 
-def connect(socket: Optional[str] = None, name: str = "python") -> Client:
-    """Connects to kvpoold and says Hello; NoDaemon when none answers."""
+def connect(socket: Optional[str] = None, name: str = "python", reconnect_ms: int = 0) -> Client:
+    """Connects to kvpoold and says Hello; NoDaemon when none answers. When kvpoold restarts
+    and answers within reconnect_ms (0: 3000; 4294967295: never), the client reconnects and
+    resumes by itself and the call in flight raises Restarted: retry it."""
 def default_socket() -> Optional[str]:
     """The socket path a client uses when none is given."""
 
