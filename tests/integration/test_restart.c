@@ -17,143 +17,29 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdsup.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "suite.h"
 
 #define PT 16
-#define NSTORE 16
 
-static char g_dir[64], g_sock[100], g_ns[100], g_cfg[100], g_log[100];
-static int g_nfd = -1, g_lfd = -1; /* the notify socket; the activation socket */
-static struct {
-	int fd;
-	char name[128];
-} g_st[NSTORE];
-static int g_n;
-
-static void store_drain(void)
-{
-	for (;;) {
-		char buf[512];
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int) * 4)];
-		} cm;
-		struct iovec iov = { buf, sizeof(buf) - 1 };
-		struct msghdr mh = { .msg_iov = &iov,
-				     .msg_iovlen = 1,
-				     .msg_control = cm.b,
-				     .msg_controllen = sizeof(cm.b) };
-		ssize_t k = recvmsg(g_nfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-		int fd = -1;
-		char *nm;
-
-		if (k < 0)
-			return;
-		buf[k] = 0;
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-			if (c->cmsg_type == SCM_RIGHTS)
-				memcpy(&fd, CMSG_DATA(c), sizeof(int));
-		nm = strstr(buf, "FDNAME=");
-		if (!nm)
-			continue;
-		nm += 7;
-		nm[strcspn(nm, "\n")] = 0;
-		if (strstr(buf, "FDSTOREREMOVE=1")) {
-			for (int i = 0; i < g_n; i++)
-				if (g_st[i].fd >= 0 && !strcmp(g_st[i].name, nm)) {
-					close(g_st[i].fd);
-					g_st[i].fd = -1;
-				}
-			continue;
-		}
-		if (fd >= 0 && strstr(buf, "FDSTORE=1")) {
-			struct stat a, b;
-			bool dup = false;
-
-			fstat(fd, &a);
-			for (int i = 0; i < g_n; i++)
-				if (g_st[i].fd >= 0 && fstat(g_st[i].fd, &b) == 0 &&
-				    a.st_ino == b.st_ino && a.st_dev == b.st_dev)
-					dup = true;
-			if (dup || g_n == NSTORE) {
-				close(fd);
-				continue;
-			}
-			g_st[g_n].fd = fd;
-			snprintf(g_st[g_n].name, sizeof(g_st[g_n].name), "%s", nm);
-			g_n++;
-		}
-	}
-}
-
-static int g_starts;
-
-/* Times s occurs in kvpoold's log. */
-static int log_count(const char *s)
-{
-	FILE *f = fopen(g_log, "r");
-	char line[1024];
-	int n = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, s) != NULL;
-	fclose(f);
-	return n;
-}
+static struct h_fdsup g_s;
+#define g_sock g_s.sock
+#define g_log g_s.log
+#define g_dir g_s.dir
 
 static pid_t sup_start(void)
 {
-	pid_t pid;
+	pid_t pid = h_fdsup_start(&g_s);
 
-	store_drain();
-	pid = fork();
-	if (pid == 0) {
-		char names[2048] = "", num[16];
-		int n = 0, lo = 100;
-
-		for (int i = 0; i < g_n; i++) /* out of the way first, then 3.. */
-			if (g_st[i].fd >= 0)
-				dup2(g_st[i].fd, lo + i);
-		dup2(g_lfd, lo - 1);
-		dup2(lo - 1, 3 + n++); /* the activation socket first, as systemd passes it */
-		strcat(names, "kvpoold.socket");
-		for (int i = 0; i < g_n; i++) {
-			if (g_st[i].fd < 0)
-				continue;
-			dup2(lo + i, 3 + n);
-			strcat(names, ":");
-			strcat(names, g_st[i].name);
-			n++;
-		}
-		snprintf(num, sizeof(num), "%d", n);
-		setenv("LISTEN_FDS", num, 1);
-		setenv("LISTEN_FDNAMES", names, 1);
-		snprintf(num, sizeof(num), "%d", (int)getpid());
-		setenv("LISTEN_PID", num, 1);
-		setenv("NOTIFY_SOCKET", g_ns, 1);
-		int lf = open(g_log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-		dup2(lf, 2);
-		execl(h_kvpoold(), "kvpoold", "--config", g_cfg, "--socket", g_sock, (char *)NULL);
-		_exit(127);
-	}
-	g_starts++;
-	for (int i = 0; i < 1000 && log_count("kvpoold ready") < g_starts; i++)
-		usleep(10000);
-	CU_ASSERT_FATAL(log_count("kvpoold ready") == g_starts);
+	CU_ASSERT_FATAL(pid > 0);
 	return pid;
 }
 
 static void sup_stop(pid_t pid, int sig)
 {
-	int st;
-
-	kill(pid, sig);
-	waitpid(pid, &st, 0);
-	store_drain();
+	h_fdsup_stop(&g_s, pid, sig);
 }
 
 static void write_cfg_full(uint32_t host_pages, uint32_t grace_ms, uint32_t interval_ms)
@@ -165,7 +51,7 @@ static void write_cfg_full(uint32_t host_pages, uint32_t grace_ms, uint32_t inte
 		 "[pool.p]\nlayers = 2\nkv_heads = 2\nhead_dim = 8\ndtype = fp16\n"
 		 "page_tokens = %d\ndevice = none\nhost_capacity = %ut\nmlock = off\n",
 		 grace_ms, interval_ms, PT, host_pages * PT);
-	CU_ASSERT_FATAL(h_write_file(g_cfg, text) == 0);
+	CU_ASSERT_FATAL(h_fdsup_config(&g_s, text) == 0);
 }
 
 static void write_cfg(uint32_t host_pages)
@@ -175,38 +61,12 @@ static void write_cfg(uint32_t host_pages)
 
 static void setup(void)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-
-	snprintf(g_dir, sizeof(g_dir), "/tmp/kvp-restart-XXXXXX");
-	CU_ASSERT_FATAL(mkdtemp(g_dir) != NULL);
-	snprintf(g_sock, sizeof(g_sock), "%s/s.sock", g_dir);
-	snprintf(g_ns, sizeof(g_ns), "%s/notify", g_dir);
-	snprintf(g_cfg, sizeof(g_cfg), "%s/kvpoold.conf", g_dir);
-	snprintf(g_log, sizeof(g_log), "%s/log", g_dir);
-	g_nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_ns);
-	CU_ASSERT_FATAL(bind(g_nfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-	/* The control socket is the supervisor's, as under socket activation: clients connect
-	 * while kvpoold restarts and are answered by the next one. */
-	g_lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g_sock);
-	CU_ASSERT_FATAL(bind(g_lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-	CU_ASSERT_FATAL(listen(g_lfd, 64) == 0);
-	g_n = 0;
-	g_starts = 0;
+	CU_ASSERT_FATAL(h_fdsup_init(&g_s) == 0);
 }
 
 static void teardown(void)
 {
-	for (int i = 0; i < g_n; i++)
-		if (g_st[i].fd >= 0)
-			close(g_st[i].fd);
-	close(g_nfd);
-	close(g_lfd);
-	if (getenv("KVP_KEEP"))
-		printf("\n    kept %s\n", g_dir);
-	else
-		h_dir_remove(g_dir);
+	h_fdsup_fini(&g_s);
 }
 
 static void fill(struct kvp_pool *p, uint32_t page, uint8_t seed)
@@ -348,14 +208,15 @@ static void test_restart_corrupt_books_start_empty(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e), 0);
 	usleep(400 * 1000); /* a checkpoint is written */
 	sup_stop(pid, SIGKILL);
-	for (int i = 0; i < g_n; i++) /* flip a byte of the body */
-		if (g_st[i].fd >= 0 && strstr(g_st[i].name, ".meta")) {
-			uint8_t b;
+	{ /* flip a byte of the books' body */
+		int mfd = h_fdsup_fd(&g_s, ".meta");
+		uint8_t b = 0;
 
-			CU_ASSERT_EQUAL(pread(g_st[i].fd, &b, 1, 4096 + 60), 1);
-			b ^= 0xff;
-			CU_ASSERT_EQUAL(pwrite(g_st[i].fd, &b, 1, 4096 + 60), 1);
-		}
+		CU_ASSERT_FATAL(mfd >= 0);
+		CU_ASSERT_EQUAL(pread(mfd, &b, 1, 4096 + 60), 1);
+		b ^= 0xff;
+		CU_ASSERT_EQUAL(pwrite(mfd, &b, 1, 4096 + 60), 1);
+	}
 	pid = sup_start();
 	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 0);
@@ -554,8 +415,6 @@ static void test_restart_20_under_load_no_mismatch(void)
 	pid = sup_start();
 	eng = fork();
 	if (eng == 0) {
-		close(g_nfd);
-		close(g_lfd);
 		_exit(load_engine(stopfile));
 	}
 	for (int i = 0; i < 20; i++) {
