@@ -200,12 +200,12 @@ pid_t h_fdsup_start(struct h_fdsup *s)
 		_exit(127);
 	}
 	s->starts++;
-	for (int i = 0; i < 1000 && h_fdsup_log_count(s, "kvpoold ready") < s->starts; i++) {
+	for (int i = 0; i < 5000 && h_fdsup_log_count(s, "kvpoold ready") < s->starts; i++) {
 		int st;
 
 		if (waitpid(pid, &st, WNOHANG) == pid)
 			return -1;
-		usleep(10000);
+		usleep(2000);
 	}
 	return h_fdsup_log_count(s, "kvpoold ready") == s->starts ? pid : -1;
 }
