@@ -1096,7 +1096,7 @@ static struct kvpd_pool *adopt_pool(struct kvp_daemon *d, const struct kvp_pool_
 {
 	char tn[KVP_TIER_ID_MAX][300], mn[300], why[256];
 	int fds[KVP_TIER_ID_MAX];
-	struct restored res;
+	struct restored res = { 0 };
 	struct kvp_fail f;
 	struct kvpd_pool *p;
 	int mfd;
@@ -1118,14 +1118,11 @@ static struct kvpd_pool *adopt_pool(struct kvp_daemon *d, const struct kvp_pool_
 	}
 	*adopted = true;
 	if (restore_from(d, p, mfd, &res, why, sizeof(why)) < 0) {
-		uint64_t lost = 0;
-
-		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
-			lost += p->pages[t] ? kvp_pages_total(p->pages[t]) : 0;
+		/* what the stored page states held, when they could be read */
+		d->st.pages_discarded += res.discarded;
 		log_warn("pool %s: memory adopted but its books are not (%s): the pool starts "
 			 "empty",
 			 pc->name, why);
-		(void)lost;
 	} else {
 		d->st.pages_adopted += res.cached;
 		d->st.pages_discarded += res.discarded;

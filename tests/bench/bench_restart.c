@@ -135,8 +135,10 @@ int main(int argc, char **argv)
 	int quick = b_quick(argc, argv);
 	const char *only = b_only(argc, argv);
 	uint32_t nprefix = quick ? 64 : 256;
-	uint64_t mib = getenv("KVP_BENCH_ADOPT_MIB") ? strtoull(getenv("KVP_BENCH_ADOPT_MIB"), NULL, 10)
-						       : quick ? 256 : 1024;
+	uint64_t mib = getenv("KVP_BENCH_ADOPT_MIB")
+			       ? strtoull(getenv("KVP_BENCH_ADOPT_MIB"), NULL, 10)
+		       : quick ? 256
+			       : 1024;
 	int failed = 0;
 
 	if (b_wanted(only, "restart.first_hit") || b_wanted(only, "restart.hit_rate")) {
@@ -150,8 +152,9 @@ int main(int argc, char **argv)
 		b_row_print(&(struct b_row){
 			.name = "restart.first_hit_s",
 			.params = b_fmt("{\"prefixes\":%u,\"tokens\":%u}", nprefix, 4 * PT),
-			.baseline_what = "first answered match (a miss) after a restart without the fd "
-					 "store",
+			.baseline_what =
+				"first answered match (a miss) after a restart without the fd "
+				"store",
 			.baseline = f_none,
 			.have_base = !failed,
 			.value = f_store,
@@ -184,7 +187,8 @@ int main(int argc, char **argv)
 		b_row_print(&(struct b_row){
 			.name = "restart.adopt_host_tier_ms",
 			.params = b_fmt("{\"host_mib\":%lu}", (unsigned long)mib),
-			.baseline_what = "kvpoold start to ready creating the host tier (pre-faulted)",
+			.baseline_what =
+				"kvpoold start to ready creating the host tier (pre-faulted)",
 			.baseline = c_ms,
 			.have_base = !bad,
 			.value = a_ms,

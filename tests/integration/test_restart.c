@@ -69,6 +69,28 @@ static void teardown(void)
 	h_fdsup_fini(&g_s);
 }
 
+/* A daemon counter as `kvpoolctl status` shows it, or -1. */
+static long counter(const char *name)
+{
+	char cmd[300], line[256];
+	long v = -1;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "%s --socket %s status", h_kvpoolctl(), g_sock);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		char key[64];
+		long x;
+
+		if (sscanf(line, " %63s %ld", key, &x) == 2 && !strcmp(key, name))
+			v = x;
+	}
+	pclose(f);
+	return v;
+}
+
 static void fill(struct kvp_pool *p, uint32_t page, uint8_t seed)
 {
 	uint8_t *b = kvp_pool_tier_base(p, KVP_TIER_HOST);
@@ -178,6 +200,10 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	}
 	CU_ASSERT_EQUAL(kvp_cache_release(p, klock, &e), 0);
 	CU_ASSERT(h_file_contains(g_log, "adopted from the fd store"));
+	CU_ASSERT_EQUAL(counter("restarts"), 1);
+	CU_ASSERT_EQUAL(counter("sessions_resumed"), 1);
+	CU_ASSERT_EQUAL(counter("pages_adopted"), 7); /* 4 token pages, 3 keyed */
+	CU_ASSERT_EQUAL(counter("pages_discarded"), 0);
 	kvp_client_close(c);
 	sup_stop(pid, SIGTERM);
 	teardown();
@@ -238,6 +264,42 @@ static void test_restart_geometry_change_fresh_pool(void)
 	write_cfg(32);
 	pid = sup_start();
 	CU_ASSERT(h_file_contains(g_log, "created afresh: its geometry or size changed"));
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* A restart that loses the fd store: the client maps the new (zeroed) memory instead of
+ * keeping the old mapping, and its lease is gone. */
+static void test_restart_without_store_maps_new_memory(void)
+{
+	uint32_t held[1];
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t held_id;
+	const uint8_t *b;
+	size_t pb = 2 * 2 * 2 * 8 * 2 * PT, nonzero = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "fresh-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &held_id, held, &e), 0);
+	fill(p, held[0], 3);
+	g_s.no_store = true;
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 1, &e), -KVP_E_RESTARTED);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 1, &e), -KVP_E_NOT_FOUND);
+	b = kvp_pool_tier_base(p, KVP_TIER_HOST);
+	for (size_t i = 0; i < pb; i++)
+		nonzero += b[(size_t)held[0] * pb + i] != 0;
+	CU_ASSERT_EQUAL(nonzero, 0); /* the new tier, not the old mapping */
+	CU_ASSERT(h_fdsup_log_count(&g_s, "the stored pool is released") == 0);
+	kvp_client_close(c);
 	sup_stop(pid, SIGTERM);
 	teardown();
 }
@@ -436,6 +498,7 @@ int main(void)
 		H_TEST(test_restart_clean_keeps_cache_lease_and_mapping),
 		H_TEST(test_restart_corrupt_books_start_empty),
 		H_TEST(test_restart_geometry_change_fresh_pool),
+		H_TEST(test_restart_without_store_maps_new_memory),
 		H_TEST(test_restart_after_grace_reclaimed),
 		H_TEST(test_restart_kill9_consistent_adopts_cache),
 		H_TEST(test_restart_kill9_after_eviction_discards),
