@@ -125,7 +125,7 @@ int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 			p->state[ids[i]] &= (uint8_t)~MARK;
 		return -EINVAL;
 	}
-	for (i = 0; i < n; i++)
+	for (i = 0; p->guard_armed && *p->guard_armed && i < n; i++)
 		if ((p->state[ids[i]] & ~MARK) == KVP_PAGE_CACHED) {
 			guard_trip(p);
 			break;

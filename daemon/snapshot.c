@@ -594,7 +594,53 @@ static int key_cmp(const void *a, const void *b)
 {
 	const struct key_rec *x = a, *y = b;
 
-	return x->depth < y->depth ? -1 : x->depth > y->depth;
+	if (x->depth != y->depth)
+		return x->depth < y->depth ? -1 : 1;
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static int idx_cmp(const void *a, const void *b)
+{
+	const struct key_rec *x = a, *y = b;
+
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* kr sorted by idx: the record of idx, or NULL. */
+static struct key_rec *key_find(struct key_rec *kr, uint32_t n, uint32_t idx)
+{
+	struct key_rec k = { .idx = idx };
+
+	return bsearch(&k, kr, n, sizeof(*kr), idx_cmp);
+}
+
+#define DEPTH_BAD (UINT32_MAX - 1) /* a missing parent or a cycle: never inserted */
+
+/* Depth of kr[i] (kr sorted by idx; UINT32_MAX: not known yet) through its parents: 0 for a
+ * chain's first key. Iterative, memoised: each record is walked over once. */
+static void key_depth(struct key_rec *kr, uint32_t n, uint32_t i)
+{
+	struct key_rec *a = &kr[i], *x = &kr[i];
+	uint32_t len = 0, d;
+
+	while (a->depth == UINT32_MAX && a->parent != UINT32_MAX && len <= n) {
+		struct key_rec *up = key_find(kr, n, a->parent);
+
+		if (!up)
+			break;
+		a = up;
+		len++;
+	}
+	if (a->depth != UINT32_MAX)
+		d = a->depth;
+	else if (a->parent == UINT32_MAX)
+		d = a->depth = 0;
+	else
+		d = a->depth = DEPTH_BAD;
+	for (uint32_t k = 0; k < len && x; k++) {
+		x->depth = d == DEPTH_BAD ? DEPTH_BAD : d + (len - k);
+		x = key_find(kr, n, x->parent);
+	}
 }
 
 /* A page reference of the body: in range, CACHED (or LEASED) in the stored states, once. */
@@ -712,7 +758,7 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 	struct rbuf r = { body, h->body_bytes, 0, false };
 	uint32_t pt = p->conf.page_tokens, npfx, nkeys, nsess;
 	struct pfx_rec *pr = NULL;
-	struct key_rec *kr = NULL;
+	struct key_rec *kr = NULL, *byidx = NULL;
 	struct refs rf;
 	uint64_t key[2], ids[3];
 	bool keyed, with_sessions = h->clean_stop && d->conf.resume_grace_ms;
@@ -839,10 +885,18 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 			 "the books do not parse or name a page twice or in the wrong state");
 		goto out;
 	}
+	byidx = malloc(sizeof(*byidx) * (nkeys + 1));
+	if (!byidx) {
+		snprintf(why, cap, "out of memory");
+		goto out;
+	}
 	/* Consistent: claim every page named, then rebuild. */
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++)
 		if (rf.n[t] && kvp_pages_claim(p->pages[t], rf.ids[t], rf.n[t]) < 0) {
 			snprintf(why, cap, "the %s tier's pages cannot be claimed", g_tier_what[t]);
+			while (t-- > 0) /* a fresh pool: cannot happen, but leave it empty */
+				if (rf.n[t])
+					kvp_pages_release(p->pages[t], rf.ids[t], rf.n[t]);
 			goto out;
 		}
 	qsort(pr, npfx, sizeof(*pr), pfx_cmp);
@@ -877,22 +931,13 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 				    e->path_pages, e->hits);
 		free(pages);
 	}
-	/* Key entries parents first: depth by following parents through the walk's idx. */
-	for (uint32_t i = 0; i < nkeys; i++) {
-		uint32_t dpt = 0, at = kr[i].parent;
-
-		while (at != UINT32_MAX && dpt <= nkeys) {
-			uint32_t j;
-
-			for (j = 0; j < nkeys && kr[j].idx != at; j++)
-				;
-			if (j == nkeys)
-				break;
-			at = kr[j].parent;
-			dpt++;
-		}
-		kr[i].depth = dpt;
-	}
+	/* Key entries parents first: each one's depth through its parent (found by idx). */
+	qsort(kr, nkeys, sizeof(*kr), idx_cmp);
+	for (uint32_t i = 0; i < nkeys; i++)
+		kr[i].depth = UINT32_MAX;
+	for (uint32_t i = 0; i < nkeys; i++)
+		key_depth(kr, nkeys, i);
+	memcpy(byidx, kr, sizeof(*kr) * nkeys);
 	qsort(kr, nkeys, sizeof(*kr), key_cmp);
 	for (uint32_t i = 0; i < nkeys; i++) {
 		struct key_rec *e = &kr[i], *par = NULL;
@@ -900,10 +945,9 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		struct kvp_keys_insert_result res = { 0 };
 		uint32_t n = 0;
 
-		for (uint32_t j = 0; e->parent != UINT32_MAX && j < nkeys; j++)
-			if (kr[j].idx == e->parent)
-				par = &kr[j];
-		if (e->parent != UINT32_MAX && !par)
+		if (e->depth == DEPTH_BAD)
+			continue;
+		if (e->parent != UINT32_MAX && !(par = key_find(byidx, nkeys, e->parent)))
 			continue;
 		if (par)
 			ks[n++] = (struct kvp_key){ par->len, par->key };
@@ -1017,6 +1061,7 @@ out:
 	}
 	free(pr);
 	free(kr);
+	free(byidx);
 	return ret;
 }
 

@@ -268,6 +268,49 @@ static void test_restart_geometry_change_fresh_pool(void)
 	teardown();
 }
 
+/* Key entries whose slots were reused (a child stored before its parent) come back whole. */
+static void test_restart_key_chains_out_of_order(void)
+{
+	static const struct kvp_page_key a[3] = { { "a1", 2 }, { "a2", 2 }, { "a3", 2 } };
+	static const struct kvp_page_key b[2] = { { "b1", 2 }, { "b2", 2 } };
+	struct kvp_insert_keys_result res = { .struct_size = sizeof(res) };
+	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
+	uint32_t pages[3], host[8];
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint64_t lease, ev = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(64);
+	pid = sup_start();
+	c = kvp_client_connect(g_sock, "keys-engine", &e);
+	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 3, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert_keys(p, lease, 5, a, 3, 0, pages, 3, &res, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert_keys(p, lease, 5, b, 1, 0, pages, 1, &res, &e), 0);
+	/* the coldest leaf (a3) goes; b2 then takes its slot, below b1's */
+	CU_ASSERT_EQUAL(kvp_admin_evict(c, "p", KVP_TIER_HOST, PT, &ev, &e), 0);
+	CU_ASSERT_EQUAL(ev, PT);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &lease, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert_keys(p, lease, 5, b, 2, 1, pages, 1, &res, &e), 0);
+	CU_ASSERT_EQUAL(res.new_pages, 1);
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+	while (kvp_cache_match_keys(p, 5, b, 2, 0, &m, NULL, host, 8, &e) == -KVP_E_RESTARTED)
+		;
+	CU_ASSERT_EQUAL(m.matched_keys, 2);
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 5, a, 3, 0, &m, NULL, host, 8, &e), 0);
+	CU_ASSERT_EQUAL(m.matched_keys, 2);
+	CU_ASSERT_EQUAL(counter("pages_adopted"), 4);
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
 /* A restart that loses the fd store: the client maps the new (zeroed) memory instead of
  * keeping the old mapping, and its lease is gone. */
 static void test_restart_without_store_maps_new_memory(void)
@@ -498,6 +541,7 @@ int main(void)
 		H_TEST(test_restart_clean_keeps_cache_lease_and_mapping),
 		H_TEST(test_restart_corrupt_books_start_empty),
 		H_TEST(test_restart_geometry_change_fresh_pool),
+		H_TEST(test_restart_key_chains_out_of_order),
 		H_TEST(test_restart_without_store_maps_new_memory),
 		H_TEST(test_restart_after_grace_reclaimed),
 		H_TEST(test_restart_kill9_consistent_adopts_cache),
