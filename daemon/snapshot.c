@@ -903,10 +903,16 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 	for (uint32_t i = 0; i < npfx; i++) {
 		struct pfx_rec *e = &pr[i];
 		uint32_t *pages = malloc(sizeof(uint32_t) * e->path_pages);
+		uint32_t *tk =
+			malloc((size_t)e->path_pages * pt * 4); /* aligned: the body is not */
 		struct kvp_insert_result res;
 
-		if (!pages)
+		if (!pages || !tk) {
+			free(pages);
+			free(tk);
 			continue;
+		}
+		memcpy(tk, e->tokens, (size_t)e->path_pages * pt * 4);
 		for (uint32_t k = 0; k < e->path_pages; k++)
 			pages[k] = KVP_PAGE_NONE;
 		for (int pass = 0; pass < 2; pass++) {
@@ -920,16 +926,14 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 			memcpy(pages + e->start + from, e->pages + 4 * from,
 			       (size_t)(to - from) * 4);
 			memset(&res, 0, sizeof(res));
-			if (kvp_prefix_insert(p->pfx, e->ns,
-					      (const uint32_t *)(const void *)e->tokens,
-					      e->start + to,
+			if (kvp_prefix_insert(p->pfx, e->ns, tk, e->start + to,
 					      pass ? KVP_TIER_ID_HOST : KVP_TIER_ID_DEVICE, pages,
 					      &res, NULL) == 0)
 				out->cached += res.new_pages;
 		}
-		kvp_prefix_set_hits(p->pfx, e->ns, (const uint32_t *)(const void *)e->tokens,
-				    e->path_pages, e->hits);
+		kvp_prefix_set_hits(p->pfx, e->ns, tk, e->path_pages, e->hits);
 		free(pages);
+		free(tk);
 	}
 	/* Key entries parents first: each one's depth through its parent (found by idx). */
 	qsort(kr, nkeys, sizeof(*kr), idx_cmp);
