@@ -11,7 +11,9 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -24,6 +26,7 @@
 #endif
 
 _Static_assert((int)KVP_E_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");
+_Static_assert((int)KVP_E_RESTARTED == (int)KVPOOL__CODE__RESTARTED, "codes follow the wire");
 _Static_assert((int)KVP_E_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_DTYPE_FP32 == (int)KVPOOL__DTYPE__FP32, "dtypes follow the wire");
 _Static_assert((int)KVP_BACKEND_MEMFD == (int)KVPOOL__BACKEND__MEMFD, "backends follow the wire");
@@ -61,7 +64,7 @@ struct kvp_pool {
 	struct kvp_tier_map tier[KVP_TIER_MAX];
 	int pressure;			    /* notices granted at attach */
 	uint64_t pressure_wm[KVP_TIER_MAX]; /* tokens */
-	struct kvp_resv *resv; /* the page reserve, NULL when none */
+	struct kvp_resv *resv;		    /* the page reserve, NULL when none */
 	struct kvp_pool *next;
 };
 
@@ -101,6 +104,17 @@ struct kvp_client {
 	unsigned ev_head, ev_n;
 	uint64_t ev_dropped;
 	struct kvp_pool *pools;
+	/* Restarts: where and how to say Hello again, the session's token, the daemon's
+	 * instance. */
+	struct sockaddr_un sa;
+	char name[64];
+	uint64_t offer, required;
+	uint32_t timeout_ms, reconnect_ms, grace_ms;
+	uint8_t token[16];
+	size_t token_len;
+	uint64_t instance;
+	bool reconnecting;
+	bool retry; /* the connection was lost and no reconnect was tried since */
 };
 
 static const char *const g_code_names[] = {
@@ -119,10 +133,11 @@ static const char *const g_code_names[] = {
 	"LIMIT_EXCEEDED",
 	"UNAVAILABLE",
 	"INTERNAL",
+	"RESTARTED",
 };
 static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM",
 					     "MAP",	  "BUFFER",    "AGAIN" };
-_Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_INTERNAL + 1, "names");
+_Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_RESTARTED + 1, "names");
 _Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
 	       "local names");
 
@@ -132,7 +147,7 @@ KVP_EXPORT const char *kvp_code_name(int code)
 		return "UNKNOWN";
 	if (code < 0)
 		code = -code;
-	if (code <= KVP_E_INTERNAL)
+	if (code <= KVP_E_RESTARTED)
 		return g_code_names[code];
 	if (code >= KVP_E_NO_DAEMON && code < KVP_CODE_MAX)
 		return g_local_names[code - KVP_E_NO_DAEMON];
@@ -431,6 +446,7 @@ static int lose(struct kvp_client *c, int e, struct kvp_error *err)
 	if (c->fd >= 0)
 		close(c->fd);
 	c->fd = -1;
+	c->retry = !c->reconnecting;
 	signal_events(c); /* a poller learns of it from kvp_client_event_next */
 	return kvp__fail(err, KVP_E_TRANSPORT, e, "connection to kvpoold lost: %s", strerror(e));
 }
@@ -452,6 +468,20 @@ static int pump(struct kvp_client *c, bool block)
 	}
 }
 
+static int reconnect(struct kvp_client *c);
+
+/* lose(), then: a restarted kvpoold that answers within reconnect_ms makes it RESTARTED. */
+static int lose_call(struct kvp_client *c, int e, struct kvp_error *err)
+{
+	int r = lose(c, e, err);
+
+	if (c->retry && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER && reconnect(c) == 0)
+		return kvp__fail(err, KVP_E_RESTARTED, e,
+				 "kvpoold restarted during the call: the session is resumed, "
+				 "retry the call");
+	return r;
+}
+
 int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Response **resp,
 	     int *fds, int *nfds, struct kvp_error *err)
 {
@@ -460,6 +490,10 @@ int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Respo
 	size_t len;
 	int r;
 
+	if (c->fd < 0 && c->retry && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER &&
+	    reconnect(c) == 0)
+		return kvp__fail(err, KVP_E_RESTARTED, ECONNRESET,
+				 "kvpoold restarted: the session is resumed, retry the call");
 	if (c->fd < 0)
 		return kvp__fail(err, KVP_E_TRANSPORT, EPIPE, "the connection was closed before");
 	for (int i = 0; i < KVP_CLIENT_MAX_PENDING && !pd; i++)
@@ -478,11 +512,11 @@ int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Respo
 	free(buf);
 	/* A refusal (id 0) may already wait in the socket when the peer closed: read it first. */
 	if (r < 0 && r != -EPIPE && r != -ECONNRESET)
-		return lose(c, -r, err);
+		return lose_call(c, -r, err);
 	while (!pd->done && !c->notice) {
 		r = pump(c, true);
 		if (r < 0)
-			return lose(c, -r, err);
+			return lose_call(c, -r, err);
 	}
 	if (!pd->done) {
 		Kvpool__Response *n = c->notice;
@@ -726,6 +760,18 @@ KVP_EXPORT struct kvp_client *kvp_client_connect_opts(const char *path,
 		return NULL;
 	}
 	c->session_id = resp->hello->session_id;
+	c->sa = sa;
+	snprintf(c->name, sizeof(c->name), "%s", hello.client_name);
+	c->offer = hello.capabilities;
+	c->required = hello.required_capabilities;
+	c->timeout_ms = opts->timeout_ms;
+	c->reconnect_ms = opts->reconnect_ms ? opts->reconnect_ms : 3000;
+	c->grace_ms = resp->hello->resume_grace_ms;
+	c->instance = resp->hello->instance;
+	if (resp->hello->resume_token.len == sizeof(c->token)) {
+		memcpy(c->token, resp->hello->resume_token.data, sizeof(c->token));
+		c->token_len = sizeof(c->token);
+	}
 	snprintf(c->daemon_version, sizeof(c->daemon_version), "%s",
 		 resp->hello->daemon_version ? resp->hello->daemon_version : "");
 	agreed = resp->hello->capabilities;
@@ -756,6 +802,139 @@ KVP_EXPORT struct kvp_client *kvp_client_connect(const char *path, const char *n
 	};
 
 	return kvp_client_connect_opts(path, &o, err);
+}
+
+/* ---- restarts ---- */
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* A new connection and Hello with the token: 0; -EAGAIN (no daemon yet: retry); -ESRCH (the
+ * same kvpoold answers: the connection was lost for another reason). */
+static int hello_again(struct kvp_client *c)
+{
+	CALL_SETUP(req, hello, HELLO, Kvpool__HelloReq, KVPOOL__HELLO_REQ__INIT);
+	Kvpool__Response *resp;
+	struct kvp_error e;
+
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0)
+		return -EAGAIN;
+	if (connect(c->fd, (struct sockaddr *)&c->sa, sizeof(c->sa)) < 0 ||
+	    (c->timeout_ms && kvp_client_set_timeout(c, c->timeout_ms) < 0)) {
+		close(c->fd);
+		c->fd = -1;
+		return -EAGAIN;
+	}
+	hello.protocol_version = KVP_PROTOCOL_VERSION;
+	hello.client_name = c->name;
+	hello.pid = getpid();
+	hello.capabilities = c->offer;
+	hello.required_capabilities = c->required;
+	hello.resume_token.data = c->token;
+	hello.resume_token.len = c->token_len;
+	if (kvp__rpc(c, &req, RESULT(HELLO), &resp, NULL, NULL, &e) < 0) {
+		if (c->fd >= 0)
+			close(c->fd);
+		c->fd = -1;
+		return -EAGAIN;
+	}
+	if (resp->hello->instance == c->instance) {
+		kvpool__response__free_unpacked(resp, NULL);
+		close(c->fd);
+		c->fd = -1;
+		return -ESRCH;
+	}
+	c->session_id = resp->hello->session_id;
+	c->instance = resp->hello->instance;
+	c->grace_ms = resp->hello->resume_grace_ms;
+	c->caps = resp->hello->capabilities & c->offer;
+	if (resp->hello->resume_token.len == sizeof(c->token))
+		memcpy(c->token, resp->hello->resume_token.data, sizeof(c->token));
+	kvpool__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+static bool same_file(int a, int b)
+{
+	struct stat x, y;
+
+	return a >= 0 && b >= 0 && fstat(a, &x) == 0 && fstat(b, &y) == 0 && x.st_dev == y.st_dev &&
+	       x.st_ino == y.st_ino;
+}
+
+static int map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, struct kvp_error *err);
+
+/* Attaches p again; each tier keeps its mapping when the daemon hands the same memory. */
+static int reattach(struct kvp_client *c, struct kvp_pool *p)
+{
+	CALL_SETUP(req, attach, ATTACH, Kvpool__AttachReq, KVPOOL__ATTACH_REQ__INIT);
+	Kvpool__Response *resp;
+	int fds[KVP_CLIENT_MAX_FDS], nfds = 0, r = 0;
+	struct kvp_error e;
+
+	attach.pool = p->name;
+	if (kvp__rpc(c, &req, RESULT(ATTACH), &resp, fds, &nfds, &e) < 0) {
+		return -1;
+	}
+	p->id = resp->attach->pool_id;
+	for (size_t i = 0; i < resp->attach->n_tiers && r == 0; i++) {
+		const Kvpool__TierInfo *ti = resp->attach->tiers[i];
+		struct kvp_tier_map *t;
+		int fd;
+
+		if ((int)ti->tier < 0 || (int)ti->tier >= KVP_TIER_MAX || ti->fd_index < 0 ||
+		    ti->fd_index >= nfds) {
+			r = -1;
+			break;
+		}
+		t = &p->tier[ti->tier];
+		fd = fds[ti->fd_index];
+		fds[ti->fd_index] = -1;
+		if (t->m && ti->backend != KVPOOL__BACKEND__CUDA && same_file(t->m->fd, fd) &&
+		    t->m->bytes == ti->bytes) {
+			close(fd);
+			continue;
+		}
+		kvp_mapping_unref(t->m);
+		t->m = NULL;
+		t->present = 0;
+		r = map_tier(p, ti, fd, &e);
+	}
+	close_fds(fds, nfds);
+	kvpool__response__free_unpacked(resp, NULL);
+	return r;
+}
+
+/* After lose(): retries Hello until reconnect_ms passes, then re-attaches. 0 or -1. */
+static int reconnect(struct kvp_client *c)
+{
+	uint64_t deadline = mono_ms() + c->reconnect_ms;
+	uint32_t wait = 10;
+	int r;
+
+	c->reconnecting = true;
+	c->retry = false; /* one try per loss: a kvpoold gone for good costs one deadline */
+	while ((r = hello_again(c)) == -EAGAIN && mono_ms() < deadline) {
+		struct timespec ts = { 0, (long)wait * 1000000L };
+
+		nanosleep(&ts, NULL);
+		wait = wait * 2 > 250 ? 250 : wait * 2;
+	}
+	for (struct kvp_pool *p = c->pools; r == 0 && p; p = p->next)
+		if (reattach(c, p) < 0)
+			r = -1;
+	c->reconnecting = false;
+	if (r < 0 && c->fd >= 0) {
+		close(c->fd);
+		c->fd = -1;
+	}
+	return r < 0 ? -1 : 0;
 }
 
 /* ---- mappings ---- */

@@ -541,6 +541,16 @@ static void set_reserve_free_percent(struct parse *s, const char *key, const cha
 	parse_u32(s, key, v, 1, 100, &s->conf.reserve_free_percent);
 }
 
+static void set_resume_grace(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 3600000, &s->conf.resume_grace_ms);
+}
+
+static void set_snapshot_interval(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 0, 3600000, &s->conf.snapshot_interval_ms);
+}
+
 static const struct key_def g_daemon_keys[] = {
 	{ "socket", set_socket },
 	{ "allowed_users", set_allowed_users },
@@ -561,6 +571,8 @@ static const struct key_def g_daemon_keys[] = {
 	{ "buffer_budget", set_buffer_budget },
 	{ "reserve_max_pages", set_reserve_max_pages },
 	{ "reserve_free_percent", set_reserve_free_percent },
+	{ "resume_grace_ms", set_resume_grace },
+	{ "snapshot_interval_ms", set_snapshot_interval },
 };
 
 /* ---- [remote] keys ---- */
@@ -1443,6 +1455,8 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	c->admin_sessions = 16;
 	c->reserve_max_pages = 256;
 	c->reserve_free_percent = 25;
+	c->resume_grace_ms = 10000;
+	c->snapshot_interval_ms = 1000;
 	remote_defaults(&c->remote);
 }
 

@@ -150,6 +150,11 @@ struct kvp_conf {
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;
+	/* Restarts (snapshot.c): how long after a start sessions of the previous kvpoold may
+	 * resume (0: never), and how often the books are checkpointed for a crash (0: only at a
+	 * clean stop). */
+	uint32_t resume_grace_ms;
+	uint32_t snapshot_interval_ms;
 };
 
 /* Fills c with the daemon defaults and no pools: socket /run/kvpool/kvpoold.sock,

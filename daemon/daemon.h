@@ -40,6 +40,11 @@ struct kvp_session {
 	/* Page reserves (reserve.h), per pool; their pages count in leased_pages. */
 	struct kvp_reserve *reserve[KVP_MAX_POOLS];
 	struct kvp_resv_region *resv_region[KVP_MAX_POOLS]; /* their memfds, until the end */
+	/* Restarts (snapshot.c): the token a later Hello presents to resume this session, and
+	 * for a session of the previous kvpoold waiting for its client (no connection) the time
+	 * its leases and locks are reclaimed; 0 for a live session. */
+	uint8_t resume_token[16];
+	uint64_t resume_until_ms;
 	struct kvp_session *prev, *next;
 };
 
@@ -157,10 +162,16 @@ struct kvp_lock *kvp_session_lock_alloc(void);
 /* Books k (pool, node and pages set) as s's under a new id, its tokens counted as locked.
  * 0, or -ENOMEM: then k's lock is dropped in its pool and k freed. */
 int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp_lock *k);
+/* Books k (id, pool, node or keys and pages set: a lock a restart took again) as s's under
+ * k->id. 0, or -ENOMEM / -EEXIST: then k's lock is dropped in its pool and k freed. */
+int kvp_session_lock_restore(struct kvp_session *s, struct kvp_lock *k);
 /* s's lock id; NULL with f filled (NOT_FOUND). */
 struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f);
 /* Drops k's lock in its pool, unbooks and frees it. */
 void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k);
+/* Moves every lease and lock (ids kept) and pool attachment of from (a session of the previous
+ * kvpoold) to s, takes its resume token, and destroys from. */
+void kvp_session_take_over(struct kvp_daemon *d, struct kvp_session *s, struct kvp_session *from);
 /* Tokens s holds leased, over every pool. */
 uint64_t kvp_session_leased_tokens(const struct kvp_daemon *d, const struct kvp_session *s);
 

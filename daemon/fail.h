@@ -20,6 +20,7 @@ enum kvp_err {
 	KVP_ERR_LIMIT_EXCEEDED = 12,
 	KVP_ERR_UNAVAILABLE = 13,
 	KVP_ERR_INTERNAL = 14,
+	KVP_ERR_RESTARTED = 15, /* kvpoold restarted under the call (the client's own answer) */
 	KVP_ERR_MAX,
 };
 

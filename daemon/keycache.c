@@ -676,6 +676,58 @@ int kvp_keys_insert(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *keys
 	return 0;
 }
 
+int kvp_keys_walk(const struct kvp_keys *kc, int (*fn)(void *ctx, const struct kvp_keys_entry *e),
+		  void *ctx)
+{
+	for (uint32_t i = 0; i < kc->ent_hw; i++) {
+		const struct kc_entry *e = &kc->ent[i];
+		struct kvp_keys_entry x;
+		int r;
+
+		if (e->list == LIST_FREE)
+			continue;
+		x.idx = i;
+		x.parent = e->parent;
+		x.ns = kc->nsr[e->ns].ns;
+		x.key.len = e->klen1 + 1u;
+		x.key.data = key_at(kc, e);
+		x.tier = (enum kvp_tier_id)e->tier;
+		x.page = e->page;
+		x.hits = e->hits;
+		if ((r = fn(ctx, &x)) != 0)
+			return r;
+	}
+	return 0;
+}
+
+int kvp_keys_lock_key(const struct kvp_keys *kc, const struct kvp_keys_lock *lock, uint32_t i,
+		      struct kvp_key *k, uint64_t *ns)
+{
+	const struct kc_entry *e;
+
+	if (!kc || !lock || i >= lock->n || !k || !ns)
+		return -EINVAL;
+	e = &kc->ent[lock->idx[i]];
+	k->len = e->klen1 + 1u;
+	k->data = key_at(kc, e);
+	*ns = kc->nsr[e->ns].ns;
+	return 0;
+}
+
+int kvp_keys_set_hits(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits)
+{
+	uint32_t nsi = ns_find(kc, ns), at;
+
+	if (nsi == NONE || !key_ok(k))
+		return -ENOENT;
+	at = find(kc, nsi, key_hash(kc, ns, k->data, k->len), k);
+	if (at == NONE)
+		return -ENOENT;
+	if (kc->ent[at].hits < hits)
+		kc->ent[at].hits = hits > 0x1fffff ? 0x1fffff : hits;
+	return 0;
+}
+
 /* ---- match ---- */
 
 /* Looks up keys[0 .. m) (m <= BATCH) of namespace record nsi into out[]; returns how many

@@ -135,6 +135,25 @@ void kvp_keys_stats(const struct kvp_keys *kc, struct kvp_keys_stats *st);
 /* Bytes of metadata per cached page now (entry + its share of the hash table). */
 double kvp_keys_bytes_per_page(const struct kvp_keys *kc);
 
+/* One cached entry as kvp_keys_walk shows it: idx names it during the walk (parent: its
+ * parent's idx, UINT32_MAX for a chain's first key). */
+struct kvp_keys_entry {
+	uint32_t idx, parent;
+	uint64_t ns;
+	struct kvp_key key;
+	enum kvp_tier_id tier;
+	uint32_t page, hits;
+};
+/* Calls fn for every entry (any order). fn's nonzero return stops the walk and is returned. */
+int kvp_keys_walk(const struct kvp_keys *kc, int (*fn)(void *ctx, const struct kvp_keys_entry *e),
+		  void *ctx);
+/* Key i (< kvp_keys_lock_pages(lock)) of the run a lock pins, and its namespace; k->data
+ * points into the cache (valid until it changes). 0 or -EINVAL. */
+int kvp_keys_lock_key(const struct kvp_keys *kc, const struct kvp_keys_lock *lock, uint32_t i,
+		      struct kvp_key *k, uint64_t *ns);
+/* Sets the hit count of cached key k of ns to at least hits (a restore). 0 or -ENOENT. */
+int kvp_keys_set_hits(struct kvp_keys *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits);
+
 /* Full consistency check for tests: table, parents and child counts, lock counts, LRU lists,
  * counters, every page CACHED in its tier and listed once. Returns 0, -EFAULT or -ENOMEM. */
 int kvp_keys_check(const struct kvp_keys *kc);

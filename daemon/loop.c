@@ -34,6 +34,7 @@
 #include "fault.h"
 #include "frame.h"
 #include "log.h"
+#include "snapshot.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "notify.h"
@@ -471,7 +472,10 @@ static void conn_close(struct server *sv, struct peer *p, const char *why)
 		if (why)
 			log_info("session %lu ('%s' pid %d): %s", (unsigned long)p->sess->id,
 				 p->sess->name, (int)p->sess->pid, why);
-		kvp_session_destroy(sv->d, p->sess);
+		/* Stopping: a session that may resume after the restart stays, without its
+		 * connection, until the books are written (kvp_snap_write_all). */
+		if (!(sv->stopping && p->sess->hello && sv->d->conf.resume_grace_ms))
+			kvp_session_destroy(sv->d, p->sess);
 		p->sess = NULL;
 	}
 	shutdown(p->fd, SHUT_RDWR);
@@ -1459,6 +1463,7 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 	kvp_log_limit_flush(&sv->log_send, now);
 	kvp_log_limit_flush(&sv->log_hello, now);
 	d->st.log_suppressed = g_log_suppressed;
+	kvp_snap_tick(d, now);
 	if (d->draining && !sv->stopping && (d->n_sessions == 0 || now >= d->drain_deadline_ms))
 		begin_stop(sv,
 			   d->n_sessions ? "drain deadline reached" : "drained: no sessions left");
@@ -1758,6 +1763,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		sv.exit_code = 70;
 	}
 	d->defers.deliver = NULL;
+	kvp_snap_write_all(d, true); /* every session still listed may resume */
 	for (struct peer *p = sv.conns; p; p = p->next) {
 		if (p->sess) {
 			kvp_session_destroy(d, p->sess);

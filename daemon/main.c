@@ -20,6 +20,8 @@
 #include "loop.h"
 #include "notify.h"
 #include "reload.h"
+#include "fdstore.h"
+#include "snapshot.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
 #endif
@@ -89,10 +91,18 @@ static int listen_unix(const char *path)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		log_err("another kvpoold already listens on %s", path);
+	/* A kvpoold killed a moment ago may still be listening: its ring lets go of the socket
+	 * shortly after it died. A live one still listens a second later. */
+	for (int i = 0; connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0; i++) {
 		close(fd);
-		return -EADDRINUSE;
+		if (i == 20) {
+			log_err("another kvpoold already listens on %s", path);
+			return -EADDRINUSE;
+		}
+		usleep(50000);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
 	}
 	close(fd);
 	unlink(path);
@@ -155,19 +165,6 @@ static void early_signals(void)
 	sigemptyset(&hup);
 	sigaddset(&hup, SIGHUP);
 	sigprocmask(SIG_BLOCK, &hup, NULL);
-}
-
-static int create_pools(struct kvp_daemon *d)
-{
-	for (uint32_t i = 0; i < d->conf.n_pools; i++) {
-		struct kvpd_pool *p = kvp_daemon_create_pool(&d->conf.pools[i], i, NULL, 0);
-
-		if (!p)
-			return -1;
-		d->pools[i] = p;
-		d->n_pools = i + 1;
-	}
-	return 0;
 }
 
 /* A socket path that does not fit in sun_path would be bound truncated, somewhere else. */
@@ -261,14 +258,24 @@ int main(int argc, char **argv)
 
 	if (socket_flag && check_socket_path(socket_flag, "--socket") < 0)
 		return 2;
-	if (kvp_daemon_check_budget(&d.conf) < 0)
-		return 3;
+	kvp_fdstore_take(); /* before the budget: adopted pools' memory is in use already */
+	{
+		static struct kvp_conf fresh;
+
+		fresh = d.conf;
+		fresh.n_pools = 0;
+		for (uint32_t i = 0; i < d.conf.n_pools; i++)
+			if (!kvp_snap_adoptable(&d.conf.pools[i]))
+				fresh.pools[fresh.n_pools++] = d.conf.pools[i];
+		if (kvp_daemon_check_budget(&fresh) < 0)
+			return 3;
+	}
 	if (check_only) {
 		log_notice("configuration %s fits this machine",
 			   d.config_path ? d.config_path : "<embedded>");
 		return 0;
 	}
-	if (create_pools(&d) < 0) {
+	if (kvp_snap_start_pools(&d, kvp_daemon_create_pool) < 0) {
 		code = 4;
 		goto out;
 	}

@@ -14,6 +14,7 @@
 
 #include "kvp_config.h"
 #include "log.h"
+#include "fdstore.h"
 #if KVP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
 #endif
@@ -125,7 +126,7 @@ int kvp_activation_fd(void)
 	const char *names = getenv("LISTEN_FDNAMES");
 	char namebuf[1024], *tok;
 	char fdname[KVP_ACTIVATION_MAX][64];
-	int n, chosen = -1, first_ok = -1;
+	int n, chosen = -1, first_ok = -1, stored = 0;
 
 	if (!fds || !pid || strtol(pid, NULL, 10) != getpid() || strtol(fds, NULL, 10) < 1)
 		return -1;
@@ -155,6 +156,10 @@ int kvp_activation_fd(void)
 		const char *why = NULL;
 		int fd = 3 + i;
 
+		if (kvp_fdstore_owns(fd)) { /* pool memory handed back: fdstore.c holds it */
+			stored++;
+			continue;
+		}
 		fcntl(fd, F_SETFD, FD_CLOEXEC);
 		if (!is_unix_listener(fd, &why)) {
 			log_warn("socket activation: fd %d ('%s') is %s: closed", fd,
@@ -183,9 +188,9 @@ int kvp_activation_fd(void)
 	if (chosen >= 0)
 		log_info("socket activation: serving fd %d ('%s')", chosen,
 			 fdname[chosen - 3][0] ? fdname[chosen - 3] : "unnamed");
-	else
+	else if (n > stored)
 		log_err("socket activation: none of the %d fds passed is a listening unix socket",
-			n);
+			n - stored);
 	unsetenv("LISTEN_FDS");
 	unsetenv("LISTEN_PID");
 	unsetenv("LISTEN_FDNAMES");

@@ -14,7 +14,49 @@ struct kvp_pages {
 	uint32_t count[KVP_PAGE_STATE_MAX];
 	uint32_t *stack; /* free ids, stack[0..nfree) */
 	uint8_t *state;
+	volatile uint64_t *guard_gen; /* kvp_pages_guard */
+	bool *guard_armed;
 };
+
+static inline void guard_trip(struct kvp_pages *p)
+{
+	if (p->guard_armed && *p->guard_armed) {
+		__atomic_store_n(p->guard_gen, *p->guard_gen + 1, __ATOMIC_SEQ_CST);
+		*p->guard_armed = false;
+	}
+}
+
+void kvp_pages_guard(struct kvp_pages *p, volatile uint64_t *gen, bool *armed)
+{
+	p->guard_gen = gen;
+	p->guard_armed = gen ? armed : NULL;
+}
+
+int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	enum { MARK = 0x80 };
+	uint32_t i, o = 0;
+
+	for (i = 0; i < n; i++) {
+		if (ids[i] >= p->total || p->state[ids[i]] != KVP_PAGE_FREE)
+			break;
+		p->state[ids[i]] |= MARK;
+	}
+	if (i < n) {
+		while (i-- > 0)
+			p->state[ids[i]] &= (uint8_t)~MARK;
+		return -EINVAL;
+	}
+	for (i = 0; i < p->nfree; i++) /* the stack keeps its order without the claimed ids */
+		if (!(p->state[p->stack[i]] & MARK))
+			p->stack[o++] = p->stack[i];
+	p->nfree = o;
+	for (i = 0; i < n; i++)
+		p->state[ids[i]] = KVP_PAGE_LEASED;
+	p->count[KVP_PAGE_FREE] -= n;
+	p->count[KVP_PAGE_LEASED] += n;
+	return 0;
+}
 
 struct kvp_pages *kvp_pages_new(uint32_t total)
 {
@@ -118,6 +160,8 @@ static int release_any(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 			state[ids[i]] &= (uint8_t)~MARK;
 		return -EINVAL;
 	}
+	if (cached)
+		guard_trip(p); /* a cached page leaves the cache: the snapshot is in doubt */
 	for (i = 0; i < n; i++)
 		state[ids[i]] = KVP_PAGE_FREE;
 	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
@@ -163,6 +207,8 @@ int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
 	if (id >= p->total || p->state[id] != from || from == KVP_PAGE_FREE ||
 	    to == KVP_PAGE_FREE || to >= KVP_PAGE_STATE_MAX)
 		return -EINVAL;
+	if (from == KVP_PAGE_CACHED)
+		guard_trip(p);
 	p->state[id] = (uint8_t)to;
 	p->count[from]--;
 	p->count[to]++;

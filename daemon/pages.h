@@ -1,6 +1,7 @@
 /* pages.h - page allocator of one tier: O(1) alloc/free, per-page state. */
 #pragma once
 #include <stdint.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #define KVP_PAGE_NONE UINT32_MAX
@@ -37,6 +38,16 @@ int kvp_pages_state(const struct kvp_pages *p, uint32_t id);
 uint32_t kvp_pages_total(const struct kvp_pages *p);
 /* Count of pages in state s (s < KVP_PAGE_STATE_MAX). */
 uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s);
+/* Takes the listed FREE pages (distinct), all or nothing, and marks them LEASED: a restart
+ * rebuilding its books (snapshot.c). Returns 0, -EINVAL (an id out of range, not FREE or listed
+ * twice: nothing changes). O(n + free pages). */
+int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n);
+
+/* The snapshot's guard (snapshot.c): while *armed, the first CACHED page that leaves CACHED
+ * (released, or moved to another state) first bumps *gen (a word in shared memory that
+ * outlives a crash) and disarms. Both pointers may be shared by a pool's tiers; NULL: none. */
+void kvp_pages_guard(struct kvp_pages *p, volatile uint64_t *gen, bool *armed);
+
 /* Returns 0 when free + leased + cached + moving == total and the free stack agrees with the
  * state array, -EFAULT otherwise. O(total): for tests. */
 int kvp_pages_check(const struct kvp_pages *p);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fault.h"
 #include "log.h"
@@ -19,6 +20,7 @@ _Static_assert(KVP_BUDGET_PAGE_FIXED_BYTES == sizeof(uint32_t) + sizeof(uint8_t)
 						      2 * sizeof(*((struct kvp_lease *)0)->pages),
 	       "per-page bookkeeping of pages.c, pool.h and leases");
 #include "work.h"
+#include "snapshot.h"
 
 /* tier.h numbers options without the config's types (reply.c checks the backends) */
 _Static_assert((int)KVP_OPT_OFF == (int)KVP_OFF && (int)KVP_OPT_TRY == (int)KVP_TRY &&
@@ -204,6 +206,15 @@ static int create_tier(struct kvpd_pool *p, int tier, enum kvp_backend_kind kind
 
 	if (!ops)
 		return kvp_fail(f, KVP_ERR_INTERNAL, "%s: no backend %d", s->name, (int)kind);
+	if (p->adopt_fd[tier] >= 0) {
+		struct kvp_tier_spec as = *s;
+
+		as.bytes = p->adopt_bytes[tier];
+		if (ops->adopt(&p->mem[tier], p->adopt_fd[tier], &as, &tf) < 0)
+			return kvp_fail(f, tier_code(&tf), "%s", tf.msg);
+		p->adopted[tier] = true;
+		return 0;
+	}
 	if (ops->create(&p->mem[tier], s, p->note, sizeof(p->note), &tf) < 0)
 		return kvp_fail(f, tier_code(&tf), "%s", tf.msg);
 	return 0;
@@ -265,13 +276,31 @@ static int open_copies(struct kvpd_pool *p, struct kvp_fail *f)
 
 struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f)
 {
+	const int none[KVP_TIER_ID_MAX] = { -1, -1 };
+	const uint64_t zero[KVP_TIER_ID_MAX] = { 0, 0 };
+
+	return kvp_pool_adopt(pc, id, none, zero, f);
+}
+
+struct kvpd_pool *kvp_pool_adopt(const struct kvp_pool_conf *pc, uint32_t id,
+				 const int fds[KVP_TIER_ID_MAX],
+				 const uint64_t bytes[KVP_TIER_ID_MAX], struct kvp_fail *f)
+{
 	struct kvpd_pool *p = calloc(1, sizeof(*p));
 	struct kvp_prefix_conf xc = { 0 };
 	uint64_t npages[KVP_TIER_ID_MAX];
+	int r;
 
 	if (!p) {
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+			if (fds[t] >= 0)
+				close(fds[t]);
 		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 		return NULL;
+	}
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
+		p->adopt_fd[t] = fds[t];
+		p->adopt_bytes[t] = bytes[t];
 	}
 	p->id = id;
 	p->conf = *pc;
@@ -286,9 +315,16 @@ struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, s
 	p->page_bytes = kvp_conf_page_bytes(pc);
 	if (npages[0] + npages[1] == 0 || kvp_copy_geom_check(&p->geom) < 0) {
 		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "pool %s: bad geometry or no tier", pc->name);
+		for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+			if (fds[t] >= 0)
+				close(fds[t]);
 		goto fail;
 	}
-	if (create_tiers(p, f) < 0)
+	r = create_tiers(p, f);
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) /* every fd given is the pool's to close */
+		if (fds[t] >= 0 && !p->adopted[t])
+			close(fds[t]);
+	if (r < 0)
 		goto fail;
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		if (!npages[t])
@@ -340,6 +376,7 @@ void kvp_pool_destroy(struct kvpd_pool *p)
 
 static void pool_free(struct kvpd_pool *p)
 {
+	kvp_snap_free(p->snap);
 	kvp_prefix_free(p->pfx);
 	kvp_keys_free(p->keys);
 	if (p->copy)
@@ -567,6 +604,36 @@ struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, u
 	lease_adopt(l, 0);
 	p->st.allocs++;
 	p->st.alloc_pages += npages;
+	return l;
+}
+
+struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,
+				    const uint32_t *pages, uint32_t n, struct kvp_fail *f)
+{
+	struct kvp_lease *l;
+
+	if (!kvp_pool_has_tier(p, tier) || !id)
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "restore: no such tier"), NULL;
+	for (uint32_t i = 0; i < n; i++)
+		if (pages[i] >= kvp_pages_total(p->pages[tier]) ||
+		    kvp_pages_state(p->pages[tier], pages[i]) != KVP_PAGE_LEASED ||
+		    p->lease_of[tier][pages[i]])
+			return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
+					"restore: page %u is not a free-standing leased page",
+					pages[i]),
+			       NULL;
+	l = calloc(1, sizeof(*l));
+	if (!l || (n && lease_grow(l, n) < 0)) {
+		free(l);
+		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory"), NULL;
+	}
+	l->id = id;
+	l->pool = p;
+	l->tier = tier;
+	if (n)
+		memcpy(l->pages, pages, n * sizeof(*pages));
+	l->n = n;
+	lease_adopt(l, 0);
 	return l;
 }
 

@@ -37,7 +37,15 @@ struct kvpd_pool {
 	uint64_t reserved[KVP_TIER_ID_MAX];
 	uint32_t (*reclaim)(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages);
 	void *reclaim_ctx;
+	/* Restarts (snapshot.c): tier fds to adopt instead of creating (-1: create) and their
+	 * sizes; which tiers were adopted; the pool's books in shared memory. */
+	int adopt_fd[KVP_TIER_ID_MAX];
+	uint64_t adopt_bytes[KVP_TIER_ID_MAX];
+	bool adopted[KVP_TIER_ID_MAX];
+	struct kvp_snap *snap;
 };
+
+struct kvp_snap;
 
 struct kvp_lease {
 	uint64_t id;
@@ -50,6 +58,12 @@ struct kvp_lease {
 /* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
  * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
 struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
+/* kvp_pool_create, with the memory of each tier whose fds[t] >= 0 adopted (exactly bytes[t]
+ * bytes, through the backend's adopt: never touched nor zeroed) instead of created. The pool's
+ * books start empty. Takes every fd given: adopted, or closed (also on failure). */
+struct kvpd_pool *kvp_pool_adopt(const struct kvp_pool_conf *pc, uint32_t id,
+				 const int fds[KVP_TIER_ID_MAX],
+				 const uint64_t bytes[KVP_TIER_ID_MAX], struct kvp_fail *f);
 /* Accepts NULL. Leases must be gone (sessions destroyed) before. With demotion copies in
  * flight the pool is freed when the last one lands (no callback for it then). */
 void kvp_pool_destroy(struct kvpd_pool *p);
@@ -91,6 +105,10 @@ int kvp_lease_check(const struct kvp_lease *l);
  * INVALID_ARGUMENT. */
 struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
 				   struct kvp_fail *f);
+/* A lease of the n LEASED pages[] of tier (claimed by a restore, owned by no lease) under id.
+ * NULL with f filled (INVALID_ARGUMENT: a page not LEASED or already a lease's; INTERNAL). */
+struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,
+				    const uint32_t *pages, uint32_t n, struct kvp_fail *f);
 /* Adds npages pages; the new ids are lease->pages[old n ..]. 0 or negative Code. */
 int kvp_lease_grow(struct kvp_lease *l, uint32_t npages, struct kvp_fail *f);
 /* Returns the listed pages (all distinct, all in this lease) to the free pool. Nothing

@@ -1435,6 +1435,108 @@ static uint32_t path_tokens(const struct kvp_prefix *pfx, const struct kvp_prefi
 	return pages > UINT32_MAX ? UINT32_MAX : (uint32_t)pages;
 }
 
+int kvp_prefix_walk(const struct kvp_prefix *pfx,
+		    int (*fn)(void *ctx, const struct kvp_prefix_entry *e), void *ctx)
+{
+	uint32_t *buf = NULL;
+	size_t cap = 0;
+	int r = 0;
+
+	for (uint32_t b = 0; b < pfx->nbuckets && !r; b++) {
+		for (const struct kvp_prefix_node *n = pfx->buckets[b]; n && !r; n = n->hnext) {
+			struct kvp_prefix_entry e = { 0 };
+			const struct kvp_prefix_node *a;
+			uint64_t pages = 0;
+			size_t off;
+
+			if (is_root(n) || !n->npages)
+				continue;
+			for (a = n; !is_root(a); a = a->parent)
+				pages += a->npages;
+			if (pages * pfx->pt > cap) {
+				uint32_t *nb = realloc(buf, pages * pfx->pt * sizeof(*buf));
+
+				if (!nb) {
+					free(buf);
+					return -ENOMEM;
+				}
+				buf = nb;
+				cap = pages * pfx->pt;
+			}
+			off = pages * pfx->pt;
+			for (a = n; !is_root(a); a = a->parent) {
+				off -= (size_t)a->npages * pfx->pt;
+				memcpy(buf + off, node_tokens(a),
+				       (size_t)a->npages * pfx->pt * sizeof(*buf));
+			}
+			e.ns = root_ns(a);
+			e.tokens = buf;
+			e.path_pages = (uint32_t)pages;
+			e.start = (uint32_t)pages - n->npages;
+			e.ndev = n->ndev;
+			e.pages = node_pages(pfx, n);
+			e.hits = n->hits;
+			r = fn(ctx, &e);
+		}
+	}
+	free(buf);
+	return r;
+}
+
+int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,
+			 uint64_t *ns, uint32_t **tokens, uint32_t *npages)
+{
+	const struct kvp_prefix_node *a;
+	uint64_t pages = 0;
+	size_t off;
+	uint32_t *t;
+
+	if (!pfx || !lock || !ns || !tokens || !npages)
+		return -EINVAL;
+	for (a = lock; !is_root(a); a = a->parent)
+		pages += a->npages;
+	t = malloc(pages * pfx->pt * sizeof(*t) + sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	off = pages * pfx->pt;
+	for (a = lock; !is_root(a); a = a->parent) {
+		off -= (size_t)a->npages * pfx->pt;
+		memcpy(t + off, node_tokens(a), (size_t)a->npages * pfx->pt * sizeof(*t));
+	}
+	*ns = root_ns(a);
+	*tokens = t;
+	*npages = (uint32_t)pages;
+	return 0;
+}
+
+int kvp_prefix_set_hits(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens,
+			uint32_t npages, uint32_t hits)
+{
+	struct kvp_prefix_node *n = root_find(pfx, ns);
+	uint32_t pos = 0, pt = pfx->pt;
+
+	while (n && pos < npages) {
+		const uint32_t *t = tokens + (size_t)pos * pt;
+		struct kvp_prefix_node *c = child_find(pfx, n, t, page_hash(pfx, t));
+		uint32_t k;
+
+		if (!c)
+			return -ENOENT;
+		k = run_match(pfx, c, t, npages - pos);
+		if (k < c->npages && pos + k < npages)
+			return -ENOENT;
+		pos += k;
+		n = c;
+	}
+	if (!n || pos != npages || is_root(n))
+		return -ENOENT;
+	if (n->hits < hits) {
+		n->hits = hits;
+		heap_fix(pfx, n);
+	}
+	return 0;
+}
+
 /* Order for top: more hits first, then shorter, then lower namespace. */
 static bool top_before(const struct kvp_prefix_top *a, const struct kvp_prefix_top *b)
 {

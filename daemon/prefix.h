@@ -181,6 +181,29 @@ struct kvp_prefix_top {
 /* Writes up to cap entries, most hits first (ties: shorter first). Returns how many. */
 uint32_t kvp_prefix_top(const struct kvp_prefix *pfx, struct kvp_prefix_top *out, uint32_t cap);
 
+/* One node as kvp_prefix_walk shows it: the path's tokens from the namespace root through the
+ * node (path_pages * page_tokens ids), the node's own pages at positions [start, path_pages):
+ * the first ndev in the device tier, the rest in the host tier. */
+struct kvp_prefix_entry {
+	uint64_t ns;
+	const uint32_t *tokens;
+	uint32_t path_pages, start, ndev;
+	const uint32_t *pages; /* path_pages - start ids */
+	uint32_t hits;
+};
+/* Calls fn for every node holding pages (any order; a restore inserts shorter paths first).
+ * fn's nonzero return stops the walk and is returned. 0, fn's value, or -ENOMEM. */
+int kvp_prefix_walk(const struct kvp_prefix *pfx,
+		    int (*fn)(void *ctx, const struct kvp_prefix_entry *e), void *ctx);
+/* The path a lock handle pins: its namespace and tokens (root .. the handle's node, *npages
+ * pages), in a malloc'd array the caller frees. 0, -EINVAL (NULL), -ENOMEM. */
+int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,
+			 uint64_t *ns, uint32_t **tokens, uint32_t *npages);
+/* Sets the hit count of the node holding position npages - 1 of the cached path tokens[0 ..
+ * npages * page_tokens) in ns to at least hits (a restore). 0, or -ENOENT when not cached. */
+int kvp_prefix_set_hits(struct kvp_prefix *pfx, uint64_t ns, const uint32_t *tokens,
+			uint32_t npages, uint32_t hits);
+
 /* Full consistency check for tests: tree structure and hash index, counters equal the stats,
  * every page in the tree CACHED in its tier's allocator and the allocators' CACHED counts equal
  * the tree's, no page twice, lock counts consistent, eviction heaps exact.

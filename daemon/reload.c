@@ -13,6 +13,7 @@
 #include "log.h"
 #include "reply.h"
 #include "units.h"
+#include "snapshot.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)
 {
@@ -322,6 +323,8 @@ static void reload_run(struct kvp_job *job)
 			j->refused = j->not_created = true;
 			return;
 		}
+		if (kvp_snap_attach(p) < 0)
+			log_warn("pool %s: no books for restarts", p->conf.name);
 		j->pools[j->n_new++] = p;
 	}
 }

@@ -34,7 +34,8 @@ _Static_assert((int)KVP_ERR_LIMIT_EXCEEDED == (int)KVPOOL__CODE__LIMIT_EXCEEDED,
 	       "codes follow the wire");
 _Static_assert((int)KVP_ERR_UNAVAILABLE == (int)KVPOOL__CODE__UNAVAILABLE, "codes follow the wire");
 _Static_assert((int)KVP_ERR_INTERNAL == (int)KVPOOL__CODE__INTERNAL, "codes follow the wire");
-_Static_assert((int)KVP_ERR_MAX == (int)KVPOOL__CODE__INTERNAL + 1, "every wire code has a name");
+_Static_assert((int)KVP_ERR_RESTARTED == (int)KVPOOL__CODE__RESTARTED, "codes follow the wire");
+_Static_assert((int)KVP_ERR_MAX == (int)KVPOOL__CODE__RESTARTED + 1, "every wire code has a name");
 
 /* tier.h numbers backends as the wire does. */
 _Static_assert((int)KVP_BACKEND_KIND_NONE == (int)KVPOOL__BACKEND__BACKEND_NONE &&

@@ -5,11 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "kvp_config.h"
 #include "kvpool_caps.h"
 #include "log.h"
 #include "reserve.h"
+#include "snapshot.h"
 
 /* Length of the UTF-8 sequence at s (n bytes left) when it is valid and not a control character
  * (C0, DEL, C1); 0 otherwise. */
@@ -102,6 +104,17 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	if (!m)
 		return kvp_rpc_oom(f);
 	clean_name(s->name, sizeof(s->name), q->hello->client_name ? q->hello->client_name : "");
+	m->resumed = kvp_snap_hello(d, s, q->hello->resume_token.data, q->hello->resume_token.len);
+	m->resume_token.data = s->resume_token;
+	m->resume_token.len = sizeof(s->resume_token);
+	m->resume_grace_ms = d->conf.resume_grace_ms;
+	{
+		static uint64_t instance;
+
+		while (!instance && getrandom(&instance, sizeof(instance), 0) < 0)
+			;
+		m->instance = instance;
+	}
 	s->hello = true;
 	d->st.sessions_opened++;
 	m->session_id = s->id;
@@ -112,8 +125,9 @@ KVP_RPC_HANDLER(kvp_rpc_hello)
 	s->caps = m->capabilities;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_HELLO;
 	r->resp.hello = m;
-	log_info("session %lu: hello from '%s' pid %d uid %u%s", (unsigned long)s->id, s->name,
-		 (int)s->pid, (unsigned)s->uid, s->admin ? " (admin)" : "");
+	log_info("session %lu: hello from '%s' pid %d uid %u%s%s", (unsigned long)s->id, s->name,
+		 (int)s->pid, (unsigned)s->uid, s->admin ? " (admin)" : "",
+		 m->resumed ? ", resumed" : "");
 	return 0;
 }
 

@@ -370,6 +370,21 @@ int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp
 	return 0;
 }
 
+int kvp_session_lock_restore(struct kvp_session *s, struct kvp_lock *k)
+{
+	int r = kvp_idmap_put(&s->locks, k->id, k);
+
+	if (r < 0) {
+		kvp_pool_unlock(k->pool, k->node);
+		kvp_pool_keys_unlock(k->pool, k->keys);
+		free(k);
+		return r;
+	}
+	s->locked_tokens += (uint64_t)k->pages * k->pool->conf.page_tokens;
+	s->locked_pages[k->pool->id] += k->pages;
+	return 0;
+}
+
 struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, struct kvp_fail *f)
 {
 	struct kvp_lock *k = kvp_idmap_get(&s->locks, id);
@@ -388,6 +403,36 @@ void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k)
 	s->locked_pages[k->pool->id] -= k->pages;
 	kvp_idmap_del(&s->locks, k->id);
 	free(k);
+}
+
+void kvp_session_take_over(struct kvp_daemon *d, struct kvp_session *s, struct kvp_session *from)
+{
+	uint64_t id;
+	void *v;
+
+	for (uint32_t i = 0; (i = kvp_idmap_next(&from->leases, i, &id, &v)) != 0;)
+		if (kvp_session_lease_add(s, v) == 0) /* deleting leaves the cursor valid */
+			kvp_idmap_del(&from->leases, id);
+	for (uint32_t i = 0; (i = kvp_idmap_next(&from->locks, i, &id, &v)) != 0;) {
+		struct kvp_lock *k = v;
+
+		if (kvp_idmap_put(&s->locks, id, k) < 0)
+			continue;
+		kvp_idmap_del(&from->locks, id);
+		s->locked_tokens += (uint64_t)k->pages * k->pool->conf.page_tokens;
+		s->locked_pages[k->pool->id] += k->pages;
+	}
+	for (uint32_t i = 0; i < d->n_pools; i++) {
+		if (!from->attached[i])
+			continue;
+		if (s->attached[i])
+			continue; /* from's count is dropped by its destroy */
+		s->attached[i] = true;
+		from->attached[i] = false;
+	}
+	memcpy(s->resume_token, from->resume_token, sizeof(s->resume_token));
+	from->hello = false;
+	kvp_session_destroy(d, from);
 }
 
 uint64_t kvp_session_leased_tokens(const struct kvp_daemon *d, const struct kvp_session *s)

@@ -19,7 +19,7 @@
 	  "Tier free pages crossing the pressure watermark, either way")                           \
 	X(pressure_notices, "pressure_notices_total", "Pressure notices sent to sessions")         \
 	X(pressure_coalesced, "pressure_coalesced_total",                                          \
-	  "Pressure notices replaced by a newer state before they were sent")                       \
+	  "Pressure notices replaced by a newer state before they were sent")                      \
 	X(reserve_taken_back, "reserve_taken_back_pages_total",                                    \
 	  "Unused pages of session reserves taken back under pressure")
 
@@ -44,7 +44,15 @@
 	  "Attach calls refused: too many descriptors in flight")                                  \
 	X(hello_timeouts, "hello_timeouts_total", "Connections closed: no Hello in time")          \
 	X(accept_errors, "accept_errors_total", "Accept failures (accept backs off after them)")   \
-	X(log_suppressed, "log_lines_suppressed_total", "Repeated log lines left out (counted)")
+	X(log_suppressed, "log_lines_suppressed_total", "Repeated log lines left out (counted)")   \
+	X(restarts, "restarts_total", "Starts that took pools back from the fd store")             \
+	X(sessions_resumed, "sessions_resumed_total", "Sessions resumed with their token")         \
+	X(resume_expired, "resume_expired_total",                                                  \
+	  "Sessions of the previous kvpoold reclaimed after the resume grace")                     \
+	X(pages_adopted, "pages_adopted_total",                                                    \
+	  "Cached pages taken over from the previous kvpoold")                                     \
+	X(pages_discarded, "pages_discarded_total",                                                \
+	  "Pages of the previous kvpoold freed at start (state in doubt, or pool changed)")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

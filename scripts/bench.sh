@@ -56,7 +56,7 @@ rows=$tmp/rows.jsonl
 : >"$rows"
 failed=0
 for b in bench_rpc_latency bench_rpc_throughput bench_prefix bench_keys bench_pages bench_copy bench_cuda_pool \
-	bench_e2e bench_reserve; do
+	bench_e2e bench_reserve bench_restart; do
 	t0=$(date +%s.%N)
 	if "$dir/tests/bench/$b" $qarg >"$tmp/$b.out" 2>"$tmp/$b.err"; then
 		printf '== %-22s ok (%s s)\n' "$b" "$(since "$t0")" >&2

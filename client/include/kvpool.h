@@ -55,6 +55,9 @@ enum kvp_code {
 	KVP_E_LIMIT_EXCEEDED = 12,
 	KVP_E_UNAVAILABLE = 13,
 	KVP_E_INTERNAL = 14,
+	/* kvpoold restarted while the call was in flight: retry it (the library reconnects and
+	 * resumes the session; see kvp_client_opts.reconnect_ms). */
+	KVP_E_RESTARTED = 15,
 	KVP_E_NO_DAEMON = 100, /* connect failed: sys_errno says why */
 	KVP_E_TRANSPORT = 101, /* the connection failed or closed mid-call: sys_errno says why */
 	KVP_E_NOMEM = 102,
@@ -164,7 +167,17 @@ struct kvp_client_opts {
 	uint64_t required_capabilities; /* KVP_CAP_* the daemon must agree to, else KVP_E_VERSION */
 	uint32_t timeout_ms;		/* as kvp_client_set_timeout, applied from Hello on */
 	uint64_t flags; /* 0.3: KVP_CLIENT_F_*; read only when struct_size reaches it */
+	/* When the connection is lost and a restarted kvpoold (a new instance) answers within
+	 * this many ms, the library reconnects, resumes the session with its token (leases and
+	 * locks come back within the daemon's resume grace), re-attaches every pool (a tier
+	 * whose memory is the same file keeps its mapping; otherwise it is mapped anew) and the
+	 * call in flight returns -KVP_E_RESTARTED. Retries back off from 10 to 250 ms; when none
+	 * answers in time the call returns -KVP_E_TRANSPORT and so do the later ones (one try per
+	 * lost connection: close the client and connect anew). 0: 3000; KVP_RECONNECT_NEVER: a
+	 * lost connection stays lost. Read only when struct_size reaches it. */
+	uint32_t reconnect_ms;
 };
+#define KVP_RECONNECT_NEVER UINT32_MAX
 /* Every kvp_pool_attach of the client asks for pressure notices (granted when KVP_CAP_EVENTS
  * is agreed; kvp_pool_pressure_notices tells). */
 #define KVP_CLIENT_F_PRESSURE (UINT64_C(1) << 0)

@@ -50,6 +50,7 @@ from ._kvpool import (
     LimitExceeded,
     Unavailable,
     Internal,
+    Restarted,
     NoDaemon,
     TransportError,
     OutOfMemory,
@@ -62,7 +63,7 @@ __all__ = [
     "Pool", "Lease", "Match", "View", "Geometry", "Event", "Error", "ClientBusy",
     "OutOfCapacity", "HostBudgetExceeded", "QuotaExceeded", "NoSuchPool", "GeometryMismatch", "NotFound",
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
-    "LimitExceeded", "Unavailable", "Internal", "NoDaemon", "TransportError", "OutOfMemory",
+    "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall",
     "EVENT_PRESSURE", "decode_pressure", "PressureNotice",
 ]

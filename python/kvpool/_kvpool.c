@@ -114,6 +114,8 @@ static const struct {
 	{ KVP_E_UNAVAILABLE, "Unavailable",
 	  "The resource is pinned by another session's lock (read the host pages instead)." },
 	{ KVP_E_INTERNAL, "Internal", "An internal daemon error." },
+	{ KVP_E_RESTARTED, "Restarted",
+	  "kvpoold restarted while the call was in flight: retry it (the client reconnects)." },
 	{ KVP_E_NO_DAEMON, "NoDaemon", "No kvpoold answers on the socket: errno says why." },
 	{ KVP_E_TRANSPORT, "TransportError",
 	  "The connection failed or closed mid-call (errno says why); close the client." },
@@ -2641,19 +2643,22 @@ static PyType_Spec view_spec = { "kvpool.View", sizeof(ViewObject), 0,
 /* ---- module ---- */
 static PyObject *mod_connect(PyObject *mod, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "socket", "name", "pressure_notices", NULL };
+	static char *kwlist[] = { "socket", "name", "pressure_notices", "reconnect_ms", NULL };
 	const char *path = NULL, *name = "python";
 	struct kvp_client_opts o = { .struct_size = sizeof(o), .capabilities = KVP_CAP_ALL };
+	unsigned int reconnect_ms = 0;
 	struct kvp_client *c;
 	struct kvp_error err;
 	ClientObject *co;
 	int pressure = 0;
 
 	(void)mod;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zsp:connect", kwlist, &path, &name, &pressure))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zspI:connect", kwlist, &path, &name, &pressure,
+					 &reconnect_ms))
 		return NULL;
 	o.name = name;
 	o.flags = pressure ? KVP_CLIENT_F_PRESSURE : 0;
+	o.reconnect_ms = reconnect_ms;
 	KVPY_WAIT(c = kvp_client_connect_opts(path, &o, &err));
 	if (!c)
 		return raise_kvp(&err);

@@ -125,6 +125,7 @@ class LimitExceeded(Error):
     limit: int
 class Unavailable(Error): ...
 class Internal(Error): ...
+class Restarted(Error): ...
 class NoDaemon(Error):
     errno: int
 class TransportError(Error):
@@ -135,9 +136,11 @@ class MapError(Error):
 class BufferTooSmall(Error): ...
 
 def connect(socket: Optional[str] = None, name: str = "python",
-            pressure_notices: bool = False) -> Client:
+            pressure_notices: bool = False, reconnect_ms: int = 0) -> Client:
     """Connects to kvpoold and says Hello; NoDaemon when none answers. With pressure_notices,
-    every attach asks for pressure notices (Client.pressure_notices)."""
+    every attach asks for pressure notices (Client.pressure_notices). When kvpoold restarts
+    and answers within reconnect_ms (0: 3000; 4294967295: never), the client reconnects and
+    resumes by itself and the call in flight raises Restarted: retry it."""
 def decode_pressure(event: Event) -> Optional[PressureNotice]:
     """The PressureNotice an Event carries, None for an event of another type."""
 def default_socket() -> Optional[str]:

@@ -24,6 +24,9 @@ _DOWN = (kvpool.NoDaemon, kvpool.TransportError, kvpool.ShuttingDown, kvpool.Pro
 
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
+# The Link reconnects by itself (bounded backoff, calls answer misses meanwhile), so the
+# client's own reconnect is off: a call never waits for kvpoold to come back.
+RECONNECT_MS = 4294967295
 
 
 def geometry_mismatch(pool_name: str, want: kvpool.Geometry, have: kvpool.Geometry,
@@ -64,7 +67,7 @@ class Link:
             self.stats["skipped_while_down"] += 1
             return None
         try:
-            client = kvpool.connect(self.socket, name=self.name)
+            client = kvpool.connect(self.socket, name=self.name, reconnect_ms=RECONNECT_MS)
             try:
                 pool = client.attach(self.pool_name)
                 if self.check:
@@ -126,6 +129,17 @@ class Link:
             for attempt in (0, 1):
                 try:
                     return fn(pool, self.state)
+                except kvpool.Restarted as e:
+                    # the client reconnected and resumed by itself; the pool may be mapped
+                    # anew, so what setup derived from it is derived again
+                    self.stats[f"{what}_Restarted"] += 1
+                    log.info("kvpool: %s: %s", what, e)
+                    try:
+                        self.state = self.setup(pool) if self.setup else None
+                    except kvpool.Error:
+                        self.drop()
+                        self._down(time.monotonic())
+                    return None
                 except _DOWN as e:
                     self.stats[f"{what}_{type(e).__name__}"] += 1
                     self.drop()

@@ -129,6 +129,55 @@ static void test_pages_moving_state_reserved_and_counted(void)
 	kvp_pages_free(p);
 }
 
+/* A restart claims exactly the pages its books name; a bad list changes nothing. */
+static void test_pages_claim_named_pages(void)
+{
+	struct kvp_pages *p = kvp_pages_new(8);
+	uint32_t ids[3] = { 5, 1, 6 }, dup[2] = { 2, 2 }, out[5];
+
+	CU_ASSERT_FATAL(p != NULL);
+	CU_ASSERT_EQUAL(kvp_pages_claim(p, dup, 2), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), 8);
+	CU_ASSERT_EQUAL(kvp_pages_claim(p, ids, 3), 0);
+	CU_ASSERT_EQUAL(kvp_pages_state(p, 5), KVP_PAGE_LEASED);
+	CU_ASSERT_EQUAL(kvp_pages_claim(p, ids, 1), -EINVAL); /* not free any more */
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 5, out), 0); /* the five others, none claimed */
+	for (int i = 0; i < 5; i++)
+		CU_ASSERT(out[i] != 5 && out[i] != 1 && out[i] != 6);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 1, out), -ENOSPC);
+	kvp_pages_free(p);
+}
+
+/* The guard bumps the generation once, on the first cached page to leave the cache, and only
+ * while armed. */
+static void test_pages_guard_trips_on_uncache(void)
+{
+	struct kvp_pages *p = kvp_pages_new(4);
+	volatile uint64_t gen = 7;
+	bool armed = true;
+	uint32_t a[4];
+
+	CU_ASSERT_FATAL(p != NULL);
+	kvp_pages_guard(p, &gen, &armed);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 4, a), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, &a[3], 1), 0); /* leased -> free: no trip */
+	CU_ASSERT_EQUAL(gen, 7);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, a[0], KVP_PAGE_LEASED, KVP_PAGE_CACHED), 0);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, a[1], KVP_PAGE_LEASED, KVP_PAGE_CACHED), 0);
+	CU_ASSERT_EQUAL(gen, 7);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, &a[0], 1), 0); /* cached -> free */
+	CU_ASSERT_EQUAL(gen, 8);
+	CU_ASSERT(!armed);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, &a[1], 1), 0); /* disarmed: once per checkpoint */
+	CU_ASSERT_EQUAL(gen, 8);
+	armed = true;
+	CU_ASSERT_EQUAL(kvp_pages_move(p, a[2], KVP_PAGE_LEASED, KVP_PAGE_CACHED), 0);
+	CU_ASSERT_EQUAL(kvp_pages_move(p, a[2], KVP_PAGE_CACHED, KVP_PAGE_LEASED), 0);
+	CU_ASSERT_EQUAL(gen, 9);
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -136,6 +185,8 @@ int main(void)
 		H_TEST(test_pages_release_rejects_bad_ids_atomically),
 		H_TEST(test_pages_random_sequences_keep_invariant),
 		H_TEST(test_pages_moving_state_reserved_and_counted),
+		H_TEST(test_pages_claim_named_pages),
+		H_TEST(test_pages_guard_trips_on_uncache),
 	};
 
 	return H_RUN_SUITE("pages", NULL, NULL, tests);
