@@ -72,8 +72,10 @@ struct kvp_rc {
 	int8_t slots[KVP_RC_SLOTS]; /* node index, -1: no master */
 	int loaded;
 	int refresh_wanted, refresh_inflight;
-	uint64_t refresh_at;   /* periodic */
-	uint64_t refresh_gate; /* earliest next refresh (rate limit) */
+	uint64_t refresh_at;	      /* periodic */
+	uint64_t refresh_gate;	      /* earliest next refresh (rate limit) */
+	struct rc_node *refresh_node; /* the node asked for CLUSTER SLOTS while one is in flight */
+	uint64_t refresh_deadline;    /* when that node is dropped for not answering */
 	unsigned rr;
 	uint64_t now;
 	uint64_t gen;
@@ -494,8 +496,11 @@ static void slots_reply(redisAsyncContext *ac, void *reply, void *priv)
 	int8_t map[KVP_RC_SLOTS];
 
 	rc->refresh_inflight = 0;
-	if (!r || r->type != REDIS_REPLY_ARRAY)
-		return; /* refresh_wanted stays: tried again on another node */
+	rc->refresh_node = NULL;
+	if (!r || r->type != REDIS_REPLY_ARRAY) {
+		rc->refresh_wanted = 1; /* tried again on another node */
+		return;
+	}
 	memset(map, -1, sizeof(map));
 	for (size_t i = 0; i < r->elements; i++) {
 		redisReply *e = r->element[i], *m;
@@ -568,6 +573,8 @@ static void maybe_refresh(struct kvp_rc *rc)
 	if (redisAsyncCommand(n->ac, slots_reply, rc, "CLUSTER SLOTS") != REDIS_OK)
 		return;
 	rc->refresh_inflight = 1;
+	rc->refresh_node = n;
+	rc->refresh_deadline = rc->now + rc->cfg.op_timeout_ms;
 	rc->refresh_gate = rc->now + REFRESH_MIN_MS;
 	rc->refresh_at = rc->now + rc->cfg.refresh_ms;
 }
@@ -857,12 +864,23 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 	}
 	if (up && refresh_due(rc, &at))
 		at_min(&best, at, now);
+	if (rc->refresh_inflight)
+		at_min(&best, rc->refresh_deadline, now);
 	return best > 1000000 ? 1000000 : (int)best;
 }
 
 void kvp_rc_tick(struct kvp_rc *rc, uint64_t now_ms)
 {
 	rc->now = now_ms;
+	/* A CLUSTER SLOTS the asked node does not answer in time: that node is dropped (its
+	 * callback then runs with no reply) and the map is asked of another. */
+	if (rc->refresh_inflight && rc->refresh_node && now_ms >= rc->refresh_deadline) {
+		rc->stats.refresh_timeouts++;
+		node_drop(rc->refresh_node, KVP_RC_ETIMEOUT);
+		rc->refresh_inflight = 0;
+		rc->refresh_node = NULL;
+		rc->refresh_wanted = 1;
+	}
 	for (int i = 0; i < rc->nnodes; i++) {
 		struct rc_node *n = rc->nodes[i];
 
