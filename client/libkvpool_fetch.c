@@ -40,8 +40,8 @@ static int fetch(struct kvp_pool *p, Kvpool__FetchReq *a, struct kvp_fetch_resul
 	o.n_host = (uint32_t)m->n_host_pages;
 	o.lock_id = m->lock_id;
 	kvp__struct_out(out, &o, sizeof(o));
-	kvp__pages_out(device_pages, m->device_pages, m->n_device_pages, host_pages,
-		       m->host_pages, m->n_host_pages);
+	kvp__pages_out(device_pages, m->device_pages, m->n_device_pages, host_pages, m->host_pages,
+		       m->n_host_pages);
 	kvpool__response__free_unpacked(resp, NULL);
 	return 0;
 }
@@ -73,8 +73,8 @@ KVP_EXPORT int kvp_cache_fetch_keys(struct kvp_pool *p, uint64_t ns,
 	ProtobufCBinaryData *b;
 	int r;
 
-	if (!kvp__pool_client(p) || !out || out->struct_size < KVP_FETCH_RESULT_SIZE_V03 ||
-	    !keys || !nkeys)
+	if (!kvp__pool_client(p) || !out || out->struct_size < KVP_FETCH_RESULT_SIZE_V03 || !keys ||
+	    !nkeys)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "pool, keys or out is NULL, or out->struct_size is not set");
 	if (!(b = malloc(sizeof(*b) * nkeys)))

@@ -54,7 +54,7 @@ struct rt_fetch {
 	uint32_t pool_id;
 	uint64_t ns;
 	int keyed, lock;
-	uint32_t *tokens; /* token-keyed: (local + n) whole pages of tokens */
+	uint32_t *tokens;	   /* token-keyed: (local + n) whole pages of tokens */
 	ProtobufCBinaryData *keys; /* hash-keyed: local + n keys (copies) */
 	uint8_t *keybuf;
 	uint32_t local, n, pending;
@@ -251,8 +251,8 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 /* ---- keys of the pages after the local ones ---- */
 
 /* Remote keys of pages [from, to) of tokens into out[to - from]; 0 or -EINVAL. */
-static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens,
-		      uint32_t from, uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
+		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
 	uint32_t pt = rp->p->conf.page_tokens;
 	uint8_t h[KVP_RV_HASH_SIZE];
@@ -473,7 +473,7 @@ int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 	const Kvpool__MatchReq *a = q->match;
 	struct rt_pool *rp = rp_find(d, p);
 	uint32_t local = (uint32_t)(m->n_device_pages + m->n_host_pages), total, n;
-	char (*keys)[KVP_RV_KEY_MAX];
+	char(*keys)[KVP_RV_KEY_MAX];
 	struct rt_wait *w;
 	size_t *lens;
 	int rc;
@@ -485,11 +485,11 @@ int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 		return 0;
 	keys = malloc(sizeof(*keys) * n);
 	lens = malloc(sizeof(*lens) * n);
-	w = wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages,
-		     m->device_pages, (uint32_t)m->n_host_pages, m->host_pages);
-	rc = keys && lens && w ? token_keys(rp, a->namespace_, a->tokens, local, local + n, keys,
-					    lens)
-			       : -ENOMEM;
+	w = wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
+		     (uint32_t)m->n_host_pages, m->host_pages);
+	rc = keys && lens && w
+		     ? token_keys(rp, a->namespace_, a->tokens, local, local + n, keys, lens)
+		     : -ENOMEM;
 	if (rc == 0)
 		rc = park(d, s, q, w, keys, lens, n);
 	free(keys);
@@ -508,18 +508,17 @@ int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 	const Kvpool__MatchKeysReq *a = q->match_keys;
 	struct rt_pool *rp = rp_find(d, p);
 	uint32_t local = m->matched_keys, n;
-	char (*keys)[KVP_RV_KEY_MAX];
+	char(*keys)[KVP_RV_KEY_MAX];
 	struct rt_wait *w;
 	size_t *lens;
 	int rc;
 
-	if (!rp || a->local_only || a->n_keys <= local ||
-	    !(n = query_pages(d, a->n_keys - local)))
+	if (!rp || a->local_only || a->n_keys <= local || !(n = query_pages(d, a->n_keys - local)))
 		return 0;
 	keys = malloc(sizeof(*keys) * n);
 	lens = malloc(sizeof(*lens) * n);
-	w = wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages,
-		     m->device_pages, (uint32_t)m->n_host_pages, m->host_pages);
+	w = wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
+		     (uint32_t)m->n_host_pages, m->host_pages);
 	rc = keys && lens && w ? hash_keys(rp, a->namespace_, a->keys + local, n, keys, lens)
 			       : -ENOMEM;
 	if (rc == 0)
@@ -773,8 +772,8 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	for (size_t i = 0; i < a->n_keys; i++)
 		if (!a->keys[i].len || a->keys[i].len > d->conf.max_key_bytes)
 			return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-					"fetch: key %zu has %zu bytes (1 .. %u)", i,
-					a->keys[i].len, d->conf.max_key_bytes);
+					"fetch: key %zu has %zu bytes (1 .. %u)", i, a->keys[i].len,
+					d->conf.max_key_bytes);
 	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, keyed, "fetch", f)) < 0)
 		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
@@ -836,7 +835,8 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		lens = malloc(sizeof(*lens) * fe->n);
 		rc = fe->ok && fe->rkey && fe->gets && lens ? 0 : -ENOMEM;
 		if (rc == 0)
-			rc = keyed ? hash_keys(fe->rp, fe->ns, fe->keys + local, fe->n, fe->rkey, lens)
+			rc = keyed ? hash_keys(fe->rp, fe->ns, fe->keys + local, fe->n, fe->rkey,
+					       lens)
 				   : token_keys(fe->rp, fe->ns, fe->tokens, local, local + fe->n,
 						fe->rkey, lens);
 		if (rc < 0) {

@@ -216,6 +216,7 @@ int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev, struct kvp
 
 #define KVP_STATUS_MAX_POOLS 16
 #define KVP_STATUS_MAX_COUNTERS 32
+#define KVP_STATUS_MORE_COUNTERS 64
 struct kvp_counter {
 	char name[48];
 	uint64_t value;
@@ -258,6 +259,11 @@ struct kvp_status {
 	 * copies still in flight (neither free, leased nor cached: free + leased + cached +
 	 * moving == total). Written only when struct_size reaches it. */
 	uint64_t moving_tokens[KVP_STATUS_MAX_POOLS][KVP_TIER_MAX];
+	/* 0.3: the daemon's counters past the first KVP_STATUS_MAX_COUNTERS (the remote tier's,
+	 * when kvpoold has one), in the daemon's order. Written only when struct_size reaches it.
+	 */
+	uint32_t n_more_counters;
+	struct kvp_counter more_counters[KVP_STATUS_MORE_COUNTERS];
 };
 /* Daemon status into out (out->struct_size set). Returns 0 or a negative code. */
 int kvp_client_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);
