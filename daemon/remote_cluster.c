@@ -17,6 +17,7 @@
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 
 enum rc_kind { OP_SET, OP_GET, OP_EXISTS, OP_DEL };
 enum rc_state { N_IDLE, N_CONNECTING, N_UP, N_DOWN };
@@ -63,7 +64,12 @@ struct rc_node {
 	uint64_t retry_at, connect_deadline;
 	enum kvp_rc_status drop_st; /* what the pending operations fail with when it closes */
 	struct rc_list fifo;
+	/* Operations held back while hiredis's output buffer is full (OBUF_CAP): handing it every
+	 * page at once makes each partial write move the whole rest of the buffer. */
+	struct rc_list held;
 };
+
+#define OBUF_CAP (512u << 10)
 
 struct kvp_rc {
 	struct kvp_rc_config cfg;
@@ -257,7 +263,12 @@ static void node_failed(struct rc_node *n)
 static void ev_cleanup(void *priv)
 {
 	struct rc_node *n = priv;
+	struct rc_op *op;
 
+	while ((op = n->held.head)) { /* never sent: they fail as the sent ones did */
+		list_del(&n->held, op);
+		op_fail_later(n->rc, op, n->drop_st);
+	}
 	n->ac = NULL;
 	n->events = 0;
 	n->rc->gen++;
@@ -378,13 +389,35 @@ static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int 
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	if (!asking && n->state == N_UP && (n->held.head || sdslen(n->ac->c.obuf) >= OBUF_CAP)) {
+		op->node = n;
+		list_add(&n->held, op);
+		return;
+	}
 	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
 	op->node = n;
-	op->deadline = rc->now + rc->cfg.op_timeout_ms;
 	list_add(&n->fifo, op);
+}
+
+/* Hands held operations to hiredis while its output buffer has room. */
+static void node_pump(struct kvp_rc *rc, struct rc_node *n)
+{
+	struct rc_op *op;
+
+	while ((op = n->held.head) && n->ac && n->state == N_UP &&
+	       sdslen(n->ac->c.obuf) < OBUF_CAP) {
+		list_del(&n->held, op);
+		if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) !=
+		    REDIS_OK) {
+			op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+			continue;
+		}
+		list_add(&n->fifo, op);
+	}
 }
 
 /* "MOVED 3999 127.0.0.1:6381" / "ASK ...": returns the target node or NULL. */
@@ -828,6 +861,7 @@ void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
 			redisAsyncHandleRead(n->ac);
 		if (n->ac && (revents & POLLOUT))
 			redisAsyncHandleWrite(n->ac);
+		node_pump(rc, n);
 		break;
 	}
 	maybe_refresh(rc);

@@ -161,7 +161,6 @@ static void spill_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_
 		if (i >= npages - k && put_page(rp, ns, 0, h, pages[i - (npages - k)]))
 			rp->d->rt->spilled_pages++;
 	}
-	kvp_remote_sync(rp->d->remote);
 }
 
 static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
@@ -172,7 +171,6 @@ static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, u
 	key_hash(key, klen, h);
 	if (put_page(rp, ns, 1, h, page))
 		rp->d->rt->spilled_pages++;
-	kvp_remote_sync(rp->d->remote);
 }
 
 void kvp_rt_bind(struct kvp_daemon *d)
@@ -229,7 +227,6 @@ void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, cons
 		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]))
 			d->rt->written_pages++;
 	}
-	kvp_remote_sync(d->remote);
 }
 
 void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
@@ -245,7 +242,6 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 		if (put_page(rp, ns, 1, h, pages[i]))
 			d->rt->written_pages++;
 	}
-	kvp_remote_sync(d->remote);
 }
 
 /* ---- keys of the pages after the local ones ---- */
@@ -428,7 +424,6 @@ static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Reque
 	if (rc < 0)
 		return rc;
 	d->rt->match_queries++;
-	kvp_remote_sync(d->remote);
 	w->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, &f);
 	if (!w->t)
 		return 1;
@@ -889,7 +884,6 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		}
 	}
 	free(lens);
-	kvp_remote_sync(d->remote);
 	if (!fe->pending) /* nothing submitted: answered now, through the ticket */
 		fetch_finish(fe);
 	return KVP_DEFERRED;

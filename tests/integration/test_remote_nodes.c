@@ -146,7 +146,8 @@ static const char *conf(int idx, int remote)
 
 static int init_suite(void)
 {
-	if (h_daemon_start(&g_a, conf(0, 1), NULL) < 0 || h_daemon_start(&g_b, conf(1, 1), NULL) < 0 ||
+	if (h_daemon_start(&g_a, conf(0, 1), NULL) < 0 ||
+	    h_daemon_start(&g_b, conf(1, 1), NULL) < 0 ||
 	    h_daemon_start(&g_c, conf(2, 0), NULL) < 0)
 		return -1;
 	if (h_eng_open(&g_ea, g_a.sock, "node-a", "p") < 0 ||
@@ -155,7 +156,8 @@ static int init_suite(void)
 		return -1;
 	/* Both nodes connected to every master. */
 	for (int i = 0; i < 300; i++) {
-		if (counter(&g_ea, "remote_connects") >= 3 && counter(&g_eb, "remote_connects") >= 3)
+		if (counter(&g_ea, "remote_connects") >= 3 &&
+		    counter(&g_eb, "remote_connects") >= 3)
 			return 0;
 		usleep(10000);
 	}
@@ -242,8 +244,7 @@ static void test_master_down_is_a_miss_and_recovers(void)
 	for (uint32_t s = 12; s < 16; s++)
 		CU_ASSERT_EQUAL(publish(&g_ea, s), 0);
 	CU_ASSERT(counter(&g_ea, "remote_node_down") + counter(&g_ea, "remote_timeouts") +
-			  counter(&g_eb, "remote_node_down") +
-			  counter(&g_eb, "remote_timeouts") >
+			  counter(&g_eb, "remote_node_down") + counter(&g_eb, "remote_timeouts") >
 		  0);
 	/* Restart it (its slots come back with it: nodes.conf is kept). */
 	CU_ASSERT_EQUAL(sh("redis-server %s/%s/redis.conf >/dev/null", g_dir, g_ports[2]), 0);
@@ -324,59 +325,61 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-enum { ROUNDS = 300 };
+enum { ROUNDS = 600 };
 
-/* p99 in microseconds of Alloc (4 host pages: evicting, so spilling on A) and of a locally hit
- * Match, over ROUNDS rounds on e. */
-static void local_p99(struct h_eng *e, uint32_t base_prompt, uint64_t *alloc_us, uint64_t *match_us)
+/* One round on e: Alloc of 4 host pages (evicting: on A that spills) and a Match of a prompt
+ * just inserted (a local hit); their times in microseconds. */
+static void local_round(struct h_eng *e, uint32_t prompt, uint64_t *alloc_us, uint64_t *match_us)
 {
-	static uint64_t ta[ROUNDS], tm[ROUNDS];
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	uint8_t *hb = kvp_pool_tier_base(e->p, KVP_TIER_HOST);
+	uint32_t pages[4], t[4 * PT], dev[4], host[4];
+	uint64_t lease, t0;
 
-	for (uint32_t r = 0; r < ROUNDS; r++) {
-		struct kvp_match_result m = { .struct_size = sizeof(m) };
-		uint32_t pages[4], t[4 * PT], dev[4], host[4];
-		uint64_t lease, t0;
-
-		for (uint32_t i = 0; i < 4 * PT; i++)
-			t[i] = ((base_prompt + r) << 12) | i;
-		t0 = now_us();
-		CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(e->p, KVP_TIER_HOST, 4, &lease, pages, NULL),
-				      0);
-		ta[r] = now_us() - t0;
-		for (uint32_t i = 0; i < 4; i++)
-			memset(hb + (uint64_t)pages[i] * PAGE, (int)r, PAGE);
-		CU_ASSERT_EQUAL(kvp_cache_insert(e->p, lease, 0, t, 4 * PT, 0, pages, 4, NULL, NULL),
-				0);
-		kvp_lease_free(e->p, lease, NULL, 0, NULL);
-		t0 = now_us();
-		CU_ASSERT_EQUAL(kvp_cache_match(e->p, 0, t, 4 * PT, 0, &m, dev, host, 4, NULL), 0);
-		tm[r] = now_us() - t0;
-		CU_ASSERT_EQUAL(m.n_host, 4);
-	}
-	qsort(ta, ROUNDS, sizeof(ta[0]), cmp_u64);
-	qsort(tm, ROUNDS, sizeof(tm[0]), cmp_u64);
-	*alloc_us = ta[ROUNDS * 99 / 100];
-	*match_us = tm[ROUNDS * 99 / 100];
+	for (uint32_t i = 0; i < 4 * PT; i++)
+		t[i] = (prompt << 12) | i;
+	t0 = now_us();
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(e->p, KVP_TIER_HOST, 4, &lease, pages, NULL), 0);
+	*alloc_us = now_us() - t0;
+	for (uint32_t i = 0; i < 4; i++)
+		memset(hb + (uint64_t)pages[i] * PAGE, (int)prompt, PAGE);
+	CU_ASSERT_EQUAL(kvp_cache_insert(e->p, lease, 0, t, 4 * PT, 0, pages, 4, NULL, NULL), 0);
+	kvp_lease_free(e->p, lease, NULL, 0, NULL);
+	t0 = now_us();
+	CU_ASSERT_EQUAL(kvp_cache_match(e->p, 0, t, 4 * PT, 0, &m, dev, host, 4, NULL), 0);
+	*match_us = now_us() - t0;
+	CU_ASSERT_EQUAL(m.n_host, 4);
 }
 
-/* A master sleeping 2 s (DEBUG SLEEP): A's local calls are not slowed. The bound is 2x the
- * no-remote node's p99, with 500 us of slack for a shared, busy machine. */
+static uint64_t p99(uint64_t *v)
+{
+	qsort(v, ROUNDS, sizeof(v[0]), cmp_u64);
+	return v[ROUNDS * 99 / 100];
+}
+
+/* A master sleeping 2 s (DEBUG SLEEP) while A spills into it: A's local Alloc and Match p99 stay
+ * within 2x those of node C, which has no remote tier. The rounds alternate between the two
+ * nodes, so that the machine's own noise falls on both alike; 200 us of slack on top. */
 static void test_slow_master_leaves_local_latency(void)
 {
-	uint64_t ca, cm, aa, am;
+	static uint64_t ca[ROUNDS], cm[ROUNDS], aa[ROUNDS], am[ROUNDS];
+	uint64_t pca, pcm, paa, pam;
 	char cmd[256];
 
-	local_p99(&g_ec, 1000, &ca, &cm);
 	snprintf(cmd, sizeof(cmd), "redis-cli -p %s DEBUG SLEEP 2 >/dev/null 2>&1 &", g_ports[1]);
 	CU_ASSERT_EQUAL(system(cmd), 0);
 	usleep(50000);
-	local_p99(&g_ea, 1000, &aa, &am);
-	fprintf(stderr, "p99 us: no remote alloc %lu match %lu; remote (master asleep) alloc %lu "
-			"match %lu\n",
-		(unsigned long)ca, (unsigned long)cm, (unsigned long)aa, (unsigned long)am);
-	CU_ASSERT(aa <= 2 * ca + 500);
-	CU_ASSERT(am <= 2 * cm + 500);
+	for (uint32_t r = 0; r < ROUNDS; r++) {
+		local_round(&g_ec, 1000 + r, &ca[r], &cm[r]);
+		local_round(&g_ea, 1000 + r, &aa[r], &am[r]);
+	}
+	pca = p99(ca), pcm = p99(cm), paa = p99(aa), pam = p99(am);
+	fprintf(stderr,
+		"p99 us: no remote alloc %lu match %lu; remote (master asleep) alloc %lu "
+		"match %lu\n",
+		(unsigned long)pca, (unsigned long)pcm, (unsigned long)paa, (unsigned long)pam);
+	CU_ASSERT(paa <= 2 * pca + 200);
+	CU_ASSERT(pam <= 2 * pcm + 200);
 	sleep(2);
 }
 
