@@ -819,7 +819,7 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	}
 	fe->local = local;
 	fe->n = fe->rp && d->remote ? total - local : 0;
-	if (fe->n > kvp_remote_conf(d->remote)->match_max_pages)
+	if (fe->n && fe->n > kvp_remote_conf(d->remote)->match_max_pages)
 		fe->n = kvp_remote_conf(d->remote)->match_max_pages;
 	if (fe->n > FETCH_MAX)
 		fe->n = FETCH_MAX;

@@ -201,6 +201,92 @@ static void test_spill_then_remote_hits_on_other_node(void)
 	}
 }
 
+/* Hash-keyed chains (namespace 7, 20-byte engine keys): A publishes 12 chains of 16 keys,
+ * spilling the first; B's MatchKeys reports them remote and FetchKeys brings A's bytes. */
+static void chain_keys(uint32_t chain, uint8_t (*raw)[20], struct kvp_page_key *k)
+{
+	for (uint32_t i = 0; i < NP; i++) {
+		memset(raw[i], 0, 20);
+		memcpy(raw[i], &chain, 4);
+		memcpy(raw[i] + 4, &i, 4);
+		raw[i][19] = 0xab;
+		k[i] = (struct kvp_page_key){ raw[i], 20 };
+	}
+}
+
+static void test_hash_keyed_pages_spill_and_fetch(void)
+{
+	uint8_t raw[NP][20];
+	struct kvp_page_key k[NP];
+	uint32_t pages[NP], dev[NP], host[NP];
+	uint8_t *base = kvp_pool_tier_base(g_ea.p, KVP_TIER_HOST);
+	const uint8_t *bb = kvp_pool_tier_base(g_eb.p, KVP_TIER_HOST);
+	uint64_t lease;
+
+	for (uint32_t c = 0; c < 12; c++) {
+		struct kvp_insert_keys_result ir = { .struct_size = sizeof(ir) };
+
+		chain_keys(c, raw, k);
+		CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(g_ea.p, KVP_TIER_HOST, NP, &lease, pages,
+						      NULL),
+				      0);
+		for (uint32_t i = 0; i < NP; i++)
+			for (uint32_t j = 0; j < PAGE; j++)
+				base[(uint64_t)pages[i] * PAGE + j] = byte_of(500 + c, i, j);
+		CU_ASSERT_EQUAL(kvp_cache_insert_keys(g_ea.p, lease, 7, k, NP, 0, pages, NP, &ir,
+						      NULL),
+				0);
+		kvp_lease_free(g_ea.p, lease, NULL, 0, NULL);
+	}
+	settle(&g_ea);
+	for (uint32_t c = 0; c < 2; c++) {
+		struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
+		struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+		int same = 1;
+
+		chain_keys(c, raw, k);
+		CU_ASSERT_EQUAL(kvp_cache_match_keys(g_eb.p, 7, k, NP, 0, &m, dev, host, NP, NULL),
+				0);
+		CU_ASSERT_EQUAL(m.matched_keys, 0);
+		CU_ASSERT_EQUAL(m.remote_pages, NP);
+		CU_ASSERT_EQUAL(kvp_cache_fetch_keys(g_eb.p, 7, k, NP, 1, &f, dev, host, NP, NULL),
+				0);
+		CU_ASSERT_EQUAL(f.fetched_pages, NP);
+		CU_ASSERT_EQUAL(f.matched, NP);
+		CU_ASSERT_EQUAL(f.n_host, NP);
+		for (uint32_t i = 0; i < f.n_host; i++)
+			for (uint32_t j = 0; j < PAGE; j++)
+				same &= bb[(uint64_t)host[i] * PAGE + j] == byte_of(500 + c, i, j);
+		CU_ASSERT(same);
+		CU_ASSERT(f.lock_id != 0);
+		if (f.lock_id)
+			CU_ASSERT_EQUAL(kvp_cache_release(g_eb.p, f.lock_id, NULL), 0);
+	}
+}
+
+/* A node without a remote tier: Match says nothing remote, Fetch is the local match. */
+static void test_fetch_without_remote_tier_is_local(void)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+	uint32_t dev[NP], host[NP], t[NTOK];
+
+	CU_ASSERT_EQUAL_FATAL(publish(&g_ec, 900), 0);
+	tokens_of(900, t);
+	CU_ASSERT_EQUAL(kvp_cache_match(g_ec.p, 0, t, NTOK, 0, &m, dev, host, NP, NULL), 0);
+	CU_ASSERT_EQUAL(m.remote_pages, 0);
+	tokens_of(901, t);
+	CU_ASSERT_EQUAL(kvp_cache_fetch(g_ec.p, 0, t, NTOK, 0, &f, dev, host, NP, NULL), 0);
+	CU_ASSERT_EQUAL(f.fetched_pages + f.n_host + f.matched, 0);
+	tokens_of(900, t);
+	CU_ASSERT_EQUAL(kvp_cache_fetch(g_ec.p, 0, t, NTOK, 1, &f, dev, host, NP, NULL), 0);
+	CU_ASSERT_EQUAL(f.n_host, NP);
+	CU_ASSERT(f.lock_id != 0);
+	CU_ASSERT_EQUAL(kvp_cache_release(g_ec.p, f.lock_id, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_cache_fetch(g_ec.p, 0, NULL, 0, 0, &f, dev, host, NP, NULL),
+			-KVP_E_INVALID_ARGUMENT);
+}
+
 static int redis_pid(const char *port)
 {
 	char path[512];
@@ -387,6 +473,8 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_spill_then_remote_hits_on_other_node),
+		H_TEST(test_hash_keyed_pages_spill_and_fetch),
+		H_TEST(test_fetch_without_remote_tier_is_local),
 		H_TEST(test_master_down_is_a_miss_and_recovers),
 		H_TEST(test_corrupt_and_foreign_values_are_deleted_misses),
 		H_TEST(test_slow_master_leaves_local_latency),
