@@ -44,6 +44,8 @@ struct rc_op {
 	uint32_t redirects;
 	uint16_t slot;
 	uint64_t deadline;
+	size_t acct; /* bytes counted in flight (the whole command, value included) */
+	int noval;   /* a SET whose value went straight into hiredis's buffer: not resendable */
 	size_t cmdlen;
 	char cmd[];
 };
@@ -67,6 +69,7 @@ struct rc_node {
 	/* Operations held back while hiredis's output buffer is full (OBUF_CAP): handing it every
 	 * page at once makes each partial write move the whole rest of the buffer. */
 	struct rc_list held;
+	int broken; /* its output stream lost a command halfway (out of memory): dropped at tick */
 };
 
 #define OBUF_CAP (512u << 10)
@@ -178,7 +181,7 @@ static void op_finish(struct rc_op *op, enum kvp_rc_status st, const void *val, 
 	struct rc_group *g = op->grp;
 
 	rc->inflight--;
-	rc->inflight_bytes -= op->cmdlen;
+	rc->inflight_bytes -= op->acct;
 	rc->stats.status[st]++;
 	if (st == KVP_RC_HIT && op->kind == OP_GET)
 		rc->stats.recv_bytes += len;
@@ -449,7 +452,9 @@ static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, in
 	struct rc_node *to;
 	unsigned slot;
 
-	if (++op->redirects > rc->cfg.max_redirects) {
+	/* A SET sent without a copy of its value cannot follow a redirect (the slot moved: a
+	 * spill lost, counted as a redirect failure). */
+	if (++op->redirects > rc->cfg.max_redirects || op->noval) {
 		op_finish(op, KVP_RC_EREDIRECTS, NULL, 0);
 		return;
 	}
@@ -719,6 +724,7 @@ static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *ke
 		}
 	}
 	op->cmdlen = (size_t)(p - op->cmd);
+	op->acct = op->cmdlen;
 	return op;
 }
 
@@ -737,8 +743,78 @@ static void op_submit(struct kvp_rc *rc, struct rc_op *op)
 	int8_t i = rc->slots[op->slot];
 
 	rc->inflight++;
-	rc->inflight_bytes += op->cmdlen;
+	rc->inflight_bytes += op->acct;
 	op_send(rc, op, i >= 0 ? rc->nodes[i] : NULL, 0);
+}
+
+/* A SET to a connected master with room in its output buffer: the command's head goes through
+ * hiredis (which books the reply's callback), then the value and the rest are appended to the
+ * same output buffer, so the value is copied once (into that buffer), not also into the op.
+ * Returns 1 when sent so, 0 when the ordinary path must take it. */
+static int set_direct(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
+		      const void *val, size_t vlen, uint32_t ttl, kvp_rc_cb *cb, void *arg)
+{
+	unsigned slot = kvp_rc_slot(key, klen);
+	int8_t i = rc->slots[slot];
+	struct rc_node *n = i >= 0 ? rc->nodes[i] : NULL;
+	char tail[64];
+	size_t tlen;
+	struct rc_op *op;
+	const void *part[3] = { hdr, val, tail };
+	size_t plen[3] = { hlen, vlen, 0 };
+	sds b, nb;
+	int ok = 1;
+
+	if (rc->closing || !n || n->state != N_UP || !n->ac || n->held.head ||
+	    sdslen(n->ac->c.obuf) >= OBUF_CAP || vlen < 4096)
+		return 0;
+	op = malloc(sizeof(*op) + 96 + klen);
+	if (!op)
+		return 0;
+	memset(op, 0, sizeof(*op));
+	op->rc = rc;
+	op->kind = OP_SET;
+	op->slot = (uint16_t)slot;
+	op->noval = 1;
+	op->cb = cb;
+	op->arg = arg;
+	op->cmdlen = (size_t)sprintf(op->cmd, "*%d\r\n$3\r\nSET\r\n$%zu\r\n", ttl ? 5 : 3, klen);
+	memcpy(op->cmd + op->cmdlen, key, klen);
+	op->cmdlen += klen;
+	op->cmdlen += (size_t)sprintf(op->cmd + op->cmdlen, "\r\n$%zu\r\n", hlen + vlen);
+	tlen = (size_t)sprintf(tail, "\r\n");
+	if (ttl) {
+		char t[16];
+		int tl = snprintf(t, sizeof(t), "%u", ttl);
+
+		tlen += (size_t)sprintf(tail + tlen, "$2\r\nEX\r\n$%d\r\n%s\r\n", tl, t);
+	}
+	op->acct = op->cmdlen + hlen + vlen + tlen;
+	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
+		free(op);
+		return 0;
+	}
+	plen[2] = tlen;
+	b = n->ac->c.obuf;
+	for (int k = 0; k < 3 && ok; k++) {
+		if (!plen[k])
+			continue;
+		nb = sdscatlen(b, part[k], plen[k]);
+		if (nb)
+			b = nb;
+		else
+			ok = 0;
+	}
+	n->ac->c.obuf = b;
+	rc->inflight++;
+	rc->inflight_bytes += op->acct;
+	rc->stats.sent_bytes += hlen + vlen;
+	op->node = n;
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	list_add(&n->fifo, op);
+	if (!ok) /* out of memory halfway through a command: the stream is lost */
+		n->broken = 1;
+	return 1;
 }
 
 static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
@@ -752,6 +828,8 @@ static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, siz
 	rc->now = kvp_rc_now_ms();
 	if (!room(rc, 1, klen + hlen + vlen + 64))
 		return -EAGAIN;
+	if (kind == OP_SET && set_direct(rc, key, klen, hdr, hlen, val, vlen, ttl, cb, arg))
+		return 0;
 	op = op_new(rc, kind, key, klen, hdr, hlen, val, vlen, ttl);
 	if (!op)
 		return -ENOMEM;
@@ -889,6 +967,8 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 
 		if (n->state == N_UP)
 			up = 1;
+		if (n->broken)
+			return 0;
 		if (n->state == N_CONNECTING)
 			at_min(&best, n->connect_deadline, now);
 		if (n->state == N_DOWN)
@@ -918,6 +998,10 @@ void kvp_rc_tick(struct kvp_rc *rc, uint64_t now_ms)
 	for (int i = 0; i < rc->nnodes; i++) {
 		struct rc_node *n = rc->nodes[i];
 
+		if (n->broken) {
+			n->broken = 0;
+			node_drop(n, KVP_RC_ENODE_DOWN);
+		}
 		if (n->state == N_CONNECTING && now_ms >= n->connect_deadline)
 			node_drop(n, KVP_RC_ENODE_DOWN);
 		else if (n->fifo.head && now_ms >= n->fifo.head->deadline)
