@@ -62,11 +62,13 @@ struct rt_fetch {
 	uint8_t *ok;
 	char (*rkey)[KVP_RV_KEY_MAX];
 	struct rt_get *gets;
+	struct rt_fetch *prev, *next; /* the daemon's Fetches in flight (their leases) */
 };
 
 struct kvp_rt {
 	struct rt_pool *pools;
 	struct rt_wait *waits;
+	struct rt_fetch *fetches;
 	/* counters */
 	uint64_t spilled_pages, spill_dropped, written_pages, fetched_pages, fetch_misses;
 	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages;
@@ -540,6 +542,14 @@ static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
 
 static void fetch_free(struct rt_fetch *fe)
 {
+	struct kvp_rt *rt = fe->d->rt;
+
+	if (fe->prev)
+		fe->prev->next = fe->next;
+	else if (rt && rt->fetches == fe)
+		rt->fetches = fe->next;
+	if (fe->next)
+		fe->next->prev = fe->prev;
 	kvp_lease_destroy(fe->lease);
 	free(fe->tokens);
 	free(fe->keys);
@@ -874,6 +884,10 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		fetch_free(fe);
 		return -(int)f->code;
 	}
+	fe->next = d->rt->fetches;
+	if (fe->next)
+		fe->next->prev = fe;
+	d->rt->fetches = fe;
 	for (uint32_t i = 0; i < fe->n; i++) {
 		fe->gets[i] = (struct rt_get){ fe, i };
 		fe->pending++;
@@ -887,6 +901,16 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	if (!fe->pending) /* nothing submitted: answered now, through the ticket */
 		fetch_finish(fe);
 	return KVP_DEFERRED;
+}
+
+uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	uint64_t n = 0;
+
+	for (const struct rt_fetch *fe = d->rt ? d->rt->fetches : NULL; fe; fe = fe->next)
+		if (fe->p == p && fe->lease)
+			n += kvp_lease_check(fe->lease) < 0 ? UINT64_MAX / 2 : fe->lease->n;
+	return n;
 }
 
 void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)

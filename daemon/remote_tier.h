@@ -24,6 +24,9 @@ struct kvp_remote_stats;
 void kvp_rt_bind(struct kvp_daemon *d);
 /* Frees the tier's state; after kvp_remote_free (whose completions it takes). Accepts none. */
 void kvp_rt_free(struct kvp_daemon *d);
+/* Host pages of p that Fetches in flight hold in their leases (outside every session), for the
+ * books check (kvp_daemon_check); a lease that fails kvp_lease_check counts UINT64_MAX / 2. */
+uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p);
 /* Adds the tier's counters (spilled, fetched, bad values, Match queries) to out. */
 void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out);
 /* Answers the Match waits whose match_timeout_ms passed (remote_pages 0) and re-arms the

@@ -19,6 +19,12 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	(void)d, (void)out;
 }
 
+uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	(void)d, (void)p;
+	return 0;
+}
+
 void kvp_rt_expire(struct kvp_daemon *d)
 {
 	(void)d;
