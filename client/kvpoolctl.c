@@ -122,14 +122,19 @@ static void json_geometry(const struct kvp_geometry *g)
 	       g->layers, g->kv_heads, g->head_dim, kvp_dtype_name((int)g->dtype), g->page_tokens);
 }
 
-static void json_counters(const struct kvp_counter *c, uint32_t n)
+static void json_counter_list(const struct kvp_counter *c, uint32_t n, int first)
 {
-	printf("{");
 	for (uint32_t i = 0; i < n; i++) {
-		printf("%s", i ? "," : "");
+		printf("%s", i || !first ? "," : "");
 		json_str(c[i].name);
 		printf(":%lu", (unsigned long)c[i].value);
 	}
+}
+
+static void json_counters(const struct kvp_counter *c, uint32_t n)
+{
+	printf("{");
+	json_counter_list(c, n, 1);
 	printf("}");
 }
 
@@ -240,9 +245,10 @@ static int cmd_status(struct kvp_client *c, int pools_only)
 				putchar(',');
 			json_pool(&s->pools[i], s->moving_tokens[i]);
 		}
-		printf("],\"counters\":");
-		json_counters(s->counters, s->n_counters);
-		printf("}\n");
+		printf("],\"counters\":{");
+		json_counter_list(s->counters, s->n_counters, 1);
+		json_counter_list(s->more_counters, s->n_more_counters, !s->n_counters);
+		printf("}}\n");
 	} else {
 		if (!pools_only)
 			printf("kvpoold %s (pid %d), up %.1f s, %u sessions%s, %u pools\n",
@@ -256,6 +262,7 @@ static int cmd_status(struct kvp_client *c, int pools_only)
 		if (!pools_only) {
 			printf("daemon counters:\n");
 			text_counters("    ", s->counters, s->n_counters);
+			text_counters("    ", s->more_counters, s->n_more_counters);
 		}
 	}
 	free(s);

@@ -1177,6 +1177,14 @@ KVP_EXPORT int kvp_client_status(struct kvp_client *c, struct kvp_status *out,
 	for (size_t i = 0; i < s->n_pools && i < KVP_STATUS_MAX_POOLS; i++, st->n_pools++)
 		pool_status_from(&st->pools[i], st->moving_tokens[i], s->pools[i]);
 	counters_from(st->counters, &st->n_counters, s->counters, s->n_counters);
+	for (size_t i = KVP_STATUS_MAX_COUNTERS;
+	     i < s->n_counters && st->n_more_counters < KVP_STATUS_MORE_COUNTERS; i++) {
+		struct kvp_counter *m = &st->more_counters[st->n_more_counters++];
+
+		snprintf(m->name, sizeof(m->name), "%s",
+			 s->counters[i]->name ? s->counters[i]->name : "");
+		m->value = s->counters[i]->value;
+	}
 	kvpool__response__free_unpacked(resp, NULL);
 	kvp__struct_out(out, st, sizeof(*st));
 	free(st);
@@ -1738,6 +1746,7 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 	o.n_device = (uint32_t)mr->n_device_pages;
 	o.n_host = (uint32_t)mr->n_host_pages;
 	o.lock_id = mr->lock_id;
+	o.remote_pages = mr->remote_pages;
 	kvp__struct_out(m, &o, sizeof(o));
 	kvp__pages_out(device_pages, mr->device_pages, mr->n_device_pages, host_pages,
 		       mr->host_pages, mr->n_host_pages);

@@ -113,6 +113,7 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 	o.n_device = (uint32_t)mr->n_device_pages;
 	o.n_host = (uint32_t)mr->n_host_pages;
 	o.lock_id = mr->lock_id;
+	o.remote_pages = mr->remote_pages;
 	kvp__struct_out(m, &o, sizeof(o));
 	kvp__pages_out(device_pages, mr->device_pages, mr->n_device_pages, host_pages,
 		       mr->host_pages, mr->n_host_pages);

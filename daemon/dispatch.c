@@ -82,7 +82,7 @@ static const kvp_rpc_handler handlers[] = {
 	[CALL(SESSIONS)] = kvp_rpc_sessions,	 [CALL(CACHE)] = kvp_rpc_cache,
 	[CALL(METRICS)] = kvp_rpc_metrics,	 [CALL(INSERT_KEYS)] = kvp_rpc_insert_keys,
 	[CALL(MATCH_KEYS)] = kvp_rpc_match_keys, [CALL(EXISTS_KEYS)] = kvp_rpc_exists_keys,
-	[CALL(RESERVE)] = kvp_rpc_reserve,
+	[CALL(RESERVE)] = kvp_rpc_reserve,	 [CALL(FETCH)] = kvp_rpc_fetch,
 };
 
 int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,

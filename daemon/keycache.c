@@ -97,6 +97,8 @@ struct kvp_keys {
 	uint32_t *nsmap; /* open addressing: record index + 1, 0 empty */
 	uint32_t nsmap_cap;
 	uint64_t seed;
+	kvp_keys_spill_fn spill; /* host pages evicted (kvp_keys_set_spill) */
+	void *spill_ctx;
 	struct list lru[3];
 	struct kvp_keys_flight *flights; /* in flight, newest first */
 	struct kvp_keys_stats st;
@@ -1017,11 +1019,22 @@ static uint32_t coldest(struct kvp_keys *kc, int l)
 	return i;
 }
 
+void kvp_keys_set_spill(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx)
+{
+	kc->spill = fn;
+	kc->spill_ctx = ctx;
+}
+
 static uint32_t evict_host(struct kvp_keys *kc, uint32_t want)
 {
 	uint32_t freed = 0, i;
 
 	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (kc->spill)
+			kc->spill(kc->spill_ctx, kc->nsr[e->ns].ns, key_at(kc, e), e->klen1 + 1u,
+				  e->page);
 		entry_drop(kc, i);
 		freed++;
 	}
@@ -1192,10 +1205,13 @@ uint32_t kvp_keys_flush(struct kvp_keys *kc)
 		return 0;
 	stack = malloc((size_t)kc->ent_hw * sizeof(*stack));
 	if (!stack) { /* without scratch: leaves one by one through the lists */
+		kvp_keys_spill_fn spill = kc->spill; /* a flush is no spill */
 		uint32_t f;
 
+		kc->spill = NULL;
 		while ((f = evict_host(kc, UINT32_MAX) + evict_dev(kc, UINT32_MAX)) != 0)
 			freed += f;
+		kc->spill = spill;
 		return freed;
 	}
 	for (uint32_t i = 0; i < kc->ent_hw; i++) {

@@ -38,6 +38,12 @@ struct kvp_keys_lock; /* a matched run, pinned */
 /* A new, empty cache; NULL on a bad conf (no tier, dev == host, two tiers without copy), ENOMEM
  * or no randomness for the hash seed. The allocators must outlive it. */
 struct kvp_keys *kvp_keys_new(const struct kvp_keys_conf *conf);
+/* The remote tier's view of host pages leaving by eviction: called with the page's bytes still
+ * in place, before it is released (ns, the page's key, its host page id). Valid only during the
+ * call, which must not change the cache. Flush does not call it. fn NULL clears it. */
+typedef void (*kvp_keys_spill_fn)(void *ctx, uint64_t ns, const uint8_t *key, size_t klen,
+				  uint32_t page);
+void kvp_keys_set_spill(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx);
 /* Accepts NULL. Does not touch the allocators' page states. */
 void kvp_keys_free(struct kvp_keys *kc);
 

@@ -45,6 +45,7 @@
 #include "kvp_config.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
+#include "remote_tier.h"
 #endif
 
 #ifndef SO_PEERPIDFD
@@ -290,8 +291,10 @@ static void on_remote(void *loop, struct kvp_src *src, const struct io_uring_cqe
 	if (cqe->res < 0 && cqe->res != -ECANCELED)
 		log_warn("remote tier poll: %s", strerror(-cqe->res));
 #if KVP_HAVE_REMOTE
-	if (sv->d->remote)
+	if (sv->d->remote) {
 		kvp_remote_on_ready(sv->d->remote);
+		kvp_rt_expire(sv->d);
+	}
 #endif
 	arm_remote(sv);
 }
@@ -1737,8 +1740,10 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 #if KVP_HAVE_REMOTE
 		/* What this turn submitted to the cluster: its fds and deadline, up to date. */
 		if (d->remote) {
+			kvp_rt_bind(d); /* pools a reload created */
 			kvp_remote_sync(d->remote);
 			kvp_remote_stats_read(d->remote, &d->remote_st);
+			kvp_rt_stats_read(d, &d->remote_st);
 		}
 #endif
 		rearm(&sv);

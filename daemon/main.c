@@ -22,6 +22,7 @@
 #include "reload.h"
 #include "fdstore.h"
 #include "snapshot.h"
+#include "remote_tier.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
 #endif
@@ -289,12 +290,7 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		log_info("remote tier: Redis Cluster seeds %s", d.conf.remote.seeds);
-		for (uint32_t i = 0; i < d.conf.n_pools; i++)
-			if (d.conf.pools[i].remote != KVP_REMOTE_OFF)
-				log_warn("pool %s: remote = %s: this build connects to the cluster "
-					 "but writes and reads no pages yet",
-					 d.conf.pools[i].name,
-					 kvp_remote_mode_name(d.conf.pools[i].remote));
+		kvp_rt_bind(&d);
 #else
 		log_err("configuration: [remote] is given but kvpoold was built without the remote "
 			"tier (hiredis and nettle)");
@@ -340,16 +336,20 @@ int main(int argc, char **argv)
 out:
 	while (d.sessions)
 		kvp_session_destroy(&d, d.sessions);
-	/* With every session ended, each page must be free or cached and every pool's allocator
-	 * and prefix tree consistent: a clean exit says so, broken books make it fail. */
+		/* With every session ended, each page must be free or cached and every pool's
+		 * allocator and prefix tree consistent: a clean exit says so, broken books make it
+		 * fail. */
+#if KVP_HAVE_REMOTE
+	/* Completes what is in flight (Fetch leases end) while the pools still exist. */
+	kvp_remote_free(d.remote);
+	d.remote = NULL;
+#endif
+	kvp_rt_free(&d);
 	if (code == 0 && kvp_daemon_check(&d) < 0) {
 		log_err("at exit: pages are still leased with no session left, or a pool's "
 			"allocator or prefix tree is inconsistent");
 		code = 70;
 	}
-#if KVP_HAVE_REMOTE
-	kvp_remote_free(d.remote); /* completes what is in flight while the pools still exist */
-#endif
 	for (uint32_t i = 0; i < d.n_pools; i++)
 		kvp_pool_destroy(d.pools[i]);
 	kvp_activation_close();

@@ -88,6 +88,10 @@ struct kvp_prefix {
 	struct kvp_prefix_stats st;
 	struct kvp_prefix_flight *flights; /* demotions in flight */
 	bool sync_only;			   /* this eviction needs its pages now: no copy_start */
+	kvp_prefix_spill_fn spill;	   /* host pages evicted (kvp_prefix_set_spill) */
+	void *spill_ctx;
+	uint32_t *spill_buf; /* the evicted path's tokens, for spill */
+	size_t spill_cap;    /* uint32_t entries of spill_buf */
 };
 
 struct kvp_prefix_flight {
@@ -704,6 +708,7 @@ void kvp_prefix_free(struct kvp_prefix *pfx)
 {
 	if (!pfx)
 		return;
+	free(pfx->spill_buf);
 	for (uint32_t i = 0; i < pfx->nbuckets; i++) {
 		struct kvp_prefix_node *n = pfx->buckets[i], *next;
 
@@ -1066,6 +1071,38 @@ static void drop_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_
 		node_unlink(pfx, n);
 }
 
+void kvp_prefix_set_spill(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx)
+{
+	pfx->spill = fn;
+	pfx->spill_ctx = ctx;
+}
+
+/* Hands the last k (host) pages of n, with the tokens of the path to them, to the spill hook.
+ * Skipped when the path's tokens cannot be gathered (out of memory): a spill is best effort. */
+static void spill_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k)
+{
+	const struct kvp_prefix_node *m;
+	size_t pages = 0, at;
+
+	for (m = n; !is_root(m); m = m->parent)
+		pages += m->npages;
+	if (pages * pfx->pt > pfx->spill_cap) {
+		uint32_t *b = realloc(pfx->spill_buf, pages * pfx->pt * sizeof(uint32_t));
+
+		if (!b)
+			return;
+		pfx->spill_buf = b;
+		pfx->spill_cap = pages * pfx->pt;
+	}
+	at = pages * pfx->pt;
+	for (m = n; !is_root(m); m = m->parent) {
+		at -= (size_t)m->npages * pfx->pt;
+		memcpy(pfx->spill_buf + at, node_tokens(m), (size_t)m->npages * pfx->pt * 4);
+	}
+	pfx->spill(pfx->spill_ctx, root_ns(m), pfx->spill_buf, (uint32_t)pages,
+		   node_pages(pfx, n) + n->npages - k, k);
+}
+
 static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
 {
 	uint32_t freed = 0;
@@ -1074,6 +1111,8 @@ static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
 		struct kvp_prefix_node *n = pfx->heap[HEAP_HOST].v[0];
 		uint32_t k = min_u32(want - freed, n->npages - n->ndev);
 
+		if (pfx->spill)
+			spill_tail(pfx, n, k);
 		drop_tail(pfx, n, k, KVP_TIER_ID_HOST);
 		freed += k;
 	}

@@ -149,6 +149,16 @@ uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uin
 /* Drops every unlocked page in both tiers (admin Flush). Returns the pages freed. */
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 
+/* The remote tier's view of host pages leaving the tree by eviction: called with their bytes
+ * still in place, before the pages are released. ns: the namespace; tokens[0 .. npages * pt):
+ * the path from the root through the last evicted page; pages[0 .. k): the host page ids of
+ * the last k positions of that path (the pages evicted). Valid only during the call, which
+ * must not change the tree. */
+typedef void (*kvp_prefix_spill_fn)(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+				    const uint32_t *pages, uint32_t k);
+/* Sets (fn NULL: clears) the spill hook. Flush does not call it (an admin drop is not a spill). */
+void kvp_prefix_set_spill(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx);
+
 struct kvp_prefix_stats {
 	uint64_t cached_pages[KVP_TIER_ID_MAX];
 	/* Unlocked cached pages that eviction can free now. Host pages that sit above a cached

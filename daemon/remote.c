@@ -26,6 +26,7 @@ struct kvp_remote {
 	uint64_t gen;	     /* kvp_rc_fds_gen() the set was built from */
 	int synced;	     /* gen is valid */
 	int64_t deadline_ms; /* the timer's deadline on kvp_rc_now_ms(); -1: disarmed */
+	int64_t alarm_ms;    /* kvp_remote_set_alarm's; -1: none */
 	struct reg regs[KVP_RC_NODES_MAX];
 	int nregs;
 };
@@ -64,6 +65,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	r->epfd = epoll_create1(EPOLL_CLOEXEC);
 	r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	r->deadline_ms = -1;
+	r->alarm_ms = -1;
 	if (r->epfd < 0 || r->tfd < 0 || epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->tfd, &ev) < 0)
 		goto fail;
 	r->rc = kvp_rc_new(&cfg);
@@ -125,6 +127,7 @@ void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *
 	out->moved = s->moved;
 	out->ask = s->ask;
 	out->slot_map_loads = s->refreshes;
+	out->slot_map_timeouts = s->refresh_timeouts;
 	out->connects = s->connects;
 	out->disconnects = s->disconnects;
 	out->rejected = s->rejected;
@@ -184,6 +187,9 @@ static void sync_timer(struct kvp_remote *r)
 	int64_t deadline = t < 0 ? -1 : (int64_t)kvp_rc_now_ms() + t;
 	struct itimerspec its = { 0 };
 
+	if (r->alarm_ms >= 0 && (deadline < 0 || r->alarm_ms < deadline))
+		deadline = r->alarm_ms;
+
 	/* Re-armed only when the deadline moves (a millisecond either way is the same). */
 	if (deadline == r->deadline_ms ||
 	    (deadline >= 0 && r->deadline_ms >= 0 && deadline >= r->deadline_ms - 1 &&
@@ -199,6 +205,12 @@ static void sync_timer(struct kvp_remote *r)
 			its.it_value.tv_nsec = 1;
 	}
 	timerfd_settime(r->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+void kvp_remote_set_alarm(struct kvp_remote *r, int64_t at_ms)
+{
+	r->alarm_ms = at_ms;
+	sync_timer(r);
 }
 
 void kvp_remote_sync(struct kvp_remote *r)

@@ -31,6 +31,9 @@ int kvp_remote_fd(const struct kvp_remote *r);
 void kvp_remote_on_ready(struct kvp_remote *r);
 /* Brings the epoll set and the timer up to date with the client. Cheap when nothing changed. */
 void kvp_remote_sync(struct kvp_remote *r);
+/* An extra wake-up at at_ms on kvp_rc_now_ms() (-1: none), for deadlines of the owner's own
+ * (a Match waiting for its existence query): kvp_remote_on_ready() runs then. */
+void kvp_remote_set_alarm(struct kvp_remote *r, int64_t at_ms);
 /* The client, to submit operations on (call kvp_remote_sync() after). */
 struct kvp_rc *kvp_remote_rc(struct kvp_remote *r);
 const struct kvp_remote_conf *kvp_remote_conf(const struct kvp_remote *r);

@@ -17,6 +17,7 @@
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 
 enum rc_kind { OP_SET, OP_GET, OP_EXISTS, OP_DEL };
 enum rc_state { N_IDLE, N_CONNECTING, N_UP, N_DOWN };
@@ -43,6 +44,8 @@ struct rc_op {
 	uint32_t redirects;
 	uint16_t slot;
 	uint64_t deadline;
+	size_t acct; /* bytes counted in flight (the whole command, value included) */
+	int noval;   /* a SET whose value went straight into hiredis's buffer: not resendable */
 	size_t cmdlen;
 	char cmd[];
 };
@@ -63,7 +66,13 @@ struct rc_node {
 	uint64_t retry_at, connect_deadline;
 	enum kvp_rc_status drop_st; /* what the pending operations fail with when it closes */
 	struct rc_list fifo;
+	/* Operations held back while hiredis's output buffer is full (OBUF_CAP): handing it every
+	 * page at once makes each partial write move the whole rest of the buffer. */
+	struct rc_list held;
+	int broken; /* its output stream lost a command halfway (out of memory): dropped at tick */
 };
+
+#define OBUF_CAP (512u << 10)
 
 struct kvp_rc {
 	struct kvp_rc_config cfg;
@@ -72,8 +81,10 @@ struct kvp_rc {
 	int8_t slots[KVP_RC_SLOTS]; /* node index, -1: no master */
 	int loaded;
 	int refresh_wanted, refresh_inflight;
-	uint64_t refresh_at;   /* periodic */
-	uint64_t refresh_gate; /* earliest next refresh (rate limit) */
+	uint64_t refresh_at;	      /* periodic */
+	uint64_t refresh_gate;	      /* earliest next refresh (rate limit) */
+	struct rc_node *refresh_node; /* the node asked for CLUSTER SLOTS while one is in flight */
+	uint64_t refresh_deadline;    /* when that node is dropped for not answering */
 	unsigned rr;
 	uint64_t now;
 	uint64_t gen;
@@ -170,7 +181,7 @@ static void op_finish(struct rc_op *op, enum kvp_rc_status st, const void *val, 
 	struct rc_group *g = op->grp;
 
 	rc->inflight--;
-	rc->inflight_bytes -= op->cmdlen;
+	rc->inflight_bytes -= op->acct;
 	rc->stats.status[st]++;
 	if (st == KVP_RC_HIT && op->kind == OP_GET)
 		rc->stats.recv_bytes += len;
@@ -255,7 +266,12 @@ static void node_failed(struct rc_node *n)
 static void ev_cleanup(void *priv)
 {
 	struct rc_node *n = priv;
+	struct rc_op *op;
 
+	while ((op = n->held.head)) { /* never sent: they fail as the sent ones did */
+		list_del(&n->held, op);
+		op_fail_later(n->rc, op, n->drop_st);
+	}
 	n->ac = NULL;
 	n->events = 0;
 	n->rc->gen++;
@@ -376,13 +392,35 @@ static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int 
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	if (!asking && n->state == N_UP && (n->held.head || sdslen(n->ac->c.obuf) >= OBUF_CAP)) {
+		op->node = n;
+		list_add(&n->held, op);
+		return;
+	}
 	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
 	op->node = n;
-	op->deadline = rc->now + rc->cfg.op_timeout_ms;
 	list_add(&n->fifo, op);
+}
+
+/* Hands held operations to hiredis while its output buffer has room. */
+static void node_pump(struct kvp_rc *rc, struct rc_node *n)
+{
+	struct rc_op *op;
+
+	while ((op = n->held.head) && n->ac && n->state == N_UP &&
+	       sdslen(n->ac->c.obuf) < OBUF_CAP) {
+		list_del(&n->held, op);
+		if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) !=
+		    REDIS_OK) {
+			op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+			continue;
+		}
+		list_add(&n->fifo, op);
+	}
 }
 
 /* "MOVED 3999 127.0.0.1:6381" / "ASK ...": returns the target node or NULL. */
@@ -414,7 +452,9 @@ static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, in
 	struct rc_node *to;
 	unsigned slot;
 
-	if (++op->redirects > rc->cfg.max_redirects) {
+	/* A SET sent without a copy of its value cannot follow a redirect (the slot moved: a
+	 * spill lost, counted as a redirect failure). */
+	if (++op->redirects > rc->cfg.max_redirects || op->noval) {
 		op_finish(op, KVP_RC_EREDIRECTS, NULL, 0);
 		return;
 	}
@@ -494,8 +534,11 @@ static void slots_reply(redisAsyncContext *ac, void *reply, void *priv)
 	int8_t map[KVP_RC_SLOTS];
 
 	rc->refresh_inflight = 0;
-	if (!r || r->type != REDIS_REPLY_ARRAY)
-		return; /* refresh_wanted stays: tried again on another node */
+	rc->refresh_node = NULL;
+	if (!r || r->type != REDIS_REPLY_ARRAY) {
+		rc->refresh_wanted = 1; /* tried again on another node */
+		return;
+	}
 	memset(map, -1, sizeof(map));
 	for (size_t i = 0; i < r->elements; i++) {
 		redisReply *e = r->element[i], *m;
@@ -568,6 +611,8 @@ static void maybe_refresh(struct kvp_rc *rc)
 	if (redisAsyncCommand(n->ac, slots_reply, rc, "CLUSTER SLOTS") != REDIS_OK)
 		return;
 	rc->refresh_inflight = 1;
+	rc->refresh_node = n;
+	rc->refresh_deadline = rc->now + rc->cfg.op_timeout_ms;
 	rc->refresh_gate = rc->now + REFRESH_MIN_MS;
 	rc->refresh_at = rc->now + rc->cfg.refresh_ms;
 }
@@ -679,6 +724,7 @@ static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *ke
 		}
 	}
 	op->cmdlen = (size_t)(p - op->cmd);
+	op->acct = op->cmdlen;
 	return op;
 }
 
@@ -697,8 +743,78 @@ static void op_submit(struct kvp_rc *rc, struct rc_op *op)
 	int8_t i = rc->slots[op->slot];
 
 	rc->inflight++;
-	rc->inflight_bytes += op->cmdlen;
+	rc->inflight_bytes += op->acct;
 	op_send(rc, op, i >= 0 ? rc->nodes[i] : NULL, 0);
+}
+
+/* A SET to a connected master with room in its output buffer: the command's head goes through
+ * hiredis (which books the reply's callback), then the value and the rest are appended to the
+ * same output buffer, so the value is copied once (into that buffer), not also into the op.
+ * Returns 1 when sent so, 0 when the ordinary path must take it. */
+static int set_direct(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
+		      const void *val, size_t vlen, uint32_t ttl, kvp_rc_cb *cb, void *arg)
+{
+	unsigned slot = kvp_rc_slot(key, klen);
+	int8_t i = rc->slots[slot];
+	struct rc_node *n = i >= 0 ? rc->nodes[i] : NULL;
+	char tail[64];
+	size_t tlen;
+	struct rc_op *op;
+	const void *part[3] = { hdr, val, tail };
+	size_t plen[3] = { hlen, vlen, 0 };
+	sds b, nb;
+	int ok = 1;
+
+	if (rc->closing || !n || n->state != N_UP || !n->ac || n->held.head ||
+	    sdslen(n->ac->c.obuf) >= OBUF_CAP || vlen < 4096)
+		return 0;
+	op = malloc(sizeof(*op) + 96 + klen);
+	if (!op)
+		return 0;
+	memset(op, 0, sizeof(*op));
+	op->rc = rc;
+	op->kind = OP_SET;
+	op->slot = (uint16_t)slot;
+	op->noval = 1;
+	op->cb = cb;
+	op->arg = arg;
+	op->cmdlen = (size_t)sprintf(op->cmd, "*%d\r\n$3\r\nSET\r\n$%zu\r\n", ttl ? 5 : 3, klen);
+	memcpy(op->cmd + op->cmdlen, key, klen);
+	op->cmdlen += klen;
+	op->cmdlen += (size_t)sprintf(op->cmd + op->cmdlen, "\r\n$%zu\r\n", hlen + vlen);
+	tlen = (size_t)sprintf(tail, "\r\n");
+	if (ttl) {
+		char t[16];
+		int tl = snprintf(t, sizeof(t), "%u", ttl);
+
+		tlen += (size_t)sprintf(tail + tlen, "$2\r\nEX\r\n$%d\r\n%s\r\n", tl, t);
+	}
+	op->acct = op->cmdlen + hlen + vlen + tlen;
+	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
+		free(op);
+		return 0;
+	}
+	plen[2] = tlen;
+	b = n->ac->c.obuf;
+	for (int k = 0; k < 3 && ok; k++) {
+		if (!plen[k])
+			continue;
+		nb = sdscatlen(b, part[k], plen[k]);
+		if (nb)
+			b = nb;
+		else
+			ok = 0;
+	}
+	n->ac->c.obuf = b;
+	rc->inflight++;
+	rc->inflight_bytes += op->acct;
+	rc->stats.sent_bytes += hlen + vlen;
+	op->node = n;
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	list_add(&n->fifo, op);
+	if (!ok) /* out of memory halfway through a command: the stream is lost */
+		n->broken = 1;
+	return 1;
 }
 
 static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
@@ -712,6 +828,8 @@ static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, siz
 	rc->now = kvp_rc_now_ms();
 	if (!room(rc, 1, klen + hlen + vlen + 64))
 		return -EAGAIN;
+	if (kind == OP_SET && set_direct(rc, key, klen, hdr, hlen, val, vlen, ttl, cb, arg))
+		return 0;
 	op = op_new(rc, kind, key, klen, hdr, hlen, val, vlen, ttl);
 	if (!op)
 		return -ENOMEM;
@@ -821,6 +939,7 @@ void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
 			redisAsyncHandleRead(n->ac);
 		if (n->ac && (revents & POLLOUT))
 			redisAsyncHandleWrite(n->ac);
+		node_pump(rc, n);
 		break;
 	}
 	maybe_refresh(rc);
@@ -848,6 +967,8 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 
 		if (n->state == N_UP)
 			up = 1;
+		if (n->broken)
+			return 0;
 		if (n->state == N_CONNECTING)
 			at_min(&best, n->connect_deadline, now);
 		if (n->state == N_DOWN)
@@ -857,15 +978,30 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 	}
 	if (up && refresh_due(rc, &at))
 		at_min(&best, at, now);
+	if (rc->refresh_inflight)
+		at_min(&best, rc->refresh_deadline, now);
 	return best > 1000000 ? 1000000 : (int)best;
 }
 
 void kvp_rc_tick(struct kvp_rc *rc, uint64_t now_ms)
 {
 	rc->now = now_ms;
+	/* A CLUSTER SLOTS the asked node does not answer in time: that node is dropped (its
+	 * callback then runs with no reply) and the map is asked of another. */
+	if (rc->refresh_inflight && rc->refresh_node && now_ms >= rc->refresh_deadline) {
+		rc->stats.refresh_timeouts++;
+		node_drop(rc->refresh_node, KVP_RC_ETIMEOUT);
+		rc->refresh_inflight = 0;
+		rc->refresh_node = NULL;
+		rc->refresh_wanted = 1;
+	}
 	for (int i = 0; i < rc->nnodes; i++) {
 		struct rc_node *n = rc->nodes[i];
 
+		if (n->broken) {
+			n->broken = 0;
+			node_drop(n, KVP_RC_ENODE_DOWN);
+		}
 		if (n->state == N_CONNECTING && now_ms >= n->connect_deadline)
 			node_drop(n, KVP_RC_ENODE_DOWN);
 		else if (n->fifo.head && now_ms >= n->fifo.head->deadline)

@@ -36,6 +36,8 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys);
 KVP_RPC_HANDLER(kvp_rpc_exists_keys);
 /* rpc_reserve.c: the page reserve's refill, return and binds. */
 KVP_RPC_HANDLER(kvp_rpc_reserve);
+/* remote_tier.c: Fetch from the remote tier. */
+KVP_RPC_HANDLER(kvp_rpc_fetch);
 /* The namespace rule of every cache call (token-keyed: keyed false): 0, or a negative Code with
  * f filled (INVALID_ARGUMENT when ns holds pages of the other keying). */
 int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,

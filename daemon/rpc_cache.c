@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pool_cache.h"
+#include "remote_tier.h"
 
 KVP_RPC_HANDLER(kvp_rpc_insert)
 {
@@ -38,6 +39,12 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 			      a->pages, (uint32_t)a->n_pages, &m->new_tokens, &m->dup_tokens, f);
 	if (rc < 0)
 		return rc;
+	if (l->tier == KVP_TIER_ID_HOST) /* write-through: the whole pages, now cached */
+		kvp_rt_written(d, l->pool, a->namespace_, a->tokens, a->cached_pages, a->pages,
+			       (uint32_t)a->n_tokens / l->pool->conf.page_tokens > a->cached_pages
+				       ? (uint32_t)a->n_tokens / l->pool->conf.page_tokens -
+						 a->cached_pages
+				       : 0);
 	kvp_session_lease_resized(s, l, before);
 	m->lease_pages = l->n;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_INSERT;
@@ -100,7 +107,8 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	}
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH;
 	r->resp.match = m;
-	return 0;
+	/* Pages after the local ones: the remote tier's count comes with a later answer. */
+	return kvp_rt_match(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_release)

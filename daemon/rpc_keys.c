@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "pool_cache.h"
+#include "remote_tier.h"
 
 int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,
 		      bool keyed, const char *call, struct kvp_fail *f)
@@ -88,6 +89,9 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 	free(keys);
 	if (rc < 0)
 		return rc;
+	if (l->tier == KVP_TIER_ID_HOST && m->done_keys > a->cached_keys)
+		kvp_rt_written_keys(d, l->pool, a->namespace_, a->keys + a->cached_keys, a->pages,
+				    m->done_keys - a->cached_keys);
 	kvp_session_lease_resized(s, l, before);
 	m->lease_pages = l->n;
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_INSERT_KEYS;
@@ -143,7 +147,8 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 	}
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH_KEYS;
 	r->resp.match_keys = m;
-	return 0;
+	/* Keys after the local ones: the remote tier's count comes with a later answer. */
+	return kvp_rt_match_keys(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_exists_keys)

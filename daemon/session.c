@@ -14,6 +14,7 @@
 #include "log.h"
 #include "pool_cache.h"
 #include "reserve.h"
+#include "remote_tier.h"
 
 uint64_t kvp_now_ms(void)
 {
@@ -614,6 +615,8 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
+		/* A Fetch in flight leases the host pages its values land in. */
+		held[i][KVP_TIER_ID_HOST] += kvp_rt_leased(d, d->pools[i]);
 		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			struct kvp_tier_counts c;
 

@@ -142,7 +142,30 @@ struct kvp_daemon_figures {
 	X(sent_bytes, "remote_sent_bytes_total", "counter", "Value bytes written to the cluster")  \
 	X(recv_bytes, "remote_recv_bytes_total", "counter", "Value bytes read from the cluster")   \
 	X(inflight_ops, "remote_inflight_ops", "gauge", "Remote operations in flight (backlog)")   \
-	X(inflight_bytes, "remote_inflight_bytes", "gauge", "Bytes of remote operations in flight")
+	X(inflight_bytes, "remote_inflight_bytes", "gauge",                                        \
+	  "Bytes of remote operations in flight")                                                  \
+	X(slot_map_timeouts, "remote_slot_map_timeouts_total", "counter",                          \
+	  "CLUSTER SLOTS refreshes not answered in time (that node dropped)")                      \
+	X(spilled_pages, "remote_spilled_pages_total", "counter",                                  \
+	  "Host pages written to the cluster as they were evicted")                                \
+	X(spill_dropped, "remote_spill_dropped_total", "counter",                                  \
+	  "Pages not written: in-flight bound reached (spill or write-through under backlog)")     \
+	X(written_pages, "remote_written_pages_total", "counter",                                  \
+	  "Pages written through to the cluster as they were inserted")                            \
+	X(fetched_pages, "remote_fetched_pages_total", "counter",                                  \
+	  "Pages read from the cluster and cached by Fetch")                                       \
+	X(fetch_misses, "remote_fetch_misses_total", "counter",                                    \
+	  "Pages Fetch asked for and did not get (miss, fault or bad value)")                      \
+	X(bad_values, "remote_bad_values_total", "counter",                                        \
+	  "Values refused for a bad header, length or checksum (deleted)")                         \
+	X(foreign_values, "remote_foreign_values_total", "counter",                                \
+	  "Values refused as written by a pool of another geometry (deleted)")                     \
+	X(match_queries, "remote_match_queries_total", "counter",                                  \
+	  "Existence queries made for a Match of pages after the local ones")                      \
+	X(match_timeouts, "remote_match_timeouts_total", "counter",                                \
+	  "Matches answered without the remote figure: match_timeout_ms passed")                   \
+	X(remote_pages, "remote_match_pages_total", "counter",                                     \
+	  "Pages Matches reported held by the remote tier")
 
 struct kvp_remote_stats {
 	KVP_REMOTE_STATS(KVP_FIGURE_FIELD)

@@ -262,6 +262,7 @@ int kvp_pressure_decode(const struct kvp_event *ev, struct kvp_pressure *out,
 
 #define KVP_STATUS_MAX_POOLS 16
 #define KVP_STATUS_MAX_COUNTERS 32
+#define KVP_STATUS_MORE_COUNTERS 64
 struct kvp_counter {
 	char name[48];
 	uint64_t value;
@@ -304,6 +305,11 @@ struct kvp_status {
 	 * copies still in flight (neither free, leased nor cached: free + leased + cached +
 	 * moving == total). Written only when struct_size reaches it. */
 	uint64_t moving_tokens[KVP_STATUS_MAX_POOLS][KVP_TIER_MAX];
+	/* 0.3: the daemon's counters past the first KVP_STATUS_MAX_COUNTERS (the remote tier's,
+	 * when kvpoold has one), in the daemon's order. Written only when struct_size reaches it.
+	 */
+	uint32_t n_more_counters;
+	struct kvp_counter more_counters[KVP_STATUS_MORE_COUNTERS];
 };
 /* Daemon status into out (out->struct_size set). Returns 0 or a negative code. */
 int kvp_client_status(struct kvp_client *c, struct kvp_status *out, struct kvp_error *err);
@@ -458,6 +464,9 @@ struct kvp_match_result {
 	uint32_t n_device; /* leading device-resident pages written to device_pages */
 	uint32_t n_host;   /* host-only continuation written to host_pages */
 	uint64_t lock_id;  /* nonzero when locked: release with kvp_cache_release */
+	/* Pages after the matched ones that the daemon's remote tier holds (kvp_cache_fetch
+	 * brings them in); 0 without a remote tier. Written when struct_size covers it. */
+	uint32_t remote_pages;
 };
 /* Longest cached prefix of tokens. With lock, pins the matched pages until kvp_cache_release or
  * the session ends. device_pages and host_pages need room for cap entries each
@@ -551,6 +560,7 @@ struct kvp_match_keys_result {
 	uint32_t n_device;     /* leading device-resident pages written to device_pages */
 	uint32_t n_host;       /* host-only continuation written to host_pages */
 	uint64_t lock_id;      /* nonzero when locked: release with kvp_cache_release */
+	uint32_t remote_pages; /* keys after the matched ones held remotely (when covered) */
 };
 /* The longest leading run of keys[0 .. nkeys) cached in ns of pool p. With lock, pins the run
  * until kvp_cache_release or the session ends. device_pages and host_pages need room for cap
@@ -564,6 +574,32 @@ int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_
  * code. */
 int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
 			  uint32_t nkeys, struct kvp_error *err);
+
+/* The remote tier (a pool with remote = spill or write-through in kvpoold's config). */
+struct kvp_fetch_result {
+	size_t struct_size;	/* set by the caller: sizeof(struct kvp_fetch_result) */
+	uint32_t fetched_pages; /* read from the remote tier and cached by this call */
+	uint32_t missed_pages;	/* asked for and not had: a miss, a fault or a bad value */
+	uint64_t matched;	/* tokens (kvp_cache_fetch) or keys (_keys) cached now */
+	uint32_t n_device;	/* leading device-resident pages written to device_pages */
+	uint32_t n_host;	/* host-only continuation written to host_pages */
+	uint64_t lock_id;	/* nonzero when locked: release with kvp_cache_release */
+};
+/* Brings the pages of tokens that follow the locally cached ones and that the remote tier holds
+ * into host pages and the prefix cache (up to the daemon's match_max_pages), then answers as
+ * kvp_cache_match does (with lock, a lock that kvp_cache_load promotes). Answers once the pages
+ * are there or their reads failed; faults of the remote tier are misses, never errors.
+ * device_pages and host_pages need room for cap entries each (ntokens / page_tokens
+ * suffices). Returns 0 or a negative code (KVP_E_BUFFER: cap too small, the lock is given
+ * back; KVP_E_UNAVAILABLE: kvpoold has no remote tier built in). */
+int kvp_cache_fetch(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
+		    int lock, struct kvp_fetch_result *out, uint32_t *device_pages,
+		    uint32_t *host_pages, uint32_t cap, struct kvp_error *err);
+/* The same for hash-keyed namespace ns: keys[0 .. nkeys), matched counted in keys. */
+int kvp_cache_fetch_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
+			 uint32_t nkeys, int lock, struct kvp_fetch_result *out,
+			 uint32_t *device_pages, uint32_t *host_pages, uint32_t cap,
+			 struct kvp_error *err);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,10 @@
  * (fetch, header and checksum verified) through the cluster layer (remote_cluster.c), against
  * redis-benchmark SET / GET of values of the same size with the same number of requests in
  * flight, both on one redis-server (cluster mode, all slots) started here on loopback.
- * Rows say skipped when redis-server or redis-benchmark is missing. */
+ * Then two kvpoold nodes on that server, a shared-prefix workload: node A publishes prompts
+ * (its host tier fills and spills), node B serves the same prompts, with the remote tier (Match,
+ * then Fetch of the remote pages) against a node B without one: B's page hit rate and
+ * requests/s. Rows say skipped when redis-server or redis-benchmark is missing. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,6 +14,8 @@
 #include <hiredis/hiredis.h>
 
 #include "bench.h"
+#include "harness.h"
+#include "kvpool.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
 
@@ -193,6 +198,136 @@ static double run_redis_benchmark(int port, const char *test)
 	return best * (double)(g_page + KVP_RV_HDR_SIZE) / 1e9;
 }
 
+/* ---- two nodes ---- */
+
+enum { N_PT = 16, N_PAGES = 16, N_SHARED = 8, N_PROMPTS = 96, N_FAMILY = 4, N_HOST = 256 };
+
+struct node {
+	struct daemon d;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint8_t *host;
+	uint64_t page_bytes;
+};
+
+static void prompt_tokens(uint32_t s, uint32_t *t)
+{
+	for (uint32_t i = 0; i < N_PAGES * N_PT; i++) /* the first N_SHARED pages: the family's */
+		t[i] = i < N_SHARED * N_PT ? ((s / N_FAMILY) << 16) | i : (s << 16) | 0x8000 | i;
+}
+
+static void node_start(struct node *n, int port, const char *mode)
+{
+	char conf[1024];
+	struct kvp_error err;
+
+	snprintf(conf, sizeof(conf),
+		 "%s%d\n[pool.p]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"
+		 "page_tokens = %d\nhost_capacity = %dt\nmlock = off\nremote = %s\n",
+		 mode ? "[remote]\nmatch_max_pages = 64\nseeds = 127.0.0.1:" : "# ", port, N_PT,
+		 N_HOST * N_PT, mode ? mode : "off");
+	if (h_daemon_start(&n->d, conf, NULL) < 0)
+		B_DIE("kvpoold did not start (log %s)", n->d.log);
+	n->c = kvp_client_connect(n->d.sock, "bench", &err);
+	n->p = n->c ? kvp_pool_attach(n->c, "p", NULL, &err) : NULL;
+	if (!n->p)
+		B_DIE("attach: %s", err.message);
+	n->host = kvp_pool_tier_base(n->p, KVP_TIER_HOST);
+	n->page_bytes = kvp_pool_page_bytes(n->p);
+}
+
+static void node_stop(struct node *n)
+{
+	kvp_client_close(n->c);
+	h_daemon_finish(&n->d);
+}
+
+/* The engine's prefill of pages [from, N_PAGES) of prompt s: leased, written, inserted. */
+static void prefill(struct node *n, uint32_t s, const uint32_t *t, uint32_t from)
+{
+	uint32_t pages[N_PAGES];
+	uint64_t lease;
+	struct kvp_error err;
+
+	if (from >= N_PAGES)
+		return;
+	if (kvp_lease_alloc(n->p, KVP_TIER_HOST, N_PAGES - from, &lease, pages, &err) < 0)
+		B_DIE("alloc: %s", err.message);
+	for (uint32_t i = 0; i < N_PAGES - from; i++)
+		memset(n->host + (uint64_t)pages[i] * n->page_bytes, (int)(s + from + i),
+		       n->page_bytes);
+	if (kvp_cache_insert(n->p, lease, 0, t, N_PAGES * N_PT, from, pages, N_PAGES - from, NULL,
+			     &err) < 0)
+		B_DIE("insert: %s", err.message);
+	kvp_lease_free(n->p, lease, NULL, 0, NULL);
+}
+
+/* One request on n: Match (then Fetch of the remote pages when fetch), prefill of the rest.
+ * Returns the pages hit (local or fetched). */
+static uint32_t serve(struct node *n, uint32_t s, int fetch)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	uint32_t t[N_PAGES * N_PT], dev[N_PAGES], host[N_PAGES], hit;
+	struct kvp_error err;
+
+	prompt_tokens(s, t);
+	if (kvp_cache_match(n->p, 0, t, N_PAGES * N_PT, 0, &m, dev, host, N_PAGES, &err) < 0)
+		B_DIE("match: %s", err.message);
+	hit = m.n_device + m.n_host;
+	if (fetch && m.remote_pages) {
+		struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+
+		if (kvp_cache_fetch(n->p, 0, t, N_PAGES * N_PT, 0, &f, dev, host, N_PAGES, &err) <
+		    0)
+			B_DIE("fetch: %s", err.message);
+		hit = f.n_device + f.n_host;
+	}
+	prefill(n, s, t, hit);
+	return hit;
+}
+
+static void run_nodes(int port)
+{
+	struct node a, b;
+	double rate[2], rps[2];
+
+	for (int with = 0; with < 2; with++) {
+		uint64_t hit = 0, t0;
+
+		node_start(&a, port, "spill");
+		node_start(&b, port, with ? "spill" : NULL);
+		if (with)
+			freeReplyObject(cmd(port, "FLUSHALL"));
+		for (uint32_t s = 0; s < N_PROMPTS; s++)
+			serve(&a, s, 0);
+		usleep(200000); /* A's spills acknowledged */
+		t0 = b_now_ns();
+		for (uint32_t s = 0; s < N_PROMPTS; s++)
+			hit += serve(&b, s, with);
+		rps[with] = N_PROMPTS / ((double)(b_now_ns() - t0) / 1e9);
+		rate[with] = (double)hit / (N_PROMPTS * N_PAGES);
+		node_stop(&b);
+		node_stop(&a);
+	}
+	for (int r = 0; r < 2; r++)
+		b_row_print(&(struct b_row){
+			.name = r ? "remote.nodes.rps" : "remote.nodes.hit_rate",
+			.params = b_fmt("{\"prompts\":%d,\"pages\":%d,\"shared_pages\":%d,"
+					"\"family\":%d,\"host_pages\":%d,\"page_bytes\":%d}",
+					N_PROMPTS, N_PAGES, N_SHARED, N_FAMILY, N_HOST,
+					4 * 2 * 2 * 64 * 2 * N_PT),
+			.baseline_what = "node B without a remote tier (local prefix sharing only)",
+			.baseline = r ? rps[0] : rate[0],
+			.have_base = 1,
+			.value = r ? rps[1] : rate[1],
+			.have_value = 1,
+			.unit = r ? "requests/s" : "fraction of pages hit",
+			.target = "",
+			.note = r ? "B: Match (+ Fetch) + prefill of the missed pages (memset), no model"
+				  : "after A published every prompt; A's host tier spills",
+		});
+}
+
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv), port;
@@ -209,6 +344,10 @@ int main(int argc, char **argv)
 			b_row_print(&(struct b_row){
 				.name = g ? "remote.fetch" : "remote.spill",
 				.unit = "GB/s",
+				.note = "skipped: no redis-server/redis-benchmark" });
+		for (int g = 0; g < 2; g++)
+			b_row_print(&(struct b_row){
+				.name = g ? "remote.nodes.rps" : "remote.nodes.hit_rate",
 				.note = "skipped: no redis-server/redis-benchmark" });
 		return 0;
 	}
@@ -240,7 +379,6 @@ int main(int argc, char **argv)
 	kvp_rc_free(g_rc);
 	set_redis = run_redis_benchmark(port, "set");
 	get_redis = run_redis_benchmark(port, "get");
-	stop_redis();
 	for (int g = 0; g < 2; g++)
 		b_row_print(&(struct b_row){
 			.name = g ? "remote.fetch" : "remote.spill",
@@ -257,6 +395,8 @@ int main(int argc, char **argv)
 			.target = "ratio >= 0.8",
 			.note = g ? "GET + header and CRC32C check" : "header + CRC32C + SET",
 		});
+	run_nodes(port);
+	stop_redis();
 	free(page);
 	return 0;
 }

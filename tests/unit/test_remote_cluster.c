@@ -2,8 +2,14 @@
  * the cluster specification), seed parsing, in-flight bounds, and failures that complete from
  * kvp_rc_tick() (never inside the submitting call). The real cluster: integration/. */
 #include <CUnit/Basic.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "remote_cluster.h"
 #include "suite.h"
@@ -110,6 +116,47 @@ static void test_rc_submit_without_map_fails_from_tick(void)
 	CU_ASSERT_STRING_EQUAL(kvp_rc_strstatus(KVP_RC_ENODE_DOWN), "node down");
 }
 
+/* A seed that accepts the connection (the kernel's backlog) and never answers: its CLUSTER
+ * SLOTS times out after op_timeout_ms, the node is dropped and the map asked again, instead of
+ * waiting for that answer for ever. */
+static void test_rc_slot_map_refresh_times_out(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t alen = sizeof(a);
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct kvp_rc_config cfg = { .op_timeout_ms = 100, .connect_timeout_ms = 100 };
+	struct kvp_rc *rc;
+	char seeds[64];
+	uint64_t end;
+
+	CU_ASSERT_FATAL(lfd >= 0);
+	CU_ASSERT_FATAL(bind(lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+	CU_ASSERT_FATAL(listen(lfd, 8) == 0);
+	CU_ASSERT_FATAL(getsockname(lfd, (struct sockaddr *)&a, &alen) == 0);
+	snprintf(seeds, sizeof(seeds), "127.0.0.1:%u", ntohs(a.sin_port));
+	cfg.seeds = seeds;
+	rc = kvp_rc_new(&cfg);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rc);
+	end = kvp_rc_now_ms() + 3000;
+	while (kvp_rc_now_ms() < end && kvp_rc_stats(rc)->refresh_timeouts < 2) {
+		struct pollfd p[KVP_RC_NODES_MAX];
+		int n = kvp_rc_fds(rc, p, KVP_RC_NODES_MAX), t = kvp_rc_next_timeout_ms(rc);
+
+		CU_ASSERT(t >= 0); /* a refresh in flight always has a deadline */
+		if (poll(p, (nfds_t)n, t < 0 || t > 50 ? 50 : t) > 0)
+			for (int i = 0; i < n; i++)
+				if (p[i].revents)
+					kvp_rc_on_ready(rc, p[i].fd, p[i].revents);
+		kvp_rc_tick(rc, kvp_rc_now_ms());
+	}
+	CU_ASSERT(kvp_rc_stats(rc)->refresh_timeouts >= 2); /* asked, timed out, asked again */
+	CU_ASSERT(kvp_rc_stats(rc)->connects >= 2);	    /* dropped, then connected again */
+	CU_ASSERT_EQUAL(kvp_rc_stats(rc)->refreshes, 0);
+	CU_ASSERT_FALSE(kvp_rc_ready(rc));
+	kvp_rc_free(rc);
+	close(lfd);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -117,6 +164,7 @@ int main(void)
 		H_TEST(test_rc_slot_hash_tags),
 		H_TEST(test_rc_new_rejects_bad_seeds),
 		H_TEST(test_rc_submit_without_map_fails_from_tick),
+		H_TEST(test_rc_slot_map_refresh_times_out),
 	};
 
 	return H_RUN_SUITE("remote_cluster", NULL, NULL, tests);

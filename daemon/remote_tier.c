@@ -1,0 +1,950 @@
+/* remote_tier.c - a pool's pages in the remote tier: spill, write-through, Match's existence
+ * query and Fetch (remote_tier.h). */
+#include "remote_tier.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nettle/sha2.h>
+
+#include "defer.h"
+#include "log.h"
+#include "pool_cache.h"
+#include "remote.h"
+#include "remote_cluster.h"
+#include "remote_value.h"
+#include "reply.h"
+#include "rpc.h"
+
+/* Pages one Fetch reads at most, whatever match_max_pages says. */
+#define FETCH_MAX 4096
+
+struct rt_pool {
+	struct kvp_daemon *d;
+	struct kvpd_pool *p;
+	struct kvp_rv_fp fp;
+	struct rt_pool *next;
+};
+
+/* A Match waiting for its existence query. */
+struct rt_wait {
+	struct kvp_daemon *d;
+	struct kvp_defer *t; /* NULL once answered (timed out): the query's end frees it */
+	int keyed;
+	uint64_t matched, lock_id;
+	uint32_t ndev, nhost;
+	uint32_t *pages; /* ndev device ids, then nhost host ids */
+	uint64_t deadline_ms;
+	struct rt_wait *prev, *next;
+};
+
+/* One Fetch in flight. */
+struct rt_fetch;
+struct rt_get {
+	struct rt_fetch *fe;
+	uint32_t i;
+};
+struct rt_fetch {
+	struct kvp_daemon *d;
+	struct kvp_defer *t;
+	struct kvpd_pool *p;
+	struct rt_pool *rp;
+	uint32_t pool_id;
+	uint64_t ns;
+	int keyed, lock;
+	uint32_t *tokens;	   /* token-keyed: (local + n) whole pages of tokens */
+	ProtobufCBinaryData *keys; /* hash-keyed: local + n keys (copies) */
+	uint8_t *keybuf;
+	uint32_t local, n, pending;
+	struct kvp_lease *lease; /* n host pages the values land in */
+	uint8_t *ok;
+	char (*rkey)[KVP_RV_KEY_MAX];
+	struct rt_get *gets;
+	struct rt_fetch *prev, *next; /* the daemon's Fetches in flight (their leases) */
+};
+
+struct kvp_rt {
+	struct rt_pool *pools;
+	struct rt_wait *waits;
+	struct rt_fetch *fetches;
+	/* counters */
+	uint64_t spilled_pages, spill_dropped, written_pages, fetched_pages, fetch_misses;
+	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages;
+};
+
+static struct kvp_rt *rt_of(struct kvp_daemon *d)
+{
+	if (!d->rt)
+		d->rt = calloc(1, sizeof(*d->rt));
+	return d->rt;
+}
+
+static struct rt_pool *rp_find(struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	if (!d->rt)
+		return NULL;
+	for (struct rt_pool *rp = d->rt->pools; rp; rp = rp->next)
+		if (rp->p == p)
+			return rp;
+	return NULL;
+}
+
+static bool pool_live(const struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	for (uint32_t i = 0; i < d->n_pools; i++)
+		if (d->pools[i] == p)
+			return true;
+	return false;
+}
+
+/* "t<ns>" / "k<ns>": the keyings never share keys. */
+static void ns_name(uint64_t ns, int keyed, char out[24])
+{
+	snprintf(out, 24, "%c%llu", keyed ? 'k' : 't', (unsigned long long)ns);
+}
+
+static void key_hash(const uint8_t *key, size_t len, uint8_t out[KVP_RV_HASH_SIZE])
+{
+	struct sha256_ctx c;
+
+	if (len == KVP_RV_HASH_SIZE) {
+		memcpy(out, key, len);
+		return;
+	}
+	sha256_init(&c);
+	sha256_update(&c, len, key);
+	sha256_digest(&c, KVP_RV_HASH_SIZE, out);
+}
+
+static const uint8_t *host_page(const struct kvpd_pool *p, uint32_t page)
+{
+	return (const uint8_t *)p->mem[KVP_TIER_ID_HOST].base + (uint64_t)page * p->page_bytes;
+}
+
+/* ---- writes (spill, write-through) ---- */
+
+static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	(void)arg, (void)st, (void)val, (void)len; /* counted by the client, by status */
+}
+
+/* SET of one page under hash h; false when the bounds refused it (dropped). */
+static bool put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
+{
+	struct kvp_remote *r = rp->d->remote;
+	char key[KVP_RV_KEY_MAX], nsn[24];
+	uint8_t hdr[KVP_RV_HDR_SIZE];
+	const uint8_t *b = host_page(rp->p, page);
+	int klen;
+
+	ns_name(ns, keyed, nsn);
+	if ((klen = kvp_rv_key(&rp->fp, nsn, h, key)) < 0)
+		return false;
+	kvp_rv_header(&rp->fp, b, rp->p->page_bytes, hdr);
+	if (kvp_rc_set(kvp_remote_rc(r), key, (size_t)klen, hdr, sizeof(hdr), b, rp->p->page_bytes,
+		       kvp_remote_conf(r)->ttl_s, set_done, NULL) < 0) {
+		rp->d->rt->spill_dropped++;
+		return false;
+	}
+	return true;
+}
+
+static void spill_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+			 const uint32_t *pages, uint32_t k)
+{
+	struct rt_pool *rp = ctx;
+	uint32_t pt = rp->p->conf.page_tokens;
+	uint8_t h[KVP_RV_HASH_SIZE];
+
+	for (uint32_t i = 0; i < npages; i++) {
+		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
+		if (i >= npages - k && put_page(rp, ns, 0, h, pages[i - (npages - k)]))
+			rp->d->rt->spilled_pages++;
+	}
+}
+
+static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
+{
+	struct rt_pool *rp = ctx;
+	uint8_t h[KVP_RV_HASH_SIZE];
+
+	key_hash(key, klen, h);
+	if (put_page(rp, ns, 1, h, page))
+		rp->d->rt->spilled_pages++;
+}
+
+void kvp_rt_bind(struct kvp_daemon *d)
+{
+	struct kvp_rt *rt;
+
+	if (!d->remote)
+		return;
+	for (uint32_t i = 0; i < d->n_pools; i++) {
+		struct kvpd_pool *p = d->pools[i];
+		struct rt_pool *rp;
+
+		if (p->conf.remote == KVP_REMOTE_OFF || !p->pages[KVP_TIER_ID_HOST] ||
+		    rp_find(d, p))
+			continue;
+		if (!(rt = rt_of(d)) || !(rp = calloc(1, sizeof(*rp))))
+			return;
+		rp->d = d;
+		rp->p = p;
+		rp->fp = (struct kvp_rv_fp){ p->conf.layers,	  p->conf.kv_heads,
+					     p->conf.head_dim,	  (uint32_t)p->conf.dtype,
+					     p->conf.page_tokens, 0 };
+		rp->next = rt->pools;
+		rt->pools = rp;
+		kvp_prefix_set_spill(p->pfx, spill_tokens, rp);
+		kvp_keys_set_spill(p->keys, spill_key, rp);
+	}
+	/* Pools gone (a reload removed them) leave their records. */
+	if (d->rt) {
+		struct rt_pool **pp = &d->rt->pools, *rp;
+
+		while ((rp = *pp)) {
+			if (pool_live(d, rp->p)) {
+				pp = &rp->next;
+				continue;
+			}
+			*pp = rp->next;
+			free(rp);
+		}
+	}
+}
+
+void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
+		    uint32_t first, const uint32_t *pages, uint32_t n)
+{
+	struct rt_pool *rp = rp_find(d, p);
+	uint32_t pt = p->conf.page_tokens;
+	uint8_t h[KVP_RV_HASH_SIZE];
+
+	if (!rp || p->conf.remote != KVP_REMOTE_WRITE_THROUGH || !n)
+		return;
+	for (uint32_t i = 0; i < first + n; i++) {
+		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
+		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]))
+			d->rt->written_pages++;
+	}
+}
+
+void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
+			 const ProtobufCBinaryData *keys, const uint32_t *pages, uint32_t n)
+{
+	struct rt_pool *rp = rp_find(d, p);
+	uint8_t h[KVP_RV_HASH_SIZE];
+
+	if (!rp || p->conf.remote != KVP_REMOTE_WRITE_THROUGH)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		key_hash(keys[i].data, keys[i].len, h);
+		if (put_page(rp, ns, 1, h, pages[i]))
+			d->rt->written_pages++;
+	}
+}
+
+/* ---- keys of the pages after the local ones ---- */
+
+/* Remote keys of pages [from, to) of tokens into out[to - from]; 0 or -EINVAL. */
+static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
+		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+{
+	uint32_t pt = rp->p->conf.page_tokens;
+	uint8_t h[KVP_RV_HASH_SIZE];
+	char nsn[24];
+	int k;
+
+	ns_name(ns, 0, nsn);
+	for (uint32_t i = 0; i < to; i++) {
+		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
+		if (i < from)
+			continue;
+		if ((k = kvp_rv_key(&rp->fp, nsn, h, out[i - from])) < 0)
+			return k;
+		lens[i - from] = (size_t)k;
+	}
+	return 0;
+}
+
+static int hash_keys(const struct rt_pool *rp, uint64_t ns, const ProtobufCBinaryData *keys,
+		     uint32_t n, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+{
+	uint8_t h[KVP_RV_HASH_SIZE];
+	char nsn[24];
+	int k;
+
+	ns_name(ns, 1, nsn);
+	for (uint32_t i = 0; i < n; i++) {
+		key_hash(keys[i].data, keys[i].len, h);
+		if ((k = kvp_rv_key(&rp->fp, nsn, h, out[i])) < 0)
+			return k;
+		lens[i] = (size_t)k;
+	}
+	return 0;
+}
+
+/* ---- Match: how many pages after the local ones the cluster holds ---- */
+
+static void wait_unlink(struct kvp_rt *rt, struct rt_wait *w)
+{
+	if (w->prev)
+		w->prev->next = w->next;
+	else if (rt->waits == w)
+		rt->waits = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	w->prev = w->next = NULL;
+}
+
+static void wait_answer(struct rt_wait *w, uint32_t remote)
+{
+	struct kvp_daemon *d = w->d;
+	struct kvp_reply r;
+	uint32_t *dev, *host;
+	int ok = 1;
+
+	kvp_reply_init(&r, w->t->req_id);
+	dev = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->ndev + 1));
+	host = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->nhost + 1));
+	if (dev && host) {
+		memcpy(dev, w->pages, sizeof(uint32_t) * w->ndev);
+		memcpy(host, w->pages + w->ndev, sizeof(uint32_t) * w->nhost);
+	}
+	if (!dev || !host) {
+		ok = 0;
+	} else if (w->keyed) {
+		Kvpool__MatchKeysResp *m = KVP_REPLY_NEW(&r, Kvpool__MatchKeysResp,
+							 kvpool__match_keys_resp__descriptor);
+
+		if ((ok = m != NULL)) {
+			m->matched_keys = (uint32_t)w->matched;
+			m->device_pages = dev;
+			m->n_device_pages = w->ndev;
+			m->host_pages = host;
+			m->n_host_pages = w->nhost;
+			m->lock_id = w->lock_id;
+			m->remote_pages = remote;
+			r.resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH_KEYS;
+			r.resp.match_keys = m;
+		}
+	} else {
+		Kvpool__MatchResp *m =
+			KVP_REPLY_NEW(&r, Kvpool__MatchResp, kvpool__match_resp__descriptor);
+
+		if ((ok = m != NULL)) {
+			m->matched_tokens = w->matched;
+			m->device_pages = dev;
+			m->n_device_pages = w->ndev;
+			m->host_pages = host;
+			m->n_host_pages = w->nhost;
+			m->lock_id = w->lock_id;
+			m->remote_pages = remote;
+			r.resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH;
+			r.resp.match = m;
+		}
+	}
+	if (ok) {
+		kvp_defer_answer(&d->defers, w->t, &r, 0);
+	} else {
+		struct kvp_fail f;
+
+		kvp_fail_init(&f);
+		kvp_rpc_oom(&f);
+		kvp_defer_fail(&d->defers, w->t, &f);
+	}
+	kvp_reply_release(&r);
+	w->t = NULL;
+	if (d->rt)
+		d->rt->remote_pages += remote;
+}
+
+static void exists_done(void *arg, size_t n, const enum kvp_rc_status *st)
+{
+	struct rt_wait *w = arg;
+	uint32_t k = 0;
+
+	while (k < n && st[k] == KVP_RC_HIT)
+		k++;
+	if (w->t) {
+		wait_unlink(w->d->rt, w);
+		wait_answer(w, k);
+	}
+	free(w->pages);
+	free(w);
+}
+
+static void arm_alarm(struct kvp_daemon *d)
+{
+	int64_t at = -1;
+
+	for (struct rt_wait *w = d->rt ? d->rt->waits : NULL; w; w = w->next)
+		if (at < 0 || (int64_t)w->deadline_ms < at)
+			at = (int64_t)w->deadline_ms;
+	kvp_remote_set_alarm(d->remote, at);
+}
+
+void kvp_rt_expire(struct kvp_daemon *d)
+{
+	uint64_t now = kvp_rc_now_ms();
+	struct rt_wait *w, *next;
+
+	if (!d->rt || !d->remote)
+		return;
+	for (w = d->rt->waits; w; w = next) {
+		next = w->next;
+		if (now < w->deadline_ms)
+			continue;
+		wait_unlink(d->rt, w);
+		d->rt->match_timeouts++;
+		wait_answer(w, 0); /* the query's end frees w */
+	}
+	arm_alarm(d);
+}
+
+/* Submits the query of keys[0 .. n) and parks the reply (w's fields set by the caller).
+ * KVP_DEFERRED; or a negative errno with nothing submitted (the caller frees w); or 1: the query
+ * went but no ticket could be had, so the caller answers now and the query's end frees w. */
+static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+		struct rt_wait *w, char (*keys)[KVP_RV_KEY_MAX], const size_t *lens, uint32_t n)
+{
+	const void **kp = malloc(sizeof(*kp) * n);
+	struct kvp_fail f;
+	int rc;
+
+	kvp_fail_init(&f);
+	if (!kp)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		kp[i] = keys[i];
+	w->d = d;
+	rc = kvp_rc_exists_many(kvp_remote_rc(d->remote), n, (const void *const *)kp, lens,
+				exists_done, w);
+	free(kp);
+	if (rc < 0)
+		return rc;
+	d->rt->match_queries++;
+	w->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, &f);
+	if (!w->t)
+		return 1;
+	w->deadline_ms = kvp_rc_now_ms() + kvp_remote_conf(d->remote)->match_timeout_ms;
+	w->next = d->rt->waits;
+	if (w->next)
+		w->next->prev = w;
+	d->rt->waits = w;
+	arm_alarm(d);
+	return KVP_DEFERRED;
+}
+
+static struct rt_wait *wait_new(int keyed, uint64_t matched, uint64_t lock_id, uint32_t ndev,
+				const uint32_t *dev, uint32_t nhost, const uint32_t *host)
+{
+	struct rt_wait *w = calloc(1, sizeof(*w));
+
+	if (!w || !(w->pages = malloc(sizeof(uint32_t) * ((size_t)ndev + nhost + 1)))) {
+		free(w);
+		return NULL;
+	}
+	w->keyed = keyed;
+	w->matched = matched;
+	w->lock_id = lock_id;
+	w->ndev = ndev;
+	w->nhost = nhost;
+	memcpy(w->pages, dev, sizeof(uint32_t) * ndev);
+	memcpy(w->pages + ndev, host, sizeof(uint32_t) * nhost);
+	return w;
+}
+
+static uint32_t query_pages(const struct kvp_daemon *d, uint64_t have)
+{
+	uint32_t max = kvp_remote_conf(d->remote)->match_max_pages;
+
+	return have < max ? (uint32_t)have : max;
+}
+
+int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+		 struct kvpd_pool *p, const Kvpool__MatchResp *m)
+{
+	const Kvpool__MatchReq *a = q->match;
+	struct rt_pool *rp = rp_find(d, p);
+	uint32_t local = (uint32_t)(m->n_device_pages + m->n_host_pages), total, n;
+	char(*keys)[KVP_RV_KEY_MAX];
+	struct rt_wait *w;
+	size_t *lens;
+	int rc;
+
+	if (!rp || a->local_only)
+		return 0;
+	total = (uint32_t)a->n_tokens / p->conf.page_tokens;
+	if (total <= local || !(n = query_pages(d, total - local)))
+		return 0;
+	keys = malloc(sizeof(*keys) * n);
+	lens = malloc(sizeof(*lens) * n);
+	w = wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
+		     (uint32_t)m->n_host_pages, m->host_pages);
+	rc = keys && lens && w
+		     ? token_keys(rp, a->namespace_, a->tokens, local, local + n, keys, lens)
+		     : -ENOMEM;
+	if (rc == 0)
+		rc = park(d, s, q, w, keys, lens, n);
+	free(keys);
+	free(lens);
+	if (rc == KVP_DEFERRED || rc == 1)
+		return rc == 1 ? 0 : rc;
+	if (w)
+		free(w->pages);
+	free(w);
+	return 0;
+}
+
+int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+		      struct kvpd_pool *p, const Kvpool__MatchKeysResp *m)
+{
+	const Kvpool__MatchKeysReq *a = q->match_keys;
+	struct rt_pool *rp = rp_find(d, p);
+	uint32_t local = m->matched_keys, n;
+	char(*keys)[KVP_RV_KEY_MAX];
+	struct rt_wait *w;
+	size_t *lens;
+	int rc;
+
+	if (!rp || a->local_only || a->n_keys <= local || !(n = query_pages(d, a->n_keys - local)))
+		return 0;
+	keys = malloc(sizeof(*keys) * n);
+	lens = malloc(sizeof(*lens) * n);
+	w = wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
+		     (uint32_t)m->n_host_pages, m->host_pages);
+	rc = keys && lens && w ? hash_keys(rp, a->namespace_, a->keys + local, n, keys, lens)
+			       : -ENOMEM;
+	if (rc == 0)
+		rc = park(d, s, q, w, keys, lens, n);
+	free(keys);
+	free(lens);
+	if (rc == KVP_DEFERRED || rc == 1)
+		return rc == 1 ? 0 : rc;
+	if (w)
+		free(w->pages);
+	free(w);
+	return 0;
+}
+
+/* ---- Fetch ---- */
+
+static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
+{
+	for (struct kvp_session *s = d->sessions; s; s = s->next)
+		if (s->id == id)
+			return s;
+	return NULL;
+}
+
+static void fetch_free(struct rt_fetch *fe)
+{
+	struct kvp_rt *rt = fe->d->rt;
+
+	if (fe->prev)
+		fe->prev->next = fe->next;
+	else if (rt && rt->fetches == fe)
+		rt->fetches = fe->next;
+	if (fe->next)
+		fe->next->prev = fe->prev;
+	kvp_lease_destroy(fe->lease);
+	free(fe->tokens);
+	free(fe->keys);
+	free(fe->keybuf);
+	free(fe->ok);
+	free(fe->rkey);
+	free(fe->gets);
+	free(fe);
+}
+
+/* The local match of what fe asks, locked when lock; fills the Fetch reply's page fields. */
+static int fetch_match(struct kvp_daemon *d, struct kvp_session *s, struct rt_fetch *fe, bool lock,
+		       struct kvp_reply *r, Kvpool__FetchResp *m, uint32_t *local,
+		       struct kvp_fail *f)
+{
+	struct kvpd_pool *p = fe->p;
+	uint32_t n = fe->local + fe->n;
+	struct kvp_lock *k = NULL;
+	uint32_t ndev, nhost;
+	void *lk;
+	int rc = 0;
+
+	if (!(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (n + 1))) ||
+	    !(m->host_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (n + 1))) ||
+	    (lock && !(k = kvp_session_lock_alloc())))
+		return kvp_rpc_oom(f);
+	if (fe->keyed) {
+		struct kvp_key *keys = malloc(sizeof(*keys) * (n + 1));
+		struct kvp_keys_match mt = { 0 };
+
+		if (!keys) {
+			free(k);
+			return kvp_rpc_oom(f);
+		}
+		for (uint32_t i = 0; i < n; i++)
+			keys[i] = (struct kvp_key){ fe->keys[i].len, fe->keys[i].data };
+		rc = kvp_pool_match_keys(p, fe->ns, keys, n, lock, &mt, m->device_pages,
+					 m->host_pages);
+		free(keys);
+		ndev = mt.dev_pages;
+		nhost = mt.host_pages;
+		lk = mt.lock;
+	} else {
+		struct kvp_prefix_match mt = { 0 };
+
+		rc = kvp_pool_match(p, fe->ns, fe->tokens, n * p->conf.page_tokens, lock, &mt,
+				    m->device_pages, m->host_pages);
+		ndev = mt.dev_pages;
+		nhost = mt.host_pages;
+		lk = mt.lock;
+	}
+	if (rc < 0) {
+		free(k);
+		return kvp_rpc_oom(f);
+	}
+	if (k && lk && (rc = kvp_session_may_lock_pages(d, s, p, ndev + nhost, f)) < 0) {
+		if (fe->keyed)
+			kvp_pool_keys_unlock(p, lk);
+		else
+			kvp_pool_unlock(p, lk);
+		free(k);
+		return rc;
+	}
+	m->n_device_pages = ndev;
+	m->n_host_pages = nhost;
+	m->matched = fe->keyed ? ndev + nhost : (uint64_t)(ndev + nhost) * p->conf.page_tokens;
+	*local = ndev + nhost;
+	if (k && lk) {
+		k->pool = p;
+		if (fe->keyed)
+			k->keys = lk;
+		else
+			k->node = lk;
+		k->pages = ndev + nhost;
+		if (kvp_session_lock_add(d, s, k) < 0)
+			return kvp_rpc_oom(f);
+		m->lock_id = k->id;
+	} else {
+		free(k);
+	}
+	return 0;
+}
+
+/* Caches the leading run of pages that arrived (from where the cache ends now). */
+static uint32_t fetch_insert(struct rt_fetch *fe)
+{
+	struct kvpd_pool *p = fe->p;
+	uint32_t run = 0, c, ntot;
+	struct kvp_fail f;
+	int rc;
+
+	kvp_fail_init(&f);
+	while (run < fe->n && fe->ok[run])
+		run++;
+	if (!run)
+		return 0;
+	ntot = fe->local + run;
+	if (fe->keyed) {
+		struct kvp_key *keys = calloc(ntot, sizeof(*keys));
+		uint32_t nw = 0, dup = 0, done = 0;
+
+		if (!keys)
+			return 0;
+		for (uint32_t i = 0; i < ntot; i++)
+			keys[i] = (struct kvp_key){ fe->keys[i].len, fe->keys[i].data };
+		c = kvp_pool_exists_keys(p, fe->ns, keys, ntot);
+		rc = c >= fe->local && c < ntot
+			     ? kvp_lease_insert_keys(fe->lease, fe->ns, keys, ntot, c,
+						     fe->lease->pages + (c - fe->local), ntot - c,
+						     &nw, &dup, &done, &f)
+			     : -1;
+		free(keys);
+		return rc == 0 ? nw : 0;
+	} else {
+		struct kvp_prefix_match mt = { 0 };
+		uint32_t *dv = malloc(sizeof(uint32_t) * (ntot + 1) * 2);
+		uint64_t nt = 0, dt = 0;
+
+		if (!dv)
+			return 0;
+		rc = kvp_pool_match(p, fe->ns, fe->tokens, ntot * p->conf.page_tokens, false, &mt,
+				    dv, dv + ntot + 1);
+		free(dv);
+		c = mt.dev_pages + mt.host_pages;
+		rc = rc == 0 && c >= fe->local && c < ntot
+			     ? kvp_lease_insert(fe->lease, fe->ns, fe->tokens,
+						ntot * p->conf.page_tokens, c,
+						fe->lease->pages + (c - fe->local), ntot - c, &nt,
+						&dt, &f)
+			     : -1;
+		return rc == 0 ? (uint32_t)(nt / p->conf.page_tokens) : 0;
+	}
+}
+
+static void fetch_finish(struct rt_fetch *fe)
+{
+	struct kvp_daemon *d = fe->d;
+	struct kvp_session *s = session_of(d, fe->t->session_id);
+	Kvpool__FetchResp *m;
+	struct kvp_reply r;
+	struct kvp_fail f;
+	uint32_t got = 0, local = 0;
+	int rc;
+
+	kvp_fail_init(&f);
+	if (!s || !pool_live(d, fe->p)) {
+		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session or its pool ended");
+		kvp_defer_fail(&d->defers, fe->t, &f);
+		fetch_free(fe);
+		return;
+	}
+	got = fetch_insert(fe);
+	d->rt->fetched_pages += got;
+	kvp_reply_init(&r, fe->t->req_id);
+	m = KVP_REPLY_NEW(&r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
+	rc = m ? fetch_match(d, s, fe, fe->lock, &r, m, &local, &f) : kvp_rpc_oom(&f);
+	if (rc == 0) {
+		m->fetched_pages = got;
+		m->missed_pages = fe->n - got;
+		r.resp.result_case = KVPOOL__RESPONSE__RESULT_FETCH;
+		r.resp.fetch = m;
+		kvp_defer_answer(&d->defers, fe->t, &r, 0);
+	} else {
+		kvp_defer_fail(&d->defers, fe->t, &f);
+	}
+	kvp_reply_release(&r);
+	fetch_free(fe);
+}
+
+static void del_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	(void)arg, (void)st, (void)val, (void)len;
+}
+
+static void get_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	struct rt_get *g = arg;
+	struct rt_fetch *fe = g->fe;
+	struct kvp_rt *rt = fe->d->rt;
+
+	if (st == KVP_RC_HIT && pool_live(fe->d, fe->p)) {
+		const void *pl;
+		uint64_t n;
+		int e = kvp_rv_decode(&fe->rp->fp, fe->p->page_bytes, val, len, &pl, &n);
+
+		if (e == 0) {
+			memcpy((uint8_t *)fe->p->mem[KVP_TIER_ID_HOST].base +
+				       (uint64_t)fe->lease->pages[g->i] * fe->p->page_bytes,
+			       pl, n);
+			fe->ok[g->i] = 1;
+		} else {
+			/* Never served: a miss, counted, and the value deleted. */
+			if (e == -KVP_RV_EFOREIGN)
+				rt->foreign_values++;
+			else
+				rt->bad_values++;
+			kvp_rc_del(kvp_remote_rc(fe->d->remote), fe->rkey[g->i],
+				   strlen(fe->rkey[g->i]), del_done, NULL);
+		}
+	}
+	if (!fe->ok[g->i])
+		rt->fetch_misses++;
+	if (--fe->pending == 0)
+		fetch_finish(fe);
+}
+
+KVP_RPC_HANDLER(kvp_rpc_fetch)
+{
+	const Kvpool__FetchReq *a = q->fetch;
+	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
+	int keyed = a->n_keys > 0;
+	struct rt_fetch *fe;
+	Kvpool__FetchResp *m;
+	uint32_t total, local = 0;
+	size_t *lens = NULL;
+	int rc;
+
+	if (!p)
+		return -(int)f->code;
+	if ((a->n_keys > 0) == (a->n_tokens > 0))
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
+				"fetch: give tokens (token-keyed) or keys (hash-keyed), not both");
+	if (a->n_tokens > UINT32_MAX / 2 || a->n_keys > d->conf.max_keys_per_call)
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "fetch: too many tokens or keys");
+	for (size_t i = 0; i < a->n_keys; i++)
+		if (!a->keys[i].len || a->keys[i].len > d->conf.max_key_bytes)
+			return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
+					"fetch: key %zu has %zu bytes (1 .. %u)", i, a->keys[i].len,
+					d->conf.max_key_bytes);
+	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, keyed, "fetch", f)) < 0)
+		return rc;
+	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
+		return rc;
+	total = keyed ? (uint32_t)a->n_keys : (uint32_t)a->n_tokens / p->conf.page_tokens;
+	if (total > kvp_rpc_pages_per_reply(p))
+		return kvp_rpc_reply_too_large(p, "fetch", total, f);
+	if (!(fe = calloc(1, sizeof(*fe))))
+		return kvp_rpc_oom(f);
+	fe->d = d;
+	fe->p = p;
+	fe->rp = rp_find(d, p);
+	fe->pool_id = a->pool_id;
+	fe->ns = a->namespace_;
+	fe->keyed = keyed;
+	fe->lock = a->lock;
+	if (keyed) {
+		size_t bytes = 0, at = 0;
+
+		for (size_t i = 0; i < a->n_keys; i++)
+			bytes += a->keys[i].len;
+		fe->keys = malloc(sizeof(*fe->keys) * total);
+		fe->keybuf = malloc(bytes + 1);
+		if (!fe->keys || !fe->keybuf) {
+			fetch_free(fe);
+			return kvp_rpc_oom(f);
+		}
+		for (uint32_t i = 0; i < total; i++) {
+			memcpy(fe->keybuf + at, a->keys[i].data, a->keys[i].len);
+			fe->keys[i] = (ProtobufCBinaryData){ a->keys[i].len, fe->keybuf + at };
+			at += a->keys[i].len;
+		}
+	} else {
+		fe->tokens = malloc(sizeof(uint32_t) * ((size_t)total * p->conf.page_tokens + 1));
+		if (!fe->tokens) {
+			fetch_free(fe);
+			return kvp_rpc_oom(f);
+		}
+		memcpy(fe->tokens, a->tokens, sizeof(uint32_t) * total * p->conf.page_tokens);
+	}
+	/* Where the local cache ends now (no lock: the answer matches again). */
+	m = KVP_REPLY_NEW(r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
+	fe->n = 0;
+	fe->local = total;
+	if (!m || (rc = fetch_match(d, s, fe, false, r, m, &local, f)) < 0) {
+		fetch_free(fe);
+		return m ? rc : kvp_rpc_oom(f);
+	}
+	fe->local = local;
+	fe->n = fe->rp && d->remote ? total - local : 0;
+	if (fe->n && fe->n > kvp_remote_conf(d->remote)->match_max_pages)
+		fe->n = kvp_remote_conf(d->remote)->match_max_pages;
+	if (fe->n > FETCH_MAX)
+		fe->n = FETCH_MAX;
+	if (fe->n) {
+		fe->ok = calloc(fe->n, 1);
+		fe->rkey = malloc(sizeof(*fe->rkey) * fe->n);
+		fe->gets = calloc(fe->n, sizeof(*fe->gets));
+		lens = malloc(sizeof(*lens) * fe->n);
+		rc = fe->ok && fe->rkey && fe->gets && lens ? 0 : -ENOMEM;
+		if (rc == 0)
+			rc = keyed ? hash_keys(fe->rp, fe->ns, fe->keys + local, fe->n, fe->rkey,
+					       lens)
+				   : token_keys(fe->rp, fe->ns, fe->tokens, local, local + fe->n,
+						fe->rkey, lens);
+		if (rc < 0) {
+			free(lens);
+			fetch_free(fe);
+			return kvp_rpc_oom(f);
+		}
+		/* The host pages the values land in: free ones first, then evicting (and
+		 * spilling) others; short of them, fewer pages are fetched. */
+		while (fe->n && !fe->lease) {
+			struct kvp_fail lf;
+
+			kvp_fail_init(&lf);
+			fe->lease = kvp_lease_create(p, KVP_TIER_ID_HOST,
+						     kvp_daemon_new_id(d, &d->next_lease_id), fe->n,
+						     &lf);
+			if (!fe->lease)
+				fe->n /= 2;
+		}
+	}
+	if (!fe->n) { /* nothing to read: the local answer stands (locked when asked) */
+		free(lens);
+		if (a->lock) {
+			kvp_reply_release(r);
+			kvp_reply_init(r, q->id);
+			m = KVP_REPLY_NEW(r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
+			if (!m || (rc = fetch_match(d, s, fe, true, r, m, &local, f)) < 0) {
+				fetch_free(fe);
+				return m ? rc : kvp_rpc_oom(f);
+			}
+		}
+		fetch_free(fe);
+		r->resp.result_case = KVPOOL__RESPONSE__RESULT_FETCH;
+		r->resp.fetch = m;
+		return 0;
+	}
+	fe->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, f);
+	if (!fe->t) {
+		free(lens);
+		fetch_free(fe);
+		return -(int)f->code;
+	}
+	fe->next = d->rt->fetches;
+	if (fe->next)
+		fe->next->prev = fe;
+	d->rt->fetches = fe;
+	for (uint32_t i = 0; i < fe->n; i++) {
+		fe->gets[i] = (struct rt_get){ fe, i };
+		fe->pending++;
+		if (kvp_rc_get(kvp_remote_rc(d->remote), fe->rkey[i], lens[i], get_done,
+			       &fe->gets[i]) < 0) {
+			fe->pending--;
+			d->rt->fetch_misses++;
+		}
+	}
+	free(lens);
+	if (!fe->pending) /* nothing submitted: answered now, through the ticket */
+		fetch_finish(fe);
+	return KVP_DEFERRED;
+}
+
+uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	uint64_t n = 0;
+
+	for (const struct rt_fetch *fe = d->rt ? d->rt->fetches : NULL; fe; fe = fe->next)
+		if (fe->p == p && fe->lease)
+			n += kvp_lease_check(fe->lease) < 0 ? UINT64_MAX / 2 : fe->lease->n;
+	return n;
+}
+
+void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
+{
+	const struct kvp_rt *rt = d->rt;
+
+	if (!rt)
+		return;
+	out->spilled_pages = rt->spilled_pages;
+	out->spill_dropped = rt->spill_dropped;
+	out->written_pages = rt->written_pages;
+	out->fetched_pages = rt->fetched_pages;
+	out->fetch_misses = rt->fetch_misses;
+	out->bad_values = rt->bad_values;
+	out->foreign_values = rt->foreign_values;
+	out->match_queries = rt->match_queries;
+	out->match_timeouts = rt->match_timeouts;
+	out->remote_pages = rt->remote_pages;
+}
+
+void kvp_rt_free(struct kvp_daemon *d)
+{
+	struct rt_pool *rp, *next;
+
+	if (!d->rt)
+		return;
+	for (rp = d->rt->pools; rp; rp = next) {
+		next = rp->next;
+		if (pool_live(d, rp->p)) {
+			kvp_prefix_set_spill(rp->p->pfx, NULL, NULL);
+			kvp_keys_set_spill(rp->p->keys, NULL, NULL);
+		}
+		free(rp);
+	}
+	free(d->rt);
+	d->rt = NULL;
+}
