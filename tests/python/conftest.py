@@ -19,7 +19,12 @@ KVPOOLCTL = os.environ.get("KVPOOLCTL", os.path.join(ROOT, "build", "client", "k
 # Pool "c": 64 device pages and 64 host pages of 4 tokens; "f32": the same in fp32; "small":
 # 16 device pages and no host tier, for capacity errors; "bf16" and "fp8" for dtype mapping;
 # "llama" for the random-weight model of test_transformers.py (fp32).
+# keepalive_ms: a test's own client may sit idle while another process imports torch or a model
+# computes (seconds on a loaded machine); test_link.py tests the reclaim with a short one.
 DEFAULT_CONF = """
+[daemon]
+keepalive_ms = 120000
+
 [pool.c]
 layers = 2
 kv_heads = 2

@@ -13,7 +13,7 @@ KEEPALIVE_MS = 200
 
 @pytest.fixture
 def idle_daemon():
-    d = Daemon(f"[daemon]\nkeepalive_ms = {KEEPALIVE_MS}\n" + DEFAULT_CONF)
+    d = Daemon(DEFAULT_CONF.replace("keepalive_ms = 120000", f"keepalive_ms = {KEEPALIVE_MS}"))
     yield d
     d.stop()
 
