@@ -47,6 +47,7 @@ struct result {
 	uint64_t errors[KVP_CODE_MAX];
 	uint64_t hit_tokens, queried_tokens, loads, backoffs;
 	uint64_t pressure_notices, pressure_waits; /* notices taken; admissions held back */
+	uint64_t restarted_calls;		   /* calls retried after a kvpoold restart */
 	int failed;
 	char why[640];
 };
@@ -106,6 +107,17 @@ static int lat_stop(struct result *res, int r)
 }
 
 #define TIMED(res, call) (lat_start(res), lat_stop((res), (call)))
+/* TIMED, and the call made again while it answers RESTARTED (kvpoold restarted during it and
+ * the library resumed the session: the call is retried, as an engine would). */
+#define CALL(x, call, e)                                                                           \
+	__extension__({                                                                            \
+		int r_;                                                                            \
+		unsigned n_ = 0;                                                                   \
+		while ((r_ = TIMED((x)->res, call)) < 0 && (e).code == KVP_E_RESTARTED &&          \
+		       n_++ < 16)                                                                  \
+			(x)->res->restarted_calls++;                                               \
+		r_;                                                                                \
+	})
 
 static uint64_t mix(uint64_t x)
 {
@@ -255,8 +267,10 @@ static int lease_workload(struct ctx *x)
 				rc = -1;
 				break;
 			}
-			if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, r->npages,
-							  &r->lease, r->pages, &e)) < 0) {
+			if (CALL(x,
+				 kvp_lease_alloc(x->p, KVP_TIER_DEVICE, r->npages, &r->lease,
+						 r->pages, &e),
+				 e) < 0) {
 				count_error(x, &e);
 				free(r->pages);
 				free(r->keys);
@@ -293,7 +307,7 @@ static int lease_workload(struct ctx *x)
 			if (rc == 0 &&
 			    rows(x, KVP_TIER_DEVICE, r->pages, 0, 0, r->ntokens, r->keys, 1) < 0)
 				rc = -1;
-			if (TIMED(x->res, kvp_lease_free(x->p, r->lease, NULL, 0, &e)) < 0) {
+			if (CALL(x, kvp_lease_free(x->p, r->lease, NULL, 0, &e), e) < 0) {
 				count_error(x, &e);
 				snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 				rc = -1;
@@ -323,7 +337,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 
 	if (!dev || !host || !lease_pages)
 		goto out;
-	if (TIMED(x->res, kvp_cache_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e)) < 0) {
+	if (CALL(x, kvp_cache_match(x->p, 0, tok, n, 1, &m, dev, host, cap, &e), e) < 0) {
 		count_error(x, &e);
 		snprintf(x->res->why, sizeof(x->res->why), "match: %s", e.message);
 		goto out;
@@ -333,7 +347,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	x->res->hit_tokens += (uint64_t)matched * pt;
 	if (m.n_host) {
 		/* Promote the host continuation; the lock keeps the path while we read it. */
-		int k = kvp_cache_load(x->p, m.lock_id, dev, cap, &e);
+		int k = CALL(x, kvp_cache_load(x->p, m.lock_id, dev, cap, &e), e);
 
 		if (k == (int)matched) {
 			x->res->loads++;
@@ -357,8 +371,8 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 	own_from = matched * pt;
 	nlease = n > own_from ? (n - own_from + pt - 1) / pt : 0;
 	if (nlease) {
-		if (TIMED(x->res, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease,
-						  lease_pages, &e)) < 0) {
+		if (CALL(x, kvp_lease_alloc(x->p, KVP_TIER_DEVICE, nlease, &lease, lease_pages, &e),
+			 e) < 0) {
 			count_error(x, &e);
 			if (e.code == KVP_E_OUT_OF_CAPACITY) {
 				x->res->backoffs++;
@@ -371,13 +385,15 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 		}
 		if (rows(x, KVP_TIER_DEVICE, lease_pages, own_from, own_from, n, keys, 0) < 0)
 			goto out;
-		if (TIMED(x->res, kvp_cache_insert(x->p, lease, 0, tok, n, matched, lease_pages,
-						   nlease, NULL, &e)) < 0) {
+		if (CALL(x,
+			 kvp_cache_insert(x->p, lease, 0, tok, n, matched, lease_pages, nlease,
+					  NULL, &e),
+			 e) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "insert: %s", e.message);
 			goto out;
 		}
-		if (TIMED(x->res, kvp_lease_free(x->p, lease, NULL, 0, &e)) < 0) {
+		if (CALL(x, kvp_lease_free(x->p, lease, NULL, 0, &e), e) < 0) {
 			count_error(x, &e);
 			snprintf(x->res->why, sizeof(x->res->why), "free: %s", e.message);
 			goto out;
@@ -390,7 +406,7 @@ static int prefix_request(struct ctx *x, const uint32_t *tok, const uint64_t *ke
 out:
 	if (lease)
 		kvp_lease_free(x->p, lease, NULL, 0, NULL);
-	if (m.lock_id && kvp_cache_release(x->p, m.lock_id, &e) < 0 && rc == 0) {
+	if (m.lock_id && CALL(x, kvp_cache_release(x->p, m.lock_id, &e), e) < 0 && rc == 0) {
 		snprintf(x->res->why, sizeof(x->res->why), "release: %s", e.message);
 		rc = -1;
 	}
@@ -616,6 +632,7 @@ int main(int argc, char **argv)
 		sum.backoffs += res[i].backoffs;
 		sum.pressure_notices += res[i].pressure_notices;
 		sum.pressure_waits += res[i].pressure_waits;
+		sum.restarted_calls += res[i].restarted_calls;
 		for (int b = 0; b < LAT_BUCKETS; b++)
 			sum.lat[b] += res[i].lat[b];
 		for (int k = 0; k < KVP_CODE_MAX; k++)
@@ -630,14 +647,14 @@ int main(int argc, char **argv)
 		       "\"tokens\":%lu,\"requests_per_s\":%.1f,\"bytes_verified\":%lu,"
 		       "\"mismatches\":%lu,\"hit_tokens\":%lu,\"queried_tokens\":%lu,\"loads\":%lu,"
 		       "\"backoffs\":%lu,\"pressure_notices\":%lu,\"pressure_waits\":%lu,"
-		       "\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
+		       "\"restarted_calls\":%lu,\"rpc_p50_us\":%.1f,\"rpc_p99_us\":%.1f,\"errors\":{",
 		       o.procs, wall, (unsigned long)sum.requests, (unsigned long)sum.tokens,
 		       (double)sum.requests / wall, (unsigned long)sum.bytes_verified,
 		       (unsigned long)sum.mismatches, (unsigned long)sum.hit_tokens,
 		       (unsigned long)sum.queried_tokens, (unsigned long)sum.loads,
 		       (unsigned long)sum.backoffs, (unsigned long)sum.pressure_notices,
-		       (unsigned long)sum.pressure_waits, lat_quantile(sum.lat, 0.5),
-		       lat_quantile(sum.lat, 0.99));
+		       (unsigned long)sum.pressure_waits, (unsigned long)sum.restarted_calls,
+		       lat_quantile(sum.lat, 0.5), lat_quantile(sum.lat, 0.99));
 		for (int k = 1, first = 1; k < KVP_CODE_MAX; k++) {
 			if (!sum.errors[k])
 				continue;
@@ -663,6 +680,9 @@ int main(int argc, char **argv)
 				       : 0.0,
 			       (unsigned long)sum.loads);
 		printf("  back-offs       %lu\n", (unsigned long)sum.backoffs);
+		if (sum.restarted_calls)
+			printf("  restarts        %lu calls retried after a kvpoold restart\n",
+			       (unsigned long)sum.restarted_calls);
 		if (o.on_pressure)
 			printf("  pressure        %lu notices, %lu admissions held back\n",
 			       (unsigned long)sum.pressure_notices,
