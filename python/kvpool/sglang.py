@@ -327,13 +327,18 @@ class KvpoolStorage(HiCacheStorage):
         cp = have // c  # whole pages stored; a page missing a component is stored again
         if cp * c == len(part):
             return cp
-        lease = pool.alloc((len(part) // c - cp) * c, tier="host")
+        n = len(part) // c - cp
+        lease = pool.alloc(n * c, tier="host")
         try:
-            kp = torch.from_numpy(lease.pages.astype("int64")).view(-1, c)
+            # component j of the pages in the j-th n of the lease's pages, sorted (one run
+            # each when the lease is one, ascending or not), handed to the keys interleaved as
+            # the chain names them
+            kp = torch.from_numpy(lease.pages.astype("int64")).sort().values.view(c, n)
             src = pidx[cp:]
             for j, comp in enumerate(self._comps):
-                _move(state, kp[:, j], comp, src)
-            r = pool.insert_keys(lease, chain, cached_keys=lead + cp * c, namespace=ns)
+                _move(state, kp[j], comp, src)
+            r = pool.insert_keys(lease, chain, cached_keys=lead + cp * c, namespace=ns,
+                                 pages=kp.t().reshape(-1).numpy().astype("uint32"))
         finally:
             if not lease.ended and len(lease.pages):
                 lease.free()
