@@ -1,5 +1,6 @@
 /* libkvpool_keys.c - libkvpool's hash-keyed page calls (kvpool.h, "hash-keyed pages"):
  * InsertKeys, MatchKeys, ExistsKeys over the library's call path (kvp_internal.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,14 +12,49 @@
 	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
 	req.member = &var
 
-/* The keys as the wire's bytes fields in *out (free with free()). 0 or a negative code. */
+/* A refusal past one of the library's limits (KVP_E_LIMIT_EXCEEDED, detail: limit). */
+static int limit_fail(struct kvp_error *err, const char *what, uint64_t limit, const char *fmt,
+		      uint64_t have)
+{
+	int r = kvp__fail(err, KVP_E_LIMIT_EXCEEDED, 0, fmt, (unsigned long long)have,
+			  (unsigned long long)limit);
+
+	if (err) {
+		err->detail = KVP_DETAIL_LIMIT;
+		snprintf(err->limit.what, sizeof(err->limit.what), "%s", what);
+		err->limit.limit = limit;
+	}
+	return r;
+}
+
+/* The keys as the wire's bytes fields in *out (free with free()), checked against the most any
+ * kvpoold accepts (KVP_PAGE_KEYS_MAX keys, KVP_PAGE_KEY_BYTES_MAX bytes a key) and against one
+ * frame; the daemon's own max_keys_per_call / max_key_bytes may be lower. 0 or a negative code:
+ * KVP_E_LIMIT_EXCEEDED past a limit, KVP_E_INVALID_ARGUMENT for an empty key. */
 static int wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
 		     struct kvp_error *err)
 {
+	/* room for the envelope and the call's other fields */
+	const uint64_t budget = KVP_FRAME_MAX - 4096;
 	ProtobufCBinaryData *b;
+	uint64_t bytes = 0;
 
 	if (n && !keys)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "keys is NULL");
+	if (n > KVP_PAGE_KEYS_MAX)
+		return limit_fail(err, "keys per call", KVP_PAGE_KEYS_MAX,
+				  "%llu keys in one call, the limit is %llu", n);
+	for (uint32_t i = 0; i < n; i++) {
+		if (keys[i].len == 0 || !keys[i].data)
+			return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "key %u is empty", i);
+		if (keys[i].len > KVP_PAGE_KEY_BYTES_MAX)
+			return limit_fail(err, "bytes per key", KVP_PAGE_KEY_BYTES_MAX,
+					  "a key of %llu bytes, the limit is %llu", keys[i].len);
+		bytes += keys[i].len + 2; /* the field's tag and length */
+	}
+	if (bytes > budget)
+		return limit_fail(err, "key bytes per call", budget,
+				  "%llu bytes of keys in one call, one frame holds %llu", bytes);
 	b = malloc(((size_t)n + 1) * sizeof(*b));
 	if (!b)
 		return kvp__fail(err, KVP_E_NOMEM, 0, "out of memory for %u keys", n);

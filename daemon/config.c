@@ -489,7 +489,8 @@ static void set_max_locks(struct parse *s, const char *key, const char *v)
 
 static void set_max_keys(struct parse *s, const char *key, const char *v)
 {
-	parse_u32(s, key, v, 1, 1u << 20, &s->conf.max_keys_per_call);
+	/* at most libkvpool's KVP_PAGE_KEYS_MAX: more keys do not fit in one frame */
+	parse_u32(s, key, v, 1, 65536, &s->conf.max_keys_per_call);
 }
 
 static void set_max_key_bytes(struct parse *s, const char *key, const char *v)

@@ -17,8 +17,9 @@ int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_p
 	return rc < 0 ? rc : kvp_pool_ns_use(p, ns, keyed, f);
 }
 
-/* The call's keys, checked against the limits; NULL with f filled (LIMIT_EXCEEDED,
- * INVALID_ARGUMENT, INTERNAL). Free with free(). */
+/* The call's keys, checked against the limits; NULL with f filled (LIMIT_EXCEEDED past
+ * max_keys_per_call or max_key_bytes, INVALID_ARGUMENT for none or an empty key, INTERNAL). Free
+ * with free(). */
 static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 			       const ProtobufCBinaryData *k, size_t n, struct kvp_fail *f)
 {
@@ -36,11 +37,15 @@ static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
 		return NULL;
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (k[i].len == 0 || k[i].len > d->conf.max_key_bytes) {
-			kvp_fail(
-				f, KVP_ERR_INVALID_ARGUMENT,
-				"%s: key %zu has %zu bytes, keys have 1 .. %u bytes (max_key_bytes)",
-				call, i, k[i].len, d->conf.max_key_bytes);
+		if (k[i].len == 0) {
+			kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: key %zu is empty", call, i);
+			return NULL;
+		}
+		if (k[i].len > d->conf.max_key_bytes) {
+			kvp_fail_limit(f, "bytes per key", d->conf.max_key_bytes);
+			kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
+				 "%s: key %zu has %zu bytes, the limit is %u (max_key_bytes)", call,
+				 i, k[i].len, d->conf.max_key_bytes);
 			return NULL;
 		}
 	}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# pytest.sh - runs the kvpool Python tests (tests/python) in a venv and prints pytest's summary
-# line. Creates the venv (with the python3 first on PATH) when missing, installs numpy, pytest
-# and meson-python from PyPI, builds kvpoold (scripts/build.sh), installs the package with
-# `pip install .` and runs pytest. Exits 77 (skipped) with the reason when PyPI cannot be
+# pytest.sh - runs the kvpool Python tests (tests/python) in two venvs and prints one summary
+# line of pytest's counts. Creates the venv (with the python3 first on PATH) when missing,
+# installs numpy, pytest and meson-python from PyPI, builds kvpoold (scripts/build.sh), builds
+# the package's wheel once, installs it in both venvs and runs pytest: the engine plug-in tests
+# in the engine venv, the rest in the main one. Exits 77 (skipped) with the reason when PyPI cannot be
 # reached for a package that is missing.
 #   KVP_VENV=DIR         the venv (default .venv)
 #   KVP_BUILDDIR=DIR     the meson build folder kvpoold and kvpoolctl come from (default build)
@@ -11,12 +12,18 @@
 #                        (with the CUDA wheels it pulls, about 5.5 GiB in the venv); it runs on
 #                        the CPU all the same.
 #   KVP_PY_SETUP_ARGS    meson options for the package build (e.g. -Dcuda=disabled)
-#   KVP_PY_SGLANG=0      do not install sglang (pinned below, --no-deps, with the modules its
-#                        storage interface imports; a 39 MB wheel, 222 MB installed):
-#                        test_sglang.py then skips and says why
-#   KVP_PY_VLLM=0        do not install vllm (pinned below, --no-deps, with the modules its
-#                        offloading interface imports; a 336 MB wheel, 877 MB installed, no
-#                        CUDA library needed to import it): test_vllm.py then skips
+#   KVP_ENGINE_VENV=DIR  the venv of the engine plug-in tests (test_sglang.py, test_vllm.py;
+#                        default .venv-engines): SGLang's host pools and vLLM's block hashing
+#                        import the engines' model configs, which need transformers 5, while
+#                        kvpool.transformers is tested with the pin above. It holds torch (the
+#                        same pin, from PyPI: download.pytorch.org's CPU wheels are not
+#                        reachable everywhere), transformers 5 (pinned below), sglang and vllm
+#                        (pinned, --no-deps) and the modules their host pool, storage and
+#                        offloading modules import (pinned, --no-deps). About 6.8 GiB; a fresh
+#                        one takes about 3 to 5 minutes to install (mostly torch's CUDA wheels).
+#   KVP_PY_ENGINES=0     no engine venv: the engine tests run in KVP_VENV, where they skip and
+#                        say why
+# The summary line adds both runs' counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVP_VENV:-.venv}
@@ -77,50 +84,93 @@ PY
 	pip install $need || { echo "pytest.sh: pip install $need failed"; exit 1; }
 fi
 
-# the engines' interface code, pinned, without their dependency trees (which pin CUDA torch
-# builds and a transformers that kvpool.transformers is not tested with): only the modules
-# their storage/offloading interfaces import
-sglang_pin="sglang==0.5.23"
-sglang_deps="orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 pillow==13.0.0 starlette==1.10.0
-	anyio==4.16.0 msgspec==0.23.0 pydantic==2.14.4 pydantic_core==2.50.5
-	typing-inspection==0.4.5 annotated-types==0.8.0 pyzmq==27.3.0 ipython==9.18.1
-	traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0 yarl==1.25.1
-	propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0"
-vllm_pin="vllm==0.33.0"
-vllm_deps="cbor2==6.3.0 annotated-types==0.8.0 pydantic==2.14.4 pydantic_core==2.50.5
-	typing-inspection==0.4.5 msgspec==0.23.0 pyzmq==27.3.0"
-engines=""
-if [ "${KVP_PY_SGLANG:-1}" = 1 ] && ! "$py" -c "import sglang.srt.mem_cache.hicache_storage" \
-	2>/dev/null && ! "$py" -m pip show -q sglang >/dev/null 2>&1; then
-	engines="$engines $sglang_pin $sglang_deps"
-fi
-if [ "${KVP_PY_VLLM:-1}" = 1 ] && ! "$py" -m pip show -q vllm >/dev/null 2>&1; then
-	engines="$engines $vllm_pin $vllm_deps"
-fi
-if [ -n "$engines" ]; then
-	t0=$(date +%s)
-	# shellcheck disable=SC2086
-	if pip install --no-deps $engines; then
-		echo "pytest.sh: engine packages installed in $(($(date +%s) - t0)) s"
-	else
-		echo "pytest.sh: installing the engine packages failed: their tests skip"
-	fi
-fi
-
 PATH=$sys_path bash scripts/build.sh "$builddir" -Dwerror=true || { echo "pytest.sh: build failed"; exit 1; }
 setup_args=()
 for a in ${KVP_PY_SETUP_ARGS:-}; do
 	setup_args+=("-Csetup-args=$a")
 done
-# the build requirements are in the venv already: no second download per run
-pip install --no-build-isolation "${setup_args[@]}" . ||
-	{ echo "pytest.sh: pip install . failed"; exit 1; }
+# one wheel of the package for both venvs (the same python3); the build requirements are in
+# the venv already: no second download per run
+whl=$(mktemp -d)
+trap 'rm -rf "$whl"' EXIT
+pip wheel -q --no-deps --no-build-isolation -w "$whl" "${setup_args[@]}" . ||
+	{ echo "pytest.sh: building the kvpool wheel failed"; exit 1; }
+pip install --force-reinstall --no-deps "$whl"/kvpool-*.whl ||
+	{ echo "pytest.sh: pip install kvpool failed"; exit 1; }
+
+# the engine venv: transformers 5, the engines' interface code without their dependency trees
+# (which pin other torch builds), only the modules the tested modules import
+transformers5_pin="transformers==5.19.0"
+engine_pkgs="sglang==0.5.23 vllm==0.33.0 orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1
+	pillow==13.0.0 starlette==1.10.0 anyio==4.16.0 sniffio==1.3.1 msgspec==0.23.0
+	pydantic==2.14.4 pydantic_core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
+	pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1 aiohttp==3.14.5 multidict==7.2.1
+	attrs==26.1.0 yarl==1.25.1 propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0
+	frozenlist==1.8.0 cbor2==6.3.0 requests==2.34.2 urllib3==2.8.0 idna==3.20
+	charset-normalizer==3.5.3 certifi==2026.10.19.post1 dill==0.4.1 apache-tvm-ffi==0.1.11
+	sentencepiece==0.2.3 compressed-tensors==0.20.1 gguf==0.19.0 torchvision==0.29.2
+	loguru==0.7.3 openai==3.57.0 openai-harmony==0.0.8 cachetools==8.0.2 cloudpickle==3.1.3
+	uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus_client==0.26.0 xgrammar==0.2.9
+	fastapi==0.136.3 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1"
+engine_mods="import pytest, numpy, torch, transformers
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+from sglang.srt.mem_cache.storage import backend_factory
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory"
+engine_tests="test_sglang.py test_vllm.py"
+epy=""
+if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then
+	evenv=${KVP_ENGINE_VENV:-.venv-engines}
+	if [ ! -x "$evenv/bin/python" ]; then
+		python3 -m venv "$evenv" || { echo "pytest.sh: python3 -m venv $evenv failed"; exit 1; }
+	fi
+	epy="$(realpath "$evenv")/bin/python"
+	epip() { "$epy" -m pip --disable-pip-version-check -q "$@"; }
+	# shellcheck disable=SC2086
+	if ! (cd /tmp && "$epy" -W ignore -c "$engine_mods") >/dev/null 2>&1 ||
+		! py=$epy pins_ok $torch_pin $transformers5_pin; then
+		t0=$(date +%s)
+		# shellcheck disable=SC2086
+		if epip install pytest numpy $torch_pin $transformers5_pin &&
+			epip install --no-deps $engine_pkgs; then
+			echo "pytest.sh: engine venv $evenv installed in $(($(date +%s) - t0)) s"
+		else
+			echo "pytest.sh: installing the engine venv failed"
+			exit 1
+		fi
+	fi
+	epip install --force-reinstall --no-deps "$whl"/kvpool-*.whl ||
+		{ echo "pytest.sh: pip install kvpool in $evenv failed"; exit 1; }
+fi
 
 export KVPOOLD="$PWD/$builddir/daemon/kvpoold" KVPOOLCTL="$PWD/$builddir/client/kvpoolctl"
 # run from tests/python so the import finds the installed package, not python/kvpool
 log=$(mktemp)
-(cd tests/python && "$py" -m pytest -q -rfEs -p no:cacheprovider .) 2>&1 | tee "$log"
+ignore=()
+if [ -n "$epy" ]; then
+	for t in $engine_tests; do
+		ignore+=("--ignore=$t")
+	done
+fi
+(cd tests/python && "$py" -m pytest -q -rfEs -p no:cacheprovider "${ignore[@]}" .) 2>&1 |
+	tee "$log"
 rc=${PIPESTATUS[0]}
-echo "pytest.sh: $(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | tr -d '=')"
+counts() { grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$1" | tail -1 | tr -d '='; }
+sum=$(counts "$log")
+if [ -n "$epy" ]; then
+	elog=$(mktemp)
+	echo "pytest.sh: the engine tests in $evenv"
+	# shellcheck disable=SC2086
+	(cd tests/python && "$epy" -m pytest -q -rfEs -p no:cacheprovider -W ignore $engine_tests) \
+		2>&1 | tee "$elog"
+	erc=${PIPESTATUS[0]}
+	[ "$rc" = 0 ] && rc=$erc
+	sum="$sum, $(counts "$elog")"
+	rm -f "$elog"
+fi
+# one line of both runs' counts, each kind added up
+echo "pytest.sh: $(printf '%s\n' "$sum" | tr ',' '\n' | awk 'NF >= 2 { n[$2] += $1 }
+	END { s = ""; for (k in n) s = s (s ? ", " : "") n[k] " " k; print s }')"
 rm -f "$log"
 exit "$rc"

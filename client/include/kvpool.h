@@ -528,9 +528,14 @@ int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint
  * key an opaque string of 1 .. 64 bytes that already folds in its parent (a chained page hash).
  * A namespace is token-keyed or hash-keyed while it holds cached pages; a call of the other kind
  * on it answers KVP_E_INVALID_ARGUMENT. More keys in one call than the daemon's
- * max_keys_per_call (default 65536) answer KVP_E_LIMIT_EXCEEDED (detail: limit); a key of 0
- * or more than max_key_bytes (64) bytes KVP_E_INVALID_ARGUMENT. Locks from kvp_cache_match_keys are
- * released with kvp_cache_release and promoted with kvp_cache_load like kvp_cache_match's. */
+ * max_keys_per_call (default and most KVP_PAGE_KEYS_MAX), a key of more than its max_key_bytes
+ * (default and most KVP_PAGE_KEY_BYTES_MAX) bytes, or more key bytes than one frame holds
+ * answer KVP_E_LIMIT_EXCEEDED (detail: limit, what "keys per call", "bytes per key" or "key
+ * bytes per call"; the library refuses past its own maxima before sending); an empty key
+ * KVP_E_INVALID_ARGUMENT. Locks from kvp_cache_match_keys are released with kvp_cache_release
+ * and promoted with kvp_cache_load like kvp_cache_match's. */
+#define KVP_PAGE_KEYS_MAX 65536u
+#define KVP_PAGE_KEY_BYTES_MAX 64u
 struct kvp_page_key {
 	const void *data;
 	size_t len;

@@ -8,25 +8,31 @@ instance backs up are found and read by every other. Start SGLang with::
         "module_path": "kvpool.sglang", "class_name": "KvpoolStorage", "interface_v1": 1,
         "pool": "llama-8b", "socket": "/run/kvpool/kvpoold.sock"}'
 
-Extra config keys: pool (required; its geometry must be the host pool's per-rank geometry:
-layers, kv_heads = heads of one TP rank, head_dim, dtype, page_tokens = --page-size),
-socket (default: kvpool.default_socket()), namespace (int, default 0), timeout_ms (per call,
-default 5000), max_keys_per_call (default 4096).
+Extra config keys: pool (required), socket (default: kvpool.default_socket()), namespace (int,
+default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096).
 
-Keys: SGLang's page hash (get_hash_str: 64 hex digits) as its 32 bytes, then the TP rank
-(and PP rank) and "kv": one kvpool page holds a page's K and V of every layer, so the two
-components of SGLang's own MHA backends ("<hash>_<rank>_k", "_v") are one key here.
+Keys, as SGLang's own storage backends name them: MHA stores a page's K and V as two keys,
+"<hash>_<tp rank>_k" and "_v" ("<tp rank>_<pp rank>" with pipeline parallelism); MLA (K and V
+are one latent, the same on every TP rank) one key "<hash>_<pp rank or nothing>_k". SGLang's
+page hash (get_hash_str: 64 hex digits) travels as its 32 bytes; the chain of a batch is its
+pages' keys in order (K then V for MHA), so a page is a hit when all its keys are.
 
-Host layouts: kvpool's host page is [layers, 2 (K, V), page_tokens, kv_heads, head_dim];
-SGLang's layer_first ([2, layers, tokens, heads, dim]) and page_first_direct ([2, pages,
-layers, page_tokens, heads, dim]) copy a page as 2 x layers runs of page_tokens rows;
-page_first ([2, tokens, layers, heads, dim]) needs a per-token gather (2 x layers x page_tokens
-runs of one row each). Every layout is a strided copy: one torch copy of K and V together for
-a batch when the host indices or kvpool's pages form one run, else a gather first.
+Pool geometry: one kvpool host page holds one key's component of one SGLang page, [layers,
+page_size, heads, head_dim] (MHA, per TP rank) or [layers, page_size, 1, kv_lora_rank +
+qk_rope_head_dim] (MLA), of the host pool's dtype. A pool with the model's layers, kv_heads
+(per rank; 1 for MLA), page_tokens = --page-size and head_dim halved (MHA: head_dim / 2; MLA:
+(kv_lora_rank + qk_rope_head_dim) / 2) has exactly those page bytes; the check is on page
+bytes and dtype (GeometryMismatch).
+
+Host layouts: layer_first ([layers, tokens, ...]) and page_first_direct ([pages, layers,
+page_size, ...]) copy a component page as layers runs of page_size rows; page_first ([tokens,
+layers, ...]) needs a per-token gather (layers x page_size runs of one row). Every layout is
+one strided torch copy per component for a batch when the host indices or kvpool's pages form
+one run, else a gather first.
 
 kvpoold down or restarted: every call answers misses / False and counts it (get_stats); the
-backend attaches again by itself after a bounded backoff. MLA models are refused (kvpool
-pages hold K and V planes of kv_heads heads).
+backend attaches again by itself after a bounded backoff. Pages that another client loaded to
+the pool's device tier are misses here (this backend reads host pages).
 """
 from __future__ import annotations
 
@@ -72,12 +78,6 @@ def _run(idx: torch.Tensor) -> Optional[tuple[int, int]]:
     return a, n
 
 
-def _take(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """t[idx] along dim 0: a view when idx is a run, else a gather."""
-    r = _run(idx)
-    return t.narrow(0, r[0], r[1]) if r else t.index_select(0, idx)
-
-
 def _put(t: torch.Tensor, idx: torch.Tensor, value: torch.Tensor) -> None:
     """t[idx] = value along dim 0."""
     r = _run(idx)
@@ -99,48 +99,49 @@ def _move(dst: torch.Tensor, di: torch.Tensor, src: torch.Tensor, si: torch.Tens
         _put(dst, di, src.index_select(0, si))
 
 
-def _sgl_page_views(host: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of SGLang's host pool as [pages, layers, page_tokens, heads, dim] views."""
-    layout, T = host.layout, host.page_size
-    k, v = host.k_buffer, host.v_buffer
-    if layout == "layer_first":  # [layers, tokens, heads, dim]
-        f = lambda b: b.unflatten(1, (-1, T)).permute(1, 0, 2, 3, 4)  # noqa: E731
-    elif layout == "page_first":  # [tokens, layers, heads, dim]
-        f = lambda b: b.unflatten(0, (-1, T)).permute(0, 2, 1, 3, 4)  # noqa: E731
-    elif layout == "page_first_direct":  # [pages, layers, page_tokens, heads, dim]
-        f = lambda b: b  # noqa: E731
-    else:
-        raise ValueError(f"kvpool.sglang: host layout {layout!r} is not supported "
-                         f"(supported: {', '.join(LAYOUTS)})")
-    return f(k), f(v)
+def _page_view(buf: torch.Tensor, layout: str, T: int) -> torch.Tensor:
+    """One component buffer of SGLang's host pool as [pages, layers, page_size, h, d]."""
+    if layout == "layer_first":  # [layers, tokens, h, d]
+        return buf.unflatten(1, (-1, T)).permute(1, 0, 2, 3, 4)
+    if layout == "page_first":  # [tokens, layers, h, d]
+        return buf.unflatten(0, (-1, T)).permute(0, 2, 1, 3, 4)
+    if layout == "page_first_direct":  # [pages, layers, page_size, h, d]
+        return buf
+    raise ValueError(f"kvpool.sglang: host layout {layout!r} is not supported "
+                     f"(supported: {', '.join(LAYOUTS)})")
 
 
-def _sgl_kv_view(host: Any) -> Optional[torch.Tensor]:
-    """SGLang's host K/V as one [pages, layers, 2, page_tokens, heads, dim] view (kvpool's
-    host page order), or None when the pool has no kv_buffer of both."""
-    kv, T = getattr(host, "kv_buffer", None), host.page_size
-    if not isinstance(kv, torch.Tensor) or kv.shape[0] != 2:
-        return None
-    if host.layout == "layer_first":  # [2, layers, tokens, heads, dim]
-        return kv.unflatten(2, (-1, T)).permute(2, 1, 0, 3, 4, 5)
-    if host.layout == "page_first":  # [2, tokens, layers, heads, dim]
-        return kv.unflatten(1, (-1, T)).permute(1, 3, 0, 2, 4, 5)
-    return kv.permute(1, 2, 0, 3, 4, 5)  # page_first_direct [2, pages, layers, T, heads, dim]
+def _component_views(host: Any, mla: bool) -> list[torch.Tensor]:
+    """SGLang's host pool as one [pages, layers, page_size, h, d] view per key component:
+    K and V (MHA), the latent (MLA)."""
+    if mla:
+        return [_page_view(host.kv_buffer, host.layout, host.page_size)]
+    return [_page_view(host.k_buffer, host.layout, host.page_size),
+            _page_view(host.v_buffer, host.layout, host.page_size)]
 
 
-def _flat_to_pages(host: Any, flat: torch.Tensor) -> torch.Tensor:
-    """SGLang's flat data page (get_data_page) as [1, layers, 2, T, heads, dim]."""
-    L, T, H, D = host.layer_num, host.page_size, host.head_num, host.head_dim
+def _row(host: Any, mla: bool) -> tuple[int, int]:
+    """(h, d) of one token's row of one component."""
+    return (1, host.kv_cache_dim) if mla else (host.head_num, host.head_dim)
+
+
+def _flat_to_components(host: Any, mla: bool, flat: torch.Tensor) -> list[torch.Tensor]:
+    """SGLang's flat data page (get_data_page) as [layers, page_size, h, d] per component."""
+    L, T = host.layer_num, host.page_size
+    h, d = _row(host, mla)
+    n = 1 if mla else 2
     if host.layout == "page_first":
-        return flat.view(2, T, L, H, D).permute(2, 0, 1, 3, 4).unsqueeze(0)
-    return flat.view(2, L, T, H, D).permute(1, 0, 2, 3, 4).unsqueeze(0)
+        x = flat.view(n, T, L, h, d)
+        return [x[j].transpose(0, 1) for j in range(n)]
+    x = flat.view(n, L, T, h, d)
+    return [x[j] for j in range(n)]
 
 
-def _pages_to_flat(host: Any, page: torch.Tensor) -> torch.Tensor:
-    """A [layers, 2, T, heads, dim] page as SGLang's flat data page."""
+def _components_to_flat(host: Any, comps: list[torch.Tensor]) -> torch.Tensor:
+    """Components [layers, page_size, h, d] as SGLang's flat data page."""
     if host.layout == "page_first":
-        return page.permute(1, 2, 0, 3, 4).reshape(-1)
-    return page.permute(1, 0, 2, 3, 4).reshape(-1)
+        comps = [c.transpose(0, 1) for c in comps]
+    return torch.stack(comps).reshape(-1)
 
 
 class KvpoolStorage(HiCacheStorage):
@@ -150,21 +151,26 @@ class KvpoolStorage(HiCacheStorage):
         extra = dict(storage_config.extra_config or {}) if storage_config else {}
         if "pool" not in extra:
             raise ValueError("kvpool.sglang: the extra config needs \"pool\" (a kvpool pool name)")
-        if storage_config.is_mla_model:
-            raise ValueError("kvpool.sglang: MLA models are not supported (kvpool pages hold "
-                             "K and V planes)")
         self.storage_config = storage_config
         self.kwargs = kwargs or {}
         self.namespace = int(extra.get("namespace", 0))
-        self.max_keys = max(1, int(extra.get("max_keys_per_call", 4096)))
         self.timeout_ms = int(extra.get("timeout_ms", 5000))
-        tag = f"tp{storage_config.tp_rank}"
-        if storage_config.pp_size > 1:
-            tag += f"pp{storage_config.pp_rank}"
+        self.mla = bool(storage_config.is_mla_model)
+        # the key components of a page: K and V (MHA), one (MLA); SGLang's own suffixes
+        pp = f"{storage_config.pp_rank}" if storage_config.pp_size > 1 else ""
+        if self.mla:
+            tag = pp
+        else:
+            tag = f"{storage_config.tp_rank}" + (f"_{pp}" if pp else "")
         if storage_config.attn_cp_size > 1:
-            tag += f"cp{storage_config.attn_cp_rank}"
-        self.key_suffix = b"\x00" + tag.encode() + b"kv"
+            tag += f"_cp{storage_config.attn_cp_rank}"
+        self.suffixes = [f"_{tag}_k".encode()] if self.mla else \
+            [f"_{tag}_k".encode(), f"_{tag}_v".encode()]
+        self.ncomp = len(self.suffixes)
+        # whole pages per call: every component key of a page in the same call
+        self.max_pages = max(1, int(extra.get("max_keys_per_call", 4096)) // self.ncomp)
         self.mem_pool_host: Any = None
+        self._comps: list[torch.Tensor] = []
         self.link = Link(str(extra["pool"]), extra.get("socket"),
                          name=f"sglang-{storage_config.tp_rank}", check=self._check,
                          setup=self._setup)
@@ -173,26 +179,31 @@ class KvpoolStorage(HiCacheStorage):
 
     # -- pool and layout --
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        """Takes SGLang's host pool (any of LAYOUTS) and checks it against the kvpool pool
-        (GeometryMismatch)."""
+        """Takes SGLang's host pool (MHATokenToKVPoolHost or MLATokenToKVPoolHost, any of
+        LAYOUTS) and checks it against the kvpool pool (GeometryMismatch)."""
         if getattr(mem_pool_host, "layout", None) not in LAYOUTS:
             raise ValueError(f"kvpool.sglang: host layout {mem_pool_host.layout!r} is not "
                              f"supported (supported: {', '.join(LAYOUTS)})")
+        if self.mla != hasattr(mem_pool_host, "kv_cache_dim"):
+            raise ValueError("kvpool.sglang: is_mla_model does not match the host pool's class "
+                             f"{type(mem_pool_host).__name__}")
         super().register_mem_pool_host(mem_pool_host)
-        self._sgl_k, self._sgl_v = _sgl_page_views(mem_pool_host)
-        self._sgl_kv = _sgl_kv_view(mem_pool_host)
+        self._comps = _component_views(mem_pool_host, self.mla)
         with self.link.lock:
             pool, self.link.state = self.link.pool, None
             if pool is not None:
                 self._check(pool)  # raises into the engine's start-up: a wrong pool
                 self.link.state = self._setup(pool)
 
-    def _want(self) -> kvpool.Geometry:
+    def _want(self) -> tuple[kvpool.Geometry, int]:
+        """The pool geometry suggested for the host pool and the page bytes it must have."""
         h = self.mem_pool_host
         dt = {v: k for k, v in _TORCH_DTYPES.items()}.get(h.dtype, str(h.dtype))
         if h.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
             dt = "fp8"
-        return kvpool.Geometry((h.layer_num, h.head_num, h.head_dim, dt, h.page_size))
+        rh, rd = _row(h, self.mla)
+        size = h.layer_num * h.page_size * rh * rd * h.dtype.itemsize
+        return kvpool.Geometry((h.layer_num, rh, max(1, rd // 2), dt, h.page_size)), size
 
     def _check(self, pool: kvpool.Pool) -> None:
         pool.client.set_timeout(self.timeout_ms)
@@ -201,13 +212,14 @@ class KvpoolStorage(HiCacheStorage):
                                     "the pool has no host tier")
         if self.mem_pool_host is None:
             return
-        want, have = self._want(), pool.geometry
-        if getattr(self.mem_pool_host, "v_head_dim", want.head_dim) != want.head_dim:
+        (want, size), have = self._want(), pool.geometry
+        if not self.mla and self.mem_pool_host.v_head_dim != self.mem_pool_host.head_dim:
             raise geometry_mismatch(pool.name, want, have, "v_head_dim differs from head_dim")
-        bad = [f for f in ("layers", "kv_heads", "head_dim", "dtype", "page_tokens") if getattr(want, f) != getattr(have, f)]
-        if bad:
-            raise geometry_mismatch(pool.name, want, have,
-                                    f"{', '.join(bad)} differ from SGLang's host pool")
+        if pool.page_bytes != size or have.dtype != want.dtype:
+            what = "K or V" if not self.mla else "the latent"
+            raise geometry_mismatch(
+                pool.name, want, have, f"a pool page ({pool.page_bytes} bytes, {have.dtype}) "
+                f"must hold {what} of one SGLang page ({size} bytes, {want.dtype})")
 
     def _setup(self, pool: kvpool.Pool) -> Any:
         if self.mem_pool_host is None:
@@ -216,29 +228,27 @@ class KvpoolStorage(HiCacheStorage):
         dt = self.mem_pool_host.dtype
         if host.dtype != dt:
             host = host.view(dt)
-        planes = [None, None, None, None]
-        if pool.tier_pages("device") and pool.tier_backend("device") in ("sim", "cuda"):
-            try:
-                g = pool.geometry
-                planes = [[torch.from_dlpack(pool.kv("device", l, kv)).view(
-                    -1, g.page_tokens, g.kv_heads, g.head_dim) for l in range(g.layers)]
-                    for kv in (0, 1)]
-            except ValueError:
-                planes = [None, None]
-        return {"kv": host, "k": host[:, :, 0], "v": host[:, :, 1], "dk": planes[0],
-                "dv": planes[1]}
+        h = self.mem_pool_host
+        rh, rd = _row(h, self.mla)
+        return host.view(host.shape[0], h.layer_num, h.page_size, rh, rd)
 
     # -- keys --
-    def _key(self, key: str) -> bytes:
-        if len(key) == 64:
-            try:
-                return bytes.fromhex(key) + self.key_suffix
-            except ValueError:
-                pass
-        b = key.encode()
-        if len(b) + len(self.key_suffix) > 64:
-            b = hashlib.sha256(b).digest()
-        return b + self.key_suffix
+    def _keys(self, keys: List[str]) -> list[bytes]:
+        """The kvpool keys of SGLang's page keys: every component of each page, in order."""
+        out = []
+        for key in keys:
+            b = None
+            if len(key) == 64:
+                try:
+                    b = bytes.fromhex(key)
+                except ValueError:
+                    pass
+            if b is None:
+                b = key.encode()
+                if len(b) + len(self.suffixes[0]) > 64:
+                    b = hashlib.sha256(b).digest()
+            out += [b + sfx for sfx in self.suffixes]
+        return out
 
     def _pidx(self, host_indices: torch.Tensor, n: int) -> torch.Tensor:
         T = self.mem_pool_host.page_size
@@ -247,18 +257,18 @@ class KvpoolStorage(HiCacheStorage):
 
     # -- the v1 batch interface (what the cache controller calls) --
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        """Count of leading keys stored."""
+        """Count of leading pages whose every key is stored."""
         if not keys:
             return 0
-        kk = [self._key(k) for k in keys]
+        kk, c = self._keys(keys), self.ncomp
 
         def go(pool, state):
             hit = 0
-            for i in range(0, len(kk), self.max_keys):
-                part = kk[i:i + self.max_keys]
-                c = pool.exists_keys(part, namespace=self.namespace)
-                hit += c
-                if c < len(part):
+            for i in range(0, len(keys), self.max_pages):
+                part = kk[i * c:(i + self.max_pages) * c]
+                n = pool.exists_keys(part, namespace=self.namespace) // c
+                hit += n
+                if n * c < len(part):
                     break
             return hit
 
@@ -271,7 +281,7 @@ class KvpoolStorage(HiCacheStorage):
         """The kvpool keys of keys and their host pool pages, for a batch call of n > 0 keys."""
         if self.mem_pool_host is None:
             raise RuntimeError(f"kvpool.sglang: {call} before register_mem_pool_host")
-        return [self._key(k) for k in keys], self._pidx(host_indices, len(keys))
+        return self._keys(keys), self._pidx(host_indices, len(keys))
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
@@ -280,18 +290,18 @@ class KvpoolStorage(HiCacheStorage):
         if n == 0:
             return []
         kk, pidx = self._batch_args("batch_set_v1", keys, host_indices)
-        anchor = None
+        c, anchor = self.ncomp, None
         prefix = getattr(extra_info, "prefix_keys", None) if extra_info is not None else None
         if prefix:
-            anchor = self._key(prefix[-1])
+            anchor = self._keys(prefix[-1:])[-1]
 
         def go(pool, state):
             done, prev = 0, anchor
-            for i in range(0, n, self.max_keys):
-                part = kk[i:i + self.max_keys]
-                d = self._set_run(pool, state, prev, part, pidx[i:i + len(part)])
+            for i in range(0, n, self.max_pages):
+                part = kk[i * c:(i + self.max_pages) * c]
+                d = self._set_run(pool, state, prev, part, pidx[i:i + len(part) // c])
                 done += d
-                if d < len(part):
+                if d * c < len(part):
                     break
                 prev = part[-1]
             return done
@@ -303,31 +313,36 @@ class KvpoolStorage(HiCacheStorage):
         return [i < done for i in range(n)]
 
     def _set_run(self, pool, state, anchor, part, pidx) -> int:
-        ns = self.namespace
+        """Stores the pages pidx under part (their component keys); returns whole pages
+        stored."""
+        ns, c = self.namespace, self.ncomp
         chain = [anchor] + part if anchor is not None else part
-        c = pool.exists_keys(chain, namespace=ns)
+        have = pool.exists_keys(chain, namespace=ns)
         if anchor is not None:
-            if c == 0:  # the parent is gone: a run of its own
-                chain, c = part, pool.exists_keys(part, namespace=ns)
+            if have == 0:  # the parent is gone: a run of its own
+                chain, have = part, pool.exists_keys(part, namespace=ns)
             else:
-                c -= 1
+                have -= 1
         lead = len(chain) - len(part)
-        if c == len(part):
-            return c
-        lease = pool.alloc(len(part) - c, tier="host")
+        cp = have // c  # whole pages stored; a page missing a component is stored again
+        if cp * c == len(part):
+            return cp
+        n = len(part) // c - cp
+        lease = pool.alloc(n * c, tier="host")
         try:
-            kp = torch.from_numpy(lease.pages.astype("int64"))
-            src = pidx[c:]
-            if self._sgl_kv is not None:
-                _move(state["kv"], kp, self._sgl_kv, src)
-            else:
-                _move(state["k"], kp, self._sgl_k, src)
-                _move(state["v"], kp, self._sgl_v, src)
-            r = pool.insert_keys(lease, chain, cached_keys=lead + c, namespace=ns)
+            # component j of the pages in the j-th n of the lease's pages, sorted (one run
+            # each when the lease is one, ascending or not), handed to the keys interleaved as
+            # the chain names them
+            kp = torch.from_numpy(lease.pages.astype("int64")).sort().values.view(c, n)
+            src = pidx[cp:]
+            for j, comp in enumerate(self._comps):
+                _move(state, kp[j], comp, src)
+            r = pool.insert_keys(lease, chain, cached_keys=lead + cp * c, namespace=ns,
+                                 pages=kp.t().reshape(-1).numpy().astype("uint32"))
         finally:
             if not lease.ended and len(lease.pages):
                 lease.free()
-        return max(0, r["done_keys"] - lead)
+        return max(0, r["done_keys"] - lead) // c
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> List[bool]:
@@ -336,14 +351,15 @@ class KvpoolStorage(HiCacheStorage):
         if n == 0:
             return []
         kk, pidx = self._batch_args("batch_get_v1", keys, host_indices)
+        c = self.ncomp
 
         def go(pool, state):
             got = 0
-            for i in range(0, n, self.max_keys):
-                part = kk[i:i + self.max_keys]
-                g = self._get_run(pool, state, part, pidx[i:i + len(part)])
+            for i in range(0, n, self.max_pages):
+                part = kk[i * c:(i + self.max_pages) * c]
+                g = self._get_run(pool, state, part, pidx[i:i + len(part) // c])
                 got += g
-                if g < len(part):
+                if g * c < len(part):
                     break
             return got
 
@@ -354,26 +370,17 @@ class KvpoolStorage(HiCacheStorage):
         return [i < got for i in range(n)]
 
     def _get_run(self, pool, state, part, pidx) -> int:
+        c = self.ncomp
         m = pool.match_keys(part, namespace=self.namespace, lock=True)
         try:
-            nd, nh = len(m.device_pages), len(m.host_pages)
-            if nd and state["dk"] is None:
-                return 0  # device-resident pages not mapped here: a miss
-            if nd:
-                dp = torch.from_numpy(m.device_pages.astype("int64"))
-                dst = pidx[:nd]
-                for layer in range(len(state["dk"])):
-                    _put(self._sgl_k[:, layer], dst, _take(state["dk"][layer], dp))
-                    _put(self._sgl_v[:, layer], dst, _take(state["dv"][layer], dp))
-            if nh:
-                hp = torch.from_numpy(m.host_pages.astype("int64"))
-                dst = pidx[nd:nd + nh]
-                if self._sgl_kv is not None:
-                    _move(self._sgl_kv, dst, state["kv"], hp)
-                else:
-                    _move(self._sgl_k, dst, state["k"], hp)
-                    _move(self._sgl_v, dst, state["v"], hp)
-            return nd + nh
+            if len(m.device_pages):
+                return 0  # loaded to the device tier by another client: not read here
+            n = len(m.host_pages) // c
+            if n:
+                hp = torch.from_numpy(m.host_pages[:n * c].astype("int64")).view(n, c)
+                for j, comp in enumerate(self._comps):
+                    _move(comp, pidx[:n], state, hp[:, j])
+            return n
         finally:
             m.release()
 
@@ -387,21 +394,15 @@ class KvpoolStorage(HiCacheStorage):
         given), or None."""
         if self.mem_pool_host is None:
             return None
-        k = self._key(key)
+        kk = self._keys([key])
 
         def go(pool, state):
-            m = pool.match_keys([k], namespace=self.namespace, lock=True)
+            m = pool.match_keys(kk, namespace=self.namespace, lock=True)
             try:
-                if len(m.host_pages):
-                    p = int(m.host_pages[0])
-                    page = torch.stack([state["k"][p], state["v"][p]], dim=1)
-                elif len(m.device_pages) and state["dk"] is not None:
-                    p = int(m.device_pages[0])
-                    page = torch.stack([torch.stack([state["dk"][i][p], state["dv"][i][p]])
-                                        for i in range(len(state["dk"]))])
-                else:
+                if len(m.device_pages) or len(m.host_pages) < self.ncomp:
                     return None
-                return _pages_to_flat(self.mem_pool_host, page)
+                comps = [state[int(p)] for p in m.host_pages]
+                return _components_to_flat(self.mem_pool_host, comps)
             finally:
                 m.release()
 
@@ -425,18 +426,17 @@ class KvpoolStorage(HiCacheStorage):
         src = value if value is not None else target_location
         if src is None or self.mem_pool_host is None:
             return False
-        page = _flat_to_pages(self.mem_pool_host, src.reshape(-1))
-        k = self._key(key)
+        comps = _flat_to_components(self.mem_pool_host, self.mla, src.reshape(-1))
+        kk = self._keys([key])
 
         def go(pool, state):
-            if pool.exists_keys([k], namespace=self.namespace):
+            if pool.exists_keys(kk, namespace=self.namespace) == len(kk):
                 return True
-            with pool.alloc(1, tier="host") as lease:
-                p = int(lease.pages[0])
-                state["k"][p].copy_(page[0, :, 0])
-                state["v"][p].copy_(page[0, :, 1])
-                r = pool.insert_keys(lease, [k], namespace=self.namespace)
-            return r["done_keys"] == 1
+            with pool.alloc(len(kk), tier="host") as lease:
+                for p, comp in zip(lease.pages, comps):
+                    state[int(p)].copy_(comp)
+                r = pool.insert_keys(lease, kk, namespace=self.namespace)
+            return r["done_keys"] == len(kk)
 
         return bool(self.link.call("set", go))
 

@@ -10,7 +10,8 @@ one instance stores are looked up and loaded by every other. Start vLLM with::
 
 Extra config keys: pool (required: a pool with a host tier whose page_bytes equal vLLM's
 worker_kv_bytes_per_block x blocks_per_chunk, i.e. one worker's bytes of one offloaded
-chunk), socket, namespace (int, default 0), timeout_ms (default 5000).
+chunk), socket, namespace (int, default 0), timeout_ms (default 5000), events_check_ms (default
+1000).
 
 The scheduler side (KvpoolOffloadingManager) answers lookup from the pool's hash-keyed pages
 and leases host pages for stores; the worker side (KvpoolOffloadingWorker) copies between
@@ -21,7 +22,14 @@ shard of a block is one page, and a block is a hit only when every rank's page i
 
 kvpoold unreachable: lookup answers MISS, prepare_store None (vLLM counts an allocation
 failure), loads fail (vLLM recomputes); nothing raises into the engine, and both sides attach
-again by themselves. kvpool evicts on its own, so removal events are not reported.
+again by themselves.
+
+KV events (enable_kv_cache_events): take_events reports the blocks this manager stored and,
+since kvpoold evicts on its own, their removals: it re-checks the blocks it reported stored
+with ExistsKeys (one call per 4,096 keys plus one per removed block, at most every
+events_check_ms, default 1000, and at most 1,024 calls at a time; the rest the next time). A
+block evicted, flushed or lost with a kvpoold restart is reported removed once; blocks other
+instances stored are theirs to report.
 """
 from __future__ import annotations
 
@@ -124,6 +132,11 @@ class KvpoolOffloadingManager(OffloadingManager):
         self._stores: dict[OffloadKey, tuple[Any, int]] = {}  # key -> (lease, row)
         self._rows: dict[int, np.ndarray] = {}               # lease id -> pages [n, world]
         self._events: list[OffloadingEvent] = []
+        # blocks reported stored and not yet reported removed (insertion order)
+        self._stored: dict[OffloadKey, None] = {}
+        self._events_on = bool(getattr(spec.config, "enable_kv_cache_events", False))
+        self._check_s = int(spec.extra_config.get("events_check_ms", 1000)) / 1000.0
+        self._last_check = time.monotonic()
 
     def _kk(self, keys: Iterable[OffloadKey]) -> list[bytes]:
         out: list[bytes] = []
@@ -198,9 +211,11 @@ class KvpoolOffloadingManager(OffloadingManager):
                 return 0
 
             done = self.link.call("store", go) or 0
-            if done:
-                self._events.append(OffloadingEvent(keys=[k for k, _ in items[:done]],
-                                                    medium=Medium.CPU, removed=False))
+            if done and self._events_on:
+                stored = [k for k, _ in items[:done]]
+                self._events.append(OffloadingEvent(keys=stored, medium=Medium.CPU,
+                                                    removed=False))
+                self._stored.update(dict.fromkeys(stored))
             if not any(ent[0].id == lid for ent in self._stores.values()):
                 del self._rows[lid]
                 self.link.call("free", lambda p, s, lease=lease: (
@@ -209,8 +224,41 @@ class KvpoolOffloadingManager(OffloadingManager):
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
+    CHECK_KEYS = 4096   # keys of one ExistsKeys re-check
+    CHECK_CALLS = 1024   # ExistsKeys calls of one take_events at most
+
+    def _removed(self) -> list[OffloadKey]:
+        """The blocks reported stored that kvpoold no longer holds (dropped from _stored)."""
+        blocks, gone = list(self._stored), []
+        step = max(1, self.CHECK_KEYS // self.world)
+
+        def go(p, s):
+            i, calls = 0, 0
+            while i < len(blocks) and calls < self.CHECK_CALLS:
+                part = blocks[i:i + step]
+                calls += 1
+                have = p.exists_keys(self._kk(part), namespace=self.ns) // self.world
+                if have < len(part):
+                    gone.append(part[have])  # the first missing one; go on after it
+                i += have + 1 if have < len(part) else len(part)
+            return True
+
+        if not blocks or self.link.call("events", go) is None:
+            return []
+        for k in gone:
+            del self._stored[k]
+        return gone
+
     def take_events(self) -> Iterable[OffloadingEvent]:
+        """The blocks stored since the last call, then those found removed."""
         ev, self._events = self._events, []
+        now = time.monotonic()
+        if self._events_on and now - self._last_check >= self._check_s:
+            self._last_check = now
+            gone = self._removed()
+            if gone:
+                ev.append(OffloadingEvent(keys=gone, medium=Medium.CPU, removed=True))
+                self.link.stats["removed_blocks"] += len(gone)
         yield from ev
 
     def get_stats(self) -> Any:

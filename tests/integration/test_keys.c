@@ -1,9 +1,10 @@
 /* test_keys.c - hash-keyed pages against a real kvpoold: engine A inserts a key chain and engine
  * B (another process) finds it with exists and match and reads A's bytes; a host-resident chain
- * loaded to the device keeps its bytes; a key of 65 bytes, 10^6 keys in one call (the daemon
- * keeps serving), a token call on a hash-keyed namespace and the reverse are typed errors; a
- * foreign namespace misses; leasing every device page evicts keyed pages; the books balance
- * (status figures, and the daemon's clean exit asserts them). */
+ * loaded to the device keeps its bytes; a key of 65 bytes and 10^6 keys in one call answer
+ * LIMIT_EXCEEDED with the limit named (the library's and the daemon's; the daemon keeps
+ * serving); a token call on a hash-keyed namespace and the reverse are typed errors; a foreign
+ * namespace misses; leasing every device page evicts keyed pages; the books balance (status
+ * figures, and the daemon's clean exit asserts them). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +14,11 @@
 #include "harness.h"
 #include "kvpool.h"
 
-/* 16 device pages, 16 host pages, 4 tokens a page, tiny rows. */
-static const char *const g_conf = "[pool.c]\n"
+/* 16 device pages, 16 host pages, 4 tokens a page, tiny rows; the daemon's key limits below
+ * the library's (KVP_PAGE_KEYS_MAX, KVP_PAGE_KEY_BYTES_MAX), so both sides' refusals show. */
+enum { DAEMON_KEYS = 4096, DAEMON_KEY_BYTES = 48 };
+static const char *const g_conf = "[daemon]\nmax_keys_per_call = 4096\nmax_key_bytes = 48\n"
+				  "[pool.c]\n"
 				  "layers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
 				  "page_tokens = 4\ndevice = sim\ndevice_capacity = 64t\n"
 				  "host_capacity = 64t\nmlock = off\n";
@@ -206,13 +210,36 @@ static void test_keys_bad_keys_are_typed_errors(void)
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	keys_of(3, k, 2);
+	/* 65 bytes: past the library's limit, refused before sending */
 	k[1] = (struct kvp_page_key){ big, sizeof(big) };
 	r = kvp_cache_exists_keys(a.p, NS, k, 2, &err);
-	CU_ASSERT_EQUAL(r, -KVP_E_INVALID_ARGUMENT);
+	CU_ASSERT_EQUAL(r, -KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.detail, KVP_DETAIL_LIMIT);
+	CU_ASSERT_STRING_EQUAL(err.limit.what, "bytes per key");
+	CU_ASSERT_EQUAL(err.limit.limit, KVP_PAGE_KEY_BYTES_MAX);
 	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "65 bytes"));
+	/* 49 bytes: past the daemon's max_key_bytes */
+	k[1] = (struct kvp_page_key){ big, DAEMON_KEY_BYTES + 1 };
+	r = kvp_cache_exists_keys(a.p, NS, k, 2, &err);
+	CU_ASSERT_EQUAL(r, -KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.detail, KVP_DETAIL_LIMIT);
+	CU_ASSERT_STRING_EQUAL(err.limit.what, "bytes per key");
+	CU_ASSERT_EQUAL(err.limit.limit, DAEMON_KEY_BYTES);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "max_key_bytes"));
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, NS, k, 2, 1,
+					     (struct kvp_match_keys_result[1]){
+						     { .struct_size = sizeof(
+							       struct kvp_match_keys_result) } },
+					     pages, pages, 2, &err),
+			-KVP_E_LIMIT_EXCEEDED);
+	k[1] = (struct kvp_page_key){ big, sizeof(big) };
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 2, NULL, &err),
-			-KVP_E_INVALID_ARGUMENT);
+			-KVP_E_LIMIT_EXCEEDED);
+	k[1] = (struct kvp_page_key){ big, DAEMON_KEY_BYTES + 1 };
+	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 2, NULL, &err),
+			-KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.limit.limit, DAEMON_KEY_BYTES);
 	k[1] = (struct kvp_page_key){ big, 0 };
 	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, NS, k, 2, 0, pages, 2, NULL, &err),
 			-KVP_E_INVALID_ARGUMENT);
@@ -269,20 +296,45 @@ static void test_keys_a_million_keys_is_limit_exceeded(void)
 	struct h_eng a;
 	struct kvp_error err;
 	struct kvp_page_key *k = malloc(1000000 * sizeof(*k));
+	static const uint8_t wide[64] = { 7 };
 	static const uint8_t one = 7;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	for (uint32_t i = 0; i < 1000000; i++)
 		k[i] = (struct kvp_page_key){ &one, 1 };
+	/* past the library's keys per call, whatever their size: refused before sending */
 	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, 1000000, &err), -KVP_E_LIMIT_EXCEEDED);
 	CU_ASSERT_EQUAL(err.detail, KVP_DETAIL_LIMIT);
-	CU_ASSERT_EQUAL(err.limit.limit, 65536);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err.limit.what, "keys"));
-	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, 65537, &err), -KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.limit.limit, KVP_PAGE_KEYS_MAX);
+	CU_ASSERT_STRING_EQUAL(err.limit.what, "keys per call");
+	for (uint32_t i = 0; i < 1000000; i++)
+		k[i] = (struct kvp_page_key){ wide, 32 };
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, NS, k, 1000000, 1,
+					     (struct kvp_match_keys_result[1]){
+						     { .struct_size = sizeof(
+							       struct kvp_match_keys_result) } },
+					     NULL, NULL, 0, &err),
+			-KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.limit.limit, KVP_PAGE_KEYS_MAX);
+	/* within the library's count but past one frame's bytes */
+	for (uint32_t i = 0; i < KVP_PAGE_KEYS_MAX; i++)
+		k[i] = (struct kvp_page_key){ wide, 64 };
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, KVP_PAGE_KEYS_MAX, &err),
+			-KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_STRING_EQUAL(err.limit.what, "key bytes per call");
+	/* past the daemon's max_keys_per_call: the daemon's refusal, its limit named */
+	for (uint32_t i = 0; i <= DAEMON_KEYS; i++)
+		k[i] = (struct kvp_page_key){ &one, 1 };
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, DAEMON_KEYS + 1, &err),
+			-KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_EQUAL(err.detail, KVP_DETAIL_LIMIT);
+	CU_ASSERT_EQUAL(err.limit.limit, DAEMON_KEYS);
+	CU_ASSERT_STRING_EQUAL(err.limit.what, "keys per call");
+	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "max_keys_per_call"));
 	/* the same session and the daemon keep serving */
 	CU_ASSERT_EQUAL(kvp_client_ping(a.c, &err), 0);
-	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, 65536, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, NS, k, DAEMON_KEYS, &err), 0);
 	kvp_client_close(a.c);
 	free(k);
 }

@@ -2,14 +2,16 @@
 """bench_engines.py [--quick] - the engine plug-ins' benchmark row, one JSON object a line in
 the row format of bench_kvpool.py:
   sglang.set_get_1000_pages  KvpoolStorage.batch_set_v1 + batch_get_v1 of 1,000 pages
-                             (page_first_direct host pool, 4 layers x 8 heads x 128 x 16
-                             tokens fp16: 256 KiB a page, contiguous host indices), GB/s of
+                             (SGLang's own page_first_direct MHATokenToKVPoolHost, 4 layers x
+                             8 heads x 128 x 16 tokens fp16: 256 KiB a page, K and V two keys
+                             and two kvpool pages, contiguous host indices), GB/s of
                              page bytes moved (both ways); against numpy.copyto of the same
                              bytes (one copy each way) in the same process (ratio >= 0.5)
   sglang.set_get_1000_pages_page_first_scattered
                              the same on a page_first host pool (a per-token gather) with
                              shuffled host indices (informational, same target)
-Needs kvpoold ($KVPOOLD or build/daemon/kvpoold), the kvpool package, torch and sglang.
+Needs kvpoold ($KVPOOLD or build/daemon/kvpoold), the kvpool package, torch and sglang with its
+host pools (the engine venv scripts/pytest.sh makes, KVP_ENGINE_VENV).
 """
 import json
 import os
@@ -25,11 +27,11 @@ CONF = f"""
 [pool.eng]
 layers = {L}
 kv_heads = {H}
-head_dim = {D}
+head_dim = {D // 2}
 dtype = fp16
 page_tokens = {T}
 device = none
-host_capacity = {(N + 8) * T}t
+host_capacity = {2 * (N + 8) * T}t
 mlock = off
 """
 
@@ -63,8 +65,8 @@ def bench(layout, scattered, reps):
                 "socket": d.sock})
         b = bf.StorageBackendFactory.create_backend("dynamic", cfg, None)
         host = HostPool(layout, L, H, D, T, 2 * N, torch.float16)
-        host.kv_buffer.normal_()
-        b.register_mem_pool_host(host)
+        host.real.kv_buffer.normal_()
+        b.register_mem_pool_host(host.real)
         page_bytes = 2 * L * T * H * D * 2
         nbytes = N * page_bytes
         order = torch.randperm(2 * N, generator=torch.Generator().manual_seed(1)) if scattered \

@@ -1,5 +1,5 @@
-"""Helpers of the engine plug-in tests: importing SGLang and vLLM as far as this venv allows,
-host pools shaped like SGLang's, restarting a kvpoold on its own socket."""
+"""Helpers of the engine plug-in tests: importing SGLang and vLLM (or skipping with the reason),
+SGLang's own host KV pools on the CPU, restarting a kvpoold on its own socket."""
 import os
 import socket as socketlib
 import subprocess
@@ -10,79 +10,80 @@ import pytest
 from conftest import KVPOOLD
 
 
-def import_sglang():
-    """Imports SGLang's storage interface or skips with the reason.
+ENGINE_VENV_HINT = ("scripts/pytest.sh runs it in the engine venv (KVP_ENGINE_VENV, default "
+                   ".venv-engines: transformers 5 as the engines pin)")
 
-    sglang 0.5.23 pins transformers 5.19 and patches PretrainedConfig.__class_validators__ at
-    import; the venv holds transformers 4.57.1 (kvpool.transformers is tested with it), which
-    has no such list: an empty one makes that patch a no-op. Nothing of SGLang is replaced."""
-    try:
-        import transformers
-        if not hasattr(transformers.PretrainedConfig, "__class_validators__"):
-            transformers.PretrainedConfig.__class_validators__ = []
-    except ImportError:
-        pass
+
+def import_sglang():
+    """Imports SGLang's storage interface and its real host KV pools or skips with the reason
+    (SGLang's host pool modules import its model configs, which need transformers 5)."""
     try:
         from sglang.srt.mem_cache import hicache_storage
         from sglang.srt.mem_cache.storage import backend_factory
         from sglang.srt.mem_cache import utils
+        from sglang.srt.mem_cache.pool_host import mha, mla  # noqa: F401
+        from sglang.srt.mem_cache import device_pool_info  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
-        pytest.skip(f"sglang 0.5.23 does not import here: {type(e).__name__}: {e}",
-                    allow_module_level=True)
+        pytest.skip(f"sglang 0.5.23 with its host pools does not import here: "
+                    f"{type(e).__name__}: {e}; {ENGINE_VENV_HINT}", allow_module_level=True)
     return hicache_storage, backend_factory, utils
 
 
 class HostPool:
-    """CPU tensors laid out as SGLang's MHATokenToKVPoolHost lays its K/V (init_kv_buffer):
-    layer_first [2, layers, tokens, heads, dim], page_first [2, tokens, layers, heads, dim],
-    page_first_direct [2, pages, layers, page_tokens, heads, dim]. (The real class imports
-    SGLang's model configs, which need transformers 5.)"""
+    """SGLang's own host KV pool (MHATokenToKVPoolHost, or MLATokenToKVPoolHost with mla) on
+    the CPU, built from CPU device buffers as SGLang's host assembly builds it; .real is the
+    pool, page/fill go through its get_data_page / set_from_flat_data_page."""
 
-    def __init__(self, layout, layers, heads, dim, page_size, pages, dtype):
+    def __init__(self, layout, layers, heads, dim, page_size, pages, dtype, mla=False):
         import torch
+        from sglang.srt.mem_cache import device_pool_info as dpi
+        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+        from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-        self.layout, self.layer_num, self.head_num = layout, layers, heads
-        self.head_dim = self.v_head_dim = dim
-        self.page_size, self.page_num, self.size = page_size, pages, pages * page_size
-        self.dtype = dtype
-        if layout == "layer_first":
-            dims = (2, layers, self.size, heads, dim)
-        elif layout == "page_first":
-            dims = (2, self.size, layers, heads, dim)
+        dev_tokens = 4 * page_size
+        cpu = torch.device("cpu")
+
+        def ptrs(ts):
+            return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+        # the device buffers SGLang's device pools hand over (a padding page included)
+        if mla:
+            bufs = tuple(torch.zeros(dev_tokens + page_size, 1, dim, dtype=dtype)
+                         for _ in range(layers))
+            info = dpi.MLABufferInfo(
+                buffers=bufs, data_ptrs=ptrs(bufs), layer_indices=tuple(range(layers)),
+                device_layer_num=layers, page_size=page_size, kv_lora_rank=dim - dim // 8,
+                qk_rope_head_dim=dim // 8, kv_cache_dim=dim, dtype=dtype, device=cpu)
+            self.real = MLATokenToKVPoolHost(
+                info, 2.0, 0, page_size, layout, pin_memory=False, device="cpu",
+                device_capacity_tokens=dev_tokens, start_layer=0, end_layer=layers,
+                target_layer_num=layers, host_token_capacity=pages * page_size)
         else:
-            dims = (2, pages, layers, page_size, heads, dim)
-        self.kv_buffer = torch.zeros(dims, dtype=dtype)
-
-    @property
-    def k_buffer(self):
-        return self.kv_buffer[0]
-
-    @property
-    def v_buffer(self):
-        return self.kv_buffer[1]
+            k = tuple(torch.zeros(dev_tokens + page_size, heads, dim, dtype=dtype)
+                      for _ in range(layers))
+            v = tuple(torch.zeros_like(t) for t in k)
+            info = dpi.MHABufferInfo(
+                buffers=dpi.KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                                      layout=dpi.KVBufferLayout.NHD),
+                page_size=page_size, head_num=heads, head_dim=dim, v_head_dim=dim,
+                dtype=dtype, device=cpu)
+            self.real = MHATokenToKVPoolHost(
+                info, 2.0, 0, page_size, layout, pin_memory=False, device="cpu",
+                device_capacity_tokens=dev_tokens, start_layer=0, end_layer=layers,
+                host_token_capacity=pages * page_size)
+        self.page_size, self.dtype = page_size, dtype
 
     def page(self, p):
-        """Page p's K and V as [2, layers, page_size, heads, dim] (a copy)."""
-        T = self.page_size
-        if self.layout == "layer_first":
-            return self.kv_buffer[:, :, p * T:(p + 1) * T].clone()
-        if self.layout == "page_first":
-            return self.kv_buffer[:, p * T:(p + 1) * T].transpose(1, 2).clone()
-        return self.kv_buffer[:, p].clone()
+        """Page p as SGLang's flat data page (a copy)."""
+        return self.real.get_data_page(p * self.page_size, flat=True).clone()
 
     def fill(self, p, seed):
+        """Random bytes into page p (through set_from_flat_data_page); returns them, flat."""
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        T = self.page_size
-        x = torch.randn((2, self.layer_num, T, self.head_num, self.head_dim), generator=g)
-        x = x.to(self.dtype)
-        if self.layout == "layer_first":
-            self.kv_buffer[:, :, p * T:(p + 1) * T] = x
-        elif self.layout == "page_first":
-            self.kv_buffer[:, p * T:(p + 1) * T] = x.transpose(1, 2)
-        else:
-            self.kv_buffer[:, p] = x
+        x = torch.randn(self.real.get_dummy_flat_data_page().shape, generator=g).to(self.dtype)
+        self.real.set_from_flat_data_page(p * self.page_size, x)
         return x
 
     def indices(self, pages):

@@ -7,7 +7,11 @@ import pytest
 import kvpool
 from conftest import DEFAULT_CONF, host_pool
 
-CONF = DEFAULT_CONF + host_pool("hostonly", capacity="64t")
+# the daemon's key limits below the library's (65,536 keys a call, 64 bytes a key), so both
+# sides' refusals show
+DAEMON_KEYS, DAEMON_KEY_BYTES = 4096, 48
+CONF = (f"[daemon]\nmax_keys_per_call = {DAEMON_KEYS}\nmax_key_bytes = {DAEMON_KEY_BYTES}\n" +
+        DEFAULT_CONF + host_pool("hostonly", capacity="64t"))
 
 
 def chain(n, seed=b"", size=32):
@@ -67,22 +71,26 @@ def test_insert_host_lease_and_dups(client):
 
 def test_key_limits_and_types(client, daemon):
     pool = client.attach("c")
-    with pytest.raises(kvpool.InvalidArgument):
+    # past the library's limits: refused before sending, the limit named
+    with pytest.raises(kvpool.LimitExceeded) as e:
         pool.exists_keys([b"x" * 65])
+    assert (e.value.what, e.value.limit) == ("bytes per key", 64)
     with pytest.raises(kvpool.InvalidArgument):
         pool.match_keys([b"a", b""])
-    assert pool.exists_keys([b"x" * 64], namespace=40) == 0
     big = [i.to_bytes(8, "little") for i in range(10**6)]
-    # 10^6 keys: libkvpool refuses a request past one frame (InvalidArgument) before the
-    # daemon's keys-per-call limit; 65,537 short keys reach the daemon: LimitExceeded
-    with pytest.raises(kvpool.InvalidArgument, match="frame"):
-        pool.exists_keys(big, namespace=40)
-    with pytest.raises(kvpool.InvalidArgument, match="frame"):
-        pool.match_keys(big, namespace=40)
+    for call in (pool.exists_keys, pool.match_keys):
+        with pytest.raises(kvpool.LimitExceeded) as e:
+            call(big, namespace=40)
+        assert (e.value.what, e.value.limit) == ("keys per call", 65536)
+    # past the daemon's max_key_bytes and max_keys_per_call: its refusal, its limit named
     with pytest.raises(kvpool.LimitExceeded) as e:
-        pool.exists_keys(big[:65537], namespace=40)
-    assert e.value.limit == 65536
-    assert pool.exists_keys(big[:65536], namespace=40) == 0
+        pool.exists_keys([b"x" * (DAEMON_KEY_BYTES + 1)], namespace=40)
+    assert (e.value.what, e.value.limit) == ("bytes per key", DAEMON_KEY_BYTES)
+    with pytest.raises(kvpool.LimitExceeded) as e:
+        pool.match_keys(big[:DAEMON_KEYS + 1], namespace=40)
+    assert (e.value.what, e.value.limit) == ("keys per call", DAEMON_KEYS)
+    assert pool.exists_keys([b"x" * DAEMON_KEY_BYTES], namespace=40) == 0
+    assert pool.exists_keys(big[:DAEMON_KEYS], namespace=40) == 0
     with pytest.raises(TypeError):
         pool.exists_keys(b"one-bytes-object")
     with pytest.raises(TypeError):
@@ -92,8 +100,10 @@ def test_key_limits_and_types(client, daemon):
     lease = pool.alloc(2)
     with pytest.raises(ValueError):
         pool.insert_keys(lease, chain(3, b"more"))  # 3 keys, 2 pages
-    with pytest.raises(kvpool.InvalidArgument):
+    with pytest.raises(kvpool.LimitExceeded):
         pool.insert_keys(lease, [b"k" * 65], namespace=41)
+    with pytest.raises(kvpool.LimitExceeded):
+        pool.insert_keys(lease, [b"k" * (DAEMON_KEY_BYTES + 1)], namespace=41)
     assert len(lease.pages) == 2  # a refused call leaves the lease as it was
     lease.free()
     assert daemon.pool_books("c")["device"]["leased_tokens"] == 0

@@ -1,6 +1,7 @@
-"""kvpool.sglang.KvpoolStorage against SGLang 0.5.23's own HiCacheStorage and
-StorageBackendFactory, driven as SGLang's cache controller drives a storage backend: backup =
-batch_set_v1, prefetch = batch_exists + batch_get_v1, on CPU host pools of each layout."""
+"""kvpool.sglang.KvpoolStorage against SGLang 0.5.23's own HiCacheStorage,
+StorageBackendFactory and host KV pools (MHATokenToKVPoolHost, MLATokenToKVPoolHost on the
+CPU), driven as SGLang's cache controller drives a storage backend: backup = batch_set_v1,
+prefetch = batch_exists + batch_get_v1, for each host layout."""
 import json
 import os
 import signal
@@ -18,7 +19,12 @@ import kvpool  # noqa: E402
 from kvpool.sglang import KvpoolStorage  # noqa: E402
 
 L, H, D, T = 2, 2, 8, 4
-CONF = DEFAULT_CONF + host_pool("sgl") + host_pool("sglwide", head_dim=16, capacity="64t")
+MLA_DIM = 16  # kv_lora_rank + qk_rope_head_dim
+# a pool page holds K or V of one SGLang page (L x T x H x D fp16 = 256 bytes: head_dim halved),
+# or the MLA latent of one (L x T x MLA_DIM = 256 bytes)
+CONF = (DEFAULT_CONF + host_pool("sgl", head_dim=D // 2) + host_pool("sglmla", head_dim=4) +
+        host_pool("sglwide", head_dim=16, capacity="64t"))
+LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
 
 def extra(sock, **kw):
@@ -28,17 +34,24 @@ def extra(sock, **kw):
     return e
 
 
-def make(sock, layout="page_first", tp_rank=0, pages=64, **kw):
+def config(sock, tp_rank=0, tp_size=2, mla=False, **kw):
+    return hicache_storage.HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+        is_page_first_layout=True, model_name="test-model",
+        extra_config=json.loads(json.dumps(extra(sock, **kw))))
+
+
+def make(sock, layout="page_first", tp_rank=0, pages=64, mla=False, **kw):
     """A backend loaded the way SGLang loads one from --hicache-storage-backend dynamic and
-    its JSON extra config, with a host pool registered."""
-    cfg = hicache_storage.HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name="test-model", extra_config=json.loads(json.dumps(extra(sock, **kw))))
-    b = backend_factory.StorageBackendFactory.create_backend("dynamic", cfg, None)
+    its JSON extra config, with SGLang's own host pool registered."""
+    if mla:
+        kw.setdefault("pool", "sglmla")
+    b = backend_factory.StorageBackendFactory.create_backend(
+        "dynamic", config(sock, tp_rank, mla=mla, **kw), None)
     assert isinstance(b, KvpoolStorage) and isinstance(b, hicache_storage.HiCacheStorage)
-    host = HostPool(layout, L, H, D, T, pages, torch.float16)
-    b.register_mem_pool_host(host)
+    host = HostPool(layout, L, H, MLA_DIM if mla else D, T, pages, torch.float16, mla=mla)
+    b.register_mem_pool_host(host.real)
     return b, host
 
 
@@ -51,10 +64,11 @@ def page_keys(tokens):
     return keys
 
 
-@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
-def test_backup_then_prefetch(daemon, layout):
-    b, host = make(daemon.sock, layout)
-    base = 1000 * (1 + ["layer_first", "page_first", "page_first_direct"].index(layout))
+@pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_backup_then_prefetch(daemon, layout, mla):
+    b, host = make(daemon.sock, layout, mla=mla)
+    base = 1000 * (1 + LAYOUTS.index(layout)) + 500 * mla
     keys = page_keys(list(range(base, base + 6 * T)))
     src = [3, 9, 4, 5, 6, 20]
     want = [host.fill(p, seed=i + 100 * len(layout)) for i, p in enumerate(src)]
@@ -73,14 +87,20 @@ def test_backup_then_prefetch(daemon, layout):
     assert got == [True, True, False, False, False, False]
     # a second backup of the same pages stores nothing twice
     assert b.batch_set_v1(keys, host.indices(src)) == [True] * 6
-    assert daemon.pool_books("sgl")["host"]["leased_tokens"] == 0
+    pool = "sglmla" if mla else "sgl"
+    assert daemon.pool_books(pool)["host"]["leased_tokens"] == 0
     b.close()
 
 
-def test_keys_carry_rank_and_prefix(daemon):
+def test_keys_carry_rank_and_components(daemon):
+    """MHA: K and V as two keys "<hash>_<tp rank>_k" / "_v", per TP rank; MLA: one key
+    "<hash>__k", shared by the TP ranks (the latent is replicated)."""
     b0, h0 = make(daemon.sock, tp_rank=0)
     b1, h1 = make(daemon.sock, tp_rank=1)
     keys = page_keys(list(range(50, 50 + 3 * T)))
+    raw = bytes.fromhex(keys[0])
+    assert b0._keys(keys[:1]) == [raw + b"_0_k", raw + b"_0_v"]
+    assert b1._keys(keys[:1]) == [raw + b"_1_k", raw + b"_1_v"]
     h0.fill(1, 1), h0.fill(2, 2), h0.fill(3, 3)
     assert b0.batch_set_v1(keys[:1], h0.indices([1])) == [True]
     # the rest with prefix_keys: stored as children of the first page
@@ -88,8 +108,21 @@ def test_keys_carry_rank_and_prefix(daemon):
     assert b0.batch_set_v1(keys[1:], h0.indices([2, 3]), info) == [True, True]
     assert b0.batch_exists(keys) == 3
     assert b1.batch_exists(keys) == 0  # another TP rank's shard
-    assert b0._key(keys[0]) != b1._key(keys[0]) and len(b0._key(keys[0])) <= 64
-    b0.close(), b1.close()
+    c = kvpool.connect(daemon.sock)
+    p = c.attach("sgl")
+    assert p.exists_keys(b0._keys(keys)) == 6  # 3 pages, K and V each
+    # a page missing its V key is a miss, and stored again whole
+    assert p.exists_keys(b0._keys(keys)[:5]) == 5
+    m0, mh0 = make(daemon.sock, tp_rank=0, mla=True)
+    m1, mh1 = make(daemon.sock, tp_rank=1, mla=True)
+    assert m0._keys(keys[:1]) == [raw + b"__k"] == m1._keys(keys[:1])
+    w = mh0.fill(4, 44)
+    assert m0.batch_set_v1(keys[:1], mh0.indices([4])) == [True]
+    assert m1.batch_exists(keys[:1]) == 1  # rank 1 finds rank 0's latent
+    assert m1.batch_get_v1(keys[:1], mh1.indices([9])) == [True]
+    assert torch.equal(mh1.page(9), w)
+    p.detach(), c.close()
+    b0.close(), b1.close(), m0.close(), m1.close()
 
 
 def test_legacy_get_set_exists(daemon):
@@ -113,27 +146,28 @@ def test_legacy_get_set_exists(daemon):
 def test_geometry_checked(daemon):
     with pytest.raises(kvpool.GeometryMismatch) as e:
         make(daemon.sock, pool="sglwide")
-    assert e.value.expected.head_dim == D and e.value.actual.head_dim == 16
+    assert e.value.expected.head_dim == D // 2 and e.value.actual.head_dim == 16
+    with pytest.raises(kvpool.GeometryMismatch):
+        make(daemon.sock, mla=True, pool="sglwide")
+    b = backend_factory.StorageBackendFactory.create_backend("dynamic", config(daemon.sock),
+                                                             None)
     with pytest.raises(ValueError, match="layout"):
-        b, _ = make(daemon.sock)
-        h = HostPool("page_first", L, H, D, T, 4, torch.float16)
-        h.layout = "page_head"
-        b.register_mem_pool_host(h)
-    with pytest.raises(ValueError, match="MLA"):
-        cfg = hicache_storage.HiCacheStorageConfig(
-            tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-            is_mla_model=True, enable_storage_metrics=False, is_page_first_layout=True,
-            model_name="m", extra_config=extra(daemon.sock))
-        backend_factory.StorageBackendFactory.create_backend("dynamic", cfg, None)
+        b.register_mem_pool_host(HostPool("page_head", L, H, D, T, 4, torch.float16).real)
+    # an MLA model's backend with an MHA host pool
+    m = backend_factory.StorageBackendFactory.create_backend(
+        "dynamic", config(daemon.sock, mla=True, pool="sglmla"), None)
+    with pytest.raises(ValueError, match="MLA|mla"):
+        m.register_mem_pool_host(HostPool("page_first", L, H, D, T, 4, torch.float16).real)
+    b.close(), m.close()
 
 
 def test_limits_evicted_parent_foreign_namespace(daemon):
     b, host = make(daemon.sock)
-    # a 65-character key (not a 64-hex page hash) still maps to a valid kvpool key
+    # a 65-character key (not a 64-hex page hash) still maps to valid kvpool keys
     host.fill(0, 7)
     assert b.batch_set_v1(["k" * 65], host.indices([0])) == [True]
     assert b.batch_exists(["k" * 65]) == 1
-    # 10^6 keys in one call: answered in chunks, misses, no exception
+    # 10^6 keys in one call: answered in calls within the keys-per-call limit, misses
     many = [f"{i:064x}" for i in range(10**6)]
     assert b.batch_exists(many) == 0
     # a chain whose parent was evicted
@@ -206,7 +240,7 @@ cfg = hs.HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_c
     is_page_first_layout=True, model_name="m", extra_config=json.loads({extra!r}))
 b = bf.StorageBackendFactory.create_backend("dynamic", cfg, None)
 host = HostPool("page_first_direct", 2, 2, 8, 4, 16, torch.float16)
-b.register_mem_pool_host(host)
+b.register_mem_pool_host(host.real)
 keys, prior = [], None
 toks = list(range(9000, 9000 + 16))
 for i in range(0, 16, 4):
@@ -233,7 +267,7 @@ def test_two_instances(daemon):
         model_name="m", extra_config=extra(daemon.sock))
     b = backend_factory.StorageBackendFactory.create_backend("dynamic", cfg, None)
     host = HostPool("layer_first", L, H, D, T, 16, torch.float16)
-    b.register_mem_pool_host(host)
+    b.register_mem_pool_host(host.real)
     keys = page_keys(list(range(9000, 9016)))
     assert b.batch_exists(keys) == 4
     assert b.batch_get_v1(keys, host.indices([8, 9, 10, 11])) == [True] * 4

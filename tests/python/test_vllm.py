@@ -15,12 +15,14 @@ from engine_util import restart
 torch = pytest.importorskip("torch")
 try:
     from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_offload import base as vbase
     from vllm.v1.kv_offload import config as vconf
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
-    pytest.skip(f"vllm 0.33.0 does not import here: {type(e).__name__}: {e}",
-                allow_module_level=True)
+    from engine_util import ENGINE_VENV_HINT
+    pytest.skip(f"vllm 0.33.0 with kv_cache_utils does not import here: {type(e).__name__}: "
+                f"{e}; {ENGINE_VENV_HINT}", allow_module_level=True)
 import kvpool  # noqa: E402
 from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
 
@@ -30,12 +32,13 @@ CONF = DEFAULT_CONF + host_pool("vl")
 
 
 def block_keys(tokens, group=0):
-    """vLLM's block hashes (kv_cache_utils.hash_block_tokens over vllm.utils.hashing.sha256,
-    NONE_HASH from the default seed) as OffloadKeys. kv_cache_utils itself imports vllm.config,
-    which needs transformers 5; its three lines are repeated here."""
-    parent, out = sha256("vllm-none-hash"), []
+    """vLLM's own block hashes (kv_cache_utils.hash_block_tokens over sha256, chained from
+    NONE_HASH of the default seed) as OffloadKeys."""
+    if getattr(kv_cache_utils, "NONE_HASH", None) is None:
+        kv_cache_utils.init_none_hash(sha256)
+    parent, out = kv_cache_utils.NONE_HASH, []
     for i in range(0, len(tokens) - len(tokens) % T, T):
-        parent = sha256((parent, tuple(tokens[i:i + T]), None))
+        parent = kv_cache_utils.hash_block_tokens(sha256, parent, tuple(tokens[i:i + T]))
         out.append(vbase.make_offload_key(parent, group))
     return out
 
@@ -134,6 +137,42 @@ def test_factory_store_lookup_load(daemon):
     mgr.shutdown(), worker.shutdown()
 
 
+def test_take_events_reports_removals(daemon):
+    """Blocks this manager stored and kvpoold evicted since are reported removed, once."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock, events_check_ms=0))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=9)
+    worker = spec.get_worker(caches)
+    ctx = vbase.ReqContext(req_id="ev")
+    keys = block_keys(list(range(2000, 2000 + 4 * T)))
+    store(mgr, worker, keys, [1, 2, 3, 4], ctx)
+    ev = list(mgr.take_events())
+    assert [(e.keys, e.removed) for e in ev] == [(keys, False)]
+    assert list(mgr.take_events()) == []  # all still there: nothing to report
+    # another client drops two of them (the chain's tail goes first: leaves-first eviction)
+    c = kvpool.connect(daemon.sock)
+    p = c.attach("vl")
+    assert p.exists_keys([bytes(k) + b"\x00r\x00\x00" for k in keys]) == 4
+    c.flush("vl")
+    ev = list(mgr.take_events())
+    assert len(ev) == 1 and ev[0].removed and sorted(ev[0].keys) == sorted(keys)
+    assert list(mgr.take_events()) == []  # reported once
+    # stored again: a stored event again
+    store(mgr, worker, keys[:1], [1], ctx)
+    assert [(e.keys, e.removed) for e in mgr.take_events()] == [(keys[:1], False)]
+    assert mgr.stats()["removed_blocks"] == 4
+    p.detach(), c.close()
+    mgr.shutdown(), worker.shutdown()
+    # events disabled (vLLM does not drain take_events then): nothing is kept
+    cfg = config(daemon.sock)
+    off = OffloadingSpecFactory.create_spec(
+        vconf.OffloadingConfig(**{**cfg.__dict__, "enable_kv_cache_events": False}))
+    mgr, worker = off.get_manager(), off.get_worker(caches)
+    store(mgr, worker, block_keys(list(range(3000, 3000 + T))), [5], ctx)
+    assert list(mgr.take_events()) == [] and not mgr._stored
+    mgr.shutdown(), worker.shutdown()
+
+
 def test_tp_ranks(daemon):
     """World size 2: each rank's worker stores its shard; a block is a hit once both are in."""
     spec0 = OffloadingSpecFactory.create_spec(config(daemon.sock, 0, 2))
@@ -182,13 +221,13 @@ def test_limits_evicted_parent_foreign_namespace(daemon):
     caches, ts = gpu_blocks(seed=3)
     worker = spec.get_worker(caches)
     ctx = vbase.ReqContext(req_id="edge")
-    # a 65-byte key: the daemon refuses it (InvalidArgument), the engine sees a miss
+    # a 65-byte key: past the bytes-per-key limit (LimitExceeded), the engine sees a miss
     assert mgr.lookup(vbase.OffloadKey(b"x" * 65), ctx) == vbase.LookupResult.MISS
-    assert mgr.stats()["lookup_InvalidArgument"] == 1
+    assert mgr.stats()["lookup_LimitExceeded"] == 1
     # 10^6 keys in one prepare_load: refused, an empty load spec, the load fails
     many = [vbase.make_offload_key(i.to_bytes(32, "big"), 0) for i in range(10**6)]
     s = mgr.prepare_load(many, ctx)
-    assert s.pages.shape[0] == 0
+    assert s.pages.shape[0] == 0 and mgr.stats()["load_LimitExceeded"] == 1
     mgr.complete_load(many, ctx)
     # a chain whose parent was evicted
     keys = block_keys(list(range(900, 900 + 3 * T)))

@@ -611,6 +611,13 @@ static void test_kvp_conf_keys_limits(void)
 					     err, sizeof(err)),
 			-EINVAL);
 	CU_ASSERT_EQUAL(c.max_keys_per_call, 10); /* untouched on failure */
+	/* more keys than libkvpool sends in one call (KVP_PAGE_KEYS_MAX) */
+	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 65537\n" POOL, NULL,
+					     err, sizeof(err)),
+			-EINVAL);
+	CU_ASSERT_EQUAL(kvp_conf_load_string(&c, "[daemon]\nmax_keys_per_call = 65536\n" POOL, NULL,
+					     err, sizeof(err)),
+			0);
 }
 
 int main(void)
