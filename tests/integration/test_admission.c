@@ -690,7 +690,10 @@ static void test_buffer_budget_holds(void)
 				n += len;
 			}
 			free(one);
-			kid_report(&k[i], &r);
+			/* All six say Hello before any floods: a flood that filled the budget first
+			 * would get a later Hello refused, as the late client's below is. */
+			if (kid_report(&k[i], &r) < 0 || kid_wait_go(&k[i]) < 0)
+				_exit(93);
 			/* Writes until kvpoold stops reading; the parent kills it. */
 			for (;;)
 				if (send(fd, batch, n, MSG_NOSIGNAL) < 0)
@@ -698,6 +701,8 @@ static void test_buffer_budget_holds(void)
 		}
 		CU_ASSERT_FATAL(kid_read(&k[i], &r, 10000) == 0);
 	}
+	for (int i = 0; i < 6; i++)
+		CU_ASSERT_FATAL(write(k[i].go[1], "g", 1) == 1);
 	usleep(3000000);
 	rss1 = proc_rss_kb(d.pid);
 	/* a late client of the same user: refused, typed; root: served */
