@@ -10,8 +10,9 @@ from conftest import DEFAULT_CONF, host_pool
 # the daemon's key limits below the library's (65,536 keys a call, 64 bytes a key), so both
 # sides' refusals show
 DAEMON_KEYS, DAEMON_KEY_BYTES = 4096, 48
-CONF = (f"[daemon]\nmax_keys_per_call = {DAEMON_KEYS}\nmax_key_bytes = {DAEMON_KEY_BYTES}\n" +
-        DEFAULT_CONF + host_pool("hostonly", capacity="64t"))
+CONF = (DEFAULT_CONF.replace("[daemon]\n", f"[daemon]\nmax_keys_per_call = {DAEMON_KEYS}\n"
+                             f"max_key_bytes = {DAEMON_KEY_BYTES}\n", 1)
+        + host_pool("hostonly", capacity="64t"))
 
 
 def chain(n, seed=b"", size=32):
