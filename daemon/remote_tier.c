@@ -526,14 +526,6 @@ int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 
 /* ---- Fetch ---- */
 
-static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
-{
-	for (struct kvp_session *s = d->sessions; s; s = s->next)
-		if (s->id == id)
-			return s;
-	return NULL;
-}
-
 static void fetch_free(struct rt_fetch *fe)
 {
 	struct kvp_rt *rt = fe->d->rt;
@@ -681,7 +673,7 @@ static uint32_t fetch_insert(struct rt_fetch *fe)
 static void fetch_finish(struct rt_fetch *fe)
 {
 	struct kvp_daemon *d = fe->d;
-	struct kvp_session *s = session_of(d, fe->t->session_id);
+	struct kvp_session *s = kvp_rpc_session_by_id(d, fe->t->session_id);
 	Kvpool__FetchResp *m;
 	struct kvp_reply r;
 	struct kvp_fail f;
