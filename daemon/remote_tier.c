@@ -464,29 +464,21 @@ static uint32_t query_pages(const struct kvp_daemon *d, uint64_t have)
 	return have < max ? (uint32_t)have : max;
 }
 
-int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		 struct kvpd_pool *p, const Kvpool__MatchResp *m)
+/* Asks the remote tier for the n pages past the local ones of q's Match (w->keyed 0) or
+ * MatchKeys (1) and parks its reply. 0 (the local answer stands, w freed or left to the query's
+ * end), or KVP_DEFERRED. */
+static int query(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+		 const struct rt_pool *rp, struct rt_wait *w, uint32_t local, uint32_t n)
 {
-	const Kvpool__MatchReq *a = q->match;
-	struct rt_pool *rp = rp_find(d, p);
-	uint32_t local = (uint32_t)(m->n_device_pages + m->n_host_pages), total, n;
-	char(*keys)[KVP_RV_KEY_MAX];
-	struct rt_wait *w;
-	size_t *lens;
-	int rc;
+	char(*keys)[KVP_RV_KEY_MAX] = malloc(sizeof(*keys) * n);
+	size_t *lens = malloc(sizeof(*lens) * n);
+	int rc = -ENOMEM;
 
-	if (!rp || a->local_only)
-		return 0;
-	total = (uint32_t)a->n_tokens / p->conf.page_tokens;
-	if (total <= local || !(n = query_pages(d, total - local)))
-		return 0;
-	keys = malloc(sizeof(*keys) * n);
-	lens = malloc(sizeof(*lens) * n);
-	w = wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
-		     (uint32_t)m->n_host_pages, m->host_pages);
-	rc = keys && lens && w
-		     ? token_keys(rp, a->namespace_, a->tokens, local, local + n, keys, lens)
-		     : -ENOMEM;
+	if (keys && lens && w)
+		rc = w->keyed ? hash_keys(rp, q->match_keys->namespace_,
+					  q->match_keys->keys + local, n, keys, lens)
+			      : token_keys(rp, q->match->namespace_, q->match->tokens, local,
+					   local + n, keys, lens);
 	if (rc == 0)
 		rc = park(d, s, q, w, keys, lens, n);
 	free(keys);
@@ -497,6 +489,24 @@ int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 		free(w->pages);
 	free(w);
 	return 0;
+}
+
+int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+		 struct kvpd_pool *p, const Kvpool__MatchResp *m)
+{
+	const Kvpool__MatchReq *a = q->match;
+	struct rt_pool *rp = rp_find(d, p);
+	uint32_t local = (uint32_t)(m->n_device_pages + m->n_host_pages), total, n;
+
+	if (!rp || a->local_only)
+		return 0;
+	total = (uint32_t)a->n_tokens / p->conf.page_tokens;
+	if (total <= local || !(n = query_pages(d, total - local)))
+		return 0;
+	return query(d, s, q, rp,
+		     wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages,
+			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
+		     local, n);
 }
 
 int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
@@ -505,40 +515,16 @@ int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 	const Kvpool__MatchKeysReq *a = q->match_keys;
 	struct rt_pool *rp = rp_find(d, p);
 	uint32_t local = m->matched_keys, n;
-	char(*keys)[KVP_RV_KEY_MAX];
-	struct rt_wait *w;
-	size_t *lens;
-	int rc;
 
 	if (!rp || a->local_only || a->n_keys <= local || !(n = query_pages(d, a->n_keys - local)))
 		return 0;
-	keys = malloc(sizeof(*keys) * n);
-	lens = malloc(sizeof(*lens) * n);
-	w = wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages, m->device_pages,
-		     (uint32_t)m->n_host_pages, m->host_pages);
-	rc = keys && lens && w ? hash_keys(rp, a->namespace_, a->keys + local, n, keys, lens)
-			       : -ENOMEM;
-	if (rc == 0)
-		rc = park(d, s, q, w, keys, lens, n);
-	free(keys);
-	free(lens);
-	if (rc == KVP_DEFERRED || rc == 1)
-		return rc == 1 ? 0 : rc;
-	if (w)
-		free(w->pages);
-	free(w);
-	return 0;
+	return query(d, s, q, rp,
+		     wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages,
+			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
+		     local, n);
 }
 
 /* ---- Fetch ---- */
-
-static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
-{
-	for (struct kvp_session *s = d->sessions; s; s = s->next)
-		if (s->id == id)
-			return s;
-	return NULL;
-}
 
 static void fetch_free(struct rt_fetch *fe)
 {
@@ -687,7 +673,7 @@ static uint32_t fetch_insert(struct rt_fetch *fe)
 static void fetch_finish(struct rt_fetch *fe)
 {
 	struct kvp_daemon *d = fe->d;
-	struct kvp_session *s = session_of(d, fe->t->session_id);
+	struct kvp_session *s = kvp_rpc_session_by_id(d, fe->t->session_id);
 	Kvpool__FetchResp *m;
 	struct kvp_reply r;
 	struct kvp_fail f;

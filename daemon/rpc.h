@@ -25,6 +25,8 @@ KVP_RPC_HANDLER(kvp_rpc_detach);
 KVP_RPC_HANDLER(kvp_rpc_alloc);
 KVP_RPC_HANDLER(kvp_rpc_extend);
 KVP_RPC_HANDLER(kvp_rpc_free);
+/* The session of that id, or NULL (it is gone). */
+struct kvp_session *kvp_rpc_session_by_id(struct kvp_daemon *d, uint64_t id);
 /* rpc_cache.c: the prefix cache. */
 KVP_RPC_HANDLER(kvp_rpc_insert);
 KVP_RPC_HANDLER(kvp_rpc_match);

@@ -101,7 +101,7 @@ static int alloc_check(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_
 	return 0;
 }
 
-static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
+struct kvp_session *kvp_rpc_session_by_id(struct kvp_daemon *d, uint64_t id)
 {
 	for (struct kvp_session *s = d->sessions; s; s = s->next)
 		if (s->id == id)
@@ -112,7 +112,7 @@ static struct kvp_session *session_of(struct kvp_daemon *d, uint64_t id)
 /* One waiting Alloc: true when it was answered (or dropped, its session gone). */
 static bool alloc_retry(struct kvp_daemon *d, struct kvp_alloc_wait *w)
 {
-	struct kvp_session *s = session_of(d, w->t->session_id);
+	struct kvp_session *s = kvp_rpc_session_by_id(d, w->t->session_id);
 	struct kvpd_pool *p;
 	struct kvp_reply r;
 	struct kvp_fail f;

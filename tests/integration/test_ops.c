@@ -82,6 +82,20 @@ static int n_pools(struct kvp_client *c)
 	return r < 0 ? r : (int)st.n_pools;
 }
 
+/* kvpoold started with pool a, and a client named name with that call timeout (fatal when
+ * either fails). */
+static struct kvp_client *start_with_client(struct daemon *d, const char *name, uint32_t timeout_ms)
+{
+	struct kvp_error e;
+	struct kvp_client *c;
+
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(d, POOL_A, NULL), 0);
+	c = kvp_client_connect(d->sock, name, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	kvp_client_set_timeout(c, timeout_ms);
+	return c;
+}
+
 /* ---- reload ---- */
 
 /* A reload whose new pool c cannot be created applies nothing: not pool b made before it, not
@@ -97,10 +111,7 @@ static void test_reload_all_or_nothing(void)
 	char out[4096];
 	int rc;
 
-	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL_A, NULL), 0);
-	c = kvp_client_connect(d.sock, "reloader", &e);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-	kvp_client_set_timeout(c, 10000);
+	c = start_with_client(&d, "reloader", 10000);
 	CU_ASSERT_EQUAL(n_pools(c), 1);
 	CU_ASSERT_EQUAL(h_write_file(d.config, POOL_A "session_quota = 32\n" POOL_B POOL_C), 0);
 	rc = ctl(&d, 0, out, sizeof(out), "reload", NULL, NULL);
@@ -228,10 +239,7 @@ static void test_drain_deadline_units_and_overflow(void)
 	char out[4096];
 	int rc;
 
-	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, POOL_A, NULL), 0);
-	c = kvp_client_connect(d.sock, "holder", &e);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
-	kvp_client_set_timeout(c, 5000);
+	c = start_with_client(&d, "holder", 5000);
 
 	rc = ctl(&d, 0, out, sizeof(out), "drain", "--deadline", "5000000000");
 	printf("\n    drain --deadline 5000000000: exit %d: %s", rc, out);

@@ -75,45 +75,43 @@ static struct kvp_pool *attach_resv(struct kvp_client *c, const char *pool, uint
 	return p;
 }
 
+/* Pool `name` in the observer's status, or NULL when the call failed or lists no such pool. */
+static const struct kvp_pool_status *pool_status(const char *name)
+{
+	static struct kvp_status st;
+	struct kvp_error e;
+
+	st.struct_size = sizeof(st);
+	if (kvp_client_status(g_obs, &st, &e) < 0)
+		return NULL;
+	for (uint32_t i = 0; i < st.n_pools; i++)
+		if (!strcmp(st.pools[i].name, name))
+			return &st.pools[i];
+	return NULL;
+}
+
 /* The device tier of pool `name` as the observer sees it; asserts free + leased + cached ==
  * total. Returns leased tokens, or UINT64_MAX when the status call failed. */
 static uint64_t leased_tokens(const char *name, uint64_t *free_tokens)
 {
-	static struct kvp_status st;
-	struct kvp_error e;
+	const struct kvp_pool_status *ps = pool_status(name);
+	const struct kvp_tier_status *t = ps ? &ps->tiers[KVP_TIER_DEVICE] : NULL;
 
-	st.struct_size = sizeof(st);
-	if (kvp_client_status(g_obs, &st, &e) < 0)
+	if (!t)
 		return UINT64_MAX;
-	for (uint32_t i = 0; i < st.n_pools; i++) {
-		const struct kvp_tier_status *t = &st.pools[i].tiers[KVP_TIER_DEVICE];
-
-		if (strcmp(st.pools[i].name, name))
-			continue;
-		CU_ASSERT_EQUAL(t->free_tokens + t->leased_tokens + t->cached_tokens,
-				t->total_tokens);
-		if (free_tokens)
-			*free_tokens = t->free_tokens;
-		return t->leased_tokens;
-	}
-	return UINT64_MAX;
+	CU_ASSERT_EQUAL(t->free_tokens + t->leased_tokens + t->cached_tokens, t->total_tokens);
+	if (free_tokens)
+		*free_tokens = t->free_tokens;
+	return t->leased_tokens;
 }
 
 static uint64_t pool_counter(const char *pool, const char *name)
 {
-	static struct kvp_status st;
-	struct kvp_error e;
+	const struct kvp_pool_status *ps = pool_status(pool);
 
-	st.struct_size = sizeof(st);
-	if (kvp_client_status(g_obs, &st, &e) < 0)
-		return UINT64_MAX;
-	for (uint32_t i = 0; i < st.n_pools; i++) {
-		if (strcmp(st.pools[i].name, pool))
-			continue;
-		for (uint32_t k = 0; k < st.pools[i].n_counters; k++)
-			if (!strcmp(st.pools[i].counters[k].name, name))
-				return st.pools[i].counters[k].value;
-	}
+	for (uint32_t k = 0; ps && k < ps->n_counters; k++)
+		if (!strcmp(ps->counters[k].name, name))
+			return ps->counters[k].value;
 	return UINT64_MAX;
 }
 

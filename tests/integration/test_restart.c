@@ -111,6 +111,56 @@ static bool check(struct kvp_pool *p, uint32_t page, uint8_t seed)
 	return true;
 }
 
+/* setup(), a config of 64 host pages and a supervised kvpoold: its pid. */
+static pid_t start_full(uint32_t grace_ms, uint32_t interval_ms)
+{
+	setup();
+	write_cfg_full(64, grace_ms, interval_ms);
+	return sup_start();
+}
+
+static pid_t start(void)
+{
+	return start_full(5000, 100);
+}
+
+/* An engine named name attached to pool "p" (fatal when it cannot be). */
+static struct kvp_pool *engine(const char *name, struct kvp_client **c)
+{
+	struct kvp_error e;
+	struct kvp_pool *p;
+
+	*c = kvp_client_connect(g_sock, name, &e);
+	p = *c ? kvp_pool_attach(*c, "p", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	return p;
+}
+
+/* The engine closed, kvpoold stopped cleanly, the test's folder removed. */
+static void finish(struct kvp_client *c, pid_t pid)
+{
+	kvp_client_close(c);
+	sup_stop(pid, SIGTERM);
+	teardown();
+}
+
+/* A lease of n host pages, each filled with seed + i * step (none when step is 0), published as
+ * the prefix tok[i] = tok0 + i of n pages (fatal when it fails). */
+static void publish(struct kvp_pool *p, uint32_t n, uint32_t tok0, int seed, int step,
+		    uint32_t *tok, uint32_t *pages)
+{
+	struct kvp_error e;
+	uint64_t lease, nt;
+
+	for (uint32_t i = 0; i < n * PT; i++)
+		tok[i] = tok0 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, n, &lease, pages, &e), 0);
+	for (uint32_t i = 0; step && i < n; i++)
+		fill(p, pages[i], (uint8_t)(seed + (int)i * step));
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, n * PT, 0, pages, n, &nt, &e), 0);
+	CU_ASSERT_EQUAL(nt, n * PT);
+}
+
 static int match_retry(struct kvp_pool *p, const uint32_t *tok, uint32_t n,
 		       struct kvp_match_result *m, uint32_t *host, int *restarted)
 {
@@ -134,7 +184,7 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	uint64_t lease, held_id, nt, lock_id, klease, klock;
+	uint64_t held_id, lock_id, klease, klock;
 	uint32_t kpages[3];
 	static const struct kvp_page_key keys[3] = { { "k-one", 5 }, { "k-two", 5 }, { "k-3", 3 } };
 	struct kvp_insert_keys_result kres;
@@ -143,21 +193,10 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	int restarted = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "restart-engine", &e);
-	CU_ASSERT_FATAL(c != NULL);
-	p = kvp_pool_attach(c, "p", NULL, &e);
-	CU_ASSERT_FATAL(p != NULL);
+	pid = start();
+	p = engine("restart-engine", &c);
 	base = kvp_pool_tier_base(p, KVP_TIER_HOST);
-	for (uint32_t i = 0; i < 4 * PT; i++)
-		tok[i] = 1000 + i;
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 4, &lease, pages, &e), 0);
-	for (int i = 0; i < 4; i++)
-		fill(p, pages[i], (uint8_t)(17 * i + 1));
-	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 4 * PT, 0, pages, 4, &nt, &e), 0);
-	CU_ASSERT_EQUAL(nt, 4 * PT);
+	publish(p, 4, 1000, 1, 17, tok, pages);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &held_id, held, &e), 0);
 	/* a lock on the first two pages, and a hash-keyed chain of 3 pages, locked too */
 	m.struct_size = sizeof(m);
@@ -204,9 +243,7 @@ static void test_restart_clean_keeps_cache_lease_and_mapping(void)
 	CU_ASSERT_EQUAL(counter("sessions_resumed"), 1);
 	CU_ASSERT_EQUAL(counter("pages_adopted"), 7); /* 4 token pages, 3 keyed */
 	CU_ASSERT_EQUAL(counter("pages_discarded"), 0);
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* kill -9 with the checkpoint's bytes corrupted: the pool starts empty, says why, never serves
@@ -215,23 +252,14 @@ static void test_restart_corrupt_books_start_empty(void)
 {
 	uint32_t tok[2 * PT], pages[2], host[8];
 	struct kvp_match_result m;
-	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	uint64_t lease, nt;
 	int restarted = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "crash-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
-	for (uint32_t i = 0; i < 2 * PT; i++)
-		tok[i] = 7 + i;
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e), 0);
+	pid = start();
+	p = engine("crash-engine", &c);
+	publish(p, 2, 7, 0, 0, tok, pages);
 	usleep(400 * 1000); /* a checkpoint is written */
 	sup_stop(pid, SIGKILL);
 	{ /* flip a byte of the books' body */
@@ -247,9 +275,7 @@ static void test_restart_corrupt_books_start_empty(void)
 	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 0);
 	CU_ASSERT(h_file_contains(g_log, "checksum of its books does not match"));
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* A changed host size: the stored pool is released, the new one created afresh. */
@@ -257,9 +283,7 @@ static void test_restart_geometry_change_fresh_pool(void)
 {
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
+	pid = start();
 	sup_stop(pid, SIGTERM);
 	write_cfg(32);
 	pid = sup_start();
@@ -282,12 +306,8 @@ static void test_restart_key_chains_out_of_order(void)
 	uint64_t lease, ev = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "keys-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
+	pid = start();
+	p = engine("keys-engine", &c);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 3, &lease, pages, &e), 0);
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert_keys(p, lease, 5, a, 3, 0, pages, 3, &res, &e), 0);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &lease, pages, &e), 0);
@@ -306,9 +326,7 @@ static void test_restart_key_chains_out_of_order(void)
 	CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 5, a, 3, 0, &m, NULL, host, 8, &e), 0);
 	CU_ASSERT_EQUAL(m.matched_keys, 2);
 	CU_ASSERT_EQUAL(counter("pages_adopted"), 4);
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* A restart that loses the fd store: the client maps the new (zeroed) memory instead of
@@ -324,12 +342,8 @@ static void test_restart_without_store_maps_new_memory(void)
 	size_t pb = 2 * 2 * 2 * 8 * 2 * PT, nonzero = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "fresh-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
+	pid = start();
+	p = engine("fresh-engine", &c);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &held_id, held, &e), 0);
 	fill(p, held[0], 3);
 	g_s.no_store = true;
@@ -342,9 +356,7 @@ static void test_restart_without_store_maps_new_memory(void)
 		nonzero += b[(size_t)held[0] * pb + i] != 0;
 	CU_ASSERT_EQUAL(nonzero, 0); /* the new tier, not the old mapping */
 	CU_ASSERT(h_fdsup_log_count(&g_s, "the stored pool is released") == 0);
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* The engine comes back after resume_grace_ms: its lease was reclaimed. */
@@ -358,12 +370,8 @@ static void test_restart_after_grace_reclaimed(void)
 	int r;
 	pid_t pid;
 
-	setup();
-	write_cfg_full(64, 300, 100);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "late-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
+	pid = start_full(300, 100);
+	p = engine("late-engine", &c);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &held_id, held, &e), 0);
 	sup_stop(pid, SIGTERM);
 	pid = sup_start();
@@ -371,9 +379,7 @@ static void test_restart_after_grace_reclaimed(void)
 	r = kvp_admin_flush(c, "p", &ev, &e);
 	CU_ASSERT_EQUAL(r, -KVP_E_RESTARTED);
 	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 2, &e), -KVP_E_NOT_FOUND);
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* kill -9 of an idle pool after a checkpoint: the cache is adopted (same bytes), the lease is
@@ -385,22 +391,13 @@ static void test_restart_kill9_consistent_adopts_cache(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	uint64_t lease, held_id, nt;
+	uint64_t held_id;
 	int restarted = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg(64);
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "crash-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
-	for (uint32_t i = 0; i < 3 * PT; i++)
-		tok[i] = 500 + i;
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 3, &lease, pages, &e), 0);
-	for (int i = 0; i < 3; i++)
-		fill(p, pages[i], (uint8_t)(40 + i));
-	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 3 * PT, 0, pages, 3, &nt, &e), 0);
+	pid = start();
+	p = engine("crash-engine", &c);
+	publish(p, 3, 500, 40, 1, tok, pages);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 1, &held_id, held, &e), 0);
 	usleep(400 * 1000);
 	sup_stop(pid, SIGKILL);
@@ -411,9 +408,7 @@ static void test_restart_kill9_consistent_adopts_cache(void)
 	for (int i = 0; i < 3 && m.n_host == 3; i++)
 		CU_ASSERT(check(p, host[i], (uint8_t)(40 + i)));
 	CU_ASSERT_EQUAL(kvp_lease_free(p, held_id, held, 1, &e), -KVP_E_NOT_FOUND);
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* kill -9 right after cached pages were evicted and reused: the checkpoint no longer proves
@@ -425,20 +420,13 @@ static void test_restart_kill9_after_eviction_discards(void)
 	struct kvp_error e;
 	struct kvp_client *c;
 	struct kvp_pool *p;
-	uint64_t lease, big, nt;
+	uint64_t big;
 	int restarted = 0;
 	pid_t pid;
 
-	setup();
-	write_cfg_full(64, 5000, 3600000); /* no checkpoint after the first */
-	pid = sup_start();
-	c = kvp_client_connect(g_sock, "evict-engine", &e);
-	p = c ? kvp_pool_attach(c, "p", NULL, &e) : NULL;
-	CU_ASSERT_FATAL(p != NULL);
-	for (uint32_t i = 0; i < 2 * PT; i++)
-		tok[i] = 900 + i;
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e), 0);
-	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, lease, 1, tok, 2 * PT, 0, pages, 2, &nt, &e), 0);
+	pid = start_full(5000, 3600000); /* no checkpoint after the first */
+	p = engine("evict-engine", &c);
+	publish(p, 2, 900, 0, 0, tok, pages);
 	/* a clean stop and start: the books now list the 2 cached pages */
 	sup_stop(pid, SIGTERM);
 	pid = sup_start();
@@ -453,9 +441,7 @@ static void test_restart_kill9_after_eviction_discards(void)
 	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
 	CU_ASSERT_EQUAL(m.matched_tokens, 0);
 	CU_ASSERT(h_file_contains(g_log, "without a clean checkpoint"));
-	kvp_client_close(c);
-	sup_stop(pid, SIGTERM);
-	teardown();
+	finish(c, pid);
 }
 
 /* An engine in another process publishes and matches without pause while kvpoold restarts 20
@@ -514,10 +500,8 @@ static void test_restart_20_under_load_no_mismatch(void)
 	pid_t pid, eng;
 	int st;
 
-	setup();
-	write_cfg(64);
+	pid = start();
 	snprintf(stopfile, sizeof(stopfile), "%s/stop", g_dir);
-	pid = sup_start();
 	eng = fork();
 	if (eng == 0) {
 		_exit(load_engine(stopfile));

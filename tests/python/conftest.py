@@ -93,20 +93,48 @@ mlock = off
 """
 
 
-def host_pool(name, head_dim=8, capacity="256t"):
-    """The section of a host-only pool (2 layers, 2 kv heads, fp16, 4-token pages) that a test
-    module adds to DEFAULT_CONF in its CONF."""
+def pool_section(name, layers=2, kv_heads=2, head_dim=8, device_capacity=None,
+                 host_capacity="256t", extra=""):
+    """The section of an fp16 pool of 4-token pages that a test module adds to DEFAULT_CONF in
+    its CONF: a simulated device tier of device_capacity (none when None), a host tier of
+    host_capacity, then the lines of extra."""
+    dev = "device = none"
+    if device_capacity:
+        dev = f"device = sim\ndevice_capacity = {device_capacity}"
     return f"""
 [pool.{name}]
-layers = 2
-kv_heads = 2
+layers = {layers}
+kv_heads = {kv_heads}
 head_dim = {head_dim}
 dtype = fp16
 page_tokens = 4
-device = none
-host_capacity = {capacity}
+{dev}
+host_capacity = {host_capacity}
 mlock = off
-"""
+""" + extra
+
+
+def host_pool(name, head_dim=8, capacity="256t"):
+    """The section of a host-only pool (2 layers, 2 kv heads, fp16, 4-token pages)."""
+    return pool_section(name, head_dim=head_dim, host_capacity=capacity)
+
+
+def wait_socket(sock, proc=None, timeout=10):
+    """True once a connect to the unix socket sock succeeds (the socket file exists from bind(),
+    before listen()); False when proc (where given) exits first or timeout s pass."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            return False
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(sock)
+            return True
+        except OSError:
+            time.sleep(0.01)
+        finally:
+            s.close()
+    return False
 
 
 class Daemon:
@@ -125,19 +153,11 @@ class Daemon:
         self.proc = subprocess.Popen(
             [KVPOOLD, "--socket", self.sock, "--config", self.conf, "--log-level", "info"],
             stdout=self.log, stderr=self.log, env=env)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvpoold exited with {self.proc.returncode}: "
-                                   + open(self.log.name).read())
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.sock)
-                return
-            except OSError:
-                time.sleep(0.01)
-            finally:
-                s.close()
+        if wait_socket(self.sock, self.proc):
+            return
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"kvpoold exited with {self.proc.returncode}: "
+                               + open(self.log.name).read())
         self.stop()
         raise RuntimeError("kvpoold did not come up in 10 s")
 

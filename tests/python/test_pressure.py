@@ -6,23 +6,11 @@ import time
 import pytest
 
 import kvpool
-from conftest import DEFAULT_CONF
+from conftest import DEFAULT_CONF, pool_section
 
 # 64 device pages of 4 tokens, watermark 16 pages, no rate limit.
-CONF = DEFAULT_CONF + """
-[pool.pr]
-layers = 1
-kv_heads = 1
-head_dim = 8
-dtype = fp16
-page_tokens = 4
-device = sim
-device_capacity = 256t
-host_capacity = 256t
-mlock = off
-pressure_watermark = 25%
-pressure_interval_ms = 0
-"""
+CONF = DEFAULT_CONF + pool_section("pr", layers=1, kv_heads=1, device_capacity="256t",
+                                   extra="pressure_watermark = 25%\npressure_interval_ms = 0\n")
 
 
 def test_notice_then_recovery(daemon):

@@ -2,12 +2,10 @@
 by itself by then, so the retried call goes on (here without an fd store: the new kvpoold starts
 empty and the pool is mapped anew)."""
 import signal
-import socket
 import subprocess
-import time
 
 import kvpool
-from conftest import KVPOOLD, Daemon
+from conftest import KVPOOLD, Daemon, wait_socket
 
 
 def restart(d):
@@ -16,17 +14,8 @@ def restart(d):
     d.proc.wait(10)
     d.proc = subprocess.Popen([KVPOOLD, "--socket", d.sock, "--config", d.conf],
                               stdout=d.log, stderr=d.log)
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(d.sock)
-            return
-        except OSError:
-            time.sleep(0.01)
-        finally:
-            s.close()
-    raise RuntimeError("kvpoold did not come back")
+    if not wait_socket(d.sock):
+        raise RuntimeError("kvpoold did not come back")
 
 
 def test_restarted_is_an_error_of_its_own():
