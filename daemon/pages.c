@@ -102,7 +102,7 @@ static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, u
 		v4u32 v;
 
 		memcpy(&v, src + n - 4 - i, sizeof(v));
-		v = __builtin_shuffle(v, (v4u32){ 3, 2, 1, 0 });
+		v = __builtin_shufflevector(v, v, 3, 2, 1, 0); /* gcc 12+, clang */
 		memcpy(dst + i, &v, sizeof(v));
 	}
 	for (; i < n; i++)
