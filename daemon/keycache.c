@@ -99,6 +99,8 @@ struct kvp_keys {
 	uint64_t seed;
 	kvp_keys_spill_fn spill; /* host pages evicted (kvp_keys_set_spill) */
 	void *spill_ctx;
+	kvp_keys_spill_fn landed; /* device pages demoted to host (kvp_keys_set_landed) */
+	void *landed_ctx;
 	struct list lru[3];
 	struct kvp_keys_flight *flights; /* in flight, newest first */
 	struct kvp_keys_stats st;
@@ -1025,6 +1027,21 @@ void kvp_keys_set_spill(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx)
 	kc->spill_ctx = ctx;
 }
 
+void kvp_keys_set_landed(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx)
+{
+	kc->landed = fn;
+	kc->landed_ctx = ctx;
+}
+
+/* Entry i was demoted into host page `page` (its bytes in place): tells the landed hook. */
+static void landed(struct kvp_keys *kc, uint32_t i, uint32_t page)
+{
+	const struct kc_entry *e = &kc->ent[i];
+
+	if (kc->landed)
+		kc->landed(kc->landed_ctx, kc->nsr[e->ns].ns, key_at(kc, e), e->klen1 + 1u, page);
+}
+
 static uint32_t evict_host(struct kvp_keys *kc, uint32_t want)
 {
 	uint32_t freed = 0, i;
@@ -1059,6 +1076,7 @@ static uint32_t demote(struct kvp_keys *kc, uint32_t i)
 	kvp_pages_release(kc->tier[KVP_TIER_ID_DEVICE], &src, 1);
 	kvp_pages_move(hp, dst, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
 	retier(kc, i, KVP_TIER_ID_HOST, dst);
+	landed(kc, i, dst);
 	kc->st.demoted_pages++;
 	kc->st.evicted_pages[KVP_TIER_ID_DEVICE]++;
 	return 1;
@@ -1111,6 +1129,7 @@ static void flight_land(struct kvp_keys *kc, struct kvp_keys_flight *fl, int rc)
 		kvp_pages_release(dp, &fl->src[k], 1);
 		kvp_pages_move(hp, fl->dst[k], KVP_PAGE_MOVING, KVP_PAGE_CACHED);
 		retier(kc, i, KVP_TIER_ID_HOST, fl->dst[k]);
+		landed(kc, i, fl->dst[k]);
 		kc->st.demoted_pages++;
 		kc->st.evicted_pages[KVP_TIER_ID_DEVICE]++;
 	}
@@ -1205,13 +1224,14 @@ uint32_t kvp_keys_flush(struct kvp_keys *kc)
 		return 0;
 	stack = malloc((size_t)kc->ent_hw * sizeof(*stack));
 	if (!stack) { /* without scratch: leaves one by one through the lists */
-		kvp_keys_spill_fn spill = kc->spill; /* a flush is no spill */
+		kvp_keys_spill_fn spill = kc->spill, land = kc->landed; /* a flush is no spill */
 		uint32_t f;
 
-		kc->spill = NULL;
+		kc->spill = kc->landed = NULL;
 		while ((f = evict_host(kc, UINT32_MAX) + evict_dev(kc, UINT32_MAX)) != 0)
 			freed += f;
 		kc->spill = spill;
+		kc->landed = land;
 		return freed;
 	}
 	for (uint32_t i = 0; i < kc->ent_hw; i++) {

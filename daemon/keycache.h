@@ -44,6 +44,9 @@ struct kvp_keys *kvp_keys_new(const struct kvp_keys_conf *conf);
 typedef void (*kvp_keys_spill_fn)(void *ctx, uint64_t ns, const uint8_t *key, size_t klen,
 				  uint32_t page);
 void kvp_keys_set_spill(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx);
+/* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion
+ * (synchronous or a flight's), called as the spill hook is with the entry's new host page. */
+void kvp_keys_set_landed(struct kvp_keys *kc, kvp_keys_spill_fn fn, void *ctx);
 /* Accepts NULL. Does not touch the allocators' page states. */
 void kvp_keys_free(struct kvp_keys *kc);
 

@@ -90,6 +90,8 @@ struct kvp_prefix {
 	bool sync_only;			   /* this eviction needs its pages now: no copy_start */
 	kvp_prefix_spill_fn spill;	   /* host pages evicted (kvp_prefix_set_spill) */
 	void *spill_ctx;
+	kvp_prefix_spill_fn landed; /* device pages demoted to host (kvp_prefix_set_landed) */
+	void *landed_ctx;
 	uint32_t *spill_buf; /* the evicted path's tokens, for spill */
 	size_t spill_cap;    /* uint32_t entries of spill_buf */
 };
@@ -1077,14 +1079,22 @@ void kvp_prefix_set_spill(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *
 	pfx->spill_ctx = ctx;
 }
 
-/* Hands the last k (host) pages of n, with the tokens of the path to them, to the spill hook.
- * Skipped when the path's tokens cannot be gathered (out of memory): a spill is best effort. */
-static void spill_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t k)
+void kvp_prefix_set_landed(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx)
+{
+	pfx->landed = fn;
+	pfx->landed_ctx = ctx;
+}
+
+/* Hands n's host pages [upto - k, upto), with the tokens of the path through n's first upto
+ * pages, to fn (the spill or the landed hook). Skipped when the path's tokens cannot be
+ * gathered (out of memory): both hooks are best effort. */
+static void path_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t upto, uint32_t k,
+		      kvp_prefix_spill_fn fn, void *ctx)
 {
 	const struct kvp_prefix_node *m;
-	size_t pages = 0, at;
+	size_t pages = upto, at;
 
-	for (m = n; !is_root(m); m = m->parent)
+	for (m = n->parent; !is_root(m); m = m->parent)
 		pages += m->npages;
 	if (pages * pfx->pt > pfx->spill_cap) {
 		uint32_t *b = realloc(pfx->spill_buf, pages * pfx->pt * sizeof(uint32_t));
@@ -1096,11 +1106,12 @@ static void spill_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32
 	}
 	at = pages * pfx->pt;
 	for (m = n; !is_root(m); m = m->parent) {
-		at -= (size_t)m->npages * pfx->pt;
-		memcpy(pfx->spill_buf + at, node_tokens(m), (size_t)m->npages * pfx->pt * 4);
+		size_t np = m == n ? upto : m->npages;
+
+		at -= np * pfx->pt;
+		memcpy(pfx->spill_buf + at, node_tokens(m), np * pfx->pt * 4);
 	}
-	pfx->spill(pfx->spill_ctx, root_ns(m), pfx->spill_buf, (uint32_t)pages,
-		   node_pages(pfx, n) + n->npages - k, k);
+	fn(ctx, root_ns(m), pfx->spill_buf, (uint32_t)pages, node_pages(pfx, n) + upto - k, k);
 }
 
 static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
@@ -1112,7 +1123,7 @@ static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
 		uint32_t k = min_u32(want - freed, n->npages - n->ndev);
 
 		if (pfx->spill)
-			spill_tail(pfx, n, k);
+			path_tail(pfx, n, n->npages, k, pfx->spill, pfx->spill_ctx);
 		drop_tail(pfx, n, k, KVP_TIER_ID_HOST);
 		freed += k;
 	}
@@ -1140,6 +1151,8 @@ static void demote_apply(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint
 	pfx->st.demoted_pages += m;
 	pfx->st.evicted_pages[KVP_TIER_ID_DEVICE] += m;
 	node_changed(pfx, n, hd, hh);
+	if (pfx->landed) /* n's pages [ndev, ndev + m) are those host pages now */
+		path_tail(pfx, n, n->ndev + m, m, pfx->landed, pfx->landed_ctx);
 }
 
 void kvp_prefix_demote_done(struct kvp_prefix *pfx, struct kvp_prefix_flight *fl, int rc)

@@ -158,6 +158,10 @@ typedef void (*kvp_prefix_spill_fn)(void *ctx, uint64_t ns, const uint32_t *toke
 				    const uint32_t *pages, uint32_t k);
 /* Sets (fn NULL: clears) the spill hook. Flush does not call it (an admin drop is not a spill). */
 void kvp_prefix_set_spill(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx);
+/* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion
+ * (synchronous or a flight's): called as the spill hook is, once they are the tree's host pages
+ * with their bytes in place; tokens: the path through the last of them. */
+void kvp_prefix_set_landed(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx);
 
 struct kvp_prefix_stats {
 	uint64_t cached_pages[KVP_TIER_ID_MAX];

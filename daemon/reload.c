@@ -217,14 +217,6 @@ static void test_delay(void)
 static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 		       struct reload_result *res)
 {
-	if (!kvp_conf_remote_same(cur, next)) {
-		log_err("reload refused, keeping the running config: the [remote] section or a "
-			"pool's remote mode changes; restart kvpoold for that");
-		refuse(res, KVP_ERR_INVALID_ARGUMENT,
-		       "the [remote] section or a pool's remote mode changes; restart kvpoold for "
-		       "that");
-		return false;
-	}
 	for (uint32_t i = 0; i < cur->n_pools; i++) {
 		const struct kvp_pool_conf *c = &cur->pools[i];
 		bool found = false;
@@ -252,6 +244,15 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 			       "pool %s was removed; restart kvpoold for that", c->name);
 			return false;
 		}
+	}
+	/* After the pools: a removed or moved pool is named as such. */
+	if (!kvp_conf_remote_same(cur, next)) {
+		log_err("reload refused, keeping the running config: the [remote] section or a "
+			"pool's remote mode changes; restart kvpoold for that");
+		refuse(res, KVP_ERR_INVALID_ARGUMENT,
+		       "the [remote] section or a pool's remote mode changes; restart kvpoold for "
+		       "that");
+		return false;
 	}
 	return true;
 }

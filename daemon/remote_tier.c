@@ -11,6 +11,7 @@
 
 #include "defer.h"
 #include "log.h"
+#include "mix.h"
 #include "pool_cache.h"
 #include "remote.h"
 #include "remote_cluster.h"
@@ -20,6 +21,12 @@
 
 /* Pages one Fetch reads at most, whatever match_max_pages says. */
 #define FETCH_MAX 4096
+/* Write-through remembers the remote keys it wrote in a direct-mapped table of 2^SEEN_BITS key
+ * tags (4 MiB, made with the first write-through pool), so that content written once (inserted,
+ * or demoted to host) is not written again when it is promoted and demoted, or evicted. A tag
+ * pushed out by another only costs a second SET; a failed SET forgets its tag; with ttl_s an
+ * entry lasts ttl_s / 2, so values about to expire are written again. */
+#define SEEN_BITS 18
 
 struct rt_pool {
 	struct kvp_daemon *d;
@@ -65,12 +72,19 @@ struct rt_fetch {
 	struct rt_fetch *prev, *next; /* the daemon's Fetches in flight (their leases) */
 };
 
+struct rt_seen {
+	uint64_t tag; /* 0: empty */
+	uint64_t at_ms;
+};
+
 struct kvp_rt {
 	struct rt_pool *pools;
 	struct rt_wait *waits;
 	struct rt_fetch *fetches;
+	struct rt_seen *seen; /* write-through's written keys (SEEN_BITS) */
 	/* counters */
-	uint64_t spilled_pages, spill_dropped, written_pages, fetched_pages, fetch_misses;
+	uint64_t spilled_pages, spill_dropped, written_pages, written_skipped, fetched_pages,
+		fetch_misses;
 	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages;
 };
 
@@ -125,30 +139,92 @@ static const uint8_t *host_page(const struct kvpd_pool *p, uint32_t page)
 
 /* ---- writes (spill, write-through) ---- */
 
-static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+/* A write-through SET in flight: its tag, forgotten when the SET fails. */
+struct rt_set {
+	struct kvp_rt *rt;
+	uint64_t tag;
+};
+
+/* The seen-table entry of tag (never 0), NULL without the table. */
+static struct rt_seen *seen_slot(const struct kvp_rt *rt, uint64_t tag)
 {
-	(void)arg, (void)st, (void)val, (void)len; /* counted by the client, by status */
+	return rt->seen ? &rt->seen[tag & ((1u << SEEN_BITS) - 1)] : NULL;
 }
 
-/* SET of one page under hash h; false when the bounds refused it (dropped). */
-static bool put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
+static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	struct rt_set *ws = arg; /* the rest is counted by the client, by status */
+	struct rt_seen *e;
+
+	(void)val, (void)len;
+	if (!ws)
+		return;
+	if (st != KVP_RC_OK && (e = seen_slot(ws->rt, ws->tag)) && e->tag == ws->tag)
+		e->tag = 0;
+	free(ws);
+}
+
+/* Whether write-through wrote key (its tag *tag) already and recently; false for other modes
+ * (*tag 0: not remembered). */
+static bool seen_written(const struct rt_pool *rp, const char *key, size_t klen, uint64_t *tag)
+{
+	const struct kvp_rt *rt = rp->d->rt;
+	uint32_t ttl_s = kvp_remote_conf(rp->d->remote)->ttl_s;
+	uint64_t t = 0x9e3779b97f4a7c15ULL;
+	const struct rt_seen *e;
+
+	*tag = 0;
+	if (rp->p->conf.remote != KVP_REMOTE_WRITE_THROUGH || !rt->seen)
+		return false;
+	for (size_t i = 0; i < klen; i++)
+		t = kvp_mix64(t ^ (uint8_t)key[i]);
+	*tag = t | 1u;
+	e = seen_slot(rt, *tag);
+	return e->tag == *tag && (!ttl_s || kvp_rc_now_ms() - e->at_ms < ttl_s * 500ull);
+}
+
+/* Remembers that the cluster holds key (write-through pools only). */
+static void seen_note(const struct rt_pool *rp, const char *key)
+{
+	uint64_t tag;
+
+	if (!seen_written(rp, key, strlen(key), &tag) && tag)
+		*seen_slot(rp->d->rt, tag) = (struct rt_seen){ tag, kvp_rc_now_ms() };
+}
+
+enum { PUT_DROPPED = -1, PUT_SEEN = 0, PUT_SENT = 1 };
+
+/* SET of one page under hash h: PUT_SENT; PUT_SEEN (write-through: that content was written
+ * already, counted); PUT_DROPPED when the bounds refused it (counted) or the key is bad. */
+static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
 {
 	struct kvp_remote *r = rp->d->remote;
 	char key[KVP_RV_KEY_MAX], nsn[24];
 	uint8_t hdr[KVP_RV_HDR_SIZE];
 	const uint8_t *b = host_page(rp->p, page);
+	struct rt_set *ws = NULL;
+	uint64_t tag;
 	int klen;
 
 	ns_name(ns, keyed, nsn);
 	if ((klen = kvp_rv_key(&rp->fp, nsn, h, key)) < 0)
-		return false;
+		return PUT_DROPPED;
+	if (seen_written(rp, key, (size_t)klen, &tag)) {
+		rp->d->rt->written_skipped++;
+		return PUT_SEEN;
+	}
+	if (tag && (ws = malloc(sizeof(*ws))))
+		*ws = (struct rt_set){ rp->d->rt, tag };
 	kvp_rv_header(&rp->fp, b, rp->p->page_bytes, hdr);
 	if (kvp_rc_set(kvp_remote_rc(r), key, (size_t)klen, hdr, sizeof(hdr), b, rp->p->page_bytes,
-		       kvp_remote_conf(r)->ttl_s, set_done, NULL) < 0) {
+		       kvp_remote_conf(r)->ttl_s, set_done, ws) < 0) {
+		free(ws);
 		rp->d->rt->spill_dropped++;
-		return false;
+		return PUT_DROPPED;
 	}
-	return true;
+	if (ws)
+		*seen_slot(rp->d->rt, tag) = (struct rt_seen){ tag, kvp_rc_now_ms() };
+	return PUT_SENT;
 }
 
 static void spill_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
@@ -160,7 +236,7 @@ static void spill_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_
 
 	for (uint32_t i = 0; i < npages; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
-		if (i >= npages - k && put_page(rp, ns, 0, h, pages[i - (npages - k)]))
+		if (i >= npages - k && put_page(rp, ns, 0, h, pages[i - (npages - k)]) == PUT_SENT)
 			rp->d->rt->spilled_pages++;
 	}
 }
@@ -171,8 +247,26 @@ static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, u
 	uint8_t h[KVP_RV_HASH_SIZE];
 
 	key_hash(key, klen, h);
-	if (put_page(rp, ns, 1, h, page))
+	if (put_page(rp, ns, 1, h, page) == PUT_SENT)
 		rp->d->rt->spilled_pages++;
+}
+
+/* Write-through of device pages demoted to host (the prefix tree's landed hook): pages[0 .. k)
+ * are the last k of the npages-page path tokens. */
+static void landed_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+			  const uint32_t *pages, uint32_t k)
+{
+	struct rt_pool *rp = ctx;
+
+	kvp_rt_written(rp->d, rp->p, ns, tokens, npages - k, pages, k);
+}
+
+static void landed_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
+{
+	struct rt_pool *rp = ctx;
+	ProtobufCBinaryData k = { klen, (uint8_t *)key };
+
+	kvp_rt_written_keys(rp->d, rp->p, ns, &k, &page, 1);
 }
 
 void kvp_rt_bind(struct kvp_daemon *d)
@@ -199,6 +293,12 @@ void kvp_rt_bind(struct kvp_daemon *d)
 		rt->pools = rp;
 		kvp_prefix_set_spill(p->pfx, spill_tokens, rp);
 		kvp_keys_set_spill(p->keys, spill_key, rp);
+		if (p->conf.remote != KVP_REMOTE_WRITE_THROUGH)
+			continue;
+		if (!rt->seen)
+			rt->seen = calloc((size_t)1 << SEEN_BITS, sizeof(*rt->seen));
+		kvp_prefix_set_landed(p->pfx, landed_tokens, rp);
+		kvp_keys_set_landed(p->keys, landed_key, rp);
 	}
 	/* Pools gone (a reload removed them) leave their records. */
 	if (d->rt) {
@@ -226,7 +326,7 @@ void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, cons
 		return;
 	for (uint32_t i = 0; i < first + n; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
-		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]))
+		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]) == PUT_SENT)
 			d->rt->written_pages++;
 	}
 }
@@ -241,7 +341,7 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 		return;
 	for (uint32_t i = 0; i < n; i++) {
 		key_hash(keys[i].data, keys[i].len, h);
-		if (put_page(rp, ns, 1, h, pages[i]))
+		if (put_page(rp, ns, 1, h, pages[i]) == PUT_SENT)
 			d->rt->written_pages++;
 	}
 }
@@ -687,6 +787,19 @@ static void fetch_finish(struct rt_fetch *fe)
 		fetch_free(fe);
 		return;
 	}
+	if (fe->pool_id >= d->n_pools || d->pools[fe->pool_id] != fe->p ||
+	    !s->attached[fe->pool_id]) {
+		/* A reload revoked the session's access to the pool meanwhile (it was detached):
+		 * nothing is cached for it, and the pages the values landed in go back. */
+		kvp_fail(
+			&f, KVP_ERR_NOT_FOUND,
+			"fetch: pool %s was detached from this session while the fetch ran (a reload "
+			"revoked its access); nothing was cached",
+			fe->p->conf.name);
+		kvp_defer_fail(&d->defers, fe->t, &f);
+		fetch_free(fe);
+		return;
+	}
 	got = fetch_insert(fe);
 	d->rt->fetched_pages += got;
 	kvp_reply_init(&r, fe->t->req_id);
@@ -726,6 +839,8 @@ static void get_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 				       (uint64_t)fe->lease->pages[g->i] * fe->p->page_bytes,
 			       pl, n);
 			fe->ok[g->i] = 1;
+			seen_note(fe->rp,
+				  fe->rkey[g->i]); /* the cluster has it: not written back */
 		} else {
 			/* Never served: a miss, counted, and the value deleted. */
 			if (e == -KVP_RV_EFOREIGN)
@@ -908,6 +1023,7 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	out->spilled_pages = rt->spilled_pages;
 	out->spill_dropped = rt->spill_dropped;
 	out->written_pages = rt->written_pages;
+	out->written_skipped = rt->written_skipped;
 	out->fetched_pages = rt->fetched_pages;
 	out->fetch_misses = rt->fetch_misses;
 	out->bad_values = rt->bad_values;
@@ -928,9 +1044,12 @@ void kvp_rt_free(struct kvp_daemon *d)
 		if (pool_live(d, rp->p)) {
 			kvp_prefix_set_spill(rp->p->pfx, NULL, NULL);
 			kvp_keys_set_spill(rp->p->keys, NULL, NULL);
+			kvp_prefix_set_landed(rp->p->pfx, NULL, NULL);
+			kvp_keys_set_landed(rp->p->keys, NULL, NULL);
 		}
 		free(rp);
 	}
+	free(d->rt->seen);
 	free(d->rt);
 	d->rt = NULL;
 }

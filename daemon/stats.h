@@ -151,7 +151,9 @@ struct kvp_daemon_figures {
 	X(spill_dropped, "remote_spill_dropped_total", "counter",                                  \
 	  "Pages not written: in-flight bound reached (spill or write-through under backlog)")     \
 	X(written_pages, "remote_written_pages_total", "counter",                                  \
-	  "Pages written through to the cluster as they were inserted")                            \
+	  "Pages written through to the cluster as they reached the host tier (insert, demotion)") \
+	X(written_skipped, "remote_written_skipped_total", "counter",                              \
+	  "Write-through pages not written again: the same content was written already")           \
 	X(fetched_pages, "remote_fetched_pages_total", "counter",                                  \
 	  "Pages read from the cluster and cached by Fetch")                                       \
 	X(fetch_misses, "remote_fetch_misses_total", "counter",                                    \

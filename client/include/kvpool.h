@@ -468,10 +468,16 @@ struct kvp_match_result {
 	 * brings them in); 0 without a remote tier. Written when struct_size covers it. */
 	uint32_t remote_pages;
 };
-/* Longest cached prefix of tokens. With lock, pins the matched pages until kvp_cache_release or
- * the session ends. device_pages and host_pages need room for cap entries each
- * (ntokens / page_tokens suffices). m->struct_size set by the caller. Returns 0 or a negative
- * code (KVP_E_BUFFER: cap too small, the lock is given back). */
+/* Flags of kvp_cache_match's and kvp_cache_match_keys's `lock` argument (0 and 1 keep their
+ * meaning): KVP_MATCH_LOCK pins the match; KVP_MATCH_LOCAL_ONLY asks the daemon's remote tier
+ * nothing, so remote_pages stays 0 and the answer never waits on the network. */
+#define KVP_MATCH_LOCK 0x1
+#define KVP_MATCH_LOCAL_ONLY 0x100
+/* Longest cached prefix of tokens. With lock (KVP_MATCH_LOCK, or any nonzero value but
+ * KVP_MATCH_LOCAL_ONLY's bit), pins the matched pages until kvp_cache_release or the session
+ * ends; KVP_MATCH_LOCAL_ONLY in lock: no remote existence query. device_pages and host_pages
+ * need room for cap entries each (ntokens / page_tokens suffices). m->struct_size set by the
+ * caller. Returns 0 or a negative code (KVP_E_BUFFER: cap too small, the lock is given back). */
 int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
 		    int lock, struct kvp_match_result *m, uint32_t *device_pages,
 		    uint32_t *host_pages, uint32_t cap, struct kvp_error *err);
@@ -568,7 +574,8 @@ struct kvp_match_keys_result {
 	uint32_t remote_pages; /* keys after the matched ones held remotely (when covered) */
 };
 /* The longest leading run of keys[0 .. nkeys) cached in ns of pool p. With lock, pins the run
- * until kvp_cache_release or the session ends. device_pages and host_pages need room for cap
+ * until kvp_cache_release or the session ends (lock takes the flags of kvp_cache_match:
+ * KVP_MATCH_LOCAL_ONLY asks the remote tier nothing). device_pages and host_pages need room for cap
  * entries each (nkeys suffices). Returns 0 or a negative code (KVP_E_BUFFER when cap is short: the
  * lock, if taken, is released). */
 int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
