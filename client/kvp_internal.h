@@ -82,6 +82,13 @@ int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err);
 /* Sets err to a library-side code; returns -code. */
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* The keys as the wire's bytes fields in *out (free with free()), checked against the most any
+ * kvpoold accepts (KVP_PAGE_KEYS_MAX keys, KVP_PAGE_KEY_BYTES_MAX bytes a key) and against one
+ * frame; the daemon's own max_keys_per_call / max_key_bytes may be lower. 0 or a negative code:
+ * KVP_E_LIMIT_EXCEEDED past a limit, KVP_E_INVALID_ARGUMENT for an empty key
+ * (libkvpool_keys.c; the keyed calls and Fetch share it). */
+int kvp__wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
+		   struct kvp_error *err);
 /* The client a pool was attached through. */
 struct kvp_client *kvp__pool_client(const struct kvp_pool *p);
 /* The connected socket, for tests that send raw bytes. */

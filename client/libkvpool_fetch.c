@@ -77,10 +77,8 @@ KVP_EXPORT int kvp_cache_fetch_keys(struct kvp_pool *p, uint64_t ns,
 	    !nkeys)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "pool, keys or out is NULL, or out->struct_size is not set");
-	if (!(b = malloc(sizeof(*b) * nkeys)))
-		return kvp__fail(err, KVP_E_NOMEM, 0, "out of memory for %u keys", nkeys);
-	for (uint32_t i = 0; i < nkeys; i++)
-		b[i] = (ProtobufCBinaryData){ keys[i].len, (uint8_t *)keys[i].data };
+	if ((r = kvp__wire_keys(keys, nkeys, &b, err)) < 0)
+		return r;
 	a.namespace_ = ns;
 	a.keys = b;
 	a.n_keys = nkeys;

@@ -27,12 +27,8 @@ static int limit_fail(struct kvp_error *err, const char *what, uint64_t limit, c
 	return r;
 }
 
-/* The keys as the wire's bytes fields in *out (free with free()), checked against the most any
- * kvpoold accepts (KVP_PAGE_KEYS_MAX keys, KVP_PAGE_KEY_BYTES_MAX bytes a key) and against one
- * frame; the daemon's own max_keys_per_call / max_key_bytes may be lower. 0 or a negative code:
- * KVP_E_LIMIT_EXCEEDED past a limit, KVP_E_INVALID_ARGUMENT for an empty key. */
-static int wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
-		     struct kvp_error *err)
+int kvp__wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
+		   struct kvp_error *err)
 {
 	/* room for the envelope and the call's other fields */
 	const uint64_t budget = KVP_FRAME_MAX - 4096;
@@ -85,7 +81,7 @@ KVP_EXPORT int kvp_cache_insert_keys(struct kvp_pool *p, uint64_t lease_id, uint
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "out->struct_size is not set");
 	if ((r = kvp__resv_bind(kvp__pool_resv(p), lease_id, err)) < 0)
 		return r;
-	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+	if ((r = kvp__wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
 	a.lease_id = lease_id;
@@ -125,7 +121,7 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 	if (!c || !m || m->struct_size < KVP_MATCH_KEYS_RESULT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
 				 "pool or m is NULL, or m->struct_size is not set");
-	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+	if ((r = kvp__wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
 	a.pool_id = kvp_pool_id(p);
@@ -171,7 +167,7 @@ KVP_EXPORT int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns,
 
 	if (!c)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "pool is NULL");
-	if ((r = wire_keys(keys, nkeys, &a.keys, err)) < 0)
+	if ((r = kvp__wire_keys(keys, nkeys, &a.keys, err)) < 0)
 		return r;
 	a.n_keys = nkeys;
 	a.pool_id = kvp_pool_id(p);

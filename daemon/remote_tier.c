@@ -873,13 +873,10 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	if ((a->n_keys > 0) == (a->n_tokens > 0))
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
 				"fetch: give tokens (token-keyed) or keys (hash-keyed), not both");
-	if (a->n_tokens > UINT32_MAX / 2 || a->n_keys > d->conf.max_keys_per_call)
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "fetch: too many tokens or keys");
-	for (size_t i = 0; i < a->n_keys; i++)
-		if (!a->keys[i].len || a->keys[i].len > d->conf.max_key_bytes)
-			return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-					"fetch: key %zu has %zu bytes (1 .. %u)", i, a->keys[i].len,
-					d->conf.max_key_bytes);
+	if (a->n_tokens > UINT32_MAX / 2)
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "fetch: too many tokens");
+	if (keyed && (rc = kvp_rpc_keys_check(d, "fetch keys", a->keys, a->n_keys, f)) < 0)
+		return rc;
 	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, keyed, "fetch", f)) < 0)
 		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)

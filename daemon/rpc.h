@@ -36,6 +36,10 @@ KVP_RPC_HANDLER(kvp_rpc_load);
 KVP_RPC_HANDLER(kvp_rpc_insert_keys);
 KVP_RPC_HANDLER(kvp_rpc_match_keys);
 KVP_RPC_HANDLER(kvp_rpc_exists_keys);
+/* A call's keys against the limits: 0, or a negative Code with f filled (LIMIT_EXCEEDED past
+ * max_keys_per_call or max_key_bytes, INVALID_ARGUMENT for none or an empty key). */
+int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const ProtobufCBinaryData *k,
+		       size_t n, struct kvp_fail *f);
 /* rpc_reserve.c: the page reserve's refill, return and binds. */
 KVP_RPC_HANDLER(kvp_rpc_reserve);
 /* remote_tier.c: Fetch from the remote tier. */

@@ -17,38 +17,42 @@ int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_p
 	return rc < 0 ? rc : kvp_pool_ns_use(p, ns, keyed, f);
 }
 
-/* The call's keys, checked against the limits; NULL with f filled (LIMIT_EXCEEDED past
- * max_keys_per_call or max_key_bytes, INVALID_ARGUMENT for none or an empty key, INTERNAL). Free
- * with free(). */
-static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
-			       const ProtobufCBinaryData *k, size_t n, struct kvp_fail *f)
+int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const ProtobufCBinaryData *k,
+		       size_t n, struct kvp_fail *f)
 {
-	struct kvp_key *out;
-
 	if (n > d->conf.max_keys_per_call) {
 		kvp_fail_limit(f, "keys per call", d->conf.max_keys_per_call);
 		kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
 			 "%s: %zu keys in one call, the limit is %u (max_keys_per_call)", call, n,
 			 d->conf.max_keys_per_call);
-		return NULL;
+		return -(int)f->code;
 	}
-	if (n == 0) {
-		kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: no keys", call);
-		return NULL;
-	}
+	if (n == 0)
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: no keys", call);
 	for (size_t i = 0; i < n; i++) {
-		if (k[i].len == 0) {
-			kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: key %zu is empty", call, i);
-			return NULL;
-		}
+		if (k[i].len == 0)
+			return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "%s: key %zu is empty", call,
+					i);
 		if (k[i].len > d->conf.max_key_bytes) {
 			kvp_fail_limit(f, "bytes per key", d->conf.max_key_bytes);
 			kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
 				 "%s: key %zu has %zu bytes, the limit is %u (max_key_bytes)", call,
 				 i, k[i].len, d->conf.max_key_bytes);
-			return NULL;
+			return -(int)f->code;
 		}
 	}
+	return 0;
+}
+
+/* The call's keys, checked (kvp_rpc_keys_check); NULL with f filled (also INTERNAL). Free with
+ * free(). */
+static struct kvp_key *keys_of(const struct kvp_daemon *d, const char *call,
+			       const ProtobufCBinaryData *k, size_t n, struct kvp_fail *f)
+{
+	struct kvp_key *out;
+
+	if (kvp_rpc_keys_check(d, call, k, n, f) < 0)
+		return NULL;
 	out = malloc(n * sizeof(*out));
 	if (!out) {
 		kvp_rpc_oom(f);

@@ -564,6 +564,8 @@ typedef struct {
 	uint64_t tokens, lock_id;
 	uint32_t *device_pages, *host_pages;
 	uint32_t n_device, n_host;
+	uint32_t remote_pages;		      /* match: pages after it the remote tier holds */
+	uint32_t fetched_pages, missed_pages; /* fetch: read from the remote tier, not had */
 } MatchObject;
 
 typedef struct {
@@ -1729,18 +1731,18 @@ static PyObject *match_new(PoolObject *self, struct kvp_pool *p, uint64_t tokens
 
 static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "tokens", "namespace", "lock", NULL };
-	PyObject *tokens_o, *ns_o = NULL;
+	static char *kwlist[] = { "tokens", "namespace", "lock", "local_only", NULL };
+	PyObject *tokens_o, *ns_o = NULL, *mo;
 	struct kvp_pool *p = pool_handle(self);
 	struct u32list tokens;
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
 	struct kvp_error err;
 	uint32_t *dev, *host, cap;
 	uint64_t ns = 0;
-	int lock = 1, r;
+	int lock = 1, local_only = 0, r;
 
-	if (!p ||
-	    !PyArg_ParseTupleAndKeywords(args, kw, "O|Op:match", kwlist, &tokens_o, &ns_o, &lock))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|Opp:match", kwlist, &tokens_o, &ns_o,
+					       &lock, &local_only))
 		return NULL;
 	if (ns_o && u64_arg(ns_o, "namespace", &ns))
 		return NULL;
@@ -1754,8 +1756,9 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	if (!client_enter(self->client)) {
 		r = -1;
 	} else {
-		KVPY_WAIT(r = kvp_cache_match(p, ns, tokens.v, (uint32_t)tokens.n, lock, &m, dev,
-					      host, cap, &err));
+		KVPY_WAIT(r = kvp_cache_match(p, ns, tokens.v, (uint32_t)tokens.n,
+					      lock | (local_only ? KVP_MATCH_LOCAL_ONLY : 0), &m,
+					      dev, host, cap, &err));
 		client_leave(self->client);
 		if (r < 0)
 			raise_kvp(&err);
@@ -1763,7 +1766,10 @@ static PyObject *pool_match(PoolObject *self, PyObject *args, PyObject *kw)
 	u32list_done(&tokens);
 	if (r < 0)
 		goto fail;
-	return match_new(self, p, m.matched_tokens, m.lock_id, dev, host, m.n_device, m.n_host);
+	mo = match_new(self, p, m.matched_tokens, m.lock_id, dev, host, m.n_device, m.n_host);
+	if (mo)
+		((MatchObject *)mo)->remote_pages = m.remote_pages;
+	return mo;
 fail:
 	PyMem_Free(dev);
 	PyMem_Free(host);
@@ -1844,6 +1850,8 @@ static PyObject *pool_host_pages_view(PoolObject *self, PyObject *unused)
 static PyObject *pool_insert_keys(PoolObject *self, PyObject *args, PyObject *kw);
 static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw);
 static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw);
+static PyObject *pool_fetch(PoolObject *self, PyObject *args, PyObject *kw);
+static PyObject *pool_fetch_keys(PoolObject *self, PyObject *args, PyObject *kw);
 
 static PyMethodDef pool_methods[] = {
 	{ "detach", (PyCFunction)pool_detach, METH_NOARGS,
@@ -1877,8 +1885,16 @@ static PyMethodDef pool_methods[] = {
 	  "stays in the lease. The pages' writes must be complete. Returns the newly cached "
 	  "tokens." },
 	{ "match", (PyCFunction)(void (*)(void))pool_match, METH_VARARGS | METH_KEYWORDS,
-	  "match(tokens, namespace=0, lock=True)\n--\n\nThe longest cached prefix of `tokens`, "
-	  "locked against eviction when `lock`. Returns a Match." },
+	  "match(tokens, namespace=0, lock=True, local_only=False)\n--\n\nThe longest cached "
+	  "prefix of `tokens`, locked against eviction when `lock`. Returns a Match; its "
+	  "remote_pages counts the pages after it that kvpoold's remote tier holds (fetch() brings "
+	  "them), unless `local_only`, which asks the remote tier nothing (remote_pages 0)." },
+	{ "fetch", (PyCFunction)(void (*)(void))pool_fetch, METH_VARARGS | METH_KEYWORDS,
+	  "fetch(tokens, namespace=0, lock=True)\n--\n\nBrings the pages of `tokens` after the "
+	  "locally cached ones that kvpoold's remote tier holds into host pages and the cache, then "
+	  "answers as match() does: a Match (locked when `lock`) whose fetched_pages were read now "
+	  "and missed_pages asked for and not had (a miss, a fault or a bad value: never an error). "
+	  "Raises Unavailable when kvpoold has no remote tier built in." },
 	{ "kv", (PyCFunction)(void (*)(void))pool_kv, METH_VARARGS | METH_KEYWORDS,
 	  "kv(tier, layer, kv)\n--\n\nA zero-copy View of one layer's K (kv=0) or V (kv=1) plane "
 	  "of the device tier: shape [slots, kv_heads, head_dim], slot = page * page_tokens + "
@@ -1895,7 +1911,11 @@ static PyMethodDef pool_methods[] = {
 	{ "match_keys", (PyCFunction)(void (*)(void))pool_match_keys, METH_VARARGS | METH_KEYWORDS,
 	  "match_keys(keys, namespace=0, lock=True)\n--\n\nThe longest leading run of `keys` "
 	  "cached, locked against eviction when `lock`. Returns a Match (tokens = matched pages "
-	  "* page_tokens)." },
+	  "* page_tokens); remote_pages and `local_only` as in match()." },
+	{ "fetch_keys", (PyCFunction)(void (*)(void))pool_fetch_keys, METH_VARARGS | METH_KEYWORDS,
+	  "fetch_keys(keys, namespace=0, lock=True)\n--\n\nfetch() for a hash-keyed namespace: "
+	  "brings the keys after the locally cached ones that the remote tier holds, then answers "
+	  "as match_keys() does (a Match with fetched_pages and missed_pages)." },
 	{ "exists_keys", (PyCFunction)(void (*)(void))pool_exists_keys,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "exists_keys(keys, namespace=0)\n--\n\nThe count of leading `keys` cached (no lock)." },
@@ -2230,6 +2250,24 @@ static PyObject *match_get_host_pages(MatchObject *self, void *unused)
 	return pages_out(self->host_pages, self->n_host);
 }
 
+static PyObject *match_get_remote_pages(MatchObject *self, void *unused)
+{
+	(void)unused;
+	return PyLong_FromUnsignedLong(self->remote_pages);
+}
+
+static PyObject *match_get_fetched_pages(MatchObject *self, void *unused)
+{
+	(void)unused;
+	return PyLong_FromUnsignedLong(self->fetched_pages);
+}
+
+static PyObject *match_get_missed_pages(MatchObject *self, void *unused)
+{
+	(void)unused;
+	return PyLong_FromUnsignedLong(self->missed_pages);
+}
+
 static PyMethodDef match_methods[] = {
 	{ "load", (PyCFunction)match_load, METH_NOARGS,
 	  "load()\n--\n\nPromotes the host-only pages of the locked match to device pages and "
@@ -2249,6 +2287,14 @@ static PyGetSetDef match_getset[] = {
 	  "Leading device-resident pages of the match.", NULL },
 	{ "host_pages", (getter)match_get_host_pages, NULL,
 	  "Host-only continuation after device_pages.", NULL },
+	{ "remote_pages", (getter)match_get_remote_pages, NULL,
+	  "match(): pages after the matched ones that the remote tier holds (0 without one, or "
+	  "with local_only).",
+	  NULL },
+	{ "fetched_pages", (getter)match_get_fetched_pages, NULL,
+	  "fetch(): pages read from the remote tier and cached by that call.", NULL },
+	{ "missed_pages", (getter)match_get_missed_pages, NULL,
+	  "fetch(): pages asked for and not had (a miss, a fault or a bad value).", NULL },
 	{ NULL, NULL, NULL, NULL, NULL }
 };
 
@@ -2946,18 +2992,18 @@ fail:
 
 static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "keys", "namespace", "lock", NULL };
-	PyObject *keys_o, *ns_o = NULL;
+	static char *kwlist[] = { "keys", "namespace", "lock", "local_only", NULL };
+	PyObject *keys_o, *ns_o = NULL, *mo;
 	struct kvp_pool *p = pool_handle(self);
 	struct kvp_match_keys_result m = { .struct_size = sizeof(m) };
 	struct kvp_error err;
 	struct keylist keys;
 	uint32_t *dev, *host, cap;
 	uint64_t ns = 0;
-	int lock = 1, r = -1;
+	int lock = 1, local_only = 0, r = -1;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|Op:match_keys", kwlist, &keys_o, &ns_o,
-					       &lock))
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|Opp:match_keys", kwlist, &keys_o, &ns_o,
+					       &lock, &local_only))
 		return NULL;
 	if (ns_o && u64_arg(ns_o, "namespace", &ns))
 		return NULL;
@@ -2965,8 +3011,9 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 		return NULL;
 	cap = keys.n ? keys.n : 1;
 	if (match_bufs(cap, &dev, &host) == 0 && client_enter(self->client)) {
-		KVPY_WAIT(r = kvp_cache_match_keys(p, ns, keys.v, keys.n, lock, &m, dev, host, cap,
-						   &err));
+		KVPY_WAIT(r = kvp_cache_match_keys(p, ns, keys.v, keys.n,
+						   lock | (local_only ? KVP_MATCH_LOCAL_ONLY : 0),
+						   &m, dev, host, cap, &err));
 		client_leave(self->client);
 		if (r < 0)
 			raise_kvp(&err);
@@ -2974,12 +3021,79 @@ static PyObject *pool_match_keys(PoolObject *self, PyObject *args, PyObject *kw)
 	keylist_done(&keys);
 	if (r < 0)
 		goto fail;
-	return match_new(self, p, (uint64_t)m.matched_keys * self->g.page_tokens, m.lock_id, dev,
-			 host, m.n_device, m.n_host);
+	mo = match_new(self, p, (uint64_t)m.matched_keys * self->g.page_tokens, m.lock_id, dev,
+		       host, m.n_device, m.n_host);
+	if (mo)
+		((MatchObject *)mo)->remote_pages = m.remote_pages;
+	return mo;
 fail:
 	PyMem_Free(dev);
 	PyMem_Free(host);
 	return NULL;
+}
+
+/* Pool.fetch (keyed 0: tokens) and Pool.fetch_keys (1: keys): kvp_cache_fetch(_keys), answered
+ * as a Match with fetched_pages and missed_pages. */
+static PyObject *pool_fetch_any(PoolObject *self, PyObject *args, PyObject *kw, int keyed)
+{
+	static char *kwlist_t[] = { "tokens", "namespace", "lock", NULL };
+	static char *kwlist_k[] = { "keys", "namespace", "lock", NULL };
+	PyObject *in_o, *ns_o = NULL, *mo;
+	struct kvp_pool *p = pool_handle(self);
+	struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+	struct kvp_error err;
+	struct u32list tokens = { 0 };
+	struct keylist keys = { 0 };
+	uint32_t *dev = NULL, *host = NULL, cap;
+	uint64_t ns = 0;
+	int lock = 1, r = -1;
+
+	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, keyed ? "O|Op:fetch_keys" : "O|Op:fetch",
+					       keyed ? kwlist_k : kwlist_t, &in_o, &ns_o, &lock))
+		return NULL;
+	if (ns_o && u64_arg(ns_o, "namespace", &ns))
+		return NULL;
+	if (keyed ? keylist_from(in_o, &keys) : u32list_from(in_o, "tokens", &tokens))
+		return NULL;
+	cap = keyed ? (keys.n ? keys.n : 1)
+		    : (uint32_t)((uint64_t)tokens.n / self->g.page_tokens) + 1;
+	if (match_bufs(cap, &dev, &host) == 0 && client_enter(self->client)) {
+		if (keyed)
+			KVPY_WAIT(r = kvp_cache_fetch_keys(p, ns, keys.v, keys.n, lock, &f, dev,
+							   host, cap, &err));
+		else
+			KVPY_WAIT(r = kvp_cache_fetch(p, ns, tokens.v, (uint32_t)tokens.n, lock, &f,
+						      dev, host, cap, &err));
+		client_leave(self->client);
+		if (r < 0)
+			raise_kvp(&err);
+	}
+	if (keyed)
+		keylist_done(&keys);
+	else
+		u32list_done(&tokens);
+	if (r < 0) {
+		PyMem_Free(dev);
+		PyMem_Free(host);
+		return NULL;
+	}
+	mo = match_new(self, p, keyed ? f.matched * self->g.page_tokens : f.matched, f.lock_id, dev,
+		       host, f.n_device, f.n_host);
+	if (mo) {
+		((MatchObject *)mo)->fetched_pages = f.fetched_pages;
+		((MatchObject *)mo)->missed_pages = f.missed_pages;
+	}
+	return mo;
+}
+
+static PyObject *pool_fetch(PoolObject *self, PyObject *args, PyObject *kw)
+{
+	return pool_fetch_any(self, args, kw, 0);
+}
+
+static PyObject *pool_fetch_keys(PoolObject *self, PyObject *args, PyObject *kw)
+{
+	return pool_fetch_any(self, args, kw, 1);
 }
 
 static PyObject *pool_exists_keys(PoolObject *self, PyObject *args, PyObject *kw)

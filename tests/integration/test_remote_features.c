@@ -213,8 +213,9 @@ static void conf_r(char *buf, size_t len, unsigned gid, int without_p)
 		 "[pool.p]\n" GEOMETRY "host_capacity = %dt\nmlock = off\nremote = spill\n"
 		 "allowed_users = 0\nallowed_groups = %u\n",
 		 HOST_PAGES * PT, gid);
-	snprintf(buf, len, "%s%s[pool.q]\n" GEOMETRY
-			   "host_capacity = 64t\nmlock = off\n",
+	snprintf(buf, len,
+		 "%s[daemon]\nmax_key_bytes = 48\n%s[pool.q]\n" GEOMETRY
+		 "host_capacity = 64t\nmlock = off\n",
 		 remote_head(head, sizeof(head)), without_p ? "" : p);
 }
 
@@ -297,8 +298,8 @@ static void demoted_pages_are_written_once(int keyed)
 					      0);
 			lock = mk.lock_id;
 		} else {
-			CU_ASSERT_EQUAL_FATAL(kvp_cache_match(g_ew.p, 0, t, NTOK, KVP_MATCH_LOCK, &m,
-							      dev, host, NP, NULL),
+			CU_ASSERT_EQUAL_FATAL(kvp_cache_match(g_ew.p, 0, t, NTOK, KVP_MATCH_LOCK,
+							      &m, dev, host, NP, NULL),
 					      0);
 			lock = m.lock_id;
 		}
@@ -358,6 +359,28 @@ static void test_local_only_asks_the_cluster_nothing(void)
 	CU_ASSERT(local_ms < 500);
 	CU_ASSERT(remote_ms >= 500);
 	sleep(1);
+}
+
+/* FetchKeys holds to the key limits of the other keyed calls: past the daemon's max_key_bytes
+ * (48 here) and past the library's 64 bytes, LIMIT_EXCEEDED; an empty key INVALID_ARGUMENT. */
+static void test_fetch_keys_limits(void)
+{
+	struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+	uint8_t big[65];
+	struct kvp_page_key k = { big, 50 };
+	uint32_t dev[1], host[1];
+	struct kvp_error e;
+
+	memset(big, 0x42, sizeof(big));
+	CU_ASSERT_EQUAL(kvp_cache_fetch_keys(g_er.p, 7, &k, 1, 0, &f, dev, host, 1, &e),
+			-KVP_E_LIMIT_EXCEEDED);
+	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "max_key_bytes"));
+	k.len = 65;
+	CU_ASSERT_EQUAL(kvp_cache_fetch_keys(g_er.p, 7, &k, 1, 0, &f, dev, host, 1, &e),
+			-KVP_E_LIMIT_EXCEEDED);
+	k.len = 0;
+	CU_ASSERT_EQUAL(kvp_cache_fetch_keys(g_er.p, 7, &k, 1, 0, &f, dev, host, 1, &e),
+			-KVP_E_INVALID_ARGUMENT);
 }
 
 /* ---- a Fetch in flight across a reload ---- */
@@ -457,8 +480,7 @@ static void books_balanced(void)
 	struct kvp_tier_status h = tier_of(&g_er, KVP_TIER_HOST, &moving);
 
 	CU_ASSERT(h.total_tokens > 0);
-	CU_ASSERT_EQUAL(h.free_tokens + h.leased_tokens + h.cached_tokens + moving,
-			h.total_tokens);
+	CU_ASSERT_EQUAL(h.free_tokens + h.leased_tokens + h.cached_tokens + moving, h.total_tokens);
 	CU_ASSERT_EQUAL(h.leased_tokens, 0);
 }
 
@@ -519,6 +541,7 @@ int main(void)
 		H_TEST(test_write_through_of_demoted_pages),
 		H_TEST(test_write_through_of_demoted_keyed_pages),
 		H_TEST(test_local_only_asks_the_cluster_nothing),
+		H_TEST(test_fetch_keys_limits),
 		H_TEST(test_fetch_survives_reload_that_drops_its_pool),
 		H_TEST(test_fetch_answers_not_found_when_reload_revokes_its_pool),
 	};
