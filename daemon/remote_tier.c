@@ -145,7 +145,7 @@ struct rt_set {
 	uint64_t tag;
 };
 
-/* The seen-table entry of tag (never 0), NULL without the table. */
+/* The seen-table entry of tag, NULL without the table. */
 static struct rt_seen *seen_slot(const struct kvp_rt *rt, uint64_t tag)
 {
 	return rt->seen ? &rt->seen[tag & ((1u << SEEN_BITS) - 1)] : NULL;
@@ -202,6 +202,7 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 	char key[KVP_RV_KEY_MAX], nsn[24];
 	uint8_t hdr[KVP_RV_HDR_SIZE];
 	const uint8_t *b = host_page(rp->p, page);
+	struct rt_seen *slot = NULL, old = { 0 };
 	struct rt_set *ws = NULL;
 	uint64_t tag;
 	int klen;
@@ -213,17 +214,22 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 		rp->d->rt->written_skipped++;
 		return PUT_SEEN;
 	}
-	if (tag && (ws = malloc(sizeof(*ws))))
+	/* Remembered before the submission: a completion that fails, even at once, forgets it. */
+	if (tag && (ws = malloc(sizeof(*ws)))) {
 		*ws = (struct rt_set){ rp->d->rt, tag };
+		slot = seen_slot(rp->d->rt, tag);
+		old = *slot;
+		*slot = (struct rt_seen){ tag, kvp_rc_now_ms() };
+	}
 	kvp_rv_header(&rp->fp, b, rp->p->page_bytes, hdr);
 	if (kvp_rc_set(kvp_remote_rc(r), key, (size_t)klen, hdr, sizeof(hdr), b, rp->p->page_bytes,
 		       kvp_remote_conf(r)->ttl_s, set_done, ws) < 0) {
+		if (slot)
+			*slot = old;
 		free(ws);
 		rp->d->rt->spill_dropped++;
 		return PUT_DROPPED;
 	}
-	if (ws)
-		*seen_slot(rp->d->rt, tag) = (struct rt_seen){ tag, kvp_rc_now_ms() };
 	return PUT_SENT;
 }
 
