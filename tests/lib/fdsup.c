@@ -219,15 +219,17 @@ pid_t h_fdsup_start(struct h_fdsup *s)
 	return pid;
 }
 
-void h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig)
+int h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig)
 {
 	int st;
 
 	if (pid <= 0)
-		return;
+		return -1;
 	kill(pid, sig);
-	waitpid(pid, &st, 0);
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
 	h_fdsup_drain(s);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 void h_fdsup_fini(struct h_fdsup *s)
