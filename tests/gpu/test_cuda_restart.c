@@ -155,7 +155,8 @@ static int reader(void)
 	for (uint32_t l = 0; l < LAYERS; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			for (uint32_t t = 0; t < PAGE_TOKENS; t++) {
-				const void *row = kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
+				const void *row =
+					kvp_pool_slot_addr(p, KVP_TIER_DEVICE, l, kv, page, t);
 
 				if (!row || cudaMemcpy(buf, row, ROW, cudaMemcpyDeviceToHost) !=
 						    cudaSuccess)
