@@ -265,18 +265,22 @@ bool kvp_snap_adoptable(const struct kvp_pool_conf *pc)
 struct walk_ctx {
 	struct wbuf *b;
 	uint32_t pt, n;
+	const struct kvp_prefix *pfx;
 };
 
 static int put_prefix(void *ctx, const struct kvp_prefix_entry *e)
 {
 	struct walk_ctx *w = ctx;
+	uint8_t *tok;
 
 	put64(w->b, e->ns);
 	put32(w->b, e->path_pages);
 	put32(w->b, e->start);
 	put32(w->b, e->ndev);
 	put32(w->b, e->hits);
-	put(w->b, e->tokens, (size_t)e->path_pages * w->pt * 4);
+	tok = room(w->b, (size_t)e->path_pages * w->pt * 4);
+	if (tok)
+		kvp_prefix_entry_tokens(w->pfx, e, tok); /* straight from the nodes, no copy */
 	put(w->b, e->pages, (size_t)(e->path_pages - e->start) * 4);
 	w->n++;
 	return w->b->oom ? -ENOMEM : 0;
@@ -429,7 +433,7 @@ static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean
 	struct kvp_snap *sn = p->snap;
 	struct snap_hdr *h = sn->hdr;
 	struct wbuf b = { .p = sn->body, .cap = sn->body_cap, .sn = sn };
-	struct walk_ctx w = { &b, p->conf.page_tokens, 0 };
+	struct walk_ctx w = { &b, p->conf.page_tokens, 0, p->pfx };
 	size_t at;
 
 	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
