@@ -276,7 +276,7 @@ static int wait_gone(pid_t pid, int ms)
 static int sigterm_exits_0(void)
 {
 	static const int early_ms[] = { 0, 20, 100, 300, 1000, 2000 };
-	char dir[] = "/tmp/kvp-cuda-term-XXXXXX", sock[300];
+	char dir[] = "/tmp/kvpool-test-cuda-term-XXXXXX", sock[300];
 	int bad = 0;
 
 	if (!mkdtemp(dir))

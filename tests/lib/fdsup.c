@@ -37,7 +37,7 @@ int h_fdsup_init(struct h_fdsup *s)
 {
 	memset(s, 0, sizeof(*s));
 	s->nfd = s->lfd = -1;
-	snprintf(s->dir, sizeof(s->dir), "/tmp/kvp-fdsup-XXXXXX");
+	snprintf(s->dir, sizeof(s->dir), "/tmp/kvpool-test-fdsup-XXXXXX");
 	if (!mkdtemp(s->dir))
 		return -errno;
 	snprintf(s->sock, sizeof(s->sock), "%s/s.sock", s->dir);
