@@ -115,6 +115,11 @@ void conn_input_note(struct conn *c, bool pending, uint64_t now)
 		c->partial_since_ms = now ? now : 1;
 }
 
+void conn_watch_exit(struct conn *c, bool watched)
+{
+	c->watched = watched;
+}
+
 void conn_activity(struct conn *c, uint64_t now)
 {
 	c->last_ms = now;
@@ -149,8 +154,11 @@ enum conn_expiry conn_expiry(const struct conn *c, uint64_t now)
 	if (c->state != CONN_FLUSHING && c->partial_since_ms &&
 	    past(now, c->partial_since_ms, l->partial_ms))
 		return CONN_EXPIRED_PARTIAL;
-	if (c->greeted && l->keepalive_ms && !c->backlog && past(now, c->last_ms, l->keepalive_ms))
-		return CONN_EXPIRED_KEEPALIVE;
+	/* A watched peer may be quiet as long as it lives; only replies it leaves unread run
+	 * the keep-alive then. */
+	if (c->greeted && l->keepalive_ms && !c->backlog && (!c->watched || c->out_bytes) &&
+	    past(now, c->last_ms, l->keepalive_ms))
+		return c->out_bytes ? CONN_EXPIRED_UNREAD : CONN_EXPIRED_KEEPALIVE;
 	return CONN_LIVE;
 }
 
@@ -162,6 +170,7 @@ const char *conn_expiry_reason(enum conn_expiry e)
 		[CONN_EXPIRED_HANDSHAKE] = "no Hello within the handshake deadline",
 		[CONN_EXPIRED_PARTIAL] = "half-sent frame not completed in time",
 		[CONN_EXPIRED_KEEPALIVE] = "reclaimed: no call within keepalive_ms",
+		[CONN_EXPIRED_UNREAD] = "reclaimed: replies not read within keepalive_ms",
 	};
 
 	return (unsigned)e < CONN_EXPIRY_MAX ? reasons[e] : "?";

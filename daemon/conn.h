@@ -32,7 +32,8 @@ enum conn_expiry {
 	CONN_EXPIRED_FLUSH,	/* FLUSHING past its flush deadline */
 	CONN_EXPIRED_HANDSHAKE, /* no Hello within handshake_ms */
 	CONN_EXPIRED_PARTIAL,	/* a half-sent frame not completed within partial_ms */
-	CONN_EXPIRED_KEEPALIVE, /* no call within keepalive_ms */
+	CONN_EXPIRED_KEEPALIVE, /* no call within keepalive_ms (its peer's exit not watched) */
+	CONN_EXPIRED_UNREAD,	/* queued replies not read within keepalive_ms */
 	CONN_EXPIRY_MAX,
 };
 
@@ -41,7 +42,9 @@ struct conn_limits {
 	size_t outq_max;       /* queued reply bytes before reading stops */
 	uint64_t handshake_ms; /* Hello within this of the accept (hello_timeout_ms) */
 	uint64_t partial_ms;   /* a half-sent frame completes within this */
-	uint64_t keepalive_ms; /* an open connection calls within this; 0: no limit */
+	/* keepalive_ms: an open connection whose peer's exit is not watched calls within this,
+	 * and any open connection reads its queued replies within this; 0: no limit */
+	uint64_t keepalive_ms;
 };
 
 struct conn {
@@ -49,6 +52,7 @@ struct conn {
 	unsigned holds; /* enum conn_hold bits */
 	bool greeted;	/* it was OPEN (said Hello): keep-alive, not the handshake, applies */
 	bool backlog; /* complete requests wait to be served: kvpoold, not the client, is behind */
+	bool watched; /* the peer process's exit is watched (a pidfd): quiet is not dead */
 	int budget;   /* frames left this turn */
 	size_t out_bytes;
 	uint64_t accepted_ms, last_ms, partial_since_ms, flush_deadline_ms;
@@ -94,6 +98,10 @@ void conn_outq_sent(struct conn *c, size_t n);
 /* After a turn: pending says whether a half frame waits in the input. Starts the half-frame
  * clock at now, or stops it. */
 void conn_input_note(struct conn *c, bool pending, uint64_t now);
+/* Whether the peer's exit is watched (its pidfd is polled). A watched connection is never
+ * reclaimed for making no call: its process's exit or its socket's close ends it. The
+ * keep-alive then runs only while replies wait unread (a client that stopped reading). */
+void conn_watch_exit(struct conn *c, bool watched);
 /* A call was served, or reply bytes were read by the client, at now (keep-alive). */
 void conn_activity(struct conn *c, uint64_t now);
 /* After a turn: whether complete requests still wait to be served. While they do, the

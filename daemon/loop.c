@@ -936,7 +936,7 @@ static int peer_groups(int fd, gid_t *groups, int ngroups, gid_t **out)
 	}
 }
 
-/* A failed pidfd: the peer's exit is not tracked (keep-alive still reclaims its session).
+/* A failed pidfd: the peer's exit is not tracked (only keep-alive reclaims its session).
  * Counted; logged at most once per PIDFD_LOG_MS. */
 static void pidfd_failed(struct server *sv, pid_t pid, int err)
 {
@@ -1091,6 +1091,7 @@ static void on_accept(struct server *sv, int fd)
 	sv->conn_fds += 1 + (pidfd >= 0);
 	sv->n_prehello++;
 	conn_init(&p->c, &sv->lim, kvp_now_ms());
+	conn_watch_exit(&p->c, pidfd >= 0);
 	kvp_src_init(&p->recv_src, KVP_SRC_RECV, on_recv, p);
 	kvp_src_init(&p->send_src, KVP_SRC_SEND, on_send, p);
 	kvp_src_init(&p->pid_src, KVP_SRC_PIDFD, on_pidfd, p);
@@ -1336,6 +1337,10 @@ static void on_pidfd(void *loop, struct kvp_src *src, const struct io_uring_cqe 
 	} else if (cqe->res > 0) {
 		sv->d->st.sessions_reclaimed++;
 		conn_close(sv, p, "client process exited");
+	} else {
+		/* The poll failed: the exit is no longer watched, so the keep-alive applies. */
+		conn_watch_exit(&p->c, false);
+		pidfd_failed(sv, p->sess ? p->sess->pid : -1, -cqe->res);
 	}
 }
 
@@ -1445,7 +1450,7 @@ static void on_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *
 		}
 		if (e == CONN_EXPIRED_PARTIAL)
 			d->st.protocol_errors++;
-		else if (e == CONN_EXPIRED_KEEPALIVE)
+		else if (e == CONN_EXPIRED_KEEPALIVE || e == CONN_EXPIRED_UNREAD)
 			d->st.sessions_reclaimed++;
 		if (e == CONN_EXPIRED_HANDSHAKE) {
 			d->st.hello_timeouts++;

@@ -227,6 +227,11 @@ uint32_t kvp_pages_total(const struct kvp_pages *p)
 	return p->total;
 }
 
+void kvp_pages_states(const struct kvp_pages *p, uint8_t *out)
+{
+	memcpy(out, p->state, p->total);
+}
+
 uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s)
 {
 	return s < KVP_PAGE_STATE_MAX ? p->count[s] : 0;

@@ -36,6 +36,8 @@ int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
 /* Returns the state of page id, or -EINVAL when out of range. */
 int kvp_pages_state(const struct kvp_pages *p, uint32_t id);
 uint32_t kvp_pages_total(const struct kvp_pages *p);
+/* Writes the state of every page (kvp_pages_total bytes, enum kvp_page_state values) to out. */
+void kvp_pages_states(const struct kvp_pages *p, uint8_t *out);
 /* Count of pages in state s (s < KVP_PAGE_STATE_MAX). */
 uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s);
 /* Takes the listed FREE pages (distinct), all or nothing, and marks them LEASED: a restart

@@ -1490,8 +1490,6 @@ static uint32_t path_tokens(const struct kvp_prefix *pfx, const struct kvp_prefi
 int kvp_prefix_walk(const struct kvp_prefix *pfx,
 		    int (*fn)(void *ctx, const struct kvp_prefix_entry *e), void *ctx)
 {
-	uint32_t *buf = NULL;
-	size_t cap = 0;
 	int r = 0;
 
 	for (uint32_t b = 0; b < pfx->nbuckets && !r; b++) {
@@ -1499,30 +1497,13 @@ int kvp_prefix_walk(const struct kvp_prefix *pfx,
 			struct kvp_prefix_entry e = { 0 };
 			const struct kvp_prefix_node *a;
 			uint64_t pages = 0;
-			size_t off;
 
 			if (is_root(n) || !n->npages)
 				continue;
 			for (a = n; !is_root(a); a = a->parent)
 				pages += a->npages;
-			if (pages * pfx->pt > cap) {
-				uint32_t *nb = realloc(buf, pages * pfx->pt * sizeof(*buf));
-
-				if (!nb) {
-					free(buf);
-					return -ENOMEM;
-				}
-				buf = nb;
-				cap = pages * pfx->pt;
-			}
-			off = pages * pfx->pt;
-			for (a = n; !is_root(a); a = a->parent) {
-				off -= (size_t)a->npages * pfx->pt;
-				memcpy(buf + off, node_tokens(a),
-				       (size_t)a->npages * pfx->pt * sizeof(*buf));
-			}
 			e.ns = root_ns(a);
-			e.tokens = buf;
+			e.node = n;
 			e.path_pages = (uint32_t)pages;
 			e.start = (uint32_t)pages - n->npages;
 			e.ndev = n->ndev;
@@ -1531,8 +1512,20 @@ int kvp_prefix_walk(const struct kvp_prefix *pfx,
 			r = fn(ctx, &e);
 		}
 	}
-	free(buf);
 	return r;
+}
+
+void kvp_prefix_entry_tokens(const struct kvp_prefix *pfx, const struct kvp_prefix_entry *e,
+			     void *dst)
+{
+	size_t off = (size_t)e->path_pages * pfx->pt * sizeof(uint32_t);
+
+	for (const struct kvp_prefix_node *a = e->node; !is_root(a); a = a->parent) {
+		size_t n = (size_t)a->npages * pfx->pt * sizeof(uint32_t);
+
+		off -= n;
+		memcpy((uint8_t *)dst + off, node_tokens(a), n);
+	}
 }
 
 int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,

@@ -195,20 +195,25 @@ struct kvp_prefix_top {
 /* Writes up to cap entries, most hits first (ties: shorter first). Returns how many. */
 uint32_t kvp_prefix_top(const struct kvp_prefix *pfx, struct kvp_prefix_top *out, uint32_t cap);
 
-/* One node as kvp_prefix_walk shows it: the path's tokens from the namespace root through the
- * node (path_pages * page_tokens ids), the node's own pages at positions [start, path_pages):
- * the first ndev in the device tier, the rest in the host tier. */
+/* One node as kvp_prefix_walk shows it: its path from the namespace root through the node is
+ * path_pages pages (kvp_prefix_entry_tokens writes their tokens), the node's own pages at
+ * positions [start, path_pages): the first ndev in the device tier, the rest in the host
+ * tier. */
 struct kvp_prefix_entry {
 	uint64_t ns;
-	const uint32_t *tokens;
+	const struct kvp_prefix_node *node;
 	uint32_t path_pages, start, ndev;
 	const uint32_t *pages; /* path_pages - start ids */
 	uint32_t hits;
 };
 /* Calls fn for every node holding pages (any order; a restore inserts shorter paths first).
- * fn's nonzero return stops the walk and is returned. 0, fn's value, or -ENOMEM. */
+ * fn's nonzero return stops the walk and is returned. 0 or fn's value. */
 int kvp_prefix_walk(const struct kvp_prefix *pfx,
 		    int (*fn)(void *ctx, const struct kvp_prefix_entry *e), void *ctx);
+/* Writes the tokens of e's path (path_pages * page_tokens ids, in host order) to dst, which
+ * need not be aligned. Valid while the walk's fn runs. */
+void kvp_prefix_entry_tokens(const struct kvp_prefix *pfx, const struct kvp_prefix_entry *e,
+			     void *dst);
 /* The path a lock handle pins: its namespace and tokens (root .. the handle's node, *npages
  * pages), in a malloc'd array the caller frees. 0, -EINVAL (NULL), -ENOMEM. */
 int kvp_prefix_lock_path(const struct kvp_prefix *pfx, const struct kvp_prefix_node *lock,

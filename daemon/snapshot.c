@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -40,6 +41,8 @@ struct snap_hdr {
 struct kvp_snap {
 	int fd;
 	struct snap_hdr *hdr;
+	uint8_t *body;	  /* the memfd from HDR_BYTES on, mapped shared: checkpoints encode here */
+	size_t body_cap;  /* bytes of it mapped (and of the file past the header, at least) */
 	bool armed;	  /* the page allocators' guard (kvp_pages_guard) */
 	uint64_t last_ms; /* last checkpoint */
 	uint32_t sig;	  /* the books' figures then */
@@ -47,32 +50,65 @@ struct kvp_snap {
 
 /* ---- buffers ---- */
 
+/* A checkpoint being encoded, straight into sn's body mapping: no copy of its own, and no
+ * pages to fault in but those it grows by. */
 struct wbuf {
 	uint8_t *p;
 	size_t n, cap;
 	bool oom;
+	struct kvp_snap *sn;
 };
+
+/* Grows sn's body mapping (and file) to hold at least need bytes. 0 or -errno. */
+static int body_grow(struct kvp_snap *sn, size_t need)
+{
+	size_t cap = sn->body_cap ? sn->body_cap : (1u << 20);
+	struct stat st;
+	void *np;
+
+	while (cap < need)
+		cap *= 2;
+	if (fstat(sn->fd, &st) < 0)
+		return -errno;
+	if ((uint64_t)st.st_size < HDR_BYTES + cap &&
+	    ftruncate(sn->fd, (off_t)(HDR_BYTES + cap)) < 0)
+		return -errno;
+	np = sn->body ? mremap(sn->body, sn->body_cap, cap, MREMAP_MAYMOVE)
+		      : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, sn->fd, HDR_BYTES);
+	if (np == MAP_FAILED)
+		return -errno;
+	sn->body = np;
+	sn->body_cap = cap;
+	return 0;
+}
+
+/* Room for n more bytes at b's end: a pointer to them (b->n advanced), NULL when there is none
+ * (b->oom set). */
+static uint8_t *room(struct wbuf *b, size_t n)
+{
+	uint8_t *at;
+
+	if (b->oom)
+		return NULL;
+	if (b->n + n > b->cap) {
+		if (body_grow(b->sn, b->n + n) < 0) {
+			b->oom = true;
+			return NULL;
+		}
+		b->p = b->sn->body;
+		b->cap = b->sn->body_cap;
+	}
+	at = b->p + b->n;
+	b->n += n;
+	return at;
+}
 
 static void put(struct wbuf *b, const void *x, size_t n)
 {
-	if (b->oom)
-		return;
-	if (b->n + n > b->cap) {
-		size_t cap = b->cap ? b->cap : 4096;
-		uint8_t *np;
+	uint8_t *at = room(b, n);
 
-		while (cap < b->n + n)
-			cap *= 2;
-		np = realloc(b->p, cap);
-		if (!np) {
-			b->oom = true;
-			return;
-		}
-		b->p = np;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->n, x, n);
-	b->n += n;
+	if (at)
+		memcpy(at, x, n);
 }
 
 static void put8(struct wbuf *b, uint8_t v)
@@ -229,18 +265,22 @@ bool kvp_snap_adoptable(const struct kvp_pool_conf *pc)
 struct walk_ctx {
 	struct wbuf *b;
 	uint32_t pt, n;
+	const struct kvp_prefix *pfx;
 };
 
 static int put_prefix(void *ctx, const struct kvp_prefix_entry *e)
 {
 	struct walk_ctx *w = ctx;
+	uint8_t *tok;
 
 	put64(w->b, e->ns);
 	put32(w->b, e->path_pages);
 	put32(w->b, e->start);
 	put32(w->b, e->ndev);
 	put32(w->b, e->hits);
-	put(w->b, e->tokens, (size_t)e->path_pages * w->pt * 4);
+	tok = room(w->b, (size_t)e->path_pages * w->pt * 4);
+	if (tok)
+		kvp_prefix_entry_tokens(w->pfx, e, tok); /* straight from the nodes, no copy */
 	put(w->b, e->pages, (size_t)(e->path_pages - e->start) * 4);
 	w->n++;
 	return w->b->oom ? -ENOMEM : 0;
@@ -364,16 +404,40 @@ static uint32_t books_sig(const struct kvpd_pool *p)
 	return kvp_crc32c(&x, sizeof(x));
 }
 
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean);
+
+/* A checkpoint of p's books, counted and timed (the loop waits for it). */
 static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+{
+	uint64_t t0 = now_us();
+	int r = write_pool_body(d, p, clean);
+
+	d->st.checkpoints++;
+	d->st.checkpoint_us += now_us() - t0;
+	return r;
+}
+
+/* Encodes p's books straight into the memfd's body. The previous checkpoint is overwritten,
+ * so the generation is marked in progress first: a crash (or a failure) from there until the
+ * end leaves gen_clean != gen_dirty, and the next start discards the books. */
+static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
 	struct kvp_snap *sn = p->snap;
 	struct snap_hdr *h = sn->hdr;
-	struct wbuf b = { 0 };
-	struct walk_ctx w = { &b, p->conf.page_tokens, 0 };
-	size_t at, off = 0;
-	struct stat st;
-	int r = 0;
+	struct wbuf b = { .p = sn->body, .cap = sn->body_cap, .sn = sn };
+	struct walk_ctx w = { &b, p->conf.page_tokens, 0, p->pfx };
+	size_t at;
 
+	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
+	h->clean_stop = 0;
 	put64(&b, d->id_key[0]);
 	put64(&b, d->id_key[1]);
 	put8(&b, d->id_keyed);
@@ -382,10 +446,12 @@ static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 	put64(&b, d->next_lock_id);
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		uint32_t total = p->pages[t] ? kvp_pages_total(p->pages[t]) : 0;
+		uint8_t *states;
 
 		put32(&b, total);
-		for (uint32_t i = 0; i < total; i++)
-			put8(&b, (uint8_t)kvp_pages_state(p->pages[t], i));
+		states = room(&b, total);
+		if (states && total)
+			kvp_pages_states(p->pages[t], states);
 	}
 	at = b.n;
 	put32(&b, 0);
@@ -401,36 +467,17 @@ static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 		put_sessions(&b, d, p);
 	else
 		put32(&b, 0);
-	if (b.oom) {
-		free(b.p);
-		return -ENOMEM;
-	}
-	/* In progress: a crash from here on leaves gen_clean != gen_dirty. */
-	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
-	h->clean_stop = 0;
-	if (fstat(sn->fd, &st) < 0 ||
-	    ((uint64_t)st.st_size < HDR_BYTES + b.n && ftruncate(sn->fd, HDR_BYTES + b.n) < 0))
-		r = -errno;
-	while (!r && off < b.n) {
-		ssize_t k = pwrite(sn->fd, b.p + off, b.n - off, HDR_BYTES + off);
-
-		if (k < 0 && errno != EINTR)
-			r = -errno;
-		else if (k > 0)
-			off += (size_t)k;
-	}
-	if (!r) {
-		h->body_bytes = b.n;
-		h->body_crc = kvp_crc32c(b.p, b.n);
-		h->written_ms = kvp_now_ms();
-		h->clean_stop = clean;
-		__atomic_store_n(&h->gen_clean, h->gen_dirty, __ATOMIC_SEQ_CST);
-		sn->armed = true;
-		sn->sig = books_sig(p);
-	}
 	sn->last_ms = kvp_now_ms();
-	free(b.p);
-	return r;
+	if (b.oom)
+		return -ENOMEM; /* the memfd could not grow: no books until the next one */
+	h->body_bytes = b.n;
+	h->body_crc = kvp_crc32c(b.p, b.n);
+	h->written_ms = sn->last_ms;
+	h->clean_stop = clean;
+	__atomic_store_n(&h->gen_clean, h->gen_dirty, __ATOMIC_SEQ_CST);
+	sn->armed = true;
+	sn->sig = books_sig(p);
+	return 0;
 }
 
 void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
@@ -536,6 +583,8 @@ void kvp_snap_free(struct kvp_snap *s)
 		return;
 	if (s->hdr && s->hdr != MAP_FAILED)
 		munmap(s->hdr, HDR_BYTES);
+	if (s->body)
+		munmap(s->body, s->body_cap);
 	if (s->fd >= 0)
 		close(s->fd);
 	free(s);

@@ -52,7 +52,11 @@
 	X(pages_adopted, "pages_adopted_total",                                                    \
 	  "Cached pages taken over from the previous kvpoold")                                     \
 	X(pages_discarded, "pages_discarded_total",                                                \
-	  "Pages of the previous kvpoold freed at start (state in doubt, or pool changed)")
+	  "Pages of the previous kvpoold freed at start (state in doubt, or pool changed)")        \
+	X(checkpoints, "books_checkpoints_total",                                                  \
+	  "Checkpoints of a pool's books written for restarts (periodic and at a stop)")           \
+	X(checkpoint_us, "books_checkpoint_microseconds_total",                                    \
+	  "Microseconds the loop spent writing those checkpoints")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

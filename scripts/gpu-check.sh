@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh MODE [--build DIR] - builds, carries and runs kvpool's GPU checks: the gpu suite,
-# the CUDA benchmark rows, the Python views and kill -9 reclaim cycles, on a machine with a GPU
-# that has no package registry and no Debian -dev libraries (nvcc, meson, ninja, python3 there).
+# the CUDA benchmark rows, the Python views, kill -9 reclaim cycles and restarts (the cuda
+# tier's fd through the fd store, SIGTERM with a cuda pool), on a machine with a GPU that has
+# no package registry and no Debian -dev libraries (nvcc, meson, ninja, python3 there).
 #
 # Modes
 #   --prepare  (here, on the build machine) builds DIR (default build-gpu) for release with
@@ -32,8 +33,9 @@
 # no step failed, 1 otherwise, 2 on bad usage, 77 for --dry-run on a build without CUDA.
 #
 # On the device, with the `run` tool (at most 8 carried ignored paths, 64 MiB in all; the
-# prepared build-gpu measured 36 MiB: 23 MiB of build, 11 MiB in libs, 2.3 MiB in libs-cxx;
-# --prepare prints the figure and fails over 64 MiB):
+# prepared build-gpu measured 29 MiB: 17 MiB of build (only the binaries the steps run, see
+# device_bins), 10 MiB in libs, 2.2 MiB in libs-cxx; --prepare prints the figure and fails over
+# 64 MiB):
 #   here:   bash scripts/gpu-check.sh --prepare
 #   device: run(carry=["build-gpu"], command="bash scripts/gpu-check.sh --device", timeout_s=540)
 # then read $OUT/summary.txt first, the step logs for what failed. Nothing is rebuilt there: the
@@ -53,7 +55,7 @@ while [ $# -gt 0 ]; do
 	--build) dir=${2:?--build needs a folder}; shift ;;
 	--build=*) dir=${1#--build=} ;;
 	--libs) libs_opt=${2:?--libs needs a folder}; shift ;;
-	-h | --help) sed -n '2,43p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,45p' "$0"; exit 0 ;;
 	*) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -235,6 +237,10 @@ bundle_check() {
 # ---- modes -----------------------------------------------------------------------------------
 
 have_cuda() { grep -q '^#define KVP_HAVE_CUDA 1' "$dir/kvp_config.h" 2>/dev/null; }
+# the test and bench binaries the device steps below run (--prepare carries only these)
+device_bins="tests/test_kv_copy_cuda tests/test_cuda_tier tests/test_cuda_pool"
+device_bins="$device_bins tests/test_cuda_reclaim tests/test_cuda_restart"
+device_bins="$device_bins tests/bench/bench_copy tests/bench/bench_cuda_pool"
 
 log "gpu-check.sh --$mode: build $dir, output $OUT, $(date -u +%FT%TZ)"
 log "   $(uname -srm); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -257,6 +263,12 @@ if [ "$mode" = prepare ]; then
 	fi
 	begin bundle
 	find "$dir" -name '*.p' -type d -prune -exec rm -rf {} +
+	# only the test and bench binaries the device steps run travel (about 1 MiB each, some
+	# 70 of them: together past the 64 MiB a carry takes)
+	find "$dir/tests" -type f \( -name 'test_*' -o -name 'bench_*' -o -name '*.a' -o \
+		-name 'kvpool-system-*' \) | while read -r f; do
+		case " $device_bins " in *" ${f#"$dir"/} "*) ;; *) rm -f "$f" ;; esac
+	done
 	rm -rf "$dir/libs" "$dir/libs-cxx"
 	collect_libs "$dir/libs" "$dir/libs-cxx"
 	{
@@ -437,7 +449,13 @@ smi_mem "after the reclaim cycles"
 grep -o '[0-9]* cycles: kvpoold fds.*' "$OUT/steps/test_cuda_reclaim.log" |
 	while read -r l; do figure "reclaim: $l"; done
 
-# 3. the Python views
+# 5. restarts: the device tier's exported fd through the fd store (tests/lib/fdsup.c plays
+# systemd), SIGTERM to a kvpoold with a cuda pool (exit 0 once serving)
+gpu_test test_cuda_restart 120
+grep -E '^(cuda tier through the fd store|SIGTERM .*: exit|SIGTERM with a cuda pool)' \
+	"$OUT/steps/test_cuda_restart.log" | while read -r l; do figure "restart: $l"; done
+
+# 6. the Python views
 begin python
 pyp=$dir/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
 if ! command -v python3 >/dev/null 2>&1; then

@@ -28,7 +28,7 @@ fi
 [ "$rc" = 0 ] || fail "exit $rc"
 s=$tmp/out/summary.txt
 for step in bundle gpu-info test_kv_copy_cuda test_cuda_tier test_cuda_pool bench \
-	test_cuda_reclaim python; do
+	test_cuda_reclaim test_cuda_restart python; do
 	n=$(grep -cE "^(PASS|FAIL|SKIP) +$step " "$s")
 	[ "$n" = 1 ] || fail "step $step: $n summary lines"
 done
@@ -45,7 +45,7 @@ for lib in liburing libnuma libprotobuf-c libinih; do
 	ls "$tmp/out/libs/$lib".so.* >/dev/null 2>&1 || fail "$lib not collected"
 done
 # on this machine (no GPU) every GPU binary ran and exited 77; with a GPU they pass
-for t in test_kv_copy_cuda test_cuda_tier test_cuda_pool test_cuda_reclaim; do
+for t in test_kv_copy_cuda test_cuda_tier test_cuda_pool test_cuda_reclaim test_cuda_restart; do
 	grep -qE "^SKIP +$t .*(exit 77|a GPU is here)" "$s" || fail "$t did not run to its skip"
 done
 grep -qE '^SKIP +bench .*6 CUDA rows' "$s" || fail "bench: not 6 CUDA rows"

@@ -985,7 +985,63 @@ static void test_keepalive_spares_a_reading_client(void)
 	CU_ASSERT_EQUAL(closed, 0);
 	CU_ASSERT(t1 - t0 > 800);
 	CU_ASSERT_EQUAL(pages, 1000000);
-	CU_ASSERT(!h_log_contains(&d, "reclaimed: no call within keepalive_ms"));
+	CU_ASSERT(!h_log_contains(&d, "within keepalive_ms"));
+	close(fd);
+	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
+}
+
+/* keepalive_ms 400, a 4 MB reply the client never reads: its process lives (a watched peer is
+ * never reclaimed for being quiet), but a client that stopped reading is, and what it held
+ * (the 1,000,000 pages the reply names) returns. */
+static void test_keepalive_ends_a_client_that_stopped_reading(void)
+{
+	static const char conf[] =
+		"[daemon]\nkeepalive_ms = 400\n"
+		"[pool.tiny]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp8\n"
+		"page_tokens = 1\ndevice = sim\ndevice_capacity = 1100000t\nhost_capacity = 0\n"
+		"mlock = off\n";
+	Kvpool__Request q = KVPOOL__REQUEST__INIT;
+	Kvpool__AllocReq a = KVPOOL__ALLOC_REQ__INIT;
+	Kvpool__AttachReq at;
+	Kvpool__Response *m;
+	struct kvp_status st = { .struct_size = sizeof(st) };
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct daemon d;
+	uint64_t t0, end, leased = UINT64_MAX;
+	bool seen;
+	int fd;
+
+	CU_ASSERT_FATAL(h_daemon_start(&d, conf_of(conf), NULL) == 0);
+	fd = h_raw_connect(d.sock);
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_FATAL(raw_hello(fd, "stopped-reading", 5000, NULL, 0) == 0);
+	q = attach_req(&at, "tiny");
+	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
+	m = h_raw_recv(fd, 5000);
+	CU_ASSERT_FATAL(m && (!m->status || !m->status->code) && m->attach);
+	a.pool_id = m->attach->pool_id;
+	kvpool__response__free_unpacked(m, NULL);
+	q = (Kvpool__Request)KVPOOL__REQUEST__INIT;
+	a.tokens = 1000000;
+	q.id = ++g_id;
+	q.call_case = KVPOOL__REQUEST__CALL_ALLOC;
+	q.alloc = &a;
+	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
+	t0 = h_now_ms();
+	seen = h_wait_file_contains(d.log, "reclaimed: replies not read within keepalive_ms", 5000);
+	CU_ASSERT(seen);
+	CU_ASSERT(h_now_ms() - t0 >= 400);
+	c = kvp_client_connect(d.sock, "probe", &e);
+	end = h_now_ms() + 3000;
+	while (c && h_now_ms() < end &&
+	       (kvp_client_status(c, &st, &e) < 0 ||
+		(leased = st.pools[0].tiers[KVP_TIER_DEVICE].leased_tokens) != 0))
+		usleep(20000);
+	CU_ASSERT_EQUAL(leased, 0);
+	FIG("keepalive: keepalive_ms 400, a 4 MB reply never read: %s after %lu ms\n",
+	    seen ? "reclaimed" : "kept", (unsigned long)(h_now_ms() - t0));
+	kvp_client_close(c);
 	close(fd);
 	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
 }
@@ -1001,6 +1057,7 @@ int main(void)
 		H_TEST(test_input_buffer_shrinks),
 		H_TEST(test_pipelined_stream_served),
 		H_TEST(test_keepalive_spares_a_reading_client),
+		H_TEST(test_keepalive_ends_a_client_that_stopped_reading),
 	};
 
 	if (getuid() != 0) {

@@ -1,5 +1,6 @@
 /* test_pools.c - pools against a real kvpoold: shared pages across processes, typed capacity,
- * quota and geometry errors, reclaim on kill -9 and keep-alive, foreign leases, seals, and the
+ * quota and geometry errors, reclaim on kill -9, idle sessions kept while their process lives
+ * (keep-alive only where its exit is not watched), foreign leases, seals, and the
  * host budget refusal at start-up. */
 #include <CUnit/Basic.h>
 #include <errno.h>
@@ -263,16 +264,42 @@ static void test_foreign_lease_is_not_found(void)
 	kvp_client_close(c);
 }
 
+/* The session named name, from a second connection (so the quiet one makes no call): its
+ * entry, or false when there is none. */
+static bool session_named(const char *sock, const char *name, struct kvp_session_info *out)
+{
+	struct kvp_session_info s[16] = { [0].struct_size = sizeof(s[0]) };
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(sock, "lister", &e);
+	int n = c ? kvp_session_list(c, s, 16, &e) : -1;
+	bool found = false;
+
+	for (int i = 0; i < n && i < 16 && !found; i++)
+		if (strcmp(s[i].name, name) == 0) {
+			*out = s[i];
+			found = true;
+		}
+	kvp_client_close(c);
+	return found;
+}
+
 static int holder(void *arg)
 {
 	struct kvp_error e;
 	struct kvp_client *c = conn("victim");
 	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
-	uint32_t pages[40];
-	uint64_t lease;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	uint32_t pages[40], tok[32], dev[2], host[2];
+	uint64_t lease, nt;
 
 	(void)arg;
-	if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 40, &lease, pages, &e) < 0 ||
+	for (uint32_t i = 0; i < 32; i++)
+		tok[i] = 9000 + i;
+	/* a cached prefix it holds a lock on, then its leases */
+	if (!p || kvp_lease_alloc(p, KVP_TIER_DEVICE, 2, &lease, pages, &e) < 0 ||
+	    kvp_cache_insert(p, lease, 0, tok, 32, 0, pages, 2, &nt, &e) < 0 ||
+	    kvp_cache_match(p, 0, tok, 32, 1, &m, dev, host, 2, &e) < 0 || !m.lock_id ||
+	    kvp_lease_alloc(p, KVP_TIER_DEVICE, 40, &lease, pages, &e) < 0 ||
 	    kvp_lease_alloc(p, KVP_TIER_HOST, 8, &lease, pages, &e) < 0)
 		_exit(50);
 	if (write(g_pipe[1], "r", 1) != 1)
@@ -281,11 +308,16 @@ static int holder(void *arg)
 		pause();
 }
 
+/* kill -9 of a client holding leases and a lock: all of it returns at once (its pidfd), well
+ * within keepalive_ms (1500). */
 static void test_kill9_frees_leases(void)
 {
+	struct kvp_session_info si;
+	struct kvp_error e;
+	struct kvp_client *c;
 	pid_t pid;
 	char b;
-	uint64_t end;
+	uint64_t end, t0, evicted;
 
 	CU_ASSERT_FATAL(pipe(g_pipe) == 0);
 	pid = fork();
@@ -294,36 +326,99 @@ static void test_kill9_frees_leases(void)
 	CU_ASSERT_EQUAL_FATAL(read(g_pipe[0], &b, 1), 1);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 640);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_HOST), 128);
+	CU_ASSERT(session_named(g_d.sock, "victim", &si) && si.locks == 1);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	end = h_now_ms() + 5000;
-	while (h_now_ms() < end && tier_leased(KVP_TIER_DEVICE) != 0)
+	t0 = h_now_ms();
+	end = t0 + 5000;
+	while (h_now_ms() < end &&
+	       (tier_leased(KVP_TIER_DEVICE) != 0 || session_named(g_d.sock, "victim", &si)))
 		usleep(10000);
+	printf("\n    leases and lock of the killed client returned after %lu ms\n",
+	       (unsigned long)(h_now_ms() - t0));
+	CU_ASSERT(h_now_ms() - t0 < 1000);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_HOST), 0);
+	CU_ASSERT(!session_named(g_d.sock, "victim", &si));
+	c = conn("flusher"); /* the prefix is no longer locked: a flush drops it */
+	CU_ASSERT(c && kvp_admin_flush(c, "small", &evicted, &e) == 0 && evicted == 32);
+	kvp_client_close(c);
 	close(g_pipe[0]);
 	close(g_pipe[1]);
 }
 
-static void test_keepalive_reclaims_hung_session(void)
+/* A live client that makes no call for much longer than keepalive_ms (1500) keeps its session:
+ * its lease, its cache lock and its connection. kvpoold watches its process (a pidfd); being
+ * quiet is not being dead. */
+static void test_idle_session_keeps_lease_and_locks(void)
 {
 	struct kvp_error e;
-	struct kvp_client *c = conn("sleeper");
-	struct kvp_pool *p = kvp_pool_attach(c, "small", NULL, &e);
-	uint32_t pages[3];
-	uint64_t lease, end;
+	struct kvp_client *c = conn("quiet");
+	struct kvp_pool *p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_session_info si;
+	uint32_t pages[4], dev[4], host[4], tok[64];
+	uint64_t lease, pub, nt, evicted;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (uint32_t i = 0; i < 64; i++)
+		tok[i] = 7000 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 4, &pub, pages, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_insert(p, pub, 0, tok, 64, 0, pages, 4, &nt, &e), 0);
+	CU_ASSERT_EQUAL(nt, 64);
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(p, 0, tok, 64, 1, &m, dev, host, 4, &e), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 64);
+	CU_ASSERT(m.lock_id != 0);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
 	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 48);
+	/* More than twice keepalive_ms without a call. */
+	usleep(4000 * 1000);
+	CU_ASSERT_FATAL(session_named(g_d.sock, "quiet", &si));
+	CU_ASSERT(si.idle_ms >= 3500);
+	CU_ASSERT_EQUAL(si.leases, 2); /* the publishing lease (emptied) and the held one */
+	CU_ASSERT_EQUAL(si.leased_tokens, 48);
+	CU_ASSERT_EQUAL(si.locks, 1);
+	CU_ASSERT_EQUAL(si.locked_tokens, 64);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 48);
+	CU_ASSERT(!h_log_contains(&g_d, "keepalive_ms"));
+	/* Still its own: the same lease and lock, not a new session's NOT_FOUND. */
+	CU_ASSERT_EQUAL(kvp_cache_release(p, m.lock_id, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, pub, NULL, 0, &e), 0);
+	CU_ASSERT_EQUAL(kvp_admin_flush(c, "small", &evicted, &e), 0);
+	kvp_client_close(c);
+}
+
+/* Where kvpoold cannot watch a peer's exit (no pidfd: injected here), keepalive_ms still
+ * reclaims a session that makes no call. */
+static void test_keepalive_reclaims_unwatched_session(void)
+{
+	struct daemon d;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	struct kvp_session_info si;
+	uint32_t pages[3];
+	uint64_t lease, end;
+	bool gone = false;
+
+	setenv("KVPOOLD_FAULTS", "pidfd:1", 1);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, g_conf, NULL), 0);
+	unsetenv("KVPOOLD_FAULTS");
+	c = kvp_client_connect(d.sock, "sleeper", &e);
+	p = c ? kvp_pool_attach(c, "small", NULL, &e) : NULL;
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 3, &lease, pages, &e), 0);
 	/* No call for longer than keepalive_ms (1500): the session is reclaimed. */
 	end = h_now_ms() + 6000;
-	while (h_now_ms() < end && tier_leased(KVP_TIER_DEVICE) != 0)
+	while (h_now_ms() < end && !(gone = !session_named(d.sock, "sleeper", &si)))
 		usleep(100000);
-	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), 0);
-	CU_ASSERT(kvp_client_ping(c, &e) < 0);
-	CU_ASSERT(h_log_contains(&g_d, "keepalive"));
+	CU_ASSERT(gone);
+	CU_ASSERT(h_log_contains(&d, "reclaimed: no call within keepalive_ms"));
+	CU_ASSERT(h_log_contains(&d, "no pidfd for pid"));
 	kvp_client_close(c);
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	h_daemon_cleanup(&d);
 }
 
 static void test_quota_exceeded(void)
@@ -406,7 +501,8 @@ int main(void)
 		H_TEST(test_free_some_pages_and_foreign_pages),
 		H_TEST(test_foreign_lease_is_not_found),
 		H_TEST(test_kill9_frees_leases),
-		H_TEST(test_keepalive_reclaims_hung_session),
+		H_TEST(test_idle_session_keeps_lease_and_locks),
+		H_TEST(test_keepalive_reclaims_unwatched_session),
 		H_TEST(test_quota_exceeded),
 		H_TEST(test_tier_fd_is_sealed),
 		H_TEST(test_pool_larger_than_memory_exits_budget),

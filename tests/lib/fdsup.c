@@ -37,7 +37,7 @@ int h_fdsup_init(struct h_fdsup *s)
 {
 	memset(s, 0, sizeof(*s));
 	s->nfd = s->lfd = -1;
-	snprintf(s->dir, sizeof(s->dir), "/tmp/kvp-fdsup-XXXXXX");
+	snprintf(s->dir, sizeof(s->dir), "/tmp/kvpool-test-fdsup-XXXXXX");
 	if (!mkdtemp(s->dir))
 		return -errno;
 	snprintf(s->sock, sizeof(s->sock), "%s/s.sock", s->dir);
@@ -160,6 +160,7 @@ int h_fdsup_fd(const struct h_fdsup *s, const char *name_part)
 
 pid_t h_fdsup_start(struct h_fdsup *s)
 {
+	uint64_t end;
 	pid_t pid;
 
 	h_fdsup_drain(s);
@@ -193,32 +194,42 @@ pid_t h_fdsup_start(struct h_fdsup *s)
 		setenv("LISTEN_PID", num, 1);
 		setenv("NOTIFY_SOCKET", s->notify, 1);
 		lf = open(s->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		if (lf >= 0)
+		if (lf >= 0) { /* not the caller's stdout: a pipe read to its end waits on it */
+			dup2(lf, 1);
 			dup2(lf, 2);
+		}
 		execl(h_kvpoold(), "kvpoold", "--config", s->cfg, "--socket", s->sock,
 		      (char *)NULL);
 		_exit(127);
 	}
 	s->starts++;
-	for (int i = 0; i < 5000 && h_fdsup_log_count(s, "kvpoold ready") < s->starts; i++) {
+	end = h_now_ms() + (uint64_t)(s->start_ms > 0 ? s->start_ms : 10000);
+	while (h_fdsup_log_count(s, "kvpoold ready") < s->starts) {
 		int st;
 
 		if (waitpid(pid, &st, WNOHANG) == pid)
 			return -1;
+		if (h_now_ms() >= end) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return -1;
+		}
 		usleep(2000);
 	}
-	return h_fdsup_log_count(s, "kvpoold ready") == s->starts ? pid : -1;
+	return pid;
 }
 
-void h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig)
+int h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig)
 {
 	int st;
 
 	if (pid <= 0)
-		return;
+		return -1;
 	kill(pid, sig);
-	waitpid(pid, &st, 0);
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
 	h_fdsup_drain(s);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 void h_fdsup_fini(struct h_fdsup *s)

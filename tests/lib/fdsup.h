@@ -18,17 +18,20 @@ struct h_fdsup {
 	} st[H_FDSUP_MAX];
 	int n, starts;
 	bool no_store; /* start kvpoold without the stored fds (a restart that loses them) */
+	int start_ms;  /* how long h_fdsup_start waits for "kvpoold ready" (0: 10 s) */
 };
 
 /* A temporary folder with the two sockets. 0 or -errno. */
 int h_fdsup_init(struct h_fdsup *s);
 /* Writes text as the kvpoold config. 0 or -errno. */
 int h_fdsup_config(struct h_fdsup *s, const char *text);
-/* Starts kvpoold (stderr appended to s->log) and waits until it logs "kvpoold ready" (10 s).
- * Its pid, or -1 (it did not come up). */
+/* Starts kvpoold (stdout and stderr appended to s->log) and waits until it logs "kvpoold
+ * ready" (s->start_ms, 10 s when 0). Its pid, or -1: it exited, or it was not ready in time and
+ * was killed (-9) and reaped, so nothing it made (a tier of many GiB) outlives the call. */
 pid_t h_fdsup_start(struct h_fdsup *s);
-/* Sends sig to pid, reaps it and takes what it stored. */
-void h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig);
+/* Sends sig to pid, reaps it and takes what it stored. Its exit status (128 + signal when a
+ * signal ended it), -1 when pid is not a process. */
+int h_fdsup_stop(struct h_fdsup *s, pid_t pid, int sig);
 /* Takes the FDSTORE / FDSTOREREMOVE messages waiting. */
 void h_fdsup_drain(struct h_fdsup *s);
 /* The stored fd named name, or -1. */

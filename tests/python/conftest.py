@@ -19,11 +19,11 @@ KVPOOLCTL = os.environ.get("KVPOOLCTL", os.path.join(ROOT, "build", "client", "k
 # Pool "c": 64 device pages and 64 host pages of 4 tokens; "f32": the same in fp32; "small":
 # 16 device pages and no host tier, for capacity errors; "bf16" and "fp8" for dtype mapping;
 # "llama" for the random-weight model of test_transformers.py (fp32).
-# keepalive_ms: a test's own client may sit idle while another process imports torch or a model
-# computes (seconds on a loaded machine); test_link.py tests the reclaim with a short one.
+# [daemon] stays (empty) for the tests that add keys to it. A test's own client may sit idle for
+# any time while another process imports torch or a model computes: kvpoold keeps a quiet
+# session while its process lives (test_link.py).
 DEFAULT_CONF = """
 [daemon]
-keepalive_ms = 120000
 
 [pool.c]
 layers = 2
@@ -140,7 +140,7 @@ def wait_socket(sock, proc=None, timeout=10):
 class Daemon:
     """One kvpoold process on a socket in its own temporary folder."""
 
-    def __init__(self, conf=DEFAULT_CONF):
+    def __init__(self, conf=DEFAULT_CONF, env=None):
         if not os.access(KVPOOLD, os.X_OK):
             pytest.fail(f"kvpoold not built at {KVPOOLD} (set $KVPOOLD)")
         self.dir = tempfile.mkdtemp(prefix="kvpool-pytest-")
@@ -149,7 +149,9 @@ class Daemon:
         with open(self.conf, "w") as f:
             f.write(conf)
         self.log = open(os.path.join(self.dir, "kvpoold.log"), "w")
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS")}
+        env.update(extra)
         self.proc = subprocess.Popen(
             [KVPOOLD, "--socket", self.sock, "--config", self.conf, "--log-level", "info"],
             stdout=self.log, stderr=self.log, env=env)

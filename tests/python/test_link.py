@@ -1,6 +1,7 @@
-"""kvpool._link.Link, the reconnecting connection of the engine plug-ins: a session kvpoold
-reclaimed for idleness (keepalive_ms) costs the engine no miss, a daemon that is gone does
-(counted, with a backoff)."""
+"""kvpool._link.Link, the reconnecting connection of the engine plug-ins: a quiet session is
+kept while its process lives; a session kvpoold closed anyway (here: reclaimed after keepalive_ms
+because kvpoold was given no pidfd to watch the peer) costs the engine no miss; a daemon that is
+gone does (counted, with a backoff)."""
 import time
 
 import pytest
@@ -11,9 +12,21 @@ from kvpool._link import Link
 KEEPALIVE_MS = 200
 
 
+SHORT_KEEPALIVE = DEFAULT_CONF.replace("[daemon]\n", f"[daemon]\nkeepalive_ms = {KEEPALIVE_MS}\n")
+
+
 @pytest.fixture
 def idle_daemon():
-    d = Daemon(DEFAULT_CONF.replace("keepalive_ms = 120000", f"keepalive_ms = {KEEPALIVE_MS}"))
+    """keepalive_ms 200 and no pidfd for any peer (injected): idle sessions are reclaimed."""
+    d = Daemon(SHORT_KEEPALIVE, env={"KVPOOLD_FAULTS": "pidfd:1"})
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def watching_daemon():
+    """keepalive_ms 200, peers watched through their pidfds (the normal case)."""
+    d = Daemon(SHORT_KEEPALIVE)
     yield d
     d.stop()
 
@@ -30,6 +43,15 @@ def test_idle_reclaim_reconnects_within_the_call(idle_daemon):
     assert link.call("probe", probe) == 4  # answered, not a miss
     assert link.stats["reconnects"] == 1
     assert link.stats["probe_unavailable"] == 0
+    link.close()
+
+
+def test_quiet_session_is_kept_while_its_process_lives(watching_daemon):
+    link = Link("c", socket=watching_daemon.sock, name="link-test")
+    assert link.call("probe", probe) == 4
+    time.sleep(10 * KEEPALIVE_MS / 1000)  # quiet for ten keep-alives
+    assert link.call("probe", probe) == 4
+    assert link.stats["reconnects"] == 0  # the same session answered
     link.close()
 
 

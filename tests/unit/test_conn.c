@@ -204,6 +204,31 @@ static void test_conn_expiry_keepalive_backlog(void)
 	CU_ASSERT_EQUAL(conn_expiry(&c, 50000), CONN_LIVE);
 }
 
+/* A peer whose exit is watched is never reclaimed for making no call; replies it leaves unread
+ * still run the keep-alive. Unwatched again (its pidfd poll failed): today's rule. */
+static void test_conn_expiry_keepalive_watched(void)
+{
+	struct conn c;
+
+	conn_init(&c, &g_lim, 0);
+	conn_set_state(&c, CONN_OPEN);
+	conn_watch_exit(&c, true);
+	conn_activity(&c, 1000);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 100000000), CONN_LIVE);
+	conn_outq_add(&c, 4096); /* a reply it does not read */
+	CU_ASSERT_EQUAL(conn_expiry(&c, 11000), CONN_LIVE);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 11001), CONN_EXPIRED_UNREAD);
+	conn_outq_sent(&c, 1024);
+	conn_activity(&c, 11001); /* it reads again */
+	CU_ASSERT_EQUAL(conn_expiry(&c, 21001), CONN_LIVE);
+	conn_outq_sent(&c, 3072);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 100000000), CONN_LIVE);
+	CU_ASSERT_STRING_EQUAL(conn_expiry_reason(CONN_EXPIRED_UNREAD),
+			       "reclaimed: replies not read within keepalive_ms");
+	conn_watch_exit(&c, false);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 100000000), CONN_EXPIRED_KEEPALIVE);
+}
+
 static void test_conn_expiry_flush(void)
 {
 	struct conn c;
@@ -243,6 +268,7 @@ int main(void)
 		H_TEST(test_conn_expiry_partial_frame),
 		H_TEST(test_conn_expiry_keepalive),
 		H_TEST(test_conn_expiry_keepalive_backlog),
+		H_TEST(test_conn_expiry_keepalive_watched),
 		H_TEST(test_conn_expiry_flush),
 	};
 
