@@ -584,7 +584,7 @@ static bool notice_read(struct peer *p)
 static void push_notices(struct server *sv, bool tick)
 {
 	struct kvp_daemon *d = sv->d;
-	bool pending = false;
+	bool pending = false, serving;
 	uint64_t now;
 
 	if (sv->stopping || !kvp_pressure_scan(d, tick))
@@ -598,7 +598,10 @@ static void push_notices(struct server *sv, bool tick)
 			pending = true;
 			continue;
 		}
-		conn_hold(&p->c, CONN_HOLD_SERVE); /* a reply that cannot be queued closes p */
+		/* a reply that cannot be queued closes p; p may be the connection being served
+		 * (an allocation's notices go out before it evicts: on_short) */
+		serving = conn_held(&p->c, CONN_HOLD_SERVE);
+		conn_hold(&p->c, CONN_HOLD_SERVE);
 		while (p->sess) {
 			struct kvp_reply r;
 			int rc;
@@ -615,12 +618,25 @@ static void push_notices(struct server *sv, bool tick)
 		}
 		if (p->sess && kvp_pressure_owed(d, p->sess))
 			pending = true; /* its pool's rate limit: the tick tries again */
+		if (serving)
+			continue; /* its server sends, releases and frees it */
 		arm_send(sv, p);
 		conn_release(&p->c, CONN_HOLD_SERVE);
 		if (conn_closing(&p->c))
 			conn_maybe_free(sv, p);
 	}
 	kvp_pressure_walked(d, pending);
+}
+
+/* An allocation is about to take more pages than are free (pool.h): when that puts its tier
+ * under pressure, the notices are queued now, ahead of the allocation's reply and of any
+ * eviction or OUT_OF_CAPACITY it causes. */
+static void on_short(void *ctx, struct kvpd_pool *p, int tier)
+{
+	struct server *sv = ctx;
+
+	if (kvp_pressure_short(sv->d, p, tier))
+		push_notices(sv, false);
 }
 
 static bool decode_spill_fails(void)
@@ -1665,6 +1681,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		} else {
 			kvp_pool_async(sv.work, kvp_rpc_alloc_moved,
 				       d); /* demotions off the loop */
+			kvp_pool_on_short(on_short, &sv);
 		}
 	}
 	if (r < 0) {
@@ -1753,6 +1770,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
 	kvp_work_stop(sv.work); /* demotions in flight land (or are cancelled) first */
 	kvp_pool_async(NULL, NULL, NULL);
+	kvp_pool_on_short(NULL, NULL);
 	kvp_rpc_alloc_retry(d); /* nothing is in flight now: every waiting Alloc ends */
 	while (d->defers.reload_waiting) {
 		struct kvp_defer *t = d->defers.reload_waiting;
