@@ -527,6 +527,7 @@ uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_
 		for (int k = 0; k < KVP_TIER_ID_MAX && !r->dead; k++) {
 			struct reserve_tier *t = &r->t[k];
 			uint32_t cost = t->granted + r->slots; /* at most refilled + returned */
+			uint32_t tail, rhead;
 			int rc;
 
 			if (!t->granted || !wants_upkeep(r, t))
@@ -534,6 +535,8 @@ uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_
 			if (budget < cost)
 				return 0;
 			budget -= cost;
+			tail = t->tail;
+			rhead = t->rhead;
 			rc = sync_tier(r, k);
 			if (rc == -EPROTO) {
 				kill(r); /* its next Reserve call answers PROTOCOL */
@@ -542,7 +545,8 @@ uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_
 			}
 			if (rc == 0)
 				refill_tier(r, k);
-			r->pool->st.reserve_upkeeps++;
+			if (t->tail != tail || t->rhead != rhead) /* something moved */
+				r->pool->st.reserve_upkeeps++;
 		}
 	}
 	return budget;
