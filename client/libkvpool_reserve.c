@@ -279,7 +279,7 @@ int kvp__resv_alloc(struct kvp_resv *rv, int tier, uint32_t npages, uint64_t *le
 	*lease_id = l->id;
 	rv->st.allocs++;
 	level = kvp_ring_count(&rv->t[tier].fill);
-	if (level < rv->t[tier].granted / 2)
+	if (level < KVP_RESV_LOW(rv->t[tier].granted))
 		kick(rv);
 	return 1;
 }
@@ -294,7 +294,7 @@ int kvp__resv_extend(struct kvp_resv *rv, uint64_t lease_id, uint32_t npages, ui
 		return 0;
 	memcpy(pages, l->pages + l->n, sizeof(uint32_t) * npages);
 	l->n += npages;
-	if (kvp_ring_count(&rv->t[l->tier].fill) < rv->t[l->tier].granted / 2)
+	if (kvp_ring_count(&rv->t[l->tier].fill) < KVP_RESV_LOW(rv->t[l->tier].granted))
 		kick(rv);
 	return 1;
 }
@@ -352,7 +352,7 @@ int kvp__resv_free(struct kvp_resv *rv, uint64_t lease_id, const uint32_t *pages
 	rv->st.frees++;
 	if (!n)
 		slot_drop(rv, l);
-	if (kvp_ring_count(&rv->t[tier].ret) >= rv->slots / 4)
+	if (kvp_ring_count(&rv->t[tier].ret) >= KVP_RESV_HIGH(rv->slots))
 		kick(rv);
 	return 1;
 not_found:

@@ -65,6 +65,7 @@ struct kvp_daemon {
 	uint32_t n_pools;
 	struct kvp_session *sessions;
 	uint32_t n_sessions;
+	uint32_t n_reserves; /* sessions' page reserves open (reserve.c), for the loop's upkeep */
 	uint64_t next_session_id, next_lease_id, next_lock_id;
 	/* Lease and lock ids are the counters through a keyed bijection (kvp_daemon_new_id), so
 	 * one session cannot guess another's ids. Drawn at the first id. */

@@ -40,6 +40,7 @@
 #include "notify.h"
 #include "pressure.h"
 #include "reload.h"
+#include "reserve.h"
 #include "src.h"
 #include "work.h"
 #include "kvp_config.h"
@@ -57,6 +58,8 @@
 #define NBUFS 256
 #define BUFSZ (16u << 10)
 #define TICK_MS 100
+#define UPKEEP_MS 5		   /* sessions' page reserves are looked at this often */
+#define UPKEEP_TURN_PAGES 65536	   /* pages one look at the reserves may move (refills, returns) */
 #define ARENA_BYTES (64u << 10)	   /* a decoded request beyond this spills to malloc */
 #define FAIL_FLUSH_MS 1000	   /* a connection closed for an error has this long to read why */
 #define PIDFD_LOG_MS 60000	   /* at most one log line per interval about failed pidfds */
@@ -113,8 +116,11 @@ struct server {
 	struct kvp_daemon *d;
 	int listen_fd;
 	const char *unlink_path;
-	struct kvp_src accept_src, signal_src, timer_src, work_src, ignore_src;
+	struct kvp_src accept_src, signal_src, timer_src, work_src, ignore_src, upkeep_src;
 	bool accept_armed, accept_cancel_sent, signal_armed, timer_armed, work_armed;
+	bool upkeep_armed; /* the reserves' timer (on_upkeep) */
+	struct __kernel_timespec upkeep_ts;
+	uint64_t upkeep_after; /* the session the last walk stopped at (budget spent), or 0 */
 	bool remote_armed;
 	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
@@ -261,6 +267,55 @@ static void arm_timer(struct server *sv)
 	io_uring_prep_timeout(sqe, &sv->tick, 0, 0);
 	io_uring_sqe_set_data(sqe, &sv->timer_src);
 	sv->timer_armed = true;
+}
+
+/* The reserves' timer: armed while some session has a page reserve. */
+static void arm_upkeep(struct server *sv)
+{
+	struct io_uring_sqe *sqe;
+
+	if (sv->upkeep_armed || !sv->d->n_reserves || sv->stopping)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
+	sv->upkeep_ts.tv_sec = 0;
+	sv->upkeep_ts.tv_nsec = UPKEEP_MS * 1000000L;
+	io_uring_prep_timeout(sqe, &sv->upkeep_ts, 0, 0);
+	io_uring_sqe_set_data(sqe, &sv->upkeep_src);
+	sv->upkeep_armed = true;
+}
+
+/* Refills and drains of the sessions' reserves that their clients did not ask for (a client
+ * that allocates from its ring makes no call): every session in turn, from where the last
+ * walk stopped, while the turn's page budget lasts. */
+static void on_upkeep(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+	struct kvp_daemon *d = sv->d;
+	uint32_t budget = UPKEEP_TURN_PAGES;
+	struct kvp_session *s, *from = d->sessions;
+
+	(void)src;
+	(void)cqe;
+	sv->upkeep_armed = false;
+	for (s = d->sessions; s && sv->upkeep_after; s = s->next)
+		if (s->id == sv->upkeep_after) {
+			from = s->next ? s->next : d->sessions;
+			break;
+		}
+	sv->upkeep_after = 0;
+	for (s = from; s;) {
+		budget = kvp_reserve_upkeep(d, s, budget);
+		if (!budget) {
+			sv->upkeep_after = s->id; /* the next walk starts after it */
+			break;
+		}
+		s = s->next ? s->next : d->sessions;
+		if (s == from)
+			break;
+	}
+	arm_upkeep(sv);
 }
 
 /* The remote tier's one fd: readable when a cluster socket or its timer is (remote.h). */
@@ -584,7 +639,7 @@ static bool notice_read(struct peer *p)
 static void push_notices(struct server *sv, bool tick)
 {
 	struct kvp_daemon *d = sv->d;
-	bool pending = false;
+	bool pending = false, serving;
 	uint64_t now;
 
 	if (sv->stopping || !kvp_pressure_scan(d, tick))
@@ -598,7 +653,10 @@ static void push_notices(struct server *sv, bool tick)
 			pending = true;
 			continue;
 		}
-		conn_hold(&p->c, CONN_HOLD_SERVE); /* a reply that cannot be queued closes p */
+		/* a reply that cannot be queued closes p; p may be the connection being served
+		 * (an allocation's notices go out before it evicts: on_short) */
+		serving = conn_held(&p->c, CONN_HOLD_SERVE);
+		conn_hold(&p->c, CONN_HOLD_SERVE);
 		while (p->sess) {
 			struct kvp_reply r;
 			int rc;
@@ -615,12 +673,25 @@ static void push_notices(struct server *sv, bool tick)
 		}
 		if (p->sess && kvp_pressure_owed(d, p->sess))
 			pending = true; /* its pool's rate limit: the tick tries again */
+		if (serving)
+			continue; /* its server sends, releases and frees it */
 		arm_send(sv, p);
 		conn_release(&p->c, CONN_HOLD_SERVE);
 		if (conn_closing(&p->c))
 			conn_maybe_free(sv, p);
 	}
 	kvp_pressure_walked(d, pending);
+}
+
+/* An allocation is about to take more pages than are free (pool.h): when that puts its tier
+ * under pressure, the notices are queued now, ahead of the allocation's reply and of any
+ * eviction or OUT_OF_CAPACITY it causes. */
+static void on_short(void *ctx, struct kvpd_pool *p, int tier)
+{
+	struct server *sv = ctx;
+
+	if (kvp_pressure_short(sv->d, p, tier))
+		push_notices(sv, false);
 }
 
 static bool decode_spill_fails(void)
@@ -844,6 +915,8 @@ static bool serve_frames(struct server *sv, struct peer *p)
 {
 	conn_hold(&p->c, CONN_HOLD_SERVE);
 	serve_frames_budget(sv, p);
+	if (p->sess && sv->d->n_reserves)
+		kvp_reserve_upkeep(sv->d, p->sess, UPKEEP_TURN_PAGES);
 	arm_send(sv, p);
 	conn_release(&p->c, CONN_HOLD_SERVE);
 	if (conn_closing(&p->c)) {
@@ -1631,6 +1704,7 @@ static void rearm(struct server *sv)
 		arm_accept(sv);
 	arm_signal(sv);
 	arm_timer(sv);
+	arm_upkeep(sv);
 	arm_work(sv);
 	arm_remote(sv);
 }
@@ -1656,6 +1730,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	kvp_src_init(&sv.accept_src, KVP_SRC_ACCEPT, on_accept_cqe, &sv);
 	kvp_src_init(&sv.signal_src, KVP_SRC_SIGNAL, on_signal, &sv);
 	kvp_src_init(&sv.timer_src, KVP_SRC_TIMER, on_tick, &sv);
+	kvp_src_init(&sv.upkeep_src, KVP_SRC_TIMER, on_upkeep, &sv);
 	kvp_src_init(&sv.work_src, KVP_SRC_WORK, on_work, &sv);
 	kvp_src_init(&sv.remote_src, KVP_SRC_REMOTE, on_remote, &sv);
 	kvp_src_init(&sv.ignore_src, KVP_SRC_IGNORE, on_ignore, &sv);
@@ -1670,6 +1745,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		} else {
 			kvp_pool_async(sv.work, kvp_rpc_alloc_moved,
 				       d); /* demotions off the loop */
+			kvp_pool_on_short(on_short, &sv);
 		}
 	}
 	if (r < 0) {
@@ -1758,6 +1834,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
 	kvp_work_stop(sv.work); /* demotions in flight land (or are cancelled) first */
 	kvp_pool_async(NULL, NULL, NULL);
+	kvp_pool_on_short(NULL, NULL);
 	kvp_rpc_alloc_retry(d); /* nothing is in flight now: every waiting Alloc ends */
 	while (d->defers.reload_waiting) {
 		struct kvp_defer *t = d->defers.reload_waiting;

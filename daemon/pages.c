@@ -7,13 +7,18 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
 struct kvp_pages {
 	uint32_t total;
 	uint32_t nfree;
 	uint32_t count[KVP_PAGE_STATE_MAX];
-	uint32_t *stack; /* free ids, stack[0..nfree) */
-	uint8_t *state;
+	uint32_t *stack;	      /* free ids, stack[0..nfree) */
+	uint8_t *state;		      /* span bytes: those past total stay FREE (release_leased) */
+	uint32_t span;		      /* total rounded up to a power of two (at most 2^32 - 1) */
+	size_t state_bytes;	      /* mapped */
 	volatile uint64_t *guard_gen; /* kvp_pages_guard */
 	bool *guard_armed;
 };
@@ -58,6 +63,33 @@ int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 	return 0;
 }
 
+/* The state bytes, zeroed (FREE). Past 256 KiB they are asked for in huge pages: a batch
+ * touches one byte of a random page each, and with 4 KiB pages most of those would miss the
+ * TLB. */
+static uint8_t *state_map(size_t want, size_t *bytes)
+{
+	const size_t huge = (size_t)2 << 20;
+	size_t len = want < ((size_t)256 << 10) ? want : (want + huge - 1) / huge * huge;
+	uint8_t *m = mmap(NULL, len + (len >= huge ? huge : 0), PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uintptr_t at;
+
+	if (m == MAP_FAILED)
+		return NULL;
+	if (len < huge) {
+		*bytes = len;
+		return m;
+	}
+	/* aligned to a huge page, the slack unmapped */
+	at = ((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1);
+	if (at > (uintptr_t)m)
+		munmap(m, at - (uintptr_t)m);
+	munmap((uint8_t *)at + len, (uintptr_t)m + huge - at);
+	(void)madvise((void *)at, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages work too */
+	*bytes = len;
+	return (uint8_t *)at;
+}
+
 struct kvp_pages *kvp_pages_new(uint32_t total)
 {
 	struct kvp_pages *p;
@@ -68,7 +100,12 @@ struct kvp_pages *kvp_pages_new(uint32_t total)
 	if (!p)
 		return NULL;
 	p->stack = malloc(sizeof(*p->stack) * total);
-	p->state = calloc(total, 1);
+	p->span = total;
+	while (p->span & (p->span - 1)) /* clear low bits until one is left, then double */
+		p->span &= p->span - 1;
+	if (p->span != total)
+		p->span = p->span > UINT32_MAX / 2 ? UINT32_MAX : p->span * 2;
+	p->state = state_map(p->span, &p->state_bytes);
 	if (!p->stack || !p->state) {
 		kvp_pages_free(p);
 		return NULL;
@@ -87,11 +124,10 @@ void kvp_pages_free(struct kvp_pages *p)
 	if (!p)
 		return;
 	free(p->stack);
-	free(p->state);
+	if (p->state)
+		munmap(p->state, p->state_bytes);
 	free(p);
 }
-
-typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
 /* dst[i] = src[n - 1 - i] (the arrays do not overlap). */
 static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, uint32_t n)
@@ -109,6 +145,26 @@ static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, u
 		dst[i] = src[n - 1 - i];
 }
 
+/* state[ids[i]] = LEASED, eight at a time (one store a page: the loop's own bookkeeping would
+ * cost as much). */
+static void set_leased(uint8_t *restrict state, const uint32_t *restrict ids, uint32_t n)
+{
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		state[ids[i]] = KVP_PAGE_LEASED;
+		state[ids[i + 1]] = KVP_PAGE_LEASED;
+		state[ids[i + 2]] = KVP_PAGE_LEASED;
+		state[ids[i + 3]] = KVP_PAGE_LEASED;
+		state[ids[i + 4]] = KVP_PAGE_LEASED;
+		state[ids[i + 5]] = KVP_PAGE_LEASED;
+		state[ids[i + 6]] = KVP_PAGE_LEASED;
+		state[ids[i + 7]] = KVP_PAGE_LEASED;
+	}
+	for (; i < n; i++)
+		state[ids[i]] = KVP_PAGE_LEASED;
+}
+
 int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
 	/* Locals for everything the loops touch: a byte store may alias any object, so fields
@@ -124,8 +180,7 @@ int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 	/* the top of the stack first (a fresh pool hands out 0, 1, 2...): a reversed copy, four
 	 * ids at a time, then the states */
 	reverse_copy(out, top, n);
-	for (uint32_t i = 0; i < n; i++)
-		state[top[i]] = KVP_PAGE_LEASED;
+	set_leased(state, top, n);
 	p->nfree -= n;
 	p->count[KVP_PAGE_FREE] -= n;
 	p->count[KVP_PAGE_LEASED] += n;
@@ -173,27 +228,76 @@ static int release_any(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 	return 0;
 }
 
+/* The OR of ids[0..n), sixteen at a time: below span it bounds every id. */
+static uint32_t or_of(const uint32_t *ids, uint32_t n)
+{
+	v4u32 a = { 0 }, b = { 0 }, c = { 0 }, e = { 0 }, v;
+	uint32_t i = 0, o;
+
+	for (; i + 16 <= n; i += 16) {
+		memcpy(&v, ids + i, sizeof(v));
+		a |= v;
+		memcpy(&v, ids + i + 4, sizeof(v));
+		b |= v;
+		memcpy(&v, ids + i + 8, sizeof(v));
+		c |= v;
+		memcpy(&v, ids + i + 12, sizeof(v));
+		e |= v;
+	}
+	a |= b | c | e;
+	o = a[0] | a[1] | a[2] | a[3];
+	for (; i < n; i++)
+		o |= ids[i];
+	return o;
+}
+
+/* The common case: every page LEASED, each listed once, in one pass without a branch per page.
+ * The ids' OR below `span` (the state bytes, a power of two) bounds them all; the bytes from
+ * total to span are FREE forever, so an id in that gap fails like a free page. Each page's
+ * state is flipped LEASED <-> FREE (x ^= 1): a page listed twice reads FREE the second time,
+ * and any page read other than LEASED makes `bad`. Since every store is x ^= 1 of what was
+ * just read, flipping the same bytes again puts back exactly what was there. Returns 0 with
+ * every page FREE, or -EINVAL with nothing changed. */
+static int release_leased(uint8_t *restrict state, uint32_t span, const uint32_t *restrict ids,
+			  uint32_t n)
+{
+	_Static_assert((KVP_PAGE_LEASED ^ 1) == KVP_PAGE_FREE, "a flip turns LEASED into FREE");
+	unsigned bad = 0;
+	uint32_t i = 0;
+
+	if (or_of(ids, n) >= span)
+		return -EINVAL; /* some id is out of range (or the OR overshoots): the slow path */
+#define FLIP(k)                                                                                    \
+	do {                                                                                       \
+		uint8_t v = state[ids[i + (k)]] ^ KVP_PAGE_LEASED;                                 \
+		bad |= v;                                                                          \
+		state[ids[i + (k)]] = v;                                                           \
+	} while (0)
+	for (; i + 8 <= n; i += 8) {
+		FLIP(0);
+		FLIP(1);
+		FLIP(2);
+		FLIP(3);
+		FLIP(4);
+		FLIP(5);
+		FLIP(6);
+		FLIP(7);
+	}
+	for (; i < n; i++)
+		FLIP(0);
+#undef FLIP
+	if (!bad)
+		return 0;
+	for (i = 0; i < n; i++)
+		state[ids[i]] ^= KVP_PAGE_LEASED;
+	return -EINVAL;
+}
+
 int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
-	uint8_t *state = p->state;
-	const uint32_t total = p->total;
-	uint32_t i;
-
-	/* The common case in one pass: every page LEASED. A page in another state, a duplicate
-	 * (FREE by its first mention) or a bad id stops it; every page before that was LEASED, so
-	 * putting that back is exact, and the general path decides. */
-	for (i = 0; i < n; i++) {
-		uint32_t id = ids[i];
-
-		if (id >= total || state[id] != KVP_PAGE_LEASED)
-			break;
-		state[id] = KVP_PAGE_FREE;
-	}
-	if (i < n) {
-		while (i-- > 0)
-			state[ids[i]] = KVP_PAGE_LEASED;
+	/* A page in another state, a duplicate or a bad id: the general path decides. */
+	if (release_leased(p->state, p->span, ids, n) < 0)
 		return release_any(p, ids, n);
-	}
 	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
 	p->nfree += n;
 	p->count[KVP_PAGE_LEASED] -= n;

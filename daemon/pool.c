@@ -46,6 +46,15 @@ static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, cons
 
 /* Demotions off the loop thread (kvp_pool_async): the worker waits for each flight, the loop
  * swaps the pages in and tells the daemon. */
+static kvp_pool_short_fn g_short;
+static void *g_short_ctx;
+
+void kvp_pool_on_short(kvp_pool_short_fn fn, void *ctx)
+{
+	g_short = fn;
+	g_short_ctx = ctx;
+}
+
 static struct kvp_work *g_work;
 static kvp_pool_moved_fn g_moved;
 static void *g_moved_ctx;
@@ -512,6 +521,9 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 	struct kvp_pages *pg = p->pages[tier];
 	uint32_t nfree = kvp_pages_count(pg, KVP_PAGE_FREE);
 
+	if (npages > nfree && g_short)
+		g_short(g_short_ctx, p,
+			tier); /* the notices before anything is taken from others */
 	if (npages > nfree && p->reclaim) {
 		/* Unused pages of sessions' reserves go back before any cached prefix does. */
 		p->reclaim(p->reclaim_ctx, p, tier, npages - nfree);

@@ -76,6 +76,11 @@ void kvp_pool_destroy(struct kvpd_pool *p);
 struct kvp_work;
 typedef void (*kvp_pool_moved_fn)(void *ctx, struct kvpd_pool *p);
 void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx);
+/* Called (when set) by an allocation about to take more pages of tier than are free, before
+ * it takes back reserves, evicts or fails: the pressure notices go out first. Set by the event
+ * loop; NULL: nothing (unit tests). */
+typedef void (*kvp_pool_short_fn)(void *ctx, struct kvpd_pool *p, int tier);
+void kvp_pool_on_short(kvp_pool_short_fn fn, void *ctx);
 /* Device pages of tier whose demotion is in flight: cached now, free when it lands. */
 uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier);
 /* Whether npages of tier can be had once the demotions in flight land (some are in flight and

@@ -65,9 +65,11 @@ bool kvp_pressure_scan(struct kvp_daemon *d, bool tick)
 {
 	struct kvpd_pressure *ps = &d->pressure;
 
+	if (tick)
+		memset(ps->short_, 0, sizeof(ps->short_));
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		struct kvpd_pool *p = d->pools[i];
-		uint8_t bits = 0;
+		uint8_t bits = ps->short_[i];
 
 		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			uint64_t wm = kvp_pressure_watermark(p, t);
@@ -88,6 +90,17 @@ bool kvp_pressure_scan(struct kvp_daemon *d, bool tick)
 		ps->walk = true;
 	}
 	return ps->walk || (tick && ps->pending);
+}
+
+bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier)
+{
+	struct kvpd_pressure *ps = &d->pressure;
+	uint8_t bit = (uint8_t)(1u << tier);
+
+	if (p->id >= KVP_MAX_POOLS || d->pools[p->id] != p || !kvp_pressure_watermark(p, tier))
+		return false;
+	ps->short_[p->id] |= bit;
+	return !(ps->under[p->id] & bit);
 }
 
 bool kvp_pressure_owed(const struct kvp_daemon *d, const struct kvp_session *s)

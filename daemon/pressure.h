@@ -13,7 +13,9 @@
 
 /* The pools' side, in struct kvp_daemon. */
 struct kvpd_pressure {
-	uint8_t under[KVP_MAX_POOLS];		      /* bit t: tier t below its watermark */
+	uint8_t under[KVP_MAX_POOLS];  /* bit t: tier t below its watermark */
+	uint8_t short_[KVP_MAX_POOLS]; /* bit t: an allocation wanted more than was free (since
+					* the last tick): under, whatever the count says */
 	uint64_t seq[KVP_MAX_POOLS][KVP_TIER_ID_MAX]; /* changes of that state so far */
 	bool walk;    /* a state changed or a session subscribed: look at the sessions */
 	bool pending; /* some session had a notice it could not be sent at the last walk */
@@ -44,6 +46,11 @@ void kvp_pressure_detach(struct kvp_session *s, const struct kvpd_pool *p);
  * whether the loop should look at the sessions now: a state changed or a session subscribed,
  * or (tick true) some session still has a notice pending. */
 bool kvp_pressure_scan(struct kvp_daemon *d, bool tick);
+/* An allocation of tier of p is about to take more pages than are free (it will evict, take
+ * reserves back or fail): the tier counts as below its watermark until the next tick, when it
+ * has one. Returns whether that changed its state (the loop then pushes the notices at once,
+ * before the allocation goes on). */
+bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier);
 /* Whether s has a notice pending (a tier's state differs from the one it was told). */
 bool kvp_pressure_owed(const struct kvp_daemon *d, const struct kvp_session *s);
 /* Builds into r (initialised by the caller with id 0) the next notice owed to s whose pool's

@@ -255,6 +255,7 @@ void kvp_reserve_end(struct kvp_session *s, struct kvpd_pool *p)
 	if (!r)
 		return;
 	s->reserve[p->id] = NULL;
+	r->d->n_reserves--;
 	if (!r->dead)
 		atomic_fetch_or_explicit(&hdr(r)->flags, KVP_RESV_DEAD, memory_order_release);
 	release(r);
@@ -383,6 +384,7 @@ int kvp_reserve_open(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_po
 		hdr(r)->granted[i] = grant[i];
 	}
 	s->reserve[p->id] = r;
+	d->n_reserves++;
 	p->reclaim = kvp_reserve_reclaim;
 	p->reclaim_ctx = d;
 	for (int i = 0; i < KVP_TIER_ID_MAX; i++)
@@ -501,6 +503,53 @@ int kvp_reserve_call(struct kvp_daemon *d, struct kvp_session *s, struct kvp_res
 		refill_tier(r, i);
 	atomic_store_explicit(&hdr(r)->served_seq, seq, memory_order_release);
 	return rc < 0 ? rc : (int)nbinds;
+}
+
+/* Whether tier t of r wants kvpoold (kvp_ring.h's watermarks). The indices are read as the
+ * client left them: one that makes no sense wants kvpoold too (sync_tier then refuses it). */
+static bool wants_upkeep(const struct kvp_reserve *r, const struct reserve_tier *t)
+{
+	uint32_t head = atomic_load_explicit(t->fill.head, memory_order_acquire);
+	uint32_t rtail = atomic_load_explicit(t->ret.tail, memory_order_acquire);
+
+	return head - t->seen > t->tail - t->seen || t->tail - head < KVP_RESV_LOW(t->granted) ||
+	       rtail - t->rhead >= KVP_RESV_HIGH(r->slots);
+}
+
+uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t budget)
+{
+	(void)d;
+	for (uint32_t i = 0; i < KVP_MAX_POOLS; i++) {
+		struct kvp_reserve *r = s->reserve[i];
+
+		if (!r || r->dead)
+			continue;
+		for (int k = 0; k < KVP_TIER_ID_MAX && !r->dead; k++) {
+			struct reserve_tier *t = &r->t[k];
+			uint32_t cost = t->granted + r->slots; /* at most refilled + returned */
+			uint32_t tail, rhead;
+			int rc;
+
+			if (!t->granted || !wants_upkeep(r, t))
+				continue;
+			if (budget < cost)
+				return 0;
+			budget -= cost;
+			tail = t->tail;
+			rhead = t->rhead;
+			rc = sync_tier(r, k);
+			if (rc == -EPROTO) {
+				kill(r); /* its next Reserve call answers PROTOCOL */
+				r->pool->st.reserve_bad_rings++;
+				break;
+			}
+			if (rc == 0)
+				refill_tier(r, k);
+			if (t->tail != tail || t->rhead != rhead) /* something moved */
+				r->pool->st.reserve_upkeeps++;
+		}
+	}
+	return budget;
 }
 
 uint32_t kvp_reserve_reclaim(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages)

@@ -50,6 +50,12 @@ int kvp_reserve_call(struct kvp_daemon *d, struct kvp_session *s, struct kvp_res
 /* The pool's reclaim hook (ctx: the daemon): takes back the pages sessions' reserves hold
  * unused in their rings until `pages` are freed or none is left. Returns pages freed. */
 uint32_t kvp_reserve_reclaim(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages);
+/* kvpoold's own refills and drains, with no call from the client: every reserved tier of s
+ * whose fill ring is below its low watermark or whose return ring is at its high one
+ * (kvp_ring.h) is synced and refilled, as a Reserve call would, while budget (pages) lasts; a
+ * bad ring ends that reserve (the session's next Reserve call answers PROTOCOL). Never waits.
+ * Returns the budget left. */
+uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t budget);
 /* Whether the reserve ended for a bad ring (its calls answer PROTOCOL). */
 bool kvp_reserve_dead(const struct kvp_reserve *r);
 /* Its leases are booked to its pool and session, and its copy of the ring agrees with

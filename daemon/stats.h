@@ -21,7 +21,11 @@
 	X(pressure_coalesced, "pressure_coalesced_total",                                          \
 	  "Pressure notices replaced by a newer state before they were sent")                      \
 	X(reserve_taken_back, "reserve_taken_back_pages_total",                                    \
-	  "Unused pages of session reserves taken back under pressure")
+	  "Unused pages of session reserves taken back under pressure")                            \
+	X(reserve_upkeeps, "reserve_upkeeps_total",                                                \
+	  "Reserve rings refilled or drained by kvpoold with no call from the client")             \
+	X(reserve_bad_rings, "reserve_bad_rings_total",                                            \
+	  "Reserves ended by kvpoold's own look at their rings (a corrupt index or id)")
 
 #define KVP_DAEMON_COUNTERS(X)                                                                     \
 	X(sessions_opened, "sessions_opened_total", "Sessions that said Hello")                    \

@@ -33,6 +33,13 @@
 #define KVP_RESV_TIERS 2
 #define KVP_RING_LINE 64
 
+/* The watermarks: below KVP_RESV_LOW pages in its fill ring, or with KVP_RESV_HIGH pages
+ * waiting in its return ring, a tier wants kvpoold: the client sends a Reserve call without
+ * waiting for it, and kvpoold also looks by itself (when it serves the session's connection,
+ * and every few milliseconds). */
+#define KVP_RESV_LOW(granted) ((granted) / 2)
+#define KVP_RESV_HIGH(slots) ((slots) / 4)
+
 /* Header flags (kvpoold writes them). */
 #define KVP_RESV_DEAD 1u /* the reserve ended (a bad ring, detach): use the RPC */
 

@@ -212,6 +212,50 @@ static void test_notice_before_eviction(void)
 	flush("p");
 }
 
+/* One Alloc that goes from above the watermark straight into eviction, and one that fails with
+ * OUT_OF_CAPACITY: the subscriber (here the caller itself) has the notice before the Alloc's
+ * reply (it is read with the reply, no wait), with the figures from before the eviction. The
+ * tier stays under until the next tick, then recovers. */
+static void test_notice_before_eviction_in_one_alloc(void)
+{
+	struct h_eng a, w;
+	struct kvp_pressure n;
+	uint32_t pages[PAGES];
+	uint64_t l1, l2, evicted = tier_of("p", KVP_TIER_DEVICE).evicted_tokens;
+	struct kvp_error err;
+
+	CU_ASSERT_EQUAL_FATAL(listener(&a, "p"), 0);
+	CU_ASSERT_EQUAL_FATAL(open_eng(&w, "p", KVP_CAP_ALL, 0), 0);
+	publish(&w, 2, 40); /* 40 cached, 24 free: above the watermark */
+	CU_ASSERT_EQUAL(next_notice(a.c, 300, &n), 0);
+	l1 = lease(&a, 30); /* needs 6 evicted */
+	CU_ASSERT_EQUAL(tier_of("p", KVP_TIER_DEVICE).evicted_tokens - evicted, 6 * PT);
+	CU_ASSERT_EQUAL_FATAL(next_notice(a.c, 0, &n), 1); /* it came before the reply */
+	CU_ASSERT_EQUAL(n.recovered, 0);
+	CU_ASSERT_EQUAL(n.free_tokens, 24 * PT);      /* nothing taken yet */
+	CU_ASSERT_EQUAL(n.evictable_tokens, 40 * PT); /* nothing evicted yet */
+	unlease(&a, l1);			      /* 30 free: recovers */
+	CU_ASSERT_EQUAL_FATAL(next_notice(a.c, 2000, &n), 1);
+	CU_ASSERT_EQUAL(n.recovered, 1);
+	flush("p");
+	/* nothing evictable: OUT_OF_CAPACITY, told first */
+	l2 = lease(&w, 40); /* 24 free */
+	CU_ASSERT_EQUAL(next_notice(a.c, 300, &n), 0);
+	CU_ASSERT_EQUAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 30, &l1, pages, &err),
+			-KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL_FATAL(next_notice(a.c, 0, &n), 1);
+	CU_ASSERT_EQUAL(n.recovered, 0);
+	CU_ASSERT_EQUAL(n.free_tokens, 24 * PT);
+	CU_ASSERT_EQUAL(n.evictable_tokens, 0);
+	/* 24 free is above the watermark: recovered at the next tick */
+	CU_ASSERT_EQUAL_FATAL(next_notice(a.c, 2000, &n), 1);
+	CU_ASSERT_EQUAL(n.recovered, 1);
+	CU_ASSERT_EQUAL(n.free_tokens, 24 * PT);
+	unlease(&w, l2);
+	kvp_client_close(w.c);
+	kvp_client_close(a.c);
+}
+
 static void test_recovery_notice(void)
 {
 	struct h_eng a, w;
@@ -486,6 +530,7 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_notice_before_eviction),
+		H_TEST(test_notice_before_eviction_in_one_alloc),
 		H_TEST(test_recovery_notice),
 		H_TEST(test_never_reader_holds_one_pending),
 		H_TEST(test_rate_limit),

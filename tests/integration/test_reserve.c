@@ -247,6 +247,57 @@ static int raw_bind(struct kvp_pool *p, uint64_t id, const uint32_t *pages, uint
 /* kvpoold knows a local lease only once bound: a call naming it before is NOT_FOUND, and a
  * bind naming pages the session did not take from its ring (another's, one still in the ring,
  * twice) is refused with nothing changed. */
+/* Waits up to ms for *v to reach want; returns whether it did. */
+static bool wait_word(_Atomic uint32_t *v, uint32_t want, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+
+	while (atomic_load(v) != want && h_now_ms() < end)
+		usleep(1000);
+	return atomic_load(v) == want;
+}
+
+/* kvpoold refills and drains a reserve by itself: a client that takes pages straight from its
+ * fill ring (below the low watermark) and gives them back through its return ring (past the
+ * high one), with no call at all, sees both rings served, and the books stay right. */
+static void test_rings_served_without_calls(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "quiet", &e);
+	struct kvp_pool *p = c ? attach_resv(c, "r", RESV) : NULL;
+	struct kvp_resv_stats st0, st1;
+	struct kvp_ring fill = { 0 }, ret = { 0 };
+	uint32_t got[RESV], slots, n = KVP_RESV_LOW(RESV) + 1, t;
+	uint64_t upkeeps = pool_counter("r", "reserve_upkeeps_total");
+	size_t bytes;
+	void *base;
+
+	CU_ASSERT_FATAL(p != NULL);
+	base = kvp__resv_region(kvp__pool_resv(p), &bytes, &slots);
+	CU_ASSERT_FATAL(base != NULL);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_at(base, bytes, slots, 0, KVP_RING_FILL, &fill), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_at(base, bytes, slots, 0, KVP_RING_RETURN, &ret), 0);
+	CU_ASSERT_FATAL(n <= RESV && n >= KVP_RESV_HIGH(slots));
+	kvp__resv_stats(kvp__pool_resv(p), &st0);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_count(&fill), RESV);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_take(&fill, n, got), n); /* below the low watermark */
+	CU_ASSERT(wait_word(fill.tail, atomic_load(fill.head) + RESV, 3000));
+	CU_ASSERT_EQUAL(kvp_ring_count(&fill), RESV);
+	/* the pages taken are the session's (booked as leased), the ring full again beside them */
+	CU_ASSERT_EQUAL(leased_tokens("r", NULL), (uint64_t)(RESV + n) * PT);
+	t = atomic_load(ret.tail);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_put(&ret, &t, got, n), n); /* past the high watermark */
+	CU_ASSERT(wait_word(ret.head, t, 3000));
+	CU_ASSERT_EQUAL(leased_tokens("r", NULL), (uint64_t)RESV * PT);
+	CU_ASSERT(pool_counter("r", "reserve_upkeeps_total") >= upkeeps + 2);
+	kvp__resv_stats(kvp__pool_resv(p), &st1);
+	CU_ASSERT_EQUAL(st1.calls, st0.calls); /* the library sent nothing */
+	CU_ASSERT_EQUAL(kvp__resv_sync(kvp__pool_resv(p), &e), 0);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(wait_sessions(1, 5000), 0);
+	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
+}
+
 static void test_binds_are_checked(void)
 {
 	struct kvp_error e;
@@ -720,6 +771,7 @@ int main(void)
 		H_TEST(test_local_leases_bound_before_calls),
 		H_TEST(test_reattach_gets_a_fresh_reserve),
 		H_TEST(test_binds_are_checked),
+		H_TEST(test_rings_served_without_calls),
 		H_TEST(test_corrupt_rings_refused_for_that_session),
 		H_TEST(test_take_back_under_pressure_keeps_one_owner),
 		H_TEST(test_out_of_capacity_names_reserved_tokens),

@@ -178,6 +178,55 @@ static void test_pages_guard_trips_on_uncache(void)
 	kvp_pages_free(p);
 }
 
+/* Long batches (the fast path works eight at a time) with one bad entry anywhere: an id just
+ * past total, one past the power of two above it, a duplicate, a free page or a cached page.
+ * Each is refused with nothing changed, and the same batch without it goes through. */
+static void test_pages_release_batches_refused_whole(void)
+{
+	enum { TOTAL = 1000, N = 40 };
+	const uint32_t bad_ids[] = { TOTAL, 1023, 1024, 4095, UINT32_MAX - 1, UINT32_MAX };
+	struct kvp_pages *p = kvp_pages_new(TOTAL);
+	uint32_t ids[N + 1], batch[N + 1], cached;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, N, ids), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, 1, &cached), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_move(p, cached, KVP_PAGE_LEASED, KVP_PAGE_CACHED), 0);
+	for (uint32_t at = 0; at < N; at++) {
+		for (size_t b = 0; b < sizeof(bad_ids) / sizeof(bad_ids[0]) + 3; b++) {
+			memcpy(batch, ids, sizeof(ids));
+			if (b < sizeof(bad_ids) / sizeof(bad_ids[0]))
+				batch[at] = bad_ids[b];
+			else if (b == sizeof(bad_ids) / sizeof(bad_ids[0]))
+				batch[at] = ids[(at + 1) % N]; /* listed twice */
+			else if (b == sizeof(bad_ids) / sizeof(bad_ids[0]) + 1)
+				batch[at] = 999; /* free */
+			else
+				batch[N] = ids[at]; /* the last of N + 1 repeats one */
+			CU_ASSERT_EQUAL(
+				kvp_pages_release(p, batch,
+						  b == sizeof(bad_ids) / sizeof(bad_ids[0]) + 2
+							  ? N + 1
+							  : N),
+				-EINVAL);
+			CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_LEASED), N);
+			CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), TOTAL - N - 1);
+			CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+		}
+		for (uint32_t i = 0; i < N; i++)
+			CU_ASSERT_EQUAL(kvp_pages_state(p, ids[i]), KVP_PAGE_LEASED);
+	}
+	/* a cached page among leased ones takes the general path and is counted */
+	memcpy(batch, ids, sizeof(uint32_t) * N);
+	batch[N] = cached;
+	CU_ASSERT_EQUAL(kvp_pages_release(p, batch, N + 1), 0);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), TOTAL);
+	CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_CACHED), 0);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_release(p, ids, N), -EINVAL); /* all free now */
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -187,6 +236,7 @@ int main(void)
 		H_TEST(test_pages_moving_state_reserved_and_counted),
 		H_TEST(test_pages_claim_named_pages),
 		H_TEST(test_pages_guard_trips_on_uncache),
+		H_TEST(test_pages_release_batches_refused_whole),
 	};
 
 	return H_RUN_SUITE("pages", NULL, NULL, tests);
