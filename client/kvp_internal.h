@@ -57,6 +57,23 @@ static inline void kvp__pages_out(uint32_t *device_pages, const uint32_t *dev, s
 
 /* Reads the caller's struct (struct_size set) into full (this version's `size` bytes):
  * min(struct_size, size) bytes, the rest zeroed. */
+/* The `lock` argument of the match calls: only a value made of KVP_MATCH_* bits is read as
+ * flags; any other value keeps its old meaning, a plain boolean (so -1 or 0xffffffff from a
+ * binding locks and does not turn local-only on). */
+static inline void kvp__match_flags(int lock, protobuf_c_boolean *lock_out,
+				    protobuf_c_boolean *local_only)
+{
+	unsigned v = (unsigned)lock;
+
+	if (v & ~(unsigned)(KVP_MATCH_LOCK | KVP_MATCH_LOCAL_ONLY)) {
+		*lock_out = 1;
+		*local_only = 0;
+		return;
+	}
+	*lock_out = (v & KVP_MATCH_LOCK) != 0;
+	*local_only = (v & KVP_MATCH_LOCAL_ONLY) != 0;
+}
+
 static inline void kvp__struct_in(void *full, const void *in, size_t size)
 {
 	size_t n = *(const size_t *)in;

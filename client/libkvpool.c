@@ -1727,8 +1727,7 @@ KVP_EXPORT int kvp_cache_match(struct kvp_pool *p, uint64_t ns, const uint32_t *
 	match.namespace_ = ns;
 	match.tokens = (uint32_t *)tokens;
 	match.n_tokens = ntokens;
-	match.lock = (lock & ~KVP_MATCH_LOCAL_ONLY) != 0;
-	match.local_only = (lock & KVP_MATCH_LOCAL_ONLY) != 0;
+	kvp__match_flags(lock, &match.lock, &match.local_only);
 	r = kvp__rpc(p->c, &req, RESULT(MATCH), &resp, NULL, NULL, err);
 	if (r < 0)
 		return r;

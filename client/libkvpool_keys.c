@@ -126,8 +126,7 @@ KVP_EXPORT int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns,
 	a.n_keys = nkeys;
 	a.pool_id = kvp_pool_id(p);
 	a.namespace_ = ns;
-	a.lock = (lock & ~KVP_MATCH_LOCAL_ONLY) != 0;
-	a.local_only = (lock & KVP_MATCH_LOCAL_ONLY) != 0;
+	kvp__match_flags(lock, &a.lock, &a.local_only);
 	r = kvp__rpc(c, &req, KVPOOL__RESPONSE__RESULT_MATCH_KEYS, &resp, NULL, NULL, err);
 	free(a.keys);
 	if (r < 0)

@@ -470,11 +470,12 @@ struct kvp_match_result {
 };
 /* Flags of kvp_cache_match's and kvp_cache_match_keys's `lock` argument (0 and 1 keep their
  * meaning): KVP_MATCH_LOCK pins the match; KVP_MATCH_LOCAL_ONLY asks the daemon's remote tier
- * nothing, so remote_pages stays 0 and the answer never waits on the network. */
+ * nothing, so remote_pages stays 0 and the answer never waits on the network. A value with any
+ * other bit set (-1, say) is read as before: lock, remote tier asked. */
 #define KVP_MATCH_LOCK 0x1
 #define KVP_MATCH_LOCAL_ONLY 0x100
-/* Longest cached prefix of tokens. With lock (KVP_MATCH_LOCK, or any nonzero value but
- * KVP_MATCH_LOCAL_ONLY's bit), pins the matched pages until kvp_cache_release or the session
+/* Longest cached prefix of tokens. With lock (KVP_MATCH_LOCK, or any nonzero value not made
+ * of KVP_MATCH_* bits), pins the matched pages until kvp_cache_release or the session
  * ends; KVP_MATCH_LOCAL_ONLY in lock: no remote existence query. device_pages and host_pages
  * need room for cap entries each (ntokens / page_tokens suffices). m->struct_size set by the
  * caller. Returns 0 or a negative code (KVP_E_BUFFER: cap too small, the lock is given back). */

@@ -1909,7 +1909,7 @@ static PyMethodDef pool_methods[] = {
 	  "first `cached_keys` are ones matched earlier, the lease's pages (or `pages`) hold the "
 	  "rest in order. Returns a dict: new_pages, dup_pages, done_keys, lease_pages." },
 	{ "match_keys", (PyCFunction)(void (*)(void))pool_match_keys, METH_VARARGS | METH_KEYWORDS,
-	  "match_keys(keys, namespace=0, lock=True)\n--\n\nThe longest leading run of `keys` "
+	  "match_keys(keys, namespace=0, lock=True, local_only=False)\n--\n\nThe longest leading run of `keys` "
 	  "cached, locked against eviction when `lock`. Returns a Match (tokens = matched pages "
 	  "* page_tokens); remote_pages and `local_only` as in match()." },
 	{ "fetch_keys", (PyCFunction)(void (*)(void))pool_fetch_keys, METH_VARARGS | METH_KEYWORDS,

@@ -341,6 +341,22 @@ static void test_local_only_asks_the_cluster_nothing(void)
 		CU_ASSERT_EQUAL(remote_seen(keyed ? 13 : 3, keyed, 0), NP);
 		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
 	}
+	/* A lock value not made of KVP_MATCH_* bits keeps its old meaning (a boolean): -1 from a
+	 * binding asks the cluster as before. */
+	{
+		struct kvp_match_result m = { .struct_size = sizeof(m) };
+		uint32_t dev[NP], host[NP], t[NTOK];
+
+		tokens_of(3, t);
+		q = counter(&g_er, "remote_match_queries");
+		CU_ASSERT_EQUAL_FATAL(kvp_cache_match(g_er.p, 0, t, NTOK, -1, &m, dev, host, NP,
+						      NULL),
+				      0);
+		CU_ASSERT_EQUAL(m.remote_pages, NP);
+		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
+		if (m.lock_id)
+			CU_ASSERT_EQUAL(kvp_cache_release(g_er.p, m.lock_id, NULL), 0);
+	}
 	/* Every master asleep for 1 s: the local-only Match answers at once, the other waits. */
 	for (int i = 0; i < 3; i++) {
 		snprintf(cmd, sizeof(cmd), "redis-cli -p %s DEBUG SLEEP 1 >/dev/null 2>&1 &",
