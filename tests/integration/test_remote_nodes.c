@@ -444,10 +444,11 @@ static uint64_t p99(uint64_t *v)
 }
 
 /* A master sleeping 3 s (DEBUG SLEEP) while A spills into it: A's local Alloc and Match p99
- * stay within 2x those of node C, which has no remote tier (200 us of slack on top). The rounds
- * alternate between the two nodes so that the machine's own noise falls on both alike, in three
- * blocks: a block the machine disturbed more on one side does not decide alone, a stall of A's
- * on the network (every block) would. */
+ * stay within 2x those of node C, which has no remote tier, with no slack, in at least 2 of 3
+ * blocks of 400 rounds. The rounds alternate between the two nodes so that the machine's own
+ * noise falls on both alike; a block the machine disturbed more on one side does not decide
+ * alone, while a cost of the spill on A's loop (every block) does: with the spill's copies,
+ * checksums and socket calls on the loop thread, A's Alloc p99 was 2.2x to 2.6x C's. */
 static void test_slow_master_leaves_local_latency(void)
 {
 	static uint64_t ca[ROUNDS], cm[ROUNDS], aa[ROUNDS], am[ROUNDS];
@@ -470,9 +471,9 @@ static void test_slow_master_leaves_local_latency(void)
 			"match %lu\n",
 			(unsigned long)pca, (unsigned long)pcm, (unsigned long)paa,
 			(unsigned long)pam);
-		within += paa <= 2 * pca + 200 && pam <= 2 * pcm + 200;
+		within += paa <= 2 * pca && pam <= 2 * pcm;
 	}
-	CU_ASSERT(within >= 1);
+	CU_ASSERT(within >= 2);
 	sleep(3);
 }
 
