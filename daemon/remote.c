@@ -30,14 +30,37 @@
 #define DONE_TAG 2  /* of the completion eventfd */
 #define MAX_OPS 4096
 /* SET completions (spills, write-through: nothing waits on them but the in-flight books) reach
- * the loop at most this late, in batches, instead of waking it for each. */
+ * the loop at most this late, in batches, instead of waking it for each; at once when they
+ * free SET_WAKE_BYTES of the bounds. */
 #define SET_ACK_MS 5
+/* SETs the loop queues wake the thread once SET_WAKE_BYTES of them wait or SET_WAKE_MS after
+ * the first, in batches: small pages spilled one Alloc at a time would otherwise wake the
+ * thread, and the Redis masters it writes to, right after every Alloc, while the engine's next
+ * calls arrive. Anything else queued wakes it at the end of the loop's turn. */
+#define SET_WAKE_MS 20
+#define SET_WAKE_BYTES (256u << 10) /* a page-sized value goes at once */
+
+/* Entries of at least BIG_MIN data bytes (page values) are kept for reuse, up to BIG_KEEP of
+ * them: fresh ones that size come from mmap or a trimmed heap, and copying a page into one
+ * faulted in every page of it, each time. */
+#define BIG_MIN (64u << 10)
+#define BIG_KEEP 32
 
 enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_DEL, Q_EXISTS };
+
+/* A GET's value, copied by the thread; the big ones go back to it after the callback (the
+ * spare stack) and are used again: a fresh buffer per value, freed on the other thread, made
+ * the allocator trim its heap and fault every page of the next one in (fetch at half speed). */
+struct vbuf {
+	struct vbuf *next;
+	size_t cap;
+	uint8_t data[];
+};
 
 struct q_ent {
 	struct q_ent *next;
 	struct kvp_remote *r;
+	size_t cap; /* data bytes allocated */
 	enum q_kind kind;
 	kvp_rc_cb *cb;
 	kvp_rc_multi_cb *mcb;
@@ -49,9 +72,10 @@ struct q_ent {
 	size_t klen, hlen, vlen, n;
 	/* completion */
 	enum kvp_rc_status st;
-	void *val;		      /* a GET hit's value (malloc) */
+	void *val;		      /* a GET hit's value (in vb) */
 	size_t len;		      /* its length */
 	enum kvp_rc_status *sts;      /* EXISTS: n statuses (malloc) */
+	struct vbuf *vb;	      /* val\'s buffer */
 	uint8_t hdr[KVP_RV_HDR_SIZE]; /* Q_PAGE: the header, written by the thread */
 	/* Q_SET / Q_PAGE / Q_GET / Q_DEL: key, then hdr (Q_SET), then value; Q_EXISTS: n key
 	 * lengths (size_t), then the keys */
@@ -74,11 +98,17 @@ struct kvp_remote {
 	/* the loop's side only */
 	uint32_t inflight;
 	uint64_t inflight_bytes, rejected;
-	int queued;			/* entries appended since the last wake-up */
+	int queued;		     /* entries appended since the last wake-up */
+	struct q_ent *big[BIG_KEEP]; /* entries kept for reuse */
+	int nbig;
+	int queued_urgent;		/* one of them is not a SET */
+	uint64_t queued_bytes;		/* their bytes */
+	uint64_t queued_since;		/* kvp_rc_now_ms() of the first */
 	int64_t timer_ms;		/* what the timerfd is armed for; -1: off */
 	struct kvp_rc_stats stats_seen; /* the loop's copy of rc_stats */
 	/* shared */
 	q_stack subq, doneq;
+	_Atomic(struct vbuf *) vspare; /* big value buffers the loop is done with */
 	atomic_int stop;
 	atomic_int done_signalled; /* the done eventfd was written, not drained since */
 	atomic_int rc_ready;
@@ -86,10 +116,13 @@ struct kvp_remote {
 	struct kvp_rc_stats rc_stats;
 	/* the thread's side only */
 	struct kvp_rc *rc;
-	struct q_list finished;	      /* completions of this turn, published at its end */
+	struct q_list finished; /* completions of this turn, published at its end */
+	struct vbuf *vfree;	/* the thread\'s spare value buffers */
+	int nvfree;
 	struct kvp_rc_stats th_stats; /* the last published */
 	int urgent;		      /* one of them is not a SET: the loop is woken now */
 	int ready_known;	      /* rc_ready was computed once */
+	uint64_t ack_bytes;	      /* of the SET completions held */
 	uint64_t ack_at; /* SET completions held since: the loop is woken by then; 0: none */
 };
 
@@ -157,16 +190,56 @@ static void efd_drain(int fd)
 
 /* ---- the thread ---- */
 
+/* A buffer for a value of len bytes: a spare one that fits, else a new one. NULL: ENOMEM. */
+static struct vbuf *th_vbuf(struct kvp_remote *r, size_t len)
+{
+	struct vbuf **pp, *vb;
+	size_t cap;
+
+	if (len >= BIG_MIN) {
+		if (!r->vfree) { /* what the loop gave back; more than it keeps are freed */
+			vb = atomic_exchange_explicit(&r->vspare, NULL, memory_order_acquire);
+			while (vb) {
+				struct vbuf *next = vb->next;
+
+				if (r->nvfree < BIG_KEEP) {
+					vb->next = r->vfree;
+					r->vfree = vb;
+					r->nvfree++;
+				} else {
+					free(vb);
+				}
+				vb = next;
+			}
+		}
+		for (pp = &r->vfree; (vb = *pp); pp = &vb->next)
+			if (vb->cap >= len) {
+				*pp = vb->next;
+				r->nvfree--;
+				return vb;
+			}
+	}
+	cap = len >= BIG_MIN ? (len + 4095) & ~(size_t)4095 : len + 1;
+	vb = malloc(sizeof(*vb) + cap);
+	if (vb)
+		vb->cap = cap;
+	return vb;
+}
+
 static void th_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
 {
 	struct q_ent *e = arg;
 
 	e->st = st;
-	e->r->urgent |= e->kind != Q_SET && e->kind != Q_PAGE;
+	if (e->kind != Q_SET && e->kind != Q_PAGE)
+		e->r->urgent = 1;
+	else if ((e->r->ack_bytes += e->acct) >= SET_WAKE_BYTES)
+		e->r->urgent = 1;
 	if (st == KVP_RC_HIT && e->kind == Q_GET) {
-		e->val = malloc(len ? len : 1);
-		if (e->val) {
-			memcpy(e->val, val, len);
+		e->vb = th_vbuf(e->r, len);
+		if (e->vb) {
+			memcpy(e->vb->data, val, len);
+			e->val = e->vb->data;
 			e->len = len;
 		} else {
 			e->st = KVP_RC_EPROTOCOL; /* out of memory: a failure, not a value */
@@ -262,9 +335,11 @@ static void th_publish(struct kvp_remote *r, uint64_t now)
 		signal = !atomic_exchange(&r->done_signalled, 1);
 		r->urgent = 0;
 		r->ack_at = 0;
+		r->ack_bytes = 0;
 	} else if (!atomic_load_explicit(&r->doneq, memory_order_relaxed)) {
 		r->urgent = 0; /* the loop took them meanwhile */
 		r->ack_at = 0;
+		r->ack_bytes = 0;
 	}
 	if (signal)
 		efd_write(r->done_fd);
@@ -409,9 +484,22 @@ static void ent_complete(struct kvp_remote *r, struct q_ent *e)
 		free(e->sts);
 	} else {
 		e->cb(e->arg, e->st, e->val, e->len);
-		free(e->val);
+		if (e->vb && e->vb->cap >= BIG_MIN) {
+			struct vbuf *old = atomic_load_explicit(&r->vspare, memory_order_relaxed);
+
+			do
+				e->vb->next = old;
+			while (!atomic_compare_exchange_weak_explicit(&r->vspare, &old, e->vb,
+								      memory_order_release,
+								      memory_order_relaxed));
+		} else {
+			free(e->vb);
+		}
 	}
-	free(e);
+	if (e->cap >= BIG_MIN && r->nbig < BIG_KEEP)
+		r->big[r->nbig++] = e;
+	else
+		free(e);
 }
 
 void kvp_remote_free(struct kvp_remote *r)
@@ -442,6 +530,16 @@ void kvp_remote_free(struct kvp_remote *r)
 				e->sts[i] = KVP_RC_ECLOSED;
 		}
 		ent_complete(r, e);
+	}
+	while (r->nbig)
+		free(r->big[--r->nbig]);
+	for (struct vbuf *vb = r->vfree, *next; vb; vb = next) {
+		next = vb->next;
+		free(vb);
+	}
+	for (struct vbuf *vb = atomic_load(&r->vspare), *next; vb; vb = next) {
+		next = vb->next;
+		free(vb);
 	}
 	pthread_mutex_destroy(&r->mu);
 	close(r->epfd);
@@ -498,12 +596,14 @@ int kvp_remote_ready(const struct kvp_remote *r)
 	return atomic_load(&((struct kvp_remote *)r)->rc_ready);
 }
 
-/* Arms the timerfd for the owner's alarm. */
+/* Arms the timerfd for the owner's alarm or the queued SETs' wake-up, whichever is first. */
 static void sync_timer(struct kvp_remote *r)
 {
-	int64_t at = r->alarm_ms;
+	int64_t at = r->alarm_ms, wake = (int64_t)(r->queued_since + SET_WAKE_MS);
 	struct itimerspec its = { 0 };
 
+	if (r->queued && (at < 0 || wake < at))
+		at = wake;
 	if (at == r->timer_ms)
 		return;
 	r->timer_ms = at;
@@ -524,17 +624,26 @@ void kvp_remote_set_alarm(struct kvp_remote *r, int64_t at_ms)
 	sync_timer(r); /* a system call only when the timer's time changes */
 }
 
+/* Whether the thread is to be woken now for what was queued. */
+static int wake_due(const struct kvp_remote *r)
+{
+	return r->queued && (r->queued_urgent || r->queued_bytes >= SET_WAKE_BYTES ||
+			     kvp_rc_now_ms() >= r->queued_since + SET_WAKE_MS);
+}
+
 void kvp_remote_sync(struct kvp_remote *r)
 {
-	if (!r->queued)
-		return;
-	r->queued = 0;
-	efd_write(r->wake_fd);
+	if (wake_due(r)) {
+		r->queued = r->queued_urgent = 0;
+		r->queued_bytes = 0;
+		efd_write(r->wake_fd);
+	}
+	sync_timer(r);
 }
 
 int kvp_remote_pending(const struct kvp_remote *r)
 {
-	return r->queued;
+	return wake_due(r);
 }
 
 void kvp_remote_on_ready(struct kvp_remote *r)
@@ -543,7 +652,9 @@ void kvp_remote_on_ready(struct kvp_remote *r)
 	uint64_t ticks;
 
 	if (r->timer_ms >= 0 && read(r->tfd, &ticks, sizeof(ticks)) == sizeof(ticks)) {
-		r->timer_ms = r->alarm_ms = -1; /* fired: the owner sets the next one */
+		r->timer_ms = -1; /* fired: armed again below or by the owner's next alarm */
+		if (r->alarm_ms >= 0 && (int64_t)kvp_rc_now_ms() >= r->alarm_ms)
+			r->alarm_ms = -1; /* the owner sets the next one */
 	}
 	/* Drained whatever the flag says: a write that landed after the last take must not leave
 	 * the fd readable with nothing queued. */
@@ -554,6 +665,7 @@ void kvp_remote_on_ready(struct kvp_remote *r)
 		next = e->next;
 		ent_complete(r, e);
 	}
+	kvp_remote_sync(r); /* the queued SETs' wake-up, when that was the timer */
 }
 
 /* An entry of `bytes` data bytes for nops operations booking acct bytes, or NULL: -EAGAIN
@@ -568,12 +680,27 @@ static struct q_ent *ent_new(struct kvp_remote *r, enum q_kind kind, size_t byte
 		*err = -EAGAIN;
 		return NULL;
 	}
-	e = malloc(sizeof(*e) + bytes);
+	e = NULL;
+	if (bytes >= BIG_MIN)
+		for (int i = r->nbig - 1; i >= 0 && !e; i--)
+			if (r->big[i]->cap >= bytes) {
+				e = r->big[i];
+				r->big[i] = r->big[--r->nbig];
+			}
 	if (!e) {
-		*err = -ENOMEM;
-		return NULL;
+		size_t cap = bytes >= BIG_MIN ? (bytes + 4095) & ~(size_t)4095 : bytes;
+
+		e = malloc(sizeof(*e) + cap);
+		if (!e) {
+			*err = -ENOMEM;
+			return NULL;
+		}
+		bytes = cap;
+	} else {
+		bytes = e->cap;
 	}
 	memset(e, 0, sizeof(*e));
+	e->cap = bytes;
 	e->r = r;
 	e->kind = kind;
 	e->nops = nops;
@@ -586,7 +713,11 @@ static void ent_queue(struct kvp_remote *r, struct q_ent *e)
 	r->inflight += e->nops;
 	r->inflight_bytes += e->acct;
 	stack_push_chain(&r->subq, e, e);
+	if (!r->queued)
+		r->queued_since = kvp_rc_now_ms();
 	r->queued = 1;
+	r->queued_urgent |= e->kind != Q_SET && e->kind != Q_PAGE;
+	r->queued_bytes += e->acct;
 }
 
 static int submit_kv(struct kvp_remote *r, enum q_kind kind, const void *key, size_t klen,

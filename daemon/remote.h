@@ -32,13 +32,14 @@ void kvp_remote_free(struct kvp_remote *r);
 /* The fd to poll for POLLIN: readable when completions wait or the alarm fired. */
 int kvp_remote_fd(const struct kvp_remote *r);
 /* Runs the completions that wait (their callbacks), in the order the thread finished them;
- * SET completions come in batches, at most 5 ms late. */
+ * SET completions come in batches, at most 5 ms late. Then kvp_remote_sync(). */
 void kvp_remote_on_ready(struct kvp_remote *r);
-/* Wakes the thread when operations were queued since the last call (an eventfd write). Cheap
- * otherwise. The loop calls it after its turn's replies were submitted: on few cores the
- * thread may run first. */
+/* Wakes the thread (an eventfd write) for what was queued: anything but SETs at once, SETs once
+ * 1 MiB of them wait or 20 ms after the first (the fd's timer wakes the owner for that), so
+ * that spills of small pages, one Alloc at a time, leave in batches. Cheap when nothing is
+ * due. The loop calls it after its turn's replies were submitted. */
 void kvp_remote_sync(struct kvp_remote *r);
-/* Whether operations were queued since the last kvp_remote_sync(). */
+/* Whether kvp_remote_sync() would wake the thread now. */
 int kvp_remote_pending(const struct kvp_remote *r);
 /* An extra wake-up at at_ms on kvp_rc_now_ms() (-1: none), for deadlines of the owner's own
  * (a Match waiting for its existence query): kvp_remote_on_ready() runs then. */
