@@ -32,12 +32,15 @@
 /* SET completions (spills, write-through: nothing waits on them but the in-flight books) reach
  * the loop at most this late, in batches, instead of waking it for each; at once when they
  * free SET_WAKE_BYTES of the bounds. */
-#define SET_ACK_MS 5
-/* SETs the loop queues wake the thread once SET_WAKE_BYTES of them wait or SET_WAKE_MS after
- * the first, in batches: small pages spilled one Alloc at a time would otherwise wake the
- * thread, and the Redis masters it writes to, right after every Alloc, while the engine's next
- * calls arrive. Anything else queued wakes it at the end of the loop's turn. */
+#define SET_ACK_MS 50
+/* SETs the loop queues do not wake the thread until SET_WAKE_BYTES of them wait: while SETs
+ * come, the thread looks for them every SET_WAKE_MS by itself (for SET_ACTIVE_MS after the
+ * last; past that it sleeps, says so, and the next SET wakes it). Small pages spilled one Alloc
+ * at a time would otherwise cost a wake-up of the thread, and writes to the Redis masters,
+ * right after every Alloc, while the engine's next calls arrive; now the loop's share of a
+ * spill is its copy. Anything else queued wakes the thread at the end of the loop's turn. */
 #define SET_WAKE_MS 20
+#define SET_ACTIVE_MS 1000
 #define SET_WAKE_BYTES (256u << 10) /* a page-sized value goes at once */
 
 /* Entries of at least BIG_MIN data bytes (page values) are kept for reuse, up to BIG_KEEP of
@@ -103,7 +106,6 @@ struct kvp_remote {
 	int nbig;
 	int queued_urgent;		/* one of them is not a SET */
 	uint64_t queued_bytes;		/* their bytes */
-	uint64_t queued_since;		/* kvp_rc_now_ms() of the first */
 	int64_t timer_ms;		/* what the timerfd is armed for; -1: off */
 	struct kvp_rc_stats stats_seen; /* the loop's copy of rc_stats */
 	/* shared */
@@ -112,6 +114,7 @@ struct kvp_remote {
 	atomic_int stop;
 	atomic_int done_signalled; /* the done eventfd was written, not drained since */
 	atomic_int rc_ready;
+	atomic_int dormant; /* the thread sleeps without looking for SETs */
 	pthread_mutex_t mu; /* rc_stats */
 	struct kvp_rc_stats rc_stats;
 	/* the thread's side only */
@@ -119,6 +122,7 @@ struct kvp_remote {
 	struct q_list finished; /* completions of this turn, published at its end */
 	struct vbuf *vfree;	/* the thread\'s spare value buffers */
 	int nvfree;
+	uint64_t set_until;	      /* it looks for SETs every SET_WAKE_MS until then */
 	struct kvp_rc_stats th_stats; /* the last published */
 	int urgent;		      /* one of them is not a SET: the loop is woken now */
 	int ready_known;	      /* rc_ready was computed once */
@@ -154,7 +158,7 @@ static void stack_push_chain(q_stack *s, struct q_ent *newest, struct q_ent *old
 
 	do
 		oldest->next = old;
-	while (!atomic_compare_exchange_weak_explicit(s, &old, newest, memory_order_release,
+	while (!atomic_compare_exchange_weak_explicit(s, &old, newest, memory_order_seq_cst,
 						      memory_order_relaxed));
 }
 
@@ -378,12 +382,21 @@ static void *th_main(void *arg)
 
 			t = t < 0 || a < t ? a : t;
 		}
+		if (kvp_rc_now_ms() < r->set_until)
+			t = t < 0 || t > SET_WAKE_MS ? SET_WAKE_MS : t;
+		else { /* the loop wakes it for the next SET; one pushed meanwhile is seen here */
+			atomic_store(&r->dormant, 1);
+			if (atomic_load(&r->subq))
+				t = 0;
+		}
 		if (poll(p, (nfds_t)n + 1, t) < 0 && errno != EINTR)
 			p[0].revents = 0;
 		if (p[0].revents)
 			efd_drain(r->wake_fd);
 		stop = atomic_load(&r->stop);
 		sub = stack_take(&r->subq);
+		if (sub.head)
+			r->set_until = kvp_rc_now_ms() + SET_ACTIVE_MS;
 		for (struct q_ent *e = sub.head, *next; e; e = next) {
 			next = e->next;
 			th_submit(r, e);
@@ -596,14 +609,12 @@ int kvp_remote_ready(const struct kvp_remote *r)
 	return atomic_load(&((struct kvp_remote *)r)->rc_ready);
 }
 
-/* Arms the timerfd for the owner's alarm or the queued SETs' wake-up, whichever is first. */
+/* Arms the timerfd for the owner's alarm. */
 static void sync_timer(struct kvp_remote *r)
 {
-	int64_t at = r->alarm_ms, wake = (int64_t)(r->queued_since + SET_WAKE_MS);
+	int64_t at = r->alarm_ms;
 	struct itimerspec its = { 0 };
 
-	if (r->queued && (at < 0 || wake < at))
-		at = wake;
 	if (at == r->timer_ms)
 		return;
 	r->timer_ms = at;
@@ -628,7 +639,7 @@ void kvp_remote_set_alarm(struct kvp_remote *r, int64_t at_ms)
 static int wake_due(const struct kvp_remote *r)
 {
 	return r->queued && (r->queued_urgent || r->queued_bytes >= SET_WAKE_BYTES ||
-			     kvp_rc_now_ms() >= r->queued_since + SET_WAKE_MS);
+			     atomic_load(&r->dormant)); /* after the push: see th_main */
 }
 
 void kvp_remote_sync(struct kvp_remote *r)
@@ -636,9 +647,9 @@ void kvp_remote_sync(struct kvp_remote *r)
 	if (wake_due(r)) {
 		r->queued = r->queued_urgent = 0;
 		r->queued_bytes = 0;
+		atomic_store(&r->dormant, 0);
 		efd_write(r->wake_fd);
 	}
-	sync_timer(r);
 }
 
 int kvp_remote_pending(const struct kvp_remote *r)
@@ -713,8 +724,6 @@ static void ent_queue(struct kvp_remote *r, struct q_ent *e)
 	r->inflight += e->nops;
 	r->inflight_bytes += e->acct;
 	stack_push_chain(&r->subq, e, e);
-	if (!r->queued)
-		r->queued_since = kvp_rc_now_ms();
 	r->queued = 1;
 	r->queued_urgent |= e->kind != Q_SET && e->kind != Q_PAGE;
 	r->queued_bytes += e->acct;
