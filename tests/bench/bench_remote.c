@@ -439,7 +439,8 @@ int main(int argc, char **argv)
 		B_DIE("slot map never loaded");
 	}
 	for (int rep = 0;
-	     rep < reps && (b_wanted(only, "remote.spill") || b_wanted(only, "remote.fetch"));
+	     rep < reps && (b_wanted(only, "remote.spill") || b_wanted(only, "remote.fetch") ||
+			    b_wanted(only, "remote.layer"));
 	     rep++) {
 		layer[0][rep] = run_layer(0, page);
 		layer[1][rep] = run_layer(1, page);
