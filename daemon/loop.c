@@ -122,6 +122,7 @@ struct server {
 	struct __kernel_timespec upkeep_ts;
 	uint64_t upkeep_after; /* the session the last walk stopped at (budget spent), or 0 */
 	bool remote_armed;
+	bool remote_ready; /* its fd was readable: run it once this turn's connections are served */
 	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
 	int sig_fd;
@@ -345,6 +346,16 @@ static void on_remote(void *loop, struct kvp_src *src, const struct io_uring_cqe
 	sv->remote_armed = false;
 	if (cqe->res < 0 && cqe->res != -ECANCELED)
 		log_warn("remote tier poll: %s", strerror(-cqe->res));
+	sv->remote_ready = true; /* run_remote, after the connections with input */
+}
+
+/* The remote tier's socket work of this turn, after the requests that arrived with it were
+ * answered: a local call waits for no network I/O that is merely ready at the same time. */
+static void run_remote(struct server *sv)
+{
+	if (!sv->remote_ready)
+		return;
+	sv->remote_ready = false;
 #if KVP_HAVE_REMOTE
 	if (sv->d->remote) {
 		kvp_remote_on_ready(sv->d->remote);
@@ -1810,6 +1821,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			ready = p->ready_next;
 			look_again(&sv, p);
 		}
+		run_remote(&sv);
 		push_notices(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
@@ -1822,6 +1834,10 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		/* What this turn submitted to the cluster: its fds and deadline, up to date. */
 		if (d->remote) {
 			kvp_rt_bind(d); /* pools a reload created */
+			/* The turn's replies leave before the I/O thread is woken for what the
+			 * turn queued (spills of its Allocs): on few cores it may run first. */
+			if (kvp_remote_pending(d->remote))
+				io_uring_submit(&sv.ring);
 			kvp_remote_sync(d->remote);
 			kvp_remote_stats_read(d->remote, &d->remote_st);
 			kvp_rt_stats_read(d, &d->remote_st);

@@ -1,56 +1,432 @@
-/* remote.c - drives a Redis Cluster client (remote_cluster.c) from the io_uring loop through
- * one epoll fd holding the client's sockets and a timerfd for its next deadline (remote.h). */
+/* remote.c - the remote tier's I/O thread: it owns a Redis Cluster client (remote_cluster.c)
+ * and everything that waits on sockets; the loop trades queue entries with it (remote.h).
+ *
+ * An entry is allocated once by the submitting loop, carries the operation's bytes to the
+ * thread (the submission queue), comes back with its status and a GET's value (the completion
+ * queue) and is freed by the loop after its callback. The thread is woken by an eventfd
+ * (kvp_remote_sync) and wakes the loop through another one, in an epoll set with the alarm's
+ * timerfd: the loop's one fd. The in-flight bounds are kept on the loop's side, at submission,
+ * so that a refusal is immediate and the thread's client never refuses.
+ *
+ * The loop never blocks on the thread: both queues are lock-free stacks (a push is a
+ * compare-and-swap, the other side takes the whole stack with one exchange and reverses it),
+ * and the figures are copied under a mutex the loop only tries (a busy one leaves it the copy
+ * of its last turn). A thread preempted while holding a lock on a loaded machine would
+ * otherwise hold up an Alloc. */
 #include "remote.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
-#include "remote_cluster.h"
+#define TIMER_TAG 1 /* epoll data of the timerfd */
+#define DONE_TAG 2  /* of the completion eventfd */
+#define MAX_OPS 4096
+/* SET completions (spills, write-through: nothing waits on them but the in-flight books) reach
+ * the loop at most this late, in batches, instead of waking it for each; at once when they
+ * free SET_WAKE_BYTES of the bounds. */
+#define SET_ACK_MS 50
+/* SETs the loop queues do not wake the thread until SET_WAKE_BYTES of them wait: while SETs
+ * come, the thread looks for them every SET_WAKE_MS by itself (for SET_ACTIVE_MS after the
+ * last; past that it sleeps, says so, and the next SET wakes it). Small pages spilled one Alloc
+ * at a time would otherwise cost a wake-up of the thread, and writes to the Redis masters,
+ * right after every Alloc, while the engine's next calls arrive; now the loop's share of a
+ * spill is its copy. Anything else queued wakes the thread at the end of the loop's turn. */
+#define SET_WAKE_MS 20
+#define SET_ACTIVE_MS 1000
+#define SET_WAKE_BYTES (256u << 10) /* a page-sized value goes at once */
 
-#define TIMER_TAG (-1) /* epoll data of the timerfd */
+/* Entries of at least BIG_MIN data bytes (page values) are kept for reuse, up to BIG_KEEP of
+ * them: fresh ones that size come from mmap or a trimmed heap, and copying a page into one
+ * faulted in every page of it, each time. */
+#define BIG_MIN (64u << 10)
+#define BIG_KEEP 32
 
-struct reg {
-	int fd;
-	uint32_t events; /* EPOLLIN / EPOLLOUT as registered */
+enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_DEL, Q_EXISTS };
+
+/* A GET's value, copied by the thread; the big ones go back to it after the callback (the
+ * spare stack) and are used again: a fresh buffer per value, freed on the other thread, made
+ * the allocator trim its heap and fault every page of the next one in (fetch at half speed). */
+struct vbuf {
+	struct vbuf *next;
+	size_t cap;
+	uint8_t data[];
 };
+
+struct q_ent {
+	struct q_ent *next;
+	struct kvp_remote *r;
+	size_t cap; /* data bytes allocated */
+	enum q_kind kind;
+	kvp_rc_cb *cb;
+	kvp_rc_multi_cb *mcb;
+	void *arg;
+	uint64_t acct; /* bytes booked against max_inflight_bytes */
+	uint32_t nops; /* operations booked (n for EXISTS) */
+	uint32_t ttl;
+	struct kvp_rv_fp fp;
+	size_t klen, hlen, vlen, n;
+	/* completion */
+	enum kvp_rc_status st;
+	void *val;		      /* a GET hit's value (in vb) */
+	size_t len;		      /* its length */
+	enum kvp_rc_status *sts;      /* EXISTS: n statuses (malloc) */
+	struct vbuf *vb;	      /* val\'s buffer */
+	uint8_t hdr[KVP_RV_HDR_SIZE]; /* Q_PAGE: the header, written by the thread */
+	/* Q_SET / Q_PAGE / Q_GET / Q_DEL: key, then hdr (Q_SET), then value; Q_EXISTS: n key
+	 * lengths (size_t), then the keys */
+	uint8_t data[];
+};
+
+struct q_list {
+	struct q_ent *head, *tail;
+};
+
+/* A lock-free stack of entries, newest first; one side pushes, the other takes it whole. */
+typedef _Atomic(struct q_ent *) q_stack;
 
 struct kvp_remote {
 	struct kvp_remote_conf conf;
+	int epfd, tfd, done_fd, wake_fd;
+	int64_t alarm_ms; /* kvp_remote_set_alarm's; -1: none */
+	pthread_t thread;
+	int started;
+	/* the loop's side only */
+	uint32_t inflight;
+	uint64_t inflight_bytes, rejected;
+	int queued;		     /* entries appended since the last wake-up */
+	struct q_ent *big[BIG_KEEP]; /* entries kept for reuse */
+	int nbig;
+	int queued_urgent;		/* one of them is not a SET */
+	uint64_t queued_bytes;		/* their bytes */
+	int64_t timer_ms;		/* what the timerfd is armed for; -1: off */
+	struct kvp_rc_stats stats_seen; /* the loop's copy of rc_stats */
+	/* shared */
+	q_stack subq, doneq;
+	_Atomic(struct vbuf *) vspare; /* big value buffers the loop is done with */
+	atomic_int stop;
+	atomic_int done_signalled; /* the done eventfd was written, not drained since */
+	atomic_int rc_ready;
+	atomic_int dormant; /* the thread sleeps without looking for SETs */
+	pthread_mutex_t mu; /* rc_stats */
+	struct kvp_rc_stats rc_stats;
+	/* the thread's side only */
 	struct kvp_rc *rc;
-	int epfd, tfd;
-	uint64_t gen;	     /* kvp_rc_fds_gen() the set was built from */
-	int synced;	     /* gen is valid */
-	int64_t deadline_ms; /* the timer's deadline on kvp_rc_now_ms(); -1: disarmed */
-	int64_t alarm_ms;    /* kvp_remote_set_alarm's; -1: none */
-	struct reg regs[KVP_RC_NODES_MAX];
-	int nregs;
+	struct q_list finished; /* completions of this turn, published at its end */
+	struct vbuf *vfree;	/* the thread\'s spare value buffers */
+	int nvfree;
+	uint64_t set_until;	      /* it looks for SETs every SET_WAKE_MS until then */
+	struct kvp_rc_stats th_stats; /* the last published */
+	int urgent;		      /* one of them is not a SET: the loop is woken now */
+	int ready_known;	      /* rc_ready was computed once */
+	uint64_t ack_bytes;	      /* of the SET completions held */
+	uint64_t ack_at; /* SET completions held since: the loop is woken by then; 0: none */
 };
 
-static uint32_t to_epoll(short ev)
+static void q_add(struct q_list *l, struct q_ent *e)
 {
-	return (ev & POLLIN ? EPOLLIN : 0) | (ev & POLLOUT ? EPOLLOUT : 0);
+	e->next = NULL;
+	if (l->tail)
+		l->tail->next = e;
+	else
+		l->head = e;
+	l->tail = e;
 }
 
-static short to_poll(uint32_t ev)
+static void q_join(struct q_list *to, struct q_list *from)
 {
-	return (short)((ev & EPOLLIN ? POLLIN : 0) | (ev & EPOLLOUT ? POLLOUT : 0) |
-		       (ev & EPOLLERR ? POLLERR : 0) | (ev & EPOLLHUP ? POLLHUP : 0));
+	if (!from->head)
+		return;
+	if (to->tail)
+		to->tail->next = from->head;
+	else
+		to->head = from->head;
+	to->tail = from->tail;
+	from->head = from->tail = NULL;
 }
+
+static void stack_push_chain(q_stack *s, struct q_ent *newest, struct q_ent *oldest)
+{
+	struct q_ent *old = atomic_load_explicit(s, memory_order_relaxed);
+
+	do
+		oldest->next = old;
+	while (!atomic_compare_exchange_weak_explicit(s, &old, newest, memory_order_seq_cst,
+						      memory_order_relaxed));
+}
+
+/* Takes the whole stack, oldest first. */
+static struct q_list stack_take(q_stack *s)
+{
+	struct q_ent *e = atomic_exchange_explicit(s, NULL, memory_order_acquire), *next;
+	struct q_list l = { NULL, e };
+
+	for (; e; e = next) { /* reversed */
+		next = e->next;
+		e->next = l.head;
+		l.head = e;
+	}
+	return l;
+}
+
+static void efd_write(int fd)
+{
+	uint64_t one = 1;
+
+	while (write(fd, &one, sizeof(one)) < 0 && errno == EINTR)
+		;
+}
+
+static void efd_drain(int fd)
+{
+	uint64_t v;
+
+	while (read(fd, &v, sizeof(v)) == sizeof(v))
+		;
+}
+
+/* ---- the thread ---- */
+
+/* A buffer for a value of len bytes: a spare one that fits, else a new one. NULL: ENOMEM. */
+static struct vbuf *th_vbuf(struct kvp_remote *r, size_t len)
+{
+	struct vbuf **pp, *vb;
+	size_t cap;
+
+	if (len >= BIG_MIN) {
+		if (!r->vfree) { /* what the loop gave back; more than it keeps are freed */
+			vb = atomic_exchange_explicit(&r->vspare, NULL, memory_order_acquire);
+			while (vb) {
+				struct vbuf *next = vb->next;
+
+				if (r->nvfree < BIG_KEEP) {
+					vb->next = r->vfree;
+					r->vfree = vb;
+					r->nvfree++;
+				} else {
+					free(vb);
+				}
+				vb = next;
+			}
+		}
+		for (pp = &r->vfree; (vb = *pp); pp = &vb->next)
+			if (vb->cap >= len) {
+				*pp = vb->next;
+				r->nvfree--;
+				return vb;
+			}
+	}
+	cap = len >= BIG_MIN ? (len + 4095) & ~(size_t)4095 : len + 1;
+	vb = malloc(sizeof(*vb) + cap);
+	if (vb)
+		vb->cap = cap;
+	return vb;
+}
+
+static void th_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	struct q_ent *e = arg;
+
+	e->st = st;
+	if (e->kind != Q_SET && e->kind != Q_PAGE)
+		e->r->urgent = 1;
+	else if ((e->r->ack_bytes += e->acct) >= SET_WAKE_BYTES)
+		e->r->urgent = 1;
+	if (st == KVP_RC_HIT && e->kind == Q_GET) {
+		e->vb = th_vbuf(e->r, len);
+		if (e->vb) {
+			memcpy(e->vb->data, val, len);
+			e->val = e->vb->data;
+			e->len = len;
+		} else {
+			e->st = KVP_RC_EPROTOCOL; /* out of memory: a failure, not a value */
+		}
+	}
+	q_add(&e->r->finished, e);
+}
+
+static void th_multi_done(void *arg, size_t n, const enum kvp_rc_status *st)
+{
+	struct q_ent *e = arg;
+
+	e->sts = malloc(sizeof(*e->sts) * (n ? n : 1));
+	if (e->sts)
+		memcpy(e->sts, st, sizeof(*e->sts) * n);
+	e->st = KVP_RC_OK;
+	e->r->urgent = 1;
+	q_add(&e->r->finished, e);
+}
+
+/* Hands e to the client; a refusal completes it at once (the bounds are the loop's, so only
+ * ENOMEM is expected). */
+static void th_submit(struct kvp_remote *r, struct q_ent *e)
+{
+	const uint8_t *key = e->data;
+	int rc;
+
+	switch (e->kind) {
+	case Q_SET:
+		rc = kvp_rc_set(r->rc, key, e->klen, key + e->klen, e->hlen,
+				key + e->klen + e->hlen, e->vlen, e->ttl, th_done, e);
+		break;
+	case Q_PAGE:
+		kvp_rv_header(&e->fp, key + e->klen, e->vlen, e->hdr);
+		rc = kvp_rc_set(r->rc, key, e->klen, e->hdr, sizeof(e->hdr), key + e->klen, e->vlen,
+				e->ttl, th_done, e);
+		break;
+	case Q_GET: rc = kvp_rc_get(r->rc, key, e->klen, th_done, e); break;
+	case Q_DEL: rc = kvp_rc_del(r->rc, key, e->klen, th_done, e); break;
+	default: {
+		size_t *lens = malloc(sizeof(*lens) * e->n);
+		const void **keys = malloc(sizeof(*keys) * e->n);
+		const uint8_t *k = e->data + sizeof(size_t) * e->n;
+
+		rc = -ENOMEM;
+		if (keys && lens) {
+			memcpy(lens, e->data, sizeof(size_t) * e->n); /* data is not aligned */
+			for (size_t i = 0; i < e->n; i++) {
+				keys[i] = k;
+				k += lens[i];
+			}
+			rc = kvp_rc_exists_many(r->rc, e->n, keys, lens, th_multi_done, e);
+		}
+		free(keys);
+		free(lens);
+		if (rc < 0) {
+			e->sts = calloc(e->n, sizeof(*e->sts));
+			for (size_t i = 0; e->sts && i < e->n; i++)
+				e->sts[i] = KVP_RC_EPROTOCOL;
+			r->urgent = 1;
+			q_add(&r->finished, e);
+		}
+		return;
+	}
+	}
+	if (rc < 0)
+		th_done(e, KVP_RC_EPROTOCOL, NULL, 0);
+}
+
+/* The turn's completions and figures go to the loop. Its fd is written once until drained,
+ * at once when a completion other than a SET's waits, else SET_ACK_MS after the first SET's. */
+static void th_publish(struct kvp_remote *r, uint64_t now)
+{
+	const struct kvp_rc_stats *st;
+	int signal = 0;
+
+	if (r->finished.head && !r->urgent && !r->ack_at)
+		r->ack_at = now + SET_ACK_MS;
+	if (r->finished.head) {
+		struct q_ent *newest = NULL, *oldest = r->finished.head, *e, *next;
+
+		for (e = r->finished.head; e;
+		     e = next) { /* newest first, as the stack keeps them */
+			next = e->next;
+			e->next = newest;
+			newest = e;
+		}
+		r->finished.head = r->finished.tail = NULL;
+		stack_push_chain(&r->doneq, newest, oldest);
+	}
+	if (atomic_load_explicit(&r->doneq, memory_order_relaxed) &&
+	    (r->urgent || (r->ack_at && now >= r->ack_at))) {
+		signal = !atomic_exchange(&r->done_signalled, 1);
+		r->urgent = 0;
+		r->ack_at = 0;
+		r->ack_bytes = 0;
+	} else if (!atomic_load_explicit(&r->doneq, memory_order_relaxed)) {
+		r->urgent = 0; /* the loop took them meanwhile */
+		r->ack_at = 0;
+		r->ack_bytes = 0;
+	}
+	if (signal)
+		efd_write(r->done_fd);
+	/* Readiness walks every slot: again only when connections or the map changed. */
+	st = kvp_rc_stats(r->rc);
+	if (!r->ready_known || st->connects != r->th_stats.connects ||
+	    st->disconnects != r->th_stats.disconnects || st->refreshes != r->th_stats.refreshes ||
+	    st->moved != r->th_stats.moved) {
+		atomic_store(&r->rc_ready, kvp_rc_ready(r->rc));
+		r->ready_known = 1;
+	}
+	if (memcmp(st, &r->th_stats, sizeof(*st))) {
+		r->th_stats = *st;
+		pthread_mutex_lock(&r->mu);
+		r->rc_stats = *st;
+		pthread_mutex_unlock(&r->mu);
+	}
+}
+
+static void *th_main(void *arg)
+{
+	struct kvp_remote *r = arg;
+	struct pollfd p[1 + KVP_RC_NODES_MAX];
+
+	for (;;) {
+		int n = kvp_rc_fds(r->rc, p + 1, KVP_RC_NODES_MAX), t, stop;
+		struct q_list sub;
+
+		if (n > KVP_RC_NODES_MAX)
+			n = KVP_RC_NODES_MAX;
+		p[0] = (struct pollfd){ .fd = r->wake_fd, .events = POLLIN };
+		t = kvp_rc_next_timeout_ms(r->rc);
+		if (r->ack_at) {
+			uint64_t now = kvp_rc_now_ms();
+			int a = r->ack_at > now ? (int)(r->ack_at - now) : 0;
+
+			t = t < 0 || a < t ? a : t;
+		}
+		if (kvp_rc_now_ms() < r->set_until)
+			t = t < 0 || t > SET_WAKE_MS ? SET_WAKE_MS : t;
+		else { /* the loop wakes it for the next SET; one pushed meanwhile is seen here */
+			atomic_store(&r->dormant, 1);
+			if (atomic_load(&r->subq))
+				t = 0;
+		}
+		if (poll(p, (nfds_t)n + 1, t) < 0 && errno != EINTR)
+			p[0].revents = 0;
+		if (p[0].revents)
+			efd_drain(r->wake_fd);
+		stop = atomic_load(&r->stop);
+		sub = stack_take(&r->subq);
+		if (sub.head)
+			r->set_until = kvp_rc_now_ms() + SET_ACTIVE_MS;
+		for (struct q_ent *e = sub.head, *next; e; e = next) {
+			next = e->next;
+			th_submit(r, e);
+		}
+		for (int i = 1; i <= n; i++)
+			if (p[i].revents)
+				kvp_rc_on_ready(r->rc, p[i].fd, p[i].revents);
+		kvp_rc_tick(r->rc, kvp_rc_now_ms());
+		if (stop)
+			break;
+		th_publish(r, kvp_rc_now_ms());
+	}
+	kvp_rc_free(r->rc); /* what is in flight completes, closed */
+	r->rc = NULL;
+	return NULL; /* the joiner takes r->finished */
+}
+
+/* ---- the loop's side ---- */
 
 struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 {
+	/* The bounds are kept at submission (kvp_remote_*): the client itself never refuses. */
 	struct kvp_rc_config cfg = {
 		.seeds = conf->seeds,
 		.connect_timeout_ms = conf->connect_timeout_ms,
 		.op_timeout_ms = conf->command_timeout_ms,
-		.max_inflight_bytes = conf->max_inflight_bytes,
+		.max_inflight_cmds = UINT32_MAX / 2,
+		.max_inflight_bytes = UINT64_MAX / 2,
 	};
-	struct epoll_event ev = { .events = EPOLLIN, .data.fd = TIMER_TAG };
+	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = TIMER_TAG };
 	struct kvp_remote *r;
 	int e;
 
@@ -62,18 +438,31 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	if (!r)
 		return NULL;
 	r->conf = *conf;
+	r->alarm_ms = -1;
+	r->timer_ms = -1;
 	r->epfd = epoll_create1(EPOLL_CLOEXEC);
 	r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-	r->deadline_ms = -1;
-	r->alarm_ms = -1;
-	if (r->epfd < 0 || r->tfd < 0 || epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->tfd, &ev) < 0)
+	r->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (r->epfd < 0 || r->tfd < 0 || r->done_fd < 0 || r->wake_fd < 0 ||
+	    epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->tfd, &ev) < 0)
+		goto fail;
+	ev.data.u32 = DONE_TAG;
+	if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->done_fd, &ev) < 0)
 		goto fail;
 	r->rc = kvp_rc_new(&cfg);
 	if (!r->rc) {
 		errno = errno == ENOMEM ? ENOMEM : EINVAL;
 		goto fail;
 	}
-	kvp_remote_sync(r);
+	pthread_mutex_init(&r->mu, NULL);
+	if ((e = pthread_create(&r->thread, NULL, th_main, r)) != 0) {
+		pthread_mutex_destroy(&r->mu);
+		kvp_rc_free(r->rc);
+		errno = e;
+		goto fail;
+	}
+	r->started = 1;
 	return r;
 fail:
 	e = errno;
@@ -81,29 +470,101 @@ fail:
 		close(r->epfd);
 	if (r->tfd >= 0)
 		close(r->tfd);
+	if (r->done_fd >= 0)
+		close(r->done_fd);
+	if (r->wake_fd >= 0)
+		close(r->wake_fd);
 	free(r);
 	errno = e;
 	return NULL;
 }
 
+/* Runs e's callback and frees it. */
+static void ent_complete(struct kvp_remote *r, struct q_ent *e)
+{
+	r->inflight -= e->nops;
+	r->inflight_bytes -= e->acct;
+	if (e->kind == Q_EXISTS) {
+		if (!e->sts) { /* the statuses could not be kept */
+			enum kvp_rc_status *st = calloc(e->n, sizeof(*st));
+
+			for (size_t i = 0; st && i < e->n; i++)
+				st[i] = e->st == KVP_RC_OK ? KVP_RC_EPROTOCOL : e->st;
+			e->sts = st;
+		}
+		if (e->sts)
+			e->mcb(e->arg, e->n, e->sts);
+		free(e->sts);
+	} else {
+		e->cb(e->arg, e->st, e->val, e->len);
+		if (e->vb && e->vb->cap >= BIG_MIN) {
+			struct vbuf *old = atomic_load_explicit(&r->vspare, memory_order_relaxed);
+
+			do
+				e->vb->next = old;
+			while (!atomic_compare_exchange_weak_explicit(&r->vspare, &old, e->vb,
+								      memory_order_release,
+								      memory_order_relaxed));
+		} else {
+			free(e->vb);
+		}
+	}
+	if (e->cap >= BIG_MIN && r->nbig < BIG_KEEP)
+		r->big[r->nbig++] = e;
+	else
+		free(e);
+}
+
 void kvp_remote_free(struct kvp_remote *r)
 {
+	struct q_list left;
+
 	if (!r)
 		return;
-	kvp_rc_free(r->rc);
+	atomic_store(&r->stop, 1);
+	efd_write(r->wake_fd);
+	pthread_join(r->thread, NULL);
+	/* What the thread published, then what it finished last (closed), then what it never
+	 * took. */
+	{
+		struct q_list unsent = stack_take(&r->subq);
+
+		left = stack_take(&r->doneq);
+		q_join(&left, &r->finished);
+		for (struct q_ent *e = unsent.head; e; e = e->next)
+			e->st = KVP_RC_ECLOSED;
+		q_join(&left, &unsent);
+	}
+	for (struct q_ent *e = left.head, *next; e; e = next) {
+		next = e->next;
+		if (e->kind == Q_EXISTS && !e->sts && e->st == KVP_RC_ECLOSED) {
+			e->sts = calloc(e->n, sizeof(*e->sts));
+			for (size_t i = 0; e->sts && i < e->n; i++)
+				e->sts[i] = KVP_RC_ECLOSED;
+		}
+		ent_complete(r, e);
+	}
+	while (r->nbig)
+		free(r->big[--r->nbig]);
+	for (struct vbuf *vb = r->vfree, *next; vb; vb = next) {
+		next = vb->next;
+		free(vb);
+	}
+	for (struct vbuf *vb = atomic_load(&r->vspare), *next; vb; vb = next) {
+		next = vb->next;
+		free(vb);
+	}
+	pthread_mutex_destroy(&r->mu);
 	close(r->epfd);
 	close(r->tfd);
+	close(r->done_fd);
+	close(r->wake_fd);
 	free(r);
 }
 
 int kvp_remote_fd(const struct kvp_remote *r)
 {
 	return r->epfd;
-}
-
-struct kvp_rc *kvp_remote_rc(struct kvp_remote *r)
-{
-	return r->rc;
 }
 
 const struct kvp_remote_conf *kvp_remote_conf(const struct kvp_remote *r)
@@ -113,94 +574,55 @@ const struct kvp_remote_conf *kvp_remote_conf(const struct kvp_remote *r)
 
 void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *out)
 {
-	const struct kvp_rc_stats *s = kvp_rc_stats(r->rc);
+	struct kvp_remote *m = (struct kvp_remote *)r; /* the mutex and its copy */
+	struct kvp_rc_stats s;
 
-	out->ok = s->status[KVP_RC_OK];
-	out->hits = s->status[KVP_RC_HIT];
-	out->misses = s->status[KVP_RC_MISS];
-	out->timeouts = s->status[KVP_RC_ETIMEOUT];
-	out->node_down = s->status[KVP_RC_ENODE_DOWN];
-	out->no_master = s->status[KVP_RC_ENO_MASTER];
-	out->redirect_limit = s->status[KVP_RC_EREDIRECTS];
-	out->protocol_errors = s->status[KVP_RC_EPROTOCOL];
-	out->closed = s->status[KVP_RC_ECLOSED];
-	out->moved = s->moved;
-	out->ask = s->ask;
-	out->slot_map_loads = s->refreshes;
-	out->slot_map_timeouts = s->refresh_timeouts;
-	out->connects = s->connects;
-	out->disconnects = s->disconnects;
-	out->rejected = s->rejected;
-	out->sent_bytes = s->sent_bytes;
-	out->recv_bytes = s->recv_bytes;
-	out->inflight_ops = kvp_rc_inflight(r->rc, &out->inflight_bytes);
-}
-
-/* Registers fd for events: MOD when known, ADD otherwise; a closed fd leaves the epoll set
- * by itself, and its number may come back as a new socket, so each falls back on the other. */
-static void reg_set(struct kvp_remote *r, int fd, uint32_t events, int known)
-{
-	struct epoll_event ev = { .events = events, .data.fd = fd };
-
-	if (known && epoll_ctl(r->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
-		return;
-	if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno == EEXIST)
-		epoll_ctl(r->epfd, EPOLL_CTL_MOD, fd, &ev);
-}
-
-static void sync_fds(struct kvp_remote *r)
-{
-	struct pollfd p[KVP_RC_NODES_MAX];
-	struct reg next[KVP_RC_NODES_MAX];
-	int n = kvp_rc_fds(r->rc, p, KVP_RC_NODES_MAX);
-
-	if (n > KVP_RC_NODES_MAX)
-		n = KVP_RC_NODES_MAX;
-	for (int i = 0; i < n; i++) {
-		uint32_t ev = to_epoll(p[i].events);
-		int known = 0;
-
-		for (int j = 0; j < r->nregs; j++) {
-			if (r->regs[j].fd != p[i].fd)
-				continue;
-			known = 1;
-			if (r->regs[j].events != ev)
-				reg_set(r, p[i].fd, ev, 1);
-			r->regs[j].fd = -1; /* kept */
-			break;
-		}
-		if (!known)
-			reg_set(r, p[i].fd, ev, 0);
-		next[i] = (struct reg){ p[i].fd, ev };
+	if (pthread_mutex_trylock(&m->mu) == 0) { /* busy: last turn's copy */
+		m->stats_seen = r->rc_stats;
+		pthread_mutex_unlock(&m->mu);
 	}
-	/* Those no longer wanted; a closed one is gone already (ENOENT / EBADF are fine). */
-	for (int j = 0; j < r->nregs; j++)
-		if (r->regs[j].fd >= 0)
-			epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->regs[j].fd, NULL);
-	memcpy(r->regs, next, (size_t)n * sizeof(next[0]));
-	r->nregs = n;
+	s = r->stats_seen;
+	out->ok = s.status[KVP_RC_OK];
+	out->hits = s.status[KVP_RC_HIT];
+	out->misses = s.status[KVP_RC_MISS];
+	out->timeouts = s.status[KVP_RC_ETIMEOUT];
+	out->node_down = s.status[KVP_RC_ENODE_DOWN];
+	out->no_master = s.status[KVP_RC_ENO_MASTER];
+	out->redirect_limit = s.status[KVP_RC_EREDIRECTS];
+	out->protocol_errors = s.status[KVP_RC_EPROTOCOL];
+	out->closed = s.status[KVP_RC_ECLOSED];
+	out->moved = s.moved;
+	out->ask = s.ask;
+	out->slot_map_loads = s.refreshes;
+	out->slot_map_timeouts = s.refresh_timeouts;
+	out->connects = s.connects;
+	out->disconnects = s.disconnects;
+	out->rejected = r->rejected;
+	out->sent_bytes = s.sent_bytes;
+	out->recv_bytes = s.recv_bytes;
+	out->inflight_ops = r->inflight;
+	out->inflight_bytes = r->inflight_bytes;
 }
 
+int kvp_remote_ready(const struct kvp_remote *r)
+{
+	return atomic_load(&((struct kvp_remote *)r)->rc_ready);
+}
+
+/* Arms the timerfd for the owner's alarm. */
 static void sync_timer(struct kvp_remote *r)
 {
-	int t = kvp_rc_next_timeout_ms(r->rc);
-	int64_t deadline = t < 0 ? -1 : (int64_t)kvp_rc_now_ms() + t;
+	int64_t at = r->alarm_ms;
 	struct itimerspec its = { 0 };
 
-	if (r->alarm_ms >= 0 && (deadline < 0 || r->alarm_ms < deadline))
-		deadline = r->alarm_ms;
-
-	/* Re-armed only when the deadline moves (a millisecond either way is the same). */
-	if (deadline == r->deadline_ms ||
-	    (deadline >= 0 && r->deadline_ms >= 0 && deadline >= r->deadline_ms - 1 &&
-	     deadline <= r->deadline_ms + 1))
+	if (at == r->timer_ms)
 		return;
-	r->deadline_ms = deadline;
-	if (deadline >= 0) {
+	r->timer_ms = at;
+	if (at >= 0) {
 		/* An absolute CLOCK_MONOTONIC time (the clock kvp_rc_now_ms() reads); 0 would
 		 * disarm, so "now" is 1 ns. */
-		its.it_value.tv_sec = deadline / 1000;
-		its.it_value.tv_nsec = (deadline % 1000) * 1000000L;
+		its.it_value.tv_sec = at / 1000;
+		its.it_value.tv_nsec = (at % 1000) * 1000000L;
 		if (!its.it_value.tv_sec && !its.it_value.tv_nsec)
 			its.it_value.tv_nsec = 1;
 	}
@@ -210,39 +632,196 @@ static void sync_timer(struct kvp_remote *r)
 void kvp_remote_set_alarm(struct kvp_remote *r, int64_t at_ms)
 {
 	r->alarm_ms = at_ms;
-	sync_timer(r);
+	sync_timer(r); /* a system call only when the timer's time changes */
+}
+
+/* Whether the thread is to be woken now for what was queued. */
+static int wake_due(const struct kvp_remote *r)
+{
+	return r->queued && (r->queued_urgent || r->queued_bytes >= SET_WAKE_BYTES ||
+			     atomic_load(&r->dormant)); /* after the push: see th_main */
 }
 
 void kvp_remote_sync(struct kvp_remote *r)
 {
-	uint64_t gen = kvp_rc_fds_gen(r->rc);
-
-	if (!r->synced || gen != r->gen) {
-		sync_fds(r);
-		r->gen = gen;
-		r->synced = 1;
+	if (wake_due(r)) {
+		r->queued = r->queued_urgent = 0;
+		r->queued_bytes = 0;
+		atomic_store(&r->dormant, 0);
+		efd_write(r->wake_fd);
 	}
-	sync_timer(r);
+}
+
+int kvp_remote_pending(const struct kvp_remote *r)
+{
+	return wake_due(r);
 }
 
 void kvp_remote_on_ready(struct kvp_remote *r)
 {
-	struct epoll_event evs[KVP_RC_NODES_MAX + 1];
-	int n = epoll_wait(r->epfd, evs, KVP_RC_NODES_MAX + 1, 0);
+	struct q_list done;
+	uint64_t ticks;
 
-	for (int i = 0; i < n; i++) {
-		if (evs[i].data.fd == TIMER_TAG) {
-			uint64_t ticks;
-
-			while (read(r->tfd, &ticks, sizeof(ticks)) == sizeof(ticks))
-				;
-			r->deadline_ms = -1; /* fired: the next sync arms it again */
-			continue;
-		}
-		kvp_rc_on_ready(r->rc, evs[i].data.fd, to_poll(evs[i].events));
-		/* An fd may have closed and reopened in that call: later events of the same
-		 * batch for an fd the client no longer has are ignored by the client. */
+	if (r->timer_ms >= 0 && read(r->tfd, &ticks, sizeof(ticks)) == sizeof(ticks)) {
+		r->timer_ms = -1; /* fired: armed again below or by the owner's next alarm */
+		if (r->alarm_ms >= 0 && (int64_t)kvp_rc_now_ms() >= r->alarm_ms)
+			r->alarm_ms = -1; /* the owner sets the next one */
 	}
-	kvp_rc_tick(r->rc, kvp_rc_now_ms());
-	kvp_remote_sync(r);
+	/* Drained whatever the flag says: a write that landed after the last take must not leave
+	 * the fd readable with nothing queued. */
+	efd_drain(r->done_fd);
+	atomic_store(&r->done_signalled, 0); /* before the take: a later push signals again */
+	done = stack_take(&r->doneq);
+	for (struct q_ent *e = done.head, *next; e; e = next) {
+		next = e->next;
+		ent_complete(r, e);
+	}
+	kvp_remote_sync(r); /* the queued SETs' wake-up, when that was the timer */
+}
+
+/* An entry of `bytes` data bytes for nops operations booking acct bytes, or NULL: -EAGAIN
+ * (counted) past the bounds, -ENOMEM. */
+static struct q_ent *ent_new(struct kvp_remote *r, enum q_kind kind, size_t bytes, uint32_t nops,
+			     uint64_t acct, int *err)
+{
+	struct q_ent *e;
+
+	if (r->inflight + nops > MAX_OPS || r->inflight_bytes + acct > r->conf.max_inflight_bytes) {
+		r->rejected++;
+		*err = -EAGAIN;
+		return NULL;
+	}
+	e = NULL;
+	if (bytes >= BIG_MIN)
+		for (int i = r->nbig - 1; i >= 0 && !e; i--)
+			if (r->big[i]->cap >= bytes) {
+				e = r->big[i];
+				r->big[i] = r->big[--r->nbig];
+			}
+	if (!e) {
+		size_t cap = bytes >= BIG_MIN ? (bytes + 4095) & ~(size_t)4095 : bytes;
+
+		e = malloc(sizeof(*e) + cap);
+		if (!e) {
+			*err = -ENOMEM;
+			return NULL;
+		}
+		bytes = cap;
+	} else {
+		bytes = e->cap;
+	}
+	memset(e, 0, sizeof(*e));
+	e->cap = bytes;
+	e->r = r;
+	e->kind = kind;
+	e->nops = nops;
+	e->acct = acct;
+	return e;
+}
+
+static void ent_queue(struct kvp_remote *r, struct q_ent *e)
+{
+	r->inflight += e->nops;
+	r->inflight_bytes += e->acct;
+	stack_push_chain(&r->subq, e, e);
+	r->queued = 1;
+	r->queued_urgent |= e->kind != Q_SET && e->kind != Q_PAGE;
+	r->queued_bytes += e->acct;
+}
+
+static int submit_kv(struct kvp_remote *r, enum q_kind kind, const void *key, size_t klen,
+		     const void *hdr, size_t hlen, const void *val, size_t vlen, uint32_t ttl,
+		     kvp_rc_cb *cb, void *arg)
+{
+	struct q_ent *e;
+	int err = 0;
+
+	if (!klen || !cb)
+		return -EINVAL;
+	e = ent_new(r, kind, klen + hlen + vlen, 1, klen + hlen + vlen + 64, &err);
+	if (!e)
+		return err;
+	e->cb = cb;
+	e->arg = arg;
+	e->klen = klen;
+	e->hlen = hlen;
+	e->vlen = vlen;
+	e->ttl = ttl;
+	memcpy(e->data, key, klen);
+	if (hlen)
+		memcpy(e->data + klen, hdr, hlen);
+	if (vlen)
+		memcpy(e->data + klen + hlen, val, vlen);
+	ent_queue(r, e);
+	return 0;
+}
+
+int kvp_remote_set(struct kvp_remote *r, const void *key, size_t klen, const void *hdr, size_t hlen,
+		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg)
+{
+	return submit_kv(r, Q_SET, key, klen, hdr, hlen, val, vlen, ttl_s, cb, arg);
+}
+
+int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const void *key,
+			size_t klen, const void *page, size_t n, uint32_t ttl_s, kvp_rc_cb *cb,
+			void *arg)
+{
+	struct q_ent *e;
+	int err = 0;
+
+	if (!klen || !cb)
+		return -EINVAL;
+	e = ent_new(r, Q_PAGE, klen + n, 1, klen + KVP_RV_HDR_SIZE + n + 64, &err);
+	if (!e)
+		return err;
+	e->cb = cb;
+	e->arg = arg;
+	e->fp = *fp;
+	e->klen = klen;
+	e->vlen = n;
+	e->ttl = ttl_s;
+	memcpy(e->data, key, klen);
+	memcpy(e->data + klen, page, n);
+	ent_queue(r, e);
+	return 0;
+}
+
+int kvp_remote_get(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
+{
+	return submit_kv(r, Q_GET, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+}
+
+int kvp_remote_del(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
+{
+	return submit_kv(r, Q_DEL, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+}
+
+int kvp_remote_exists_many(struct kvp_remote *r, size_t n, const void *const *keys,
+			   const size_t *klens, kvp_rc_multi_cb *cb, void *arg)
+{
+	size_t bytes = 0, at;
+	struct q_ent *e;
+	int err = 0;
+
+	if (!n || !cb || n > MAX_OPS)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (!klens[i])
+			return -EINVAL;
+		bytes += klens[i];
+	}
+	e = ent_new(r, Q_EXISTS, sizeof(size_t) * n + bytes, (uint32_t)n, bytes + 64 * n, &err);
+	if (!e)
+		return err;
+	e->mcb = cb;
+	e->arg = arg;
+	e->n = n;
+	memcpy(e->data, klens, sizeof(size_t) * n);
+	at = sizeof(size_t) * n;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(e->data + at, keys[i], klens[i]);
+		at += klens[i];
+	}
+	ent_queue(r, e);
+	return 0;
 }

@@ -200,7 +200,6 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 {
 	struct kvp_remote *r = rp->d->remote;
 	char key[KVP_RV_KEY_MAX], nsn[24];
-	uint8_t hdr[KVP_RV_HDR_SIZE];
 	const uint8_t *b = host_page(rp->p, page);
 	struct rt_seen *slot = NULL, old = { 0 };
 	struct rt_set *ws = NULL;
@@ -221,9 +220,10 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 		old = *slot;
 		*slot = (struct rt_seen){ tag, kvp_rc_now_ms() };
 	}
-	kvp_rv_header(&rp->fp, b, rp->p->page_bytes, hdr);
-	if (kvp_rc_set(kvp_remote_rc(r), key, (size_t)klen, hdr, sizeof(hdr), b, rp->p->page_bytes,
-		       kvp_remote_conf(r)->ttl_s, set_done, ws) < 0) {
+	/* The page is copied here (it is about to be reused); header and checksum are the I/O
+	 * thread's. */
+	if (kvp_remote_put_page(r, &rp->fp, key, (size_t)klen, b, rp->p->page_bytes,
+				kvp_remote_conf(r)->ttl_s, set_done, ws) < 0) {
 		if (slot)
 			*slot = old;
 		free(ws);
@@ -526,8 +526,7 @@ static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Reque
 	for (uint32_t i = 0; i < n; i++)
 		kp[i] = keys[i];
 	w->d = d;
-	rc = kvp_rc_exists_many(kvp_remote_rc(d->remote), n, (const void *const *)kp, lens,
-				exists_done, w);
+	rc = kvp_remote_exists_many(d->remote, n, (const void *const *)kp, lens, exists_done, w);
 	free(kp);
 	if (rc < 0)
 		return rc;
@@ -853,8 +852,8 @@ static void get_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 				rt->foreign_values++;
 			else
 				rt->bad_values++;
-			kvp_rc_del(kvp_remote_rc(fe->d->remote), fe->rkey[g->i],
-				   strlen(fe->rkey[g->i]), del_done, NULL);
+			kvp_remote_del(fe->d->remote, fe->rkey[g->i], strlen(fe->rkey[g->i]),
+				       del_done, NULL);
 		}
 	}
 	if (!fe->ok[g->i])
@@ -995,8 +994,7 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	for (uint32_t i = 0; i < fe->n; i++) {
 		fe->gets[i] = (struct rt_get){ fe, i };
 		fe->pending++;
-		if (kvp_rc_get(kvp_remote_rc(d->remote), fe->rkey[i], lens[i], get_done,
-			       &fe->gets[i]) < 0) {
+		if (kvp_remote_get(d->remote, fe->rkey[i], lens[i], get_done, &fe->gets[i]) < 0) {
 			fe->pending--;
 			d->rt->fetch_misses++;
 		}

@@ -1,5 +1,6 @@
 /* test_remote_driver.c - daemon/remote.c against a real 3-master Redis Cluster on loopback
- * (redis_cluster.sh: KVP_REDIS_PORTS): the owner polls the driver's one fd and nothing else;
+ * (redis_cluster.sh: KVP_REDIS_PORTS): the owner polls the driver's one fd and nothing else
+ * (the I/O thread does the rest);
  * 300 page values are written and read back byte for byte, and EXISTS finds them. */
 #include <CUnit/Basic.h>
 #include <poll.h>
@@ -62,19 +63,19 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 	size_t klens[NPAGES + 1];
 	uint64_t end = kvp_rc_now_ms() + 10000;
 
-	while (!kvp_rc_ready(kvp_remote_rc(g_r)) && kvp_rc_now_ms() < end) {
+	while (!kvp_remote_ready(g_r) && kvp_rc_now_ms() < end) {
 		g_left = 1;
 		drive(20);
 	}
-	CU_ASSERT_TRUE_FATAL(kvp_rc_ready(kvp_remote_rc(g_r)));
+	CU_ASSERT_TRUE_FATAL(kvp_remote_ready(g_r));
 	g_left = NPAGES;
 	g_bad = 0;
 	for (int i = 0; i < NPAGES; i++) {
 		for (int j = 0; j < PAGE; j++)
 			g_pages[i][j] = (uint8_t)(i * 131 + j * 7);
 		snprintf(g_keys[i], sizeof(g_keys[i]), "kvp-driver-%d", i);
-		CU_ASSERT_EQUAL(kvp_rc_set(kvp_remote_rc(g_r), g_keys[i], strlen(g_keys[i]), NULL,
-					   0, g_pages[i], PAGE, 60, on_set, NULL),
+		CU_ASSERT_EQUAL(kvp_remote_set(g_r, g_keys[i], strlen(g_keys[i]), NULL, 0,
+					       g_pages[i], PAGE, 60, on_set, NULL),
 				0);
 	}
 	kvp_remote_sync(g_r);
@@ -83,17 +84,15 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 	CU_ASSERT_EQUAL(g_bad, 0);
 	g_left = NPAGES + 1;
 	for (int i = 0; i < NPAGES; i++) {
-		CU_ASSERT_EQUAL(kvp_rc_get(kvp_remote_rc(g_r), g_keys[i], strlen(g_keys[i]), on_get,
-					   g_pages[i]),
+		CU_ASSERT_EQUAL(kvp_remote_get(g_r, g_keys[i], strlen(g_keys[i]), on_get,
+					       g_pages[i]),
 				0);
 		keys[i] = g_keys[i];
 		klens[i] = strlen(g_keys[i]);
 	}
 	keys[NPAGES] = "kvp-driver-none";
 	klens[NPAGES] = strlen("kvp-driver-none");
-	CU_ASSERT_EQUAL(kvp_rc_exists_many(kvp_remote_rc(g_r), NPAGES + 1, keys, klens, on_exists,
-					   NULL),
-			0);
+	CU_ASSERT_EQUAL(kvp_remote_exists_many(g_r, NPAGES + 1, keys, klens, on_exists, NULL), 0);
 	kvp_remote_sync(g_r);
 	drive(10000);
 	CU_ASSERT_EQUAL(g_left, 0);

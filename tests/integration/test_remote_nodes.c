@@ -126,7 +126,9 @@ static int fetch_verified(struct h_eng *e, uint32_t prompt, uint32_t *remote_see
 static char g_conf_buf[3][1024];
 
 /* Config idx: a host-only pool of 64 pages of 256 bytes, with the remote tier (spill) or
- * without any. */
+ * without any. No periodic checkpoint of the books: it rewrites them on the loop every second
+ * they changed, on A and C alike, and one landing in a block of the latency test decided that
+ * block's p99 on whichever node it hit. */
 static const char *conf(int idx, int remote)
 {
 	char head[512] = "";
@@ -137,10 +139,11 @@ static const char *conf(int idx, int remote)
 			 "connect_timeout_ms = 300\ncommand_timeout_ms = 300\n"
 			 "match_timeout_ms = 300\nmatch_max_pages = 64\n",
 			 g_ports[0], g_ports[1], g_ports[2]);
-	snprintf(g_conf_buf[idx], sizeof(g_conf_buf[idx]),
-		 "%s[pool.p]\nlayers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
-		 "page_tokens = 4\nhost_capacity = %dt\nmlock = off\n%s",
-		 head, HOST_PAGES * PT, remote ? "remote = spill\n" : "");
+	snprintf(
+		g_conf_buf[idx], sizeof(g_conf_buf[idx]),
+		"[daemon]\nsnapshot_interval_ms = 0\n%s[pool.p]\nlayers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
+		"page_tokens = 4\nhost_capacity = %dt\nmlock = off\n%s",
+		head, HOST_PAGES * PT, remote ? "remote = spill\n" : "");
 	return g_conf_buf[idx];
 }
 
@@ -413,6 +416,22 @@ static int cmp_u64(const void *a, const void *b)
 
 enum { ROUNDS = 400 };
 
+/* The p99 bound of test_slow_master_leaves_local_latency: 2x, no slack, in 3 of 5 blocks; in a
+ * sanitizer build (the I/O thread's instrumented work then competes with both nodes' for the
+ * machine's cores) 2x + 200 us in 1 of 5. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define P99_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define P99_SANITIZED 1
+#endif
+#endif
+#ifdef P99_SANITIZED
+enum { P99_SLACK_US = 200, P99_BLOCKS = 1 };
+#else
+enum { P99_SLACK_US = 0, P99_BLOCKS = 3 };
+#endif
+
 /* One round on e: Alloc of 4 host pages (evicting: on A that spills) and a Match of a prompt
  * just inserted (a local hit); their times in microseconds. */
 static void local_round(struct h_eng *e, uint32_t prompt, uint64_t *alloc_us, uint64_t *match_us)
@@ -443,26 +462,29 @@ static uint64_t p99(uint64_t *v)
 	return v[ROUNDS * 99 / 100];
 }
 
-/* A master sleeping 3 s (DEBUG SLEEP) while A spills into it: A's local Alloc and Match p99
- * stay within 2x those of node C, which has no remote tier (200 us of slack on top). The rounds
- * alternate between the two nodes so that the machine's own noise falls on both alike, in three
- * blocks: a block the machine disturbed more on one side does not decide alone, a stall of A's
- * on the network (every block) would. */
-static void test_slow_master_leaves_local_latency(void)
+/* A master sleeping 5 s (DEBUG SLEEP) while A spills into it: A's local Alloc and Match p99
+ * stay within 2x those of node C, which has no remote tier, with no slack, in at least 3 of 5
+ * blocks of 400 rounds (P99_BLOCKS, P99_SLACK_US), in one of at most two attempts. The rounds
+ * alternate between the two nodes so that the machine's own noise falls on both alike; a block the
+ * machine disturbed more on one side does not decide alone, while a cost of the spill on A's loop
+ * (every block) does: with the spill's copies, checksums and socket calls on the loop thread, A's
+ * Alloc p99 was 2.2x to 2.6x C's. */
+/* One attempt: the master asleep 5 s, five blocks; returns the blocks within the bound. */
+static int slow_master_attempt(uint32_t first_prompt)
 {
 	static uint64_t ca[ROUNDS], cm[ROUNDS], aa[ROUNDS], am[ROUNDS];
 	int within = 0;
 	char cmd[256];
 
-	snprintf(cmd, sizeof(cmd), "redis-cli -p %s DEBUG SLEEP 3 >/dev/null 2>&1 &", g_ports[1]);
+	snprintf(cmd, sizeof(cmd), "redis-cli -p %s DEBUG SLEEP 5 >/dev/null 2>&1 &", g_ports[1]);
 	CU_ASSERT_EQUAL(system(cmd), 0);
 	usleep(50000);
-	for (uint32_t blk = 0; blk < 3; blk++) {
+	for (uint32_t blk = 0; blk < 5; blk++) {
 		uint64_t pca, pcm, paa, pam;
 
 		for (uint32_t r = 0; r < ROUNDS; r++) {
-			local_round(&g_ec, 1000 + blk * ROUNDS + r, &ca[r], &cm[r]);
-			local_round(&g_ea, 1000 + blk * ROUNDS + r, &aa[r], &am[r]);
+			local_round(&g_ec, first_prompt + blk * ROUNDS + r, &ca[r], &cm[r]);
+			local_round(&g_ea, first_prompt + blk * ROUNDS + r, &aa[r], &am[r]);
 		}
 		pca = p99(ca), pcm = p99(cm), paa = p99(aa), pam = p99(am);
 		fprintf(stderr,
@@ -470,10 +492,24 @@ static void test_slow_master_leaves_local_latency(void)
 			"match %lu\n",
 			(unsigned long)pca, (unsigned long)pcm, (unsigned long)paa,
 			(unsigned long)pam);
-		within += paa <= 2 * pca + 200 && pam <= 2 * pcm + 200;
+		within += paa <= 2 * pca + P99_SLACK_US && pam <= 2 * pcm + P99_SLACK_US;
 	}
-	CU_ASSERT(within >= 1);
-	sleep(3);
+	sleep(5); /* the master is awake again */
+	return within;
+}
+
+/* A second attempt only when the first missed: a machine busy with other work for a few
+ * seconds can spoil one, a cost of A's own (the spill's copies, checksums and socket calls on
+ * its loop) spoils both. */
+static void test_slow_master_leaves_local_latency(void)
+{
+	int within = slow_master_attempt(1000);
+
+	if (within < P99_BLOCKS) {
+		fprintf(stderr, "p99: %d of 5 blocks within, again\n", within);
+		within = slow_master_attempt(1000 + 5 * ROUNDS);
+	}
+	CU_ASSERT(within >= P99_BLOCKS);
 }
 
 int main(void)
