@@ -94,6 +94,10 @@ struct peer {
 	struct obuf *oq_head, *oq_tail;
 	struct obuf *spare; /* a sent OBUF_CAP buffer, reused by the next reply */
 	struct kvp_session *sess;
+	/* A reply could not be queued where p could not be closed (while an allocation is in
+	 * progress: on_short): nothing more is queued to it, close_owed closes it with this
+	 * reason from the top of the loop. */
+	const char *close_why;
 	/* Bytes of frames queued and sent so far; notice_mark: queued_total after the last
 	 * pressure notice, 0 once the peer has read it (push_notices). */
 	uint64_t queued_total, sent_total, notice_mark;
@@ -124,6 +128,10 @@ struct server {
 	bool remote_armed;
 	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
+	/* Nonzero while code up the stack uses sessions (on_short): a reply that cannot be queued
+	 * marks its connection (close_why) instead of closing it; closes_owed: some is marked. */
+	unsigned hold_closes;
+	bool closes_owed;
 	int sig_fd;
 	struct signalfd_siginfo si;
 	struct __kernel_timespec tick;
@@ -589,6 +597,8 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 	size_t len = kvp_frame_plan(&plan, &r->resp.base);
 	struct obuf *o;
 
+	if (p->close_why)
+		return; /* its stream already lacks a frame: it closes at the top of the loop */
 	if (len > KVP_FRAME_HDR + KVP_FRAME_MAX) {
 		struct kvp_fail f = { 0 };
 		uint64_t id = r->resp.id;
@@ -599,7 +609,16 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 		kvp_reply_fail(r, &f);
 		len = kvp_frame_plan(&plan, &r->resp.base);
 	}
-	o = queue_room(sv, p, len, r->nfds);
+	if (r->resp.result_case == KVPOOL__RESPONSE__RESULT_PRESSURE &&
+	    kvp_fault_hit(KVP_FAULT_NOTICE))
+		o = NULL; /* tests: this notice cannot be queued */
+	else
+		o = queue_room(sv, p, len, r->nfds);
+	if (!o && sv->hold_closes) {
+		p->close_why = "out of memory queueing a reply";
+		sv->closes_owed = true;
+		return;
+	}
 	if (!o) {
 		conn_close(sv, p, "out of memory queueing a reply");
 		return;
@@ -647,17 +666,19 @@ static void push_notices(struct server *sv, bool tick)
 	now = kvp_now_ms();
 	for (struct peer *p = sv->conns, *n; p; p = n) {
 		n = p->next;
-		if (!p->sess || p->c.state != CONN_OPEN || !kvp_pressure_owed(d, p->sess))
+		if (!p->sess || p->c.state != CONN_OPEN || p->close_why ||
+		    !kvp_pressure_owed(d, p->sess))
 			continue;
 		if (!notice_read(p)) {
 			pending = true;
 			continue;
 		}
-		/* a reply that cannot be queued closes p; p may be the connection being served
-		 * (an allocation's notices go out before it evicts: on_short) */
+		/* a reply that cannot be queued closes p, or from on_short marks it (close_why);
+		 * p may be the connection being served (an allocation's notices go out before it
+		 * evicts: on_short) */
 		serving = conn_held(&p->c, CONN_HOLD_SERVE);
 		conn_hold(&p->c, CONN_HOLD_SERVE);
-		while (p->sess) {
+		while (p->sess && !p->close_why) {
 			struct kvp_reply r;
 			int rc;
 
@@ -685,13 +706,39 @@ static void push_notices(struct server *sv, bool tick)
 
 /* An allocation is about to take more pages than are free (pool.h): when that puts its tier
  * under pressure, the notices are queued now, ahead of the allocation's reply and of any
- * eviction or OUT_OF_CAPACITY it causes. */
+ * eviction or OUT_OF_CAPACITY it causes. No connection closes here: the allocation's caller
+ * still uses its session (and may walk others), so one whose notice cannot be queued is
+ * closed by close_owed once the loop is back at its top. */
 static void on_short(void *ctx, struct kvpd_pool *p, int tier)
 {
 	struct server *sv = ctx;
 
-	if (kvp_pressure_short(sv->d, p, tier))
-		push_notices(sv, false);
+	if (!kvp_pressure_short(sv->d, p, tier))
+		return;
+	sv->hold_closes++;
+	push_notices(sv, false);
+	sv->hold_closes--;
+}
+
+/* Closes the connections marked while they could not be (close_why). Called where nothing up
+ * the stack uses a session or a connection. A close may end other sessions' work: the walk
+ * starts again after each. */
+static void close_owed(struct server *sv)
+{
+	while (sv->closes_owed) {
+		const char *why;
+		struct peer *p;
+
+		sv->closes_owed = false;
+		for (p = sv->conns; p && !p->close_why; p = p->next)
+			;
+		if (!p)
+			break;
+		sv->closes_owed = true;
+		why = p->close_why;
+		p->close_why = NULL;
+		conn_close(sv, p, why); /* p may be freed now */
+	}
 }
 
 static bool decode_spill_fails(void)
@@ -840,7 +887,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 	clock_gettime(CLOCK_MONOTONIC, &prev);
 	now = prev;
 	conn_turn_begin(&p->c);
-	while (conn_serving(&p->c) && !conn_paused(&p->c) && !budget_hold(sv, p)) {
+	while (conn_serving(&p->c) && !conn_paused(&p->c) && !p->close_why && !budget_hold(sv, p)) {
 		const uint8_t *payload;
 		Kvpool__Request *req;
 		struct kvp_reply r;
@@ -915,7 +962,7 @@ static bool serve_frames(struct server *sv, struct peer *p)
 {
 	conn_hold(&p->c, CONN_HOLD_SERVE);
 	serve_frames_budget(sv, p);
-	if (p->sess && sv->d->n_reserves)
+	if (p->sess && !p->close_why && sv->d->n_reserves)
 		kvp_reserve_upkeep(sv->d, p->sess, UPKEEP_TURN_PAGES);
 	arm_send(sv, p);
 	conn_release(&p->c, CONN_HOLD_SERVE);
@@ -1801,6 +1848,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			n++;
 		}
 		io_uring_cq_advance(&sv.ring, n);
+		close_owed(&sv);
 		/* Serve the connections that have input, each up to its budget. */
 		ready = sv.ready;
 		sv.ready = NULL;
@@ -1810,6 +1858,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			ready = p->ready_next;
 			look_again(&sv, p);
 		}
+		close_owed(&sv);
 		push_notices(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
