@@ -59,7 +59,6 @@
 #define BUFSZ (16u << 10)
 #define TICK_MS 100
 #define UPKEEP_MS 5		   /* sessions' page reserves are looked at this often */
-#define UPKEEP_TURN_PAGES 65536	   /* pages one look at the reserves may move (refills, returns) */
 #define ARENA_BYTES (64u << 10)	   /* a decoded request beyond this spills to malloc */
 #define FAIL_FLUSH_MS 1000	   /* a connection closed for an error has this long to read why */
 #define PIDFD_LOG_MS 60000	   /* at most one log line per interval about failed pidfds */
@@ -124,7 +123,7 @@ struct server {
 	bool accept_armed, accept_cancel_sent, signal_armed, timer_armed, work_armed;
 	bool upkeep_armed; /* the reserves' timer (on_upkeep) */
 	struct __kernel_timespec upkeep_ts;
-	uint64_t upkeep_after; /* the session the last walk stopped at (budget spent), or 0 */
+	uint64_t upkeep_from; /* the session the next walk starts at (the last ran out before it) */
 	bool remote_armed;
 	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
@@ -296,32 +295,36 @@ static void arm_upkeep(struct server *sv)
 
 /* Refills and drains of the sessions' reserves that their clients did not ask for (a client
  * that allocates from its ring makes no call): every session in turn, from where the last
- * walk stopped, while the turn's page budget lasts. */
+ * walk stopped, while the turn's page budget lasts. A session the budget left cannot pay for
+ * starts the next walk (with the whole budget, which pays for any one session). */
 static void on_upkeep(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
 	struct server *sv = loop;
 	struct kvp_daemon *d = sv->d;
-	uint32_t budget = UPKEEP_TURN_PAGES;
+	uint32_t budget = KVP_RESERVE_TURN_PAGES;
 	struct kvp_session *s, *from = d->sessions;
 
 	(void)src;
 	(void)cqe;
 	sv->upkeep_armed = false;
-	for (s = d->sessions; s && sv->upkeep_after; s = s->next)
-		if (s->id == sv->upkeep_after) {
-			from = s->next ? s->next : d->sessions;
+	for (s = d->sessions; s && sv->upkeep_from; s = s->next)
+		if (s->id == sv->upkeep_from) {
+			from = s;
 			break;
 		}
-	sv->upkeep_after = 0;
+	sv->upkeep_from = 0;
 	for (s = from; s;) {
-		budget = kvp_reserve_upkeep(d, s, budget);
-		if (!budget) {
-			sv->upkeep_after = s->id; /* the next walk starts after it */
+		if (!kvp_reserve_upkeep(d, s, &budget)) {
+			sv->upkeep_from = s->id;
 			break;
 		}
 		s = s->next ? s->next : d->sessions;
 		if (s == from)
 			break;
+		if (!budget) {
+			sv->upkeep_from = s->id;
+			break;
+		}
 	}
 	arm_upkeep(sv);
 }
@@ -962,8 +965,11 @@ static bool serve_frames(struct server *sv, struct peer *p)
 {
 	conn_hold(&p->c, CONN_HOLD_SERVE);
 	serve_frames_budget(sv, p);
-	if (p->sess && !p->close_why && sv->d->n_reserves)
-		kvp_reserve_upkeep(sv->d, p->sess, UPKEEP_TURN_PAGES);
+	if (p->sess && !p->close_why && sv->d->n_reserves) {
+		uint32_t budget = KVP_RESERVE_TURN_PAGES; /* pays for any one session */
+
+		kvp_reserve_upkeep(sv->d, p->sess, &budget);
+	}
 	arm_send(sv, p);
 	conn_release(&p->c, CONN_HOLD_SERVE);
 	if (conn_closing(&p->c)) {
