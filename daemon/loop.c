@@ -59,7 +59,6 @@
 #define BUFSZ (16u << 10)
 #define TICK_MS 100
 #define UPKEEP_MS 5		   /* sessions' page reserves are looked at this often */
-#define UPKEEP_TURN_PAGES 65536	   /* pages one look at the reserves may move (refills, returns) */
 #define ARENA_BYTES (64u << 10)	   /* a decoded request beyond this spills to malloc */
 #define FAIL_FLUSH_MS 1000	   /* a connection closed for an error has this long to read why */
 #define PIDFD_LOG_MS 60000	   /* at most one log line per interval about failed pidfds */
@@ -94,6 +93,10 @@ struct peer {
 	struct obuf *oq_head, *oq_tail;
 	struct obuf *spare; /* a sent OBUF_CAP buffer, reused by the next reply */
 	struct kvp_session *sess;
+	/* A reply could not be queued where p could not be closed (while an allocation is in
+	 * progress: on_short): nothing more is queued to it, close_owed closes it with this
+	 * reason from the top of the loop. */
+	const char *close_why;
 	/* Bytes of frames queued and sent so far; notice_mark: queued_total after the last
 	 * pressure notice, 0 once the peer has read it (push_notices). */
 	uint64_t queued_total, sent_total, notice_mark;
@@ -120,11 +123,15 @@ struct server {
 	bool accept_armed, accept_cancel_sent, signal_armed, timer_armed, work_armed;
 	bool upkeep_armed; /* the reserves' timer (on_upkeep) */
 	struct __kernel_timespec upkeep_ts;
-	uint64_t upkeep_after; /* the session the last walk stopped at (budget spent), or 0 */
+	uint64_t upkeep_from; /* the session the next walk starts at (the last ran out before it) */
 	bool remote_armed;
 	bool remote_ready; /* its fd was readable: run it once this turn's connections are served */
 	struct kvp_src remote_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
+	/* Nonzero while code up the stack uses sessions (on_short): a reply that cannot be queued
+	 * marks its connection (close_why) instead of closing it; closes_owed: some is marked. */
+	unsigned hold_closes;
+	bool closes_owed;
 	int sig_fd;
 	struct signalfd_siginfo si;
 	struct __kernel_timespec tick;
@@ -289,32 +296,36 @@ static void arm_upkeep(struct server *sv)
 
 /* Refills and drains of the sessions' reserves that their clients did not ask for (a client
  * that allocates from its ring makes no call): every session in turn, from where the last
- * walk stopped, while the turn's page budget lasts. */
+ * walk stopped, while the turn's page budget lasts. A session the budget left cannot pay for
+ * starts the next walk (with the whole budget, which pays for any one session). */
 static void on_upkeep(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
 	struct server *sv = loop;
 	struct kvp_daemon *d = sv->d;
-	uint32_t budget = UPKEEP_TURN_PAGES;
+	uint32_t budget = KVP_RESERVE_TURN_PAGES;
 	struct kvp_session *s, *from = d->sessions;
 
 	(void)src;
 	(void)cqe;
 	sv->upkeep_armed = false;
-	for (s = d->sessions; s && sv->upkeep_after; s = s->next)
-		if (s->id == sv->upkeep_after) {
-			from = s->next ? s->next : d->sessions;
+	for (s = d->sessions; s && sv->upkeep_from; s = s->next)
+		if (s->id == sv->upkeep_from) {
+			from = s;
 			break;
 		}
-	sv->upkeep_after = 0;
+	sv->upkeep_from = 0;
 	for (s = from; s;) {
-		budget = kvp_reserve_upkeep(d, s, budget);
-		if (!budget) {
-			sv->upkeep_after = s->id; /* the next walk starts after it */
+		if (!kvp_reserve_upkeep(d, s, &budget)) {
+			sv->upkeep_from = s->id;
 			break;
 		}
 		s = s->next ? s->next : d->sessions;
 		if (s == from)
 			break;
+		if (!budget) {
+			sv->upkeep_from = s->id;
+			break;
+		}
 	}
 	arm_upkeep(sv);
 }
@@ -600,6 +611,8 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 	size_t len = kvp_frame_plan(&plan, &r->resp.base);
 	struct obuf *o;
 
+	if (p->close_why)
+		return; /* its stream already lacks a frame: it closes at the top of the loop */
 	if (len > KVP_FRAME_HDR + KVP_FRAME_MAX) {
 		struct kvp_fail f = { 0 };
 		uint64_t id = r->resp.id;
@@ -610,7 +623,16 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 		kvp_reply_fail(r, &f);
 		len = kvp_frame_plan(&plan, &r->resp.base);
 	}
-	o = queue_room(sv, p, len, r->nfds);
+	if (r->resp.result_case == KVPOOL__RESPONSE__RESULT_PRESSURE &&
+	    kvp_fault_hit(KVP_FAULT_NOTICE))
+		o = NULL; /* tests: this notice cannot be queued */
+	else
+		o = queue_room(sv, p, len, r->nfds);
+	if (!o && sv->hold_closes) {
+		p->close_why = "out of memory queueing a reply";
+		sv->closes_owed = true;
+		return;
+	}
 	if (!o) {
 		conn_close(sv, p, "out of memory queueing a reply");
 		return;
@@ -658,17 +680,19 @@ static void push_notices(struct server *sv, bool tick)
 	now = kvp_now_ms();
 	for (struct peer *p = sv->conns, *n; p; p = n) {
 		n = p->next;
-		if (!p->sess || p->c.state != CONN_OPEN || !kvp_pressure_owed(d, p->sess))
+		if (!p->sess || p->c.state != CONN_OPEN || p->close_why ||
+		    !kvp_pressure_owed(d, p->sess))
 			continue;
 		if (!notice_read(p)) {
 			pending = true;
 			continue;
 		}
-		/* a reply that cannot be queued closes p; p may be the connection being served
-		 * (an allocation's notices go out before it evicts: on_short) */
+		/* a reply that cannot be queued closes p, or from on_short marks it (close_why);
+		 * p may be the connection being served (an allocation's notices go out before it
+		 * evicts: on_short) */
 		serving = conn_held(&p->c, CONN_HOLD_SERVE);
 		conn_hold(&p->c, CONN_HOLD_SERVE);
-		while (p->sess) {
+		while (p->sess && !p->close_why) {
 			struct kvp_reply r;
 			int rc;
 
@@ -696,13 +720,39 @@ static void push_notices(struct server *sv, bool tick)
 
 /* An allocation is about to take more pages than are free (pool.h): when that puts its tier
  * under pressure, the notices are queued now, ahead of the allocation's reply and of any
- * eviction or OUT_OF_CAPACITY it causes. */
+ * eviction or OUT_OF_CAPACITY it causes. No connection closes here: the allocation's caller
+ * still uses its session (and may walk others), so one whose notice cannot be queued is
+ * closed by close_owed once the loop is back at its top. */
 static void on_short(void *ctx, struct kvpd_pool *p, int tier)
 {
 	struct server *sv = ctx;
 
-	if (kvp_pressure_short(sv->d, p, tier))
-		push_notices(sv, false);
+	if (!kvp_pressure_short(sv->d, p, tier))
+		return;
+	sv->hold_closes++;
+	push_notices(sv, false);
+	sv->hold_closes--;
+}
+
+/* Closes the connections marked while they could not be (close_why). Called where nothing up
+ * the stack uses a session or a connection. A close may end other sessions' work: the walk
+ * starts again after each. */
+static void close_owed(struct server *sv)
+{
+	while (sv->closes_owed) {
+		const char *why;
+		struct peer *p;
+
+		sv->closes_owed = false;
+		for (p = sv->conns; p && !p->close_why; p = p->next)
+			;
+		if (!p)
+			break;
+		sv->closes_owed = true;
+		why = p->close_why;
+		p->close_why = NULL;
+		conn_close(sv, p, why); /* p may be freed now */
+	}
 }
 
 static bool decode_spill_fails(void)
@@ -851,7 +901,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 	clock_gettime(CLOCK_MONOTONIC, &prev);
 	now = prev;
 	conn_turn_begin(&p->c);
-	while (conn_serving(&p->c) && !conn_paused(&p->c) && !budget_hold(sv, p)) {
+	while (conn_serving(&p->c) && !conn_paused(&p->c) && !p->close_why && !budget_hold(sv, p)) {
 		const uint8_t *payload;
 		Kvpool__Request *req;
 		struct kvp_reply r;
@@ -926,8 +976,11 @@ static bool serve_frames(struct server *sv, struct peer *p)
 {
 	conn_hold(&p->c, CONN_HOLD_SERVE);
 	serve_frames_budget(sv, p);
-	if (p->sess && sv->d->n_reserves)
-		kvp_reserve_upkeep(sv->d, p->sess, UPKEEP_TURN_PAGES);
+	if (p->sess && !p->close_why && sv->d->n_reserves) {
+		uint32_t budget = KVP_RESERVE_TURN_PAGES; /* pays for any one session */
+
+		kvp_reserve_upkeep(sv->d, p->sess, &budget);
+	}
 	arm_send(sv, p);
 	conn_release(&p->c, CONN_HOLD_SERVE);
 	if (conn_closing(&p->c)) {
@@ -1812,6 +1865,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			n++;
 		}
 		io_uring_cq_advance(&sv.ring, n);
+		close_owed(&sv);
 		/* Serve the connections that have input, each up to its budget. */
 		ready = sv.ready;
 		sv.ready = NULL;
@@ -1822,6 +1876,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			look_again(&sv, p);
 		}
 		run_remote(&sv);
+		close_owed(&sv);
 		push_notices(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;

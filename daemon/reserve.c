@@ -516,25 +516,42 @@ static bool wants_upkeep(const struct kvp_reserve *r, const struct reserve_tier 
 	       rtail - t->rhead >= KVP_RESV_HIGH(r->slots);
 }
 
-uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t budget)
+/* What upkeep of s may move now: for each tier that wants it, at most refilled + returned;
+ * a session worth more than a turn counts as one turn (it is served alone in one). */
+static uint32_t upkeep_cost(const struct kvp_session *s)
 {
-	(void)d;
+	uint64_t cost = 0;
+
 	for (uint32_t i = 0; i < KVP_MAX_POOLS; i++) {
+		const struct kvp_reserve *r = s->reserve[i];
+
+		for (int k = 0; r && !r->dead && k < KVP_TIER_ID_MAX; k++)
+			if (r->t[k].granted && wants_upkeep(r, &r->t[k]))
+				cost += (uint64_t)r->t[k].granted + r->slots;
+	}
+	return cost < KVP_RESERVE_TURN_PAGES ? (uint32_t)cost : KVP_RESERVE_TURN_PAGES;
+}
+
+bool kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t *budget)
+{
+	uint32_t cost = upkeep_cost(s);
+
+	(void)d;
+	if (cost > *budget)
+		return false;
+	*budget -= cost;
+	for (uint32_t i = 0; cost && i < KVP_MAX_POOLS; i++) {
 		struct kvp_reserve *r = s->reserve[i];
 
 		if (!r || r->dead)
 			continue;
 		for (int k = 0; k < KVP_TIER_ID_MAX && !r->dead; k++) {
 			struct reserve_tier *t = &r->t[k];
-			uint32_t cost = t->granted + r->slots; /* at most refilled + returned */
 			uint32_t tail, rhead;
 			int rc;
 
 			if (!t->granted || !wants_upkeep(r, t))
 				continue;
-			if (budget < cost)
-				return 0;
-			budget -= cost;
 			tail = t->tail;
 			rhead = t->rhead;
 			rc = sync_tier(r, k);
@@ -549,7 +566,7 @@ uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_
 				r->pool->st.reserve_upkeeps++;
 		}
 	}
-	return budget;
+	return true;
 }
 
 uint32_t kvp_reserve_reclaim(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages)

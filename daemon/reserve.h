@@ -50,12 +50,16 @@ int kvp_reserve_call(struct kvp_daemon *d, struct kvp_session *s, struct kvp_res
 /* The pool's reclaim hook (ctx: the daemon): takes back the pages sessions' reserves hold
  * unused in their rings until `pages` are freed or none is left. Returns pages freed. */
 uint32_t kvp_reserve_reclaim(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages);
+/* Pages one turn of kvpoold's own upkeep may move (refills, returns): a session's upkeep costs
+ * what its tiers may move, and at most this. */
+#define KVP_RESERVE_TURN_PAGES 65536u
 /* kvpoold's own refills and drains, with no call from the client: every reserved tier of s
  * whose fill ring is below its low watermark or whose return ring is at its high one
- * (kvp_ring.h) is synced and refilled, as a Reserve call would, while budget (pages) lasts; a
- * bad ring ends that reserve (the session's next Reserve call answers PROTOCOL). Never waits.
- * Returns the budget left. */
-uint32_t kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t budget);
+ * (kvp_ring.h) is synced and refilled, as a Reserve call would; a bad ring ends that reserve
+ * (the session's next Reserve call answers PROTOCOL). Never waits. All or nothing: when what
+ * s may move (at most KVP_RESERVE_TURN_PAGES) exceeds *budget, nothing is done and it returns
+ * false (s is served first next turn); else *budget is charged and it returns true. */
+bool kvp_reserve_upkeep(struct kvp_daemon *d, struct kvp_session *s, uint32_t *budget);
 /* Whether the reserve ended for a bad ring (its calls answer PROTOCOL). */
 bool kvp_reserve_dead(const struct kvp_reserve *r);
 /* Its leases are booked to its pool and session, and its copy of the ring agrees with

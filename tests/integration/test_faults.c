@@ -14,6 +14,7 @@
 
 #include "harness.h"
 #include "kvpool.h"
+#include "kvpool_caps.h"
 
 #define POOL                                                                                       \
 	"[pool.small]\n"                                                                           \
@@ -621,6 +622,66 @@ static void test_injected_allocation_failures_keep_the_books(void)
 	h_daemon_cleanup(&d);
 }
 
+/* A session's pressure notice that cannot be queued while an Alloc is evicting
+ * (KVPOOLD_FAULTS notice: the first two fail): the notices go out from inside the allocation
+ * (on_short), where closing would destroy the session the Alloc still uses. Both subscribers'
+ * connections close once the Alloc is done (the caller's Alloc finds its connection closed,
+ * the other's next call too); kvpoold keeps serving, every page comes back and it exits 0
+ * (under ASan: no use-after-free). */
+static void test_notice_that_cannot_be_queued_mid_alloc(void)
+{
+	static const char conf[] = "[pool.small]\nlayers = 2\nkv_heads = 2\nhead_dim = 16\n"
+				   "dtype = fp16\npage_tokens = 16\ndevice = sim\n"
+				   "device_capacity = 1024t\nhost_capacity = 512t\nmlock = off\n"
+				   "pressure_watermark = 25%\npressure_interval_ms = 0\n";
+	struct kvp_client_opts o = { .struct_size = sizeof(o),
+				     .name = "listener",
+				     .capabilities = KVP_CAP_ALL,
+				     .flags = KVP_CLIENT_F_PRESSURE };
+	struct kvp_status st = { .struct_size = sizeof(st) };
+	uint32_t tok[40 * 16], pages[40];
+	struct kvp_client *a, *b, *c;
+	struct kvp_pool *pa, *pb;
+	struct kvp_error e;
+	struct daemon d;
+	uint64_t id, fresh = 0;
+
+	setenv("KVPOOLD_FAULTS", "notice:1:2", 1);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, conf, NULL), 0);
+	unsetenv("KVPOOLD_FAULTS");
+	a = kvp_client_connect_opts(d.sock, &o, &e);
+	b = kvp_client_connect_opts(d.sock, &o, &e);
+	pa = a ? kvp_pool_attach(a, "small", NULL, &e) : NULL;
+	pb = b ? kvp_pool_attach(b, "small", NULL, &e) : NULL;
+	CU_ASSERT_FATAL(pa && pb);
+	CU_ASSERT_EQUAL(kvp_pool_pressure_notices(pa), 1);
+	CU_ASSERT_EQUAL(kvp_pool_pressure_notices(pb), 1);
+	kvp_client_set_timeout(a, 5000);
+	kvp_client_set_timeout(b, 5000);
+	/* 40 of the 64 device pages cached, 24 free: above the watermark (16) */
+	for (uint32_t i = 0; i < 40 * 16; i++)
+		tok[i] = 7000 + i;
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(pa, KVP_TIER_DEVICE, 40, &id, pages, &e), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert(pa, id, 0, tok, 40 * 16, 0, pages, 40, &fresh, &e), 0);
+	CU_ASSERT_EQUAL(fresh, 40u * 16);
+	CU_ASSERT(kvp_lease_free(pa, id, NULL, 0, &e) >= 0);
+	/* 30 pages: 6 evicted, the tier under pressure first, both notices fail */
+	CU_ASSERT_EQUAL(kvp_lease_alloc(pa, KVP_TIER_DEVICE, 30, &id, pages, &e), -KVP_E_TRANSPORT);
+	CU_ASSERT_EQUAL(kvp_client_ping(b, &e), -KVP_E_TRANSPORT);
+	kvp_client_close(a);
+	kvp_client_close(b);
+	c = kvp_client_connect(d.sock, "after", &e);
+	CU_ASSERT_PTR_NOT_NULL(c);
+	CU_ASSERT(c && kvp_client_ping(c, &e) == 0);
+	kvp_client_close(c);
+	CU_ASSERT(all_returned(d.sock, 5000, &st));
+	CU_ASSERT(h_log_contains(&d, "failure injection: notice fails"));
+	CU_ASSERT(h_log_contains(&d, "out of memory queueing a reply"));
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0); /* killed by ASan or 70 (books off) otherwise */
+	h_daemon_cleanup(&d);
+	g_faults += 2;
+}
+
 static void test_zz_report(void)
 {
 	printf("\n    faults injected: %u\n", g_faults);
@@ -637,6 +698,7 @@ int main(void)
 		H_TEST(test_fork_inheritance_parent_exit_frees),
 		H_TEST(test_injected_failures_end_typed_or_closed),
 		H_TEST(test_injected_allocation_failures_keep_the_books),
+		H_TEST(test_notice_that_cannot_be_queued_mid_alloc),
 		H_TEST(test_zz_report),
 	};
 

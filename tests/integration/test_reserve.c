@@ -298,6 +298,62 @@ static void test_rings_served_without_calls(void)
 	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
 }
 
+/* A reserve larger than half of reserve_max_pages' top (32768): its rings have 65536 slots, so
+ * what one look at it may move (granted + slots) is more than a turn of kvpoold's upkeep
+ * (KVP_RESERVE_TURN_PAGES); it is still refilled and drained with no call (it is served alone
+ * in a turn). Its own kvpoold: 65536 device pages, all of them reservable. */
+#define BIG 20000
+static void test_big_reserve_served_without_calls(void)
+{
+	static uint32_t got[2 * BIG];
+	char conf[1024];
+	struct daemon d;
+	struct kvp_error e;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	struct kvp_resv_stats st0, st1;
+	struct kvp_ring fill = { 0 }, ret = { 0 };
+	uint32_t slots, n = KVP_RESV_LOW(BIG) + 1, t;
+	size_t bytes;
+	void *base;
+
+	snprintf(conf, sizeof(conf),
+		 "[daemon]\nreserve_max_pages = 32768\nreserve_free_percent = 100\n"
+		 "[pool.big]\n"
+		 "layers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\npage_tokens = %u\n"
+		 "device = sim\ndevice_capacity = %ut\nhost_capacity = 0\nmlock = off\n",
+		 PT, 65536 * PT);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, conf, NULL), 0);
+	c = kvp_client_connect(d.sock, "big", &e);
+	p = c ? attach_resv(c, "big", BIG) : NULL;
+	CU_ASSERT_FATAL(p != NULL);
+	base = kvp__resv_region(kvp__pool_resv(p), &bytes, &slots);
+	CU_ASSERT_FATAL(base != NULL);
+	CU_ASSERT_EQUAL(slots, 65536);
+	CU_ASSERT_FATAL(BIG + slots > 65536); /* more than a turn's budget */
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_at(base, bytes, slots, 0, KVP_RING_FILL, &fill), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_at(base, bytes, slots, 0, KVP_RING_RETURN, &ret), 0);
+	kvp__resv_stats(kvp__pool_resv(p), &st0);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_count(&fill), BIG);
+	/* twice below the low watermark: refilled each time */
+	for (int k = 0; k < 2; k++) {
+		CU_ASSERT_EQUAL_FATAL(kvp_ring_take(&fill, n, got + k * n), n);
+		CU_ASSERT(wait_word(fill.tail, atomic_load(fill.head) + BIG, 3000));
+		CU_ASSERT_EQUAL(kvp_ring_count(&fill), BIG);
+	}
+	/* 2n taken, past the return ring's high watermark once given back: drained */
+	CU_ASSERT_FATAL(2 * n >= KVP_RESV_HIGH(slots));
+	t = atomic_load(ret.tail);
+	CU_ASSERT_EQUAL_FATAL(kvp_ring_put(&ret, &t, got, 2 * n), 2 * n);
+	CU_ASSERT(wait_word(ret.head, t, 3000));
+	kvp__resv_stats(kvp__pool_resv(p), &st1);
+	CU_ASSERT_EQUAL(st1.calls, st0.calls); /* the library sent nothing */
+	CU_ASSERT_EQUAL(kvp__resv_sync(kvp__pool_resv(p), &e), 0);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(h_daemon_stop(&d), 0);
+	h_daemon_cleanup(&d);
+}
+
 static void test_binds_are_checked(void)
 {
 	struct kvp_error e;
@@ -772,6 +828,7 @@ int main(void)
 		H_TEST(test_reattach_gets_a_fresh_reserve),
 		H_TEST(test_binds_are_checked),
 		H_TEST(test_rings_served_without_calls),
+		H_TEST(test_big_reserve_served_without_calls),
 		H_TEST(test_corrupt_rings_refused_for_that_session),
 		H_TEST(test_take_back_under_pressure_keeps_one_owner),
 		H_TEST(test_out_of_capacity_names_reserved_tokens),
