@@ -11,6 +11,15 @@
 
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 
+/* Two ids from one 64-bit load (half the loads of the per-page loops): ids[k] and ids[k + 1]. */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define ID_LO(w) ((uint32_t)((w) >> 32))
+#define ID_HI(w) ((uint32_t)(w))
+#else
+#define ID_LO(w) ((uint32_t)(w))
+#define ID_HI(w) ((uint32_t)((w) >> 32))
+#endif
+
 struct kvp_pages {
 	uint32_t total;
 	uint32_t nfree;
@@ -146,20 +155,27 @@ static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, u
 }
 
 /* state[ids[i]] = LEASED, eight at a time (one store a page: the loop's own bookkeeping would
- * cost as much). */
+ * cost as much). The stores are of a constant and independent of each other. */
 static void set_leased(uint8_t *restrict state, const uint32_t *restrict ids, uint32_t n)
 {
 	uint32_t i = 0;
 
+	/* ids two at a time from 64-bit loads: one load for two pages, stores independent */
 	for (; i + 8 <= n; i += 8) {
-		state[ids[i]] = KVP_PAGE_LEASED;
-		state[ids[i + 1]] = KVP_PAGE_LEASED;
-		state[ids[i + 2]] = KVP_PAGE_LEASED;
-		state[ids[i + 3]] = KVP_PAGE_LEASED;
-		state[ids[i + 4]] = KVP_PAGE_LEASED;
-		state[ids[i + 5]] = KVP_PAGE_LEASED;
-		state[ids[i + 6]] = KVP_PAGE_LEASED;
-		state[ids[i + 7]] = KVP_PAGE_LEASED;
+		uint64_t a, b, c, d;
+
+		memcpy(&a, ids + i, 8);
+		memcpy(&b, ids + i + 2, 8);
+		memcpy(&c, ids + i + 4, 8);
+		memcpy(&d, ids + i + 6, 8);
+		state[ID_LO(a)] = KVP_PAGE_LEASED;
+		state[ID_HI(a)] = KVP_PAGE_LEASED;
+		state[ID_LO(b)] = KVP_PAGE_LEASED;
+		state[ID_HI(b)] = KVP_PAGE_LEASED;
+		state[ID_LO(c)] = KVP_PAGE_LEASED;
+		state[ID_HI(c)] = KVP_PAGE_LEASED;
+		state[ID_LO(d)] = KVP_PAGE_LEASED;
+		state[ID_HI(d)] = KVP_PAGE_LEASED;
 	}
 	for (; i < n; i++)
 		state[ids[i]] = KVP_PAGE_LEASED;
@@ -251,45 +267,48 @@ static uint32_t or_of(const uint32_t *ids, uint32_t n)
 	return o;
 }
 
-/* The common case: every page LEASED, each listed once, in one pass without a branch per page.
- * The ids' OR below `span` (the state bytes, a power of two) bounds them all; the bytes from
- * total to span are FREE forever, so an id in that gap fails like a free page. Each page's
- * state is flipped LEASED <-> FREE (x ^= 1): a page listed twice reads FREE the second time,
- * and any page read other than LEASED makes `bad`. Since every store is x ^= 1 of what was
- * just read, flipping the same bytes again puts back exactly what was there. Returns 0 with
- * every page FREE, or -EINVAL with nothing changed. */
+/* The common case: every page LEASED, each listed once. The ids' OR below `span` (the state
+ * bytes, a power of two) bounds them all; the bytes from total to span are FREE forever, so an id
+ * in that gap fails like a free page. Each page must read LEASED and is then written FREE (a
+ * constant: the store waits on nothing), so a page listed twice reads FREE the second time. On
+ * the first page that is not LEASED, the pages before it (all LEASED, now FREE) are put back.
+ * Returns 0 with every page FREE, or -EINVAL with nothing changed. */
 static int release_leased(uint8_t *restrict state, uint32_t span, const uint32_t *restrict ids,
 			  uint32_t n)
 {
-	_Static_assert((KVP_PAGE_LEASED ^ 1) == KVP_PAGE_FREE, "a flip turns LEASED into FREE");
-	unsigned bad = 0;
 	uint32_t i = 0;
 
 	if (or_of(ids, n) >= span)
 		return -EINVAL; /* some id is out of range (or the OR overshoots): the slow path */
-#define FLIP(k)                                                                                    \
+#define FREE1(x, at)                                                                               \
 	do {                                                                                       \
-		uint8_t v = state[ids[i + (k)]] ^ KVP_PAGE_LEASED;                                 \
-		bad |= v;                                                                          \
-		state[ids[i + (k)]] = v;                                                           \
+		if (__builtin_expect(state[x] != KVP_PAGE_LEASED, 0)) {                            \
+			i = (at);                                                                  \
+			goto undo;                                                                 \
+		}                                                                                  \
+		state[x] = KVP_PAGE_FREE;                                                          \
+	} while (0)
+#define FREE2(k)                                                                                   \
+	do {                                                                                       \
+		uint64_t w;                                                                        \
+		memcpy(&w, ids + i + (k), 8);                                                      \
+		FREE1(ID_LO(w), i + (k));                                                          \
+		FREE1(ID_HI(w), i + (k) + 1);                                                      \
 	} while (0)
 	for (; i + 8 <= n; i += 8) {
-		FLIP(0);
-		FLIP(1);
-		FLIP(2);
-		FLIP(3);
-		FLIP(4);
-		FLIP(5);
-		FLIP(6);
-		FLIP(7);
+		FREE2(0);
+		FREE2(2);
+		FREE2(4);
+		FREE2(6);
 	}
 	for (; i < n; i++)
-		FLIP(0);
-#undef FLIP
-	if (!bad)
-		return 0;
-	for (i = 0; i < n; i++)
-		state[ids[i]] ^= KVP_PAGE_LEASED;
+		FREE1(ids[i], i);
+#undef FREE1
+#undef FREE2
+	return 0;
+undo:
+	while (i-- > 0)
+		state[ids[i]] = KVP_PAGE_LEASED;
 	return -EINVAL;
 }
 

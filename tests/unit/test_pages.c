@@ -227,6 +227,42 @@ static void test_pages_release_batches_refused_whole(void)
 	kvp_pages_free(p);
 }
 
+/* The fast path stops at the first page that is not LEASED and puts back the ones before it: a
+ * cached page (or a moving one) at any position of a batch whose length is no multiple of
+ * eight, then refused by the general path for a free page at the end, leaves every state as it
+ * was; without the free page the batch goes through and is counted. */
+static void test_pages_release_stops_at_first_not_leased(void)
+{
+	enum { TOTAL = 300, N = 43 };
+	struct kvp_pages *p = kvp_pages_new(TOTAL);
+	uint32_t ids[N], other, batch[N + 1];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	for (uint32_t at = 0; at < N; at++) {
+		enum kvp_page_state s = at % 2 ? KVP_PAGE_MOVING : KVP_PAGE_CACHED;
+
+		CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, N, ids), 0);
+		CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, 1, &other), 0);
+		CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, &other, 1), 0); /* free again */
+		CU_ASSERT_EQUAL_FATAL(kvp_pages_move(p, ids[at], KVP_PAGE_LEASED, s), 0);
+		memcpy(batch, ids, sizeof(ids));
+		batch[N] = other;
+		CU_ASSERT_EQUAL(kvp_pages_release(p, batch, N + 1), -EINVAL);
+		CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_LEASED), N - 1);
+		CU_ASSERT_EQUAL(kvp_pages_count(p, s), 1);
+		CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), TOTAL - N);
+		CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+		for (uint32_t i = 0; i < N; i++)
+			CU_ASSERT_EQUAL(kvp_pages_state(p, ids[i]),
+					i == at ? (int)s : KVP_PAGE_LEASED);
+		CU_ASSERT_EQUAL(kvp_pages_state(p, other), KVP_PAGE_FREE);
+		CU_ASSERT_EQUAL(kvp_pages_release(p, batch, N), 0);
+		CU_ASSERT_EQUAL(kvp_pages_count(p, KVP_PAGE_FREE), TOTAL);
+		CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	}
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -237,6 +273,7 @@ int main(void)
 		H_TEST(test_pages_claim_named_pages),
 		H_TEST(test_pages_guard_trips_on_uncache),
 		H_TEST(test_pages_release_batches_refused_whole),
+		H_TEST(test_pages_release_stops_at_first_not_leased),
 	};
 
 	return H_RUN_SUITE("pages", NULL, NULL, tests);
