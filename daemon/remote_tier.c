@@ -39,6 +39,7 @@ struct rt_pool {
 struct rt_wait {
 	struct kvp_daemon *d;
 	struct kvp_defer *t; /* NULL once answered (timed out): the query's end frees it */
+	struct kvpd_pool *p; /* the Match's pool (its id p->id), checked again at the answer */
 	int keyed;
 	uint64_t matched, lock_id;
 	uint32_t ndev, nhost;
@@ -405,13 +406,58 @@ static void wait_unlink(struct kvp_rt *rt, struct rt_wait *w)
 	w->prev = w->next = NULL;
 }
 
+/* Whether w's session still holds what its answer names: the pool attached and the lock (when
+ * one was taken) still its. A reload that revoked the session's access detached it meanwhile
+ * (its lock and pages went back then), as may the session's own Detach: NULL then, and the
+ * session (when it exists) in *sp. */
+static struct kvp_lock *wait_lock(struct rt_wait *w, struct kvp_session **sp, bool *ok)
+{
+	struct kvp_daemon *d = w->d;
+	struct kvp_session *s = kvp_rpc_session_by_id(d, w->t->session_id);
+	struct kvp_lock *k = NULL;
+	struct kvp_fail f;
+
+	if (s && s->evicted) /* a reload closes it: as good as ended */
+		s = NULL;
+	*sp = s;
+	*ok = false;
+	if (!s || !pool_live(d, w->p) || d->pools[w->p->id] != w->p || !s->attached[w->p->id])
+		return NULL;
+	kvp_fail_init(&f);
+	if (w->lock_id && (!(k = kvp_session_lock(s, w->lock_id, &f)) || k->pool != w->p))
+		return NULL;
+	*ok = true;
+	return k;
+}
+
 static void wait_answer(struct rt_wait *w, uint32_t remote)
 {
 	struct kvp_daemon *d = w->d;
+	struct kvp_session *s;
 	struct kvp_reply r;
+	struct kvp_lock *k;
 	uint32_t *dev, *host;
+	bool held;
 	int ok = 1;
 
+	k = wait_lock(w, &s, &held);
+	if (!held) {
+		struct kvp_fail f;
+
+		/* Nothing the reply would name is the session's any more: no page ids, no lock. */
+		kvp_fail_init(&f);
+		if (s)
+			kvp_fail(
+				&f, KVP_ERR_NOT_FOUND,
+				"%s: pool %s was detached from this session while the match waited "
+				"for the remote tier (a reload revoked its access); nothing is locked",
+				w->keyed ? "match keys" : "match", w->p->conf.name);
+		else
+			kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session ended or is closing");
+		kvp_defer_fail(&d->defers, w->t, &f);
+		w->t = NULL;
+		return;
+	}
 	kvp_reply_init(&r, w->t->req_id);
 	dev = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->ndev + 1));
 	host = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->nhost + 1));
@@ -457,6 +503,9 @@ static void wait_answer(struct rt_wait *w, uint32_t remote)
 	} else {
 		struct kvp_fail f;
 
+		/* The caller never learns the lock's id: it goes back now. */
+		if (k)
+			kvp_session_lock_release(s, k);
 		kvp_fail_init(&f);
 		kvp_rpc_oom(&f);
 		kvp_defer_fail(&d->defers, w->t, &f);
@@ -543,8 +592,9 @@ static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Reque
 	return KVP_DEFERRED;
 }
 
-static struct rt_wait *wait_new(int keyed, uint64_t matched, uint64_t lock_id, uint32_t ndev,
-				const uint32_t *dev, uint32_t nhost, const uint32_t *host)
+static struct rt_wait *wait_new(struct kvpd_pool *p, int keyed, uint64_t matched, uint64_t lock_id,
+				uint32_t ndev, const uint32_t *dev, uint32_t nhost,
+				const uint32_t *host)
 {
 	struct rt_wait *w = calloc(1, sizeof(*w));
 
@@ -552,6 +602,7 @@ static struct rt_wait *wait_new(int keyed, uint64_t matched, uint64_t lock_id, u
 		free(w);
 		return NULL;
 	}
+	w->p = p;
 	w->keyed = keyed;
 	w->matched = matched;
 	w->lock_id = lock_id;
@@ -609,7 +660,7 @@ int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 	if (total <= local || !(n = query_pages(d, total - local)))
 		return 0;
 	return query(d, s, q, rp,
-		     wait_new(0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages,
+		     wait_new(p, 0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages,
 			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
 		     local, n);
 }
@@ -624,7 +675,7 @@ int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 	if (!rp || a->local_only || a->n_keys <= local || !(n = query_pages(d, a->n_keys - local)))
 		return 0;
 	return query(d, s, q, rp,
-		     wait_new(1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages,
+		     wait_new(p, 1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages,
 			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
 		     local, n);
 }

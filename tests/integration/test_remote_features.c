@@ -405,7 +405,33 @@ struct fetch_child {
 	int ready[2]; /* child -> parent: its Fetch goes out */
 	unsigned gid; /* 0: stays root */
 	uint32_t prompt;
+	int match; /* 1: a locking Match instead, 2: a locking MatchKeys (chain prompt) */
 };
+
+/* The Match (fc->match 1) or MatchKeys (2) of fc->prompt with a lock, on p: 0 when it answered
+ * (whatever it says), else 10 + code with an error naming pool p, 93 otherwise. */
+static int child_match(struct fetch_child *fc, struct kvp_pool *p)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_keys_result mk = { .struct_size = sizeof(mk) };
+	uint32_t dev[NP], host[NP], t[NTOK];
+	uint8_t raw[NP][20];
+	struct kvp_page_key k[NP];
+	struct kvp_error e;
+	int r;
+
+	tokens_of(fc->prompt, t);
+	chain_keys(fc->prompt, raw, k);
+	r = fc->match == 2
+		    ? kvp_cache_match_keys(p, 7, k, NP, KVP_MATCH_LOCK, &mk, dev, host, NP, &e)
+		    : kvp_cache_match(p, 0, t, NTOK, KVP_MATCH_LOCK, &m, dev, host, NP, &e);
+	if (r < 0)
+		return strstr(e.message, "pool p") ? 10 + (int)e.code : 93;
+	fprintf(stderr, "match answered: lock %lu, %u local pages, %u remote\n",
+		(unsigned long)(m.lock_id | mk.lock_id), m.n_host + mk.n_host,
+		m.remote_pages + mk.remote_pages);
+	return 0;
+}
 
 /* Exit codes: 0 fetched all of prompt with W's bytes; 10 + n: the Fetch failed with code n
  * and an error naming pool p; other: a setup failure. */
@@ -429,6 +455,8 @@ static int child_fetch(struct fetch_child *fc)
 	tokens_of(fc->prompt, t);
 	if (write(fc->ready[1], "1", 1) != 1)
 		return 92;
+	if (fc->match)
+		return child_match(fc, p);
 	r = kvp_cache_fetch(p, 0, t, NTOK, 1, &f, dev, host, NP, &e);
 	if (r < 0)
 		return strstr(e.message, "pool p") ? 10 + (int)e.code : 93;
@@ -551,6 +579,46 @@ static void test_fetch_answers_not_found_when_reload_revokes_its_pool(void)
 	CU_ASSERT(reload_r(FETCH_GID, 0, msg, sizeof(msg)) >= 0);
 }
 
+/* A reload that revokes the session's access to the pool while its locking Match / MatchKeys
+ * waits for the remote existence query (every master asleep): the deferred answer is
+ * NOT_FOUND naming the pool, not the page ids and lock id the detach already released. R holds
+ * the first half of the prompt (fetched), the cluster all of it. */
+static void test_match_answers_not_found_when_reload_revokes_its_pool(void)
+{
+	for (int keyed = 0; keyed < 2; keyed++) {
+		struct fetch_child fc = { .gid = FETCH_GID,
+					  .prompt = keyed ? 16 : 6,
+					  .match = 1 + keyed };
+		struct kvp_fetch_result fr = { .struct_size = sizeof(fr) };
+		uint32_t dev[NP], host[NP], t[NTOK];
+		uint8_t raw[NP][20];
+		struct kvp_page_key k[NP];
+		int64_t q;
+		char msg[600];
+		pid_t pid;
+
+		CU_ASSERT_EQUAL_FATAL(publish(KVP_TIER_HOST, fc.prompt, keyed), 0);
+		settle(&g_ew);
+		tokens_of(fc.prompt, t);
+		chain_keys(fc.prompt, raw, k);
+		CU_ASSERT_EQUAL_FATAL(keyed ? kvp_cache_fetch_keys(g_er.p, 7, k, NP / 2, 0, &fr,
+								   dev, host, NP, NULL)
+					    : kvp_cache_fetch(g_er.p, 0, t, NTOK / 2, 0, &fr, dev,
+							      host, NP, NULL),
+				      0);
+		CU_ASSERT_EQUAL(fr.n_host, NP / 2);
+		q = counter(&g_er, "remote_match_queries");
+		pid = fetch_in_flight(&fc);
+		CU_ASSERT_FATAL(pid > 0);
+		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
+		CU_ASSERT(reload_r(FETCH_GID + 1, 0, msg, sizeof(msg)) >= 0);
+		CU_ASSERT_EQUAL(h_wait_pid(pid, 15000), 10 + KVP_E_NOT_FOUND);
+		settle(&g_er);
+		books_balanced();
+		CU_ASSERT(reload_r(FETCH_GID, 0, msg, sizeof(msg)) >= 0);
+	}
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -560,6 +628,7 @@ int main(void)
 		H_TEST(test_fetch_keys_limits),
 		H_TEST(test_fetch_survives_reload_that_drops_its_pool),
 		H_TEST(test_fetch_answers_not_found_when_reload_revokes_its_pool),
+		H_TEST(test_match_answers_not_found_when_reload_revokes_its_pool),
 	};
 	const char *ports = getenv("KVP_REDIS_PORTS");
 
