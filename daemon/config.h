@@ -63,6 +63,9 @@ struct kvp_remote_conf {
 	uint32_t match_max_pages;    /* pages after the local ones one Match asks about */
 	uint64_t max_inflight_bytes; /* spilled / written bytes not yet acknowledged */
 	uint32_t ttl_s;
+	/* Write-through writes content it wrote before again once this long passed (the cluster
+	 * may have lost it: a failover without replica, eviction, a flush) */
+	uint32_t rewrite_after_s;
 };
 
 /* One namespace.N key of a pool: only these users and groups (and root) insert or match in

@@ -594,6 +594,7 @@ void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *
 	out->moved = s.moved;
 	out->ask = s.ask;
 	out->slot_map_loads = s.refreshes;
+	out->slot_map_changes = s.map_changes;
 	out->slot_map_timeouts = s.refresh_timeouts;
 	out->connects = s.connects;
 	out->disconnects = s.disconnects;

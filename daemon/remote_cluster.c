@@ -622,6 +622,8 @@ static void slots_reply(redisAsyncContext *ac, void *reply, void *priv)
 		if (n->state == N_IDLE)
 			node_connect(rc, n);
 	}
+	if (!rc->loaded || memcmp(rc->slots, map, sizeof(map)))
+		rc->stats.map_changes++;
 	memcpy(rc->slots, map, sizeof(map));
 	rc->loaded = 1;
 	rc->refresh_wanted = 0;

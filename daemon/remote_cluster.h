@@ -51,6 +51,7 @@ struct kvp_rc_stats {
 	uint64_t status[KVP_RC_STATUS_MAX]; /* operations completed, by status */
 	uint64_t moved, ask;		    /* redirects followed */
 	uint64_t refreshes;		    /* slot maps loaded */
+	uint64_t map_changes;		    /* of them, those that differ from the map before */
 	uint64_t refresh_timeouts;	    /* CLUSTER SLOTS not answered within op_timeout_ms */
 	uint64_t connects, disconnects;	    /* node connections made / lost (or dropped) */
 	uint64_t rejected;		    /* submissions refused for the in-flight bounds */

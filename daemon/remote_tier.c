@@ -24,8 +24,12 @@
 /* Write-through remembers the remote keys it wrote in a direct-mapped table of 2^SEEN_BITS key
  * tags (4 MiB, made with the first write-through pool), so that content written once (inserted,
  * or demoted to host) is not written again when it is promoted and demoted, or evicted. A tag
- * pushed out by another only costs a second SET; a failed SET forgets its tag; with ttl_s an
- * entry lasts ttl_s / 2, so values about to expire are written again. */
+ * pushed out by another only costs a second SET; a failed SET forgets its tag. The cluster may
+ * lose what it was given (a failover without replica, eviction under maxmemory, a flush), so an
+ * entry lasts rewrite_after_s at most, and ttl_s / 2 with ttl_s (values about to expire are
+ * written again); the whole table is forgotten when a node connection drops or comes back, or
+ * the slot map changes. A Fetch's hit is remembered only without ttl_s (the value's remaining
+ * TTL is unknown). */
 #define SEEN_BITS 18
 
 struct rt_pool {
@@ -83,10 +87,13 @@ struct kvp_rt {
 	struct rt_wait *waits;
 	struct rt_fetch *fetches;
 	struct rt_seen *seen; /* write-through's written keys (SEEN_BITS) */
+	/* The cluster figures the table was last checked against (seen_check). */
+	uint64_t seen_connects, seen_disconnects, seen_map_changes;
 	/* counters */
 	uint64_t spilled_pages, spill_dropped, written_pages, written_skipped, fetched_pages,
 		fetch_misses;
-	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages;
+	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages,
+		written_resets;
 };
 
 static struct kvp_rt *rt_of(struct kvp_daemon *d)
@@ -165,12 +172,20 @@ static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 	free(ws);
 }
 
+/* How long an entry of the table stands: rewrite_after_s, and at most ttl_s / 2 with ttl_s. */
+static uint64_t seen_max_ms(const struct kvp_daemon *d)
+{
+	const struct kvp_remote_conf *c = kvp_remote_conf(d->remote);
+	uint64_t ms = c->rewrite_after_s * 1000ull;
+
+	return c->ttl_s && c->ttl_s * 500ull < ms ? c->ttl_s * 500ull : ms;
+}
+
 /* Whether write-through wrote key (its tag *tag) already and recently; false for other modes
  * (*tag 0: not remembered). */
 static bool seen_written(const struct rt_pool *rp, const char *key, size_t klen, uint64_t *tag)
 {
 	const struct kvp_rt *rt = rp->d->rt;
-	uint32_t ttl_s = kvp_remote_conf(rp->d->remote)->ttl_s;
 	uint64_t t = 0x9e3779b97f4a7c15ULL;
 	const struct rt_seen *e;
 
@@ -181,16 +196,42 @@ static bool seen_written(const struct rt_pool *rp, const char *key, size_t klen,
 		t = kvp_mix64(t ^ (uint8_t)key[i]);
 	*tag = t | 1u;
 	e = seen_slot(rt, *tag);
-	return e->tag == *tag && (!ttl_s || kvp_rc_now_ms() - e->at_ms < ttl_s * 500ull);
+	return e->tag == *tag && kvp_rc_now_ms() - e->at_ms < seen_max_ms(rp->d);
 }
 
-/* Remembers that the cluster holds key (write-through pools only). */
+/* Remembers that the cluster holds key (write-through pools only), from a Fetch's hit: not with
+ * ttl_s, where the value may be about to expire. */
 static void seen_note(const struct rt_pool *rp, const char *key)
 {
 	uint64_t tag;
 
+	if (kvp_remote_conf(rp->d->remote)->ttl_s)
+		return;
 	if (!seen_written(rp, key, strlen(key), &tag) && tag)
 		*seen_slot(rp->d->rt, tag) = (struct rt_seen){ tag, kvp_rc_now_ms() };
+}
+
+/* Forgets the whole table when a node connection dropped or was made again (after a drop), or
+ * the slot map changed (after the first one): the cluster may have lost what it holds. Uses the
+ * figures of the last loop turn (d->remote_st). */
+static void seen_check(struct kvp_daemon *d)
+{
+	struct kvp_rt *rt = d->rt;
+	const struct kvp_remote_stats *st = &d->remote_st;
+	bool lost;
+
+	if (!rt)
+		return;
+	lost = st->disconnects != rt->seen_disconnects ||
+	       (st->disconnects && st->connects != rt->seen_connects) ||
+	       (rt->seen_map_changes && st->slot_map_changes != rt->seen_map_changes);
+	rt->seen_connects = st->connects;
+	rt->seen_disconnects = st->disconnects;
+	rt->seen_map_changes = st->slot_map_changes;
+	if (!lost || !rt->seen)
+		return;
+	memset(rt->seen, 0, sizeof(*rt->seen) << SEEN_BITS);
+	rt->written_resets++;
 }
 
 enum { PUT_DROPPED = -1, PUT_SEEN = 0, PUT_SENT = 1 };
@@ -282,6 +323,7 @@ void kvp_rt_bind(struct kvp_daemon *d)
 
 	if (!d->remote)
 		return;
+	seen_check(d);
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		struct kvpd_pool *p = d->pools[i];
 		struct rt_pool *rp;
@@ -1083,6 +1125,7 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	out->match_queries = rt->match_queries;
 	out->match_timeouts = rt->match_timeouts;
 	out->remote_pages = rt->remote_pages;
+	out->written_resets = rt->written_resets;
 }
 
 void kvp_rt_free(struct kvp_daemon *d)

@@ -142,6 +142,8 @@ struct kvp_daemon_figures {
 	X(moved, "remote_moved_total", "counter", "MOVED redirects followed")                      \
 	X(ask, "remote_ask_total", "counter", "ASK redirects followed")                            \
 	X(slot_map_loads, "remote_slot_map_loads_total", "counter", "Cluster slot maps loaded")    \
+	X(slot_map_changes, "remote_slot_map_changes_total", "counter",                            \
+	  "Cluster slot maps loaded that differ from the one before")                              \
 	X(connects, "remote_connects_total", "counter", "Connections to cluster nodes made")       \
 	X(disconnects, "remote_disconnects_total", "counter",                                      \
 	  "Connections to cluster nodes lost or dropped")                                          \
@@ -162,6 +164,9 @@ struct kvp_daemon_figures {
 	  "Pages written through to the cluster as they reached the host tier (insert, demotion)") \
 	X(written_skipped, "remote_written_skipped_total", "counter",                              \
 	  "Write-through pages not written again: the same content was written already")           \
+	X(written_resets, "remote_written_resets_total", "counter",                                \
+	  "Write-through's table of written keys forgotten (node connection lost or made again, "  \
+	  "slot map changed)")                                                                     \
 	X(fetched_pages, "remote_fetched_pages_total", "counter",                                  \
 	  "Pages read from the cluster and cached by Fetch")                                       \
 	X(fetch_misses, "remote_fetch_misses_total", "counter",                                    \

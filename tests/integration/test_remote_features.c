@@ -111,9 +111,9 @@ static void chain_keys(uint32_t c, uint8_t (*raw)[20], struct kvp_page_key *k)
 	}
 }
 
-/* W publishes prompt (keyed: chain prompt in namespace 7) on tier with its pattern. 0 or a
- * code. */
-static int publish(int tier, uint32_t prompt, int keyed)
+/* Node e (a write-through one: W) publishes prompt (keyed: chain prompt in namespace 7) on
+ * tier with its pattern. 0 or a code. */
+static int publish_on(struct h_eng *e, int tier, uint32_t prompt, int keyed)
 {
 	uint32_t pages[NP], t[NTOK];
 	uint8_t raw[NP][20];
@@ -122,29 +122,69 @@ static int publish(int tier, uint32_t prompt, int keyed)
 	uint64_t lease;
 	int r;
 
-	if ((r = kvp_lease_alloc(g_ew.p, tier, NP, &lease, pages, NULL)) < 0)
+	if ((r = kvp_lease_alloc(e->p, tier, NP, &lease, pages, NULL)) < 0)
 		return r;
-	if (rows(g_ew.p, tier, pages, prompt, 0))
+	if (rows(e->p, tier, pages, prompt, 0))
 		return -1;
 	tokens_of(prompt, t);
 	chain_keys(prompt, raw, k);
-	r = keyed ? kvp_cache_insert_keys(g_ew.p, lease, 7, k, NP, 0, pages, NP, &ir, NULL)
-		  : kvp_cache_insert(g_ew.p, lease, 0, t, NTOK, 0, pages, NP, NULL, NULL);
-	kvp_lease_free(g_ew.p, lease, NULL, 0, NULL);
+	r = keyed ? kvp_cache_insert_keys(e->p, lease, 7, k, NP, 0, pages, NP, &ir, NULL)
+		  : kvp_cache_insert(e->p, lease, 0, t, NTOK, 0, pages, NP, NULL, NULL);
+	kvp_lease_free(e->p, lease, NULL, 0, NULL);
 	return r;
 }
 
-/* W's device tier emptied by an Alloc of all its pages: the cached device pages are demoted
+static int publish(int tier, uint32_t prompt, int keyed)
+{
+	return publish_on(&g_ew, tier, prompt, keyed);
+}
+
+/* e's device tier emptied by an Alloc of all its pages: the cached device pages are demoted
  * (their copies land later, KVPOOLD_COPY_DELAY_MS) and the Alloc answers once they did. */
-static void demote_all_by_alloc(void)
+static void demote_all_on(struct h_eng *e)
 {
 	uint32_t pages[DEV_PAGES];
 	uint64_t lease;
 
-	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(g_ew.p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages,
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(e->p, KVP_TIER_DEVICE, DEV_PAGES, &lease, pages,
 					      NULL),
 			      0);
-	CU_ASSERT_EQUAL(kvp_lease_free(g_ew.p, lease, NULL, 0, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(e->p, lease, NULL, 0, NULL), 0);
+}
+
+static void demote_all_by_alloc(void)
+{
+	demote_all_on(&g_ew);
+}
+
+/* Node e's cached prompt (keyed: chain) back to its device tier (Load), then demoted again
+ * (admin Evict, synchronous). */
+static void promote_and_demote(struct h_eng *e, uint32_t prompt, int keyed)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_keys_result mk = { .struct_size = sizeof(mk) };
+	uint32_t dev[NP], host[NP], t[NTOK];
+	uint8_t raw[NP][20];
+	struct kvp_page_key k[NP];
+	uint64_t lock, evicted = 0;
+
+	tokens_of(prompt, t);
+	chain_keys(prompt, raw, k);
+	if (keyed) {
+		CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(e->p, 7, k, NP, KVP_MATCH_LOCK, &mk, dev,
+							   host, NP, NULL),
+				      0);
+		lock = mk.lock_id;
+	} else {
+		CU_ASSERT_EQUAL_FATAL(kvp_cache_match(e->p, 0, t, NTOK, KVP_MATCH_LOCK, &m, dev,
+						      host, NP, NULL),
+				      0);
+		lock = m.lock_id;
+	}
+	CU_ASSERT_EQUAL(kvp_cache_load(e->p, lock, dev, NP, NULL), NP);
+	CU_ASSERT_EQUAL(kvp_cache_release(e->p, lock, NULL), 0);
+	CU_ASSERT_EQUAL(kvp_admin_evict(e->c, "p", KVP_TIER_DEVICE, NTOK, &evicted, NULL), 0);
+	CU_ASSERT_EQUAL(evicted, NTOK);
 }
 
 /* R fetches prompt (keyed: chain) with a lock: the pages fetched now, -1 on an error; *bad:
@@ -219,14 +259,22 @@ static void conf_r(char *buf, size_t len, unsigned gid, int without_p)
 		 remote_head(head, sizeof(head)), without_p ? "" : p);
 }
 
+/* W's config: pool p (write-through, a sim device tier), extra added to [remote]. */
+static void conf_w(char *buf, size_t len, const char *extra)
+{
+	char head[512];
+
+	snprintf(buf, len,
+		 "%s%s[pool.p]\n" GEOMETRY "device = sim\ndevice_capacity = %dt\n"
+		 "host_capacity = %dt\nmlock = off\nremote = write-through\n",
+		 remote_head(head, sizeof(head)), extra, DEV_PAGES * PT, HOST_PAGES * PT);
+}
+
 static int init_suite(void)
 {
-	char head[512], r[2048];
+	char r[2048];
 
-	snprintf(g_conf_w, sizeof(g_conf_w),
-		 "%s[pool.p]\n" GEOMETRY "device = sim\ndevice_capacity = %dt\n"
-		 "host_capacity = %dt\nmlock = off\nremote = write-through\n",
-		 remote_head(head, sizeof(head)), DEV_PAGES * PT, HOST_PAGES * PT);
+	conf_w(g_conf_w, sizeof(g_conf_w), "");
 	conf_r(r, sizeof(r), FETCH_GID, 0);
 	setenv("KVPOOLD_COPY_DELAY_MS", "20", 1);
 	if (h_daemon_start(&g_w, g_conf_w, NULL) < 0)
@@ -263,12 +311,10 @@ static int clean_suite(void)
  * again. */
 static void demoted_pages_are_written_once(int keyed)
 {
-	uint32_t prompt = keyed ? 11 : 1, dev[NP], host[NP], t[NTOK];
-	uint8_t raw[NP][20];
-	struct kvp_page_key k[NP];
+	uint32_t prompt = keyed ? 11 : 1;
 	int64_t written = counter(&g_ew, "remote_written_pages");
 	int64_t skipped = counter(&g_ew, "remote_written_skipped");
-	uint64_t evicted = 0, moving = 0;
+	uint64_t moving = 0;
 	int bad = -1;
 
 	CU_ASSERT_FATAL(written >= 0 && skipped >= 0);
@@ -285,29 +331,7 @@ static void demoted_pages_are_written_once(int keyed)
 	CU_ASSERT_EQUAL(bad, 0);
 
 	/* Back to the device tier (Load), then demoted again: already written, not again. */
-	tokens_of(prompt, t);
-	chain_keys(prompt, raw, k);
-	{
-		struct kvp_match_result m = { .struct_size = sizeof(m) };
-		struct kvp_match_keys_result mk = { .struct_size = sizeof(mk) };
-		uint64_t lock;
-
-		if (keyed) {
-			CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(g_ew.p, 7, k, NP, KVP_MATCH_LOCK,
-								   &mk, dev, host, NP, NULL),
-					      0);
-			lock = mk.lock_id;
-		} else {
-			CU_ASSERT_EQUAL_FATAL(kvp_cache_match(g_ew.p, 0, t, NTOK, KVP_MATCH_LOCK,
-							      &m, dev, host, NP, NULL),
-					      0);
-			lock = m.lock_id;
-		}
-		CU_ASSERT_EQUAL(kvp_cache_load(g_ew.p, lock, dev, NP, NULL), NP);
-		CU_ASSERT_EQUAL(kvp_cache_release(g_ew.p, lock, NULL), 0);
-	}
-	CU_ASSERT_EQUAL(kvp_admin_evict(g_ew.c, "p", KVP_TIER_DEVICE, NTOK, &evicted, NULL), 0);
-	CU_ASSERT_EQUAL(evicted, NTOK);
+	promote_and_demote(&g_ew, prompt, keyed);
 	settle(&g_ew);
 	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
 	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_skipped") - skipped, NP);
@@ -619,6 +643,61 @@ static void test_match_answers_not_found_when_reload_revokes_its_pool(void)
 	}
 }
 
+/* Write-through's table of written keys ages its entries (rewrite_after_s, 1 s on a second
+ * write-through node W2; ttl_s is the default day): a page promoted and demoted again at once is
+ * not written again, but after the age it is. So content the cluster lost (FLUSHALL on every
+ * master) is written again and another node (R) fetches it. Runs last (it flushes). */
+static void test_write_through_rewrites_after_rewrite_after_s(void)
+{
+	struct daemon w2;
+	struct h_eng e2;
+	char conf[1024];
+	int64_t written, skipped;
+	uint32_t prompt = 9;
+	int bad = -1;
+
+	conf_w(conf, sizeof(conf), "rewrite_after_s = 1s\n");
+	setenv("KVPOOLD_COPY_DELAY_MS", "20", 1);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&w2, conf, NULL), 0);
+	unsetenv("KVPOOLD_COPY_DELAY_MS");
+	CU_ASSERT_EQUAL_FATAL(h_eng_open(&e2, w2.sock, "node-w2", "p"), 0);
+	kvp_client_set_timeout(e2.c, 20000);
+	for (int i = 0; i < 300 && counter(&e2, "remote_connects") < 3; i++)
+		usleep(10000);
+	CU_ASSERT(counter(&e2, "remote_written_resets") >= 0); /* reported */
+	written = counter(&e2, "remote_written_pages");
+	skipped = counter(&e2, "remote_written_skipped");
+
+	CU_ASSERT_EQUAL_FATAL(publish_on(&e2, KVP_TIER_DEVICE, prompt, 0), 0);
+	demote_all_on(&e2);
+	settle(&e2);
+	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, NP);
+	promote_and_demote(&e2, prompt, 0); /* within the age: not again */
+	settle(&e2);
+	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(counter(&e2, "remote_written_skipped") - skipped, NP);
+
+	/* The cluster loses everything; R sees none of it. */
+	for (int i = 0; i < 3; i++) {
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "redis-cli -p %s FLUSHALL >/dev/null 2>&1", g_ports[i]);
+		CU_ASSERT_EQUAL(system(cmd), 0);
+	}
+	CU_ASSERT_EQUAL(remote_seen(prompt, 0, 0), 0);
+	/* Past the age, demoted again: written again, and R fetches W2's bytes. */
+	usleep(1200000);
+	promote_and_demote(&e2, prompt, 0);
+	settle(&e2);
+	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, 2 * NP);
+	CU_ASSERT_EQUAL(counter(&e2, "remote_written_skipped") - skipped, NP);
+	CU_ASSERT_EQUAL(remote_seen(prompt, 0, 0), NP);
+	CU_ASSERT_EQUAL(fetch_checked(prompt, 0, &bad), NP);
+	CU_ASSERT_EQUAL(bad, 0);
+	kvp_client_close(e2.c);
+	CU_ASSERT_EQUAL(h_daemon_finish(&w2), 0);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -629,6 +708,7 @@ int main(void)
 		H_TEST(test_fetch_survives_reload_that_drops_its_pool),
 		H_TEST(test_fetch_answers_not_found_when_reload_revokes_its_pool),
 		H_TEST(test_match_answers_not_found_when_reload_revokes_its_pool),
+		H_TEST(test_write_through_rewrites_after_rewrite_after_s),
 	};
 	const char *ports = getenv("KVP_REDIS_PORTS");
 

@@ -83,6 +83,7 @@ static void test_kvp_conf_load_string_remote_defaults(void)
 	CU_ASSERT_EQUAL(c.remote.match_max_pages, 64);
 	CU_ASSERT_EQUAL(c.remote.max_inflight_bytes, 64ull << 20);
 	CU_ASSERT_EQUAL(c.remote.ttl_s, 86400);
+	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 3600);
 	/* a [remote] section alone does not turn a pool's remote tier on */
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_OFF);
 }
@@ -98,7 +99,8 @@ static void test_kvp_conf_load_string_remote_values(void)
 		  "match_timeout_ms = 5\n"
 		  "match_max_pages = 4096\n"
 		  "max_inflight_bytes = 1G\n"
-		  "ttl_s = 0\n" POOL_P "remote = write-through\n"
+		  "ttl_s = 0\n"
+		  "rewrite_after_s = 90m\n" POOL_P "remote = write-through\n"
 		  "[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
 		  "page_tokens = 1\nhost_capacity = 4K\nremote = spill\n"
 		  "[pool.r]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
@@ -112,6 +114,7 @@ static void test_kvp_conf_load_string_remote_values(void)
 	CU_ASSERT_EQUAL(c.remote.match_max_pages, 4096);
 	CU_ASSERT_EQUAL(c.remote.max_inflight_bytes, 1ull << 30);
 	CU_ASSERT_EQUAL(c.remote.ttl_s, 0);
+	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 5400);
 	CU_ASSERT_EQUAL_FATAL(c.n_pools, 3);
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_WRITE_THROUGH);
 	CU_ASSERT_EQUAL(c.pools[1].remote, KVP_REMOTE_SPILL);
@@ -163,6 +166,12 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 	expect_err(REMOTE "ttl_s = 2147483648\n" POOL_P,
 		   "t.conf:3: key 'ttl_s' in [remote]: expected a duration in 0..2147483647 s, "
 		   "got '2147483648'");
+	expect_err(REMOTE "rewrite_after_s = 0\n" POOL_P,
+		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration in "
+		   "1..2147483647 s, got '0'");
+	expect_err(REMOTE "rewrite_after_s = 500ms\n" POOL_P,
+		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration: a whole "
+		   "number of s, or one with a unit (ms, s, m, h), got '500ms'");
 }
 
 static void test_kvp_conf_load_string_remote_bad_seeds(void)
@@ -249,6 +258,8 @@ static void test_kvp_conf_remote_same_cases(void)
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE "ttl_s = 5\n" POOL_P "remote = spill\n", &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
+	expect_ok(REMOTE "rewrite_after_s = 5\n" POOL_P "remote = spill\n", &b);
+	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE "match_max_pages = 8\n" POOL_P "remote = spill\n", &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(POOL_P, &b);
@@ -289,6 +300,7 @@ static void test_kvp_conf_load_file_example_remote(void)
 	CU_ASSERT_EQUAL(c.remote.enabled, 1);
 	CU_ASSERT_STRING_EQUAL(c.remote.seeds, "127.0.0.1:7000,127.0.0.1:7001");
 	CU_ASSERT_EQUAL(c.remote.max_inflight_bytes, 64ull << 20);
+	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 3600);
 	CU_ASSERT_EQUAL_FATAL(c.n_pools, 1);
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_SPILL);
 
