@@ -643,6 +643,62 @@ static void test_match_answers_not_found_when_reload_revokes_its_pool(void)
 	}
 }
 
+/* Write-through forgets what it wrote when its connections to the cluster drop and come back
+ * (CLIENT KILL on every master: a node may have restarted empty): a page promoted and demoted
+ * again is written again, though well within rewrite_after_s (W: the default hour). */
+static void test_write_through_forgets_on_reconnect(void)
+{
+	uint32_t prompt = 10;
+	int64_t written, resets, connects;
+
+	CU_ASSERT_EQUAL_FATAL(publish(KVP_TIER_DEVICE, prompt, 0), 0);
+	demote_all_by_alloc();
+	settle(&g_ew);
+	written = counter(&g_ew, "remote_written_pages");
+	resets = counter(&g_ew, "remote_written_resets");
+	connects = counter(&g_ew, "remote_connects");
+	promote_and_demote(&g_ew, prompt, 0);
+	settle(&g_ew);
+	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages"), written); /* seen */
+	for (int i = 0; i < 3; i++) {
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "redis-cli -p %s CLIENT KILL TYPE normal >/dev/null",
+			 g_ports[i]);
+		CU_ASSERT_EQUAL(system(cmd), 0);
+	}
+	for (int i = 0; i < 500 && (counter(&g_ew, "remote_connects") < connects + 3 ||
+				    counter(&g_er, "remote_connects") < 6);
+	     i++)
+		usleep(10000);
+	CU_ASSERT(counter(&g_ew, "remote_connects") >= connects + 3);
+	CU_ASSERT(counter(&g_ew, "remote_written_resets") > resets);
+	promote_and_demote(&g_ew, prompt, 0);
+	settle(&g_ew);
+	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
+}
+
+/* A Fetch's hit is not taken as written when ttl_s is set (W: the default day): the value may
+ * be about to expire. W fetches what W2 wrote; demoted on W, it is written by W too. */
+static void fetched_is_written_again_with_ttl(struct h_eng *e2)
+{
+	struct kvp_fetch_result f = { .struct_size = sizeof(f) };
+	uint32_t dev[NP], host[NP], t[NTOK];
+	uint32_t prompt = 12;
+	int64_t written;
+
+	CU_ASSERT_EQUAL_FATAL(publish_on(e2, KVP_TIER_HOST, prompt, 0), 0);
+	settle(e2);
+	tokens_of(prompt, t);
+	written = counter(&g_ew, "remote_written_pages");
+	CU_ASSERT_EQUAL_FATAL(kvp_cache_fetch(g_ew.p, 0, t, NTOK, 0, &f, dev, host, NP, NULL), 0);
+	CU_ASSERT_EQUAL(f.fetched_pages, NP);
+	CU_ASSERT_EQUAL(rows(g_ew.p, KVP_TIER_HOST, host, prompt, 1), 0);
+	promote_and_demote(&g_ew, prompt, 0);
+	settle(&g_ew);
+	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
+}
+
 /* Write-through's table of written keys ages its entries (rewrite_after_s, 1 s on a second
  * write-through node W2; ttl_s is the default day): a page promoted and demoted again at once is
  * not written again, but after the age it is. So content the cluster lost (FLUSHALL on every
@@ -665,6 +721,7 @@ static void test_write_through_rewrites_after_rewrite_after_s(void)
 	for (int i = 0; i < 300 && counter(&e2, "remote_connects") < 3; i++)
 		usleep(10000);
 	CU_ASSERT(counter(&e2, "remote_written_resets") >= 0); /* reported */
+	fetched_is_written_again_with_ttl(&e2);
 	written = counter(&e2, "remote_written_pages");
 	skipped = counter(&e2, "remote_written_skipped");
 
@@ -708,6 +765,7 @@ int main(void)
 		H_TEST(test_fetch_survives_reload_that_drops_its_pool),
 		H_TEST(test_fetch_answers_not_found_when_reload_revokes_its_pool),
 		H_TEST(test_match_answers_not_found_when_reload_revokes_its_pool),
+		H_TEST(test_write_through_forgets_on_reconnect),
 		H_TEST(test_write_through_rewrites_after_rewrite_after_s),
 	};
 	const char *ports = getenv("KVP_REDIS_PORTS");
