@@ -13,7 +13,10 @@
  * hit a checkpoint being written), a bad CRC, version or geometry fingerprint: the pool starts
  * empty, one log line says why. Leases and sessions are restored only from a checkpoint written
  * at a clean stop (clean_stop = 1, cleared once the new kvpoold runs): after a crash they are in
- * doubt and their pages are freed. */
+ * doubt and their pages are freed. A checkpoint is sized first and the memfd grown (its pages
+ * allocated, so writing the mapping cannot fault for memory) before gen_dirty is bumped: when it
+ * cannot grow, the previous checkpoint stays valid if this kvpoold wrote it and its guard still
+ * holds, and the next tick tries again. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
