@@ -54,14 +54,12 @@ struct kvp_snap {
 
 /* ---- buffers ---- */
 
-/* A checkpoint being encoded, straight into sn's body mapping: no copy of its own. A counting
- * pass (count set, p NULL) only sums the bytes, so the body can be grown to hold them all
- * before the previous checkpoint is touched. */
+/* A checkpoint being encoded, straight into sn's body mapping: no copy of its own, and no
+ * pages to fault in (body_grow allocates them). */
 struct wbuf {
 	uint8_t *p;
 	size_t n, cap;
 	bool oom;
-	bool count;
 	struct kvp_snap *sn;
 };
 
@@ -74,8 +72,8 @@ static int body_grow(struct kvp_snap *sn, size_t need)
 	size_t cap = sn->body_cap ? sn->body_cap : HDR_BYTES;
 	void *np;
 
-	while (cap < need)
-		cap *= 2;
+	while (cap < need) /* by half (whole header-sized steps): what it allocates is resident */
+		cap += cap / 2 >= HDR_BYTES ? cap / 2 / HDR_BYTES * HDR_BYTES : HDR_BYTES;
 	if (cap == sn->body_cap)
 		return 0;
 	if (kvp_fault_hit(KVP_FAULT_SNAPSHOT))
@@ -96,17 +94,13 @@ static int body_grow(struct kvp_snap *sn, size_t need)
 }
 
 /* Room for n more bytes at b's end: a pointer to them (b->n advanced), NULL when there is none
- * (b->oom set) or b only counts. */
+ * (b->oom set). */
 static uint8_t *room(struct wbuf *b, size_t n)
 {
 	uint8_t *at;
 
 	if (b->oom)
 		return NULL;
-	if (b->count) {
-		b->n += n;
-		return NULL;
-	}
 	if (b->n + n > b->cap) {
 		if (body_grow(b->sn, b->n + n) < 0) {
 			b->oom = true;
@@ -321,7 +315,7 @@ static int put_key(void *ctx, const struct kvp_keys_entry *e)
 
 static void patch32(struct wbuf *b, size_t at, uint32_t v)
 {
-	if (!b->oom && !b->count)
+	if (!b->oom)
 		memcpy(b->p + at, &v, 4);
 }
 
@@ -442,7 +436,7 @@ static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 	return r;
 }
 
-/* Everything a checkpoint holds, into b (or counted). */
+/* Everything a checkpoint holds, into b. */
 static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
 	struct walk_ctx w = { b, p->conf.page_tokens, 0, p->pfx };
@@ -479,22 +473,22 @@ static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bo
 		put32(b, 0);
 }
 
-/* Encodes p's books straight into the memfd's body. A counting pass first sizes them and the
- * body grows (allocated) to hold them: failing that, the previous checkpoint is left as it is,
- * still valid where this kvpoold wrote it and guarded it since (sn->armed). Only then is it
- * overwritten, the generation marked in progress first: a crash (or a failure) from there
- * until the end leaves gen_clean != gen_dirty, and the next start discards the books. */
+/* Encodes p's books straight into the memfd's body, in one walk. Before the previous
+ * checkpoint is touched the body grows (allocated) to half as much again as its size: failing
+ * that, it is left as it is, still valid where this kvpoold wrote it and guarded it since
+ * (sn->armed). Only then is it overwritten, the generation marked in progress first: a crash
+ * (or a failure: books that grew by more than half since and could not grow further) from
+ * there until the end leaves gen_clean != gen_dirty, and the next start discards the books. */
 static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
 	struct kvp_snap *sn = p->snap;
 	struct snap_hdr *h = sn->hdr;
-	struct wbuf c = { .count = true, .sn = sn };
 	struct wbuf b = { .sn = sn };
+	uint64_t last = h->gen_clean == h->gen_dirty ? h->body_bytes : 0;
 	int r;
 
 	sn->last_ms = kvp_now_ms();
-	encode(&c, d, p, clean);
-	r = c.oom ? -ENOMEM : body_grow(sn, c.n);
+	r = body_grow(sn, last < (1ull << 40) ? (size_t)(last + last / 2) : 0);
 	if (r < 0) {
 		/* Books this kvpoold did not write or no longer guards (adopted, or a page they
 		 * list has gone) must not outlive this failure: a restart could trust them. */
