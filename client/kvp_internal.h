@@ -114,6 +114,11 @@ int kvp__client_fd(const struct kvp_client *c);
  * (without blocking) what waits in the socket first, so replies never pile up. 0 or a
  * negative code. */
 int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *err);
+/* 0, or -KVP_E_FORKED (err filled) when the calling process is not the one that connected c
+ * (getpid); _fast compares a count of forks kept by pthread_atfork instead: no system call,
+ * but blind to a child made with a raw clone. */
+int kvp__forked(const struct kvp_client *c, struct kvp_error *err);
+int kvp__forked_fast(const struct kvp_client *c, struct kvp_error *err);
 
 /* ---- the page reserve (libkvpool_reserve.c) ---- */
 struct kvp_resv;

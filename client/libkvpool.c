@@ -2,6 +2,7 @@
  * requests matched by id, an event queue for frames nobody asked for), and the reference-counted
  * tier mappings through which an engine reads and writes K/V bytes directly. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -114,8 +115,43 @@ struct kvp_client {
 	size_t token_len;
 	uint64_t instance;
 	bool reconnecting;
-	bool retry; /* the connection was lost and no reconnect was tried since */
+	bool retry;	     /* the connection was lost and no reconnect was tried since */
+	pid_t pid;	     /* the process that connected: the session is its own */
+	unsigned long forks; /* g_forks then */
 };
+
+/* Forks of this process's ancestors and itself since libkvpool was loaded, counted in each
+ * child (pthread_atfork): what the paths without a system call compare (kvp__forked_fast). */
+static unsigned long g_forks;
+static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void)
+{
+	__atomic_add_fetch(&g_forks, 1, __ATOMIC_RELAXED);
+}
+
+static void fork_watch(void)
+{
+	pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+static int forked_fail(struct kvp_error *err, const struct kvp_client *c)
+{
+	return kvp__fail(err, KVP_E_FORKED, 0,
+			 "this client was connected by pid %d, this is pid %d (a fork): connect a "
+			 "client of its own",
+			 (int)c->pid, (int)getpid());
+}
+
+int kvp__forked(const struct kvp_client *c, struct kvp_error *err)
+{
+	return c->pid == getpid() ? 0 : forked_fail(err, c);
+}
+
+int kvp__forked_fast(const struct kvp_client *c, struct kvp_error *err)
+{
+	return c->forks == __atomic_load_n(&g_forks, __ATOMIC_RELAXED) ? 0 : forked_fail(err, c);
+}
 
 static const char *const g_code_names[] = {
 	"OK",
@@ -135,8 +171,8 @@ static const char *const g_code_names[] = {
 	"INTERNAL",
 	"RESTARTED",
 };
-static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM",
-					     "MAP",	  "BUFFER",    "AGAIN" };
+static const char *const g_local_names[] = { "NO_DAEMON", "TRANSPORT", "NOMEM", "MAP",
+					     "BUFFER",	  "AGAIN",     "FORKED" };
 _Static_assert(sizeof(g_code_names) / sizeof(g_code_names[0]) == KVP_E_RESTARTED + 1, "names");
 _Static_assert(sizeof(g_local_names) / sizeof(g_local_names[0]) == KVP_CODE_MAX - KVP_E_NO_DAEMON,
 	       "local names");
@@ -490,6 +526,8 @@ int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Respo
 	size_t len;
 	int r;
 
+	if ((r = kvp__forked(c, err)) < 0)
+		return r; /* the socket, the session and its replies are another process's */
 	if (c->fd < 0 && c->retry && c->instance && c->reconnect_ms != KVP_RECONNECT_NEVER &&
 	    reconnect(c) == 0)
 		return kvp__fail(err, KVP_E_RESTARTED, ECONNRESET,
@@ -557,6 +595,8 @@ int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *
 	size_t len;
 	int r;
 
+	if ((r = kvp__forked(c, err)) < 0)
+		return r;
 	if (c->fd < 0)
 		return kvp__fail(err, KVP_E_TRANSPORT, EPIPE, "the connection was closed before");
 	if ((r = pump(c, false)) < 0)
@@ -582,6 +622,8 @@ KVP_EXPORT int kvp_client_event_fd(struct kvp_client *c)
 {
 	struct epoll_event ev = { .events = EPOLLIN };
 
+	if (kvp__forked(c, NULL) < 0)
+		return -KVP_E_FORKED;
 	if (c->epfd >= 0)
 		return c->epfd;
 	if (c->fd < 0)
@@ -611,6 +653,8 @@ KVP_EXPORT int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev,
 
 	if (!ev || ev->struct_size < KVP_EVENT_SIZE_V02)
 		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0, "struct kvp_event too small");
+	if (kvp__forked(c, err) < 0)
+		return -KVP_E_FORKED; /* its events are the connecting process's */
 	if (c->fd >= 0) {
 		int r = pump(c, false);
 
@@ -733,6 +777,9 @@ KVP_EXPORT struct kvp_client *kvp_client_connect_opts(const char *path,
 		return NULL;
 	}
 	c->efd = c->epfd = -1;
+	pthread_once(&g_fork_once, fork_watch);
+	c->pid = getpid();
+	c->forks = __atomic_load_n(&g_forks, __ATOMIC_RELAXED);
 	kvp_frame_buf_init(&c->in);
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -1591,6 +1638,8 @@ KVP_EXPORT int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, ui
 	Kvpool__Response *resp;
 	int r;
 
+	if ((r = kvp__forked_fast(p->c, err)) < 0)
+		return r; /* the reserve's rings are the connecting process's */
 	if (p->resv && kvp__resv_alloc(p->resv, tier, npages, lease_id, pages))
 		return 0;
 	alloc.pool_id = p->id;
@@ -1624,6 +1673,8 @@ KVP_EXPORT int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t 
 	Kvpool__Response *resp;
 	int r;
 
+	if ((r = kvp__forked_fast(p->c, err)) < 0)
+		return r;
 	if (p->resv) {
 		if (kvp__resv_extend(p->resv, lease_id, npages, pages))
 			return 0;
@@ -1659,6 +1710,8 @@ KVP_EXPORT int kvp_lease_free(struct kvp_pool *p, uint64_t lease_id, const uint3
 	uint32_t left;
 	int r;
 
+	if ((r = kvp__forked_fast(p->c, err)) < 0)
+		return r;
 	if (p->resv) {
 		r = kvp__resv_free(p->resv, lease_id, pages, n, &left, err);
 		if (r > 0)

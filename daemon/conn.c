@@ -97,14 +97,18 @@ bool conn_turn_take(struct conn *c)
 	return true;
 }
 
-void conn_outq_add(struct conn *c, size_t n)
+void conn_outq_add(struct conn *c, size_t n, uint64_t now)
 {
+	if (!c->out_bytes && n)
+		c->out_since_ms = now ? now : 1;
 	c->out_bytes += n;
 }
 
 void conn_outq_sent(struct conn *c, size_t n)
 {
 	c->out_bytes = n > c->out_bytes ? 0 : c->out_bytes - n;
+	if (!c->out_bytes)
+		c->out_since_ms = 0;
 }
 
 void conn_input_note(struct conn *c, bool pending, uint64_t now)
@@ -155,10 +159,16 @@ enum conn_expiry conn_expiry(const struct conn *c, uint64_t now)
 	    past(now, c->partial_since_ms, l->partial_ms))
 		return CONN_EXPIRED_PARTIAL;
 	/* A watched peer may be quiet as long as it lives; only replies it leaves unread run
-	 * the keep-alive then. */
-	if (c->greeted && l->keepalive_ms && !c->backlog && (!c->watched || c->out_bytes) &&
-	    past(now, c->last_ms, l->keepalive_ms))
-		return c->out_bytes ? CONN_EXPIRED_UNREAD : CONN_EXPIRED_KEEPALIVE;
+	 * the keep-alive then, from the later of its last call and when they began to wait (a
+	 * notice queued for a long-quiet peer is not unread yet). */
+	if (c->greeted && l->keepalive_ms && !c->backlog && (!c->watched || c->out_bytes)) {
+		uint64_t since = c->last_ms;
+
+		if (c->watched && c->out_since_ms > since)
+			since = c->out_since_ms;
+		if (past(now, since, l->keepalive_ms))
+			return c->out_bytes ? CONN_EXPIRED_UNREAD : CONN_EXPIRED_KEEPALIVE;
+	}
 	return CONN_LIVE;
 }
 

@@ -56,6 +56,7 @@ struct conn {
 	int budget;   /* frames left this turn */
 	size_t out_bytes;
 	uint64_t accepted_ms, last_ms, partial_since_ms, flush_deadline_ms;
+	uint64_t out_since_ms; /* when out_bytes last went from 0 to more; 0 while it is 0 */
 	const struct conn_limits *lim;
 };
 
@@ -91,8 +92,9 @@ void conn_turn_begin(struct conn *c);
 /* Takes one frame from this turn's budget: false when it is spent. */
 bool conn_turn_take(struct conn *c);
 
-/* Reply bytes queued, and sent. */
-void conn_outq_add(struct conn *c, size_t n);
+/* Reply bytes queued at now (the unread-replies clock of a watched peer starts when the queue
+ * stops being empty), and sent. */
+void conn_outq_add(struct conn *c, size_t n, uint64_t now);
 void conn_outq_sent(struct conn *c, size_t n);
 
 /* After a turn: pending says whether a half frame waits in the input. Starts the half-frame

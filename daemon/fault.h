@@ -24,6 +24,7 @@ enum kvp_fault_site {
 	KVP_FAULT_SQE,	      /* "sqe": a submission queue entry (the ring is full) */
 	KVP_FAULT_ACCEPT,     /* "accept": an accepted socket, failed as EMFILE (and closed) */
 	KVP_FAULT_NOTICE,     /* "notice": queueing a pressure notice (as reply_queue fails) */
+	KVP_FAULT_SNAPSHOT,   /* "snapshot": growing a pool's books' memfd (ENOMEM) */
 	KVP_FAULT_SITES,
 };
 

@@ -641,7 +641,7 @@ static void send_reply(struct server *sv, struct peer *p, struct kvp_reply *r)
 	o->nfds = r->nfds;
 	o->req_id = r->resp.id;
 	memcpy(o->fds, r->fds, sizeof(int) * (size_t)r->nfds);
-	conn_outq_add(&p->c, len);
+	conn_outq_add(&p->c, len, kvp_now_ms());
 	p->queued_total += len;
 	sv->d->st.frames_out++;
 	if (r->close_after)
@@ -1391,8 +1391,8 @@ static bool fd_reply_refused(struct server *sv, struct peer *p)
 	p->oq_head = e;
 	if (p->oq_tail == o)
 		p->oq_tail = e;
+	conn_outq_add(&p->c, e->len, kvp_now_ms()); /* before: the queue never looks empty */
 	conn_outq_sent(&p->c, o->len);
-	conn_outq_add(&p->c, e->len);
 	obuf_free(sv, o);
 	sv->d->st.refused_attach_fds++;
 	kvp_log_limited(&sv->log_send, kvp_now_ms(), LOG_WARNING,

@@ -3,6 +3,7 @@
 #include "snapshot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "fault.h"
 #include "fdstore.h"
 #include "log.h"
 #include "crc32c.h"
@@ -41,17 +43,19 @@ struct snap_hdr {
 struct kvp_snap {
 	int fd;
 	struct snap_hdr *hdr;
-	uint8_t *body;	  /* the memfd from HDR_BYTES on, mapped shared: checkpoints encode here */
-	size_t body_cap;  /* bytes of it mapped (and of the file past the header, at least) */
+	uint8_t *map;	  /* the memfd from offset 0 (page aligned on any page size), shared */
+	uint8_t *body;	  /* map + HDR_BYTES: checkpoints encode here */
+	size_t body_cap;  /* bytes of the body mapped, and allocated in the file (fallocate) */
 	bool armed;	  /* the page allocators' guard (kvp_pages_guard) */
 	uint64_t last_ms; /* last checkpoint */
 	uint32_t sig;	  /* the books' figures then */
+	struct kvp_log_limit log_fail; /* a periodic checkpoint that failed */
 };
 
 /* ---- buffers ---- */
 
 /* A checkpoint being encoded, straight into sn's body mapping: no copy of its own, and no
- * pages to fault in but those it grows by. */
+ * pages to fault in (body_grow allocates them). */
 struct wbuf {
 	uint8_t *p;
 	size_t n, cap;
@@ -59,25 +63,32 @@ struct wbuf {
 	struct kvp_snap *sn;
 };
 
-/* Grows sn's body mapping (and file) to hold at least need bytes. 0 or -errno. */
+/* Grows sn's body mapping and file to hold at least need bytes, the grown range allocated
+ * (fallocate), so that no write into the mapping faults for memory: a memfd short of memory
+ * fails here with an errno, not with SIGBUS in the middle of a checkpoint. The mapping starts
+ * at file offset 0: HDR_BYTES is not a page on every kernel. 0 or -errno. */
 static int body_grow(struct kvp_snap *sn, size_t need)
 {
-	size_t cap = sn->body_cap ? sn->body_cap : (1u << 20);
-	struct stat st;
+	size_t cap = sn->body_cap ? sn->body_cap : HDR_BYTES;
 	void *np;
 
-	while (cap < need)
-		cap *= 2;
-	if (fstat(sn->fd, &st) < 0)
+	while (cap < need) /* by half (whole header-sized steps): what it allocates is resident */
+		cap += cap / 2 >= HDR_BYTES ? cap / 2 / HDR_BYTES * HDR_BYTES : HDR_BYTES;
+	if (cap == sn->body_cap)
+		return 0;
+	if (kvp_fault_hit(KVP_FAULT_SNAPSHOT))
+		return -ENOMEM;
+	/* From the end of what is mapped (all of the body the first time: an adopted file's
+	 * holes are allocated too). */
+	if (fallocate(sn->fd, 0, (off_t)(HDR_BYTES + sn->body_cap), (off_t)(cap - sn->body_cap)) <
+	    0)
 		return -errno;
-	if ((uint64_t)st.st_size < HDR_BYTES + cap &&
-	    ftruncate(sn->fd, (off_t)(HDR_BYTES + cap)) < 0)
-		return -errno;
-	np = sn->body ? mremap(sn->body, sn->body_cap, cap, MREMAP_MAYMOVE)
-		      : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, sn->fd, HDR_BYTES);
+	np = sn->map ? mremap(sn->map, HDR_BYTES + sn->body_cap, HDR_BYTES + cap, MREMAP_MAYMOVE)
+		     : mmap(NULL, HDR_BYTES + cap, PROT_READ | PROT_WRITE, MAP_SHARED, sn->fd, 0);
 	if (np == MAP_FAILED)
 		return -errno;
-	sn->body = np;
+	sn->map = np;
+	sn->body = sn->map + HDR_BYTES;
 	sn->body_cap = cap;
 	return 0;
 }
@@ -425,51 +436,75 @@ static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 	return r;
 }
 
-/* Encodes p's books straight into the memfd's body. The previous checkpoint is overwritten,
- * so the generation is marked in progress first: a crash (or a failure) from there until the
- * end leaves gen_clean != gen_dirty, and the next start discards the books. */
-static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+/* Everything a checkpoint holds, into b. */
+static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
-	struct kvp_snap *sn = p->snap;
-	struct snap_hdr *h = sn->hdr;
-	struct wbuf b = { .p = sn->body, .cap = sn->body_cap, .sn = sn };
-	struct walk_ctx w = { &b, p->conf.page_tokens, 0, p->pfx };
+	struct walk_ctx w = { b, p->conf.page_tokens, 0, p->pfx };
 	size_t at;
 
-	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
-	h->clean_stop = 0;
-	put64(&b, d->id_key[0]);
-	put64(&b, d->id_key[1]);
-	put8(&b, d->id_keyed);
-	put64(&b, d->next_session_id);
-	put64(&b, d->next_lease_id);
-	put64(&b, d->next_lock_id);
+	put64(b, d->id_key[0]);
+	put64(b, d->id_key[1]);
+	put8(b, d->id_keyed);
+	put64(b, d->next_session_id);
+	put64(b, d->next_lease_id);
+	put64(b, d->next_lock_id);
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		uint32_t total = p->pages[t] ? kvp_pages_total(p->pages[t]) : 0;
 		uint8_t *states;
 
-		put32(&b, total);
-		states = room(&b, total);
+		put32(b, total);
+		states = room(b, total);
 		if (states && total)
 			kvp_pages_states(p->pages[t], states);
 	}
-	at = b.n;
-	put32(&b, 0);
+	at = b->n;
+	put32(b, 0);
 	if (kvp_prefix_walk(p->pfx, put_prefix, &w) < 0)
-		b.oom = true;
-	patch32(&b, at, w.n);
-	at = b.n;
+		b->oom = true;
+	patch32(b, at, w.n);
+	at = b->n;
 	w.n = 0;
-	put32(&b, 0);
+	put32(b, 0);
 	kvp_keys_walk(p->keys, put_key, &w);
-	patch32(&b, at, w.n);
+	patch32(b, at, w.n);
 	if (clean && d->conf.resume_grace_ms)
-		put_sessions(&b, d, p);
+		put_sessions(b, d, p);
 	else
-		put32(&b, 0);
+		put32(b, 0);
+}
+
+/* Encodes p's books straight into the memfd's body, in one walk. Before the previous
+ * checkpoint is touched the body grows (allocated) to half as much again as its size: failing
+ * that, it is left as it is, still valid where this kvpoold wrote it and guarded it since
+ * (sn->armed). Only then is it overwritten, the generation marked in progress first: a crash
+ * (or a failure: books that grew by more than half since and could not grow further) from
+ * there until the end leaves gen_clean != gen_dirty, and the next start discards the books. */
+static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+{
+	struct kvp_snap *sn = p->snap;
+	struct snap_hdr *h = sn->hdr;
+	struct wbuf b = { .sn = sn };
+	uint64_t last = h->gen_clean == h->gen_dirty ? h->body_bytes : 0;
+	int r;
+
 	sn->last_ms = kvp_now_ms();
-	if (b.oom)
-		return -ENOMEM; /* the memfd could not grow: no books until the next one */
+	r = body_grow(sn, last < (1ull << 40) ? (size_t)(last + last / 2) : 0);
+	if (r < 0) {
+		/* Books this kvpoold did not write or no longer guards (adopted, or a page they
+		 * list has gone) must not outlive this failure: a restart could trust them. */
+		if (!sn->armed)
+			__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
+		return r;
+	}
+	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
+	h->clean_stop = 0;
+	b.p = sn->body;
+	b.cap = sn->body_cap;
+	encode(&b, d, p, clean);
+	if (b.oom) {
+		sn->armed = false; /* no books now: the next tick writes them again */
+		return -ENOMEM;
+	}
 	h->body_bytes = b.n;
 	h->body_crc = kvp_crc32c(b.p, b.n);
 	h->written_ms = sn->last_ms;
@@ -490,8 +525,11 @@ void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
 			continue;
 		r = write_pool(d, p, clean_stop);
 		if (r < 0)
-			log_warn("pool %s: writing its books for a restart failed: %s",
-				 p->conf.name, strerror(-r));
+			log_warn("pool %s: writing its books for a restart failed: %s (%s)",
+				 p->conf.name, strerror(-r),
+				 p->snap->hdr->gen_clean == p->snap->hdr->gen_dirty
+					 ? "the previous checkpoint is kept"
+					 : "none is kept");
 		else if (clean_stop)
 			log_info("pool %s: books written for a restart (%lu bytes)", p->conf.name,
 				 (unsigned long)p->snap->hdr->body_bytes);
@@ -522,7 +560,15 @@ void kvp_snap_tick(struct kvp_daemon *d, uint64_t now_ms)
 			p->snap->last_ms = now_ms;
 			continue;
 		}
-		write_pool(d, p, false);
+		int r = write_pool(d, p, false);
+
+		if (r < 0)
+			kvp_log_limited(&p->snap->log_fail, now_ms ? now_ms : 1, LOG_WARNING,
+					"pool %s: a checkpoint failed (%s): %s", p->conf.name,
+					strerror(-r),
+					p->snap->hdr->gen_clean == p->snap->hdr->gen_dirty
+						? "the previous one is kept"
+						: "no books for a restart until one succeeds");
 	}
 }
 
@@ -553,6 +599,7 @@ static int snap_open(struct kvpd_pool *p, int fd)
 	if (sn->hdr == MAP_FAILED)
 		goto fail;
 	sn->fd = fd;
+	sn->log_fail.interval_ms = 60000;
 	if (fresh || sn->hdr->magic != SNAP_MAGIC) {
 		memset(sn->hdr, 0, sizeof(*sn->hdr));
 		sn->hdr->magic = SNAP_MAGIC;
@@ -583,8 +630,8 @@ void kvp_snap_free(struct kvp_snap *s)
 		return;
 	if (s->hdr && s->hdr != MAP_FAILED)
 		munmap(s->hdr, HDR_BYTES);
-	if (s->body)
-		munmap(s->body, s->body_cap);
+	if (s->map)
+		munmap(s->map, HDR_BYTES + s->body_cap);
 	if (s->fd >= 0)
 		close(s->fd);
 	free(s);

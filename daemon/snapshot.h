@@ -13,7 +13,12 @@
  * hit a checkpoint being written), a bad CRC, version or geometry fingerprint: the pool starts
  * empty, one log line says why. Leases and sessions are restored only from a checkpoint written
  * at a clean stop (clean_stop = 1, cleared once the new kvpoold runs): after a crash they are in
- * doubt and their pages are freed. */
+ * doubt and their pages are freed. Before a checkpoint bumps gen_dirty, the memfd grows to
+ * half as much again as the last books (its pages allocated: writing the mapping cannot fault
+ * for memory): when it cannot, the previous checkpoint stays valid if this kvpoold wrote it and
+ * its guard still holds, and the next tick tries again. Books that grew by more than half since
+ * grow on while they are written; failing that, there are none until a later tick writes
+ * them. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

@@ -64,6 +64,10 @@ enum kvp_code {
 	KVP_E_MAP = 103,    /* mapping a tier's memory failed: sys_errno or message say why */
 	KVP_E_BUFFER = 104, /* a caller buffer is too small for the reply */
 	KVP_E_AGAIN = 105,  /* nothing waits now (kvp_client_event_next): poll and retry */
+	/* The client was connected by another process: this one was forked from it since. Its
+	 * session, leases and locks are the connecting process's; a child connects its own
+	 * client (kvp_client_close of the inherited one is safe: it sends nothing). */
+	KVP_E_FORKED = 106,
 	KVP_CODE_MAX
 };
 

@@ -56,6 +56,7 @@ from ._kvpool import (
     OutOfMemory,
     MapError,
     BufferTooSmall,
+    Forked,
 )
 
 __all__ = [
@@ -64,6 +65,6 @@ __all__ = [
     "OutOfCapacity", "HostBudgetExceeded", "QuotaExceeded", "NoSuchPool", "GeometryMismatch", "NotFound",
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
     "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
-    "MapError", "BufferTooSmall",
+    "MapError", "BufferTooSmall", "Forked",
     "EVENT_PRESSURE", "decode_pressure", "PressureNotice",
 ]

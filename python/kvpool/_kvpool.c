@@ -122,6 +122,9 @@ static const struct {
 	{ KVP_E_NOMEM, "OutOfMemory", "libkvpool could not allocate memory." },
 	{ KVP_E_MAP, "MapError", "Mapping a tier's memory failed: errno and message say why." },
 	{ KVP_E_BUFFER, "BufferTooSmall", "A reply did not fit the buffer given for it." },
+	{ KVP_E_FORKED, "Forked",
+	  "The client was connected by another process (this one was forked from it): its "
+	  "session is that process's. Connect a client of this process's own." },
 };
 
 /* Sets o.name to x and drops the reference to x; -1 (with the exception set) when x is NULL. */

@@ -745,6 +745,54 @@ static void test_kvp_pool_detach_unmaps_unreferenced(void)
 	kvp_client_close(c);
 }
 
+/* A forked child cannot use the client its parent connected: every call is FORKED (nothing is
+ * sent on the parent's socket, the parent's lease stays the parent's); it connects its own. */
+static void test_kvp_client_forked_child_refused(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = kvp_client_connect(g_d.sock, "parent", &e);
+	struct kvp_pool *p;
+	uint64_t lease, other;
+	uint32_t pages[2], more[1];
+	int st = -1;
+	pid_t pid;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	p = kvp_pool_attach(c, "default", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_HOST, 2, &lease, pages, &e), 0);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		struct kvp_event ev = { .struct_size = sizeof(ev) };
+		struct kvp_client *own;
+		int bad = 0;
+
+		bad |= (kvp_client_ping(c, &e) != -KVP_E_FORKED || e.code != KVP_E_FORKED) << 0;
+		bad |= (kvp_lease_free(p, lease, pages, 2, &e) != -KVP_E_FORKED) << 1;
+		bad |= (kvp_lease_alloc(p, KVP_TIER_HOST, 1, &other, more, &e) != -KVP_E_FORKED)
+		       << 2;
+		bad |= (kvp_lease_extend(p, lease, 1, more, &e) != -KVP_E_FORKED) << 3;
+		bad |= (kvp_client_event_next(c, &ev, &e) != -KVP_E_FORKED) << 4;
+		bad |= (kvp_client_event_fd(c) != -KVP_E_FORKED) << 5;
+		bad |= (kvp_pool_detach(p, &e) != -KVP_E_FORKED) << 6;
+		kvp_client_close(c); /* the child's copy: sends nothing */
+		own = kvp_client_connect(g_d.sock, "child", &e);
+		bad |= (!own || kvp_client_ping(own, &e) != 0) << 7;
+		kvp_client_close(own);
+		_exit(bad);
+	}
+	CU_ASSERT_EQUAL(waitpid(pid, &st, 0), pid);
+	CU_ASSERT(WIFEXITED(st));
+	if (WEXITSTATUS(st))
+		printf("\n    child's failed checks: 0x%x\n", WEXITSTATUS(st));
+	CU_ASSERT_EQUAL(WEXITSTATUS(st), 0);
+	CU_ASSERT_EQUAL(kvp_client_ping(c, &e), 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, lease, pages, 2, &e), 0); /* still the parent's */
+	CU_ASSERT_STRING_EQUAL(kvp_code_name(-KVP_E_FORKED), "FORKED");
+	kvp_client_close(c);
+}
+
 /* ---- listings against the real daemon ---- */
 
 static void test_kvp_session_list_and_cache_list(void)
@@ -1001,6 +1049,7 @@ int main(void)
 		H_TEST(test_kvpoolctl_socket_too_long),
 		H_TEST(test_kvp_pool_tier_mapping_outlives_detach_and_close),
 		H_TEST(test_kvp_pool_detach_unmaps_unreferenced),
+		H_TEST(test_kvp_client_forked_child_refused),
 		H_TEST(test_kvp_session_list_and_cache_list),
 		H_TEST(test_kvp_admin_reload_lists_result),
 		H_TEST(test_kvp_struct_size_larger_first_and_smaller),

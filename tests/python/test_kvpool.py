@@ -219,6 +219,45 @@ def test_lease_alloc_extend_free(daemon, client):
     pool.detach()
 
 
+def test_forked_child_refused_parent_lease_kept(daemon, client):
+    """A forked child's calls on its parent's client raise Forked and send nothing: its
+    garbage (a Lease, a Pool) does not free the parent's lease; its own client works."""
+    pool = client.attach("c")
+    lease = pool.alloc(2)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        out = []
+        try:
+            for call in (client.ping, lambda: pool.alloc(1), lease.free):
+                try:
+                    call()
+                    out.append("ok")
+                except kvpool.Forked:
+                    out.append("forked")
+                except Exception as e:  # noqa: BLE001 - reported to the parent
+                    out.append(type(e).__name__)
+            del call, lease  # the child's copy: its dealloc must not free the parent's lease
+            gc.collect()
+            own = kvpool.connect(daemon.sock, name="child")
+            own.ping()
+            own.close()
+            out.append("own")
+        finally:
+            os.write(w, ",".join(out).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert said == "forked,forked,forked,own"
+    client.ping()
+    assert daemon.pool_books("c")["device"]["leased_tokens"] == 2 * PT
+    assert lease.free() == 0
+    pool.detach()
+
+
 @pytest.mark.parametrize("kind", ["list", "tuple", "array_I", "array_q", "numpy_i64",
                                   "numpy_u32", "numpy_u16", "memoryview"])
 def test_tokens_any_buffer(client, kind):

@@ -121,10 +121,10 @@ static void test_conn_outq_pauses_reading(void)
 	struct conn c;
 
 	conn_init(&c, &g_lim, 0);
-	conn_outq_add(&c, 999);
+	conn_outq_add(&c, 999, 0);
 	CU_ASSERT_FALSE(conn_paused(&c));
 	CU_ASSERT(conn_may_recv(&c));
-	conn_outq_add(&c, 1);
+	conn_outq_add(&c, 1, 0);
 	CU_ASSERT(conn_paused(&c));
 	CU_ASSERT_FALSE(conn_may_recv(&c));
 	conn_outq_sent(&c, 1);
@@ -215,7 +215,7 @@ static void test_conn_expiry_keepalive_watched(void)
 	conn_watch_exit(&c, true);
 	conn_activity(&c, 1000);
 	CU_ASSERT_EQUAL(conn_expiry(&c, 100000000), CONN_LIVE);
-	conn_outq_add(&c, 4096); /* a reply it does not read */
+	conn_outq_add(&c, 4096, 1000); /* a reply it does not read */
 	CU_ASSERT_EQUAL(conn_expiry(&c, 11000), CONN_LIVE);
 	CU_ASSERT_EQUAL(conn_expiry(&c, 11001), CONN_EXPIRED_UNREAD);
 	conn_outq_sent(&c, 1024);
@@ -227,6 +227,31 @@ static void test_conn_expiry_keepalive_watched(void)
 			       "reclaimed: replies not read within keepalive_ms");
 	conn_watch_exit(&c, false);
 	CU_ASSERT_EQUAL(conn_expiry(&c, 100000000), CONN_EXPIRED_KEEPALIVE);
+}
+
+/* A watched peer quiet for long gets a notice: the unread-replies clock starts when the notice
+ * is queued, not at its last call; it restarts once the queue has drained. */
+static void test_conn_expiry_unread_from_queueing(void)
+{
+	struct conn c;
+
+	conn_init(&c, &g_lim, 0);
+	conn_set_state(&c, CONN_OPEN);
+	conn_watch_exit(&c, true);
+	conn_activity(&c, 1000);
+	conn_outq_add(&c, 64, 500000); /* a pressure notice, long after its last call */
+	CU_ASSERT_EQUAL(conn_expiry(&c, 500001), CONN_LIVE);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 510000), CONN_LIVE);
+	conn_outq_add(&c, 64, 505000); /* more behind it: the clock does not restart */
+	CU_ASSERT_EQUAL(conn_expiry(&c, 510001), CONN_EXPIRED_UNREAD);
+	conn_outq_sent(&c, 128);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 900000), CONN_LIVE);
+	conn_outq_add(&c, 64, 900000);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 909000), CONN_LIVE);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 910001), CONN_EXPIRED_UNREAD);
+	/* not watched: the keep-alive runs from the last call, queued replies or not */
+	conn_watch_exit(&c, false);
+	CU_ASSERT_EQUAL(conn_expiry(&c, 900001), CONN_EXPIRED_UNREAD);
 }
 
 static void test_conn_expiry_flush(void)
@@ -269,6 +294,7 @@ int main(void)
 		H_TEST(test_conn_expiry_keepalive),
 		H_TEST(test_conn_expiry_keepalive_backlog),
 		H_TEST(test_conn_expiry_keepalive_watched),
+		H_TEST(test_conn_expiry_unread_from_queueing),
 		H_TEST(test_conn_expiry_flush),
 	};
 
