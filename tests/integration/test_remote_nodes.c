@@ -495,7 +495,8 @@ static int slow_master_attempt(uint32_t first_prompt, uint64_t *max_us, int *sta
 		}
 		*max_us = max_of(am, n, max_of(aa, n, *max_us));
 		if (n < ROUNDS) {
-			fprintf(stderr, "p99: block %u cut short by the end of the sleep (%u rounds)\n",
+			fprintf(stderr,
+				"p99: block %u cut short by the end of the sleep (%u rounds)\n",
 				blk, n);
 			break;
 		}
