@@ -89,7 +89,8 @@ static int start_redis(void)
 	if (!g_redis) {
 		execlp("redis-server", "redis-server", "--port", port_s, "--bind", "127.0.0.1",
 		       "--dir", g_dir, "--cluster-enabled", "yes", "--cluster-config-file", cfgf,
-		       "--save", "", "--appendonly", "no", "--logfile", "/dev/null", (char *)NULL);
+		       "--save", "", "--appendonly", "no", "--logfile", "/dev/null",
+		       "--enable-debug-command", "local", (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 100; i++) {
@@ -383,6 +384,130 @@ static void run_nodes(int port)
 		});
 }
 
+/* ---- a sleeping master ---- */
+
+enum { SM_ROUNDS_MAX = 4000, SM_PAGES = 4 };
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t p99_of(uint64_t *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(v[0]), cmp_u64);
+	return v[n * 99 / 100];
+}
+
+/* One round on n: Alloc of SM_PAGES host pages (evicting once the tier is full: on a node with
+ * the remote tier that spills), written and inserted under prompt s, freed, and a Match of
+ * them (a local hit); their times in nanoseconds. */
+static void sm_round(struct node *n, uint32_t s, uint64_t *alloc_ns, uint64_t *match_ns)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	uint32_t pages[SM_PAGES], t[SM_PAGES * N_PT], dev[SM_PAGES], host[SM_PAGES];
+	struct kvp_error err;
+	uint64_t lease, t0;
+
+	for (uint32_t i = 0; i < SM_PAGES * N_PT; i++)
+		t[i] = (s << 12) | i;
+	t0 = b_now_ns();
+	if (kvp_lease_alloc(n->p, KVP_TIER_HOST, SM_PAGES, &lease, pages, &err) < 0)
+		B_DIE("alloc: %s", err.message);
+	*alloc_ns = b_now_ns() - t0;
+	for (uint32_t i = 0; i < SM_PAGES; i++)
+		memset(n->host + (uint64_t)pages[i] * n->page_bytes, (int)s, n->page_bytes);
+	if (kvp_cache_insert(n->p, lease, 0, t, SM_PAGES * N_PT, 0, pages, SM_PAGES, NULL, &err) <
+	    0)
+		B_DIE("insert: %s", err.message);
+	kvp_lease_free(n->p, lease, NULL, 0, NULL);
+	t0 = b_now_ns();
+	if (kvp_cache_match(n->p, 0, t, SM_PAGES * N_PT, 0, &m, dev, host, SM_PAGES, &err) < 0)
+		B_DIE("match: %s", err.message);
+	*match_ns = b_now_ns() - t0;
+	if (m.n_host != SM_PAGES)
+		B_DIE("match: %u of %d pages just inserted", m.n_host, SM_PAGES);
+}
+
+/* Node A (remote = spill) and node C (no remote tier), the same pool, the same workload, while
+ * the master sleeps (DEBUG SLEEP, from a child): rounds alternate C, A so that the machine's
+ * noise falls on both alike, until the sleep is nearly over; rows: A's p99 against C's. */
+static void run_slow_master(int port, int quick)
+{
+	static uint64_t ca[SM_ROUNDS_MAX], cm[SM_ROUNDS_MAX], aa[SM_ROUNDS_MAX], am[SM_ROUNDS_MAX];
+	int sleep_s = quick ? 2 : 5, rounds_max = quick ? 1000 : SM_ROUNDS_MAX, n = 0, st;
+	uint64_t end, amax = 0, sink;
+	struct node a, c;
+	pid_t child;
+
+	node_start(&a, port, "spill");
+	node_start(&c, port, NULL);
+	for (uint32_t s = 0; s < 2 * N_HOST / SM_PAGES; s++) { /* both tiers full, A spilling */
+		sm_round(&c, s, &sink, &sink);
+		sm_round(&a, s, &sink, &sink);
+	}
+	usleep(200000);
+	if ((child = fork()) < 0)
+		B_DIE("fork: %s", strerror(errno));
+	if (!child) {
+		char c_[32];
+		redisContext *ctx = redisConnect("127.0.0.1", port);
+		redisReply *r;
+
+		snprintf(c_, sizeof(c_), "DEBUG SLEEP %d", sleep_s);
+		r = ctx && !ctx->err ? redisCommand(ctx, c_) : NULL;
+		if (!r || r->type != REDIS_REPLY_STATUS)
+			fprintf(stderr, "bench: DEBUG SLEEP: %s\n",
+				!r ? (ctx ? ctx->errstr : "no connection")
+				: r->type == REDIS_REPLY_ERROR ? r->str
+							       : "an unexpected reply");
+		_exit(r && r->type == REDIS_REPLY_STATUS ? 0 : 1);
+	}
+	usleep(100000);
+	end = b_now_ns() + (uint64_t)sleep_s * 1000000000ull - 400000000ull;
+	for (; n < rounds_max && b_now_ns() < end; n++) {
+		sm_round(&c, 100000u + (uint32_t)n, &ca[n], &cm[n]);
+		sm_round(&a, 100000u + (uint32_t)n, &aa[n], &am[n]);
+		amax = aa[n] > amax ? aa[n] : amax;
+		amax = am[n] > amax ? am[n] : amax;
+	}
+	if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st))
+		B_DIE("DEBUG SLEEP failed (redis-server refused it?)");
+	node_stop(&c);
+	node_stop(&a);
+	if (n < 100)
+		B_DIE("only %d rounds while the master slept", n);
+	for (int row = 0; row < 2; row++) {
+		double base = (double)p99_of(row ? cm : ca, n) / 1e3,
+		       val = (double)p99_of(row ? am : aa, n) / 1e3;
+
+		b_row_print(&(struct b_row){
+			.name = row ? "remote.slow_master.match_p99"
+				    : "remote.slow_master.alloc_p99",
+			.params = b_fmt("{\"rounds\":%d,\"pages_per_alloc\":%d,\"host_pages\":%d,"
+					"\"page_bytes\":%d,\"sleep_s\":%d}",
+					n, SM_PAGES, N_HOST, 4 * 2 * 2 * 64 * 2 * N_PT, sleep_s),
+			.baseline_what =
+				row ? "kvp_cache_match p99 on node C (no remote tier), same "
+				      "pool and workload, rounds alternating with A"
+				    : "kvp_lease_alloc p99 on node C (no remote tier), same "
+				      "pool and workload, rounds alternating with A",
+			.baseline = base,
+			.have_base = 1,
+			.value = val,
+			.have_value = 1,
+			.unit = "us",
+			.target = "ratio <= 2",
+			.note = b_fmt(
+				"node A spills into the one master while it sleeps (DEBUG SLEEP "
+				"%d); A's slowest call %.0f us",
+				sleep_s, (double)amax / 1e3),
+		});
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv), port, reps = quick ? 1 : REPS;
@@ -409,6 +534,12 @@ int main(int argc, char **argv)
 			b_row_print(&(struct b_row){
 				.name = g ? "remote.nodes.rps" : "remote.nodes.hit_rate",
 				.note = "skipped: no redis-server/redis-benchmark" });
+		for (int g = 0; g < 2; g++)
+			b_row_print(&(struct b_row){
+				.name = g ? "remote.slow_master.match_p99"
+					  : "remote.slow_master.alloc_p99",
+				.unit = "us",
+				.note = "skipped: no redis-server/redis-benchmark" });
 		return 0;
 	}
 	page = malloc(g_page);
@@ -418,6 +549,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < g_page; i++)
 		page[i] = (uint8_t)(i * 131 + 7);
 	port = start_redis();
+	atexit(stop_redis); /* a B_DIE too */
 	snprintf(cfg.seeds, sizeof(cfg.seeds), "127.0.0.1:%d", port);
 	g_r = kvp_remote_new(&cfg);
 	if (!g_r) {
@@ -505,6 +637,8 @@ int main(int argc, char **argv)
 	}
 	if (b_wanted(only, "remote.nodes"))
 		run_nodes(port);
+	if (b_wanted(only, "remote.slow_master"))
+		run_slow_master(port, quick);
 	stop_redis();
 	free(page);
 	free(g_out);
