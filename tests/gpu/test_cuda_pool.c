@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu_child.h"
 #include "harness.h"
 #include "kvpool.h"
 #include "cuda_drv.h"
@@ -24,36 +25,6 @@ static const char *const g_conf = "[pool.g]\n"
 				  "host_capacity = 4096t\nmlock = off\n";
 static struct daemon g_d;
 static int g_pipe[2];
-
-static int run_child(int (*fn)(void))
-{
-	pid_t pid = fork();
-	int st;
-
-	if (pid == 0)
-		_exit(fn());
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int probe(void)
-{
-	char why[256] = "";
-	int n = kvp_cuda_probe(why, sizeof(why));
-
-	/* a child's _exit drops buffered output: flush the reason */
-	if (n == -ENODEV || n == -ENOTSUP) {
-		printf("SKIP: no usable GPU: %s\n", why);
-		fflush(stdout);
-		return 77;
-	}
-	if (n < 1) { /* a GPU is there but kvpool cannot drive it: that is a failure */
-		printf("FAIL: kvp_cuda_probe = %d: %s\n", n, why);
-		fflush(stdout);
-		return 1;
-	}
-	return 0;
-}
 
 #define LAYERS 2
 #define PAGE_TOKENS 16
@@ -243,7 +214,7 @@ static int blind(void)
 
 int main(void)
 {
-	int r = run_child(probe);
+	int r = h_gpu_run_child(h_gpu_probe);
 
 	signal(SIGPIPE, SIG_IGN);
 	if (r)
@@ -254,13 +225,13 @@ int main(void)
 	}
 	if (pipe(g_pipe) < 0)
 		return 1;
-	r = run_child(writer);
+	r = h_gpu_run_child(writer);
 	if (r == 0)
-		r = run_child(reader);
+		r = h_gpu_run_child(reader);
 	if (r == 0)
-		r = run_child(whole_tier);
+		r = h_gpu_run_child(whole_tier);
 	if (r == 0)
-		r = run_child(blind);
+		r = h_gpu_run_child(blind);
 	printf("cuda pool shared across processes: %s (%d)\n", r ? "FAILED" : "ok", r);
 	if (h_daemon_stop(&g_d) != 0)
 		r = r ? r : 2;

@@ -20,6 +20,7 @@
 
 #include "cuda_drv.h"
 #include "fdsup.h"
+#include "gpu_child.h"
 #include "harness.h"
 #include "kvpool.h"
 
@@ -37,35 +38,6 @@ static const char *const g_conf = "[daemon]\nresume_grace_ms = 5000\n" CONF_POOL
 
 static struct h_fdsup g_s;
 static int g_pipe[2];
-
-static int run_child(int (*fn)(void))
-{
-	pid_t pid = fork();
-	int st;
-
-	if (pid == 0)
-		_exit(fn());
-	waitpid(pid, &st, 0);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int probe(void)
-{
-	char why[256] = "";
-	int n = kvp_cuda_probe(why, sizeof(why));
-
-	if (n == -ENODEV || n == -ENOTSUP) {
-		printf("SKIP: no usable GPU: %s\n", why);
-		fflush(stdout); /* a child's _exit drops buffered output */
-		return 77;
-	}
-	if (n < 1) {
-		printf("FAIL: kvp_cuda_probe = %d: %s\n", n, why);
-		fflush(stdout);
-		return 1;
-	}
-	return 0;
-}
 
 static uint8_t pattern(uint32_t l, uint32_t kv, uint32_t t, uint32_t i)
 {
@@ -187,7 +159,7 @@ static int device_fd_through_store(void)
 		fprintf(stderr, "kvpoold did not start: see %s\n", g_s.log);
 		return 2;
 	}
-	r = run_child(writer);
+	r = h_gpu_run_child(writer);
 	if (r) {
 		h_fdsup_stop(&g_s, pid, SIGTERM);
 		return r;
@@ -212,7 +184,7 @@ static int device_fd_through_store(void)
 		h_fdsup_stop(&g_s, pid, SIGTERM);
 		return 6;
 	}
-	r = run_child(reader);
+	r = h_gpu_run_child(reader);
 	st = h_fdsup_stop(&g_s, pid, SIGTERM);
 	if (!r && st != 0)
 		r = 7;
@@ -319,7 +291,7 @@ static int sigterm_exits_0(void)
 
 int main(void)
 {
-	int r = run_child(probe), r2;
+	int r = h_gpu_run_child(h_gpu_probe), r2;
 
 	signal(SIGPIPE, SIG_IGN);
 	if (r)

@@ -46,30 +46,6 @@ static int eng_open(struct h_eng *e, const char *name)
 	return h_eng_open(e, g_d.sock, name, "c");
 }
 
-/* Writes (or checks) positions [0, to) of sequence seq in pages of tier. Returns mismatches. */
-static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t to, uint32_t seq,
-		int check)
-{
-	int bad = 0;
-
-	for (uint32_t pos = 0; pos < to; pos++)
-		for (uint32_t l = 0; l < 2; l++)
-			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_pool_slot_addr(p, tier, l, kv, pages[pos / PT],
-								pos % PT);
-
-				if (!a)
-					return 1000;
-				for (uint32_t i = 0; i < ROW; i++) {
-					if (!check)
-						a[i] = h_byte_of(pos, seq, l, kv, i);
-					else
-						bad += a[i] != h_byte_of(pos, seq, l, kv, i);
-				}
-			}
-	return bad;
-}
-
 static void tokens_of(uint32_t seq, uint32_t *t, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++)
@@ -86,7 +62,7 @@ static int64_t publish(struct h_eng *e, uint32_t seq, uint32_t npages)
 	tokens_of(seq, tok, npages * PT);
 	if (kvp_lease_alloc(e->p, KVP_TIER_DEVICE, npages, &lease, pages, &err) < 0)
 		return -1;
-	rows(e->p, KVP_TIER_DEVICE, pages, npages * PT, seq, 0);
+	h_eng_rows(e->p, KVP_TIER_DEVICE, pages, npages * PT, PT, ROW, seq, 0);
 	if (kvp_cache_insert(e->p, lease, 0, tok, npages * PT, 0, pages, npages, &fresh, &err) < 0)
 		return -1;
 	kvp_lease_free(e->p, lease, NULL, 0, &err);
@@ -194,7 +170,7 @@ static void test_alloc_waits_for_demotion_others_served(void)
 			slowest = h_now_ms() - t0;
 		CU_ASSERT_EQUAL(m.n_device, 12);
 		CU_ASSERT_EQUAL(m.n_host, 0);
-		CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_DEVICE, dev, 48, 42, 1), 0);
+		CU_ASSERT_EQUAL(h_eng_rows(a.p, KVP_TIER_DEVICE, dev, 48, PT, ROW, 42, 1), 0);
 		sleep_ms(50);
 	}
 	CU_ASSERT(slowest < 300);
@@ -203,7 +179,7 @@ static void test_alloc_waits_for_demotion_others_served(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_match(a.p, 0, tok, 48, 0, &m, dev, host, 16, &err), 0);
 	CU_ASSERT_EQUAL(m.n_device, 0);
 	CU_ASSERT_EQUAL_FATAL(m.n_host, 12);
-	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_HOST, host, 48, 42, 1), 0);
+	CU_ASSERT_EQUAL(h_eng_rows(a.p, KVP_TIER_HOST, host, 48, PT, ROW, 42, 1), 0);
 	d = tier(KVP_TIER_DEVICE);
 	h = tier_moving(KVP_TIER_HOST, &hmov);
 	CU_ASSERT_EQUAL(hmov, 0);
@@ -266,7 +242,7 @@ static int publish_keys(struct h_eng *e, uint32_t seq, uint32_t npages)
 	keys_of(seq, k, npages);
 	if (kvp_lease_alloc(e->p, KVP_TIER_DEVICE, npages, &lease, pages, &err) < 0)
 		return -1;
-	rows(e->p, KVP_TIER_DEVICE, pages, npages * PT, seq, 0);
+	h_eng_rows(e->p, KVP_TIER_DEVICE, pages, npages * PT, PT, ROW, seq, 0);
 	if (kvp_cache_insert_keys(e->p, lease, KNS, k, npages, 0, pages, npages, &r, &err) < 0)
 		return -1;
 	kvp_lease_free(e->p, lease, NULL, 0, &err);
@@ -315,7 +291,7 @@ static void test_keyed_alloc_waits_for_demotion_others_served(void)
 			slowest = h_now_ms() - t0;
 		CU_ASSERT_EQUAL(m.n_device, 12);
 		CU_ASSERT_EQUAL(m.n_host, 0);
-		CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_DEVICE, dev, 48, 44, 1), 0);
+		CU_ASSERT_EQUAL(h_eng_rows(a.p, KVP_TIER_DEVICE, dev, 48, PT, ROW, 44, 1), 0);
 		sleep_ms(50);
 	}
 	CU_ASSERT(slowest < 300);
@@ -323,7 +299,7 @@ static void test_keyed_alloc_waits_for_demotion_others_served(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_match_keys(a.p, KNS, k, 12, 0, &m, dev, host, 12, &err), 0);
 	CU_ASSERT_EQUAL(m.n_device, 0);
 	CU_ASSERT_EQUAL_FATAL(m.n_host, 12);
-	CU_ASSERT_EQUAL(rows(a.p, KVP_TIER_HOST, host, 48, 44, 1), 0);
+	CU_ASSERT_EQUAL(h_eng_rows(a.p, KVP_TIER_HOST, host, 48, PT, ROW, 44, 1), 0);
 	d = tier(KVP_TIER_DEVICE);
 	h = tier_moving(KVP_TIER_HOST, &hmov);
 	CU_ASSERT_EQUAL(hmov, 0);

@@ -24,28 +24,6 @@ enum { PT = 4, NP = 16, NTOK = PT * NP, ROW = 16, DEV_PAGES = 16, HOST_PAGES = 6
 static struct daemon g_w, g_r;
 static struct h_eng g_ew, g_er;
 static char g_ports[3][8];
-
-/* The daemon counter `name`, -1 when absent. */
-static int64_t counter(struct h_eng *e, const char *name)
-{
-	struct kvp_status *s = calloc(1, sizeof(*s));
-	int64_t v = -1;
-
-	if (!s)
-		return -1;
-	s->struct_size = sizeof(*s);
-	if (kvp_client_status(e->c, s, NULL) == 0) {
-		for (uint32_t i = 0; i < s->n_counters; i++)
-			if (strcmp(s->counters[i].name, name) == 0)
-				v = (int64_t)s->counters[i].value;
-		for (uint32_t i = 0; i < s->n_more_counters; i++)
-			if (strcmp(s->more_counters[i].name, name) == 0)
-				v = (int64_t)s->more_counters[i].value;
-	}
-	free(s);
-	return v;
-}
-
 /* Pool 0's tier status on e's daemon, with the tokens of demotions in flight. */
 static struct kvp_tier_status tier_of(struct h_eng *e, int tier, uint64_t *moving)
 {
@@ -66,7 +44,7 @@ static struct kvp_tier_status tier_of(struct h_eng *e, int tier, uint64_t *movin
 /* Waits until node e has nothing in flight to the cluster (5 s). */
 static void settle(struct h_eng *e)
 {
-	for (int i = 0; i < 500 && counter(e, "remote_inflight_ops") != 0; i++)
+	for (int i = 0; i < 500 && h_eng_counter(e, "remote_inflight_ops") != 0; i++)
 		usleep(10000);
 }
 
@@ -74,29 +52,6 @@ static void tokens_of(uint32_t prompt, uint32_t *t)
 {
 	for (uint32_t i = 0; i < NTOK; i++)
 		t[i] = (prompt << 12) | i;
-}
-
-/* Writes (check 0) or counts mismatches of (check 1) prompt's pattern in pages of tier. */
-static int rows(struct kvp_pool *p, int tier, const uint32_t *pages, uint32_t prompt, int check)
-{
-	int bad = 0;
-
-	for (uint32_t pos = 0; pos < NTOK; pos++)
-		for (uint32_t l = 0; l < 2; l++)
-			for (uint32_t kv = 0; kv < 2; kv++) {
-				uint8_t *a = kvp_pool_slot_addr(p, tier, l, kv, pages[pos / PT],
-								pos % PT);
-
-				if (!a)
-					return 1000;
-				for (uint32_t i = 0; i < ROW; i++) {
-					if (!check)
-						a[i] = h_byte_of(pos, prompt, l, kv, i);
-					else
-						bad += a[i] != h_byte_of(pos, prompt, l, kv, i);
-				}
-			}
-	return bad;
 }
 
 /* The keys of chain c (20 bytes each). */
@@ -124,7 +79,7 @@ static int publish_on(struct h_eng *e, int tier, uint32_t prompt, int keyed)
 
 	if ((r = kvp_lease_alloc(e->p, tier, NP, &lease, pages, NULL)) < 0)
 		return r;
-	if (rows(e->p, tier, pages, prompt, 0))
+	if (h_eng_rows(e->p, tier, pages, NTOK, PT, ROW, prompt, 0))
 		return -1;
 	tokens_of(prompt, t);
 	chain_keys(prompt, raw, k);
@@ -203,7 +158,8 @@ static int fetch_checked(uint32_t prompt, int keyed, int *bad)
 		  : kvp_cache_fetch(g_er.p, 0, t, NTOK, 1, &f, dev, host, NP, NULL);
 	if (r < 0)
 		return -1;
-	*bad = f.n_host == NP ? rows(g_er.p, KVP_TIER_HOST, host, prompt, 1) : 1000;
+	*bad = f.n_host == NP ? h_eng_rows(g_er.p, KVP_TIER_HOST, host, NTOK, PT, ROW, prompt, 1)
+			      : 1000;
 	if (f.lock_id)
 		CU_ASSERT_EQUAL(kvp_cache_release(g_er.p, f.lock_id, NULL), 0);
 	return (int)f.fetched_pages;
@@ -291,8 +247,8 @@ static int init_suite(void)
 	kvp_client_set_timeout(g_ew.c, 20000);
 	kvp_client_set_timeout(g_er.c, 20000);
 	for (int i = 0; i < 300; i++) {
-		if (counter(&g_ew, "remote_connects") >= 3 &&
-		    counter(&g_er, "remote_connects") >= 3)
+		if (h_eng_counter(&g_ew, "remote_connects") >= 3 &&
+		    h_eng_counter(&g_er, "remote_connects") >= 3)
 			return 0;
 		usleep(10000);
 	}
@@ -312,19 +268,20 @@ static int clean_suite(void)
 static void demoted_pages_are_written_once(int keyed)
 {
 	uint32_t prompt = keyed ? 11 : 1;
-	int64_t written = counter(&g_ew, "remote_written_pages");
-	int64_t skipped = counter(&g_ew, "remote_written_skipped");
+	int64_t written = h_eng_counter(&g_ew, "remote_written_pages");
+	int64_t skipped = h_eng_counter(&g_ew, "remote_written_skipped");
 	uint64_t moving = 0;
 	int bad = -1;
 
 	CU_ASSERT_FATAL(written >= 0 && skipped >= 0);
 	CU_ASSERT_EQUAL_FATAL(publish(KVP_TIER_DEVICE, prompt, keyed), 0);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages"), written); /* not on host yet */
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages"),
+			written); /* not on host yet */
 	demote_all_by_alloc();
 	CU_ASSERT_EQUAL(tier_of(&g_ew, KVP_TIER_HOST, &moving).cached_tokens >= NTOK, 1);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages") - written, NP);
 	/* Another node sees and fetches them: W's bytes. */
 	CU_ASSERT_EQUAL(remote_seen(prompt, keyed, 0), NP);
 	CU_ASSERT_EQUAL(fetch_checked(prompt, keyed, &bad), NP);
@@ -333,8 +290,8 @@ static void demoted_pages_are_written_once(int keyed)
 	/* Back to the device tier (Load), then demoted again: already written, not again. */
 	promote_and_demote(&g_ew, prompt, keyed);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_skipped") - skipped, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_skipped") - skipped, NP);
 }
 
 static void test_write_through_of_demoted_pages(void)
@@ -359,11 +316,11 @@ static void test_local_only_asks_the_cluster_nothing(void)
 	CU_ASSERT_EQUAL_FATAL(publish(KVP_TIER_HOST, 13, 1), 0);
 	settle(&g_ew);
 	for (int keyed = 0; keyed < 2; keyed++) {
-		q = counter(&g_er, "remote_match_queries");
+		q = h_eng_counter(&g_er, "remote_match_queries");
 		CU_ASSERT_EQUAL(remote_seen(keyed ? 13 : 3, keyed, KVP_MATCH_LOCAL_ONLY), 0);
-		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q);
+		CU_ASSERT_EQUAL(h_eng_counter(&g_er, "remote_match_queries"), q);
 		CU_ASSERT_EQUAL(remote_seen(keyed ? 13 : 3, keyed, 0), NP);
-		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
+		CU_ASSERT_EQUAL(h_eng_counter(&g_er, "remote_match_queries"), q + 1);
 	}
 	/* A lock value not made of KVP_MATCH_* bits keeps its old meaning (a boolean): -1 from a
 	 * binding asks the cluster as before. */
@@ -372,12 +329,12 @@ static void test_local_only_asks_the_cluster_nothing(void)
 		uint32_t dev[NP], host[NP], t[NTOK];
 
 		tokens_of(3, t);
-		q = counter(&g_er, "remote_match_queries");
+		q = h_eng_counter(&g_er, "remote_match_queries");
 		CU_ASSERT_EQUAL_FATAL(kvp_cache_match(g_er.p, 0, t, NTOK, -1, &m, dev, host, NP,
 						      NULL),
 				      0);
 		CU_ASSERT_EQUAL(m.remote_pages, NP);
-		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
+		CU_ASSERT_EQUAL(h_eng_counter(&g_er, "remote_match_queries"), q + 1);
 		if (m.lock_id)
 			CU_ASSERT_EQUAL(kvp_cache_release(g_er.p, m.lock_id, NULL), 0);
 	}
@@ -486,7 +443,7 @@ static int child_fetch(struct fetch_child *fc)
 		return strstr(e.message, "pool p") ? 10 + (int)e.code : 93;
 	if (f.fetched_pages != NP || f.n_host != NP || !f.lock_id)
 		return 94;
-	if (rows(p, KVP_TIER_HOST, host, fc->prompt, 1))
+	if (h_eng_rows(p, KVP_TIER_HOST, host, NTOK, PT, ROW, fc->prompt, 1))
 		return 95;
 	if (kvp_cache_release(p, f.lock_id, &e) < 0)
 		return 96;
@@ -520,9 +477,9 @@ static pid_t fetch_in_flight(struct fetch_child *fc)
 		return -1;
 	}
 	close(fc->ready[0]);
-	for (int i = 0; i < 100 && counter(&g_er, "remote_inflight_ops") <= 0; i++)
+	for (int i = 0; i < 100 && h_eng_counter(&g_er, "remote_inflight_ops") <= 0; i++)
 		usleep(5000);
-	return counter(&g_er, "remote_inflight_ops") > 0 ? pid : -1;
+	return h_eng_counter(&g_er, "remote_inflight_ops") > 0 ? pid : -1;
 }
 
 /* Rewrites R's config and reloads it: kvp_admin_reload's result (message into msg). */
@@ -631,10 +588,10 @@ static void test_match_answers_not_found_when_reload_revokes_its_pool(void)
 							      host, NP, NULL),
 				      0);
 		CU_ASSERT_EQUAL(fr.n_host, NP / 2);
-		q = counter(&g_er, "remote_match_queries");
+		q = h_eng_counter(&g_er, "remote_match_queries");
 		pid = fetch_in_flight(&fc);
 		CU_ASSERT_FATAL(pid > 0);
-		CU_ASSERT_EQUAL(counter(&g_er, "remote_match_queries"), q + 1);
+		CU_ASSERT_EQUAL(h_eng_counter(&g_er, "remote_match_queries"), q + 1);
 		CU_ASSERT(reload_r(FETCH_GID + 1, 0, msg, sizeof(msg)) >= 0);
 		CU_ASSERT_EQUAL(h_wait_pid(pid, 15000), 10 + KVP_E_NOT_FOUND);
 		settle(&g_er);
@@ -654,12 +611,12 @@ static void test_write_through_forgets_on_reconnect(void)
 	CU_ASSERT_EQUAL_FATAL(publish(KVP_TIER_DEVICE, prompt, 0), 0);
 	demote_all_by_alloc();
 	settle(&g_ew);
-	written = counter(&g_ew, "remote_written_pages");
-	resets = counter(&g_ew, "remote_written_resets");
-	connects = counter(&g_ew, "remote_connects");
+	written = h_eng_counter(&g_ew, "remote_written_pages");
+	resets = h_eng_counter(&g_ew, "remote_written_resets");
+	connects = h_eng_counter(&g_ew, "remote_connects");
 	promote_and_demote(&g_ew, prompt, 0);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages"), written); /* seen */
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages"), written); /* seen */
 	for (int i = 0; i < 3; i++) {
 		char cmd[128];
 
@@ -667,15 +624,15 @@ static void test_write_through_forgets_on_reconnect(void)
 			 g_ports[i]);
 		CU_ASSERT_EQUAL(system(cmd), 0);
 	}
-	for (int i = 0; i < 500 && (counter(&g_ew, "remote_connects") < connects + 3 ||
-				    counter(&g_er, "remote_connects") < 6);
+	for (int i = 0; i < 500 && (h_eng_counter(&g_ew, "remote_connects") < connects + 3 ||
+				    h_eng_counter(&g_er, "remote_connects") < 6);
 	     i++)
 		usleep(10000);
-	CU_ASSERT(counter(&g_ew, "remote_connects") >= connects + 3);
-	CU_ASSERT(counter(&g_ew, "remote_written_resets") > resets);
+	CU_ASSERT(h_eng_counter(&g_ew, "remote_connects") >= connects + 3);
+	CU_ASSERT(h_eng_counter(&g_ew, "remote_written_resets") > resets);
 	promote_and_demote(&g_ew, prompt, 0);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages") - written, NP);
 }
 
 /* A Fetch's hit is not taken as written when ttl_s is set (W: the default day): the value may
@@ -690,13 +647,13 @@ static void fetched_is_written_again_with_ttl(struct h_eng *e2)
 	CU_ASSERT_EQUAL_FATAL(publish_on(e2, KVP_TIER_HOST, prompt, 0), 0);
 	settle(e2);
 	tokens_of(prompt, t);
-	written = counter(&g_ew, "remote_written_pages");
+	written = h_eng_counter(&g_ew, "remote_written_pages");
 	CU_ASSERT_EQUAL_FATAL(kvp_cache_fetch(g_ew.p, 0, t, NTOK, 0, &f, dev, host, NP, NULL), 0);
 	CU_ASSERT_EQUAL(f.fetched_pages, NP);
-	CU_ASSERT_EQUAL(rows(g_ew.p, KVP_TIER_HOST, host, prompt, 1), 0);
+	CU_ASSERT_EQUAL(h_eng_rows(g_ew.p, KVP_TIER_HOST, host, NTOK, PT, ROW, prompt, 1), 0);
 	promote_and_demote(&g_ew, prompt, 0);
 	settle(&g_ew);
-	CU_ASSERT_EQUAL(counter(&g_ew, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_ew, "remote_written_pages") - written, NP);
 }
 
 /* Write-through's table of written keys ages its entries (rewrite_after_s, 1 s on a second
@@ -718,21 +675,21 @@ static void test_write_through_rewrites_after_rewrite_after_s(void)
 	unsetenv("KVPOOLD_COPY_DELAY_MS");
 	CU_ASSERT_EQUAL_FATAL(h_eng_open(&e2, w2.sock, "node-w2", "p"), 0);
 	kvp_client_set_timeout(e2.c, 20000);
-	for (int i = 0; i < 300 && counter(&e2, "remote_connects") < 3; i++)
+	for (int i = 0; i < 300 && h_eng_counter(&e2, "remote_connects") < 3; i++)
 		usleep(10000);
-	CU_ASSERT(counter(&e2, "remote_written_resets") >= 0); /* reported */
+	CU_ASSERT(h_eng_counter(&e2, "remote_written_resets") >= 0); /* reported */
 	fetched_is_written_again_with_ttl(&e2);
-	written = counter(&e2, "remote_written_pages");
-	skipped = counter(&e2, "remote_written_skipped");
+	written = h_eng_counter(&e2, "remote_written_pages");
+	skipped = h_eng_counter(&e2, "remote_written_skipped");
 
 	CU_ASSERT_EQUAL_FATAL(publish_on(&e2, KVP_TIER_DEVICE, prompt, 0), 0);
 	demote_all_on(&e2);
 	settle(&e2);
-	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "remote_written_pages") - written, NP);
 	promote_and_demote(&e2, prompt, 0); /* within the age: not again */
 	settle(&e2);
-	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, NP);
-	CU_ASSERT_EQUAL(counter(&e2, "remote_written_skipped") - skipped, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "remote_written_pages") - written, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "remote_written_skipped") - skipped, NP);
 
 	/* The cluster loses everything; R sees none of it. */
 	for (int i = 0; i < 3; i++) {
@@ -746,8 +703,8 @@ static void test_write_through_rewrites_after_rewrite_after_s(void)
 	usleep(1200000);
 	promote_and_demote(&e2, prompt, 0);
 	settle(&e2);
-	CU_ASSERT_EQUAL(counter(&e2, "remote_written_pages") - written, 2 * NP);
-	CU_ASSERT_EQUAL(counter(&e2, "remote_written_skipped") - skipped, NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "remote_written_pages") - written, 2 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "remote_written_skipped") - skipped, NP);
 	CU_ASSERT_EQUAL(remote_seen(prompt, 0, 0), NP);
 	CU_ASSERT_EQUAL(fetch_checked(prompt, 0, &bad), NP);
 	CU_ASSERT_EQUAL(bad, 0);

@@ -45,27 +45,6 @@ static void tokens_of(uint32_t prompt, uint32_t *t)
 		t[i] = (prompt << 12) | i;
 }
 
-/* The daemon counter `name` (both parts of the status list), -1 when absent. */
-static int64_t counter(struct h_eng *e, const char *name)
-{
-	struct kvp_status *s = calloc(1, sizeof(*s));
-	int64_t v = -1;
-
-	if (!s)
-		return -1;
-	s->struct_size = sizeof(*s);
-	if (kvp_client_status(e->c, s, NULL) == 0) {
-		for (uint32_t i = 0; i < s->n_counters; i++)
-			if (strcmp(s->counters[i].name, name) == 0)
-				v = (int64_t)s->counters[i].value;
-		for (uint32_t i = 0; i < s->n_more_counters; i++)
-			if (strcmp(s->more_counters[i].name, name) == 0)
-				v = (int64_t)s->more_counters[i].value;
-	}
-	free(s);
-	return v;
-}
-
 /* A publishes prompt: 16 host pages written with its pattern, inserted. 0 or a code. */
 static int publish(struct h_eng *e, uint32_t prompt)
 {
@@ -90,7 +69,7 @@ static int publish(struct h_eng *e, uint32_t prompt)
 /* Waits until node e has nothing in flight to the cluster (5 s). */
 static void settle(struct h_eng *e)
 {
-	for (int i = 0; i < 500 && counter(e, "remote_inflight_ops") != 0; i++)
+	for (int i = 0; i < 500 && h_eng_counter(e, "remote_inflight_ops") != 0; i++)
 		usleep(10000);
 }
 
@@ -160,8 +139,8 @@ static int init_suite(void)
 		return -1;
 	/* Both nodes connected to every master. */
 	for (int i = 0; i < 300; i++) {
-		if (counter(&g_ea, "remote_connects") >= 3 &&
-		    counter(&g_eb, "remote_connects") >= 3)
+		if (h_eng_counter(&g_ea, "remote_connects") >= 3 &&
+		    h_eng_counter(&g_eb, "remote_connects") >= 3)
 			return 0;
 		usleep(10000);
 	}
@@ -180,19 +159,19 @@ static int clean_suite(void)
 static void test_spill_then_remote_hits_on_other_node(void)
 {
 	uint32_t remote = 0;
-	int64_t before = counter(&g_eb, "remote_fetched_pages");
+	int64_t before = h_eng_counter(&g_eb, "remote_fetched_pages");
 
 	for (uint32_t s = 0; s < 12; s++)
 		CU_ASSERT_EQUAL_FATAL(publish(&g_ea, s), 0);
 	settle(&g_ea);
-	CU_ASSERT(counter(&g_ea, "remote_spilled_pages") >= 8 * NP);
+	CU_ASSERT(h_eng_counter(&g_ea, "remote_spilled_pages") >= 8 * NP);
 	for (uint32_t s = 0; s < 4; s++) {
 		int good = fetch_verified(&g_eb, s, &remote);
 
 		CU_ASSERT_EQUAL(remote, NP);
 		CU_ASSERT_EQUAL(good, NP);
 	}
-	CU_ASSERT_EQUAL(counter(&g_eb, "remote_fetched_pages") - before, 4 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_eb, "remote_fetched_pages") - before, 4 * NP);
 	/* Fetched pages are B's own now: a second Match hits them locally. */
 	{
 		struct kvp_match_result m = { .struct_size = sizeof(m) };
@@ -333,8 +312,10 @@ static void test_master_down_is_a_miss_and_recovers(void)
 	/* Both nodes keep serving: A publishes (spilling partly into a dead slot range). */
 	for (uint32_t s = 12; s < 16; s++)
 		CU_ASSERT_EQUAL(publish(&g_ea, s), 0);
-	CU_ASSERT(counter(&g_ea, "remote_node_down") + counter(&g_ea, "remote_timeouts") +
-			  counter(&g_eb, "remote_node_down") + counter(&g_eb, "remote_timeouts") >
+	CU_ASSERT(h_eng_counter(&g_ea, "remote_node_down") +
+			  h_eng_counter(&g_ea, "remote_timeouts") +
+			  h_eng_counter(&g_eb, "remote_node_down") +
+			  h_eng_counter(&g_eb, "remote_timeouts") >
 		  0);
 	/* Restart it (its slots come back with it: nodes.conf is kept). */
 	CU_ASSERT_EQUAL(sh("redis-server %s/%s/redis.conf >/dev/null", g_dir, g_ports[2]), 0);
@@ -344,9 +325,9 @@ static void test_master_down_is_a_miss_and_recovers(void)
 			0);
 	/* The nodes reconnect (backoff at most 2 s), then new spills are hits. */
 	for (int i = 0; i < 60; i++) {
-		uint64_t c = (uint64_t)counter(&g_ea, "remote_connects");
+		uint64_t c = (uint64_t)h_eng_counter(&g_ea, "remote_connects");
 
-		if (c >= 4 && counter(&g_eb, "remote_connects") >= 4)
+		if (c >= 4 && h_eng_counter(&g_eb, "remote_connects") >= 4)
 			break;
 		usleep(100000);
 	}
@@ -375,8 +356,8 @@ static void test_corrupt_and_foreign_values_are_deleted_misses(void)
 	char key[2][KVP_RV_KEY_MAX], path[512];
 	struct kvp_rv_fp other = { 3, 1, 8, 0, PT, 0 };
 	uint8_t page[PAGE], val[KVP_RV_HDR_SIZE + PAGE];
-	int64_t bad = counter(&g_eb, "remote_bad_values");
-	int64_t foreign = counter(&g_eb, "remote_foreign_values");
+	int64_t bad = h_eng_counter(&g_eb, "remote_bad_values");
+	int64_t foreign = h_eng_counter(&g_eb, "remote_foreign_values");
 	FILE *f;
 
 	/* Prompts 20 and 21 spilled whole (after the restart). */
@@ -401,8 +382,8 @@ static void test_corrupt_and_foreign_values_are_deleted_misses(void)
 	/* Never served: no page of either prompt comes back. */
 	CU_ASSERT_EQUAL(fetch_verified(&g_eb, 20, NULL), 0);
 	CU_ASSERT_EQUAL(fetch_verified(&g_eb, 21, NULL), 0);
-	CU_ASSERT_EQUAL(counter(&g_eb, "remote_bad_values") - bad, 1);
-	CU_ASSERT_EQUAL(counter(&g_eb, "remote_foreign_values") - foreign, 1);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_eb, "remote_bad_values") - bad, 1);
+	CU_ASSERT_EQUAL(h_eng_counter(&g_eb, "remote_foreign_values") - foreign, 1);
 	settle(&g_eb);
 	CU_ASSERT_EQUAL(sh("redis-cli -c -p %s EXISTS %s | grep -q 0", g_ports[0], key[0]), 0);
 	CU_ASSERT_EQUAL(sh("redis-cli -c -p %s EXISTS %s | grep -q 0", g_ports[0], key[1]), 0);
@@ -468,8 +449,9 @@ static uint64_t max_of(const uint64_t *v, uint32_t n, uint64_t m)
  * refused while its backlog is full. */
 static int64_t stall_faults(void)
 {
-	return counter(&g_ea, "remote_timeouts") + counter(&g_ea, "remote_node_down") +
-	       counter(&g_ea, "remote_rejected") + counter(&g_ea, "remote_spill_dropped");
+	return h_eng_counter(&g_ea, "remote_timeouts") + h_eng_counter(&g_ea, "remote_node_down") +
+	       h_eng_counter(&g_ea, "remote_rejected") +
+	       h_eng_counter(&g_ea, "remote_spill_dropped");
 }
 
 /* One attempt: the master asleep SLEEP_S seconds while A spills into it; BLOCKS blocks of
@@ -481,7 +463,7 @@ static int64_t stall_faults(void)
 static int slow_master_attempt(uint32_t first_prompt, uint64_t *max_us, int *stalled)
 {
 	static uint64_t ca[ROUNDS], cm[ROUNDS], aa[ROUNDS], am[ROUNDS];
-	int64_t faults = stall_faults(), spilled = counter(&g_ea, "remote_spilled_pages");
+	int64_t faults = stall_faults(), spilled = h_eng_counter(&g_ea, "remote_spilled_pages");
 	int within = 0;
 	char cmd[256];
 	uint64_t start, end;
@@ -518,10 +500,10 @@ static int slow_master_attempt(uint32_t first_prompt, uint64_t *max_us, int *sta
 	}
 	while (now_us() < start + SLEEP_S * 1000000u + 500000u) /* the master is awake again */
 		usleep(100000);
-	counter(&g_ea, "remote_ok"); /* a turn: the counters below are up to date */
+	h_eng_counter(&g_ea, "remote_ok"); /* a turn: the counters below are up to date */
 	*stalled = stall_faults() > faults;
 	fprintf(stderr, "p99: A spilled %ld pages, stall faults %ld\n",
-		(long)(counter(&g_ea, "remote_spilled_pages") - spilled),
+		(long)(h_eng_counter(&g_ea, "remote_spilled_pages") - spilled),
 		(long)(stall_faults() - faults));
 	return within;
 }
