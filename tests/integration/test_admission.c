@@ -914,44 +914,53 @@ static void test_pipelined_stream_served(void)
 	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
 }
 
-/* keepalive_ms 400, one reply of 3 MB read over about two seconds: the client is reading, so
- * the keep-alive does not reclaim it. */
-static void test_keepalive_spares_a_reading_client(void)
+/* Starts kvpoold with keepalive_ms 400 and a pool of 1,100,000 one-byte pages; a raw client
+ * named name attaches and asks for 1,000,000 pages (a reply of about 4 MB). Its socket. */
+static int send_big_alloc(struct daemon *d, const char *name)
 {
 	static const char conf[] =
 		"[daemon]\nkeepalive_ms = 400\n"
 		"[pool.tiny]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp8\n"
 		"page_tokens = 1\ndevice = sim\ndevice_capacity = 1100000t\nhost_capacity = 0\n"
 		"mlock = off\n";
-	static uint8_t reply[4 << 20];
-	Kvpool__Request q = KVPOOL__REQUEST__INIT;
+	Kvpool__Request q;
 	Kvpool__AllocReq a = KVPOOL__ALLOC_REQ__INIT;
 	Kvpool__AttachReq at;
 	Kvpool__Response *m;
-	struct daemon d;
-	size_t have = 0, need = 0;
-	uint64_t t0, t1;
-	uint32_t pool_id = 0;
-	size_t pages = 0;
-	int fd, closed = 0;
+	int fd;
 
-	CU_ASSERT_FATAL(h_daemon_start(&d, conf_of(conf), NULL) == 0);
-	fd = h_raw_connect(d.sock);
+	CU_ASSERT_FATAL(h_daemon_start(d, conf_of(conf), NULL) == 0);
+	fd = h_raw_connect(d->sock);
 	CU_ASSERT_FATAL(fd >= 0);
-	CU_ASSERT_FATAL(raw_hello(fd, "slow-reader", 5000, NULL, 0) == 0);
+	CU_ASSERT_FATAL(raw_hello(fd, name, 5000, NULL, 0) == 0);
 	q = attach_req(&at, "tiny");
 	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
 	m = h_raw_recv(fd, 5000);
 	CU_ASSERT_FATAL(m && (!m->status || !m->status->code) && m->attach);
-	pool_id = m->attach->pool_id;
+	a.pool_id = m->attach->pool_id;
 	kvpool__response__free_unpacked(m, NULL);
 	q = (Kvpool__Request)KVPOOL__REQUEST__INIT;
-	a.pool_id = pool_id;
 	a.tokens = 1000000;
 	q.id = ++g_id;
 	q.call_case = KVPOOL__REQUEST__CALL_ALLOC;
 	q.alloc = &a;
 	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
+	return fd;
+}
+
+/* keepalive_ms 400, one reply of 3 MB read over about two seconds: the client is reading, so
+ * the keep-alive does not reclaim it. */
+static void test_keepalive_spares_a_reading_client(void)
+{
+	static uint8_t reply[4 << 20];
+	Kvpool__Response *m;
+	struct daemon d;
+	size_t have = 0, need = 0;
+	uint64_t t0, t1;
+	size_t pages = 0;
+	int fd, closed = 0;
+
+	fd = send_big_alloc(&d, "slow-reader");
 	t0 = h_now_ms();
 	/* 32 KiB every 20 ms */
 	while (!need || have < need) {
@@ -995,15 +1004,6 @@ static void test_keepalive_spares_a_reading_client(void)
  * (the 1,000,000 pages the reply names) returns. */
 static void test_keepalive_ends_a_client_that_stopped_reading(void)
 {
-	static const char conf[] =
-		"[daemon]\nkeepalive_ms = 400\n"
-		"[pool.tiny]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp8\n"
-		"page_tokens = 1\ndevice = sim\ndevice_capacity = 1100000t\nhost_capacity = 0\n"
-		"mlock = off\n";
-	Kvpool__Request q = KVPOOL__REQUEST__INIT;
-	Kvpool__AllocReq a = KVPOOL__ALLOC_REQ__INIT;
-	Kvpool__AttachReq at;
-	Kvpool__Response *m;
 	struct kvp_status st = { .struct_size = sizeof(st) };
 	struct kvp_error e;
 	struct kvp_client *c;
@@ -1012,22 +1012,7 @@ static void test_keepalive_ends_a_client_that_stopped_reading(void)
 	bool seen;
 	int fd;
 
-	CU_ASSERT_FATAL(h_daemon_start(&d, conf_of(conf), NULL) == 0);
-	fd = h_raw_connect(d.sock);
-	CU_ASSERT_FATAL(fd >= 0);
-	CU_ASSERT_FATAL(raw_hello(fd, "stopped-reading", 5000, NULL, 0) == 0);
-	q = attach_req(&at, "tiny");
-	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
-	m = h_raw_recv(fd, 5000);
-	CU_ASSERT_FATAL(m && (!m->status || !m->status->code) && m->attach);
-	a.pool_id = m->attach->pool_id;
-	kvpool__response__free_unpacked(m, NULL);
-	q = (Kvpool__Request)KVPOOL__REQUEST__INIT;
-	a.tokens = 1000000;
-	q.id = ++g_id;
-	q.call_case = KVPOOL__REQUEST__CALL_ALLOC;
-	q.alloc = &a;
-	CU_ASSERT_FATAL(h_raw_send_request(fd, &q) == 0);
+	fd = send_big_alloc(&d, "stopped-reading");
 	t0 = h_now_ms();
 	seen = h_wait_file_contains(d.log, "reclaimed: replies not read within keepalive_ms", 5000);
 	CU_ASSERT(seen);
