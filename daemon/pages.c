@@ -1,36 +1,55 @@
 /* pages.c - page allocator of one tier.
  *
- * A stack of free page ids gives O(1) alloc and free per page; a state byte per
- * page catches double frees and foreign ids before anything changes. */
+ * Free pages are the set bits of a bitmap, with summary levels above it (a bit for every word
+ * of the level below that is not zero), so the lowest free page is a few loads away and a batch
+ * moves whole words: alloc turns a byte of free bits into up to eight ids with one table load and
+ * one vector store and clears each word it empties with one store; release gathers the ids of
+ * one word into a mask and sets them with one store, after checking the word (no page free
+ * already, none listed twice) and the special bitmap (none cached or moving). Cached and moving
+ * pages keep their state in a byte per page; free and leased pages read 0 there and the free
+ * bitmap tells them apart. Pages are handed out lowest first: a fresh pool gives 0, 1, 2... */
 #include "pages.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-typedef uint32_t v4u32 __attribute__((vector_size(16)));
-
-/* Two ids from one 64-bit load (half the loads of the per-page loops): ids[k] and ids[k + 1]. */
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define ID_LO(w) ((uint32_t)((w) >> 32))
-#define ID_HI(w) ((uint32_t)(w))
-#else
-#define ID_LO(w) ((uint32_t)(w))
-#define ID_HI(w) ((uint32_t)((w) >> 32))
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
+
+#define LV_MAX 6 /* 64^6 bits > 2^32 pages */
 
 struct kvp_pages {
 	uint32_t total;
-	uint32_t nfree;
 	uint32_t count[KVP_PAGE_STATE_MAX];
-	uint32_t *stack;	      /* free ids, stack[0..nfree) */
-	uint8_t *state;		      /* span bytes: those past total stay FREE (release_leased) */
-	uint32_t span;		      /* total rounded up to a power of two (at most 2^32 - 1) */
-	size_t state_bytes;	      /* mapped */
+	uint32_t lo;		 /* no word of lv[0] below lo has a free bit */
+	int nlv;		 /* levels; lv[nlv - 1] is one word */
+	bool avx2;		 /* the AVX2 loops (kvp_pages_simd) */
+	uint32_t nwords[LV_MAX]; /* words of each level */
+	uint64_t *lv[LV_MAX]; /* lv[0]: a bit per page, 1 = free; lv[l + 1]: lv[l]'s words != 0 */
+	uint64_t *special;    /* a bit per page: CACHED or MOVING; set past total (never leased) */
+	uint64_t cap;	      /* bits of lv[0] and special: a power of two, at least 64 */
+	uint8_t *state;	      /* a byte per page: CACHED or MOVING, else 0 */
+	size_t state_bytes;   /* mapped */
 	volatile uint64_t *guard_gen; /* kvp_pages_guard */
 	bool *guard_armed;
 };
+
+/* g_pos[b]: the positions of b's set bits, lowest first (then zeros); g_cnt[b]: how many. */
+static uint32_t g_pos[256][8] __attribute__((aligned(32)));
+static uint8_t g_cnt[256];
+static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
+
+static void tables_init(void)
+{
+	for (unsigned b = 0; b < 256; b++)
+		for (unsigned j = 0; j < 8; j++)
+			if (b & (1u << j))
+				g_pos[b][g_cnt[b]++] = j;
+}
 
 static inline void guard_trip(struct kvp_pages *p)
 {
@@ -46,197 +65,325 @@ void kvp_pages_guard(struct kvp_pages *p, volatile uint64_t *gen, bool *armed)
 	p->guard_armed = gen ? armed : NULL;
 }
 
-int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+static inline bool is_free(const struct kvp_pages *p, uint32_t id)
 {
-	enum { MARK = 0x80 };
-	uint32_t i, o = 0;
+	return p->lv[0][id >> 6] >> (id & 63) & 1;
+}
 
-	for (i = 0; i < n; i++) {
-		if (ids[i] >= p->total || p->state[ids[i]] != KVP_PAGE_FREE)
+/* Word w of lv[0] became 0: clear its summary bits as far up as words become 0. */
+static inline void up_clear(struct kvp_pages *p, uint32_t w)
+{
+	for (int l = 1; l < p->nlv; l++) {
+		uint64_t *x = &p->lv[l][w >> 6];
+
+		*x &= ~(1ull << (w & 63));
+		if (*x)
+			return;
+		w >>= 6;
+	}
+}
+
+/* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they were clear. */
+static inline void up_set(struct kvp_pages *p, uint32_t w)
+{
+	if (w < p->lo)
+		p->lo = w;
+	for (int l = 1; l < p->nlv; l++) {
+		uint64_t *x = &p->lv[l][w >> 6], old = *x;
+
+		*x = old | 1ull << (w & 63);
+		if (old)
+			return;
+		w >>= 6;
+	}
+}
+
+/* The lowest word of lv[0] with a free bit; the caller knows that one exists. */
+static inline uint32_t first_word(struct kvp_pages *p)
+{
+	uint32_t i = 0;
+
+	/* a batch empties words in order: the next one up is likely the one */
+	for (int k = 0; k < 4 && p->lo < p->nwords[0]; k++, p->lo++)
+		if (p->lv[0][p->lo])
+			return p->lo;
+	for (int l = p->nlv - 1; l >= 1; l--)
+		i = i * 64 + (uint32_t)__builtin_ctzll(p->lv[l][i]);
+	p->lo = i;
+	return i;
+}
+
+/* The page's state from the bitmap and the byte. */
+static inline int state_of(const struct kvp_pages *p, uint32_t id)
+{
+	if (p->state[id])
+		return p->state[id];
+	return is_free(p, id) ? KVP_PAGE_FREE : KVP_PAGE_LEASED;
+}
+
+/* Writes the lowest `want` (at most popcount(x)) set bits of x as ids base + bit to out and
+ * returns x without them: bytes taken whole through the table, the last, partial byte bit by
+ * bit. */
+static inline uint64_t emit(uint32_t *out, uint32_t want, uint64_t x, uint32_t base)
+{
+	uint64_t taken = 0;
+	uint32_t k = 0;
+
+	for (int b = 0; b < 64 && k < want; b += 8) {
+		unsigned byte = (unsigned)(x >> b) & 0xff;
+		uint32_t c = g_cnt[byte];
+
+		if (c > want - k) { /* the last byte, in part */
+			while (k < want) {
+				unsigned j = (unsigned)__builtin_ctz(byte);
+
+				out[k++] = base + (uint32_t)b + j;
+				taken |= 1ull << (b + (int)j);
+				byte &= byte - 1;
+			}
 			break;
-		p->state[ids[i]] |= MARK;
+		}
+		taken |= 0xffull << b;
+		for (uint32_t j = 0; j < c; j++)
+			out[k + j] = base + (uint32_t)b + g_pos[byte][j];
+		k += c;
 	}
-	if (i < n) {
-		while (i-- > 0)
-			p->state[ids[i]] &= (uint8_t)~MARK;
-		return -EINVAL;
-	}
-	for (i = 0; i < p->nfree; i++) /* the stack keeps its order without the claimed ids */
-		if (!(p->state[p->stack[i]] & MARK))
-			p->stack[o++] = p->stack[i];
-	p->nfree = o;
-	for (i = 0; i < n; i++)
-		p->state[ids[i]] = KVP_PAGE_LEASED;
-	p->count[KVP_PAGE_FREE] -= n;
-	p->count[KVP_PAGE_LEASED] += n;
-	return 0;
+	return x & ~taken;
 }
 
-/* The state bytes, zeroed (FREE). Past 256 KiB they are asked for in huge pages: a batch
- * touches one byte of a random page each, and with 4 KiB pages most of those would miss the
- * TLB. */
-static uint8_t *state_map(size_t want, size_t *bytes)
+/* Writes every set bit of x as an id base + bit to out, ascending: a byte at a time, eight slots
+ * stored at once (one table load, an add and one store: vector instructions in either build). Where
+ * each byte's ids go comes from x alone (the bytes' counts, summed by one multiply), so no store
+ * waits on a load. Writes up to popcount(x) + 8 slots. */
+static inline __attribute__((always_inline)) void emit_all(uint32_t *out, uint64_t x, uint32_t base)
 {
-	const size_t huge = (size_t)2 << 20;
-	size_t len = want < ((size_t)256 << 10) ? want : (want + huge - 1) / huge * huge;
-	uint8_t *m = mmap(NULL, len + (len >= huge ? huge : 0), PROT_READ | PROT_WRITE,
-			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uintptr_t at;
+	typedef uint32_t v8u32 __attribute__((vector_size(32)));
+	uint64_t c = x - (x >> 1 & 0x5555555555555555ull);
 
-	if (m == MAP_FAILED)
-		return NULL;
-	if (len < huge) {
-		*bytes = len;
-		return m;
+	c = (c & 0x3333333333333333ull) + (c >> 2 & 0x3333333333333333ull);
+	c = (c + (c >> 4)) & 0x0f0f0f0f0f0f0f0full; /* each byte's count */
+	c = (c << 8) * 0x0101010101010101ull;	    /* each byte's first slot */
+#pragma GCC unroll 8
+	for (int b = 0; b < 64; b += 8) {
+		v8u32 v;
+
+		memcpy(&v, g_pos[(x >> b) & 0xff], sizeof(v));
+		v += base + (uint32_t)b;
+		memcpy(out + ((c >> b) & 0xff), &v, sizeof(v));
 	}
-	/* aligned to a huge page, the slack unmapped */
-	at = ((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1);
-	if (at > (uintptr_t)m)
-		munmap(m, at - (uintptr_t)m);
-	munmap((uint8_t *)at + len, (uintptr_t)m + huge - at);
-	(void)madvise((void *)at, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages work too */
-	*bytes = len;
-	return (uint8_t *)at;
 }
 
-struct kvp_pages *kvp_pages_new(uint32_t total)
-{
-	struct kvp_pages *p;
+#if defined(__x86_64__)
+#define AVX2 __attribute__((target("avx2,popcnt")))
+#endif
 
-	if (total == 0 || total == KVP_PAGE_NONE)
-		return NULL;
-	p = calloc(1, sizeof(*p));
-	if (!p)
-		return NULL;
-	p->stack = malloc(sizeof(*p->stack) * total);
-	p->span = total;
-	while (p->span & (p->span - 1)) /* clear low bits until one is left, then double */
-		p->span &= p->span - 1;
-	if (p->span != total)
-		p->span = p->span > UINT32_MAX / 2 ? UINT32_MAX : p->span * 2;
-	p->state = state_map(p->span, &p->state_bytes);
-	if (!p->stack || !p->state) {
-		kvp_pages_free(p);
-		return NULL;
+/* Whole words while they fit with the stores' slack, the last one in part. The AVX2 build of
+ * the same code widens with one instruction and counts bits with popcnt. */
+static inline __attribute__((always_inline)) void alloc_body(struct kvp_pages *p, uint32_t n,
+							     uint32_t *out)
+{
+	uint64_t *free = p->lv[0];
+
+	for (uint32_t k = 0; k < n;) {
+		uint32_t w = first_word(p), c;
+		uint64_t x = free[w];
+
+		c = (uint32_t)__builtin_popcountll(x);
+		if (c + 8 <= n - k) { /* the whole word, the stores' slack below n */
+			emit_all(out + k, x, w * 64);
+			free[w] = 0;
+			up_clear(p, w);
+			k += c;
+			continue;
+		}
+		if (c > n - k)
+			c = n - k;
+		free[w] = x = emit(out + k, c, x, w * 64);
+		if (!x)
+			up_clear(p, w);
+		k += c;
 	}
-	p->total = total;
-	/* Lowest ids on top of the stack: a fresh pool hands out 0, 1, 2... */
-	for (uint32_t i = 0; i < total; i++)
-		p->stack[i] = total - 1 - i;
-	p->nfree = total;
-	p->count[KVP_PAGE_FREE] = total;
-	return p;
 }
 
-void kvp_pages_free(struct kvp_pages *p)
+#if defined(__x86_64__)
+static AVX2 void alloc_avx2(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
-	if (!p)
-		return;
-	free(p->stack);
-	if (p->state)
-		munmap(p->state, p->state_bytes);
-	free(p);
+	alloc_body(p, n, out);
 }
+#endif
 
-/* dst[i] = src[n - 1 - i] (the arrays do not overlap). */
-static void reverse_copy(uint32_t *restrict dst, const uint32_t *restrict src, uint32_t n)
+static void alloc_generic(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
-	uint32_t i = 0;
-
-	for (; i + 4 <= n; i += 4) {
-		v4u32 v;
-
-		memcpy(&v, src + n - 4 - i, sizeof(v));
-		v = __builtin_shufflevector(v, v, 3, 2, 1, 0); /* gcc 12+, clang */
-		memcpy(dst + i, &v, sizeof(v));
-	}
-	for (; i < n; i++)
-		dst[i] = src[n - 1 - i];
-}
-
-/* state[ids[i]] = LEASED, eight at a time (one store a page: the loop's own bookkeeping would
- * cost as much). The stores are of a constant and independent of each other. */
-static void set_leased(uint8_t *restrict state, const uint32_t *restrict ids, uint32_t n)
-{
-	uint32_t i = 0;
-
-	/* ids two at a time from 64-bit loads: one load for two pages, stores independent */
-	for (; i + 8 <= n; i += 8) {
-		uint64_t a, b, c, d;
-
-		memcpy(&a, ids + i, 8);
-		memcpy(&b, ids + i + 2, 8);
-		memcpy(&c, ids + i + 4, 8);
-		memcpy(&d, ids + i + 6, 8);
-		state[ID_LO(a)] = KVP_PAGE_LEASED;
-		state[ID_HI(a)] = KVP_PAGE_LEASED;
-		state[ID_LO(b)] = KVP_PAGE_LEASED;
-		state[ID_HI(b)] = KVP_PAGE_LEASED;
-		state[ID_LO(c)] = KVP_PAGE_LEASED;
-		state[ID_HI(c)] = KVP_PAGE_LEASED;
-		state[ID_LO(d)] = KVP_PAGE_LEASED;
-		state[ID_HI(d)] = KVP_PAGE_LEASED;
-	}
-	for (; i < n; i++)
-		state[ids[i]] = KVP_PAGE_LEASED;
+	alloc_body(p, n, out);
 }
 
 int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
-	/* Locals for everything the loops touch: a byte store may alias any object, so fields
-	 * read through p would be reloaded on every page. */
-	uint8_t *state = p->state;
-	const uint32_t *top;
-
 	if (n == 0)
 		return -EINVAL;
-	if (n > p->nfree)
+	if (n > p->count[KVP_PAGE_FREE])
 		return -ENOSPC;
-	top = p->stack + p->nfree - n;
-	/* the top of the stack first (a fresh pool hands out 0, 1, 2...): a reversed copy, four
-	 * ids at a time, then the states */
-	reverse_copy(out, top, n);
-	set_leased(state, top, n);
-	p->nfree -= n;
+	if (n == 1) {
+		uint32_t w = first_word(p);
+		uint64_t x = p->lv[0][w];
+
+		out[0] = w * 64 + (uint32_t)__builtin_ctzll(x);
+		p->lv[0][w] = x &= x - 1;
+		if (!x)
+			up_clear(p, w);
+	}
+#if defined(__x86_64__)
+	else if (p->avx2)
+		alloc_avx2(p, n, out);
+	else
+#endif
+		alloc_generic(p, n, out);
 	p->count[KVP_PAGE_FREE] -= n;
 	p->count[KVP_PAGE_LEASED] += n;
 	return 0;
 }
 
-/* Any mix of LEASED, CACHED and MOVING pages, duplicates and bad ids refused. */
+/* Frees the ids gathered for word w (mask m, from cnt ids): all LEASED and each listed once, or
+ * nothing changes and it returns false. */
+static inline bool flush_word(struct kvp_pages *p, uint32_t w, uint64_t m, uint32_t cnt)
+{
+	uint64_t old = p->lv[0][w];
+
+	if ((uint32_t)__builtin_popcountll(m) != cnt || (old & m) || (p->special[w] & m))
+		return false;
+	p->lv[0][w] = old | m;
+	if (!old)
+		up_set(p, w);
+	return true;
+}
+
+/* Takes back what flush_word freed for ids[0..n): their words lose those bits again. */
+static void unfree(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		p->lv[0][ids[i] >> 6] &= ~(1ull << (ids[i] & 63));
+	for (uint32_t i = 0; i < n; i++)
+		if (!p->lv[0][ids[i] >> 6])
+			up_clear(p, ids[i] >> 6);
+}
+
+#if defined(__x86_64__)
+/* Gathers ids into *m eight at a time while all eight lie in word w; returns how many. */
+static inline AVX2 uint32_t gather_avx2(const uint32_t *ids, uint32_t n, uint32_t w, uint64_t *m)
+{
+	const __m256i one = _mm256_set1_epi64x(1), low = _mm256_set1_epi32(63);
+	const __m256i word = _mm256_set1_epi32((int)w);
+	__m256i acc = _mm256_setzero_si256();
+	__m128i h;
+	uint32_t i = 0;
+
+	if (n < 8)
+		return 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256i v = _mm256_loadu_si256((const void *)(ids + i)), b;
+
+		if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_srli_epi32(v, 6), word)) != -1)
+			break;
+		b = _mm256_and_si256(v, low);
+		acc = _mm256_or_si256(acc,
+				      _mm256_sllv_epi64(one, _mm256_cvtepu32_epi64(
+								     _mm256_castsi256_si128(b))));
+		acc = _mm256_or_si256(acc,
+				      _mm256_sllv_epi64(one,
+							_mm256_cvtepu32_epi64(
+								_mm256_extracti128_si256(b, 1))));
+	}
+	h = _mm_or_si128(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+	*m |= (uint64_t)_mm_cvtsi128_si64(h) | (uint64_t)_mm_extract_epi64(h, 1);
+	return i;
+}
+#endif
+
+/* The common case: every page LEASED, each listed once, in runs of ids sharing a word (a batch
+ * that alloc handed out comes in ascending order). A run's ids gather into a mask (eight at a
+ * time in the AVX2 build) that one store frees. Returns 0 with every page FREE, or -EINVAL with
+ * nothing changed (the general path then decides). */
+static inline __attribute__((always_inline)) int release_body(struct kvp_pages *p,
+							      const uint32_t *ids, uint32_t n,
+							      bool vec)
+{
+	uint32_t i = 0, start = 0, cur;
+	uint64_t m = 0;
+
+	if (ids[0] >= p->total)
+		return -EINVAL;
+	cur = ids[0] >> 6;
+	while (i < n) {
+		uint32_t id;
+
+#if defined(__x86_64__)
+		if (vec)
+			i += gather_avx2(ids + i, n - i, cur, &m);
+#endif
+		for (; i < n && ids[i] >> 6 == cur; i++)
+			m |= 1ull << (ids[i] & 63);
+		if (i == n)
+			break;
+		id = ids[i];
+		if (id >= p->total || !flush_word(p, cur, m, i - start))
+			goto undo;
+		cur = id >> 6;
+		m = 0;
+		start = i;
+	}
+	(void)vec;
+	if (flush_word(p, cur, m, n - start))
+		return 0;
+undo:
+	unfree(p, ids, start);
+	return -EINVAL;
+}
+
+#if defined(__x86_64__)
+static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	return release_body(p, ids, n, true);
+}
+#endif
+
+static int release_generic(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	return release_body(p, ids, n, false);
+}
+
+/* Any mix of LEASED, CACHED and MOVING pages, duplicates and bad ids refused. Each page's free
+ * bit is set as it is checked, so a page listed twice reads free the second time; a refusal
+ * clears them again before the summaries were touched. */
 static int release_any(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
-	enum { MARK = 0x80 };
-	uint8_t *state = p->state;
-	const uint32_t total = p->total;
+	uint64_t *free = p->lv[0];
 	uint32_t i, cached = 0, moving = 0;
 
-	/* Validate everything first, marking each id so a duplicate in one call is caught, and
-	 * count what each page was. */
 	for (i = 0; i < n; i++) {
 		uint32_t id = ids[i];
-		uint8_t st;
 
-		if (id >= total)
+		if (id >= p->total || is_free(p, id))
 			break;
-		st = state[id];
-		if (st == KVP_PAGE_FREE || (st & MARK))
-			break;
-		state[id] = (uint8_t)(st | MARK);
-		cached += st == KVP_PAGE_CACHED;
-		moving += st == KVP_PAGE_MOVING;
+		free[id >> 6] |= 1ull << (id & 63);
+		cached += p->state[id] == KVP_PAGE_CACHED;
+		moving += p->state[id] == KVP_PAGE_MOVING;
 	}
 	if (i < n) {
 		while (i-- > 0)
-			state[ids[i]] &= (uint8_t)~MARK;
+			free[ids[i] >> 6] &= ~(1ull << (ids[i] & 63));
 		return -EINVAL;
 	}
 	if (cached)
 		guard_trip(p); /* a cached page leaves the cache: the snapshot is in doubt */
-	for (i = 0; i < n; i++)
-		state[ids[i]] = KVP_PAGE_FREE;
-	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
-	p->nfree += n;
+	for (i = 0; i < n; i++) {
+		uint32_t id = ids[i];
+
+		if (p->state[id]) {
+			p->state[id] = 0;
+			p->special[id >> 6] &= ~(1ull << (id & 63));
+		}
+		up_set(p, id >> 6);
+	}
 	p->count[KVP_PAGE_LEASED] -= n - cached - moving;
 	p->count[KVP_PAGE_CACHED] -= cached;
 	p->count[KVP_PAGE_MOVING] -= moving;
@@ -244,95 +391,164 @@ static int release_any(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 	return 0;
 }
 
-/* The OR of ids[0..n), sixteen at a time: below span it bounds every id. */
-static uint32_t or_of(const uint32_t *ids, uint32_t n)
-{
-	v4u32 a = { 0 }, b = { 0 }, c = { 0 }, e = { 0 }, v;
-	uint32_t i = 0, o;
-
-	for (; i + 16 <= n; i += 16) {
-		memcpy(&v, ids + i, sizeof(v));
-		a |= v;
-		memcpy(&v, ids + i + 4, sizeof(v));
-		b |= v;
-		memcpy(&v, ids + i + 8, sizeof(v));
-		c |= v;
-		memcpy(&v, ids + i + 12, sizeof(v));
-		e |= v;
-	}
-	a |= b | c | e;
-	o = a[0] | a[1] | a[2] | a[3];
-	for (; i < n; i++)
-		o |= ids[i];
-	return o;
-}
-
-/* The common case: every page LEASED, each listed once. The ids' OR below `span` (the state
- * bytes, a power of two) bounds them all; the bytes from total to span are FREE forever, so an id
- * in that gap fails like a free page. Each page must read LEASED and is then written FREE (a
- * constant: the store waits on nothing), so a page listed twice reads FREE the second time. On
- * the first page that is not LEASED, the pages before it (all LEASED, now FREE) are put back.
- * Returns 0 with every page FREE, or -EINVAL with nothing changed. */
-static int release_leased(uint8_t *restrict state, uint32_t span, const uint32_t *restrict ids,
-			  uint32_t n)
-{
-	uint32_t i = 0;
-
-	if (or_of(ids, n) >= span)
-		return -EINVAL; /* some id is out of range (or the OR overshoots): the slow path */
-#define FREE1(x, at)                                                                               \
-	do {                                                                                       \
-		if (__builtin_expect(state[x] != KVP_PAGE_LEASED, 0)) {                            \
-			i = (at);                                                                  \
-			goto undo;                                                                 \
-		}                                                                                  \
-		state[x] = KVP_PAGE_FREE;                                                          \
-	} while (0)
-#define FREE2(k)                                                                                   \
-	do {                                                                                       \
-		uint64_t w;                                                                        \
-		memcpy(&w, ids + i + (k), 8);                                                      \
-		FREE1(ID_LO(w), i + (k));                                                          \
-		FREE1(ID_HI(w), i + (k) + 1);                                                      \
-	} while (0)
-	for (; i + 8 <= n; i += 8) {
-		FREE2(0);
-		FREE2(2);
-		FREE2(4);
-		FREE2(6);
-	}
-	for (; i < n; i++)
-		FREE1(ids[i], i);
-#undef FREE1
-#undef FREE2
-	return 0;
-undo:
-	while (i-- > 0)
-		state[ids[i]] = KVP_PAGE_LEASED;
-	return -EINVAL;
-}
-
 int kvp_pages_release(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
+	int r;
+
+	if (n == 0)
+		return 0;
+	if (n == 1) {
+		uint32_t id = ids[0], w = id >> 6;
+		uint64_t bit = 1ull << (id & 63), old;
+
+		if (id >= p->total || ((old = p->lv[0][w]) | p->special[w]) & bit)
+			return release_any(p, ids, n);
+		p->lv[0][w] = old | bit;
+		if (!old)
+			up_set(p, w);
+		r = 0;
+	}
+#if defined(__x86_64__)
+	else if (p->avx2)
+		r = release_avx2(p, ids, n);
+	else
+#endif
+		r = release_generic(p, ids, n);
 	/* A page in another state, a duplicate or a bad id: the general path decides. */
-	if (release_leased(p->state, p->span, ids, n) < 0)
+	if (r < 0)
 		return release_any(p, ids, n);
-	memcpy(p->stack + p->nfree, ids, sizeof(uint32_t) * n);
-	p->nfree += n;
 	p->count[KVP_PAGE_LEASED] -= n;
 	p->count[KVP_PAGE_FREE] += n;
 	return 0;
 }
 
+int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
+{
+	uint64_t *free = p->lv[0];
+	uint32_t i;
+
+	/* each bit cleared as it is checked: a page listed twice is no longer free */
+	for (i = 0; i < n; i++) {
+		if (ids[i] >= p->total || !is_free(p, ids[i]))
+			break;
+		free[ids[i] >> 6] &= ~(1ull << (ids[i] & 63));
+	}
+	if (i < n) {
+		while (i-- > 0)
+			free[ids[i] >> 6] |= 1ull << (ids[i] & 63);
+		return -EINVAL;
+	}
+	for (i = 0; i < n; i++)
+		if (!free[ids[i] >> 6])
+			up_clear(p, ids[i] >> 6);
+	p->count[KVP_PAGE_FREE] -= n;
+	p->count[KVP_PAGE_LEASED] += n;
+	return 0;
+}
+
+/* The state bytes, zeroed. Past 256 KiB they are asked for in huge pages (a hint). */
+static uint8_t *state_map(size_t want, size_t *bytes)
+{
+	const size_t huge = (size_t)2 << 20;
+	size_t len = want < ((size_t)256 << 10) ? want : (want + huge - 1) / huge * huge;
+	uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (m == MAP_FAILED)
+		return NULL;
+	if (len >= huge)
+		(void)madvise(m, len, MADV_HUGEPAGE);
+	*bytes = len;
+	return m;
+}
+
+struct kvp_pages *kvp_pages_new(uint32_t total)
+{
+	struct kvp_pages *p;
+	uint64_t words;
+
+	if (total == 0 || total == KVP_PAGE_NONE)
+		return NULL;
+	(void)pthread_once(&g_tables_once, tables_init);
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->cap = 64;
+	while (p->cap < total)
+		p->cap *= 2;
+	words = p->cap / 64;
+	for (p->nlv = 0;; p->nlv++) {
+		p->nwords[p->nlv] = (uint32_t)words;
+		p->lv[p->nlv] = calloc(words, sizeof(uint64_t));
+		if (!p->lv[p->nlv]) {
+			kvp_pages_free(p);
+			return NULL;
+		}
+		if (words == 1)
+			break;
+		words = (words + 63) / 64;
+	}
+	p->nlv++;
+	p->special = calloc(p->nwords[0], sizeof(uint64_t));
+	p->state = state_map(total, &p->state_bytes);
+	if (!p->special || !p->state) {
+		kvp_pages_free(p);
+		return NULL;
+	}
+	p->total = total;
+	for (uint64_t b = 0; b < p->cap; b += 64) {
+		uint64_t below = total - b >= 64 ? ~0ull : (1ull << (total - b)) - 1;
+
+		if (b >= total)
+			below = 0;
+		p->lv[0][b / 64] = below;
+		p->special[b / 64] = ~below;
+		if (below)
+			up_set(p, (uint32_t)(b / 64));
+	}
+	p->lo = 0;
+	p->count[KVP_PAGE_FREE] = total;
+#if defined(__x86_64__)
+	p->avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+#endif
+	return p;
+}
+
+void kvp_pages_free(struct kvp_pages *p)
+{
+	if (!p)
+		return;
+	for (int l = 0; l < LV_MAX; l++)
+		free(p->lv[l]);
+	free(p->special);
+	if (p->state)
+		munmap(p->state, p->state_bytes);
+	free(p);
+}
+
+bool kvp_pages_simd(struct kvp_pages *p, int on)
+{
+#if defined(__x86_64__)
+	if (on >= 0)
+		p->avx2 = on && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+#else
+	(void)on;
+#endif
+	return p->avx2;
+}
+
 int kvp_pages_move(struct kvp_pages *p, uint32_t id, enum kvp_page_state from,
 		   enum kvp_page_state to)
 {
-	if (id >= p->total || p->state[id] != from || from == KVP_PAGE_FREE ||
-	    to == KVP_PAGE_FREE || to >= KVP_PAGE_STATE_MAX)
+	if (id >= p->total || from == KVP_PAGE_FREE || to == KVP_PAGE_FREE ||
+	    to >= KVP_PAGE_STATE_MAX || state_of(p, id) != (int)from)
 		return -EINVAL;
 	if (from == KVP_PAGE_CACHED)
 		guard_trip(p);
-	p->state[id] = (uint8_t)to;
+	if (to == KVP_PAGE_LEASED)
+		p->special[id >> 6] &= ~(1ull << (id & 63));
+	else
+		p->special[id >> 6] |= 1ull << (id & 63);
+	p->state[id] = to == KVP_PAGE_LEASED ? 0 : (uint8_t)to;
 	p->count[from]--;
 	p->count[to]++;
 	return 0;
@@ -342,7 +558,7 @@ int kvp_pages_state(const struct kvp_pages *p, uint32_t id)
 {
 	if (id >= p->total)
 		return -EINVAL;
-	return p->state[id];
+	return state_of(p, id);
 }
 
 uint32_t kvp_pages_total(const struct kvp_pages *p)
@@ -352,7 +568,8 @@ uint32_t kvp_pages_total(const struct kvp_pages *p)
 
 void kvp_pages_states(const struct kvp_pages *p, uint8_t *out)
 {
-	memcpy(out, p->state, p->total);
+	for (uint32_t i = 0; i < p->total; i++)
+		out[i] = (uint8_t)state_of(p, i);
 }
 
 uint32_t kvp_pages_count(const struct kvp_pages *p, enum kvp_page_state s)
@@ -365,17 +582,36 @@ int kvp_pages_check(const struct kvp_pages *p)
 	uint32_t seen[KVP_PAGE_STATE_MAX] = { 0 };
 	uint64_t sum = 0;
 
-	for (uint32_t i = 0; i < p->total; i++)
-		seen[p->state[i]]++;
+	for (uint32_t i = 0; i < p->total; i++) {
+		uint8_t st = p->state[i];
+		bool sp = p->special[i >> 6] >> (i & 63) & 1;
+
+		if ((st && (st != KVP_PAGE_CACHED && st != KVP_PAGE_MOVING)) || sp != (st != 0) ||
+		    (st && is_free(p, i)))
+			return -EFAULT;
+		seen[state_of(p, i)]++;
+	}
 	for (int s = 0; s < KVP_PAGE_STATE_MAX; s++) {
 		if (seen[s] != p->count[s])
 			return -EFAULT;
 		sum += p->count[s];
 	}
-	if (sum != p->total || p->nfree != p->count[KVP_PAGE_FREE])
+	if (sum != p->total)
 		return -EFAULT;
-	for (uint32_t i = 0; i < p->nfree; i++)
-		if (p->stack[i] >= p->total || p->state[p->stack[i]] != KVP_PAGE_FREE)
+	/* past total: never free, always special */
+	for (uint64_t b = p->total; b < p->cap; b++)
+		if ((p->lv[0][b / 64] >> (b & 63) & 1) || !(p->special[b / 64] >> (b & 63) & 1))
+			return -EFAULT;
+	/* each summary bit says whether its word below is not 0; nothing free below lo */
+	for (int l = 1; l < p->nlv; l++)
+		for (uint64_t j = 0; j < (uint64_t)p->nwords[l] * 64; j++) {
+			bool bit = p->lv[l][j / 64] >> (j & 63) & 1;
+
+			if (bit != (j < p->nwords[l - 1] && p->lv[l - 1][j] != 0))
+				return -EFAULT;
+		}
+	for (uint32_t w = 0; w < p->lo && w < p->nwords[0]; w++)
+		if (p->lv[0][w])
 			return -EFAULT;
 	return 0;
 }

@@ -1,6 +1,8 @@
 /* bench_pages.c - page allocator in-process: pages/s of alloc + free batches of 1, 16 and 256
  * pages (kvp_pages_alloc / kvp_pages_release) against the floor of touching the ids: memcpy of
- * the same id arrays in and out. The allocator is half full with a shuffled free stack first. */
+ * the same id arrays in and out. The allocator is half full first, its free pages scattered at
+ * random (every page allocated, half of them released in shuffled order): a batch of 256 spans
+ * about eight words of the free bitmap. */
 #include <errno.h>
 
 #include "bench.h"
@@ -23,7 +25,7 @@ int main(int argc, char **argv)
 
 	if (!p || !held || !ids || !src || !mid)
 		B_DIE("out of memory");
-	/* Fill, shuffle, free half: the free stack is no longer in id order. */
+	/* Fill, shuffle, free half: the free pages are scattered, about half of each word. */
 	if (kvp_pages_alloc(p, TOTAL, held) < 0)
 		B_DIE("alloc of all pages failed");
 	for (uint32_t i = TOTAL - 1; i > 0; i--) {

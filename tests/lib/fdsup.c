@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -161,15 +162,20 @@ int h_fdsup_fd(const struct h_fdsup *s, const char *name_part)
 pid_t h_fdsup_start(struct h_fdsup *s)
 {
 	uint64_t end;
-	pid_t pid;
+	pid_t pid, parent;
 
 	h_fdsup_drain(s);
+	parent = getpid();
 	pid = fork();
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
 		char names[2048] = "kvpoold.socket", num[16];
 		int n = 1, lo = 100, lf;
+
+		/* dies with its test: a test killed at its timeout leaves no daemon behind */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+			_exit(126);
 
 		/* out of the way first (the targets may be taken), then 3, 4, ... */
 		dup2(s->lfd, lo);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -43,7 +44,7 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 {
 	const char *argv[32];
 	int n = 0, fd;
-	pid_t pid;
+	pid_t pid, parent;
 
 	memset(d, 0, sizeof(*d));
 	snprintf(d->dir, sizeof(d->dir), "/tmp/kvpool-test-XXXXXX");
@@ -77,6 +78,7 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 	for (int i = 0; args && args[i] && n < 30; i++)
 		argv[n++] = args[i];
 	argv[n] = NULL;
+	parent = getpid();
 	pid = fork();
 	if (pid == 0) {
 		fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -96,6 +98,10 @@ static pid_t spawn(struct daemon *d, const char *config, const char *const *args
 		    (chown(d->dir, g_spawn_uid, g_spawn_uid) < 0 || setgroups(0, NULL) < 0 ||
 		     setresgid(g_spawn_uid, g_spawn_uid, g_spawn_uid) < 0 ||
 		     setresuid(g_spawn_uid, g_spawn_uid, g_spawn_uid) < 0))
+			_exit(126);
+		/* dies with its test (after the uid change, which clears it): a test killed at
+		 * its timeout leaves no daemon behind */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 			_exit(126);
 		execv(argv[0], (char *const *)argv);
 		_exit(127);

@@ -1,16 +1,29 @@
 /* test_pages.c - the page allocator under random alloc/free/cache sequences, with the
- * invariant free + leased + cached (+ moving) == total checked after every step. */
+ * invariant free + leased + cached (+ moving) == total checked after every step. Every test runs
+ * twice: with the AVX2 loops where the CPU has them, then with the generic ones. */
 #include <CUnit/Basic.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pages.h"
 #include "suite.h"
 
+static int g_simd; /* kvp_pages_simd for every allocator a test makes */
+
+static struct kvp_pages *new_pages(uint32_t total)
+{
+	struct kvp_pages *p = kvp_pages_new(total);
+
+	if (p)
+		kvp_pages_simd(p, g_simd);
+	return p;
+}
+
 static void test_pages_alloc_all_then_enospc(void)
 {
-	struct kvp_pages *p = kvp_pages_new(10);
+	struct kvp_pages *p = new_pages(10);
 	uint32_t ids[11];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -26,7 +39,7 @@ static void test_pages_alloc_all_then_enospc(void)
 
 static void test_pages_release_rejects_bad_ids_atomically(void)
 {
-	struct kvp_pages *p = kvp_pages_new(8);
+	struct kvp_pages *p = new_pages(8);
 	uint32_t ids[4], bad[3];
 
 	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, 4, ids), 0);
@@ -47,7 +60,7 @@ static void test_pages_release_rejects_bad_ids_atomically(void)
 static void test_pages_random_sequences_keep_invariant(void)
 {
 	enum { N = 257 };
-	struct kvp_pages *p = kvp_pages_new(N);
+	struct kvp_pages *p = new_pages(N);
 	uint8_t model[N] = { 0 }; /* what the test believes each page is */
 	unsigned seed = 12345;
 
@@ -106,7 +119,7 @@ static void test_pages_random_sequences_keep_invariant(void)
  * released (a failed copy) or cached (a finished one) from there. */
 static void test_pages_moving_state_reserved_and_counted(void)
 {
-	struct kvp_pages *p = kvp_pages_new(4);
+	struct kvp_pages *p = new_pages(4);
 	uint32_t ids[4];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -132,7 +145,7 @@ static void test_pages_moving_state_reserved_and_counted(void)
 /* A restart claims exactly the pages its books name; a bad list changes nothing. */
 static void test_pages_claim_named_pages(void)
 {
-	struct kvp_pages *p = kvp_pages_new(8);
+	struct kvp_pages *p = new_pages(8);
 	uint32_t ids[3] = { 5, 1, 6 }, dup[2] = { 2, 2 }, out[5];
 
 	CU_ASSERT_FATAL(p != NULL);
@@ -153,7 +166,7 @@ static void test_pages_claim_named_pages(void)
  * while armed. */
 static void test_pages_guard_trips_on_uncache(void)
 {
-	struct kvp_pages *p = kvp_pages_new(4);
+	struct kvp_pages *p = new_pages(4);
 	volatile uint64_t gen = 7;
 	bool armed = true;
 	uint32_t a[4];
@@ -185,7 +198,7 @@ static void test_pages_release_batches_refused_whole(void)
 {
 	enum { TOTAL = 1000, N = 40 };
 	const uint32_t bad_ids[] = { TOTAL, 1023, 1024, 4095, UINT32_MAX - 1, UINT32_MAX };
-	struct kvp_pages *p = kvp_pages_new(TOTAL);
+	struct kvp_pages *p = new_pages(TOTAL);
 	uint32_t ids[N + 1], batch[N + 1], cached;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -234,7 +247,7 @@ static void test_pages_release_batches_refused_whole(void)
 static void test_pages_release_stops_at_first_not_leased(void)
 {
 	enum { TOTAL = 300, N = 43 };
-	struct kvp_pages *p = kvp_pages_new(TOTAL);
+	struct kvp_pages *p = new_pages(TOTAL);
 	uint32_t ids[N], other, batch[N + 1];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -263,6 +276,136 @@ static void test_pages_release_stops_at_first_not_leased(void)
 	kvp_pages_free(p);
 }
 
+/* The allocator against a model, in batches long enough for the whole-word and eight-at-a-time
+ * loops (up to 400 pages) across several summary levels: alloc hands out the lowest free pages in
+ * ascending order; release takes leased, cached and moving pages in ascending or shuffled order,
+ * and a batch with one bad entry anywhere (listed twice, free, past total, past the bitmaps) is
+ * refused whole; claim and move in between; the states and the books are compared throughout. */
+static void test_pages_model_long_batches(void)
+{
+	enum { N = 5000, MAXB = 400 };
+	struct kvp_pages *p = new_pages(N);
+	static uint8_t model[N], states[N];
+	static uint32_t ids[MAXB + 1];
+	unsigned seed = 777;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	memset(model, 0, sizeof(model));
+	for (int step = 0; step < 4000; step++) {
+		int op = rand_r(&seed) % 8;
+		uint32_t n = 1 + (uint32_t)rand_r(&seed) % MAXB, k = 0, free = 0;
+
+		for (uint32_t i = 0; i < N; i++)
+			free += model[i] == KVP_PAGE_FREE;
+		if (op <= 2) { /* alloc: the n lowest free pages */
+			int r = kvp_pages_alloc(p, n, ids);
+
+			CU_ASSERT_EQUAL_FATAL(r, n <= free ? 0 : -ENOSPC);
+			for (uint32_t i = 0, j = 0; r == 0 && i < N && j < n; i++)
+				if (model[i] == KVP_PAGE_FREE) {
+					CU_ASSERT_EQUAL_FATAL(ids[j], i);
+					model[i] = KVP_PAGE_LEASED;
+					j++;
+				}
+		} else if (op <= 5) { /* release, maybe with one bad entry */
+			uint32_t at = (uint32_t)rand_r(&seed) % N;
+			int bad = rand_r(&seed) % 4 == 0 ? 1 + rand_r(&seed) % 6 : 0;
+
+			for (uint32_t j = 0; j < N && k < n; j++)
+				if (model[(at + j) % N] != KVP_PAGE_FREE &&
+				    (op != 5 || model[(at + j) % N] == KVP_PAGE_LEASED))
+					ids[k++] = (at + j) % N;
+			if (k == 0)
+				continue;
+			if (rand_r(&seed) % 2) /* sorted, as alloc hands them out */
+				for (uint32_t i = 1; i < k; i++)
+					for (uint32_t j = i; j > 0 && ids[j - 1] > ids[j]; j--) {
+						uint32_t t = ids[j];
+
+						ids[j] = ids[j - 1];
+						ids[j - 1] = t;
+					}
+			else
+				for (uint32_t i = k - 1; i > 0; i--) {
+					uint32_t j = (uint32_t)rand_r(&seed) % (i + 1), t = ids[i];
+
+					ids[i] = ids[j];
+					ids[j] = t;
+				}
+			if (bad) {
+				uint32_t pos = (uint32_t)rand_r(&seed) % (k + 1), v = 0;
+
+				if (bad == 1 && pos < k)
+					v = ids[(pos + 1) % k]; /* listed twice */
+				else if (bad == 1)
+					v = ids[0];
+				else if (bad == 2) { /* a free page, if any */
+					v = N;
+					for (uint32_t i = 0; i < N; i++)
+						if (model[(at + i) % N] == KVP_PAGE_FREE) {
+							v = (at + i) % N;
+							break;
+						}
+				} else
+					v = (const uint32_t[]){ N, 8191, 8192,
+								UINT32_MAX }[bad - 3];
+				if (pos < k && k > 1)
+					ids[pos] = v;
+				else
+					ids[k++] = v;
+				if (k > 1 && ids[0] == ids[1] && bad != 1)
+					ids[1] = N; /* keep it one bad entry, still bad */
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, ids, k), -EINVAL);
+			} else {
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, ids, k), 0);
+				for (uint32_t i = 0; i < k; i++)
+					model[ids[i]] = KVP_PAGE_FREE;
+			}
+		} else if (op == 6) { /* move some leased pages to cached or moving and back */
+			for (uint32_t j = 0, at = (uint32_t)rand_r(&seed) % N;
+			     j < N && k < n / 4 + 1; j++) {
+				uint32_t id = (at + j) % N;
+				int to = model[id] == KVP_PAGE_LEASED
+						 ? (id % 3 ? KVP_PAGE_CACHED : KVP_PAGE_MOVING)
+						 : KVP_PAGE_LEASED;
+
+				if (model[id] == KVP_PAGE_FREE)
+					continue;
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_move(p, id, model[id], to), 0);
+				/* the page is no longer in its old state */
+				CU_ASSERT_EQUAL(kvp_pages_move(p, id, model[id], to), -EINVAL);
+				model[id] = (uint8_t)to;
+				k++;
+			}
+		} else { /* claim a few free pages, or fail on a leased one */
+			for (uint32_t j = 0, at = (uint32_t)rand_r(&seed) % N; j < N && k < 8; j++)
+				if (model[(at + j) % N] == KVP_PAGE_FREE)
+					ids[k++] = (at + j) % N;
+			if (k && step % 2) {
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_claim(p, ids, k), 0);
+				for (uint32_t i = 0; i < k; i++)
+					model[ids[i]] = KVP_PAGE_LEASED;
+			} else if (k) {
+				ids[k] = ids[0];
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_claim(p, ids, k + 1), -EINVAL);
+			}
+		}
+		if (step % 50 == 0) {
+			uint32_t c[KVP_PAGE_STATE_MAX] = { 0 };
+
+			CU_ASSERT_EQUAL_FATAL(kvp_pages_check(p), 0);
+			kvp_pages_states(p, states);
+			CU_ASSERT_EQUAL_FATAL(memcmp(states, model, N), 0);
+			for (uint32_t i = 0; i < N; i++)
+				c[model[i]]++;
+			for (int st = 0; st < KVP_PAGE_STATE_MAX; st++)
+				CU_ASSERT_EQUAL_FATAL(kvp_pages_count(p, st), c[st]);
+		}
+	}
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -274,7 +417,17 @@ int main(void)
 		H_TEST(test_pages_guard_trips_on_uncache),
 		H_TEST(test_pages_release_batches_refused_whole),
 		H_TEST(test_pages_release_stops_at_first_not_leased),
+		H_TEST(test_pages_model_long_batches),
 	};
+	struct kvp_pages *probe = kvp_pages_new(1);
+	int simd = probe && kvp_pages_simd(probe, -1), rc = 0;
 
-	return H_RUN_SUITE("pages", NULL, NULL, tests);
+	kvp_pages_free(probe);
+	if (simd) {
+		g_simd = 1;
+		rc = H_RUN_SUITE("pages-avx2", NULL, NULL, tests);
+	} else
+		printf("pages: no AVX2 on this CPU; the generic loops only\n");
+	g_simd = 0;
+	return H_RUN_SUITE("pages", NULL, NULL, tests) | rc;
 }
