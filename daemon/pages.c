@@ -267,45 +267,11 @@ static void unfree(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 			up_clear(p, ids[i] >> 6);
 }
 
-#if defined(__x86_64__)
-/* Gathers ids into *m eight at a time while all eight lie in word w; returns how many. */
-static inline AVX2 uint32_t gather_avx2(const uint32_t *ids, uint32_t n, uint32_t w, uint64_t *m)
-{
-	const __m256i one = _mm256_set1_epi64x(1), low = _mm256_set1_epi32(63);
-	const __m256i word = _mm256_set1_epi32((int)w);
-	__m256i acc = _mm256_setzero_si256();
-	__m128i h;
-	uint32_t i = 0;
-
-	if (n < 8)
-		return 0;
-	for (; i + 8 <= n; i += 8) {
-		__m256i v = _mm256_loadu_si256((const void *)(ids + i)), b;
-
-		if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_srli_epi32(v, 6), word)) != -1)
-			break;
-		b = _mm256_and_si256(v, low);
-		acc = _mm256_or_si256(acc,
-				      _mm256_sllv_epi64(one, _mm256_cvtepu32_epi64(
-								     _mm256_castsi256_si128(b))));
-		acc = _mm256_or_si256(acc,
-				      _mm256_sllv_epi64(one,
-							_mm256_cvtepu32_epi64(
-								_mm256_extracti128_si256(b, 1))));
-	}
-	h = _mm_or_si128(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-	*m |= (uint64_t)_mm_cvtsi128_si64(h) | (uint64_t)_mm_extract_epi64(h, 1);
-	return i;
-}
-#endif
-
 /* The common case: every page LEASED, each listed once, in runs of ids sharing a word (a batch
  * that alloc handed out comes in ascending order). A run's ids gather into a mask (eight at a
  * time in the AVX2 build) that one store frees. Returns 0 with every page FREE, or -EINVAL with
  * nothing changed (the general path then decides). */
-static inline __attribute__((always_inline)) int release_body(struct kvp_pages *p,
-							      const uint32_t *ids, uint32_t n,
-							      bool vec)
+static int release_generic(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
 	uint32_t i = 0, start = 0, cur;
 	uint64_t m = 0;
@@ -316,10 +282,6 @@ static inline __attribute__((always_inline)) int release_body(struct kvp_pages *
 	while (i < n) {
 		uint32_t id;
 
-#if defined(__x86_64__)
-		if (vec)
-			i += gather_avx2(ids + i, n - i, cur, &m);
-#endif
 		for (; i < n && ids[i] >> 6 == cur; i++)
 			m |= 1ull << (ids[i] & 63);
 		if (i == n)
@@ -331,7 +293,6 @@ static inline __attribute__((always_inline)) int release_body(struct kvp_pages *
 		m = 0;
 		start = i;
 	}
-	(void)vec;
 	if (flush_word(p, cur, m, n - start))
 		return 0;
 undo:
@@ -340,16 +301,96 @@ undo:
 }
 
 #if defined(__x86_64__)
+/* The mask of 64 bits from the OR of eight 32-bit lanes of low halves and eight of high halves. */
+static inline AVX2 uint64_t mask_of(__m256i lo, __m256i hi)
+{
+	__m256i t = _mm256_or_si256(_mm256_unpacklo_epi32(lo, hi), _mm256_unpackhi_epi32(lo, hi));
+	__m128i h = _mm_or_si128(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+
+	return (uint64_t)_mm_cvtsi128_si64(_mm_or_si128(h, _mm_unpackhi_epi64(h, h)));
+}
+
+/* release_generic eight ids at a time: each id's bit lands in a low or high 32-bit half (a shift by
+ * 32 or more gives 0), ORed into the run's word while all eight lie in it. A chunk that moves on
+ * to the next word (the ids of the current one first, then those of one other) is split in
+ * place; any other chunk goes id by id. */
 static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
-	return release_body(p, ids, n, true);
+	const __m256i one = _mm256_set1_epi32(1), low = _mm256_set1_epi32(63);
+	const __m256i k32 = _mm256_set1_epi32(32);
+	__m256i alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
+	uint32_t i = 0, start = 0, cur;
+	uint64_t m = 0;
+
+	if (ids[0] >= p->total)
+		return -EINVAL;
+	cur = ids[0] >> 6;
+	for (; i + 8 <= n; i += 8) {
+		__m256i v = _mm256_loadu_si256((const void *)(ids + i));
+		__m256i wv = _mm256_srli_epi32(v, 6), b = _mm256_and_si256(v, low);
+		__m256i lo = _mm256_sllv_epi32(one, b),
+			hi = _mm256_sllv_epi32(one, _mm256_sub_epi32(b, k32));
+		__m256i eq = _mm256_cmpeq_epi32(wv, _mm256_set1_epi32((int)cur)), eq2;
+		uint32_t mm = (uint32_t)_mm256_movemask_epi8(eq), next, split;
+
+		if (mm == UINT32_MAX) {
+			alo = _mm256_or_si256(alo, lo);
+			ahi = _mm256_or_si256(ahi, hi);
+			continue;
+		}
+		next = ids[i + 7] >> 6;
+		eq2 = _mm256_cmpeq_epi32(wv, _mm256_set1_epi32((int)next));
+		if ((mm & (mm + 1)) || next >= p->nwords[0] ||
+		    (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(eq, eq2)) != UINT32_MAX) {
+			/* not one word after the other: id by id */
+			for (uint32_t e = i + 8; i < e; i++) {
+				uint32_t id = ids[i];
+
+				if (id >> 6 != cur) {
+					m |= mask_of(alo, ahi);
+					alo = ahi = _mm256_setzero_si256();
+					if (id >= p->total || !flush_word(p, cur, m, i - start))
+						goto undo;
+					cur = id >> 6;
+					m = 0;
+					start = i;
+				}
+				m |= 1ull << (id & 63);
+			}
+			i -= 8; /* the loop's step */
+			continue;
+		}
+		split = i + (uint32_t)__builtin_popcount(mm) / 4; /* the first id of word next */
+		m |= mask_of(_mm256_or_si256(alo, _mm256_and_si256(lo, eq)),
+			     _mm256_or_si256(ahi, _mm256_and_si256(hi, eq)));
+		if (!flush_word(p, cur, m, split - start))
+			goto undo;
+		alo = _mm256_and_si256(lo, eq2);
+		ahi = _mm256_and_si256(hi, eq2);
+		cur = next;
+		m = 0;
+		start = split;
+	}
+	m |= mask_of(alo, ahi);
+	for (; i < n; i++) {
+		uint32_t id = ids[i];
+
+		if (id >> 6 != cur) {
+			if (id >= p->total || !flush_word(p, cur, m, i - start))
+				goto undo;
+			cur = id >> 6;
+			m = 0;
+			start = i;
+		}
+		m |= 1ull << (id & 63);
+	}
+	if (flush_word(p, cur, m, n - start))
+		return 0;
+undo:
+	unfree(p, ids, start);
+	return -EINVAL;
 }
 #endif
-
-static int release_generic(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
-{
-	return release_body(p, ids, n, false);
-}
 
 /* Any mix of LEASED, CACHED and MOVING pages, duplicates and bad ids refused. Each page's free
  * bit is set as it is checked, so a page listed twice reads free the second time; a refusal
