@@ -64,6 +64,7 @@ struct kvp_prefix_node {
 	uint32_t dev_below;  /* children whose subtree holds a device page */
 	uint32_t host_below; /* children whose subtree holds a host page */
 	uint32_t hidx[HEAP_MAX];
+	struct kvp_prefix_memo *memo; /* the hooks' chain state before this node; NULL: none */
 };
 
 struct ns_root {
@@ -92,8 +93,8 @@ struct kvp_prefix {
 	void *spill_ctx;
 	kvp_prefix_spill_fn landed; /* device pages demoted to host (kvp_prefix_set_landed) */
 	void *landed_ctx;
-	uint32_t *spill_buf; /* the evicted path's tokens, for spill */
-	size_t spill_cap;    /* uint32_t entries of spill_buf */
+	struct kvp_prefix_seg *segs; /* the evicted path's segments, for the hooks */
+	size_t segs_cap;	     /* entries of segs */
 };
 
 struct kvp_prefix_flight {
@@ -225,6 +226,7 @@ static void node_dealloc(struct kvp_prefix *pfx, struct kvp_prefix_node *n)
 		return;
 	}
 	md_free(pfx, n->data, data_bytes(pfx, n->cap));
+	md_free(pfx, n->memo, sizeof(*n->memo));
 	md_free(pfx, n, sizeof(*n));
 }
 
@@ -606,6 +608,8 @@ static struct kvp_prefix_node *split_commit(struct kvp_prefix *pfx, struct kvp_p
 	u->atime = x->atime;
 	u->hits = x->hits;
 	u->lock = x->lock;
+	u->memo = x->memo; /* the path before u is the one that was before x */
+	x->memo = NULL;
 	u->npages = j;
 	u->ndev = min_u32(x->ndev, j);
 	u->nchildren = 1;
@@ -710,7 +714,7 @@ void kvp_prefix_free(struct kvp_prefix *pfx)
 {
 	if (!pfx)
 		return;
-	free(pfx->spill_buf);
+	free(pfx->segs);
 	for (uint32_t i = 0; i < pfx->nbuckets; i++) {
 		struct kvp_prefix_node *n = pfx->buckets[i], *next;
 
@@ -1085,33 +1089,41 @@ void kvp_prefix_set_landed(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void 
 	pfx->landed_ctx = ctx;
 }
 
-/* Hands n's host pages [upto - k, upto), with the tokens of the path through n's first upto
- * pages, to fn (the spill or the landed hook). Skipped when the path's tokens cannot be
- * gathered (out of memory): both hooks are best effort. */
+/* Hands n's host pages [upto - k, upto), with the path through n's first upto pages, to fn (the
+ * spill or the landed hook): the segments from the root, or from the nearest node whose memo the
+ * hook has filled, down to n. Nodes on the way get a memo for the hook to fill (not from
+ * md_alloc: its fault injection is for the serving path's own memory; a memo that cannot be had
+ * is only work again next time). Skipped when the segments cannot be gathered (out of memory):
+ * both hooks are best effort. */
 static void path_tail(struct kvp_prefix *pfx, struct kvp_prefix_node *n, uint32_t upto, uint32_t k,
 		      kvp_prefix_spill_fn fn, void *ctx)
 {
-	const struct kvp_prefix_node *m;
-	size_t pages = upto, at;
+	struct kvp_prefix_node *m;
+	size_t nsegs = 0, i;
 
-	for (m = n->parent; !is_root(m); m = m->parent)
-		pages += m->npages;
-	if (pages * pfx->pt > pfx->spill_cap) {
-		uint32_t *b = realloc(pfx->spill_buf, pages * pfx->pt * sizeof(uint32_t));
+	for (m = n; !is_root(m); m = m->parent) {
+		nsegs++;
+		if (!m->memo && !is_root(m->parent) && (m->memo = calloc(1, sizeof(*m->memo))))
+			pfx->st.metadata_bytes += sizeof(*m->memo);
+		if (m->memo && m->memo->ok)
+			break;
+	}
+	if (nsegs > pfx->segs_cap) {
+		struct kvp_prefix_seg *b = realloc(pfx->segs, nsegs * sizeof(*b));
 
 		if (!b)
 			return;
-		pfx->spill_buf = b;
-		pfx->spill_cap = pages * pfx->pt;
+		pfx->segs = b;
+		pfx->segs_cap = nsegs;
 	}
-	at = pages * pfx->pt;
-	for (m = n; !is_root(m); m = m->parent) {
-		size_t np = m == n ? upto : m->npages;
-
-		at -= np * pfx->pt;
-		memcpy(pfx->spill_buf + at, node_tokens(m), np * pfx->pt * 4);
+	for (m = n, i = nsegs; i > 0; m = m->parent) {
+		i--;
+		pfx->segs[i] = (struct kvp_prefix_seg){ node_tokens(m), m == n ? upto : m->npages,
+							is_root(m->parent), m->memo };
 	}
-	fn(ctx, root_ns(m), pfx->spill_buf, (uint32_t)pages, node_pages(pfx, n) + upto - k, k);
+	while (!is_root(m))
+		m = m->parent;
+	fn(ctx, root_ns(m), pfx->segs, (uint32_t)nsegs, node_pages(pfx, n) + upto - k, k);
 }
 
 static uint32_t evict_host(struct kvp_prefix *pfx, uint32_t want)
@@ -1699,10 +1711,10 @@ static int check_nodes(const struct kvp_prefix *pfx, struct kvp_prefix_node **al
 				return -EFAULT;
 			continue;
 		}
-		md += sizeof(*n) + data_bytes(pfx, n->cap);
+		md += sizeof(*n) + data_bytes(pfx, n->cap) + (n->memo ? sizeof(*n->memo) : 0);
 		npn++;
-		if (!n->npages || n->ndev > n->npages || n->npages > n->cap ||
-		    n->hash != page_hash(pfx, node_tokens(n)))
+		if (!n->npages || (n->memo && is_root(n->parent)) || n->ndev > n->npages ||
+		    n->npages > n->cap || n->hash != page_hash(pfx, node_tokens(n)))
 			return -EFAULT;
 		pi = node_index(all, cnt, n->parent);
 		if (pi < 0 || child_find(pfx, n->parent, node_tokens(n), n->hash) != n)

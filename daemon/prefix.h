@@ -149,13 +149,32 @@ uint32_t kvp_prefix_evict_now(struct kvp_prefix *pfx, enum kvp_tier_id tier, uin
 /* Drops every unlocked page in both tiers (admin Flush). Returns the pages freed. */
 uint32_t kvp_prefix_flush(struct kvp_prefix *pfx);
 
+/* What a hook keeps for the path before a node (its chained page hash there): the tree
+ * stores it with the node, forgets it when the node is split (the node's first page changes),
+ * and frees it with the node. ok is the hook's: 0 until it writes v. */
+#define KVP_PREFIX_MEMO_BYTES 32
+struct kvp_prefix_memo {
+	uint8_t ok;
+	uint8_t v[KVP_PREFIX_MEMO_BYTES];
+};
+
+/* One node's part of the path a hook is given, the root side first. */
+struct kvp_prefix_seg {
+	const uint32_t *tokens; /* npages * page_tokens token ids */
+	uint32_t npages;
+	bool first;		      /* the path starts here (nothing before it) */
+	struct kvp_prefix_memo *memo; /* the path before this segment; NULL: none kept (memory) */
+};
+
 /* The remote tier's view of host pages leaving the tree by eviction: called with their bytes
- * still in place, before the pages are released. ns: the namespace; tokens[0 .. npages * pt):
- * the path from the root through the last evicted page; pages[0 .. k): the host page ids of
- * the last k positions of that path (the pages evicted). Valid only during the call, which
- * must not change the tree. */
-typedef void (*kvp_prefix_spill_fn)(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
-				    const uint32_t *pages, uint32_t k);
+ * still in place, before the pages are released. ns: the namespace; segs[0 .. nsegs): the path
+ * through the last evicted page, from the root or from the first node whose memo is ok (what
+ * comes before it is in that memo), so a hook that keeps its chain state in the memos does work
+ * in proportion to the node, not the path; pages[0 .. k): the host page ids of the last k
+ * positions of that path (the pages evicted). Valid only during the call, which must not change
+ * the tree (the memos excepted). */
+typedef void (*kvp_prefix_spill_fn)(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs,
+				    uint32_t nsegs, const uint32_t *pages, uint32_t k);
 /* Sets (fn NULL: clears) the spill hook. Flush does not call it (an admin drop is not a spill). */
 void kvp_prefix_set_spill(struct kvp_prefix *pfx, kvp_prefix_spill_fn fn, void *ctx);
 /* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion

@@ -275,18 +275,49 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 	return PUT_SENT;
 }
 
-static void spill_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+/* The chained page hashes along a prefix path (segs, from the prefix tree): from the memo of
+ * segs[0] unless the path starts there, filling the memo of each later segment on the way (the
+ * hash before it), so the next call for this node hashes the node alone; the last k pages of the
+ * last segment are put. Returns how many were sent. */
+static uint32_t put_path(struct rt_pool *rp, uint64_t ns, const struct kvp_prefix_seg *segs,
+			 uint32_t nsegs, const uint32_t *pages, uint32_t k)
+{
+	uint32_t pt = rp->p->conf.page_tokens, sent = 0;
+	uint8_t h[KVP_RV_HASH_SIZE];
+	bool have = false;
+
+	if (!nsegs || k > segs[nsegs - 1].npages)
+		return 0;
+	if (!segs[0].first) { /* the tree stops at a memo this function filled */
+		if (!segs[0].memo || !segs[0].memo->ok)
+			return 0;
+		memcpy(h, segs[0].memo->v, sizeof(h));
+		have = true;
+	}
+	for (uint32_t s = 0; s < nsegs; s++) {
+		const struct kvp_prefix_seg *g = &segs[s];
+		uint32_t from = s == nsegs - 1 ? g->npages - k : UINT32_MAX;
+
+		if (have && g->memo && !g->memo->ok) {
+			memcpy(g->memo->v, h, sizeof(h));
+			g->memo->ok = 1;
+		}
+		for (uint32_t i = 0; i < g->npages; i++) {
+			kvp_rv_page_hash(have ? h : NULL, g->tokens + (size_t)i * pt, pt, h);
+			have = true;
+			if (i >= from && put_page(rp, ns, 0, h, pages[i - from]) == PUT_SENT)
+				sent++;
+		}
+	}
+	return sent;
+}
+
+static void spill_tokens(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs, uint32_t nsegs,
 			 const uint32_t *pages, uint32_t k)
 {
 	struct rt_pool *rp = ctx;
-	uint32_t pt = rp->p->conf.page_tokens;
-	uint8_t h[KVP_RV_HASH_SIZE];
 
-	for (uint32_t i = 0; i < npages; i++) {
-		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
-		if (i >= npages - k && put_page(rp, ns, 0, h, pages[i - (npages - k)]) == PUT_SENT)
-			rp->d->rt->spilled_pages++;
-	}
+	rp->d->rt->spilled_pages += put_path(rp, ns, segs, nsegs, pages, k);
 }
 
 static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
@@ -300,13 +331,14 @@ static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, u
 }
 
 /* Write-through of device pages demoted to host (the prefix tree's landed hook): pages[0 .. k)
- * are the last k of the npages-page path tokens. */
-static void landed_tokens(void *ctx, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+ * are the last k pages of the path. */
+static void landed_tokens(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs, uint32_t nsegs,
 			  const uint32_t *pages, uint32_t k)
 {
 	struct rt_pool *rp = ctx;
 
-	kvp_rt_written(rp->d, rp->p, ns, tokens, npages - k, pages, k);
+	if (rp->p->conf.remote == KVP_REMOTE_WRITE_THROUGH)
+		rp->d->rt->written_pages += put_path(rp, ns, segs, nsegs, pages, k);
 }
 
 static void landed_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)

@@ -1,11 +1,13 @@
 /* test_remote_nodes.c - two kvpoold nodes sharing a real 3-master Redis Cluster on loopback
  * (redis_cluster.sh: KVP_REDIS_PORTS, KVP_REDIS_DIR). Node A's engine publishes prompts into a
  * small host tier, which fills and spills; node B matches the same prompts, sees them remote,
- * fetches them and every byte equals what A wrote. Then: one master killed mid-run (misses for
- * its slots, no error, both nodes serve; restarted: hits again), a corrupt value and one of
- * another geometry written by hand (misses, deleted, never served), and a master slowed with
- * DEBUG SLEEP while A's local Alloc and Match keep answering, far faster than the sleep, with a
- * p99 near that of a node without a remote tier (the ratio itself is bench_remote's row). */
+ * fetches them and every byte equals what A wrote, also for prompts sharing a prefix spilled a
+ * page at a time (deep paths hashed from the chain kept with a node). Then: one master killed
+ * mid-run (misses for its slots, no error, both nodes serve; restarted: hits again), a corrupt
+ * value and one of another geometry written by hand (misses, deleted, never served), and a master
+ * slowed with DEBUG SLEEP while A's local Alloc and Match keep answering, far faster than the
+ * sleep, with a p99 near that of a node without a remote tier (the ratio itself is bench_remote's
+ * row). */
 #include <CUnit/Basic.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,15 +36,24 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* Prompts from FAMILY up share their first FAMILY_PAGES pages (those of prompt FAMILY, a node
+ * of its own in the prefix tree, their tails the nodes below it). */
+enum { FAMILY = 3840, FAMILY_PAGES = 8 };
+
+static uint32_t owner_of(uint32_t prompt, uint32_t page)
+{
+	return prompt > FAMILY && page < FAMILY_PAGES ? FAMILY : prompt;
+}
+
 static uint8_t byte_of(uint32_t prompt, uint32_t page, uint32_t j)
 {
-	return (uint8_t)(prompt * 131u + page * 31u + j * 7u + 1u);
+	return (uint8_t)(owner_of(prompt, page) * 131u + page * 31u + j * 7u + 1u);
 }
 
 static void tokens_of(uint32_t prompt, uint32_t *t)
 {
 	for (uint32_t i = 0; i < NTOK; i++)
-		t[i] = (prompt << 12) | i;
+		t[i] = (owner_of(prompt, i / PT) << 12) | i;
 }
 
 /* A publishes prompt: 16 host pages written with its pattern, inserted. 0 or a code. */
@@ -182,6 +193,38 @@ static void test_spill_then_remote_hits_on_other_node(void)
 		CU_ASSERT_EQUAL(m.n_host, NP);
 		CU_ASSERT_EQUAL(m.remote_pages, 0);
 	}
+}
+
+/* Deep paths spilled a page at a time: six prompts share their first half (one node) and A's
+ * engine then holds a lease on every host page, one page per Alloc, so the tails are evicted
+ * and spilled page by page. The remote tier hashes a tail's later pages from the chain it kept
+ * with the node at the first one, not from the root again; B finds every page by the keys it
+ * computes from the whole prompt, with A's bytes. */
+static void test_deep_paths_spilled_page_by_page(void)
+{
+	enum { FAMS = 6 };
+	uint64_t leases[HOST_PAGES];
+	uint32_t page, held = 0, remote = 0;
+	int64_t spilled = h_eng_counter(&g_ea, "remote_spilled_pages");
+
+	for (uint32_t s = 1; s <= FAMS; s++)
+		CU_ASSERT_EQUAL_FATAL(publish(&g_ea, FAMILY + s), 0);
+	for (; held < HOST_PAGES; held++)
+		if (kvp_lease_alloc(g_ea.p, KVP_TIER_HOST, 1, &leases[held], &page, NULL) < 0)
+			break;
+	CU_ASSERT_EQUAL(held, HOST_PAGES);
+	settle(&g_ea);
+	CU_ASSERT(h_eng_counter(&g_ea, "remote_spilled_pages") - spilled >=
+		  FAMILY_PAGES + FAMS * (NP - FAMILY_PAGES));
+	for (uint32_t s = 1; s <= FAMS; s++) {
+		int good = fetch_verified(&g_eb, FAMILY + s, &remote);
+
+		/* the tail is new to B; the shared half may be B's own since the first fetch */
+		CU_ASSERT(remote >= NP - FAMILY_PAGES && remote <= NP);
+		CU_ASSERT_EQUAL(good, NP);
+	}
+	for (uint32_t i = 0; i < held; i++)
+		kvp_lease_free(g_ea.p, leases[i], NULL, 0, NULL);
 }
 
 /* Hash-keyed chains (namespace 7, 20-byte engine keys): A publishes 12 chains of 16 keys,
@@ -535,6 +578,7 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_spill_then_remote_hits_on_other_node),
+		H_TEST(test_deep_paths_spilled_page_by_page),
 		H_TEST(test_hash_keyed_pages_spill_and_fetch),
 		H_TEST(test_fetch_without_remote_tier_is_local),
 		H_TEST(test_master_down_is_a_miss_and_recovers),

@@ -1364,6 +1364,7 @@ struct rlock {
 struct cover {
 	uint32_t promote_ok, promote_enospc, upgrades, stuck_host, flushes, named, named_lost;
 	uint64_t demoted, evicted[KVP_TIER_ID_MAX], splits;
+	uint64_t hook_calls, hook_memo, hook_pages, hook_bad; /* chain_hook */
 };
 
 struct model {
@@ -1697,6 +1698,63 @@ static void step_flush(struct model *m)
 	}
 }
 
+/* The remote tier's use of the spill and landed hooks, mirrored: a chain over the path's tokens
+ * (prefix_key's, whose value at a page names that page's bytes) kept in the memos (the state and
+ * the pages before the segment), so a path is walked from the nearest memo the hook filled, not
+ * from the root; every page handed over must hold the bytes of its key, and a path that starts
+ * past the root must start at a filled memo. */
+static void chain_hook(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs, uint32_t nsegs,
+		       const uint32_t *pages, uint32_t k)
+{
+	struct model *m = ctx;
+	uint64_t h = 0xcbf29ce484222325ULL ^ (ns * 0x9e3779b97f4a7c15ULL);
+	uint32_t before = 0, pt = m->f.pt;
+
+	m->cov.hook_calls++;
+	if (!nsegs || k > segs[nsegs - 1].npages) {
+		m->cov.hook_bad++;
+		return;
+	}
+	if (!segs[0].first) {
+		if (!segs[0].memo || !segs[0].memo->ok) {
+			m->cov.hook_bad++;
+			return;
+		}
+		memcpy(&h, segs[0].memo->v, sizeof(h));
+		memcpy(&before, segs[0].memo->v + sizeof(h), sizeof(before));
+		m->cov.hook_memo++;
+	}
+	for (uint32_t s = 0; s < nsegs; s++) {
+		const struct kvp_prefix_seg *g = &segs[s];
+		uint32_t from = s == nsegs - 1 ? g->npages - k : UINT32_MAX;
+
+		if (g->first && s) /* only the first segment may start the path */
+			m->cov.hook_bad++;
+		if (g->memo && !g->memo->ok && !g->first) {
+			memcpy(g->memo->v, &h, sizeof(h));
+			memcpy(g->memo->v + sizeof(h), &before, sizeof(before));
+			g->memo->ok = 1;
+		}
+		for (uint32_t i = 0; i < g->npages; i++) {
+			uint8_t want[PB];
+
+			for (uint32_t t = 0; t < pt; t++) {
+				h ^= g->tokens[(size_t)i * pt + t];
+				h *= 0x100000001b3ULL;
+				h ^= h >> 31;
+			}
+			before++;
+			if (i < from)
+				continue;
+			content(h ^ (before * pt), want);
+			if (memcmp(m->f.mem[HOST] + (size_t)pages[i - from] * PB, want, PB))
+				m->cov.hook_bad++;
+			else
+				m->cov.hook_pages++;
+		}
+	}
+}
+
 static struct cover random_run(uint64_t seed, uint32_t ndev, uint32_t nhost,
 			       enum kvp_evict_policy policy, uint32_t lock_pct, uint32_t steps)
 {
@@ -1713,6 +1771,10 @@ static struct cover random_run(uint64_t seed, uint32_t ndev, uint32_t nhost,
 	m->rng = seed;
 	m->lock_pct = lock_pct;
 	fx_init(&m->f, R_PT, ndev, nhost, policy);
+	if (nhost) {
+		kvp_prefix_set_spill(m->f.pfx, chain_hook, m);
+		kvp_prefix_set_landed(m->f.pfx, chain_hook, m);
+	}
 	for (uint32_t i = 0; i < steps; i++) {
 		uint32_t r = rnd_below(m, 1000);
 
@@ -1736,6 +1798,7 @@ static struct cover random_run(uint64_t seed, uint32_t ndev, uint32_t nhost,
 			bad++;
 		CU_ASSERT_EQUAL_FATAL(bad, 0); /* stop at the first broken step */
 	}
+	CU_ASSERT_EQUAL(m->cov.hook_bad, 0);
 	st = fx_stats(&m->f);
 	m->cov.demoted = st.demoted_pages;
 	m->cov.evicted[DEV] = st.evicted_pages[DEV];
@@ -1767,6 +1830,8 @@ static void test_kvp_prefix_random_two_tiers_lru(void)
 	CU_ASSERT(c.flushes > 10);
 	CU_ASSERT(c.named > 1000);
 	CU_ASSERT(c.named_lost > 10);
+	CU_ASSERT(c.hook_pages > 1000); /* pages spilled and landed, each checked */
+	CU_ASSERT(c.hook_memo > 100);	/* paths walked from a memo, not from the root */
 }
 
 static void test_kvp_prefix_random_two_tiers_lfu(void)
