@@ -271,27 +271,36 @@ static void unfree(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
  * that alloc handed out comes in ascending order). A run's ids gather into a mask (eight at a
  * time in the AVX2 build) that one store frees. Returns 0 with every page FREE, or -EINVAL with
  * nothing changed (the general path then decides). */
+/* One id of a release, run by run: an id of another word first frees the run before it
+ * (flush_word). Returns false when that is refused or the id is out of range: the caller undoes
+ * ids[0 .. *start). */
+static inline bool release_step(struct kvp_pages *p, uint32_t id, uint32_t i, uint32_t *cur,
+				uint64_t *m, uint32_t *start)
+{
+	if (id >> 6 != *cur) {
+		if (id >= p->total || !flush_word(p, *cur, *m, i - *start))
+			return false;
+		*cur = id >> 6;
+		*m = 0;
+		*start = i;
+	}
+	*m |= 1ull << (id & 63);
+	return true;
+}
+
 static int release_generic(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
-	uint32_t i = 0, start = 0, cur;
+	uint32_t start = 0, cur;
 	uint64_t m = 0;
 
 	if (ids[0] >= p->total)
 		return -EINVAL;
 	cur = ids[0] >> 6;
-	while (i < n) {
-		uint32_t id;
-
-		for (; i < n && ids[i] >> 6 == cur; i++)
+	for (uint32_t i = 0; i < n; i++) {
+		for (; i < n && ids[i] >> 6 == cur; i++) /* the run, in a tight loop */
 			m |= 1ull << (ids[i] & 63);
-		if (i == n)
-			break;
-		id = ids[i];
-		if (id >= p->total || !flush_word(p, cur, m, i - start))
+		if (i < n && !release_step(p, ids[i], i, &cur, &m, &start))
 			goto undo;
-		cur = id >> 6;
-		m = 0;
-		start = i;
 	}
 	if (flush_word(p, cur, m, n - start))
 		return 0;
@@ -343,20 +352,11 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 		if ((mm & (mm + 1)) || next >= p->nwords[0] ||
 		    (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(eq, eq2)) != UINT32_MAX) {
 			/* not one word after the other: id by id */
-			for (uint32_t e = i + 8; i < e; i++) {
-				uint32_t id = ids[i];
-
-				if (id >> 6 != cur) {
-					m |= mask_of(alo, ahi);
-					alo = ahi = _mm256_setzero_si256();
-					if (id >= p->total || !flush_word(p, cur, m, i - start))
-						goto undo;
-					cur = id >> 6;
-					m = 0;
-					start = i;
-				}
-				m |= 1ull << (id & 63);
-			}
+			m |= mask_of(alo, ahi);
+			alo = ahi = _mm256_setzero_si256();
+			for (uint32_t e = i + 8; i < e; i++)
+				if (!release_step(p, ids[i], i, &cur, &m, &start))
+					goto undo;
 			i -= 8; /* the loop's step */
 			continue;
 		}
@@ -372,18 +372,9 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 		start = split;
 	}
 	m |= mask_of(alo, ahi);
-	for (; i < n; i++) {
-		uint32_t id = ids[i];
-
-		if (id >> 6 != cur) {
-			if (id >= p->total || !flush_word(p, cur, m, i - start))
-				goto undo;
-			cur = id >> 6;
-			m = 0;
-			start = i;
-		}
-		m |= 1ull << (id & 63);
-	}
+	for (; i < n; i++)
+		if (!release_step(p, ids[i], i, &cur, &m, &start))
+			goto undo;
 	if (flush_word(p, cur, m, n - start))
 		return 0;
 undo:
