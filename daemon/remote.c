@@ -2,8 +2,9 @@
  * and everything that waits on sockets; the loop trades queue entries with it (remote.h).
  *
  * An entry is allocated once by the submitting loop, carries the operation's bytes to the
- * thread (the submission queue), comes back with its status and a GET's value (the completion
- * queue) and is freed by the loop after its callback. The thread is woken by an eventfd
+ * thread (the submission queue; a SET's value is written to the socket from the entry), comes
+ * back with its status and a GET's value (the completion queue; a page's verified here) and is
+ * freed by the loop after its callback. The thread is woken by an eventfd
  * (kvp_remote_sync) and wakes the loop through another one, in an epoll set with the alarm's
  * timerfd: the loop's one fd. The in-flight bounds are kept on the loop's side, at submission,
  * so that a refusal is immediate and the thread's client never refuses.
@@ -19,6 +20,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -49,11 +51,12 @@
 #define BIG_MIN (64u << 10)
 #define BIG_KEEP 32
 
-enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_DEL, Q_EXISTS };
+enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_GETPAGE, Q_DEL, Q_EXISTS };
 
-/* A GET's value, copied by the thread; the big ones go back to it after the callback (the
- * spare stack) and are used again: a fresh buffer per value, freed on the other thread, made
- * the allocator trim its heap and fault every page of the next one in (fetch at half speed). */
+/* A GET's value: the big ones are read into these by the cluster client itself (its buf_get),
+ * small ones copied by the thread; the big ones go back to it after the callback (the spare
+ * stack) and are used again: a fresh buffer per value, freed on the other thread, made the
+ * allocator trim its heap and fault every page of the next one in (fetch at half speed). */
 struct vbuf {
 	struct vbuf *next;
 	size_t cap;
@@ -67,21 +70,25 @@ struct q_ent {
 	enum q_kind kind;
 	kvp_rc_cb *cb;
 	kvp_rc_multi_cb *mcb;
+	kvp_remote_page_cb *pcb;
 	void *arg;
 	uint64_t acct; /* bytes booked against max_inflight_bytes */
 	uint32_t nops; /* operations booked (n for EXISTS) */
 	uint32_t ttl;
-	struct kvp_rv_fp fp;
+	struct kvp_rv_fp fp; /* Q_PAGE, Q_GETPAGE */
+	uint64_t page_bytes; /* Q_GETPAGE: the size a value's payload must have */
 	size_t klen, hlen, vlen, n;
 	/* completion */
 	enum kvp_rc_status st;
-	void *val;		      /* a GET hit's value (in vb) */
+	int verr;		      /* Q_GETPAGE: kvp_rv_decode's verdict on a hit */
+	void *val;		      /* a GET hit's value (in vb); Q_GETPAGE: its payload */
 	size_t len;		      /* its length */
 	enum kvp_rc_status *sts;      /* EXISTS: n statuses (malloc) */
 	struct vbuf *vb;	      /* val\'s buffer */
 	uint8_t hdr[KVP_RV_HDR_SIZE]; /* Q_PAGE: the header, written by the thread */
-	/* Q_SET / Q_PAGE / Q_GET / Q_DEL: key, then hdr (Q_SET), then value; Q_EXISTS: n key
-	 * lengths (size_t), then the keys */
+	/* Q_SET / Q_PAGE / Q_GET / Q_GETPAGE / Q_DEL: key, then hdr (Q_SET), then value (the
+	 * cluster client writes it to the socket from here); Q_EXISTS: n key lengths (size_t), then
+	 * the keys */
 	uint8_t data[];
 };
 
@@ -230,26 +237,72 @@ static struct vbuf *th_vbuf(struct kvp_remote *r, size_t len)
 	return vb;
 }
 
+/* The cluster client's buffers for large values (kvp_rc_config.buf_get / buf_put). */
+static void *th_buf_get(void *ctx, size_t len)
+{
+	struct vbuf *vb = th_vbuf(ctx, len);
+
+	return vb ? vb->data : NULL;
+}
+
+static void th_vbuf_put(struct kvp_remote *r, struct vbuf *vb)
+{
+	if (vb->cap >= BIG_MIN && r->nvfree < BIG_KEEP) {
+		vb->next = r->vfree;
+		r->vfree = vb;
+		r->nvfree++;
+	} else {
+		free(vb);
+	}
+}
+
+static void th_buf_put(void *ctx, void *buf)
+{
+	th_vbuf_put(ctx, (struct vbuf *)((uint8_t *)buf - offsetof(struct vbuf, data)));
+}
+
 static void th_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
 {
 	struct q_ent *e = arg;
+	struct kvp_remote *r = e->r;
 
 	e->st = st;
 	if (e->kind != Q_SET && e->kind != Q_PAGE)
-		e->r->urgent = 1;
-	else if ((e->r->ack_bytes += e->acct) >= SET_WAKE_BYTES)
-		e->r->urgent = 1;
-	if (st == KVP_RC_HIT && e->kind == Q_GET) {
-		e->vb = th_vbuf(e->r, len);
-		if (e->vb) {
+		r->urgent = 1;
+	else if ((r->ack_bytes += e->acct) >= SET_WAKE_BYTES)
+		r->urgent = 1;
+	if (st == KVP_RC_HIT && (e->kind == Q_GET || e->kind == Q_GETPAGE)) {
+		void *b = kvp_rc_take_value(r->rc); /* read straight into one of ours */
+
+		if (b) {
+			e->vb = (struct vbuf *)((uint8_t *)b - offsetof(struct vbuf, data));
+		} else if ((e->vb = th_vbuf(r, len))) {
 			memcpy(e->vb->data, val, len);
-			e->val = e->vb->data;
-			e->len = len;
 		} else {
 			e->st = KVP_RC_EPROTOCOL; /* out of memory: a failure, not a value */
+			q_add(&r->finished, e);
+			return;
+		}
+		e->val = e->vb->data;
+		e->len = len;
+	}
+	if (e->st == KVP_RC_HIT && e->kind == Q_GETPAGE) {
+		/* Header and checksum here, off the loop: it only copies verified bytes. */
+		const void *pl;
+		uint64_t n;
+
+		e->verr = kvp_rv_decode(&e->fp, e->page_bytes, e->val, e->len, &pl, &n);
+		if (e->verr == 0) {
+			e->val = (void *)pl;
+			e->len = n;
+		} else {
+			th_vbuf_put(r, e->vb);
+			e->vb = NULL;
+			e->val = NULL;
+			e->len = 0;
 		}
 	}
-	q_add(&e->r->finished, e);
+	q_add(&r->finished, e);
 }
 
 static void th_multi_done(void *arg, size_t n, const enum kvp_rc_status *st)
@@ -272,16 +325,17 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 	int rc;
 
 	switch (e->kind) {
-	case Q_SET:
-		rc = kvp_rc_set(r->rc, key, e->klen, key + e->klen, e->hlen,
-				key + e->klen + e->hlen, e->vlen, e->ttl, th_done, e);
+	case Q_SET: /* the entry lives until its completion is taken: no copy of the value */
+		rc = kvp_rc_set_ref(r->rc, key, e->klen, key + e->klen, e->hlen,
+				    key + e->klen + e->hlen, e->vlen, e->ttl, th_done, e);
 		break;
 	case Q_PAGE:
 		kvp_rv_header(&e->fp, key + e->klen, e->vlen, e->hdr);
-		rc = kvp_rc_set(r->rc, key, e->klen, e->hdr, sizeof(e->hdr), key + e->klen, e->vlen,
-				e->ttl, th_done, e);
+		rc = kvp_rc_set_ref(r->rc, key, e->klen, e->hdr, sizeof(e->hdr), key + e->klen,
+				    e->vlen, e->ttl, th_done, e);
 		break;
-	case Q_GET: rc = kvp_rc_get(r->rc, key, e->klen, th_done, e); break;
+	case Q_GET:
+	case Q_GETPAGE: rc = kvp_rc_get(r->rc, key, e->klen, th_done, e); break;
 	case Q_DEL: rc = kvp_rc_del(r->rc, key, e->klen, th_done, e); break;
 	default: {
 		size_t *lens = malloc(sizeof(*lens) * e->n);
@@ -425,6 +479,8 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 		.op_timeout_ms = conf->command_timeout_ms,
 		.max_inflight_cmds = UINT32_MAX / 2,
 		.max_inflight_bytes = UINT64_MAX / 2,
+		.buf_get = th_buf_get,
+		.buf_put = th_buf_put,
 	};
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = TIMER_TAG };
 	struct kvp_remote *r;
@@ -438,6 +494,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	if (!r)
 		return NULL;
 	r->conf = *conf;
+	cfg.buf_ctx = r;
 	r->alarm_ms = -1;
 	r->timer_ms = -1;
 	r->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -496,7 +553,10 @@ static void ent_complete(struct kvp_remote *r, struct q_ent *e)
 			e->mcb(e->arg, e->n, e->sts);
 		free(e->sts);
 	} else {
-		e->cb(e->arg, e->st, e->val, e->len);
+		if (e->kind == Q_GETPAGE)
+			e->pcb(e->arg, e->st, e->verr, e->val, e->len);
+		else
+			e->cb(e->arg, e->st, e->val, e->len);
 		if (e->vb && e->vb->cap >= BIG_MIN) {
 			struct vbuf *old = atomic_load_explicit(&r->vspare, memory_order_relaxed);
 
@@ -790,6 +850,27 @@ int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const 
 int kvp_remote_get(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
 {
 	return submit_kv(r, Q_GET, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+}
+
+int kvp_remote_get_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, uint64_t page_bytes,
+			const void *key, size_t klen, kvp_remote_page_cb *cb, void *arg)
+{
+	struct q_ent *e;
+	int err = 0;
+
+	if (!klen || !cb)
+		return -EINVAL;
+	e = ent_new(r, Q_GETPAGE, klen, 1, klen + 64, &err);
+	if (!e)
+		return err;
+	e->pcb = cb;
+	e->arg = arg;
+	e->fp = *fp;
+	e->page_bytes = page_bytes;
+	e->klen = klen;
+	memcpy(e->data, key, klen);
+	ent_queue(r, e);
+	return 0;
 }
 
 int kvp_remote_del(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
