@@ -16,9 +16,9 @@
  * go straight into the reply reader's buffer, READ_CHUNK at a time (or exactly the rest of a
  * large value, so that nothing is left to move after it), until the socket is empty.
  * kvp_rc_set_ref's values are not copied at all: the output stream is hiredis's buffer with
- * the caller's values between its bytes, written with writev. A large GET value lands in a
- * buffer of the owner's (buf_get) that the callback may keep. hiredis keeps the connect, the
- * reply parsing and the callbacks in order. */
+ * the caller's values between its bytes, written with writev. A large GET value is read from
+ * the socket straight into a buffer of the owner's (buf_get) that the callback may keep. hiredis
+ * keeps the connect, the reply parsing and the callbacks in order. */
 #include "remote_cluster.h"
 
 #include <errno.h>
@@ -108,6 +108,11 @@ struct rc_node {
 	uint32_t ext_cap, ext_head, ext_n;
 	size_t ext_done;    /* bytes of the oldest one written */
 	uint64_t ext_bytes; /* bytes of them all */
+	/* A large GET value read straight from the socket into a buffer of the owner's (buf_get),
+	 * while the reader holds a zero-length bulk in its place (see node_read). */
+	void *stash;
+	size_t stash_len, stash_have;
+	int probe; /* the last reply read was stashed: read the next one's length line alone */
 };
 
 /* Unwritten bytes past which operations wait in `held` (copied) instead of joining the output
@@ -396,6 +401,9 @@ static void ev_cleanup(void *priv)
 	n->events = 0;
 	n->out_off = 0;
 	ext_clear(n);
+	if (n->stash)
+		n->rc->cfg.buf_put(n->rc->cfg.buf_ctx, n->stash);
+	n->stash = NULL;
 	n->rc->gen++;
 	if (n->state == N_UP || n->state == N_CONNECTING)
 		node_failed(n);
@@ -460,7 +468,7 @@ static struct rc_reply *reply_new(const redisReadTask *task, int type)
 	if (!o)
 		return NULL;
 	o->r.type = type;
-	o->rc = task->privdata;
+	o->rc = ((struct rc_node *)task->privdata)->rc;
 	if (task->parent) {
 		redisReply *parent = task->parent->obj;
 
@@ -472,11 +480,20 @@ static struct rc_reply *reply_new(const redisReadTask *task, int type)
 static void *reply_string(const redisReadTask *task, char *str, size_t len)
 {
 	struct rc_reply *o = reply_new(task, task->type);
-	struct kvp_rc *rc = task->privdata;
+	struct rc_node *n = task->privdata;
+	struct kvp_rc *rc = n->rc;
 	char *b = NULL;
 
 	if (!o)
 		return NULL;
+	if (n->stash && n->stash_have == n->stash_len && task->type == REDIS_REPLY_STRING &&
+	    !task->parent && !len) { /* the zero-length stand-in for the value node_read took */
+		o->r.str = n->stash;
+		o->r.len = n->stash_len;
+		o->owned = 1;
+		n->stash = NULL;
+		return o;
+	}
 	if (rc && rc->cfg.buf_get && task->type == REDIS_REPLY_STRING && !task->parent &&
 	    len >= KVP_RC_BUF_MIN && (b = rc->cfg.buf_get(rc->cfg.buf_ctx, len)))
 		o->owned = 1;
@@ -543,7 +560,7 @@ static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 	}
 	ac->c.reader->maxbuf = 0; /* keep the read buffer: page-sized replies would regrow it */
 	ac->c.reader->fn = &reply_fns;
-	ac->c.reader->privdata = rc;
+	ac->c.reader->privdata = n;
 	n->ac = ac;
 	n->out_off = 0;
 	ext_clear(n);
@@ -1262,39 +1279,99 @@ uint64_t kvp_rc_fds_gen(const struct kvp_rc *rc)
 /* Reads until the socket is empty (or IO_PER_EVENT), straight into the reply reader's buffer,
  * running the callbacks of the replies completed after each read. End of stream, errors and a
  * connection not up yet go to hiredis, which reads again and sees them. */
-/* Bytes still to come of the bulk reply whose length line starts the reader's unparsed bytes;
- * 0 when they start with something else (or not enough to tell). */
-static size_t bulk_missing(const redisReader *r)
+/* Whether the reader's unparsed bytes are a bulk reply's length line (its '$' read already, or
+ * not yet), complete: then its length, where its length digits start and where its payload
+ * does, and whether it is a reply of its own (not inside an array). */
+static int bulk_at(const redisReader *r, size_t *len, size_t *digits, size_t *at, int *top)
 {
 	const char *p = r->buf + r->pos, *e = r->buf + r->len, *q;
-	size_t v = 0, total;
+	size_t v = 0;
 
-	if (e - p < 4 || *p != '$')
+	if (r->ridx >= 0 && r->rstack[r->ridx].type == REDIS_REPLY_STRING) {
+		*top = r->ridx == 0;
+	} else if (p < e && *p == '$') {
+		*top = r->ridx <= 0;
+		p++;
+	} else {
 		return 0;
-	for (q = p + 1; q < e && q - p < 24 && *q >= '0' && *q <= '9'; q++)
+	}
+	for (q = p; q < e && q - p < 19 && *q >= '0' && *q <= '9'; q++)
 		v = v * 10 + (size_t)(*q - '0');
-	if (q == p + 1 || q >= e || *q != '\r')
+	if (q == p || q + 1 >= e || q[0] != '\r' || q[1] != '\n')
 		return 0;
-	total = (size_t)(q - p) + 2 + v + 2;
-	return total > (size_t)(e - p) ? total - (size_t)(e - p) : 0;
+	*len = v;
+	*digits = (size_t)(p - r->buf);
+	*at = (size_t)(q + 2 - r->buf);
+	return 1;
 }
 
+/* Reads until the socket is empty (or IO_PER_EVENT), straight into the reply reader's buffer,
+ * running the callbacks of the replies completed after each read. A bulk reply in progress is
+ * read to its end and no further (nothing is left for the reader to move to its front after
+ * it); a large one of its own, when the owner gave buf_get, goes into such a buffer straight
+ * from the socket instead (the stash), the reader left a zero-length bulk in its place, which
+ * the value's own "\r\n" completes and reply_string swaps for the stash. End of stream, errors
+ * and a connection not up yet go to hiredis, which reads again and sees them. */
 static void node_read(struct rc_node *n)
 {
+	struct kvp_rc *rc = n->rc;
 	size_t total = 0;
+	int probing = 0;
 
 	while (n->ac && n->state == N_UP && total < IO_PER_EVENT) {
 		redisReader *r = n->ac->c.reader;
-		/* The rest of a large value and no more: the reply then ends the buffer, and the
-		 * reader has nothing to move to its front after it (a value's worth at times). */
-		size_t want = bulk_missing(r);
-		sds b = sdsMakeRoomFor(r->buf, want > READ_CHUNK ? want : READ_CHUNK);
+		size_t want = 0, blen, digits, at;
 		ssize_t got;
+		int top;
+		sds b;
 
+		if (n->stash && n->stash_have < n->stash_len) {
+			got = read(n->ac->c.fd, (char *)n->stash + n->stash_have,
+				   n->stash_len - n->stash_have);
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return;
+			if (got <= 0)
+				break;
+			n->stash_have += (size_t)got;
+			total += (size_t)got;
+			continue;
+		}
+		if (bulk_at(r, &blen, &digits, &at, &top) && r->len - at < blen + 2) {
+			size_t have = r->len - at;
+			void *s;
+
+			want = blen + 2 - have;
+			if (top && !n->stash && blen >= KVP_RC_BUF_MIN && have < blen &&
+			    rc->cfg.buf_get && (s = rc->cfg.buf_get(rc->cfg.buf_ctx, blen))) {
+				memcpy(s, r->buf + at, have);
+				sdsIncrLen(r->buf, -(int)(sdslen(r->buf) - digits));
+				b = sdscatlen(r->buf, "0\r\n", 3); /* room: it just shrank */
+				r->buf = b;
+				r->len = sdslen(b);
+				n->stash = s;
+				n->stash_len = blen;
+				n->stash_have = have;
+				n->probe = 1;
+				probing = 0;
+				continue;
+			}
+		}
+		if (probing) /* what the probe read was not a large value */
+			n->probe = 0;
+		b = sdsMakeRoomFor(r->buf, want > READ_CHUNK ? want : READ_CHUNK);
 		if (!b)
 			break;
 		r->buf = b;
-		got = read(n->ac->c.fd, b + sdslen(b), want >= 4096 ? want : sdsavail(b));
+		/* After a stashed value, the next reply's first bytes alone: a large value's
+		 * length line and little of the value, which then goes to a stash too (instead of
+		 * most of it into the reader's buffer and a copy of that). */
+		probing = !want && n->probe && r->pos == r->len;
+		got = read(n->ac->c.fd, b + sdslen(b),
+			   want >= 4096 ? want
+			   : probing	? 64
+					: sdsavail(b));
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -1306,7 +1383,8 @@ static void node_read(struct rc_node *n)
 		total += (size_t)got;
 		redisProcessCallbacks(n->ac); /* may free the context (a protocol error) */
 	}
-	if (n->ac)
+	/* Not while a stash fills (the event limit): hiredis would read its bytes. */
+	if (n->ac && !(total >= IO_PER_EVENT && n->stash && n->stash_have < n->stash_len))
 		redisAsyncHandleRead(n->ac);
 }
 
