@@ -6,8 +6,9 @@
  * what it needs (key, value) into a queue entry and returns, never waiting (-EAGAIN past the
  * in-flight bounds: the caller drops and counts). kvp_remote_sync(), once per loop turn, wakes
  * the thread when something was queued. The thread runs the cluster client (poll on its
- * sockets, its deadlines, a wake-up eventfd) and queues each completion, with a copy of a GET's
- * value; the loop's fd turns readable and kvp_remote_on_ready() runs the callbacks there, on the
+ * sockets, its deadlines, a wake-up eventfd) and queues each completion, with a GET's value (read
+ * into a buffer of the driver's, a page value's header and checksums verified there); the
+ * loop's fd turns readable and kvp_remote_on_ready() runs the callbacks there, on the
  * loop's own thread, so they touch pools and deferred replies directly. Nothing of the loop
  * waits on the thread but two short mutex sections (the queues, the figures). */
 #pragma once
@@ -20,6 +21,12 @@
 #include "stats.h"
 
 struct kvp_remote;
+
+/* Completion of kvp_remote_get_page(): st as a GET's (remote_cluster.h). On a HIT, err is 0 and
+ * page / n are the verified payload (valid only during the call), or err is the value's
+ * refusal (-KVP_RV_E*: not a page of this geometry, or corrupt) and page is NULL. */
+typedef void kvp_remote_page_cb(void *arg, enum kvp_rc_status st, int err, const void *page,
+				size_t n);
 
 /* A driver for the cluster of conf (which must be enabled), its thread started; NULL with errno
  * set (EINVAL: bad seeds; ENOMEM; or the errno of epoll_create1 / timerfd_create / eventfd /
@@ -64,6 +71,10 @@ int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const 
 			size_t klen, const void *page, size_t n, uint32_t ttl_s, kvp_rc_cb *cb,
 			void *arg);
 int kvp_remote_get(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
+/* GET of a page value: the thread checks its header against fp and page_bytes (0: any size)
+ * and its checksums (kvp_rv_decode), so the loop gets verified page bytes or a refusal. */
+int kvp_remote_get_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, uint64_t page_bytes,
+			const void *key, size_t klen, kvp_remote_page_cb *cb, void *arg);
 int kvp_remote_del(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
 int kvp_remote_exists_many(struct kvp_remote *r, size_t n, const void *const *keys,
 			   const size_t *klens, kvp_rc_multi_cb *cb, void *arg);

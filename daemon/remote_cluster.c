@@ -13,16 +13,22 @@
  * and reads 16 KiB per event through a copy; page-sized values (256 KiB) made that a dozen
  * events, copies and memmoves per value. Here writes go until the socket is full from an
  * offset into the buffer (compacted only when the written part outgrows the rest), and reads
- * go straight into the reply reader's buffer, READ_CHUNK at a time, until the socket is
- * empty. hiredis keeps the connect, the reply parsing and the callbacks in order. */
+ * go straight into the reply reader's buffer, READ_CHUNK at a time (or exactly the rest of a
+ * large value, so that nothing is left to move after it), until the socket is empty.
+ * kvp_rc_set_ref's values are not copied at all: the output stream is hiredis's buffer with
+ * the caller's values between its bytes, written with writev. A large GET value is read from
+ * the socket straight into a buffer of the owner's (buf_get) that the callback may keep. hiredis
+ * keeps the connect, the reply parsing and the callbacks in order. */
 #include "remote_cluster.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
@@ -59,12 +65,24 @@ struct rc_op {
 	uint64_t deadline;
 	size_t acct; /* bytes counted in flight (the whole command, value included) */
 	int noval;   /* a SET whose value went straight into hiredis's buffer: not resendable */
+	/* A SET whose value is the caller's (kvp_rc_set_ref): cmd[0, headlen) goes through hiredis,
+	 * then ext[0, extlen) is written from where it is, then cmd[headlen, cmdlen). */
+	const void *ext;
+	size_t extlen, headlen;
 	size_t cmdlen;
 	char cmd[];
 };
 
 struct rc_list {
 	struct rc_op *head, *tail;
+};
+
+/* A value written from the caller's memory: its bytes follow the byte of the output buffer at
+ * stream position `at` (positions count output-buffer bytes only, from the connection's start). */
+struct rc_ext {
+	uint64_t at;
+	const void *p;
+	size_t len;
 };
 
 struct rc_node {
@@ -79,10 +97,22 @@ struct rc_node {
 	uint64_t retry_at, connect_deadline;
 	enum kvp_rc_status drop_st; /* what the pending operations fail with when it closes */
 	struct rc_list fifo;
-	/* Operations held back while hiredis's output buffer is full (OBUF_CAP). */
+	/* Operations held back while the output stream is full (OBUF_CAP), and SETs of the
+	 * caller's values while the connection is not up yet. */
 	struct rc_list held;
 	int broken; /* its output stream lost a command halfway (out of memory): dropped at tick */
-	size_t out_off; /* bytes at the front of hiredis's output buffer already written */
+	size_t out_off;	 /* bytes at the front of hiredis's output buffer already written */
+	uint64_t ob_pos; /* stream position of the output buffer's first byte */
+	/* Values to be written between output-buffer bytes, oldest first (a ring). */
+	struct rc_ext *ext;
+	uint32_t ext_cap, ext_head, ext_n;
+	size_t ext_done;    /* bytes of the oldest one written */
+	uint64_t ext_bytes; /* bytes of them all */
+	/* A large GET value read straight from the socket into a buffer of the owner's (buf_get),
+	 * while the reader holds a zero-length bulk in its place (see node_read). */
+	void *stash;
+	size_t stash_len, stash_have;
+	int probe; /* the last reply read was stashed: read the next one's length line alone */
 };
 
 /* Unwritten bytes past which operations wait in `held` (copied) instead of joining the output
@@ -93,6 +123,7 @@ struct rc_node {
 #define OBUF_CAP (1u << 20)
 #define READ_CHUNK (128u << 10) /* room made in the reader's buffer for each read */
 #define IO_PER_EVENT (4u << 20) /* bytes read (or written) per event at most: fairness */
+#define IOV_N 64		/* pieces per writev */
 
 struct kvp_rc {
 	struct kvp_rc_config cfg;
@@ -111,6 +142,7 @@ struct kvp_rc {
 	int closing;
 	uint32_t inflight;
 	uint64_t inflight_bytes;
+	struct rc_reply *cur; /* the GET hit whose callback runs (kvp_rc_take_value) */
 	struct rc_list failq;
 	struct kvp_rc_stats stats;
 };
@@ -251,6 +283,47 @@ static size_t obuf_pending(const struct rc_node *n)
 	return sdslen(n->ac->c.obuf) - n->out_off;
 }
 
+/* Bytes of the node's output stream not written yet: the buffer's and the values'. */
+static uint64_t out_pending(const struct rc_node *n)
+{
+	return obuf_pending(n) + n->ext_bytes - n->ext_done;
+}
+
+static struct rc_ext *ext_at(const struct rc_node *n, uint32_t i)
+{
+	return &n->ext[(n->ext_head + i) & (n->ext_cap - 1)];
+}
+
+/* Queues len bytes at p to be written after what the output buffer holds now. -ENOMEM. */
+static int ext_push(struct rc_node *n, const void *p, size_t len)
+{
+	if (n->ext_n == n->ext_cap) {
+		uint32_t cap = n->ext_cap ? 2 * n->ext_cap : 64;
+		struct rc_ext *e = malloc(sizeof(*e) * cap);
+
+		if (!e)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < n->ext_n; i++)
+			e[i] = *ext_at(n, i);
+		free(n->ext);
+		n->ext = e;
+		n->ext_cap = cap;
+		n->ext_head = 0;
+	}
+	*ext_at(n, n->ext_n++) = (struct rc_ext){ n->ob_pos + sdslen(n->ac->c.obuf), p, len };
+	n->ext_bytes += len;
+	return 0;
+}
+
+/* Forgets the output stream's values (the connection is gone). */
+static void ext_clear(struct rc_node *n)
+{
+	n->ext_head = n->ext_n = 0;
+	n->ext_done = 0;
+	n->ext_bytes = 0;
+	n->ob_pos = 0;
+}
+
 /* Drops the written front of the output buffer (before hiredis itself looks at it). */
 static void obuf_compact(struct rc_node *n)
 {
@@ -258,6 +331,7 @@ static void obuf_compact(struct rc_node *n)
 
 	if (!n->out_off)
 		return;
+	n->ob_pos += n->out_off;
 	if (n->out_off == sdslen(c->obuf))
 		sdsclear(c->obuf); /* keeps the allocation */
 	else
@@ -326,6 +400,10 @@ static void ev_cleanup(void *priv)
 	n->ac = NULL;
 	n->events = 0;
 	n->out_off = 0;
+	ext_clear(n);
+	if (n->stash)
+		n->rc->cfg.buf_put(n->rc->cfg.buf_ctx, n->stash);
+	n->stash = NULL;
 	n->rc->gen++;
 	if (n->state == N_UP || n->state == N_CONNECTING)
 		node_failed(n);
@@ -349,6 +427,126 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 	(void)status; /* ev_cleanup follows */
 }
 
+/* Reply objects: hiredis's own, but a GET's value of at least KVP_RC_BUF_MIN bytes lands in a
+ * buffer of the owner's (buf_get), which the GET's callback may keep (kvp_rc_take_value) instead
+ * of copying it again. Every object of a connection is made here, so freeing knows which. */
+struct rc_reply {
+	redisReply r;
+	struct kvp_rc *rc;
+	int owned; /* r.str came from buf_get */
+};
+
+static void reply_free(void *p)
+{
+	struct rc_reply *o = p;
+
+	if (!o)
+		return;
+	switch (o->r.type) {
+	case REDIS_REPLY_ARRAY:
+		for (size_t i = 0; o->r.element && i < o->r.elements; i++)
+			reply_free(o->r.element[i]);
+		free(o->r.element);
+		break;
+	case REDIS_REPLY_STRING:
+	case REDIS_REPLY_STATUS:
+	case REDIS_REPLY_ERROR:
+		if (o->owned && o->r.str)
+			o->rc->cfg.buf_put(o->rc->cfg.buf_ctx, o->r.str);
+		else
+			free(o->r.str);
+		break;
+	default: break;
+	}
+	free(o);
+}
+
+static struct rc_reply *reply_new(const redisReadTask *task, int type)
+{
+	struct rc_reply *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return NULL;
+	o->r.type = type;
+	o->rc = ((struct rc_node *)task->privdata)->rc;
+	if (task->parent) {
+		redisReply *parent = task->parent->obj;
+
+		parent->element[task->idx] = &o->r;
+	}
+	return o;
+}
+
+static void *reply_string(const redisReadTask *task, char *str, size_t len)
+{
+	struct rc_reply *o = reply_new(task, task->type);
+	struct rc_node *n = task->privdata;
+	struct kvp_rc *rc = n->rc;
+	char *b = NULL;
+
+	if (!o)
+		return NULL;
+	if (n->stash && n->stash_have == n->stash_len && task->type == REDIS_REPLY_STRING &&
+	    !task->parent && !len) { /* the zero-length stand-in for the value node_read took */
+		o->r.str = n->stash;
+		o->r.len = n->stash_len;
+		o->owned = 1;
+		n->stash = NULL;
+		return o;
+	}
+	if (rc && rc->cfg.buf_get && task->type == REDIS_REPLY_STRING && !task->parent &&
+	    len >= KVP_RC_BUF_MIN && (b = rc->cfg.buf_get(rc->cfg.buf_ctx, len)))
+		o->owned = 1;
+	else if ((b = malloc(len + 1)))
+		b[len] = '\0';
+	if (!b) {
+		if (task->parent) /* the parent frees it, or hiredis frees a lone one */
+			return NULL;
+		free(o);
+		return NULL;
+	}
+	memcpy(b, str, len);
+	o->r.str = b;
+	o->r.len = len;
+	return o;
+}
+
+static void *reply_array(const redisReadTask *task, int elements)
+{
+	struct rc_reply *o = reply_new(task, REDIS_REPLY_ARRAY);
+
+	if (o && elements > 0 && !(o->r.element = calloc((size_t)elements, sizeof(void *)))) {
+		if (!task->parent)
+			free(o);
+		return NULL;
+	}
+	if (o)
+		o->r.elements = (size_t)(elements > 0 ? elements : 0);
+	return o;
+}
+
+static void *reply_integer(const redisReadTask *task, long long v)
+{
+	struct rc_reply *o = reply_new(task, REDIS_REPLY_INTEGER);
+
+	if (o)
+		o->r.integer = v;
+	return o;
+}
+
+static void *reply_nil(const redisReadTask *task)
+{
+	return reply_new(task, REDIS_REPLY_NIL);
+}
+
+static redisReplyObjectFunctions reply_fns = {
+	.createString = reply_string,
+	.createArray = reply_array,
+	.createInteger = reply_integer,
+	.createNil = reply_nil,
+	.freeObject = reply_free,
+};
+
 static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 {
 	redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
@@ -361,8 +559,11 @@ static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 		return;
 	}
 	ac->c.reader->maxbuf = 0; /* keep the read buffer: page-sized replies would regrow it */
+	ac->c.reader->fn = &reply_fns;
+	ac->c.reader->privdata = n;
 	n->ac = ac;
 	n->out_off = 0;
+	ext_clear(n);
 	n->state = N_CONNECTING;
 	n->connect_deadline = rc->now + rc->cfg.connect_timeout_ms;
 	n->drop_st = KVP_RC_ENODE_DOWN;
@@ -424,6 +625,26 @@ static int node_index(const struct kvp_rc *rc, const struct rc_node *n)
 
 static void op_reply(redisAsyncContext *ac, void *r, void *priv);
 
+/* Appends op's command to n's output stream (hiredis books its reply). -1 when hiredis refused
+ * it (nothing appended). */
+static int node_append(struct rc_node *n, struct rc_op *op)
+{
+	sds b;
+
+	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->headlen) != REDIS_OK)
+		return -1;
+	if (op->ext) {
+		/* A command cut halfway (out of memory) loses the stream: dropped at tick. */
+		if (ext_push(n, op->ext, op->extlen) < 0 ||
+		    !(b = sdscatlen(n->ac->c.obuf, op->cmd + op->headlen,
+				    op->cmdlen - op->headlen)))
+			n->broken = 1;
+		else
+			n->ac->c.obuf = b;
+	}
+	return 0;
+}
+
 /* Sends op to n (ASKING first when asking); failures go to the fail queue. */
 static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int asking)
 {
@@ -441,17 +662,24 @@ static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int 
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
+	if (asking && op->ext && n->state != N_UP) {
+		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
+		return;
+	}
 	if (asking && redisAsyncCommand(n->ac, NULL, NULL, "ASKING") != REDIS_OK) {
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
 	op->deadline = rc->now + rc->cfg.op_timeout_ms;
-	if (!asking && n->state == N_UP && (n->held.head || obuf_pending(n) >= OBUF_CAP)) {
+	/* A value of the caller's waits for the connection: until it is up, hiredis writes the
+	 * output buffer itself, which knows nothing of it. */
+	if (!asking && ((n->state == N_UP && (n->held.head || out_pending(n) >= OBUF_CAP)) ||
+			(op->ext && n->state != N_UP))) {
 		op->node = n;
 		list_add(&n->held, op);
 		return;
 	}
-	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
+	if (node_append(n, op) < 0) {
 		op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 		return;
 	}
@@ -464,10 +692,9 @@ static void node_pump(struct kvp_rc *rc, struct rc_node *n)
 {
 	struct rc_op *op;
 
-	while ((op = n->held.head) && n->ac && n->state == N_UP && obuf_pending(n) < OBUF_CAP) {
+	while ((op = n->held.head) && n->ac && n->state == N_UP && out_pending(n) < OBUF_CAP) {
 		list_del(&n->held, op);
-		if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) !=
-		    REDIS_OK) {
+		if (node_append(n, op) < 0) {
 			op_fail_later(rc, op, KVP_RC_ENODE_DOWN);
 			continue;
 		}
@@ -504,8 +731,9 @@ static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, in
 	struct rc_node *to;
 	unsigned slot;
 
-	/* A SET sent without a copy of its value cannot follow a redirect (the slot moved: a
-	 * spill lost, counted as a redirect failure). */
+	/* A SET sent without a copy of its value (kvp_rc_set's straight into the output buffer)
+	 * cannot follow a redirect (the slot moved: a spill lost, counted as a redirect failure);
+	 * one of the caller's values (kvp_rc_set_ref) is still there and can. */
 	if (++op->redirects > rc->cfg.max_redirects || op->noval) {
 		op_finish(op, KVP_RC_EREDIRECTS, NULL, 0);
 		return;
@@ -558,9 +786,11 @@ static void op_reply(redisAsyncContext *ac, void *reply, void *priv)
 			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
 		break;
 	case OP_GET:
-		if (r->type == REDIS_REPLY_STRING)
+		if (r->type == REDIS_REPLY_STRING) {
+			rc->cur = (struct rc_reply *)r; /* every reply object is one (reply_fns) */
 			op_finish(op, KVP_RC_HIT, r->str, r->len);
-		else if (r->type == REDIS_REPLY_NIL)
+			rc->cur = NULL;
+		} else if (r->type == REDIS_REPLY_NIL)
 			op_finish(op, KVP_RC_MISS, NULL, 0);
 		else
 			op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
@@ -730,8 +960,10 @@ void kvp_rc_free(struct kvp_rc *rc)
 		node_drop(rc->nodes[i], KVP_RC_ECLOSED);
 	}
 	drain_failq(rc);
-	for (int i = 0; i < rc->nnodes; i++)
+	for (int i = 0; i < rc->nnodes; i++) {
+		free(rc->nodes[i]->ext);
 		free(rc->nodes[i]);
+	}
 	free(rc);
 }
 
@@ -778,6 +1010,7 @@ static struct rc_op *op_new(struct kvp_rc *rc, enum rc_kind kind, const void *ke
 		}
 	}
 	op->cmdlen = (size_t)(p - op->cmd);
+	op->headlen = op->cmdlen;
 	op->acct = op->cmdlen;
 	return op;
 }
@@ -820,7 +1053,7 @@ static int set_direct(struct kvp_rc *rc, const void *key, size_t klen, const voi
 	int ok = 1;
 
 	if (rc->closing || !n || n->state != N_UP || !n->ac || n->held.head ||
-	    obuf_pending(n) >= OBUF_CAP || vlen < 4096)
+	    out_pending(n) >= OBUF_CAP || vlen < 4096)
 		return 0;
 	op = malloc(sizeof(*op) + 96 + klen);
 	if (!op)
@@ -844,6 +1077,7 @@ static int set_direct(struct kvp_rc *rc, const void *key, size_t klen, const voi
 		tlen += (size_t)sprintf(tail + tlen, "$2\r\nEX\r\n$%d\r\n%s\r\n", tl, t);
 	}
 	op->acct = op->cmdlen + hlen + vlen + tlen;
+	op->headlen = op->cmdlen;
 	if (redisAsyncFormattedCommand(n->ac, op_reply, op, op->cmd, op->cmdlen) != REDIS_OK) {
 		free(op);
 		return 0;
@@ -899,6 +1133,67 @@ int kvp_rc_set(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr,
 	       const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg)
 {
 	return submit_one(rc, OP_SET, key, klen, hdr, hlen, val, vlen, ttl_s, cb, arg);
+}
+
+/* The command's head (up to the value's length line, then hdr) and its tail ("\r\n", EX) in
+ * op->cmd, the value left where the caller has it: the socket takes it from there (writev). */
+int kvp_rc_set_ref(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
+		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg)
+{
+	struct rc_op *op;
+	char *p;
+
+	if (!klen || !cb)
+		return -EINVAL;
+	if (!vlen) /* nothing to leave in place */
+		return kvp_rc_set(rc, key, klen, hdr, hlen, val, vlen, ttl_s, cb, arg);
+	rc->now = kvp_rc_now_ms();
+	if (!room(rc, 1, klen + hlen + vlen + 64))
+		return -EAGAIN;
+	op = malloc(sizeof(*op) + 160 + klen + hlen);
+	if (!op)
+		return -ENOMEM;
+	memset(op, 0, sizeof(*op));
+	op->rc = rc;
+	op->kind = OP_SET;
+	op->slot = (uint16_t)kvp_rc_slot(key, klen);
+	op->cb = cb;
+	op->arg = arg;
+	p = op->cmd;
+	p += sprintf(p, "*%d\r\n$3\r\nSET\r\n$%zu\r\n", ttl_s ? 5 : 3, klen);
+	memcpy(p, key, klen);
+	p += klen;
+	p += sprintf(p, "\r\n$%zu\r\n", hlen + vlen);
+	if (hlen)
+		memcpy(p, hdr, hlen);
+	p += hlen;
+	op->headlen = (size_t)(p - op->cmd);
+	p += sprintf(p, "\r\n");
+	if (ttl_s) {
+		char t[16];
+		int tl = snprintf(t, sizeof(t), "%u", ttl_s);
+
+		p += sprintf(p, "$2\r\nEX\r\n$%d\r\n%s\r\n", tl, t);
+	}
+	op->cmdlen = (size_t)(p - op->cmd);
+	op->ext = val;
+	op->extlen = vlen;
+	op->acct = op->cmdlen + vlen;
+	rc->stats.sent_bytes += hlen + vlen;
+	op_submit(rc, op);
+	return 0;
+}
+
+void *kvp_rc_take_value(struct kvp_rc *rc)
+{
+	struct rc_reply *o = rc->cur;
+	void *b;
+
+	if (!o || !o->owned || !o->r.str)
+		return NULL;
+	b = o->r.str;
+	o->r.str = NULL;
+	return b;
 }
 
 int kvp_rc_get(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
@@ -984,19 +1279,99 @@ uint64_t kvp_rc_fds_gen(const struct kvp_rc *rc)
 /* Reads until the socket is empty (or IO_PER_EVENT), straight into the reply reader's buffer,
  * running the callbacks of the replies completed after each read. End of stream, errors and a
  * connection not up yet go to hiredis, which reads again and sees them. */
+/* Whether the reader's unparsed bytes are a bulk reply's length line (its '$' read already, or
+ * not yet), complete: then its length, where its length digits start and where its payload
+ * does, and whether it is a reply of its own (not inside an array). */
+static int bulk_at(const redisReader *r, size_t *len, size_t *digits, size_t *at, int *top)
+{
+	const char *p = r->buf + r->pos, *e = r->buf + r->len, *q;
+	size_t v = 0;
+
+	if (r->ridx >= 0 && r->rstack[r->ridx].type == REDIS_REPLY_STRING) {
+		*top = r->ridx == 0;
+	} else if (p < e && *p == '$') {
+		*top = r->ridx <= 0;
+		p++;
+	} else {
+		return 0;
+	}
+	for (q = p; q < e && q - p < 19 && *q >= '0' && *q <= '9'; q++)
+		v = v * 10 + (size_t)(*q - '0');
+	if (q == p || q + 1 >= e || q[0] != '\r' || q[1] != '\n')
+		return 0;
+	*len = v;
+	*digits = (size_t)(p - r->buf);
+	*at = (size_t)(q + 2 - r->buf);
+	return 1;
+}
+
+/* Reads until the socket is empty (or IO_PER_EVENT), straight into the reply reader's buffer,
+ * running the callbacks of the replies completed after each read. A bulk reply in progress is
+ * read to its end and no further (nothing is left for the reader to move to its front after
+ * it); a large one of its own, when the owner gave buf_get, goes into such a buffer straight
+ * from the socket instead (the stash), the reader left a zero-length bulk in its place, which
+ * the value's own "\r\n" completes and reply_string swaps for the stash. End of stream, errors
+ * and a connection not up yet go to hiredis, which reads again and sees them. */
 static void node_read(struct rc_node *n)
 {
+	struct kvp_rc *rc = n->rc;
 	size_t total = 0;
+	int probing = 0;
 
 	while (n->ac && n->state == N_UP && total < IO_PER_EVENT) {
 		redisReader *r = n->ac->c.reader;
-		sds b = sdsMakeRoomFor(r->buf, READ_CHUNK);
+		size_t want = 0, blen, digits, at;
 		ssize_t got;
+		int top;
+		sds b;
 
+		if (n->stash && n->stash_have < n->stash_len) {
+			got = read(n->ac->c.fd, (char *)n->stash + n->stash_have,
+				   n->stash_len - n->stash_have);
+			if (got < 0 && errno == EINTR)
+				continue;
+			if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				return;
+			if (got <= 0)
+				break;
+			n->stash_have += (size_t)got;
+			total += (size_t)got;
+			continue;
+		}
+		if (bulk_at(r, &blen, &digits, &at, &top) && r->len - at < blen + 2) {
+			size_t have = r->len - at;
+			void *s;
+
+			want = blen + 2 - have;
+			if (top && !n->stash && blen >= KVP_RC_BUF_MIN && have < blen &&
+			    rc->cfg.buf_get && (s = rc->cfg.buf_get(rc->cfg.buf_ctx, blen))) {
+				memcpy(s, r->buf + at, have);
+				sdsIncrLen(r->buf, -(int)(sdslen(r->buf) - digits));
+				b = sdscatlen(r->buf, "0\r\n", 3); /* room: it just shrank */
+				r->buf = b;
+				r->len = sdslen(b);
+				n->stash = s;
+				n->stash_len = blen;
+				n->stash_have = have;
+				n->probe = 1;
+				probing = 0;
+				continue;
+			}
+		}
+		if (probing) /* what the probe read was not a large value */
+			n->probe = 0;
+		b = sdsMakeRoomFor(r->buf, want > READ_CHUNK ? want : READ_CHUNK);
 		if (!b)
 			break;
 		r->buf = b;
-		got = read(n->ac->c.fd, b + sdslen(b), sdsavail(b));
+		/* After a stashed value, the next reply's first bytes alone: a large value's
+		 * length line and little of the value, which then goes to a stash too (instead of
+		 * most of it into the reader's buffer and a copy of that). */
+		probing = !want && n->probe && r->pos == r->len;
+		got = read(n->ac->c.fd, b + sdslen(b),
+			   want >= 4096 ? want
+			   : probing	? 64
+					: sdsavail(b));
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -1008,16 +1383,75 @@ static void node_read(struct rc_node *n)
 		total += (size_t)got;
 		redisProcessCallbacks(n->ac); /* may free the context (a protocol error) */
 	}
-	if (n->ac)
+	/* Not while a stash fills (the event limit): hiredis would read its bytes. */
+	if (n->ac && !(total >= IO_PER_EVENT && n->stash && n->stash_have < n->stash_len))
 		redisAsyncHandleRead(n->ac);
 }
 
-/* Writes the output buffer from out_off until the socket is full (or IO_PER_EVENT); compacts
- * it when everything went, or when the written part outgrew the rest (a memmove no longer
- * than what was written). Errors and a connection not up yet go to hiredis. */
+/* The unwritten output stream as iovecs: output-buffer bytes up to each value's position, the
+ * value, ... then the buffer's rest. Returns how many (at most IOV_N). */
+static int out_iov(const struct rc_node *n, struct iovec *iov)
+{
+	char *ob = n->ac->c.obuf;
+	uint64_t at = n->ob_pos + n->out_off, end = n->ob_pos + sdslen(ob);
+	uint32_t i;
+	int k = 0;
+
+	for (i = 0; i < n->ext_n && k + 2 <= IOV_N; i++) {
+		const struct rc_ext *x = ext_at(n, i);
+		size_t off = i ? 0 : n->ext_done;
+
+		if (x->at > at) {
+			iov[k++] = (struct iovec){ ob + (at - n->ob_pos), x->at - at };
+			at = x->at;
+		}
+		iov[k++] = (struct iovec){ (char *)x->p + off, x->len - off };
+	}
+	if (i < n->ext_n)
+		end = ext_at(n, i)->at; /* the buffer's bytes after it wait for it */
+	if (at < end && k < IOV_N)
+		iov[k++] = (struct iovec){ ob + (at - n->ob_pos), end - at };
+	return k;
+}
+
+/* Marks w bytes of the output stream written. */
+static void out_advance(struct rc_node *n, size_t w)
+{
+	while (w) {
+		uint64_t at = n->ob_pos + n->out_off;
+		size_t take;
+
+		if (n->ext_n && ext_at(n, 0)->at == at) {
+			struct rc_ext *x = ext_at(n, 0);
+
+			take = x->len - n->ext_done < w ? x->len - n->ext_done : w;
+			n->ext_done += take;
+			if (n->ext_done == x->len) {
+				n->ext_bytes -= x->len;
+				n->ext_done = 0;
+				n->ext_head = (n->ext_head + 1) & (n->ext_cap - 1);
+				n->ext_n--;
+			}
+		} else {
+			uint64_t lim =
+				n->ext_n ? ext_at(n, 0)->at : n->ob_pos + sdslen(n->ac->c.obuf);
+
+			take = lim - at < w ? (size_t)(lim - at) : w;
+			n->out_off += take;
+		}
+		w -= take;
+	}
+}
+
+/* Writes the output stream (the buffer from out_off, the values in between) until the socket
+ * is full (or IO_PER_EVENT); compacts the buffer when everything went, or when the written part
+ * outgrew the rest (a memmove no longer than what was written). Errors and a connection not up
+ * yet go to hiredis (a stream with values in it is dropped at tick instead: hiredis would write
+ * its buffer without them). */
 static void node_write(struct rc_node *n)
 {
 	redisContext *c = &n->ac->c;
+	struct iovec iov[IOV_N];
 	size_t total = 0;
 
 	if (n->state != N_UP) {
@@ -1025,24 +1459,30 @@ static void node_write(struct rc_node *n)
 		redisAsyncHandleWrite(n->ac);
 		return;
 	}
-	while (obuf_pending(n) && total < IO_PER_EVENT) {
-		ssize_t w = write(c->fd, c->obuf + n->out_off, obuf_pending(n));
+	while (out_pending(n) && total < IO_PER_EVENT) {
+		int k = out_iov(n, iov);
+		ssize_t w = k == 1 ? write(c->fd, iov[0].iov_base, iov[0].iov_len)
+				   : writev(c->fd, iov, k);
 
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			break;
-		if (w <= 0) { /* hiredis writes again, sees the error and disconnects */
-			obuf_compact(n);
+		if (w <= 0) {
+			if (n->ext_n) {
+				n->broken = 1;
+				return;
+			}
+			obuf_compact(n); /* hiredis writes again, sees the error and disconnects */
 			redisAsyncHandleWrite(n->ac);
 			return;
 		}
-		n->out_off += (size_t)w;
+		out_advance(n, (size_t)w);
 		total += (size_t)w;
 	}
 	if (!obuf_pending(n) || n->out_off >= obuf_pending(n))
 		obuf_compact(n);
-	ev_set(n, obuf_pending(n) ? POLLOUT : 0, obuf_pending(n) ? 0 : POLLOUT);
+	ev_set(n, out_pending(n) ? POLLOUT : 0, out_pending(n) ? 0 : POLLOUT);
 }
 
 void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
@@ -1058,7 +1498,7 @@ void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
 		if (n->ac && (revents & POLLOUT))
 			node_write(n);
 		node_pump(rc, n);
-		if (n->ac && n->state == N_UP && obuf_pending(n) && !(n->events & POLLOUT))
+		if (n->ac && n->state == N_UP && out_pending(n) && !(n->events & POLLOUT))
 			ev_set(n, POLLOUT, 0); /* what the pump added */
 		break;
 	}

@@ -19,6 +19,7 @@
 
 #define KVP_RC_SLOTS 16384
 #define KVP_RC_NODES_MAX 64
+#define KVP_RC_BUF_MIN (64u << 10) /* GET values from this size on land in buf_get's buffers */
 
 struct kvp_rc_config {
 	const char *seeds;	     /* "host:port,host:port" (at least one) */
@@ -30,6 +31,12 @@ struct kvp_rc_config {
 	uint32_t max_redirects;	 /* per operation; 0: 5 */
 	uint32_t max_inflight_cmds;  /* operations submitted and not completed; 0: 4096 */
 	uint64_t max_inflight_bytes; /* their key and value bytes; 0: 256 MiB */
+	/* Optional: where a GET's value of at least KVP_RC_BUF_MIN bytes is read to (len bytes;
+	 * NULL: malloc'd here), and how such a buffer goes back. The GET's callback may keep it
+	 * (kvp_rc_take_value) instead of copying the value. Called on the client's thread. */
+	void *(*buf_get)(void *ctx, size_t len);
+	void (*buf_put)(void *ctx, void *buf);
+	void *buf_ctx;
 };
 
 /* How an operation ended. */
@@ -86,7 +93,15 @@ uint16_t kvp_rc_crc16(const void *p, size_t n);
  * val (either may be 0), both copied at submission. */
 int kvp_rc_set(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
 	       const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg);
+/* The same, but val is not copied: it is written to the socket from where it is (writev), so it
+ * must stay valid and unchanged until cb runs. hdr is copied. Follows redirects. */
+int kvp_rc_set_ref(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
+		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg);
 int kvp_rc_get(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
+/* Inside a GET hit's callback: the value's buffer, now the caller's (to give back through the
+ * config's buf_put), when it is one of buf_get's; NULL otherwise (the value stays valid only
+ * during the call). */
+void *kvp_rc_take_value(struct kvp_rc *rc);
 /* DEL: OK when it removed the key, MISS when there was none. */
 int kvp_rc_del(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
 /* EXISTS of n keys, pipelined per node (one command per key: keys of different slots cannot

@@ -953,18 +953,17 @@ static void del_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 	(void)arg, (void)st, (void)val, (void)len;
 }
 
-static void get_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+/* A fetched value, its header and checksums verified on the remote I/O thread already
+ * (kvp_remote_get_page): the loop copies the page bytes in, or counts and deletes a refused
+ * value. */
+static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, size_t n)
 {
 	struct rt_get *g = arg;
 	struct rt_fetch *fe = g->fe;
 	struct kvp_rt *rt = fe->d->rt;
 
 	if (st == KVP_RC_HIT && pool_live(fe->d, fe->p)) {
-		const void *pl;
-		uint64_t n;
-		int e = kvp_rv_decode(&fe->rp->fp, fe->p->page_bytes, val, len, &pl, &n);
-
-		if (e == 0) {
+		if (e == 0 && n == fe->p->page_bytes) {
 			memcpy((uint8_t *)fe->p->mem[KVP_TIER_ID_HOST].base +
 				       (uint64_t)fe->lease->pages[g->i] * fe->p->page_bytes,
 			       pl, n);
@@ -1119,7 +1118,8 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	for (uint32_t i = 0; i < fe->n; i++) {
 		fe->gets[i] = (struct rt_get){ fe, i };
 		fe->pending++;
-		if (kvp_remote_get(d->remote, fe->rkey[i], lens[i], get_done, &fe->gets[i]) < 0) {
+		if (kvp_remote_get_page(d->remote, &fe->rp->fp, p->page_bytes, fe->rkey[i], lens[i],
+					get_done, &fe->gets[i]) < 0) {
 			fe->pending--;
 			d->rt->fetch_misses++;
 		}

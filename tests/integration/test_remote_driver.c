@@ -1,7 +1,10 @@
 /* test_remote_driver.c - daemon/remote.c against a real 3-master Redis Cluster on loopback
  * (redis_cluster.sh: KVP_REDIS_PORTS): the owner polls the driver's one fd and nothing else
  * (the I/O thread does the rest);
- * 300 page values are written and read back byte for byte, and EXISTS finds them. */
+ * 300 page values are written and read back byte for byte, and EXISTS finds them; 24 values
+ * of 256 KiB (written from the queue entries, read into the driver's own buffers) are put as
+ * pages and read back verified on the I/O thread, and corrupt, foreign and missing ones are
+ * refused there. */
 #include <CUnit/Basic.h>
 #include <poll.h>
 #include <stdio.h>
@@ -10,6 +13,7 @@
 
 #include "remote.h"
 #include "remote_cluster.h"
+#include "remote_value.h"
 #include "suite.h"
 
 #define NPAGES 300
@@ -99,10 +103,80 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 	CU_ASSERT_EQUAL(g_bad, 0);
 }
 
+#define NBIG 24
+#define BIG (256 << 10)
+
+static const struct kvp_rv_fp g_fp = { 4, 2, 64, 1, 16, 0 };
+
+struct page_want {
+	const uint8_t *page; /* NULL: a refusal expected */
+	enum kvp_rc_status st;
+	int err;
+};
+
+static void on_page(void *arg, enum kvp_rc_status st, int err, const void *pl, size_t n)
+{
+	const struct page_want *w = arg;
+
+	if (w->page)
+		g_bad += st != KVP_RC_HIT || err || n != BIG || memcmp(pl, w->page, BIG) != 0;
+	else
+		g_bad += st != w->st || err != w->err || pl != NULL;
+	g_left--;
+}
+
+static void test_kvp_remote_get_page_cluster_verified(void)
+{
+	static uint8_t pages[NBIG][BIG], bad[KVP_RV_HDR_SIZE + BIG];
+	static struct page_want want[NBIG + 3];
+	static const struct kvp_rv_fp other = { 4, 2, 64, 1, 32, 0 };
+	char keys[NBIG + 3][32];
+
+	CU_ASSERT_TRUE_FATAL(kvp_remote_ready(g_r));
+	g_left = NBIG + 2;
+	g_bad = 0;
+	for (int i = 0; i < NBIG + 3; i++)
+		snprintf(keys[i], sizeof(keys[i]), "kvp-driver-big-%d", i);
+	for (int i = 0; i < NBIG; i++) {
+		for (int j = 0; j < BIG; j++)
+			pages[i][j] = (uint8_t)(i * 17 + j * 13 + (j >> 9));
+		want[i] = (struct page_want){ .page = pages[i] };
+		CU_ASSERT_EQUAL(kvp_remote_put_page(g_r, &g_fp, keys[i], strlen(keys[i]), pages[i],
+						    BIG, 60, on_set, NULL),
+				0);
+	}
+	/* A value whose payload changed after its header was made, and a foreign page. */
+	kvp_rv_encode(&g_fp, pages[0], BIG, bad);
+	bad[KVP_RV_HDR_SIZE + 1000] ^= 1;
+	CU_ASSERT_EQUAL(kvp_remote_set(g_r, keys[NBIG], strlen(keys[NBIG]), NULL, 0, bad,
+				       sizeof(bad), 60, on_set, NULL),
+			0);
+	want[NBIG] = (struct page_want){ NULL, KVP_RC_HIT, -KVP_RV_ECHECKSUM };
+	CU_ASSERT_EQUAL(kvp_remote_put_page(g_r, &other, keys[NBIG + 1], strlen(keys[NBIG + 1]),
+					    pages[1], BIG, 60, on_set, NULL),
+			0);
+	want[NBIG + 1] = (struct page_want){ NULL, KVP_RC_HIT, -KVP_RV_EFOREIGN };
+	want[NBIG + 2] = (struct page_want){ NULL, KVP_RC_MISS, 0 };
+	kvp_remote_sync(g_r);
+	drive(10000);
+	CU_ASSERT_EQUAL(g_left, 0);
+	CU_ASSERT_EQUAL(g_bad, 0);
+	g_left = NBIG + 3;
+	for (int i = 0; i < NBIG + 3; i++)
+		CU_ASSERT_EQUAL(kvp_remote_get_page(g_r, &g_fp, BIG, keys[i], strlen(keys[i]),
+						    on_page, &want[i]),
+				0);
+	kvp_remote_sync(g_r);
+	drive(10000);
+	CU_ASSERT_EQUAL(g_left, 0);
+	CU_ASSERT_EQUAL(g_bad, 0);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_kvp_remote_on_ready_cluster_roundtrip),
+		H_TEST(test_kvp_remote_get_page_cluster_verified),
 	};
 	const char *ports = getenv("KVP_REDIS_PORTS");
 	struct kvp_remote_conf c = { .enabled = 1,
