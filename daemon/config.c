@@ -693,6 +693,11 @@ static void set_rewrite_after(struct parse *s, const char *key, const char *v)
 	parse_duration(s, key, v, 1000, 1, INT32_MAX, &s->conf.remote.rewrite_after_s);
 }
 
+static void set_connections(struct parse *s, const char *key, const char *v)
+{
+	parse_u32(s, key, v, 1, KVP_REMOTE_CONNS_MAX, &s->conf.remote.connections);
+}
+
 /* seeds is required; keep it first. */
 static const struct key_def g_remote_keys[] = {
 	{ "seeds", set_seeds },
@@ -703,6 +708,7 @@ static const struct key_def g_remote_keys[] = {
 	{ "max_inflight_bytes", set_max_inflight },
 	{ "ttl_s", set_ttl },
 	{ "rewrite_after_s", set_rewrite_after },
+	{ "connections", set_connections },
 };
 
 static void remote_defaults(struct kvp_remote_conf *r)
@@ -715,6 +721,7 @@ static void remote_defaults(struct kvp_remote_conf *r)
 	r->max_inflight_bytes = 64ull << 20;
 	r->ttl_s = 86400;
 	r->rewrite_after_s = 3600;
+	r->connections = KVP_REMOTE_CONNS_MAX;
 }
 
 /* ---- [pool.NAME] keys ---- */
@@ -1616,7 +1623,7 @@ int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b)
 	    x->match_timeout_ms != y->match_timeout_ms ||
 	    x->match_max_pages != y->match_max_pages ||
 	    x->max_inflight_bytes != y->max_inflight_bytes || x->ttl_s != y->ttl_s ||
-	    x->rewrite_after_s != y->rewrite_after_s)
+	    x->rewrite_after_s != y->rewrite_after_s || x->connections != y->connections)
 		return 0;
 	for (uint32_t i = 0; i < b->n_pools; i++)
 		if (b->pools[i].remote != (i < a->n_pools ? a->pools[i].remote : KVP_REMOTE_OFF))

@@ -53,6 +53,8 @@ enum kvp_remote_mode {
 /* The [remote] section: the Redis Cluster every pool with remote != off shares. Defaults
  * (section given): connect 1000 ms, command 500 ms, match 20 ms and 64 pages, 64 MiB in
  * flight, TTL 86400 s (0 = keys never expire). seeds is required in the section. */
+#define KVP_REMOTE_CONNS_MAX 16
+
 struct kvp_remote_conf {
 	int enabled;			  /* the section was given */
 	char seeds[KVP_REMOTE_SEEDS_MAX]; /* comma-separated host:port, no spaces */
@@ -66,6 +68,9 @@ struct kvp_remote_conf {
 	/* Write-through writes content it wrote before again once this long passed (the cluster
 	 * may have lost it: a failover without replica, eviction, a flush) */
 	uint32_t rewrite_after_s;
+	/* Connections to each master (1..KVP_REMOTE_CONNS_MAX): operations spread over them by
+	 * their key's slot, since Redis writes a connection at most 64 KiB per event-loop turn */
+	uint32_t connections;
 };
 
 /* One namespace.N key of a pool: only these users and groups (and root) insert or match in

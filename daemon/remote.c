@@ -58,7 +58,7 @@
  * connection it ran one epoll_wait per GET (perf trace), against one per 12 for 16 connections,
  * and 16 GETs of 256 KiB in flight went at 1.9-2.9 GB/s over one connection, 2.8-3.4 over 16
  * (one master on loopback, 2 cores). The figures (connects, ...) add up all of them. */
-#define RC_CONNS 16
+#define RC_CONNS KVP_REMOTE_CONNS_MAX /* the most: conf.connections are made */
 
 enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_GETPAGE, Q_DEL, Q_EXISTS };
 
@@ -136,6 +136,7 @@ struct kvp_remote {
 	struct kvp_rc_stats rc_stats;
 	/* the thread's side only */
 	struct kvp_rc *rcs[RC_CONNS];
+	int nconns;		/* conf.connections */
 	struct q_list finished; /* completions of this turn, published at its end */
 	struct vbuf *vfree;	/* the thread\'s spare value buffers */
 	int nvfree;
@@ -344,9 +345,10 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 	int rc;
 
 	if (e->kind == Q_EXISTS) /* its first key picks: n keys go out on one connection */
-		e->rc = r->rcs[kvp_rc_slot(key + sizeof(size_t) * e->n, first_klen(e)) % RC_CONNS];
+		e->rc = r->rcs[kvp_rc_slot(key + sizeof(size_t) * e->n, first_klen(e)) %
+			       (uint32_t)r->nconns];
 	else
-		e->rc = r->rcs[kvp_rc_slot(key, e->klen) % RC_CONNS];
+		e->rc = r->rcs[kvp_rc_slot(key, e->klen) % (uint32_t)r->nconns];
 	switch (e->kind) {
 	case Q_SET: /* a large value is written from the entry (it lives until its completion
 		     * is taken), not copied again. Small ones are copied: written from the entries,
@@ -434,7 +436,7 @@ static void th_publish(struct kvp_remote *r, uint64_t now)
 		efd_write(r->done_fd);
 	/* The clients' figures, summed (every field a counter). */
 	memset(&sum, 0, sizeof(sum));
-	for (int c = 0; c < RC_CONNS; c++) {
+	for (int c = 0; c < r->nconns; c++) {
 		const uint64_t *v = (const uint64_t *)kvp_rc_stats(r->rcs[c]);
 		uint64_t *to = (uint64_t *)&sum;
 
@@ -448,7 +450,7 @@ static void th_publish(struct kvp_remote *r, uint64_t now)
 	    st->moved != r->th_stats.moved) {
 		int ready = 1;
 
-		for (int c = 0; c < RC_CONNS && ready; c++)
+		for (int c = 0; c < r->nconns && ready; c++)
 			ready = kvp_rc_ready(r->rcs[c]);
 		atomic_store(&r->rc_ready, ready);
 		r->ready_known = 1;
@@ -471,7 +473,7 @@ static void *th_main(void *arg)
 		int n = 0, t = -1, stop;
 		struct q_list sub;
 
-		for (int c = 0; c < RC_CONNS; c++) {
+		for (int c = 0; c < r->nconns; c++) {
 			int k = kvp_rc_fds(r->rcs[c], p + 1 + n, KVP_RC_NODES_MAX), tc;
 
 			k = k > KVP_RC_NODES_MAX ? KVP_RC_NODES_MAX : k;
@@ -511,13 +513,13 @@ static void *th_main(void *arg)
 		for (int i = 1; i <= n; i++)
 			if (p[i].revents)
 				kvp_rc_on_ready(r->rcs[owner[i]], p[i].fd, p[i].revents);
-		for (int c = 0; c < RC_CONNS; c++)
+		for (int c = 0; c < r->nconns; c++)
 			kvp_rc_tick(r->rcs[c], kvp_rc_now_ms());
 		if (stop)
 			break;
 		th_publish(r, kvp_rc_now_ms());
 	}
-	for (int c = 0; c < RC_CONNS; c++) { /* what is in flight completes, closed */
+	for (int c = 0; c < r->nconns; c++) { /* what is in flight completes, closed */
 		kvp_rc_free(r->rcs[c]);
 		r->rcs[c] = NULL;
 	}
@@ -550,6 +552,8 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	if (!r)
 		return NULL;
 	r->conf = *conf;
+	r->nconns = conf->connections >= 1 && conf->connections <= RC_CONNS ? (int)conf->connections
+									    : RC_CONNS;
 	cfg.buf_ctx = r;
 	r->alarm_ms = -1;
 	r->timer_ms = -1;
@@ -563,7 +567,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	ev.data.u32 = DONE_TAG;
 	if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->done_fd, &ev) < 0)
 		goto fail;
-	for (int c = 0; c < RC_CONNS; c++)
+	for (int c = 0; c < r->nconns; c++)
 		if (!(r->rcs[c] = kvp_rc_new(&cfg))) {
 			errno = errno == ENOMEM ? ENOMEM : EINVAL;
 			goto fail;
@@ -578,7 +582,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	return r;
 fail:
 	e = errno;
-	for (int c = 0; c < RC_CONNS; c++)
+	for (int c = 0; c < r->nconns; c++)
 		kvp_rc_free(r->rcs[c]);
 	if (r->epfd >= 0)
 		close(r->epfd);

@@ -25,6 +25,7 @@ socket = $tmp/$1.sock
 seeds = $2
 connect_timeout_ms = 500
 command_timeout_ms = 500
+connections = 5
 [pool.p]
 layers = 2
 kv_heads = 1
@@ -56,10 +57,13 @@ print(s["counters"].get(sys.argv[1], -1))' "$2"
 ok=0
 for _ in $(seq 100); do
 	[ "$(counter a remote_slot_map_loads 2>/dev/null)" -ge 1 ] 2>/dev/null &&
-		[ "$(counter a remote_connects)" -ge 3 ] && ok=1 && break
+		[ "$(counter a remote_connects)" -ge 15 ] && ok=1 && break
 	sleep 0.1
 done
-[ $ok = 1 ] || fail "node A never loaded the slot map and connected to the 3 masters"
+[ $ok = 1 ] || fail "node A never loaded the slot map and connected 5 times to each of the 3 masters"
+sleep 0.3
+[ "$(counter a remote_connects)" = 15 ] ||
+	fail "node A made $(counter a remote_connects) connections, not 5 to each of 3 masters"
 [ "$(counter a remote_disconnects)" = 0 ] || fail "node A lost a connection"
 metrics=$(timeout 5 "$KVPOOLCTL" --socket "$tmp/a.sock" metrics) || fail "no metrics from node A"
 grep -Eq '^kvpool_remote_connects_total ([3-9]|[1-9][0-9]+)$' <<<"$metrics" ||

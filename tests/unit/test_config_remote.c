@@ -84,6 +84,7 @@ static void test_kvp_conf_load_string_remote_defaults(void)
 	CU_ASSERT_EQUAL(c.remote.max_inflight_bytes, 64ull << 20);
 	CU_ASSERT_EQUAL(c.remote.ttl_s, 86400);
 	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 3600);
+	CU_ASSERT_EQUAL(c.remote.connections, 16);
 	/* a [remote] section alone does not turn a pool's remote tier on */
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_OFF);
 }
@@ -100,7 +101,8 @@ static void test_kvp_conf_load_string_remote_values(void)
 		  "match_max_pages = 4096\n"
 		  "max_inflight_bytes = 1G\n"
 		  "ttl_s = 0\n"
-		  "rewrite_after_s = 90m\n" POOL_P "remote = write-through\n"
+		  "rewrite_after_s = 90m\n"
+		  "connections = 3\n" POOL_P "remote = write-through\n"
 		  "[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
 		  "page_tokens = 1\nhost_capacity = 4K\nremote = spill\n"
 		  "[pool.r]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
@@ -115,6 +117,7 @@ static void test_kvp_conf_load_string_remote_values(void)
 	CU_ASSERT_EQUAL(c.remote.max_inflight_bytes, 1ull << 30);
 	CU_ASSERT_EQUAL(c.remote.ttl_s, 0);
 	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 5400);
+	CU_ASSERT_EQUAL(c.remote.connections, 3);
 	CU_ASSERT_EQUAL_FATAL(c.n_pools, 3);
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_WRITE_THROUGH);
 	CU_ASSERT_EQUAL(c.pools[1].remote, KVP_REMOTE_SPILL);
@@ -169,6 +172,12 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 	expect_err(REMOTE "rewrite_after_s = 0\n" POOL_P,
 		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration in "
 		   "1..2147483647 s, got '0'");
+	expect_err(
+		REMOTE "connections = 0\n" POOL_P,
+		"t.conf:3: key 'connections' in [remote]: expected an integer in 1..16, got '0'");
+	expect_err(
+		REMOTE "connections = 17\n" POOL_P,
+		"t.conf:3: key 'connections' in [remote]: expected an integer in 1..16, got '17'");
 	expect_err(REMOTE "rewrite_after_s = 500ms\n" POOL_P,
 		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration: a whole "
 		   "number of s, or one with a unit (ms, s, m, h), got '500ms'");
