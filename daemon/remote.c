@@ -400,7 +400,8 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 }
 
 /* The turn's completions and figures go to the loop. Its fd is written once until drained,
- * at once when a completion other than a SET's waits, else SET_ACK_MS after the first SET's. */
+ * at once when a completion other than a SET's waits or nothing else is in flight (the last of
+ * a burst), else SET_ACK_MS after the first SET's. */
 static void th_publish(struct kvp_remote *r, uint64_t now)
 {
 	struct kvp_rc_stats sum;
@@ -420,6 +421,14 @@ static void th_publish(struct kvp_remote *r, uint64_t now)
 		}
 		r->finished.head = r->finished.tail = NULL;
 		stack_push_chain(&r->doneq, newest, oldest);
+	}
+	if (atomic_load_explicit(&r->doneq, memory_order_relaxed) && !r->urgent &&
+	    !atomic_load_explicit(&r->subq, memory_order_relaxed)) {
+		uint32_t busy = 0; /* nothing left in flight to batch the held ones with: now */
+
+		for (int c = 0; c < r->nconns && !busy; c++)
+			busy = kvp_rc_inflight(r->rcs[c], NULL);
+		r->urgent = !busy;
 	}
 	if (atomic_load_explicit(&r->doneq, memory_order_relaxed) &&
 	    (r->urgent || (r->ack_at && now >= r->ack_at))) {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "bench_net.h"
@@ -152,6 +153,7 @@ static int redis_start(void)
 			dup2(null, 1);
 			dup2(null, 2);
 		}
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the bench, however it ends */
 		execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", g_redis_sock,
 		       "--save", "", "--appendonly", "no", "--dir", dir, (char *)NULL);
 		_exit(127);
