@@ -672,8 +672,9 @@ static void op_send(struct kvp_rc *rc, struct rc_op *op, struct rc_node *n, int 
 	}
 	op->deadline = rc->now + rc->cfg.op_timeout_ms;
 	/* A value of the caller's waits for the connection: until it is up, hiredis writes the
-	 * output buffer itself, which knows nothing of it. */
-	if (!asking && ((n->state == N_UP && (n->held.head || out_pending(n) >= OBUF_CAP)) ||
+	 * output buffer itself, which knows nothing of it. Whatever comes after a held operation
+	 * waits behind it, connected or not, so that one key's operations keep their order. */
+	if (!asking && (n->held.head || (n->state == N_UP && out_pending(n) >= OBUF_CAP) ||
 			(op->ext && n->state != N_UP))) {
 		op->node = n;
 		list_add(&n->held, op);

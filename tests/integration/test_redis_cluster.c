@@ -1,6 +1,7 @@
 /* test_redis_cluster.c - the remote tier's cluster layer against a real 3-master Redis Cluster
  * on loopback (started by redis_cluster.sh: KVP_REDIS_PORTS, KVP_REDIS_DIR), driven by a poll
- * loop here: 1,000 page values SET / GET / EXISTS across all slots, an ASK (slot migrating) and
+ * loop here: one key's operations in order on a master still connecting, 1,000 page values
+ * SET / GET / EXISTS across all slots, an ASK (slot migrating) and
  * a MOVED (slot moved), hand-written corrupt and foreign values refused, a slowed node timing
  * out, a killed master failing fast while the others serve, and its recovery. */
 #include <CUnit/Basic.h>
@@ -49,7 +50,7 @@ static void page_fill(uint8_t *p, int idx)
 	}
 }
 
-static void pump(int max_wait)
+static void pump_rc(struct kvp_rc *rc, int max_wait)
 {
 	struct pollfd p[KVP_RC_NODES_MAX];
 	int n = kvp_rc_fds(rc, p, KVP_RC_NODES_MAX), t = kvp_rc_next_timeout_ms(rc);
@@ -61,6 +62,11 @@ static void pump(int max_wait)
 			if (p[i].revents)
 				kvp_rc_on_ready(rc, p[i].fd, p[i].revents);
 	kvp_rc_tick(rc, kvp_rc_now_ms());
+}
+
+static void pump(int max_wait)
+{
+	pump_rc(rc, max_wait);
 }
 
 /* Drives the client until left reaches 0 or max_ms pass. Returns 0 when it did. */
@@ -279,6 +285,76 @@ static void on_multi(void *arg, size_t n, const enum kvp_rc_status *st)
 	m->n = n;
 	memcpy(m->st, st, n * sizeof(*st));
 	left--;
+}
+
+/* Completions in the order they came, for the ordering test. */
+static char g_order[8][8];
+static enum kvp_rc_status g_order_st[8];
+static size_t g_order_len[8];
+static int g_norder;
+
+static void on_ordered(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	(void)val;
+	if (g_norder < 8) {
+		snprintf(g_order[g_norder], sizeof(g_order[0]), "%s", (const char *)arg);
+		g_order_st[g_norder] = st;
+		g_order_len[g_norder++] = len;
+	}
+	left--;
+}
+
+/* One key's operations keep their order on a master still connecting: a fresh client that has
+ * just loaded the map sends a value written from the caller's buffer (kvp_rc_set_ref, held
+ * until the connection is up), then DEL and GET of the same key. They complete in that order
+ * and the key is gone; before, the DEL and GET went ahead of the held SET and the value
+ * survived its DEL. */
+static void test_rc_order_kept_while_connecting(void)
+{
+	char seeds[32], key[32];
+	struct kvp_rc_config cfg = { .seeds = seeds,
+				     .op_timeout_ms = 2000,
+				     .connect_timeout_ms = 2000 };
+	static char val[70000];
+	uint64_t end = kvp_rc_now_ms() + 5000;
+	struct kvp_rc *c;
+
+	snprintf(seeds, sizeof(seeds), "127.0.0.1:%d", ports[0]);
+	c = kvp_rc_new(&cfg);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	while (kvp_rc_stats(c)->refreshes < 1 && kvp_rc_now_ms() < end)
+		pump_rc(c, 10);
+	CU_ASSERT_FATAL(kvp_rc_stats(c)->refreshes >= 1);
+	for (int i = 0;; i++) { /* a key whose master is not the seed */
+		snprintf(key, sizeof(key), "ordkey%d", i);
+		if (owner[kvp_rc_slot(key, strlen(key))] != 0)
+			break;
+	}
+	CU_ASSERT(!kvp_rc_ready(c)); /* the other masters are still connecting */
+	memset(val, 'x', sizeof(val));
+	g_norder = 0;
+	left = 3;
+	CU_ASSERT_EQUAL(kvp_rc_set_ref(c, key, strlen(key), NULL, 0, val, sizeof(val), 0,
+				       on_ordered, "SET"),
+			0);
+	CU_ASSERT_EQUAL(kvp_rc_del(c, key, strlen(key), on_ordered, "DEL"), 0);
+	CU_ASSERT_EQUAL(kvp_rc_get(c, key, strlen(key), on_ordered, "GET"), 0);
+	while (left > 0 && kvp_rc_now_ms() < end)
+		pump_rc(c, 10);
+	CU_ASSERT_EQUAL_FATAL(g_norder, 3);
+	CU_ASSERT_STRING_EQUAL(g_order[0], "SET");
+	CU_ASSERT_EQUAL(g_order_st[0], KVP_RC_OK);
+	CU_ASSERT_STRING_EQUAL(g_order[1], "DEL");
+	CU_ASSERT_EQUAL(g_order_st[1], KVP_RC_OK);
+	CU_ASSERT_STRING_EQUAL(g_order[2], "GET");
+	CU_ASSERT_EQUAL(g_order_st[2], KVP_RC_MISS);
+	left = 1;
+	CU_ASSERT_EQUAL(kvp_rc_get(c, key, strlen(key), on_ordered, "GET2"), 0);
+	while (left > 0 && kvp_rc_now_ms() < end)
+		pump_rc(c, 10);
+	CU_ASSERT_EQUAL(g_order_st[3], KVP_RC_MISS); /* the DEL took the value */
+	CU_ASSERT_EQUAL(g_order_len[3], 0);
+	kvp_rc_free(c);
 }
 
 static void test_rc_set_get_exists_1000_pages(void)
@@ -626,6 +702,7 @@ int main(void)
 	static const struct h_test tests[] = {
 		H_TEST(test_rc_map_loads_from_one_seed),
 		H_TEST(test_rc_slot_matches_server),
+		H_TEST(test_rc_order_kept_while_connecting),
 		H_TEST(test_rc_set_get_exists_1000_pages),
 		H_TEST(test_rc_corrupt_and_foreign_values_are_refused),
 		H_TEST(test_rc_ask_while_migrating_then_moved),
