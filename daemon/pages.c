@@ -1,11 +1,12 @@
 /* pages.c - page allocator of one tier.
  *
- * Free pages are the set bits of a bitmap, with summary levels above it (a bit for every word
- * of the level below that is not zero), so the lowest free page is a few loads away and a batch
- * moves whole words: alloc turns a byte of free bits into up to eight ids with one table load and
- * one vector store and clears each word it empties with one store; release gathers the ids of
- * one word into a mask and sets them with one store, after checking the word (no page free
- * already, none listed twice) and the special bitmap (none cached or moving). Cached and moving
+ * Free pages are the set bits of a bitmap, with summary levels above it (a bit set for every
+ * word of the level below that is not zero; a bit whose word became zero is cleared by the next
+ * search that meets it), so the lowest free page is a few loads away and a batch moves whole
+ * words: alloc turns a byte of free bits into up to eight ids with one table load and one vector
+ * store and clears each word it empties with one store; release gathers the ids of one word into
+ * a mask and sets them with one store, after checking the word (no page free already, none
+ * listed twice) and the special bitmap (none cached or moving). Cached and moving
  * pages keep their state in a byte per page; free and leased pages read 0 there and the free
  * bitmap tells them apart. Pages are handed out lowest first: a fresh pool gives 0, 1, 2... */
 #include "pages.h"
@@ -29,7 +30,8 @@ struct kvp_pages {
 	int nlv;		 /* levels; lv[nlv - 1] is one word */
 	bool avx2;		 /* the AVX2 loops (kvp_pages_simd) */
 	uint32_t nwords[LV_MAX]; /* words of each level */
-	uint64_t *lv[LV_MAX]; /* lv[0]: a bit per page, 1 = free; lv[l + 1]: lv[l]'s words != 0 */
+	uint64_t *lv[LV_MAX]; /* lv[0]: a bit per page, 1 = free; lv[l + 1]: set for each word of
+			       * lv[l] != 0 (and maybe for some that are 0 since) */
 	uint64_t *special;    /* a bit per page: CACHED or MOVING; set past total (never leased) */
 	uint64_t cap;	      /* bits of lv[0] and special: a power of two, at least 64 */
 	uint8_t *state;	      /* a byte per page: CACHED or MOVING, else 0 */
@@ -38,17 +40,24 @@ struct kvp_pages {
 	bool *guard_armed;
 };
 
-/* g_pos[b]: the positions of b's set bits, lowest first (then zeros); g_cnt[b]: how many. */
+/* g_pos[b]: the positions of b's set bits, lowest first (then zeros); g_pos8[k][b]: the same
+ * plus 8k, a byte each, for byte k of a word (the AVX2 loop widens them); g_cnt[b]: how many. */
 static uint32_t g_pos[256][8] __attribute__((aligned(32)));
+static uint8_t g_pos8[8][256][8] __attribute__((aligned(64)));
 static uint8_t g_cnt[256];
 static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
+
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
 
 static void tables_init(void)
 {
 	for (unsigned b = 0; b < 256; b++)
 		for (unsigned j = 0; j < 8; j++)
-			if (b & (1u << j))
+			if (b & (1u << j)) {
+				for (unsigned k = 0; k < 8; k++)
+					g_pos8[k][b][g_cnt[b]] = (uint8_t)(8 * k + j);
 				g_pos[b][g_cnt[b]++] = j;
+			}
 }
 
 static inline void guard_trip(struct kvp_pages *p)
@@ -70,19 +79,6 @@ static inline bool is_free(const struct kvp_pages *p, uint32_t id)
 	return p->lv[0][id >> 6] >> (id & 63) & 1;
 }
 
-/* Word w of lv[0] became 0: clear its summary bits as far up as words become 0. */
-static inline void up_clear(struct kvp_pages *p, uint32_t w)
-{
-	for (int l = 1; l < p->nlv; l++) {
-		uint64_t *x = &p->lv[l][w >> 6];
-
-		*x &= ~(1ull << (w & 63));
-		if (*x)
-			return;
-		w >>= 6;
-	}
-}
-
 /* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they were clear. */
 static inline void up_set(struct kvp_pages *p, uint32_t w)
 {
@@ -98,17 +94,29 @@ static inline void up_set(struct kvp_pages *p, uint32_t w)
 	}
 }
 
-/* The lowest word of lv[0] with a free bit; the caller knows that one exists. */
+/* The lowest word of lv[0] with a free bit; the caller knows that one exists. A summary bit
+ * may be stale (its word became 0 and nobody looked since): the walk clears it and starts over. */
 static inline uint32_t first_word(struct kvp_pages *p)
 {
-	uint32_t i = 0;
+	uint32_t i = p->lo, end = p->nwords[0] - p->lo < 4 ? p->nwords[0] : p->lo + 4;
 
 	/* a batch empties words in order: the next one up is likely the one */
-	for (int k = 0; k < 4 && p->lo < p->nwords[0]; k++, p->lo++)
-		if (p->lv[0][p->lo])
-			return p->lo;
-	for (int l = p->nlv - 1; l >= 1; l--)
-		i = i * 64 + (uint32_t)__builtin_ctzll(p->lv[l][i]);
+	for (; i < end; i++)
+		if (p->lv[0][i]) {
+			p->lo = i;
+			return i;
+		}
+again:
+	i = 0;
+	for (int l = p->nlv - 1; l >= 1; l--) {
+		uint32_t j = i * 64 + (uint32_t)__builtin_ctzll(p->lv[l][i]);
+
+		if (!p->lv[l - 1][j]) {
+			p->lv[l][i] &= ~(1ull << (j & 63));
+			goto again;
+		}
+		i = j;
+	}
 	p->lo = i;
 	return i;
 }
@@ -121,100 +129,125 @@ static inline int state_of(const struct kvp_pages *p, uint32_t id)
 	return is_free(p, id) ? KVP_PAGE_FREE : KVP_PAGE_LEASED;
 }
 
-/* Writes the lowest `want` (at most popcount(x)) set bits of x as ids base + bit to out and
- * returns x without them: bytes taken whole through the table, the last, partial byte bit by
- * bit. */
-static inline uint64_t emit(uint32_t *out, uint32_t want, uint64_t x, uint32_t base)
+/* Writes every set bit of x as an id base + bit to out, ascending, a byte at a time: the byte's
+ * positions from the table, its base added, eight slots stored at once (vector instructions
+ * in either build), the next byte's slots after this one's ids. Returns the end of the ids;
+ * writes up to 8 slots past it, never past out[63]. */
+typedef uint32_t *emit_fn(uint32_t *out, uint64_t x, uint32_t base);
+
+static inline __attribute__((always_inline)) uint32_t *emit_word(uint32_t *out, uint64_t x,
+								 uint32_t base)
 {
-	uint64_t taken = 0;
-	uint32_t k = 0;
+	v8u32 vb = (v8u32){ 0 } + base;
 
-	for (int b = 0; b < 64 && k < want; b += 8) {
-		unsigned byte = (unsigned)(x >> b) & 0xff;
-		uint32_t c = g_cnt[byte];
-
-		if (c > want - k) { /* the last byte, in part */
-			while (k < want) {
-				unsigned j = (unsigned)__builtin_ctz(byte);
-
-				out[k++] = base + (uint32_t)b + j;
-				taken |= 1ull << (b + (int)j);
-				byte &= byte - 1;
-			}
-			break;
-		}
-		taken |= 0xffull << b;
-		for (uint32_t j = 0; j < c; j++)
-			out[k + j] = base + (uint32_t)b + g_pos[byte][j];
-		k += c;
-	}
-	return x & ~taken;
-}
-
-/* Writes every set bit of x as an id base + bit to out, ascending: a byte at a time, eight slots
- * stored at once (one table load, an add and one store: vector instructions in either build). Where
- * each byte's ids go comes from x alone (the bytes' counts, summed by one multiply), so no store
- * waits on a load. Writes up to popcount(x) + 8 slots. */
-static inline __attribute__((always_inline)) void emit_all(uint32_t *out, uint64_t x, uint32_t base)
-{
-	typedef uint32_t v8u32 __attribute__((vector_size(32)));
-	uint64_t c = x - (x >> 1 & 0x5555555555555555ull);
-
-	c = (c & 0x3333333333333333ull) + (c >> 2 & 0x3333333333333333ull);
-	c = (c + (c >> 4)) & 0x0f0f0f0f0f0f0f0full; /* each byte's count */
-	c = (c << 8) * 0x0101010101010101ull;	    /* each byte's first slot */
 #pragma GCC unroll 8
 	for (int b = 0; b < 64; b += 8) {
+		unsigned byte = (unsigned)(x >> b) & 0xff;
 		v8u32 v;
 
-		memcpy(&v, g_pos[(x >> b) & 0xff], sizeof(v));
-		v += base + (uint32_t)b;
-		memcpy(out + ((c >> b) & 0xff), &v, sizeof(v));
+		memcpy(&v, g_pos[byte], sizeof(v));
+		v += vb;
+		memcpy(out, &v, sizeof(v));
+		out += g_cnt[byte];
+		vb += 8;
 	}
+	return out;
+}
+
+/* Copies c ids (at most 64) eight at a time, the last eight overlapping. */
+static inline __attribute__((always_inline)) void copy_ids(uint32_t *d, const uint32_t *s,
+							   uint32_t c)
+{
+	v8u32 v;
+
+	if (c < 8) {
+		for (uint32_t i = 0; i < c; i++)
+			d[i] = s[i];
+		return;
+	}
+	for (uint32_t i = 0; i + 8 < c; i += 8) {
+		memcpy(&v, s + i, sizeof(v));
+		memcpy(d + i, &v, sizeof(v));
+	}
+	memcpy(&v, s + c - 8, sizeof(v));
+	memcpy(d + c - 8, &v, sizeof(v));
 }
 
 #if defined(__x86_64__)
 #define AVX2 __attribute__((target("avx2,popcnt")))
+
+/* emit_word with each byte's positions (and its offset in the word) widened from bytes by one
+ * instruction. */
+static inline __attribute__((always_inline)) AVX2 uint32_t *emit_word_avx2(uint32_t *out,
+									   uint64_t x,
+									   uint32_t base)
+{
+	__m256i vb = _mm256_set1_epi32((int)base);
+
+#pragma GCC unroll 8
+	for (int k = 0; k < 8; k++) {
+		unsigned byte = (unsigned)(x >> (8 * k)) & 0xff;
+		__m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)g_pos8[k][byte]));
+
+		_mm256_storeu_si256((void *)out, _mm256_add_epi32(v, vb));
+		out += __builtin_popcount(byte);
+	}
+	return out;
+}
 #endif
 
-/* Whole words while they fit with the stores' slack, the last one in part. The AVX2 build of
- * the same code widens with one instruction and counts bits with popcnt. */
+/* Whole words straight into out while they fit with the stores' slack; the last ones through a
+ * buffer, of which a word taken in part gives its lowest ids (the first id it keeps says which
+ * bits remain). emit: emit_word or its AVX2 build. */
 static inline __attribute__((always_inline)) void alloc_body(struct kvp_pages *p, uint32_t n,
-							     uint32_t *out)
+							     uint32_t *out, emit_fn *emit)
 {
 	uint64_t *free = p->lv[0];
+	uint32_t *end = out + n, w = first_word(p);
 
-	for (uint32_t k = 0; k < n;) {
-		uint32_t w = first_word(p), c;
+	for (;;) {
 		uint64_t x = free[w];
+		uint32_t c = (uint32_t)__builtin_popcountll(x), want = (uint32_t)(end - out), buf[64];
 
-		c = (uint32_t)__builtin_popcountll(x);
-		if (c + 8 <= n - k) { /* the whole word, the stores' slack below n */
-			emit_all(out + k, x, w * 64);
+		/* the whole word straight to out while the stores' slack stays below end */
+		emit(c + 8 <= want ? out : buf, x, w * 64);
+		if (c + 8 <= want) {
+			out += c;
 			free[w] = 0;
-			up_clear(p, w);
-			k += c;
-			continue;
+		} else {
+			if (c > want) { /* in part: buf[want] is the lowest id left */
+				x &= ~0ull << (buf[want] - w * 64);
+				c = want;
+			} else {
+				x = 0;
+			}
+			copy_ids(out, buf, c);
+			out += c;
+			free[w] = x;
+			if (out == end)
+				break;
 		}
-		if (c > n - k)
-			c = n - k;
-		free[w] = x = emit(out + k, c, x, w * 64);
-		if (!x)
-			up_clear(p, w);
-		k += c;
+		/* the next word up is likely the next one with free pages */
+		if (w + 1 < p->nwords[0] && free[w + 1]) {
+			w++;
+		} else {
+			p->lo = w;
+			w = first_word(p);
+		}
 	}
+	p->lo = w;
 }
 
 #if defined(__x86_64__)
 static AVX2 void alloc_avx2(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
-	alloc_body(p, n, out);
+	alloc_body(p, n, out, emit_word_avx2);
 }
 #endif
 
 static void alloc_generic(struct kvp_pages *p, uint32_t n, uint32_t *out)
 {
-	alloc_body(p, n, out);
+	alloc_body(p, n, out, emit_word);
 }
 
 int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
@@ -228,9 +261,7 @@ int kvp_pages_alloc(struct kvp_pages *p, uint32_t n, uint32_t *out)
 		uint64_t x = p->lv[0][w];
 
 		out[0] = w * 64 + (uint32_t)__builtin_ctzll(x);
-		p->lv[0][w] = x &= x - 1;
-		if (!x)
-			up_clear(p, w);
+		p->lv[0][w] = x & (x - 1);
 	}
 #if defined(__x86_64__)
 	else if (p->avx2)
@@ -257,14 +288,12 @@ static inline bool flush_word(struct kvp_pages *p, uint32_t w, uint64_t m, uint3
 	return true;
 }
 
-/* Takes back what flush_word freed for ids[0..n): their words lose those bits again. */
+/* Takes back what flush_word freed for ids[0..n): their words lose those bits again (summary
+ * bits set meanwhile may stay: first_word clears stale ones). */
 static void unfree(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++)
 		p->lv[0][ids[i] >> 6] &= ~(1ull << (ids[i] & 63));
-	for (uint32_t i = 0; i < n; i++)
-		if (!p->lv[0][ids[i] >> 6])
-			up_clear(p, ids[i] >> 6);
 }
 
 /* The common case: every page LEASED, each listed once, in runs of ids sharing a word (a batch
@@ -319,66 +348,93 @@ static inline AVX2 uint64_t mask_of(__m256i lo, __m256i hi)
 	return (uint64_t)_mm_cvtsi128_si64(_mm_or_si128(h, _mm_unpackhi_epi64(h, h)));
 }
 
-/* release_generic eight ids at a time: each id's bit lands in a low or high 32-bit half (a shift by
- * 32 or more gives 0), ORed into the run's word while all eight lie in it. A chunk that moves on
- * to the next word (the ids of the current one first, then those of one other) is split in
- * place; any other chunk goes id by id. */
+/* Where a release stands: the run's bits so far, its word, its first id. */
+struct run {
+	uint64_t m;
+	uint32_t cur, start;
+};
+
+/* ids[i .. e) one by one (release_step) after r; r.cur == UINT32_MAX when refused. Out of line:
+ * the rare chunks of the AVX2 loop that are not one word's ids then the next's. */
+static __attribute__((noinline)) struct run release_ids(struct kvp_pages *p, const uint32_t *ids,
+							uint32_t i, uint32_t e, struct run r)
+{
+	for (; i < e; i++)
+		if (!release_step(p, ids[i], i, &r.cur, &r.m, &r.start))
+			return (struct run){ .cur = UINT32_MAX, .start = r.start };
+	return r;
+}
+
+/* release_generic eight ids at a time. XOR with the run's word base leaves each id's bit number
+ * for the ids of the run's word and 64 or more for others; a lane's bit lands in a low or a high
+ * 32-bit half of the lane (a shift by 32 or more gives 0, so other words' ids add nothing). While
+ * all eight lie in the word (one test) they are ORed into the run. A chunk whose leading ids are
+ * the word's and the rest those of its last id's word ends the run (flush_word) and starts the
+ * next one with them: no step waits on a load whose address came from the data. Other chunks go
+ * id by id. */
 static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
-	const __m256i one = _mm256_set1_epi32(1), low = _mm256_set1_epi32(63);
-	const __m256i k32 = _mm256_set1_epi32(32);
-	__m256i alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
-	uint32_t i = 0, start = 0, cur;
-	uint64_t m = 0;
+	const __m256i one = _mm256_set1_epi32(1), k32 = _mm256_set1_epi32(32);
+	const __m256i high = _mm256_set1_epi32(~63), zero = _mm256_setzero_si256();
+	const uint32_t *q = ids, *qe = ids + (n & ~7u);
+	__m256i alo = zero, ahi = zero, vb;
+	struct run r = { .m = 0, .cur = ids[0] >> 6, .start = 0 };
+	uint32_t i;
 
 	if (ids[0] >= p->total)
 		return -EINVAL;
-	cur = ids[0] >> 6;
-	for (; i + 8 <= n; i += 8) {
-		__m256i v = _mm256_loadu_si256((const void *)(ids + i));
-		__m256i wv = _mm256_srli_epi32(v, 6), b = _mm256_and_si256(v, low);
-		__m256i lo = _mm256_sllv_epi32(one, b),
-			hi = _mm256_sllv_epi32(one, _mm256_sub_epi32(b, k32));
-		__m256i eq = _mm256_cmpeq_epi32(wv, _mm256_set1_epi32((int)cur)), eq2;
-		uint32_t mm = (uint32_t)_mm256_movemask_epi8(eq), next, split;
+	vb = _mm256_set1_epi32((int)(r.cur << 6));
+	for (; q < qe; q += 8) {
+		__m256i v = _mm256_loadu_si256((const void *)q);
+		__m256i x = _mm256_xor_si256(v, vb), xn, vn;
+		__m256i lo = _mm256_sllv_epi32(one, x);
+		__m256i hi = _mm256_sllv_epi32(one, _mm256_xor_si256(x, k32));
+		uint32_t in, next, at;
 
-		if (mm == UINT32_MAX) {
+		if (__builtin_expect(_mm256_testz_si256(x, high), 1)) { /* all eight in word cur */
 			alo = _mm256_or_si256(alo, lo);
 			ahi = _mm256_or_si256(ahi, hi);
 			continue;
 		}
-		next = ids[i + 7] >> 6;
-		eq2 = _mm256_cmpeq_epi32(wv, _mm256_set1_epi32((int)next));
-		if ((mm & (mm + 1)) || next >= p->nwords[0] ||
-		    (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(eq, eq2)) != UINT32_MAX) {
-			/* not one word after the other: id by id */
-			m |= mask_of(alo, ahi);
-			alo = ahi = _mm256_setzero_si256();
-			for (uint32_t e = i + 8; i < e; i++)
-				if (!release_step(p, ids[i], i, &cur, &m, &start))
-					goto undo;
-			i -= 8; /* the loop's step */
+		next = q[7] >> 6;
+		vn = _mm256_set1_epi32((int)(next << 6));
+		xn = _mm256_xor_si256(v, vn);
+		/* lanes of word cur (one bit each) */
+		in = 0xff & ~(uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
+				    _mm256_cmpeq_epi32(_mm256_or_si256(lo, hi), zero)));
+		at = (uint32_t)(q - ids);
+		if (__builtin_expect((in & (in + 1)) || next >= p->nwords[0] ||
+					     !_mm256_testz_si256(_mm256_min_epu32(x, xn), high),
+				     0)) {
+			/* not word cur's ids then word next's: id by id */
+			r.m |= mask_of(alo, ahi);
+			r = release_ids(p, ids, at, at + 8, r);
+			if (r.cur == UINT32_MAX)
+				goto undo;
+			vb = _mm256_set1_epi32((int)(r.cur << 6));
+			alo = ahi = zero;
 			continue;
 		}
-		split = i + (uint32_t)__builtin_popcount(mm) / 4; /* the first id of word next */
-		m |= mask_of(_mm256_or_si256(alo, _mm256_and_si256(lo, eq)),
-			     _mm256_or_si256(ahi, _mm256_and_si256(hi, eq)));
-		if (!flush_word(p, cur, m, split - start))
+		at += (uint32_t)__builtin_popcount(in); /* the next word's first id */
+		if (!flush_word(p, r.cur,
+				r.m | mask_of(_mm256_or_si256(alo, lo), _mm256_or_si256(ahi, hi)),
+				at - r.start))
 			goto undo;
-		alo = _mm256_and_si256(lo, eq2);
-		ahi = _mm256_and_si256(hi, eq2);
-		cur = next;
-		m = 0;
-		start = split;
+		r.m = 0;
+		r.cur = next;
+		r.start = at;
+		vb = vn;
+		alo = _mm256_sllv_epi32(one, xn);
+		ahi = _mm256_sllv_epi32(one, _mm256_xor_si256(xn, k32));
 	}
-	m |= mask_of(alo, ahi);
-	for (; i < n; i++)
-		if (!release_step(p, ids[i], i, &cur, &m, &start))
+	r.m |= mask_of(alo, ahi);
+	for (i = (uint32_t)(q - ids); i < n; i++)
+		if (!release_step(p, ids[i], i, &r.cur, &r.m, &r.start))
 			goto undo;
-	if (flush_word(p, cur, m, n - start))
+	if (flush_word(p, r.cur, r.m, n - r.start))
 		return 0;
 undo:
-	unfree(p, ids, start);
+	unfree(p, ids, r.start);
 	return -EINVAL;
 }
 #endif
@@ -470,9 +526,6 @@ int kvp_pages_claim(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 			free[ids[i] >> 6] |= 1ull << (ids[i] & 63);
 		return -EINVAL;
 	}
-	for (i = 0; i < n; i++)
-		if (!free[ids[i] >> 6])
-			up_clear(p, ids[i] >> 6);
 	p->count[KVP_PAGE_FREE] -= n;
 	p->count[KVP_PAGE_LEASED] += n;
 	return 0;
@@ -634,12 +687,13 @@ int kvp_pages_check(const struct kvp_pages *p)
 	for (uint64_t b = p->total; b < p->cap; b++)
 		if ((p->lv[0][b / 64] >> (b & 63) & 1) || !(p->special[b / 64] >> (b & 63) & 1))
 			return -EFAULT;
-	/* each summary bit says whether its word below is not 0; nothing free below lo */
+	/* a summary bit is set for each word below that is not 0, never past the level's words;
+	 * nothing free below lo */
 	for (int l = 1; l < p->nlv; l++)
 		for (uint64_t j = 0; j < (uint64_t)p->nwords[l] * 64; j++) {
 			bool bit = p->lv[l][j / 64] >> (j & 63) & 1;
 
-			if (bit != (j < p->nwords[l - 1] && p->lv[l - 1][j] != 0))
+			if (j < p->nwords[l - 1] ? (p->lv[l - 1][j] && !bit) : bit)
 				return -EFAULT;
 		}
 	for (uint32_t w = 0; w < p->lo && w < p->nwords[0]; w++)
