@@ -5,8 +5,8 @@
  * search that meets it), so the lowest free page is a few loads away and a batch moves whole
  * words: alloc turns a byte of free bits into up to eight ids with one table load and one vector
  * store and clears each word it empties with one store; release gathers the ids of one word into
- * a mask and sets them with one store, after checking the word (no page free already, none
- * listed twice) and the special bitmap (none cached or moving). Cached and moving
+ * a mask (eight at a time) and sets them with one store, after checking the word (no page free
+ * already, none listed twice) and the special bitmap (none cached or moving). Cached and moving
  * pages keep their state in a byte per page; free and leased pages read 0 there and the free
  * bitmap tells them apart. Pages are handed out lowest first: a fresh pool gives 0, 1, 2... */
 #include "pages.h"
@@ -30,12 +30,12 @@ struct kvp_pages {
 	int nlv;		 /* levels; lv[nlv - 1] is one word */
 	bool avx2;		 /* the AVX2 loops (kvp_pages_simd) */
 	uint32_t nwords[LV_MAX]; /* words of each level */
-	uint64_t *lv[LV_MAX]; /* lv[0]: a bit per page, 1 = free; lv[l + 1]: set for each word of
-			       * lv[l] != 0 (and maybe for some that are 0 since) */
-	uint64_t *special;    /* a bit per page: CACHED or MOVING; set past total (never leased) */
-	uint64_t cap;	      /* bits of lv[0] and special: a power of two, at least 64 */
-	uint8_t *state;	      /* a byte per page: CACHED or MOVING, else 0 */
-	size_t state_bytes;   /* mapped */
+	uint64_t *lv[LV_MAX];	 /* lv[0]: a bit per page, 1 = free; lv[l + 1]: set for each word of
+				  * lv[l] != 0 (and maybe for some that are 0 since) */
+	uint64_t *special;  /* a bit per page: CACHED or MOVING; set past total (never leased) */
+	uint64_t cap;	    /* bits of lv[0] and special: a power of two, at least 64 */
+	uint8_t *state;	    /* a byte per page: CACHED or MOVING, else 0 */
+	size_t state_bytes; /* mapped */
 	volatile uint64_t *guard_gen; /* kvp_pages_guard */
 	bool *guard_armed;
 };
@@ -79,18 +79,18 @@ static inline bool is_free(const struct kvp_pages *p, uint32_t id)
 	return p->lv[0][id >> 6] >> (id & 63) & 1;
 }
 
-/* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they were clear. */
+/* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they are clear (a bit
+ * may be set already, left by the word's last time). */
 static inline void up_set(struct kvp_pages *p, uint32_t w)
 {
 	if (w < p->lo)
 		p->lo = w;
-	for (int l = 1; l < p->nlv; l++) {
-		uint64_t *x = &p->lv[l][w >> 6], old = *x;
+	for (int l = 1; l < p->nlv; l++, w >>= 6) {
+		uint64_t *x = &p->lv[l][w >> 6], bit = 1ull << (w & 63);
 
-		*x = old | 1ull << (w & 63);
-		if (old)
+		if (*x & bit) /* its word is not 0: the bits above are set */
 			return;
-		w >>= 6;
+		*x |= bit;
 	}
 }
 
@@ -176,8 +176,8 @@ static inline __attribute__((always_inline)) void copy_ids(uint32_t *d, const ui
 #if defined(__x86_64__)
 #define AVX2 __attribute__((target("avx2,popcnt")))
 
-/* emit_word with each byte's positions (and its offset in the word) widened from bytes by one
- * instruction. */
+/* emit_word with each byte's positions (plus its offset in the word) widened from bytes by one
+ * instruction and counted by popcnt. */
 static inline __attribute__((always_inline)) AVX2 uint32_t *emit_word_avx2(uint32_t *out,
 									   uint64_t x,
 									   uint32_t base)
@@ -185,12 +185,12 @@ static inline __attribute__((always_inline)) AVX2 uint32_t *emit_word_avx2(uint3
 	__m256i vb = _mm256_set1_epi32((int)base);
 
 #pragma GCC unroll 8
-	for (int k = 0; k < 8; k++) {
-		unsigned byte = (unsigned)(x >> (8 * k)) & 0xff;
+	for (size_t k = 0; k < 8; k++, x >>= 8) {
+		size_t byte = (size_t)(x & 0xff); /* 64-bit: the table offset folds into the load */
 		__m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)g_pos8[k][byte]));
 
 		_mm256_storeu_si256((void *)out, _mm256_add_epi32(v, vb));
-		out += __builtin_popcount(byte);
+		out += __builtin_popcount((unsigned)byte);
 	}
 	return out;
 }
@@ -203,37 +203,42 @@ static inline __attribute__((always_inline)) void alloc_body(struct kvp_pages *p
 							     uint32_t *out, emit_fn *emit)
 {
 	uint64_t *free = p->lv[0];
-	uint32_t *end = out + n, w = first_word(p);
+	uint32_t w = first_word(p), nw = p->nwords[0], left = n, c, buf[64];
+	uint64_t x = free[w];
 
-	for (;;) {
-		uint64_t x = free[w];
-		uint32_t c = (uint32_t)__builtin_popcountll(x), want = (uint32_t)(end - out), buf[64];
-
-		/* the whole word straight to out while the stores' slack stays below end */
-		emit(c + 8 <= want ? out : buf, x, w * 64);
-		if (c + 8 <= want) {
-			out += c;
-			free[w] = 0;
-		} else {
-			if (c > want) { /* in part: buf[want] is the lowest id left */
-				x &= ~0ull << (buf[want] - w * 64);
-				c = want;
-			} else {
-				x = 0;
-			}
-			copy_ids(out, buf, c);
-			out += c;
-			free[w] = x;
-			if (out == end)
-				break;
-		}
+	/* whole words straight to out while the stores' slack stays below the end */
+	while ((c = (uint32_t)__builtin_popcountll(x)) + 8 <= left) {
+		out = emit(out, x, w * 64);
+		left -= c;
+		free[w] = 0;
 		/* the next word up is likely the next one with free pages */
-		if (w + 1 < p->nwords[0] && free[w + 1]) {
+		if (w + 1 < nw && free[w + 1]) {
 			w++;
 		} else {
 			p->lo = w;
 			w = first_word(p);
 		}
+		x = free[w];
+	}
+	/* the last words through a buffer */
+	for (;;) {
+		emit(buf, x, w * 64);
+		if (c > left) { /* in part: buf[left] is the lowest id left */
+			x &= ~0ull << (buf[left] - w * 64);
+			c = left;
+		} else {
+			x = 0;
+		}
+		copy_ids(out, buf, c);
+		out += c;
+		left -= c;
+		free[w] = x;
+		if (!left)
+			break;
+		p->lo = w;
+		w = first_word(p);
+		x = free[w];
+		c = (uint32_t)__builtin_popcountll(x);
 	}
 	p->lo = w;
 }
@@ -280,7 +285,7 @@ static inline bool flush_word(struct kvp_pages *p, uint32_t w, uint64_t m, uint3
 {
 	uint64_t old = p->lv[0][w];
 
-	if ((uint32_t)__builtin_popcountll(m) != cnt || (old & m) || (p->special[w] & m))
+	if ((uint32_t)__builtin_popcountll(m) != cnt || ((old | p->special[w]) & m))
 		return false;
 	p->lv[0][w] = old | m;
 	if (!old)
@@ -385,8 +390,7 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 		return -EINVAL;
 	vb = _mm256_set1_epi32((int)(r.cur << 6));
 	for (; q < qe; q += 8) {
-		__m256i v = _mm256_loadu_si256((const void *)q);
-		__m256i x = _mm256_xor_si256(v, vb), xn, vn;
+		__m256i x = _mm256_xor_si256(_mm256_loadu_si256((const void *)q), vb), v, xn, vn;
 		__m256i lo = _mm256_sllv_epi32(one, x);
 		__m256i hi = _mm256_sllv_epi32(one, _mm256_xor_si256(x, k32));
 		uint32_t in, next, at;
@@ -397,7 +401,8 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 			continue;
 		}
 		next = q[7] >> 6;
-		vn = _mm256_set1_epi32((int)(next << 6));
+		vn = _mm256_and_si256(_mm256_set1_epi32((int)q[7]), high);
+		v = _mm256_xor_si256(x, vb); /* the ids again */
 		xn = _mm256_xor_si256(v, vn);
 		/* lanes of word cur (one bit each) */
 		in = 0xff & ~(uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(

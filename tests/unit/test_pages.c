@@ -406,6 +406,37 @@ static void test_pages_model_long_batches(void)
 	kvp_pages_free(p);
 }
 
+/* Alloc leaves the summary bits of the words it empties set. A search that finds no free word
+ * near lo walks from the top, clears the stale bits it meets and still finds the lowest free
+ * page; the next search does not meet them again. */
+static void test_pages_stale_summary_bits_skipped(void)
+{
+	enum { N = 64 * 64 * 3 }; /* 192 words: three levels */
+	struct kvp_pages *p = new_pages(N);
+	static uint32_t ids[N];
+	uint32_t id, far[2] = { 150 * 64 + 7, 190 * 64 + 1 }, near = 5 * 64 + 3;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(p, N, ids), 0); /* every summary bit now stale */
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, &near, 1), 0); /* lo comes down to word 5 */
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_claim(p, &near, 1), 0);	  /* and word 5 is empty again */
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, far, 2), 0);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 1, &id), 0);
+	CU_ASSERT_EQUAL(id, far[0]);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 1, &id), 0);
+	CU_ASSERT_EQUAL(id, far[1]);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 1, &id), -ENOSPC);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_release(p, ids, N), 0);
+	CU_ASSERT_EQUAL(kvp_pages_alloc(p, 64, ids), 0); /* a fresh run from page 0 */
+	CU_ASSERT_EQUAL(ids[0], 0);
+	CU_ASSERT_EQUAL(ids[63], 63);
+	CU_ASSERT_EQUAL(kvp_pages_check(p), 0);
+	kvp_pages_free(p);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -418,6 +449,7 @@ int main(void)
 		H_TEST(test_pages_release_batches_refused_whole),
 		H_TEST(test_pages_release_stops_at_first_not_leased),
 		H_TEST(test_pages_model_long_batches),
+		H_TEST(test_pages_stale_summary_bits_skipped),
 	};
 	struct kvp_pages *probe = kvp_pages_new(1);
 	int simd = probe && kvp_pages_simd(probe, -1), rc = 0;
