@@ -61,12 +61,18 @@ static uint32_t crc32c_sw(uint32_t c, const uint8_t *p, size_t n)
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const uint8_t *p, size_t n)
+/* The hardware loop; with dst, each 8 bytes read are stored there too (one pass for a copy and
+ * its checksum). */
+static inline __attribute__((always_inline, target("sse4.2"))) uint32_t crc32c_hw_body(
+	uint32_t c, const uint8_t *p, size_t n, uint8_t *dst)
 {
 	uint64_t c64 = c;
 
-	for (; n && ((uintptr_t)p & 7); n--)
+	for (; n && ((uintptr_t)p & 7); n--) {
+		if (dst)
+			*dst++ = *p;
 		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+	}
 	for (; n >= 3 * LANE; n -= 3 * LANE, p += 3 * LANE) {
 		uint64_t c1 = 0, c2 = 0;
 
@@ -76,21 +82,46 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const ui
 			memcpy(&w0, p + i, 8);
 			memcpy(&w1, p + LANE + i, 8);
 			memcpy(&w2, p + 2 * LANE + i, 8);
+			if (dst) {
+				memcpy(dst + i, &w0, 8);
+				memcpy(dst + LANE + i, &w1, 8);
+				memcpy(dst + 2 * LANE + i, &w2, 8);
+			}
 			c64 = __builtin_ia32_crc32di(c64, w0);
 			c1 = __builtin_ia32_crc32di(c1, w1);
 			c2 = __builtin_ia32_crc32di(c2, w2);
 		}
 		c64 = shift(shift((uint32_t)c64) ^ (uint32_t)c1) ^ (uint32_t)c2;
+		if (dst)
+			dst += 3 * LANE;
 	}
 	for (; n >= 8; n -= 8, p += 8) {
 		uint64_t w;
 
 		memcpy(&w, p, 8);
+		if (dst) {
+			memcpy(dst, &w, 8);
+			dst += 8;
+		}
 		c64 = __builtin_ia32_crc32di(c64, w);
 	}
-	for (; n; n--)
+	for (; n; n--) {
+		if (dst)
+			*dst++ = *p;
 		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+	}
 	return (uint32_t)c64;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const uint8_t *p, size_t n)
+{
+	return crc32c_hw_body(c, p, n, NULL);
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw_copy(uint32_t c, const uint8_t *p,
+								 size_t n, uint8_t *dst)
+{
+	return crc32c_hw_body(c, p, n, dst);
 }
 #endif
 
@@ -101,4 +132,14 @@ uint32_t kvp_crc32c(const void *p, size_t n)
 		return ~crc32c_hw(~0u, p, n);
 #endif
 	return ~crc32c_sw(~0u, p, n);
+}
+
+uint32_t kvp_crc32c_copy(void *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("sse4.2"))
+		return ~crc32c_hw_copy(~0u, src, n, dst);
+#endif
+	memcpy(dst, src, n);
+	return ~crc32c_sw(~0u, dst, n);
 }

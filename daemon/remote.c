@@ -28,6 +28,8 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "crc32c.h"
+
 #define TIMER_TAG 1 /* epoll data of the timerfd */
 #define DONE_TAG 2  /* of the completion eventfd */
 #define MAX_OPS 4096
@@ -95,6 +97,7 @@ struct q_ent {
 	size_t len;		      /* its length */
 	enum kvp_rc_status *sts;      /* EXISTS: n statuses (malloc) */
 	struct vbuf *vb;	      /* val\'s buffer */
+	uint32_t crc;		      /* Q_PAGE: the payload's CRC32C, taken while copying it */
 	uint8_t hdr[KVP_RV_HDR_SIZE]; /* Q_PAGE: the header, written by the thread */
 	/* Q_SET / Q_PAGE / Q_GET / Q_GETPAGE / Q_DEL: key, then hdr (Q_SET), then value (the
 	 * cluster client writes it to the socket from here); Q_EXISTS: n key lengths (size_t), then
@@ -361,7 +364,7 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 						       th_done, e);
 		break;
 	case Q_PAGE:
-		kvp_rv_header(&e->fp, key + e->klen, e->vlen, e->hdr);
+		kvp_rv_header_crc(&e->fp, e->vlen, e->crc, e->hdr);
 		rc = (e->vlen >= BIG_MIN ? kvp_rc_set_ref
 					 : kvp_rc_set)(e->rc, key, e->klen, e->hdr, sizeof(e->hdr),
 						       key + e->klen, e->vlen, e->ttl, th_done, e);
@@ -912,7 +915,8 @@ int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const 
 	e->vlen = n;
 	e->ttl = ttl_s;
 	memcpy(e->data, key, klen);
-	memcpy(e->data + klen, page, n);
+	e->crc = kvp_crc32c_copy(e->data + klen, page,
+				 n); /* the copy and its checksum in one pass */
 	ent_queue(r, e);
 	return 0;
 }

@@ -75,7 +75,7 @@ static void fp_put(uint8_t *p, const struct kvp_rv_fp *fp)
 	put32(p + 20, fp->layout);
 }
 
-void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *hdr)
+void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, void *hdr)
 {
 	uint8_t *h = hdr;
 
@@ -84,8 +84,13 @@ void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *
 	put16(h + 6, KVP_RV_HDR_SIZE);
 	fp_put(h + 8, fp);
 	put64(h + 32, n);
-	put32(h + 40, kvp_rv_crc32c(p, n));
+	put32(h + 40, crc);
 	put32(h + 44, kvp_rv_crc32c(h, 44));
+}
+
+void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *hdr)
+{
+	kvp_rv_header_crc(fp, n, kvp_rv_crc32c(p, n), hdr);
 }
 
 size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *out)

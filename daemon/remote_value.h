@@ -53,6 +53,8 @@ uint32_t kvp_rv_crc32c(const void *p, size_t n);
 /* Writes the header for a payload of n bytes at p into hdr (KVP_RV_HDR_SIZE bytes). The value
  * is hdr followed by the payload: the caller sends both (no copy of the page here). */
 void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *hdr);
+/* The same for a payload of n bytes whose CRC32C (kvp_rv_crc32c) the caller has: crc. */
+void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, void *hdr);
 /* hdr then payload into out (KVP_RV_HDR_SIZE + n bytes). Returns the value's size. */
 size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *out);
 /* Checks a value against fp and the expected page size (0: any). On success returns 0 and

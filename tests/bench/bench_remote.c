@@ -1,10 +1,10 @@
 /* bench_remote.c - the remote tier's transfer rate: 1,000 page values SET (spill: the page
- * copied, header and CRC32C, then SET) and GET (fetch: header and checksum verified, the page
- * copied out, as a Fetch does) through the daemon's driver (remote.c: the loop's side here, its
- * I/O thread and the cluster layer, remote_cluster.c), one connection with 16 in flight,
- * against redis-benchmark SET / GET of values of the same size with 16 in flight, in both of
- * its shapes (16 connections with one each, -c 16 -P 1; one connection pipelining 16, -c 1
- * -P 16), the faster taken, all on one redis-server (cluster mode, all slots) started here on
+ * copied with its CRC32C in one pass, then header and SET) and GET (fetch: header and checksum
+ * verified, the page copied out, as a Fetch does) through the daemon's driver (remote.c: the loop's
+ * side here, its I/O thread and the cluster layer, remote_cluster.c), one connection with 16 in
+ * flight, against redis-benchmark SET / GET of values of the same size with 16 in flight, in both
+ * of its shapes (16 connections with one each, -c 16 -P 1; one connection pipelining 16, -c 1 -P
+ * 16), the faster taken, all on one redis-server (cluster mode, all slots) started here on
  * loopback. The runs interleave (layer, then redis-benchmark, REPS times) so that the noise of
  * a shared machine falls on both sides alike; each side's best is the row, medians in the note.
  * Then two kvpoold nodes on that server, a shared-prefix workload: node A publishes prompts
@@ -678,8 +678,8 @@ int main(int argc, char **argv)
 					 : "cluster layer alone: header + CRC32C + SET")
 				: g ? "driver (the daemon's path): GET, header and CRC32C check on "
 				      "its I/O thread, copy into a page on the owner's"
-				    : "driver (the daemon's path): page copied, then header, "
-				      "CRC32C and SET on its I/O thread",
+				    : "driver (the daemon's path): page copied with its CRC32C in "
+				      "one pass, then header and SET on its I/O thread",
 				DEPTH, median_of(v, reps), DEPTH, median_of(conns, reps), DEPTH,
 				median_of(piped, reps)),
 		});
