@@ -62,7 +62,7 @@
  * (one master on loopback, 2 cores). The figures (connects, ...) add up all of them. */
 #define RC_CONNS KVP_REMOTE_CONNS_MAX /* the most: conf.connections are made */
 
-enum q_kind { Q_SET, Q_PAGE, Q_GET, Q_GETPAGE, Q_DEL, Q_EXISTS };
+enum q_kind { Q_SET, Q_PAGE, Q_GETPAGE, Q_DEL, Q_EXISTS };
 
 /* A GET's value: the big ones are read into these by the cluster client itself (its buf_get),
  * small ones copied by the thread; the big ones go back to it after the callback (the spare
@@ -99,7 +99,7 @@ struct q_ent {
 	struct vbuf *vb;	      /* val\'s buffer */
 	uint32_t crc;		      /* Q_PAGE: the payload's CRC32C, taken while copying it */
 	uint8_t hdr[KVP_RV_HDR_SIZE]; /* Q_PAGE: the header, written by the thread */
-	/* Q_SET / Q_PAGE / Q_GET / Q_GETPAGE / Q_DEL: key, then hdr (Q_SET), then value (the
+	/* Q_SET / Q_PAGE / Q_GETPAGE / Q_DEL: key, then hdr (Q_SET), then value (the
 	 * cluster client writes it to the socket from here); Q_EXISTS: n key lengths (size_t), then
 	 * the keys */
 	uint8_t data[];
@@ -285,7 +285,7 @@ static void th_done(void *arg, enum kvp_rc_status st, const void *val, size_t le
 		r->urgent = 1;
 	else if ((r->ack_bytes += e->acct) >= SET_WAKE_BYTES)
 		r->urgent = 1;
-	if (st == KVP_RC_HIT && (e->kind == Q_GET || e->kind == Q_GETPAGE)) {
+	if (st == KVP_RC_HIT && e->kind == Q_GETPAGE) {
 		void *b = kvp_rc_take_value(e->rc); /* read straight into one of ours */
 
 		if (b) {
@@ -369,7 +369,6 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 					 : kvp_rc_set)(e->rc, key, e->klen, e->hdr, sizeof(e->hdr),
 						       key + e->klen, e->vlen, e->ttl, th_done, e);
 		break;
-	case Q_GET:
 	case Q_GETPAGE: rc = kvp_rc_get(e->rc, key, e->klen, th_done, e); break;
 	case Q_DEL: rc = kvp_rc_del(e->rc, key, e->klen, th_done, e); break;
 	default: {
@@ -919,11 +918,6 @@ int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const 
 				 n); /* the copy and its checksum in one pass */
 	ent_queue(r, e);
 	return 0;
-}
-
-int kvp_remote_get(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
-{
-	return submit_kv(r, Q_GET, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
 }
 
 int kvp_remote_get_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, uint64_t page_bytes,

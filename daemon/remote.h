@@ -2,15 +2,16 @@
  * remote_cluster.h), its sockets, their system calls, the values' headers and checksums; the
  * io_uring loop sees one pollable fd.
  *
- * The loop submits with kvp_remote_set / _put_page / _get / _del / _exists_many: each copies
- * what it needs (key, value) into a queue entry and returns, never waiting (-EAGAIN past the
- * in-flight bounds: the caller drops and counts). kvp_remote_sync(), once per loop turn, wakes
- * the thread when something was queued. The thread runs the cluster client (poll on its
- * sockets, its deadlines, a wake-up eventfd) and queues each completion, with a GET's value (read
- * into a buffer of the driver's, a page value's header and checksums verified there); the
- * loop's fd turns readable and kvp_remote_on_ready() runs the callbacks there, on the
- * loop's own thread, so they touch pools and deferred replies directly. Nothing of the loop
- * waits on the thread but two short mutex sections (the queues, the figures). */
+ * The loop submits with kvp_remote_put_page / _get_page / _del / _exists_many (and _set, a raw
+ * value, which tests use to plant corrupt ones): each copies what it needs (key, value) into a
+ * queue entry and returns, never waiting (-EAGAIN past the in-flight bounds: the caller drops
+ * and counts). kvp_remote_sync(), once per loop turn, wakes the thread when something was
+ * queued. The thread runs the cluster client (poll on its sockets, its deadlines, a wake-up
+ * eventfd) and queues each completion, with a fetched page (read into a buffer of the
+ * driver's, its header and checksums verified there); the loop's fd turns readable and
+ * kvp_remote_on_ready() runs the callbacks there, on the loop's own thread, so they touch pools
+ * and deferred replies directly. Nothing of the loop waits on the thread but two short mutex
+ * sections (the queues, the figures). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -61,8 +62,8 @@ int kvp_remote_ready(const struct kvp_remote *r);
 /* Submissions, as kvp_rc_set / kvp_rc_get / kvp_rc_del / kvp_rc_exists_many (remote_cluster.h):
  * 0 (cb runs exactly once, inside kvp_remote_on_ready or kvp_remote_free), -EAGAIN past the
  * in-flight bounds (max_inflight_bytes of the conf, 4096 operations), -EINVAL for an empty key,
- * -ENOMEM; nothing submitted on failure. Keys and values are copied. A GET's value passed to cb
- * is valid only during the call. */
+ * -ENOMEM; nothing submitted on failure. Keys and values are copied. A page passed to cb is
+ * valid only during the call. */
 int kvp_remote_set(struct kvp_remote *r, const void *key, size_t klen, const void *hdr, size_t hlen,
 		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg);
 /* SET of a page value: page[0 .. n) is copied, and the thread puts the value header for fp
@@ -70,7 +71,6 @@ int kvp_remote_set(struct kvp_remote *r, const void *key, size_t klen, const voi
 int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const void *key,
 			size_t klen, const void *page, size_t n, uint32_t ttl_s, kvp_rc_cb *cb,
 			void *arg);
-int kvp_remote_get(struct kvp_remote *r, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
 /* GET of a page value: the thread checks its header against fp and page_bytes (0: any size)
  * and its checksums (kvp_rv_decode), so the loop gets verified page bytes or a refusal. */
 int kvp_remote_get_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, uint64_t page_bytes,

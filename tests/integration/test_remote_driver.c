@@ -1,7 +1,8 @@
 /* test_remote_driver.c - daemon/remote.c against a real 3-master Redis Cluster on loopback
  * (redis_cluster.sh: KVP_REDIS_PORTS): the owner polls the driver's one fd and nothing else
  * (the I/O thread does the rest);
- * 300 page values are written and read back byte for byte, and EXISTS finds them; 24 values
+ * 300 page values are written and read back byte for byte (header and checksum checked on
+ * the I/O thread), and EXISTS finds them; 24 values
  * of 256 KiB (written from the queue entries, read into the driver's own buffers) are put as
  * pages and read back verified on the I/O thread, and corrupt, foreign and missing ones are
  * refused there. */
@@ -20,6 +21,7 @@
 #define PAGE 8192
 
 static struct kvp_remote *g_r;
+static const struct kvp_rv_fp g_fp = { 4, 2, 64, 1, 16, 0 };
 static int g_left, g_bad;
 static uint8_t g_pages[NPAGES][PAGE];
 static char g_keys[NPAGES][32];
@@ -45,11 +47,11 @@ static void on_set(void *arg, enum kvp_rc_status st, const void *val, size_t len
 	g_left--;
 }
 
-static void on_get(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+static void on_get(void *arg, enum kvp_rc_status st, int err, const void *pl, size_t n)
 {
 	const uint8_t *want = arg;
 
-	g_bad += st != KVP_RC_HIT || len != PAGE || memcmp(val, want, PAGE) != 0;
+	g_bad += st != KVP_RC_HIT || err || n != PAGE || memcmp(pl, want, PAGE) != 0;
 	g_left--;
 }
 
@@ -78,8 +80,8 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 		for (int j = 0; j < PAGE; j++)
 			g_pages[i][j] = (uint8_t)(i * 131 + j * 7);
 		snprintf(g_keys[i], sizeof(g_keys[i]), "kvp-driver-%d", i);
-		CU_ASSERT_EQUAL(kvp_remote_set(g_r, g_keys[i], strlen(g_keys[i]), NULL, 0,
-					       g_pages[i], PAGE, 60, on_set, NULL),
+		CU_ASSERT_EQUAL(kvp_remote_put_page(g_r, &g_fp, g_keys[i], strlen(g_keys[i]),
+						    g_pages[i], PAGE, 60, on_set, NULL),
 				0);
 	}
 	kvp_remote_sync(g_r);
@@ -88,8 +90,8 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 	CU_ASSERT_EQUAL(g_bad, 0);
 	g_left = NPAGES + 1;
 	for (int i = 0; i < NPAGES; i++) {
-		CU_ASSERT_EQUAL(kvp_remote_get(g_r, g_keys[i], strlen(g_keys[i]), on_get,
-					       g_pages[i]),
+		CU_ASSERT_EQUAL(kvp_remote_get_page(g_r, &g_fp, PAGE, g_keys[i], strlen(g_keys[i]),
+						    on_get, g_pages[i]),
 				0);
 		keys[i] = g_keys[i];
 		klens[i] = strlen(g_keys[i]);
@@ -105,8 +107,6 @@ static void test_kvp_remote_on_ready_cluster_roundtrip(void)
 
 #define NBIG 24
 #define BIG (256 << 10)
-
-static const struct kvp_rv_fp g_fp = { 4, 2, 64, 1, 16, 0 };
 
 struct page_want {
 	const uint8_t *page; /* NULL: a refusal expected */

@@ -19,12 +19,15 @@ struct done {
 	enum kvp_rc_status st;
 };
 
-static void on_op(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+static const struct kvp_rv_fp g_fp = { 4, 2, 64, 1, 16, 0 };
+
+static void on_page(void *arg, enum kvp_rc_status st, int err, const void *page, size_t n)
 {
 	struct done *d = arg;
 
-	(void)val;
-	(void)len;
+	(void)err;
+	(void)page;
+	(void)n;
 	d->n++;
 	d->st = st;
 }
@@ -85,7 +88,7 @@ static void test_kvp_remote_on_ready_timer_completes(void)
 	conf_init(&c, "127.0.0.1:1");
 	r = kvp_remote_new(&c);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
-	CU_ASSERT_EQUAL(kvp_remote_get(r, "k", 1, on_op, &d), 0);
+	CU_ASSERT_EQUAL(kvp_remote_get_page(r, &g_fp, 0, "k", 1, on_page, &d), 0);
 	kvp_remote_sync(r);
 	CU_ASSERT_EQUAL(d.n, 0);
 	p = (struct pollfd){ .fd = kvp_remote_fd(r), .events = POLLIN };
@@ -135,7 +138,7 @@ static void test_kvp_remote_on_ready_silent_node(void)
 		struct done d = { 0 };
 		struct pollfd p = { .fd = kvp_remote_fd(r), .events = POLLIN };
 
-		CU_ASSERT_EQUAL(kvp_remote_get(r, "k", 1, on_op, &d), 0);
+		CU_ASSERT_EQUAL(kvp_remote_get_page(r, &g_fp, 0, "k", 1, on_page, &d), 0);
 		kvp_remote_sync(r);
 		CU_ASSERT_EQUAL(poll(&p, 1, 1000), 1);
 		CU_ASSERT_EQUAL(d.n, 0);
