@@ -21,13 +21,13 @@
 #include <immintrin.h>
 #endif
 
-#define LV_MAX 6 /* 64^6 bits > 2^32 pages */
+#define LV_MAX 6 /* 64^6 bits > 2^32 pages; at least 2 */
 
 struct kvp_pages {
 	uint32_t total;
 	uint32_t count[KVP_PAGE_STATE_MAX];
 	uint32_t lo;		 /* no word of lv[0] below lo has a free bit */
-	int nlv;		 /* levels; lv[nlv - 1] is one word */
+	int nlv;		 /* levels, at least 2; lv[nlv - 1] is one word */
 	bool avx2;		 /* the AVX2 loops (kvp_pages_simd) */
 	uint32_t nwords[LV_MAX]; /* words of each level */
 	uint64_t *lv[LV_MAX];	 /* lv[0]: a bit per page, 1 = free; lv[l + 1]: set for each word of
@@ -79,12 +79,9 @@ static inline bool is_free(const struct kvp_pages *p, uint32_t id)
 	return p->lv[0][id >> 6] >> (id & 63) & 1;
 }
 
-/* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they are clear (a bit
- * may be set already, left by the word's last time). */
-static inline void up_set(struct kvp_pages *p, uint32_t w)
+/* up_set past its first level's bit. */
+static void up_set_levels(struct kvp_pages *p, uint32_t w)
 {
-	if (w < p->lo)
-		p->lo = w;
 	for (int l = 1; l < p->nlv; l++, w >>= 6) {
 		uint64_t *x = &p->lv[l][w >> 6], bit = 1ull << (w & 63);
 
@@ -92,6 +89,16 @@ static inline void up_set(struct kvp_pages *p, uint32_t w)
 			return;
 		*x |= bit;
 	}
+}
+
+/* Word w of lv[0] is not 0 (any more): set its summary bits as far up as they are clear. The
+ * first is mostly set already, left from the word's last time (there is always a level 1). */
+static inline void up_set(struct kvp_pages *p, uint32_t w)
+{
+	if (w < p->lo)
+		p->lo = w;
+	if (!(p->lv[1][w >> 6] >> (w & 63) & 1))
+		up_set_levels(p, w);
 }
 
 /* The lowest word of lv[0] with a free bit; the caller knows that one exists. A summary bit
@@ -400,9 +407,11 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 			ahi = _mm256_or_si256(ahi, hi);
 			continue;
 		}
+		/* the ids again, from memory: the fast path above then keeps no copy of them */
+		__asm__ volatile("" ::: "memory");
+		v = _mm256_loadu_si256((const void *)q);
 		next = q[7] >> 6;
 		vn = _mm256_and_si256(_mm256_set1_epi32((int)q[7]), high);
-		v = _mm256_xor_si256(x, vb); /* the ids again */
 		xn = _mm256_xor_si256(v, vn);
 		/* lanes of word cur (one bit each) */
 		in = 0xff & ~(uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(
@@ -573,7 +582,7 @@ struct kvp_pages *kvp_pages_new(uint32_t total)
 			kvp_pages_free(p);
 			return NULL;
 		}
-		if (words == 1)
+		if (words == 1 && p->nlv) /* at least one summary level */
 			break;
 		words = (words + 63) / 64;
 	}
