@@ -17,7 +17,8 @@ int main(int argc, char **argv)
 	int quick = b_quick(argc, argv);
 	const uint32_t batches[] = { 1, 16, 256 };
 	double secs = quick ? 0.15 : 1.0;
-	int reps = quick ? 2 : 3; /* best of: the first run of a batch size also pays for warming up */
+	/* best of: the first run of a batch size also pays for warming up */
+	int reps = quick ? 2 : 3;
 	struct kvp_pages *p = kvp_pages_new(TOTAL);
 	uint32_t *held = malloc(sizeof(uint32_t) * TOTAL), *ids = malloc(sizeof(uint32_t) * 256);
 	uint32_t *src = malloc(sizeof(uint32_t) * 256), *mid = malloc(sizeof(uint32_t) * 256);
