@@ -93,8 +93,17 @@ struct kvp_rt {
 	uint64_t spilled_pages, spill_dropped, written_pages, written_skipped, fetched_pages,
 		fetch_misses;
 	uint64_t bad_values, foreign_values, match_queries, match_timeouts, remote_pages,
-		written_resets;
+		written_resets, set_pauses;
+	/* SETs rest while a master times out (rt_set_status): until pause_until_ms only one every
+	 * PROBE_MS goes (probe_at_ms: the next), and a SET that lands ends the rest; pause_ms
+	 * doubles while the first ones sent after a rest time out too. */
+	uint64_t pause_until_ms, probe_at_ms;
+	uint32_t pause_ms;
 };
+
+#define PAUSE_FIRST_MS 1000
+#define PAUSE_MAX_MS 30000
+#define PROBE_MS 200
 
 static struct kvp_rt *rt_of(struct kvp_daemon *d)
 {
@@ -159,17 +168,50 @@ static struct rt_seen *seen_slot(const struct kvp_rt *rt, uint64_t tag)
 	return rt->seen ? &rt->seen[tag & ((1u << SEEN_BITS) - 1)] : NULL;
 }
 
+/* A SET's end, for the pause: spills and write-through into a master that times out (asleep,
+ * overloaded) rest for a while instead of filling the in-flight bounds again at once. Each
+ * time the bounds filled, the SETs in them timed out together and the connections were dropped
+ * with them: work on the I/O thread that took a core from the loop on a 2-core machine
+ * (bench_remote remote.slow_master.match_p99 2.5-4x a node without a remote tier). A master
+ * that is down fails at once and costs nothing: no pause for that. The rest is the node's, not
+ * a master's (keys' masters are the I/O thread's to know): where other masters answer, their
+ * acknowledgements end it soon. */
+static void rt_set_status(struct kvp_rt *rt, enum kvp_rc_status st)
+{
+	uint64_t now;
+
+	if (st == KVP_RC_OK) { /* the cluster takes SETs again */
+		rt->pause_ms = 0;
+		rt->pause_until_ms = 0;
+		return;
+	}
+	if (st != KVP_RC_ETIMEOUT || (now = kvp_rc_now_ms()) < rt->pause_until_ms)
+		return; /* sent before the pause began: it stands */
+	rt->pause_ms = !rt->pause_ms			  ? PAUSE_FIRST_MS
+		       : rt->pause_ms >= PAUSE_MAX_MS / 2 ? PAUSE_MAX_MS
+							  : rt->pause_ms * 2;
+	rt->pause_until_ms = now + rt->pause_ms;
+	rt->probe_at_ms = now + PROBE_MS;
+	rt->set_pauses++;
+}
+
 static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
 {
 	struct rt_set *ws = arg; /* the rest is counted by the client, by status */
 	struct rt_seen *e;
 
 	(void)val, (void)len;
-	if (!ws)
-		return;
+	rt_set_status(ws->rt, st);
 	if (st != KVP_RC_OK && (e = seen_slot(ws->rt, ws->tag)) && e->tag == ws->tag)
 		e->tag = 0;
 	free(ws);
+}
+
+/* A spill's end (nothing remembered for it). */
+static void spill_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
+{
+	(void)val, (void)len;
+	rt_set_status(arg, st);
 }
 
 /* How long an entry of the table stands: rewrite_after_s, and at most ttl_s / 2 with ttl_s. */
@@ -255,6 +297,17 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 		rp->d->rt->written_skipped++;
 		return PUT_SEEN;
 	}
+	if (rp->d->rt->pause_until_ms) { /* a master timed out: SETs rest (rt_set_status) */
+		struct kvp_rt *rt = rp->d->rt;
+		uint64_t now = kvp_rc_now_ms();
+
+		if (now < rt->pause_until_ms && now < rt->probe_at_ms) {
+			rt->spill_dropped++;
+			return PUT_DROPPED;
+		}
+		if (now < rt->pause_until_ms)
+			rt->probe_at_ms = now + PROBE_MS; /* this one goes: the probe */
+	}
 	/* Remembered before the submission: a completion that fails, even at once, forgets it. */
 	if (tag && (ws = malloc(sizeof(*ws)))) {
 		*ws = (struct rt_set){ rp->d->rt, tag };
@@ -265,7 +318,8 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 	/* The page is copied here (it is about to be reused); header and checksum are the I/O
 	 * thread's. */
 	if (kvp_remote_put_page(r, &rp->fp, key, (size_t)klen, b, rp->p->page_bytes,
-				kvp_remote_conf(r)->ttl_s, set_done, ws) < 0) {
+				kvp_remote_conf(r)->ttl_s, ws ? set_done : spill_done,
+				ws ? (void *)ws : (void *)rp->d->rt) < 0) {
 		if (slot)
 			*slot = old;
 		free(ws);
@@ -1158,6 +1212,7 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	out->match_timeouts = rt->match_timeouts;
 	out->remote_pages = rt->remote_pages;
 	out->written_resets = rt->written_resets;
+	out->set_pauses = rt->set_pauses;
 }
 
 void kvp_rt_free(struct kvp_daemon *d)

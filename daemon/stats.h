@@ -159,7 +159,10 @@ struct kvp_daemon_figures {
 	X(spilled_pages, "remote_spilled_pages_total", "counter",                                  \
 	  "Host pages written to the cluster as they were evicted")                                \
 	X(spill_dropped, "remote_spill_dropped_total", "counter",                                  \
-	  "Pages not written: in-flight bound reached (spill or write-through under backlog)")     \
+	  "Pages not written: in-flight bound reached (spill or write-through under backlog), or " \
+	  "SETs paused after a timeout")                                                           \
+	X(set_pauses, "remote_set_pauses_total", "counter",                                        \
+	  "Pauses of spill and write-through SETs: one timed out (a master slow or asleep)")       \
 	X(written_pages, "remote_written_pages_total", "counter",                                  \
 	  "Pages written through to the cluster as they reached the host tier (insert, demotion)") \
 	X(written_skipped, "remote_written_skipped_total", "counter",                              \

@@ -556,10 +556,12 @@ static int slow_master_attempt(uint32_t first_prompt, uint64_t *max_us, int *sta
  * within 2x + 2 ms of node C's (no remote tier) in at least one block. A node that waited for
  * the cluster in Alloc (each spill to the sleeping master then takes the 300 ms command
  * timeout) fails every block. A second attempt only when the first missed: a machine busy with
- * other work for a few seconds can spoil one, a cost of A's own spoils both. */
+ * other work for a few seconds can spoil one, a cost of A's own spoils both. The timeouts
+ * paused A's SETs (remote_set_pauses); once the master is awake they land again. */
 static void test_slow_master_leaves_local_latency(void)
 {
-	uint64_t max_us;
+	int64_t pauses = h_eng_counter(&g_ea, "remote_set_pauses"), ok;
+	uint64_t max_us, t;
 	int stalled, within = slow_master_attempt(1000, &max_us, &stalled);
 
 	if (within < P99_BLOCKS || max_us >= MAX_US) {
@@ -572,6 +574,14 @@ static void test_slow_master_leaves_local_latency(void)
 	CU_ASSERT(stalled);
 	CU_ASSERT(max_us < MAX_US);
 	CU_ASSERT(within >= P99_BLOCKS);
+	/* The timeouts rested A's SETs; the master awake, a probe lands and spills go again. */
+	CU_ASSERT(h_eng_counter(&g_ea, "remote_set_pauses") > pauses);
+	ok = h_eng_counter(&g_ea, "remote_ok");
+	for (uint32_t n = 0; n < 200 && h_eng_counter(&g_ea, "remote_ok") <= ok; n++) {
+		local_round(&g_ea, 50000 + n, &t, &t);
+		usleep(20000);
+	}
+	CU_ASSERT(h_eng_counter(&g_ea, "remote_ok") > ok);
 }
 
 int main(void)
