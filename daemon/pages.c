@@ -308,10 +308,6 @@ static void unfree(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 		p->lv[0][ids[i] >> 6] &= ~(1ull << (ids[i] & 63));
 }
 
-/* The common case: every page LEASED, each listed once, in runs of ids sharing a word (a batch
- * that alloc handed out comes in ascending order). A run's ids gather into a mask (eight at a
- * time in the AVX2 build) that one store frees. Returns 0 with every page FREE, or -EINVAL with
- * nothing changed (the general path then decides). */
 /* One id of a release, run by run: an id of another word first frees the run before it
  * (flush_word). Returns false when that is refused or the id is out of range: the caller undoes
  * ids[0 .. *start). */
@@ -329,6 +325,10 @@ static inline bool release_step(struct kvp_pages *p, uint32_t id, uint32_t i, ui
 	return true;
 }
 
+/* The common case: every page LEASED, each listed once, in runs of ids sharing a word (a batch
+ * that alloc handed out comes in ascending order). A run's ids gather into a mask (eight at a
+ * time in the AVX2 build) that one store frees. Returns 0 with every page FREE, or -EINVAL with
+ * nothing changed (the general path then decides). */
 static int release_generic(struct kvp_pages *p, const uint32_t *ids, uint32_t n)
 {
 	uint32_t start = 0, cur;
@@ -367,7 +367,7 @@ struct run {
 };
 
 /* ids[i .. e) one by one (release_step) after r; r.cur == UINT32_MAX when refused. Out of line:
- * the rare chunks of the AVX2 loop that are not one word's ids then the next's. */
+ * the rare chunks of the AVX2 loop that are not one word's ids then the next's, and its tail. */
 static __attribute__((noinline)) struct run release_ids(struct kvp_pages *p, const uint32_t *ids,
 							uint32_t i, uint32_t e, struct run r)
 {
@@ -391,7 +391,6 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 	const uint32_t *q = ids, *qe = ids + (n & ~7u);
 	__m256i alo = zero, ahi = zero, vb;
 	struct run r = { .m = 0, .cur = ids[0] >> 6, .start = 0 };
-	uint32_t i;
 
 	if (ids[0] >= p->total)
 		return -EINVAL;
@@ -442,10 +441,9 @@ static AVX2 int release_avx2(struct kvp_pages *p, const uint32_t *ids, uint32_t 
 		ahi = _mm256_sllv_epi32(one, _mm256_xor_si256(xn, k32));
 	}
 	r.m |= mask_of(alo, ahi);
-	for (i = (uint32_t)(q - ids); i < n; i++)
-		if (!release_step(p, ids[i], i, &r.cur, &r.m, &r.start))
-			goto undo;
-	if (flush_word(p, r.cur, r.m, n - r.start))
+	if (q < ids + n) /* the last ids, fewer than eight */
+		r = release_ids(p, ids, (uint32_t)(q - ids), n, r);
+	if (r.cur != UINT32_MAX && flush_word(p, r.cur, r.m, n - r.start))
 		return 0;
 undo:
 	unfree(p, ids, r.start);

@@ -914,8 +914,8 @@ int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const 
 	e->vlen = n;
 	e->ttl = ttl_s;
 	memcpy(e->data, key, klen);
-	e->crc = kvp_crc32c_copy(e->data + klen, page,
-				 n); /* the copy and its checksum in one pass */
+	/* the copy and its checksum in one pass */
+	e->crc = kvp_crc32c_copy(e->data + klen, page, n);
 	ent_queue(r, e);
 	return 0;
 }

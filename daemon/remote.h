@@ -66,8 +66,8 @@ int kvp_remote_ready(const struct kvp_remote *r);
  * valid only during the call. */
 int kvp_remote_set(struct kvp_remote *r, const void *key, size_t klen, const void *hdr, size_t hlen,
 		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg);
-/* SET of a page value: page[0 .. n) is copied, and the thread puts the value header for fp
- * (remote_value.h: the payload's CRC32C) in front of it. */
+/* SET of a page value: page[0 .. n) is copied and its CRC32C taken in the same pass; the thread
+ * puts the value header for fp (remote_value.h) in front of it. */
 int kvp_remote_put_page(struct kvp_remote *r, const struct kvp_rv_fp *fp, const void *key,
 			size_t klen, const void *page, size_t n, uint32_t ttl_s, kvp_rc_cb *cb,
 			void *arg);

@@ -301,12 +301,13 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 		struct kvp_rt *rt = rp->d->rt;
 		uint64_t now = kvp_rc_now_ms();
 
-		if (now < rt->pause_until_ms && now < rt->probe_at_ms) {
-			rt->spill_dropped++;
-			return PUT_DROPPED;
-		}
-		if (now < rt->pause_until_ms)
+		if (now < rt->pause_until_ms) {
+			if (now < rt->probe_at_ms) {
+				rt->spill_dropped++;
+				return PUT_DROPPED;
+			}
 			rt->probe_at_ms = now + PROBE_MS; /* this one goes: the probe */
+		}
 	}
 	/* Remembered before the submission: a completion that fails, even at once, forgets it. */
 	if (tag && (ws = malloc(sizeof(*ws)))) {
@@ -315,8 +316,8 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 		old = *slot;
 		*slot = (struct rt_seen){ tag, kvp_rc_now_ms() };
 	}
-	/* The page is copied here (it is about to be reused); header and checksum are the I/O
-	 * thread's. */
+	/* The page is copied here (it is about to be reused), its checksum taken in the same pass;
+	 * the header is the I/O thread's. */
 	if (kvp_remote_put_page(r, &rp->fp, key, (size_t)klen, b, rp->p->page_bytes,
 				kvp_remote_conf(r)->ttl_s, ws ? set_done : spill_done,
 				ws ? (void *)ws : (void *)rp->d->rt) < 0) {
