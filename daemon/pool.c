@@ -469,7 +469,7 @@ int kvp_lease_check(const struct kvp_lease *l)
 		uint32_t pg = l->pages[i];
 
 		if (pg >= total || kvp_pages_state(p->pages[l->tier], pg) != KVP_PAGE_LEASED ||
-		    p->lease_of[l->tier][pg] != l->id || p->lease_idx[l->tier][pg] != i)
+		    p->lease_of[l->tier][pg] != l->owner || p->lease_idx[l->tier][pg] != i)
 			return -EFAULT;
 	}
 	return 0;
@@ -547,7 +547,7 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 static void lease_adopt(struct kvp_lease *l, uint32_t from)
 {
 	for (uint32_t i = from; i < l->n; i++) {
-		l->pool->lease_of[l->tier][l->pages[i]] = l->id;
+		l->pool->lease_of[l->tier][l->pages[i]] = l->owner;
 		l->pool->lease_idx[l->tier][l->pages[i]] = i;
 	}
 }
@@ -605,6 +605,7 @@ struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, u
 		return NULL;
 	}
 	l->id = id;
+	l->owner = ++p->next_owner;
 	l->pool = p;
 	l->tier = tier;
 	if (take_pages(p, tier, npages, l->pages, f) < 0) {
@@ -640,6 +641,7 @@ struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,
 		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory"), NULL;
 	}
 	l->id = id;
+	l->owner = ++p->next_owner;
 	l->pool = p;
 	l->tier = tier;
 	if (n)
@@ -676,12 +678,12 @@ static int lease_owns_all(struct kvp_lease *l, const uint32_t *pages, uint32_t n
 	uint32_t i;
 
 	for (i = 0; i < n; i++) {
-		if (pages[i] >= total || owner[pages[i]] != l->id)
+		if (pages[i] >= total || owner[pages[i]] != l->owner)
 			break;
 		owner[pages[i]] = 0;
 	}
 	for (uint32_t j = 0; j < i; j++)
-		owner[pages[j]] = l->id;
+		owner[pages[j]] = l->owner;
 	return i == n ? 0 : -1;
 }
 
@@ -737,6 +739,7 @@ struct kvp_lease *kvp_lease_new_empty(struct kvpd_pool *p, int tier, uint64_t id
 	if (!l)
 		return NULL;
 	l->id = id;
+	l->owner = ++p->next_owner;
 	l->pool = p;
 	l->tier = tier;
 	return l;

@@ -20,7 +20,9 @@ struct kvpd_pool {
 	uint64_t page_bytes;	   /* one page, all layers, K and V */
 	struct kvp_tier_mem mem[KVP_TIER_ID_MAX];
 	struct kvp_pages *pages[KVP_TIER_ID_MAX]; /* NULL: the pool has no such tier */
-	uint64_t *lease_of[KVP_TIER_ID_MAX];	  /* owning lease of each LEASED page, else 0 */
+	/* Owning lease of each LEASED page (the lease's owner tag, never its id: a session picks
+	 * its local lease ids, so two sessions may hold leases of the same id), else 0. */
+	uint64_t *lease_of[KVP_TIER_ID_MAX];
 	uint32_t *lease_idx[KVP_TIER_ID_MAX];	  /* its index in that lease's page array */
 	struct kvp_prefix *pfx;
 	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
@@ -43,12 +45,14 @@ struct kvpd_pool {
 	uint64_t adopt_bytes[KVP_TIER_ID_MAX];
 	bool adopted[KVP_TIER_ID_MAX];
 	struct kvp_snap *snap;
+	uint64_t next_owner; /* the last lease owner tag given out */
 };
 
 struct kvp_snap;
 
 struct kvp_lease {
-	uint64_t id;
+	uint64_t id;	/* as its session names it (unique in that session only) */
+	uint64_t owner; /* unique in the pool for its life: what lease_of holds */
 	struct kvpd_pool *pool;
 	int tier;
 	uint32_t n, cap;

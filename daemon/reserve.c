@@ -611,7 +611,7 @@ int kvp_reserve_check(const struct kvp_reserve *r)
 		for (uint32_t k = t->seen; k != t->tail; k++) {
 			uint32_t pg = t->shadow[k & (r->slots - 1)];
 
-			if (r->pool->lease_of[i][pg] != t->ring->id)
+			if (r->pool->lease_of[i][pg] != t->ring->owner)
 				return -EFAULT;
 		}
 	}

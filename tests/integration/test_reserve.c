@@ -409,6 +409,61 @@ static void test_binds_are_checked(void)
 	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
 }
 
+/* A raw Free of pool p naming lease id and pages[0..n). Returns the status code. */
+static int raw_free(struct kvp_pool *p, uint64_t id, const uint32_t *pages, uint32_t n)
+{
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;
+	Kvpool__FreeReq fr = KVPOOL__FREE_REQ__INIT;
+	Kvpool__Response *resp;
+	struct kvp_error e;
+	int r;
+
+	req.call_case = KVPOOL__REQUEST__CALL_FREE;
+	req.free = &fr;
+	fr.lease_id = id;
+	fr.pages = (uint32_t *)pages;
+	fr.n_pages = n;
+	r = kvp__rpc(kvp__pool_client(p), &req, KVPOOL__RESPONSE__RESULT_FREE, &resp, NULL, NULL, &e);
+	if (r == 0)
+		kvpool__response__free_unpacked(resp, NULL);
+	return -r;
+}
+
+/* Two sessions bind local leases of the same id (a client picks its local ids): each lease's
+ * pages are its own. Another session's Free naming the same id and the first one's pages is
+ * NOT_FOUND, the owner's Free works, and no page is handed out twice (kvpoold once accepted the
+ * foreign Free, gave the pages to the next Alloc and then aborted in the owner's Free). */
+static void test_same_local_id_in_two_sessions(void)
+{
+	struct kvp_error e;
+	struct kvp_client *a = kvp_client_connect(g_d.sock, "first", &e);
+	struct kvp_client *b = kvp_client_connect(g_d.sock, "second", &e);
+	struct kvp_pool *pa = a ? attach_resv(a, "r", RESV) : NULL;
+	struct kvp_pool *pb = b ? attach_resv(b, "r", RESV) : NULL;
+	uint32_t ap[2], bp[2];
+	uint64_t id = LOCAL | 0x4242;
+
+	CU_ASSERT_FATAL(pa && pb);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(pa, KVP_TIER_DEVICE, 2, &(uint64_t){ 0 }, ap, &e), 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(pb, KVP_TIER_DEVICE, 2, &(uint64_t){ 0 }, bp, &e), 0);
+	/* both bind the same local id, each with pages it took from its own reserve */
+	CU_ASSERT_EQUAL(raw_bind(pa, id, ap, 2), KVP_OK);
+	CU_ASSERT_EQUAL(raw_bind(pb, id, bp, 2), KVP_OK);
+	/* the second session names the first one's pages under that id */
+	CU_ASSERT_EQUAL(raw_free(pb, id, ap, 1), KVP_E_NOT_FOUND);
+	CU_ASSERT_EQUAL(raw_free(pb, id, ap + 1, 1), KVP_E_NOT_FOUND);
+	/* each frees its own */
+	CU_ASSERT_EQUAL(raw_free(pa, id, ap, 2), KVP_OK);
+	CU_ASSERT_EQUAL(raw_free(pb, id, bp, 1), KVP_OK);
+	CU_ASSERT_EQUAL(raw_free(pb, id, NULL, 0), KVP_OK);
+	CU_ASSERT_EQUAL(raw_free(pa, id, NULL, 0), KVP_OK);
+	CU_ASSERT_EQUAL(kvp_client_ping(a, &e), 0);
+	kvp_client_close(a);
+	kvp_client_close(b);
+	CU_ASSERT_EQUAL(wait_sessions(1, 5000), 0);
+	CU_ASSERT_EQUAL(leased_tokens("r", NULL), 0);
+}
+
 /* Detach ends the reserve (its pages back); attaching again gets a fresh reserve in the same
  * region, pipelined Attach + Detach + Attach included. */
 static void test_reattach_gets_a_fresh_reserve(void)
@@ -827,6 +882,7 @@ int main(void)
 		H_TEST(test_local_leases_bound_before_calls),
 		H_TEST(test_reattach_gets_a_fresh_reserve),
 		H_TEST(test_binds_are_checked),
+		H_TEST(test_same_local_id_in_two_sessions),
 		H_TEST(test_rings_served_without_calls),
 		H_TEST(test_big_reserve_served_without_calls),
 		H_TEST(test_corrupt_rings_refused_for_that_session),
