@@ -38,18 +38,6 @@ uint32_t kvp_pool_flush(struct kvpd_pool *p)
 	return kvp_prefix_flush(p->pfx) + kvp_keys_flush(p->keys);
 }
 
-int kvp_pool_ns_use(const struct kvpd_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f)
-{
-	bool other = keyed ? kvp_prefix_has_ns(p->pfx, ns) : kvp_keys_has_ns(p->keys, ns);
-
-	if (!other)
-		return 0;
-	return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-			"namespace %lu of pool %s is %s-keyed: %s calls cannot use it",
-			(unsigned long)ns, p->conf.name, keyed ? "token" : "hash",
-			keyed ? "hash-keyed" : "token-keyed");
-}
-
 int kvp_pool_match_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
 			bool lock, struct kvp_keys_match *m, uint32_t *dev, uint32_t *host)
 {

@@ -20,10 +20,6 @@ void kvp_pool_unlock(struct kvpd_pool *p, struct kvp_prefix_node *lock);
  * from the host tier to *promoted. 0, -EINVAL, -ENOSPC, -EBUSY, -ENOMEM or the copy's error. */
 int kvp_pool_load(struct kvpd_pool *p, struct kvp_prefix_node *lock, uint32_t *dev_out,
 		  uint32_t cap, uint32_t *n, uint32_t *promoted);
-/* Namespaces: token-keyed or hash-keyed, fixed while the namespace holds cached pages. Returns 0
- * when ns may be used with that keying (keyed: hash-keyed), else -INVALID_ARGUMENT with f
- * filled. */
-int kvp_pool_ns_use(const struct kvpd_pool *p, uint64_t ns, bool keyed, struct kvp_fail *f);
 /* The longest leading run of keys[0 .. n) cached in hash-keyed namespace ns (see kvp_keys_match;
  * dev[] and host[] have room for n ids); counts a match. With lock and a non-empty run, *lock
  * pins it until kvp_pool_keys_unlock. 0, -EINVAL or -ENOMEM. */

@@ -1,6 +1,7 @@
 /* rpc_keys.c - hash-keyed pages: InsertKeys, MatchKeys, ExistsKeys, through the pool
  * (pool_cache.h, kvp_lease_insert_keys); their locks are booked by session.c like Match's, so
- * Release and Load take them. Also the namespace rule every cache call goes through. */
+ * Release and Load take them. Also the namespace check every cache call goes through (the
+ * session's bindings; pages of both kinds share a namespace). */
 #include "rpc.h"
 
 #include <errno.h>
@@ -12,9 +13,8 @@
 int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,
 		      bool keyed, const char *call, struct kvp_fail *f)
 {
-	int rc = kvp_session_may_use_ns(d, s, p, ns, call, f);
-
-	return rc < 0 ? rc : kvp_pool_ns_use(p, ns, keyed, f);
+	(void)keyed; /* token and hash-keyed pages share every namespace */
+	return kvp_session_may_use_ns(d, s, p, ns, call, f);
 }
 
 int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const ProtobufCBinaryData *k,

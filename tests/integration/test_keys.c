@@ -339,44 +339,50 @@ static void test_keys_a_million_keys_is_limit_exceeded(void)
 	free(k);
 }
 
-static void test_keys_namespace_kinds_do_not_mix(void)
+/* Token and hash-keyed pages share a namespace: each kind matches its own pages only, a locked
+ * page of one kind does not keep the other kind out, and a flush empties both. */
+static void test_keys_namespace_kinds_coexist(void)
 {
-	struct h_eng a;
+	struct h_eng a, b;
 	struct kvp_error err;
 	struct kvp_page_key k[2];
 	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_keys_result mk = { .struct_size = sizeof(mk) };
 	uint32_t tok[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, pages[2], dev[2], host[2];
-	uint64_t lease;
+	uint64_t lease, newt = 0;
 
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
-	/* token-keyed namespace 9 */
+	CU_ASSERT_EQUAL_FATAL(eng_open(&b, "other"), 0);
+	/* token pages in namespace 9, keyed pages in namespace 9 and NS */
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
-	CU_ASSERT_EQUAL(kvp_cache_insert(a.p, lease, 9, tok, 8, 0, pages, 2, NULL, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert(a.p, lease, 9, tok, 8, 0, pages, 2, &newt, &err), 0);
+	CU_ASSERT_EQUAL(newt, 8);
 	keys_of(1, k, 2);
-	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, 9, k, 2, &err), -KVP_E_INVALID_ARGUMENT);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "token-keyed"));
-	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, 9, k, 2, 0,
-					     (struct kvp_match_keys_result[1]){
-						     { .struct_size = sizeof(
-							       struct kvp_match_keys_result) } },
-					     dev, host, 2, &err),
-			-KVP_E_INVALID_ARGUMENT);
-	/* hash-keyed namespace NS */
-	CU_ASSERT_EQUAL(publish(&a, 1, 2, KVP_TIER_DEVICE), 2);
-	CU_ASSERT_EQUAL(kvp_cache_match(a.p, NS, tok, 8, 0, &m, dev, host, 2, &err),
-			-KVP_E_INVALID_ARGUMENT);
-	CU_ASSERT_PTR_NOT_NULL(strstr(err.message, "hash-keyed"));
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, 9, k, 2, &err), 0);
 	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(a.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
-	CU_ASSERT_EQUAL(kvp_cache_insert(a.p, lease, NS, tok, 8, 0, pages, 2, NULL, &err),
-			-KVP_E_INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, 9, k, 2, 0, pages, 2, NULL, &err),
-			-KVP_E_INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_lease_free(a.p, lease, NULL, 0, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert_keys(a.p, lease, 9, k, 2, 0, pages, 2, NULL, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, 9, k, 2, &err), 2);
+	CU_ASSERT_EQUAL(publish(&a, 1, 2, KVP_TIER_DEVICE), 2);
+	/* a locked keyed page in namespace 9 keeps no token call out of it, in another session */
+	CU_ASSERT_EQUAL(kvp_cache_match_keys(a.p, 9, k, 2, 1, &mk, dev, host, 2, &err), 0);
+	CU_ASSERT_EQUAL(mk.matched_keys, 2);
+	CU_ASSERT_EQUAL(kvp_cache_match(b.p, 9, tok, 8, 0, &m, dev, host, 2, &err), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 8);
+	/* each kind matches only its own: no token pages in NS */
+	CU_ASSERT_EQUAL(kvp_cache_match(b.p, NS, tok, 8, 0, &m, dev, host, 2, &err), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(b.p, KVP_TIER_DEVICE, 2, &lease, pages, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_insert(b.p, lease, NS, tok, 8, 0, pages, 2, &newt, &err), 0);
+	CU_ASSERT_EQUAL(newt, 8);
+	CU_ASSERT_EQUAL(kvp_cache_release(a.p, mk.lock_id, &err), 0);
 	kvp_client_close(a.c);
+	kvp_client_close(b.c);
+	/* a flush empties both kinds */
 	flush_all();
-	/* emptied, a namespace may change kind */
 	CU_ASSERT_EQUAL_FATAL(eng_open(&a, "engine"), 0);
 	CU_ASSERT_EQUAL(kvp_cache_exists_keys(a.p, 9, k, 2, &err), 0);
+	CU_ASSERT_EQUAL(kvp_cache_match(a.p, 9, tok, 8, 0, &m, dev, host, 2, &err), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 0);
 	kvp_client_close(a.c);
 }
 
@@ -413,7 +419,7 @@ int main(void)
 		H_TEST(test_keys_bad_keys_are_typed_errors),
 		H_TEST(test_keys_insert_after_matched_keys_evicted),
 		H_TEST(test_keys_a_million_keys_is_limit_exceeded),
-		H_TEST(test_keys_namespace_kinds_do_not_mix),
+		H_TEST(test_keys_namespace_kinds_coexist),
 		H_TEST(test_keys_leasing_every_page_evicts_keyed_pages),
 	};
 

@@ -111,17 +111,19 @@ def test_key_limits_and_types(client, daemon):
     pool.detach()
 
 
-def test_namespace_kind(client):
+def test_namespace_kinds_coexist(client):
     pool = client.attach("c")
     pt = pool.geometry.page_tokens
+    tokens = list(range(1, pt + 1))
     with pool.alloc(1) as lease:
-        pool.insert(lease, list(range(1, pt + 1)), namespace=21)
-    with pytest.raises(kvpool.InvalidArgument):
-        pool.exists_keys([b"k"], namespace=21)
+        pool.insert(lease, tokens, namespace=21)
+    assert pool.exists_keys([b"k"], namespace=21) == 0
     with pool.alloc(1) as lease:
-        pool.insert_keys(lease, [b"k"], namespace=22)
-        with pytest.raises(kvpool.InvalidArgument):
-            pool.match(list(range(1, pt + 1)), namespace=22)
+        pool.insert_keys(lease, [b"k"], namespace=21)
+    # each kind matches its own pages in the shared namespace
+    assert pool.exists_keys([b"k"], namespace=21) == 1
+    assert pool.match(tokens, namespace=21).tokens == pt
+    assert pool.match(tokens, namespace=22).tokens == 0
     pool.detach()
 
 

@@ -88,7 +88,6 @@ static void test_kvp_pool_keys_share_the_books(void)
 {
 	struct kvpd_pool *p = make_pool();
 	struct kvp_tier_counts c;
-	struct kvp_fail f;
 	struct kvp_key k[4];
 	struct kvp_keys_match m;
 	uint32_t dev[4], host[4];
@@ -102,24 +101,22 @@ static void test_kvp_pool_keys_share_the_books(void)
 	CU_ASSERT_EQUAL(c.cached, 7);
 	CU_ASSERT_EQUAL(c.evictable, 7);
 	CU_ASSERT_EQUAL(c.free + c.leased + c.cached, c.total);
-	/* the namespace rule */
-	kvp_fail_init(&f);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, true, &f), -KVP_ERR_INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 2, false, &f), -KVP_ERR_INVALID_ARGUMENT);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, false, &f), 0);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 2, true, &f), 0);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 3, true, &f), 0);
+	/* both kinds in one namespace: token pages of namespace 1 beside keyed pages there */
+	put_keys(p, KVP_TIER_ID_DEVICE, 1, 1, 1);
+	keys_of(1, k, 1);
+	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 1, k, 1, false, &m, dev, host), 0);
+	CU_ASSERT_EQUAL(m.dev_pages, 1);
+	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	/* a lock counts as protected in the pool's figures */
 	keys_of(1, k, 4);
 	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 2, k, 4, true, &m, dev, host), 0);
 	kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 	CU_ASSERT_EQUAL(c.protected_, 4);
-	CU_ASSERT_EQUAL(c.evictable, 3);
+	CU_ASSERT_EQUAL(c.evictable, 4);
 	kvp_pool_keys_unlock(p, m.lock);
 	/* flush empties both caches */
-	CU_ASSERT_EQUAL(kvp_pool_flush(p), 7);
+	CU_ASSERT_EQUAL(kvp_pool_flush(p), 8);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
-	CU_ASSERT_EQUAL(kvp_pool_ns_use(p, 1, true, &f), 0);
 	kvp_pool_destroy(p);
 }
 
