@@ -23,7 +23,7 @@ struct kvpd_pool {
 	/* Owning lease of each LEASED page (the lease's owner tag, never its id: a session picks
 	 * its local lease ids, so two sessions may hold leases of the same id), else 0. */
 	uint64_t *lease_of[KVP_TIER_ID_MAX];
-	uint32_t *lease_idx[KVP_TIER_ID_MAX];	  /* its index in that lease's page array */
+	uint32_t *lease_idx[KVP_TIER_ID_MAX]; /* its index in that lease's page array */
 	struct kvp_prefix *pfx;
 	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
 	struct kvp_pool_stats st;

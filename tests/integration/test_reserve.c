@@ -423,7 +423,8 @@ static int raw_free(struct kvp_pool *p, uint64_t id, const uint32_t *pages, uint
 	fr.lease_id = id;
 	fr.pages = (uint32_t *)pages;
 	fr.n_pages = n;
-	r = kvp__rpc(kvp__pool_client(p), &req, KVPOOL__RESPONSE__RESULT_FREE, &resp, NULL, NULL, &e);
+	r = kvp__rpc(kvp__pool_client(p), &req, KVPOOL__RESPONSE__RESULT_FREE, &resp, NULL, NULL,
+		     &e);
 	if (r == 0)
 		kvpool__response__free_unpacked(resp, NULL);
 	return -r;
