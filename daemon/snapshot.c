@@ -7,9 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +53,12 @@ struct kvp_snap {
 	uint64_t last_ms; /* last checkpoint */
 	uint32_t sig;	  /* the books' figures then */
 	struct kvp_log_limit log_fail; /* a periodic checkpoint that failed */
+	/* A periodic checkpoint being written by a forked copy of kvpoold (0: none): the
+	 * generation it writes, the books' figures it saw, when it was forked. */
+	pid_t writer;
+	uint64_t writer_gen;
+	uint32_t writer_sig;
+	uint64_t writer_t0_us;
 };
 
 /* ---- buffers ---- */
@@ -424,13 +433,16 @@ static uint64_t now_us(void)
 }
 
 static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean);
+static void writer_end(struct kvp_daemon *d, struct kvpd_pool *p, bool wait);
 
 /* A checkpoint of p's books, counted and timed (the loop waits for it). */
 static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
 	uint64_t t0 = now_us();
-	int r = write_pool_body(d, p, clean);
+	int r;
 
+	writer_end(d, p, true); /* a periodic writer still busy is waited for first */
+	r = write_pool_body(d, p, clean);
 	d->st.checkpoints++;
 	d->st.checkpoint_us += now_us() - t0;
 	return r;
@@ -473,17 +485,15 @@ static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bo
 		put32(b, 0);
 }
 
-/* Encodes p's books straight into the memfd's body, in one walk. Before the previous
- * checkpoint is touched the body grows (allocated) to half as much again as its size: failing
- * that, it is left as it is, still valid where this kvpoold wrote it and guarded it since
- * (sn->armed). Only then is it overwritten, the generation marked in progress first: a crash
- * (or a failure: books that grew by more than half since and could not grow further) from
- * there until the end leaves gen_clean != gen_dirty, and the next start discards the books. */
-static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+/* Before a checkpoint overwrites the previous one, the body grows (allocated) to half as much
+ * again as its size: failing that, it is left as it is, still valid where this kvpoold wrote it
+ * and guarded it since (sn->armed). Only then is the generation marked in progress: a crash (or
+ * a failure: books that grew by more than half since and could not grow further) from there
+ * until the end leaves gen_clean != gen_dirty, and the next start discards the books. 0 or
+ * -errno (nothing begun). */
+static int begin(struct kvp_snap *sn)
 {
-	struct kvp_snap *sn = p->snap;
 	struct snap_hdr *h = sn->hdr;
-	struct wbuf b = { .sn = sn };
 	uint64_t last = h->gen_clean == h->gen_dirty ? h->body_bytes : 0;
 	int r;
 
@@ -498,21 +508,126 @@ static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean
 	}
 	__atomic_store_n(&h->gen_dirty, h->gen_dirty + 1, __ATOMIC_SEQ_CST);
 	h->clean_stop = 0;
-	b.p = sn->body;
-	b.cap = sn->body_cap;
+	return 0;
+}
+
+/* Encodes p's books straight into the memfd's body, in one walk, and seals them as generation
+ * gen: gen_clean = gen only then. Where a cached page left the cache since gen was begun, the
+ * guard bumped gen_dirty past it and the books stay in doubt. 0 or -ENOMEM. */
+static int encode_seal(struct kvp_daemon *d, struct kvpd_pool *p, bool clean, uint64_t gen)
+{
+	struct kvp_snap *sn = p->snap;
+	struct snap_hdr *h = sn->hdr;
+	struct wbuf b = { .sn = sn, .p = sn->body, .cap = sn->body_cap };
+
 	encode(&b, d, p, clean);
-	if (b.oom) {
-		sn->armed = false; /* no books now: the next tick writes them again */
+	if (b.oom)
 		return -ENOMEM;
-	}
 	h->body_bytes = b.n;
 	h->body_crc = kvp_crc32c(b.p, b.n);
 	h->written_ms = sn->last_ms;
 	h->clean_stop = clean;
-	__atomic_store_n(&h->gen_clean, h->gen_dirty, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&h->gen_clean, gen, __ATOMIC_SEQ_CST);
+	return 0;
+}
+
+/* A checkpoint written by the loop itself (at a stop, or where no writer can be forked). */
+static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+{
+	struct kvp_snap *sn = p->snap;
+	int r = begin(sn);
+
+	if (r < 0)
+		return r;
+	if (encode_seal(d, p, clean, sn->hdr->gen_dirty) < 0) {
+		sn->armed = false; /* no books now: the next tick writes them again */
+		return -ENOMEM;
+	}
 	sn->armed = true;
 	sn->sig = books_sig(p);
 	return 0;
+}
+
+/*
+ * Periodic checkpoints off the loop (as a copy-on-write snapshot): the loop grows the body and
+ * begins generation G (both cheap), arms the guard for G and forks; the child, a frozen copy of
+ * the books at that instant, encodes them into the shared memfd and seals G, then exits. The
+ * loop serves on meanwhile: a cached page that leaves the cache after the fork bumps gen_dirty
+ * past G (the guard), so the sealed books are trusted only when they still describe the pages.
+ * The loop reaps the writer at its next ticks (writer_end). The child holds no descriptor but
+ * the memfd (sockets of clients would otherwise stay open in it), dies with kvpoold and writes
+ * no log: its exit status says what happened.
+ */
+enum { WRITER_OK = 0, WRITER_NOMEM = 3 };
+
+/* Starts a periodic checkpoint of p: 0 (a writer is forked), 1 (no fork: the loop wrote it), or
+ * a negative errno (nothing begun, or the loop's own write failed). */
+static int fork_writer(struct kvp_daemon *d, struct kvpd_pool *p)
+{
+	struct kvp_snap *sn = p->snap;
+	uint64_t gen;
+	pid_t pid;
+	int r = begin(sn);
+
+	if (r < 0)
+		return r;
+	gen = sn->hdr->gen_dirty;
+	sn->armed = true; /* from now on a page that leaves bumps gen_dirty past gen */
+	pid = fork();
+	if (pid < 0) { /* no writer: the loop writes them */
+		if (encode_seal(d, p, false, gen) < 0) {
+			sn->armed = false;
+			return -ENOMEM;
+		}
+		sn->sig = books_sig(p);
+		return 1;
+	}
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() == 1)
+			_exit(1);
+		if (sn->fd > 3)
+			close_range(3, (unsigned)sn->fd - 1, 0);
+		close_range((unsigned)sn->fd + 1, ~0u, 0);
+		_exit(encode_seal(d, p, false, gen) < 0 ? WRITER_NOMEM : WRITER_OK);
+	}
+	sn->writer = pid;
+	sn->writer_gen = gen;
+	sn->writer_sig = books_sig(p);
+	sn->writer_t0_us = now_us();
+	return 0;
+}
+
+/* Reaps p's writer when it has ended (wait: waits for it). Where it failed, the books are in
+ * doubt until a later tick writes them. */
+static void writer_end(struct kvp_daemon *d, struct kvpd_pool *p, bool wait)
+{
+	struct kvp_snap *sn = p->snap;
+	int status = 0;
+	pid_t r;
+
+	if (!sn || !sn->writer)
+		return;
+	do
+		r = waitpid(sn->writer, &status, wait ? 0 : WNOHANG);
+	while (r < 0 && errno == EINTR);
+	if (r == 0)
+		return;
+	sn->writer = 0;
+	d->st.checkpoint_write_us += now_us() - sn->writer_t0_us;
+	if (r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == WRITER_OK) {
+		/* sealed: trusted while the guard still holds for its generation */
+		if (sn->armed && sn->hdr->gen_dirty == sn->writer_gen)
+			sn->sig = sn->writer_sig;
+		return;
+	}
+	sn->armed = false; /* no books now: the next tick writes them again */
+	kvp_log_limited(&sn->log_fail, kvp_now_ms(), LOG_WARNING,
+			"pool %s: a checkpoint failed (%s): %s", p->conf.name,
+			r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == WRITER_NOMEM
+				? strerror(ENOMEM)
+				: "its writer ended abnormally",
+			"no books for a restart until one succeeds");
 }
 
 void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
@@ -553,15 +668,24 @@ void kvp_snap_tick(struct kvp_daemon *d, uint64_t now_ms)
 		return;
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		struct kvpd_pool *p = d->pools[i];
+		uint64_t t0 = now_us(), took;
+		int r;
 
-		if (!p || !p->snap || now_ms - p->snap->last_ms < d->conf.snapshot_interval_ms)
+		if (!p || !p->snap)
+			continue;
+		writer_end(d, p, false);
+		if (p->snap->writer || now_ms - p->snap->last_ms < d->conf.snapshot_interval_ms)
 			continue;
 		if (p->snap->armed && books_sig(p) == p->snap->sig) {
 			p->snap->last_ms = now_ms;
 			continue;
 		}
-		int r = write_pool(d, p, false);
-
+		r = fork_writer(d, p);
+		if (r == 0)
+			d->st.checkpoint_forks++;
+		took = now_us() - t0;
+		d->st.checkpoints++;
+		d->st.checkpoint_us += took;
 		if (r < 0)
 			kvp_log_limited(&p->snap->log_fail, now_ms ? now_ms : 1, LOG_WARNING,
 					"pool %s: a checkpoint failed (%s): %s", p->conf.name,
@@ -628,6 +752,11 @@ void kvp_snap_free(struct kvp_snap *s)
 {
 	if (!s)
 		return;
+	if (s->writer) { /* its books would be in doubt anyway: the pool goes */
+		kill(s->writer, SIGKILL);
+		while (waitpid(s->writer, NULL, 0) < 0 && errno == EINTR)
+			;
+	}
 	if (s->hdr && s->hdr != MAP_FAILED)
 		munmap(s->hdr, HDR_BYTES);
 	if (s->map)

@@ -18,7 +18,9 @@
  * for memory): when it cannot, the previous checkpoint stays valid if this kvpoold wrote it and
  * its guard still holds, and the next tick tries again. Books that grew by more than half since
  * grow on while they are written; failing that, there are none until a later tick writes
- * them. */
+ * them. Periodic checkpoints are written by a forked copy of kvpoold (snapshot.c: the loop
+ * begins the generation, arms the guard and forks; the copy encodes the books as they were at
+ * the fork and seals that generation), so the loop does not wait for the walk. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

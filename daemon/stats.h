@@ -60,7 +60,11 @@
 	X(checkpoints, "books_checkpoints_total",                                                  \
 	  "Checkpoints of a pool's books written for restarts (periodic and at a stop)")           \
 	X(checkpoint_us, "books_checkpoint_microseconds_total",                                    \
-	  "Microseconds the loop spent writing those checkpoints")
+	  "Microseconds the loop spent on those checkpoints (writing, or forking the writer)")     \
+	X(checkpoint_write_us, "books_checkpoint_write_microseconds_total",                        \
+	  "Microseconds forked writers took to write periodic checkpoints, off the loop")          \
+	X(checkpoint_forks, "books_checkpoint_forks_total",                                        \
+	  "Periodic checkpoints written by a forked writer")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {
