@@ -23,7 +23,7 @@ struct kvp_session {
 	bool admin;
 	bool hello;
 	/* Set when a reload took this session's access away: the loop closes the connection
-	 * (conn_close with evict_reason) and dispatch refuses its calls until then. */
+	 * (kvp_loop_peer_close with evict_reason) and dispatch refuses its calls until then. */
 	bool evicted;
 	char evict_reason[128];
 	char name[64]; /* sanitised at Hello: valid UTF-8, no control characters */
