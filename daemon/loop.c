@@ -40,6 +40,7 @@
 #include "metrics_http.h"
 #include "notify.h"
 #include "reload.h"
+#include "session.h"
 #include "snapshot.h"
 #include "work.h"
 #include "kvp_config.h"

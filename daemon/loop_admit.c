@@ -17,6 +17,7 @@
 #include "log.h"
 #include "loop_cqe.h"
 #include "loop_ring.h"
+#include "session.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77

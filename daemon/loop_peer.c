@@ -11,6 +11,7 @@
 #include "fault.h"
 #include "log.h"
 #include "loop_ring.h"
+#include "session.h"
 
 #define FAIL_FLUSH_MS 1000 /* a connection closed for an error has this long to read why */
 
