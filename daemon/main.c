@@ -20,6 +20,7 @@
 #include "loop.h"
 #include "notify.h"
 #include "reload.h"
+#include "session.h"
 #include "fdstore.h"
 #include "snapshot.h"
 #include "remote_tier.h"

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "reply.h"
 #include "units.h"
+#include "session.h"
 #include "snapshot.h"
 
 int kvp_daemon_check_budget(const struct kvp_conf *c)

@@ -19,6 +19,7 @@
 
 #include "kvp_ring.h"
 #include "names.h"
+#include "session.h"
 
 struct reserve_tier {
 	uint32_t granted; /* 0: this tier has no reserve */

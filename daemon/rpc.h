@@ -5,6 +5,7 @@
 #include "daemon.h"
 #include "kvpool.pb-c.h"
 #include "reply.h"
+#include "session.h"
 
 /* A handler validates everything before it changes anything. Returns 0 with r's result set,
  * a negative Code with f filled (dispatch then drops any partial result), or KVP_DEFERRED

@@ -1,6 +1,6 @@
 /* session.c - sessions: admission by credentials, and everything a session owns returned
  * when it ends, for any reason. */
-#include "daemon.h"
+#include "session.h"
 
 #include <errno.h>
 #include <stdio.h>

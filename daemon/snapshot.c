@@ -20,6 +20,7 @@
 #include "fault.h"
 #include "fdstore.h"
 #include "log.h"
+#include "session.h"
 #include "crc32c.h"
 
 #define SNAP_MAGIC 0x31504e5350564b4bull /* "KVPSNPP1" little-endian */

@@ -10,6 +10,7 @@
 #include "dispatch.h"
 #include "frame.h"
 #include "log.h"
+#include "session.h"
 
 static const char g_conf[] =
 	"[daemon]\nmax_leases_per_session = 64\nmax_locks_per_session = 64\n"

@@ -10,6 +10,7 @@
 #include "dispatch.h"
 #include "fault.h"
 #include "log.h"
+#include "session.h"
 
 /* A daemon with every pool of conf created; NULL when the conf or a pool fails. */
 static inline struct kvp_daemon *fx_daemon(const char *conf)
