@@ -195,8 +195,8 @@ uint64_t kvp_conf_page_bytes(const struct kvp_pool_conf *p);
 /* Bytes of one element of dtype d; 0 for an out-of-range d. */
 uint32_t kvp_dtype_size(enum kvp_conf_dtype d);
 
-/* Copies what a reload may change in a running pool (quotas, access lists, owned namespaces)
- * from src to dst. */
+/* Copies what a reload may change in a running pool (quotas, access lists, owned namespaces,
+ * pressure notices: the pool keys config_keys.c marks KEY_RELOAD) from src to dst. */
 void kvp_pool_conf_copy_access(struct kvp_pool_conf *dst, const struct kvp_pool_conf *src);
 /* The namespace.N entry of ns in p, or NULL when ns is shared. */
 const struct kvp_ns_owner *kvp_pool_conf_ns_owner(const struct kvp_pool_conf *p, uint64_t ns);
