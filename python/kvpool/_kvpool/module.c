@@ -4,8 +4,6 @@
  * default_socket) and PyInit__kvpool, which makes the types of client.c, pool.c, lease.c,
  * match.c and view.c from their specs. module.h says what the files share.
  */
-#include <time.h>
-
 #include "module.h"
 
 /* ---- module globals (one interpreter; created once at import) ---- */
@@ -281,111 +279,7 @@ static PyObject *mod_default_socket(PyObject *mod, PyObject *unused)
 	return PyUnicode_FromString(buf);
 }
 
-/* ---- C API baselines for the Python benchmarks (tests/python/bench_kvpool.py) ---- */
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int c_alloc_free_loop(struct kvp_pool *p, unsigned int n, struct kvp_error *err)
-{
-	int r = 0;
-
-	for (unsigned int i = 0; i < n && r >= 0; i++) {
-		uint64_t lease;
-		uint32_t page;
-
-		r = kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, &page, err);
-		if (r >= 0)
-			r = kvp_lease_free(p, lease, NULL, 0, err);
-	}
-	return r;
-}
-
-static PyObject *mod_c_alloc_free(PyObject *mod, PyObject *args)
-{
-	PoolObject *pool;
-	unsigned int n;
-	struct kvp_pool *p;
-	struct kvp_error err;
-	double t0, t1;
-	int r;
-
-	(void)mod;
-	if (!PyArg_ParseTuple(args, "O!I:_c_alloc_free", (PyTypeObject *)g_pool_type, &pool, &n))
-		return NULL;
-	p = pool_handle(pool);
-	if (!p || !client_enter(pool->client))
-		return NULL;
-	t0 = now_s();
-	KVPY_WAIT(r = c_alloc_free_loop(p, n, &err));
-	t1 = now_s();
-	client_leave(pool->client);
-	if (r < 0)
-		return raise_kvp(&err);
-	return PyFloat_FromDouble(t1 - t0);
-}
-
-static int c_match_loop(struct kvp_pool *p, const struct u32list *tokens, unsigned int n,
-			uint32_t *dev, uint32_t *host, uint32_t cap, struct kvp_error *err)
-{
-	struct kvp_match_result m = { .struct_size = sizeof(m) };
-	int r = 0;
-
-	for (unsigned int i = 0; i < n && r >= 0; i++)
-		r = kvp_cache_match(p, 0, tokens->v, (uint32_t)tokens->n, 0, &m, dev, host, cap,
-				    err);
-	return r;
-}
-
-static PyObject *mod_c_match(PyObject *mod, PyObject *args)
-{
-	PyObject *tokens_o;
-	PoolObject *pool;
-	unsigned int n;
-	struct kvp_pool *p;
-	struct kvp_error err;
-	struct u32list tokens;
-	uint32_t *dev, *host, cap;
-	double t0 = 0, t1 = 0;
-	int r = -1;
-
-	(void)mod;
-	if (!PyArg_ParseTuple(args, "O!OI:_c_match", (PyTypeObject *)g_pool_type, &pool, &tokens_o,
-			      &n))
-		return NULL;
-	p = pool_handle(pool);
-	if (!p || u32list_from(tokens_o, "tokens", &tokens))
-		return NULL;
-	cap = (uint32_t)((uint64_t)tokens.n / pool->g.page_tokens) + 1;
-	dev = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	host = PyMem_Malloc((size_t)cap * sizeof(uint32_t));
-	if (!dev || !host) {
-		PyErr_NoMemory();
-	} else if (client_enter(pool->client)) {
-		t0 = now_s();
-		KVPY_WAIT(r = c_match_loop(p, &tokens, n, dev, host, cap, &err));
-		t1 = now_s();
-		client_leave(pool->client);
-		if (r < 0)
-			raise_kvp(&err);
-	}
-	u32list_done(&tokens);
-	PyMem_Free(dev);
-	PyMem_Free(host);
-	return r < 0 ? NULL : PyFloat_FromDouble(t1 - t0);
-}
-
 static PyMethodDef mod_methods[] = {
-	{ "_c_alloc_free", mod_c_alloc_free, METH_VARARGS,
-	  "_c_alloc_free(pool, n)\n--\n\nBenchmark baseline: n Alloc(1 page) + Free round trips "
-	  "through the C API in one C loop; returns the seconds taken." },
-	{ "_c_match", mod_c_match, METH_VARARGS,
-	  "_c_match(pool, tokens, n)\n--\n\nBenchmark baseline: n unlocked matches of tokens "
-	  "through the C API in one C loop; returns the seconds taken." },
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(socket=None, name='python', pressure_notices=False)\n--\n\nConnects to "
 	  "kvpoold at `socket` (None: $KVPOOL_SOCKET, else the default path) and says Hello as "
