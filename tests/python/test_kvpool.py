@@ -780,18 +780,26 @@ print("ok")
 
 
 def test_c_baselines_of_the_benchmarks(daemon, client):
+    """bench_capi (bench_capi.c, built beside kvpoold) runs the C loops bench_kvpool.py sets
+    against the Python calls, on a session of its own, and leaves nothing leased or locked."""
+    from bench_kvpool import import_capi
+
+    capi = import_capi()
     pool = client.attach("c")
     books = daemon.pool_books("c")["device"]
-    assert kvpool._kvpool._c_alloc_free(pool, 50) > 0
+    assert capi.alloc_free(daemon.sock, "c", 50) > 0
     toks = numpy.arange(31000, 31008, dtype=numpy.uint32)
     with pool.alloc(2) as lease:
         pool.insert(lease, toks)
-    assert kvpool._kvpool._c_match(pool, toks, 20) > 0
+    secs, matched = capi.match(daemon.sock, "c", toks, 20)
+    assert secs > 0 and matched == len(toks)
     after = daemon.pool_books("c")["device"]
     assert after["leased_tokens"] == books["leased_tokens"] == 0
     assert after["protected_tokens"] == 0
     with pytest.raises(TypeError):
-        kvpool._kvpool._c_alloc_free(client, 1)
+        capi.match(daemon.sock, "c", [31000, 31001], 1)
+    with pytest.raises(RuntimeError, match="NO_SUCH_POOL"):
+        capi.alloc_free(daemon.sock, "nosuch", 1)
     client.flush("c")
     pool.detach()
 
