@@ -1,8 +1,8 @@
-/* bench_prefix.c - prefix cache in-process (daemon/prefix.c over daemon/pages.c): insert and
- * match on trees holding 1M and 10M cached tokens, page_tokens 16, shaped like shared-prefix
- * serving: a few hundred system prompts of 512..2048 tokens and conversations (1..4 turns of
- * 64..512 tokens) branching off them. Only a device tier, big enough that nothing is evicted,
- * and a no-op copy callback.
+/* bench_prefix.c - prefix cache in-process (daemon/cache/prefix.c over daemon/alloc/pages.c):
+ * insert and match on trees holding 1M and 10M cached tokens, page_tokens 16, shaped like
+ * shared-prefix serving: a few hundred system prompts of 512..2048 tokens and conversations (1..4
+ * turns of 64..512 tokens) branching off them. Only a device tier, big enough that nothing is
+ * evicted, and a no-op copy callback.
  *
  * Rows, per tree size:
  *   match tokens/s (single thread, lock off, and lock + unlock) against memcmp of the same token

@@ -1,11 +1,11 @@
 /* test_cuda_tier.c - CUnit suite "cuda_tier": device tier memory exported as a POSIX fd
  * (kernels/cuda_drv.c), and the cuda tier backend through its operations table
- * (daemon/tier_cuda.c: create, adopt of the exported fd, copies to and from a memfd host tier).
- * The parent creates a kvp_cuda_mem and writes a pattern; a child process
- * receives the fd over a socketpair with SCM_RIGHTS, imports and maps it, checks the pattern and
- * writes a reply pattern that the parent then checks. The child is this binary re-executed
- * (fork + exec): CUDA cannot be used in a child forked after the parent initialised it, and a
- * real client is a separate program anyway. Exits 77 (skipped) when kvp_cuda_probe finds no GPU.
+ * (daemon/pool/tier_cuda.c: create, adopt of the exported fd, copies to and from a memfd host
+ * tier). The parent creates a kvp_cuda_mem and writes a pattern; a child process receives the fd
+ * over a socketpair with SCM_RIGHTS, imports and maps it, checks the pattern and writes a reply
+ * pattern that the parent then checks. The child is this binary re-executed (fork + exec): CUDA
+ * cannot be used in a child forked after the parent initialised it, and a real client is a separate
+ * program anyway. Exits 77 (skipped) when kvp_cuda_probe finds no GPU.
  */
 #include <CUnit/Basic.h>
 #include <cuda_runtime_api.h>

@@ -425,7 +425,7 @@ static void test_fork_inheritance_parent_exit_frees(void)
 	h_daemon_cleanup(&d);
 }
 
-/* Injected failures (KVPOOLD_FAULTS, daemon/fault.h): no peer gets a pidfd, every 13th reply
+/* Injected failures (KVPOOLD_FAULTS, daemon/base/fault.h): no peer gets a pidfd, every 13th reply
  * buffer and every 17th reply piece cannot be allocated (25 times each, then they can). Each
  * call answers, fails typed (INTERNAL) or finds its connection closed (TRANSPORT), and never
  * anything else; kvpoold keeps serving the next connection, every page comes back, and it

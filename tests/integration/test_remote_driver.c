@@ -1,4 +1,4 @@
-/* test_remote_driver.c - daemon/remote.c against a real 3-master Redis Cluster on loopback
+/* test_remote_driver.c - daemon/remote/remote.c against a real 3-master Redis Cluster on loopback
  * (redis_cluster.sh: KVP_REDIS_PORTS): the owner polls the driver's one fd and nothing else
  * (the I/O thread does the rest);
  * 300 page values are written and read back byte for byte (header and checksum checked on

@@ -1,4 +1,4 @@
-/* test_admit.c - admission rules (daemon/admit.c): the descriptor reserve, pre-Hello and
+/* test_admit.c - admission rules (daemon/loop/admit.c): the descriptor reserve, pre-Hello and
  * per-uid caps, admin slots, the buffer budget, and the repeated-line limiter (log.c). */
 #include <CUnit/Basic.h>
 #include <string.h>

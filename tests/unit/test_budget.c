@@ -1,4 +1,4 @@
-/* test_budget.c - CUnit tests of daemon/budget.c: which host memory limit binds, with a fake
+/* test_budget.c - CUnit tests of daemon/conf/budget.c: which host memory limit binds, with a fake
  * machine behind struct kvp_budget_env, and the wording of the verdict. */
 #include "budget.h"
 

@@ -1,4 +1,4 @@
-/* test_config.c - CUnit tests of daemon/config.c: the INI format, its errors and defaults.
+/* test_config.c - CUnit tests of daemon/conf/config.c: the INI format, its errors and defaults.
  *
  * usage: test_config [PATH-TO-kvpoold.conf.example]; without it the example is looked up as
  * $KVP_SRCDIR/systemd/kvpoold.conf.example, then systemd/kvpoold.conf.example. */

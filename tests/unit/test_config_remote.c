@@ -1,5 +1,5 @@
 /* test_config_remote.c - CUnit tests of the [remote] section and the per-pool remote key of
- * daemon/config.c: defaults, values, normalization of seeds, every refusal and the example.
+ * daemon/conf/config.c: defaults, values, normalization of seeds, every refusal and the example.
  *
  * usage: test_config_remote [PATH-TO-kvpoold.conf.example]; without it the example is looked
  * up as $KVP_SRCDIR/systemd/kvpoold.conf.example, then systemd/kvpoold.conf.example. */

@@ -1,4 +1,4 @@
-/* test_conn.c - CUnit tests of daemon/conn.c: the connection state machine (legal and illegal
+/* test_conn.c - CUnit tests of daemon/loop/conn.c: the connection state machine (legal and illegal
  * moves), holds, the per-turn budget, the output-queue limit, and every deadline with the
  * clock passed in. */
 #include "conn.h"

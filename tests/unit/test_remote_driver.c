@@ -1,5 +1,5 @@
-/* test_remote_driver.c - CUnit tests of daemon/remote.c without a cluster: the I/O thread does
- * the client's work, its completions reach the owner through the one fd, so polling that fd
+/* test_remote_driver.c - CUnit tests of daemon/remote/remote.c without a cluster: the I/O thread
+ * does the client's work, its completions reach the owner through the one fd, so polling that fd
  * alone drives it, and nothing completes outside kvp_remote_on_ready(). */
 #include <CUnit/Basic.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* test_work.c - CUnit tests of daemon/work.c: jobs run on the worker thread, in order; the
+/* test_work.c - CUnit tests of daemon/base/work.c: jobs run on the worker thread, in order; the
  * eventfd becomes readable when they finish; completions run on the caller's thread at reap;
  * stop cancels what never ran. */
 #include "work.h"
