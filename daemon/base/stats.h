@@ -142,6 +142,11 @@ struct kvp_daemon_figures {
 	  "Remote operations failed: too many MOVED/ASK redirects")                                \
 	X(protocol_errors, "remote_protocol_errors_total", "counter",                              \
 	  "Remote operations failed: an unexpected answer")                                        \
+	X(bad_replies, "remote_bad_replies_total", "counter",                                      \
+	  "Replies refused: not what the command answers (type, length, elements, range); the "    \
+	  "node's connection closed")                                                              \
+	X(bad_redirects, "remote_bad_redirects_total", "counter",                                  \
+	  "MOVED/ASK redirects refused: to a node the cluster's slot map does not name")           \
 	X(closed, "remote_closed_total", "counter", "Remote operations ended by shutdown")         \
 	X(moved, "remote_moved_total", "counter", "MOVED redirects followed")                      \
 	X(ask, "remote_ask_total", "counter", "ASK redirects followed")                            \

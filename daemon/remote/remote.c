@@ -143,6 +143,9 @@ struct kvp_remote {
 	struct q_list finished; /* completions of this turn, published at its end */
 	struct vbuf *vfree;	/* the thread\'s spare value buffers */
 	int nvfree;
+	/* The longest value a GET of a page asked for may have (header and page bytes): spare
+	 * buffers larger than that are freed, not kept (a value's size comes from the wire). */
+	uint64_t vkeep;
 	uint64_t set_until;	      /* it looks for SETs every SET_WAKE_MS until then */
 	struct kvp_rc_stats th_stats; /* the last published */
 	int urgent;		      /* one of them is not a SET: the loop is woken now */
@@ -215,6 +218,19 @@ static void efd_drain(int fd)
 
 /* ---- the thread ---- */
 
+/* Keeps vb as a spare (BIG_KEEP of them at most, none larger than a page value) or frees it. */
+static void th_vbuf_keep(struct kvp_remote *r, struct vbuf *vb)
+{
+	if (vb->cap >= BIG_MIN && vb->cap <= ((r->vkeep + 4095) & ~(uint64_t)4095) &&
+	    r->nvfree < BIG_KEEP) {
+		vb->next = r->vfree;
+		r->vfree = vb;
+		r->nvfree++;
+	} else {
+		free(vb);
+	}
+}
+
 /* A buffer for a value of len bytes: a spare one that fits, else a new one. NULL: ENOMEM. */
 static struct vbuf *th_vbuf(struct kvp_remote *r, size_t len)
 {
@@ -227,13 +243,7 @@ static struct vbuf *th_vbuf(struct kvp_remote *r, size_t len)
 			while (vb) {
 				struct vbuf *next = vb->next;
 
-				if (r->nvfree < BIG_KEEP) {
-					vb->next = r->vfree;
-					r->vfree = vb;
-					r->nvfree++;
-				} else {
-					free(vb);
-				}
+				th_vbuf_keep(r, vb);
 				vb = next;
 			}
 		}
@@ -261,13 +271,7 @@ static void *th_buf_get(void *ctx, size_t len)
 
 static void th_vbuf_put(struct kvp_remote *r, struct vbuf *vb)
 {
-	if (vb->cap >= BIG_MIN && r->nvfree < BIG_KEEP) {
-		vb->next = r->vfree;
-		r->vfree = vb;
-		r->nvfree++;
-	} else {
-		free(vb);
-	}
+	th_vbuf_keep(r, vb);
 }
 
 static void th_buf_put(void *ctx, void *buf)
@@ -369,7 +373,15 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 					 : kvp_rc_set)(e->rc, key, e->klen, e->hdr, sizeof(e->hdr),
 						       key + e->klen, e->vlen, e->ttl, th_done, e);
 		break;
-	case Q_GETPAGE: rc = kvp_rc_get(e->rc, key, e->klen, th_done, e); break;
+	case Q_GETPAGE: {
+		/* A value longer than a page's is refused as it is announced, before it is read. */
+		uint64_t max = e->page_bytes ? KVP_RV_HDR_SIZE + e->page_bytes : 0;
+
+		if (max > r->vkeep)
+			r->vkeep = max;
+		rc = kvp_rc_get_max(e->rc, key, e->klen, max, th_done, e);
+		break;
+	}
 	case Q_DEL: rc = kvp_rc_del(e->rc, key, e->klen, th_done, e); break;
 	default: {
 		size_t *lens = malloc(sizeof(*lens) * e->n);
@@ -730,6 +742,8 @@ void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *
 	out->slot_map_timeouts = s.refresh_timeouts;
 	out->connects = s.connects;
 	out->disconnects = s.disconnects;
+	out->bad_replies = s.bad_replies;
+	out->bad_redirects = s.bad_redirects;
 	out->rejected = r->rejected;
 	out->sent_bytes = s.sent_bytes;
 	out->recv_bytes = s.recv_bytes;

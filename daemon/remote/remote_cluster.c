@@ -22,6 +22,7 @@
 #include "remote_cluster.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,12 @@ struct rc_op {
 	uint32_t redirects;
 	uint16_t slot;
 	uint64_t deadline;
+	uint64_t maxlen; /* OP_GET: the longest value taken */
+	/* A redirect to a node the slot map did not name, waiting in the redirect queue for the
+	 * map asked after it (refresh number rseq): followed if that map names it. */
+	char rhost[64];
+	int rport, rask;
+	uint64_t rseq;
 	size_t acct; /* bytes counted in flight (the whole command, value included) */
 	int noval;   /* a SET whose value went straight into hiredis's buffer: not resendable */
 	/* A SET whose value is the caller's (kvp_rc_set_ref): cmd[0, headlen) goes through hiredis,
@@ -112,7 +119,10 @@ struct rc_node {
 	 * while the reader holds a zero-length bulk in its place (see node_read). */
 	void *stash;
 	size_t stash_len, stash_have;
-	int probe; /* the last reply read was stashed: read the next one's length line alone */
+	int probe;  /* the last reply read was stashed: read the next one's length line alone */
+	int mapped; /* a master in the slot map now */
+	int bad;    /* sent a reply that is none (a lie): dropped at once outside its callbacks */
+	uint32_t objs; /* objects made for the reply being read (CLUSTER SLOTS) */
 };
 
 /* Unwritten bytes past which operations wait in `held` (copied) instead of joining the output
@@ -124,6 +134,15 @@ struct rc_node {
 #define READ_CHUNK (128u << 10) /* room made in the reader's buffer for each read */
 #define IO_PER_EVENT (4u << 20) /* bytes read (or written) per event at most: fairness */
 #define IOV_N 64		/* pieces per writev */
+
+/* What a reply may hold besides what its command answers (see item_fits). */
+#define LINE_MAX_BYTES 4096	/* a status, an error, an integer, a length line */
+#define VALUE_MAX (64ull << 20) /* a GET's value by default (max_value 0) */
+#define SLOTS_STR_MAX 256	/* a host, a node id, a metadata string of CLUSTER SLOTS */
+#define SLOTS_RANGE_MAX (2 + KVP_RC_NODES_MAX) /* start, end, master, replicas */
+#define SLOTS_NODE_MAX 8		       /* a node: address, port, id, metadata */
+#define SLOTS_META_MAX 16		       /* a node's metadata: names and values */
+#define SLOTS_OBJS_MAX (1u << 18)	       /* objects one CLUSTER SLOTS reply makes at most */
 
 struct kvp_rc {
 	struct kvp_rc_config cfg;
@@ -144,6 +163,8 @@ struct kvp_rc {
 	uint64_t inflight_bytes;
 	struct rc_reply *cur; /* the GET hit whose callback runs (kvp_rc_take_value) */
 	struct rc_list failq;
+	struct rc_list redirq; /* redirects waiting for a slot map (rc_op.rseq) */
+	uint64_t refresh_seq;  /* CLUSTER SLOTS sent */
 	struct kvp_rc_stats stats;
 };
 
@@ -461,6 +482,108 @@ static void reply_free(void *p)
 	free(o);
 }
 
+static void op_reply(redisAsyncContext *ac, void *r, void *priv);
+static void slots_reply(redisAsyncContext *ac, void *reply, void *priv);
+
+/* What the reply being read may be, by the command it answers: the oldest one hiredis holds a
+ * callback for (none: only an error, which hiredis takes as the connection's). */
+enum rc_shape { SH_NONE, SH_STATUS, SH_INT, SH_GET, SH_SLOTS };
+
+static enum rc_shape node_shape(const struct rc_node *n, uint64_t *maxlen)
+{
+	const redisCallback *cb = n->ac ? n->ac->replies.head : NULL;
+	const struct rc_op *op;
+
+	if (!cb)
+		return SH_NONE;
+	if (cb->fn == slots_reply)
+		return SH_SLOTS;
+	if (cb->fn != op_reply) /* ASKING */
+		return SH_STATUS;
+	op = cb->privdata;
+	switch (op->kind) {
+	case OP_GET: *maxlen = op->maxlen; return SH_GET;
+	case OP_SET: return SH_STATUS;
+	default: return SH_INT; /* EXISTS and DEL of one key: 0 or 1 */
+	}
+}
+
+/* Whether an item of a reply fits what n's command answers: its type, its depth in the reply
+ * (0: the reply itself), its index in its array, and v: a string's bytes, an array's
+ * elements, an integer's value. CLUSTER SLOTS: [[start, end, [address, port, id, [metadata]],
+ * replicas as the master...], ...], start and end slots, the ports 0..65535 (the master's are
+ * checked 1..65535 with the map, slots_parse). */
+static int item_fits(const struct rc_node *n, int type, int depth, int idx, long long v)
+{
+	uint64_t maxlen = 0;
+	enum rc_shape sh = node_shape(n, &maxlen);
+
+	if (depth == 0) {
+		if (type == REDIS_REPLY_ERROR)
+			return v <= LINE_MAX_BYTES;
+		switch (sh) {
+		case SH_NONE: return 0;
+		case SH_STATUS: return type == REDIS_REPLY_STATUS && v <= LINE_MAX_BYTES;
+		case SH_INT: return type == REDIS_REPLY_INTEGER && (v == 0 || v == 1);
+		case SH_GET:
+			return type == REDIS_REPLY_NIL ||
+			       (type == REDIS_REPLY_STRING && v >= 0 && (uint64_t)v <= maxlen);
+		case SH_SLOTS: return type == REDIS_REPLY_ARRAY && v >= 0 && v <= KVP_RC_SLOTS;
+		}
+		return 0;
+	}
+	if (sh != SH_SLOTS || v < 0)
+		return 0;
+	/* depth 1: a range; 2: in a range (start, end, then nodes); 3: in a node; 4: in a node's
+	 * metadata */
+	switch (depth) {
+	case 1: return type == REDIS_REPLY_ARRAY && v <= SLOTS_RANGE_MAX;
+	case 2:
+		if (type == REDIS_REPLY_INTEGER)
+			return idx < 2 && v < KVP_RC_SLOTS;
+		return type == REDIS_REPLY_ARRAY && idx >= 2 && v <= SLOTS_NODE_MAX;
+	case 3:
+		if (type == REDIS_REPLY_INTEGER)
+			return idx == 1 && v <= 65535;
+		if (type == REDIS_REPLY_STRING)
+			return idx != 1 && v <= SLOTS_STR_MAX;
+		return type == REDIS_REPLY_ARRAY && idx >= 3 && v <= SLOTS_META_MAX;
+	case 4: return type == REDIS_REPLY_STRING && v <= SLOTS_STR_MAX;
+	}
+	return 0;
+}
+
+static int task_depth(const redisReadTask *task)
+{
+	int d = 0;
+
+	for (; task->parent; task = task->parent)
+		d++;
+	return d;
+}
+
+/* Whether the reader may make an object for task (item_fits, and a CLUSTER SLOTS reply's
+ * objects bounded); when not, the reply is refused: the reader fails (a NULL object), hiredis
+ * closes the connection and its commands fail with KVP_RC_EPROTOCOL. */
+static int item_take(const redisReadTask *task, int type, long long v)
+{
+	struct rc_node *n = task->privdata;
+	int depth = task_depth(task);
+
+	if (depth == 0)
+		n->objs = 0;
+	if (item_fits(n, type, depth, task->idx, v) && ++n->objs <= SLOTS_OBJS_MAX)
+		return 1;
+	n->rc->stats.bad_replies++;
+	n->drop_st = KVP_RC_EPROTOCOL;
+	return 0;
+}
+
+static long long len_ll(size_t len)
+{
+	return len > (size_t)LLONG_MAX ? LLONG_MAX : (long long)len;
+}
+
 static struct rc_reply *reply_new(const redisReadTask *task, int type)
 {
 	struct rc_reply *o = calloc(1, sizeof(*o));
@@ -479,11 +602,14 @@ static struct rc_reply *reply_new(const redisReadTask *task, int type)
 
 static void *reply_string(const redisReadTask *task, char *str, size_t len)
 {
-	struct rc_reply *o = reply_new(task, task->type);
+	struct rc_reply *o;
 	struct rc_node *n = task->privdata;
 	struct kvp_rc *rc = n->rc;
 	char *b = NULL;
 
+	if (!item_take(task, task->type, len_ll(len)))
+		return NULL;
+	o = reply_new(task, task->type);
 	if (!o)
 		return NULL;
 	if (n->stash && n->stash_have == n->stash_len && task->type == REDIS_REPLY_STRING &&
@@ -513,8 +639,11 @@ static void *reply_string(const redisReadTask *task, char *str, size_t len)
 
 static void *reply_array(const redisReadTask *task, int elements)
 {
-	struct rc_reply *o = reply_new(task, REDIS_REPLY_ARRAY);
+	struct rc_reply *o;
 
+	if (!item_take(task, REDIS_REPLY_ARRAY, elements))
+		return NULL;
+	o = reply_new(task, REDIS_REPLY_ARRAY);
 	if (o && elements > 0 && !(o->r.element = calloc((size_t)elements, sizeof(void *)))) {
 		if (!task->parent)
 			free(o);
@@ -527,8 +656,11 @@ static void *reply_array(const redisReadTask *task, int elements)
 
 static void *reply_integer(const redisReadTask *task, long long v)
 {
-	struct rc_reply *o = reply_new(task, REDIS_REPLY_INTEGER);
+	struct rc_reply *o;
 
+	if (!item_take(task, REDIS_REPLY_INTEGER, v))
+		return NULL;
+	o = reply_new(task, REDIS_REPLY_INTEGER);
 	if (o)
 		o->r.integer = v;
 	return o;
@@ -536,6 +668,8 @@ static void *reply_integer(const redisReadTask *task, long long v)
 
 static void *reply_nil(const redisReadTask *task)
 {
+	if (!item_take(task, REDIS_REPLY_NIL, 0))
+		return NULL;
 	return reply_new(task, REDIS_REPLY_NIL);
 }
 
@@ -565,6 +699,7 @@ static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 	n->out_off = 0;
 	ext_clear(n);
 	n->state = N_CONNECTING;
+	n->bad = 0;
 	n->connect_deadline = rc->now + rc->cfg.connect_timeout_ms;
 	n->drop_st = KVP_RC_ENODE_DOWN;
 	ac->data = n;
@@ -592,18 +727,39 @@ static void node_drop(struct rc_node *n, enum kvp_rc_status st)
 	n->drop_st = KVP_RC_ENODE_DOWN;
 }
 
-/* The node for host:port, created (idle) when new; NULL when the table is full. */
+/* Whether host:port can name a node: 1..63 printable bytes (no space), a port 1..65535. */
+static int addr_ok(const char *host, size_t hlen, long port)
+{
+	if (!hlen || hlen >= sizeof(((struct rc_node *)0)->host) || port <= 0 || port > 65535)
+		return 0;
+	for (size_t i = 0; i < hlen; i++)
+		if (host[i] <= ' ' || host[i] > '~')
+			return 0;
+	return 1;
+}
+
+/* The node for host:port in the table, or NULL. */
+static struct rc_node *node_find(const struct kvp_rc *rc, const char *host, size_t hlen, int port)
+{
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[i];
+
+		if (n->port == port && strlen(n->host) == hlen && !memcmp(n->host, host, hlen))
+			return n;
+	}
+	return NULL;
+}
+
+/* The node for host:port, created (idle) when new; NULL for a bad address or when the table is
+ * full. Only the seeds and CLUSTER SLOTS add nodes (slots_reply prunes the others first). */
 static struct rc_node *node_get(struct kvp_rc *rc, const char *host, size_t hlen, int port)
 {
 	struct rc_node *n;
 
-	if (!hlen || hlen >= sizeof(n->host) || port <= 0 || port > 65535)
+	if (!addr_ok(host, hlen, port))
 		return NULL;
-	for (int i = 0; i < rc->nnodes; i++) {
-		n = rc->nodes[i];
-		if (n->port == port && strlen(n->host) == hlen && !memcmp(n->host, host, hlen))
-			return n;
-	}
+	if ((n = node_find(rc, host, hlen, port)))
+		return n;
 	if (rc->nnodes == KVP_RC_NODES_MAX || !(n = calloc(1, sizeof(*n))))
 		return NULL;
 	n->rc = rc;
@@ -622,8 +778,6 @@ static int node_index(const struct kvp_rc *rc, const struct rc_node *n)
 			return i;
 	return -1;
 }
-
-static void op_reply(redisAsyncContext *ac, void *r, void *priv);
 
 /* Appends op's command to n's output stream (hiredis books its reply). -1 when hiredis refused
  * it (nothing appended). */
@@ -703,34 +857,55 @@ static void node_pump(struct kvp_rc *rc, struct rc_node *n)
 	}
 }
 
-/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": returns the target node or NULL. */
-static struct rc_node *parse_redirect(struct kvp_rc *rc, const char *s, unsigned *slot)
+/* "MOVED 3999 127.0.0.1:6381" / "ASK ...": the slot and the target's address into op's rhost
+ * and rport. -1 for anything else (a slot out of range or not op's, a bad address). */
+static int parse_redirect(struct rc_op *op, const char *s)
 {
 	const char *sp = strchr(s, ' '), *addr, *colon;
 	char *end;
 	unsigned long sl;
 	long port;
 
-	if (!sp)
-		return NULL;
+	if (!sp || sp[1] < '0' || sp[1] > '9')
+		return -1;
+	errno = 0;
 	sl = strtoul(sp + 1, &end, 10);
-	if (*end != ' ' || sl >= KVP_RC_SLOTS)
-		return NULL;
+	if (errno || *end != ' ' || sl != op->slot)
+		return -1;
 	addr = end + 1;
 	colon = strrchr(addr, ':');
-	if (!colon)
-		return NULL;
+	if (!colon || colon[1] < '0' || colon[1] > '9')
+		return -1;
 	port = strtol(colon + 1, &end, 10);
-	if (*end)
-		return NULL;
-	*slot = (unsigned)sl;
-	return node_get(rc, addr, (size_t)(colon - addr), (int)port);
+	if (*end || !addr_ok(addr, (size_t)(colon - addr), port))
+		return -1;
+	memcpy(op->rhost, addr, (size_t)(colon - addr));
+	op->rhost[colon - addr] = '\0';
+	op->rport = (int)port;
+	return 0;
 }
 
-static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, int ask)
+/* Sends op on to to, a master of the slot map (ASKING first for an ASK). */
+static void redirect_follow(struct kvp_rc *rc, struct rc_op *op, struct rc_node *to, int ask)
+{
+	if (ask) {
+		rc->stats.ask++;
+	} else {
+		rc->stats.moved++;
+		rc->slots[op->slot] = (int8_t)node_index(rc, to);
+		rc->refresh_wanted = 1;
+	}
+	op_send(rc, op, to, ask);
+}
+
+/* A MOVED or ASK from n. To a master of the map it is followed at once; to another address op
+ * waits for the map asked after now, which follows it if it names that address (a slot moved
+ * to a node the map did not have yet), or refuses it (redirect_settle): an address out of a
+ * reply is never added to the node table, which only the seeds and CLUSTER SLOTS fill. */
+static void op_redirect(struct kvp_rc *rc, struct rc_node *n, struct rc_op *op, const char *err,
+			int ask)
 {
 	struct rc_node *to;
-	unsigned slot;
 
 	/* A SET sent without a copy of its value (kvp_rc_set's straight into the output buffer)
 	 * cannot follow a redirect (the slot moved: a spill lost, counted as a redirect failure);
@@ -739,19 +914,45 @@ static void op_redirect(struct kvp_rc *rc, struct rc_op *op, const char *err, in
 		op_finish(op, KVP_RC_EREDIRECTS, NULL, 0);
 		return;
 	}
-	to = parse_redirect(rc, err, &slot);
-	if (!to) {
+	if (parse_redirect(op, err) < 0) { /* a lie: the node is dropped */
+		rc->stats.bad_replies++;
+		n->bad = 1;
 		op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
 		return;
 	}
-	if (ask) {
-		rc->stats.ask++;
-	} else {
-		rc->stats.moved++;
-		rc->slots[slot] = (int8_t)node_index(rc, to);
-		rc->refresh_wanted = 1;
+	to = node_find(rc, op->rhost, strlen(op->rhost), op->rport);
+	if (to && to->mapped) {
+		redirect_follow(rc, op, to, ask);
+		return;
 	}
-	op_send(rc, op, to, ask);
+	op->rask = ask;
+	op->rseq = rc->refresh_seq + 1;
+	op->deadline = rc->now + rc->cfg.op_timeout_ms;
+	list_add(&rc->redirq, op);
+	rc->refresh_wanted = 1;
+}
+
+/* After a slot map loaded: the redirects that waited for it are followed when it names their
+ * target as a master, refused (KVP_RC_EREDIRECTS, bad_redirects) when not. */
+static void redirect_settle(struct kvp_rc *rc)
+{
+	struct rc_op *op, *next;
+
+	for (op = rc->redirq.head; op; op = next) {
+		struct rc_node *to;
+
+		next = op->next;
+		if (op->rseq > rc->refresh_seq)
+			continue;
+		list_del(&rc->redirq, op);
+		to = node_find(rc, op->rhost, strlen(op->rhost), op->rport);
+		if (to && to->mapped) {
+			redirect_follow(rc, op, to, op->rask);
+		} else {
+			rc->stats.bad_redirects++;
+			op_fail_later(rc, op, KVP_RC_EREDIRECTS);
+		}
+	}
 }
 
 static void op_reply(redisAsyncContext *ac, void *reply, void *priv)
@@ -770,9 +971,9 @@ static void op_reply(redisAsyncContext *ac, void *reply, void *priv)
 	}
 	if (r->type == REDIS_REPLY_ERROR) {
 		if (!strncmp(r->str, "MOVED ", 6))
-			op_redirect(rc, op, r->str, 0);
+			op_redirect(rc, n, op, r->str, 0);
 		else if (!strncmp(r->str, "ASK ", 4))
-			op_redirect(rc, op, r->str, 1);
+			op_redirect(rc, n, op, r->str, 1);
 		else if (!strncmp(r->str, "CLUSTERDOWN", 11))
 			op_finish(op, KVP_RC_ENO_MASTER, NULL, 0);
 		else
@@ -808,58 +1009,152 @@ static void op_reply(redisAsyncContext *ac, void *reply, void *priv)
 	}
 }
 
-/* CLUSTER SLOTS: [[start, end, [host, port, id, ...], replicas...], ...] */
+/* Whether a CLUSTER SLOTS reply is one, whole: an array of ranges [start, end, master,
+ * replicas...], 0 <= start <= end < 16384, the master [address, port, ...] with a port
+ * 1..65535 (the reader checked the rest of its shape and bounds as it read it, item_fits). */
+static int slots_valid(const redisReply *r)
+{
+	if (r->type != REDIS_REPLY_ARRAY || r->elements > KVP_RC_SLOTS)
+		return 0;
+	for (size_t i = 0; i < r->elements; i++) {
+		const redisReply *e = r->element[i], *m;
+
+		if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+		    e->elements > SLOTS_RANGE_MAX || e->element[0]->type != REDIS_REPLY_INTEGER ||
+		    e->element[1]->type != REDIS_REPLY_INTEGER)
+			return 0;
+		if (e->element[0]->integer < 0 || e->element[0]->integer > e->element[1]->integer ||
+		    e->element[1]->integer >= KVP_RC_SLOTS)
+			return 0;
+		m = e->element[2];
+		if (m->type != REDIS_REPLY_ARRAY || m->elements < 2 ||
+		    m->element[0]->type != REDIS_REPLY_STRING ||
+		    m->element[1]->type != REDIS_REPLY_INTEGER || m->element[1]->integer < 1 ||
+		    m->element[1]->integer > 65535)
+			return 0;
+	}
+	return 1;
+}
+
+/* A range's master address (the node asked when the reply leaves it empty: it does not know
+ * its own). */
+static void slots_master(const redisReply *e, const struct rc_node *asked, const char **host,
+			 size_t *hlen, int *port)
+{
+	const redisReply *m = e->element[2];
+
+	*host = m->element[0]->str;
+	*hlen = m->element[0]->len;
+	if (!*hlen) {
+		*host = asked->host;
+		*hlen = strlen(asked->host);
+	}
+	*port = (int)m->element[1]->integer;
+}
+
+/* Forgets the nodes the map in r does not name as masters, but the seeds, the node asked
+ * (inside whose callback this runs) and those with operations on them (pruned at a later
+ * map): the table holds the seeds and the masters of the last map. */
+static void slots_prune(struct kvp_rc *rc, const redisReply *r, const struct rc_node *asked)
+{
+	int k = 0;
+
+	for (int i = 0; i < rc->nnodes; i++) {
+		struct rc_node *n = rc->nodes[i];
+		int named = n->seed || n == asked || n->fifo.head || n->held.head;
+
+		for (size_t j = 0; j < r->elements && !named; j++) {
+			const char *host;
+			size_t hlen;
+			int port;
+
+			slots_master(r->element[j], asked, &host, &hlen, &port);
+			named = port == n->port && hlen == strlen(n->host) &&
+				!memcmp(host, n->host, hlen);
+		}
+		if (named) {
+			rc->nodes[k++] = n;
+			continue;
+		}
+		node_drop(n, KVP_RC_ENODE_DOWN); /* nothing on it: no callback runs */
+		free(n->ext);
+		free(n);
+	}
+	rc->nnodes = k;
+}
+
+/* CLUSTER SLOTS: [[start, end, [host, port, id, ...], replicas...], ...]. A reply that is not
+ * one (slots_valid) is refused whole: counted, the node dropped, the map asked of another. */
 static void slots_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
 	struct kvp_rc *rc = priv;
 	struct rc_node *asked = ac->data;
 	redisReply *r = reply;
 	int8_t map[KVP_RC_SLOTS];
+	struct {
+		char host[64];
+		int port;
+	} old[KVP_RC_NODES_MAX];
+	int changed = !rc->loaded, full = 0;
 
 	rc->refresh_inflight = 0;
 	rc->refresh_node = NULL;
-	if (!r || r->type != REDIS_REPLY_ARRAY) {
-		rc->refresh_wanted = 1; /* tried again on another node */
+	/* No reply (the node dropped), or an error (a node loading, one not in a cluster): the map
+	 * is asked of another node. */
+	if (!r || r->type == REDIS_REPLY_ERROR) {
+		rc->refresh_wanted = 1;
 		return;
 	}
+	if (!slots_valid(r)) {
+		rc->stats.bad_replies++;
+		asked->bad = 1;
+		rc->refresh_wanted = 1;
+		return;
+	}
+	for (int i = 0; i < rc->nnodes; i++) { /* the map before, by address: indices move */
+		memcpy(old[i].host, rc->nodes[i]->host, sizeof(old[i].host));
+		old[i].port = rc->nodes[i]->port;
+	}
+	slots_prune(rc, r, asked);
+	for (int i = 0; i < rc->nnodes; i++)
+		rc->nodes[i]->mapped = 0;
 	memset(map, -1, sizeof(map));
 	for (size_t i = 0; i < r->elements; i++) {
-		redisReply *e = r->element[i], *m;
+		redisReply *e = r->element[i];
 		struct rc_node *n;
 		const char *host;
 		size_t hlen;
+		int port;
 
-		if (e->type != REDIS_REPLY_ARRAY || e->elements < 3)
+		slots_master(e, asked, &host, &hlen, &port);
+		n = node_get(rc, host, hlen, port);
+		if (!n) {
+			full |= addr_ok(host, hlen, port);
 			continue;
-		m = e->element[2];
-		if (e->element[0]->type != REDIS_REPLY_INTEGER ||
-		    e->element[1]->type != REDIS_REPLY_INTEGER || m->type != REDIS_REPLY_ARRAY ||
-		    m->elements < 2 || m->element[0]->type != REDIS_REPLY_STRING ||
-		    m->element[1]->type != REDIS_REPLY_INTEGER)
-			continue;
-		host = m->element[0]->str;
-		hlen = m->element[0]->len;
-		if (!hlen) { /* the node asked does not know its address */
-			host = asked->host;
-			hlen = strlen(host);
 		}
-		n = node_get(rc, host, hlen, (int)m->element[1]->integer);
-		if (!n)
-			continue;
-		for (long long s = e->element[0]->integer;
-		     s <= e->element[1]->integer && s < KVP_RC_SLOTS; s++)
-			if (s >= 0)
-				map[s] = (int8_t)node_index(rc, n);
+		n->mapped = 1;
+		for (long long s = e->element[0]->integer; s <= e->element[1]->integer; s++)
+			map[s] = (int8_t)node_index(rc, n);
 		if (n->state == N_IDLE)
 			node_connect(rc, n);
 	}
-	if (!rc->loaded || memcmp(rc->slots, map, sizeof(map)))
+	for (int s = 0; s < KVP_RC_SLOTS && !changed; s++) {
+		const struct rc_node *n = map[s] >= 0 ? rc->nodes[map[s]] : NULL;
+		int o = rc->slots[s];
+
+		changed = (o < 0) != !n ||
+			  (n && (old[o].port != n->port || strcmp(old[o].host, n->host)));
+	}
+	if (changed)
 		rc->stats.map_changes++;
 	memcpy(rc->slots, map, sizeof(map));
 	rc->loaded = 1;
-	rc->refresh_wanted = 0;
+	rc->refresh_wanted = full; /* a node the table had no room for: after the next pruning */
 	rc->refresh_at = rc->now + rc->cfg.refresh_ms;
 	rc->stats.refreshes++;
+	redirect_settle(rc);
+	if (rc->redirq.head) /* waiting for a map asked after this one */
+		rc->refresh_wanted = 1;
 }
 
 static struct rc_node *any_up(struct kvp_rc *rc)
@@ -895,6 +1190,7 @@ static void maybe_refresh(struct kvp_rc *rc)
 		return;
 	if (redisAsyncCommand(n->ac, slots_reply, rc, "CLUSTER SLOTS") != REDIS_OK)
 		return;
+	rc->refresh_seq++;
 	rc->refresh_inflight = 1;
 	rc->refresh_node = n;
 	rc->refresh_deadline = rc->now + rc->cfg.op_timeout_ms;
@@ -922,6 +1218,7 @@ struct kvp_rc *kvp_rc_new(const struct kvp_rc_config *cfg)
 	DEF(max_redirects, 5);
 	DEF(max_inflight_cmds, 4096);
 	DEF(max_inflight_bytes, 256ull << 20);
+	DEF(max_value, VALUE_MAX);
 #undef DEF
 	memset(rc->slots, -1, sizeof(rc->slots));
 	rc->now = kvp_rc_now_ms();
@@ -959,6 +1256,12 @@ void kvp_rc_free(struct kvp_rc *rc)
 	for (int i = 0; i < rc->nnodes; i++) {
 		rc->nodes[i]->state = N_IDLE; /* no backoff bookkeeping on the way out */
 		node_drop(rc->nodes[i], KVP_RC_ECLOSED);
+	}
+	while (rc->redirq.head) {
+		struct rc_op *op = rc->redirq.head;
+
+		list_del(&rc->redirq, op);
+		op_fail_later(rc, op, KVP_RC_ECLOSED);
 	}
 	drain_failq(rc);
 	for (int i = 0; i < rc->nnodes; i++) {
@@ -1108,7 +1411,7 @@ static int set_direct(struct kvp_rc *rc, const void *key, size_t klen, const voi
 
 static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, size_t klen,
 		      const void *hdr, size_t hlen, const void *val, size_t vlen, uint32_t ttl,
-		      kvp_rc_cb *cb, void *arg)
+		      uint64_t maxlen, kvp_rc_cb *cb, void *arg)
 {
 	struct rc_op *op;
 
@@ -1124,6 +1427,7 @@ static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, siz
 		return -ENOMEM;
 	op->cb = cb;
 	op->arg = arg;
+	op->maxlen = maxlen;
 	if (kind == OP_SET)
 		rc->stats.sent_bytes += hlen + vlen;
 	op_submit(rc, op);
@@ -1133,7 +1437,7 @@ static int submit_one(struct kvp_rc *rc, enum rc_kind kind, const void *key, siz
 int kvp_rc_set(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
 	       const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg)
 {
-	return submit_one(rc, OP_SET, key, klen, hdr, hlen, val, vlen, ttl_s, cb, arg);
+	return submit_one(rc, OP_SET, key, klen, hdr, hlen, val, vlen, ttl_s, 0, cb, arg);
 }
 
 /* The command's head (up to the value's length line, then hdr) and its tail ("\r\n", EX) in
@@ -1199,12 +1503,19 @@ void *kvp_rc_take_value(struct kvp_rc *rc)
 
 int kvp_rc_get(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
 {
-	return submit_one(rc, OP_GET, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+	return kvp_rc_get_max(rc, key, klen, 0, cb, arg);
+}
+
+int kvp_rc_get_max(struct kvp_rc *rc, const void *key, size_t klen, uint64_t max_len, kvp_rc_cb *cb,
+		   void *arg)
+{
+	return submit_one(rc, OP_GET, key, klen, NULL, 0, NULL, 0, 0,
+			  max_len ? max_len : rc->cfg.max_value, cb, arg);
 }
 
 int kvp_rc_del(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg)
 {
-	return submit_one(rc, OP_DEL, key, klen, NULL, 0, NULL, 0, 0, cb, arg);
+	return submit_one(rc, OP_DEL, key, klen, NULL, 0, NULL, 0, 0, 0, cb, arg);
 }
 
 int kvp_rc_exists_many(struct kvp_rc *rc, size_t n, const void *const *keys, const size_t *klens,
@@ -1306,6 +1617,45 @@ static int bulk_at(const redisReader *r, size_t *len, size_t *digits, size_t *at
 	return 1;
 }
 
+/* Whether what the reader holds unparsed, the start of one reply item that more bytes would
+ * complete, may grow: a bulk reply no longer than its command answers (item_fits), anything
+ * else (a line, a length line) no longer than LINE_MAX_BYTES. Checked before each read, so a
+ * node never makes the buffer grow past what the command answers. */
+static int pending_fits(const struct rc_node *n)
+{
+	const redisReader *r = n->ac->c.reader;
+	size_t blen, digits, at;
+	int top;
+
+	if (bulk_at(r, &blen, &digits, &at, &top))
+		return item_fits(n, REDIS_REPLY_STRING, r->ridx > 0 ? r->ridx : 0,
+				 r->ridx > 0 ? r->rstack[r->ridx].idx : 0, len_ll(blen));
+	return r->len - r->pos <= LINE_MAX_BYTES;
+}
+
+/* Runs the callbacks of the replies the reader completes. A reply the reader refuses (hiredis's
+ * own checks, or item_take's) frees the context in there: the commands fail with
+ * KVP_RC_EPROTOCOL and the refusal is counted once. */
+static void node_process(struct rc_node *n)
+{
+	struct kvp_rc *rc = n->rc;
+	uint64_t bad = rc->stats.bad_replies;
+
+	n->drop_st = KVP_RC_EPROTOCOL;
+	redisProcessCallbacks(n->ac);
+	if (n->ac)
+		n->drop_st = KVP_RC_ENODE_DOWN;
+	else if (rc->stats.bad_replies == bad)
+		rc->stats.bad_replies++;
+}
+
+/* A reply refused before it was read whole: the connection closed, its commands failed. */
+static void node_refuse(struct rc_node *n)
+{
+	n->rc->stats.bad_replies++;
+	node_drop(n, KVP_RC_EPROTOCOL);
+}
+
 /* Reads until the socket is empty (or IO_PER_EVENT), straight into the reply reader's buffer,
  * running the callbacks of the replies completed after each read. A bulk reply in progress is
  * read to its end and no further (nothing is left for the reader to move to its front after
@@ -1338,6 +1688,10 @@ static void node_read(struct rc_node *n)
 			n->stash_have += (size_t)got;
 			total += (size_t)got;
 			continue;
+		}
+		if (!pending_fits(n)) {
+			node_refuse(n);
+			return;
 		}
 		if (bulk_at(r, &blen, &digits, &at, &top) && r->len - at < blen + 2) {
 			size_t have = r->len - at;
@@ -1382,7 +1736,7 @@ static void node_read(struct rc_node *n)
 		sdsIncrLen(b, (int)got);
 		r->len = sdslen(b);
 		total += (size_t)got;
-		redisProcessCallbacks(n->ac); /* may free the context (a protocol error) */
+		node_process(n);
 	}
 	/* Not while a stash fills (the event limit): hiredis would read its bytes. */
 	if (n->ac && !(total >= IO_PER_EVENT && n->stash && n->stash_have < n->stash_len))
@@ -1486,6 +1840,16 @@ static void node_write(struct rc_node *n)
 	ev_set(n, out_pending(n) ? POLLOUT : 0, out_pending(n) ? 0 : POLLOUT);
 }
 
+/* Drops the nodes that sent a reply that is none (a lie found in a callback of theirs). */
+static void drop_bad(struct kvp_rc *rc)
+{
+	for (int i = 0; i < rc->nnodes; i++)
+		if (rc->nodes[i]->bad) {
+			rc->nodes[i]->bad = 0;
+			node_drop(rc->nodes[i], KVP_RC_EPROTOCOL);
+		}
+}
+
 void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
 {
 	rc->now = kvp_rc_now_ms();
@@ -1503,6 +1867,7 @@ void kvp_rc_on_ready(struct kvp_rc *rc, int fd, short revents)
 			ev_set(n, POLLOUT, 0); /* what the pump added */
 		break;
 	}
+	drop_bad(rc);
 	maybe_refresh(rc);
 	drain_failq(rc);
 }
@@ -1528,7 +1893,7 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 
 		if (n->state == N_UP)
 			up = 1;
-		if (n->broken)
+		if (n->broken || n->bad)
 			return 0;
 		if (n->state == N_CONNECTING)
 			at_min(&best, n->connect_deadline, now);
@@ -1539,6 +1904,8 @@ int kvp_rc_next_timeout_ms(const struct kvp_rc *rc)
 	}
 	if (up && refresh_due(rc, &at))
 		at_min(&best, at, now);
+	if (rc->redirq.head)
+		at_min(&best, rc->redirq.head->deadline, now);
 	if (rc->refresh_inflight)
 		at_min(&best, rc->refresh_deadline, now);
 	return best > 1000000 ? 1000000 : (int)best;
@@ -1555,6 +1922,14 @@ void kvp_rc_tick(struct kvp_rc *rc, uint64_t now_ms)
 		rc->refresh_inflight = 0;
 		rc->refresh_node = NULL;
 		rc->refresh_wanted = 1;
+	}
+	drop_bad(rc);
+	/* Redirects whose map did not come in time (all waited op_timeout_ms: oldest first). */
+	while (rc->redirq.head && now_ms >= rc->redirq.head->deadline) {
+		struct rc_op *op = rc->redirq.head;
+
+		list_del(&rc->redirq, op);
+		op_fail_later(rc, op, KVP_RC_ETIMEOUT);
 	}
 	for (int i = 0; i < rc->nnodes; i++) {
 		struct rc_node *n = rc->nodes[i];

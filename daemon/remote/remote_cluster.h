@@ -2,6 +2,14 @@
  * {hash tags}), the slot map from CLUSTER SLOTS, MOVED and ASK redirects, reconnects with
  * backoff, per-node timeouts, bounded in-flight commands and bytes.
  *
+ * A node is not trusted: each reply is checked as it is read against what its command can
+ * answer (its type, a string's length, an array's elements and depth, an integer's range,
+ * CLUSTER SLOTS's shape); one that does not fit closes that node's connection, its commands
+ * fail with KVP_RC_EPROTOCOL and it is counted (bad_replies). A MOVED or ASK is followed only
+ * to a master of the slot map; to another address the map is asked for again first, and the
+ * operation fails with KVP_RC_EREDIRECTS (counted in bad_redirects) when the new map does not
+ * name it either. The node table holds the seeds and the masters of the last map, no more.
+ *
  * Nothing here blocks and nothing owns a thread or an event loop. The owner drives it:
  *   n = kvp_rc_fds(rc, pfds, max);       fds to watch and their events (POLLIN / POLLOUT)
  *   kvp_rc_on_ready(rc, fd, revents);     when one of them is ready
@@ -31,6 +39,7 @@ struct kvp_rc_config {
 	uint32_t max_redirects;	 /* per operation; 0: 5 */
 	uint32_t max_inflight_cmds;  /* operations submitted and not completed; 0: 4096 */
 	uint64_t max_inflight_bytes; /* their key and value bytes; 0: 256 MiB */
+	uint64_t max_value; /* the longest value kvp_rc_get takes; 0: 64 MiB (kvp_rc_get_max) */
 	/* Optional: where a GET's value of at least KVP_RC_BUF_MIN bytes is read to (len bytes;
 	 * NULL: malloc'd here), and how such a buffer goes back. The GET's callback may keep it
 	 * (kvp_rc_take_value) instead of copying the value. Called on the client's thread. */
@@ -63,6 +72,8 @@ struct kvp_rc_stats {
 	uint64_t connects, disconnects;	    /* node connections made / lost (or dropped) */
 	uint64_t rejected;		    /* submissions refused for the in-flight bounds */
 	uint64_t sent_bytes, recv_bytes;    /* value bytes of SET / of GET hits */
+	uint64_t bad_replies;		    /* replies refused (the node's connection closed) */
+	uint64_t bad_redirects;		    /* MOVED / ASK to a node the slot map does not name */
 };
 
 struct kvp_rc;
@@ -98,6 +109,11 @@ int kvp_rc_set(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr,
 int kvp_rc_set_ref(struct kvp_rc *rc, const void *key, size_t klen, const void *hdr, size_t hlen,
 		   const void *val, size_t vlen, uint32_t ttl_s, kvp_rc_cb *cb, void *arg);
 int kvp_rc_get(struct kvp_rc *rc, const void *key, size_t klen, kvp_rc_cb *cb, void *arg);
+/* The same, for a value of at most max_len bytes (0: the config's max_value): a longer one is
+ * refused as it is announced, before it is read (KVP_RC_EPROTOCOL, the connection closed and
+ * the refusal counted in bad_replies). */
+int kvp_rc_get_max(struct kvp_rc *rc, const void *key, size_t klen, uint64_t max_len, kvp_rc_cb *cb,
+		   void *arg);
 /* Inside a GET hit's callback: the value's buffer, now the caller's (to give back through the
  * config's buf_put), when it is one of buf_get's; NULL otherwise (the value stays valid only
  * during the call). */
