@@ -1,13 +1,22 @@
-/* kvp_internal.h - libkvpool internals shared with the tests (linked statically): the raw call
- * path that hands back the decoded Response. Not installed; kvpoolctl and kvpool-loadgen use
- * only kvpool.h. */
+/* kvp_internal.h - libkvpool internals shared by its files (libkvpool_*.c) and with the tests
+ * (linked statically): the library's objects, the raw call path that hands back the decoded
+ * Response. Not installed; kvpoolctl and kvpool-loadgen use only kvpool.h. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/un.h>
 
 #include "frame.h"
+#include "kv_copy.h"
+#include "kvp_config.h"
 #include "kvpool.h"
 #include "kvpool.pb-c.h"
+#if KVP_HAVE_CUDA
+#include "cuda_drv.h"
+#endif
 
 #define KVP_EXPORT __attribute__((visibility("default")))
 #define KVP_CLIENT_MAX_FDS 8
@@ -82,6 +91,100 @@ static inline void kvp__struct_in(void *full, const void *in, size_t size)
 	memcpy(full, in, n < size ? n : size);
 }
 
+/* ---- the library's objects ---- */
+/* One tier's memory in this process; freed with its last reference. */
+struct kvp_mapping {
+	int refs; /* atomic */
+	int tier;
+	int backend;
+	int fd;
+	int cuda_device;
+	void *base;
+	uint64_t bytes;
+#if KVP_HAVE_CUDA
+	struct kvp_cuda_mem cm;
+#endif
+};
+
+struct kvp_tier_map {
+	int present;
+	uint32_t pages;
+	struct kvp_mapping *m; /* the pool's reference */
+};
+
+struct kvp_pool {
+	struct kvp_client *c;
+	uint32_t id;
+	char name[64];
+	struct kvp_geometry g;
+	struct kvp_copy_geom cg;
+	uint64_t page_bytes;
+	struct kvp_tier_map tier[KVP_TIER_MAX];
+	int pressure;			    /* notices granted at attach */
+	uint64_t pressure_wm[KVP_TIER_MAX]; /* tokens */
+	struct kvp_resv *resv;		    /* the page reserve, NULL when none */
+	struct kvp_pool *next;
+};
+
+/* A request sent and not yet answered. */
+struct pending {
+	uint64_t id; /* 0: the slot is free */
+	bool done;
+	Kvpool__Response *resp;
+	int fds[KVP_CLIENT_MAX_FDS];
+	int nfds;
+};
+
+struct queued_event {
+	uint32_t type;
+	int32_t code;
+	uint64_t id;
+	uint64_t dropped;
+	uint8_t *bytes;
+	size_t len;
+};
+
+struct kvp_client {
+	int fd;
+	int efd;  /* eventfd, readable while events are queued (-1 until kvp_client_event_fd) */
+	int epfd; /* epoll over efd and fd: what kvp_client_event_fd hands out */
+	uint64_t next_id;
+	uint64_t session_id;
+	uint64_t caps;
+	uint64_t flags; /* KVP_CLIENT_F_* */
+	char daemon_version[32];
+	struct kvp_frame_buf in;
+	int rxfds[KVP_CLIENT_MAX_FDS]; /* received, for the next frame completed */
+	int nrxfds;
+	struct pending pend[KVP_CLIENT_MAX_PENDING];
+	Kvpool__Response *notice; /* a refusal of the connection (id 0, no result) */
+	struct queued_event ev[KVP_CLIENT_MAX_EVENTS];
+	unsigned ev_head, ev_n;
+	uint64_t ev_dropped;
+	struct kvp_pool *pools;
+	/* Restarts: where and how to say Hello again, the session's token, the daemon's
+	 * instance. */
+	struct sockaddr_un sa;
+	char name[64];
+	uint64_t offer, required;
+	uint32_t timeout_ms, reconnect_ms, grace_ms;
+	uint8_t token[16];
+	size_t token_len;
+	uint64_t instance;
+	bool reconnecting;
+	bool retry;	     /* the connection was lost and no reconnect was tried since */
+	pid_t pid;	     /* the process that connected: the session is its own */
+	unsigned long forks; /* g_forks then */
+};
+
+/* ---- the call path (libkvpool_transport.c) ---- */
+/* Declares req + the call message, fills the oneof. */
+#define CALL_SETUP(req, field, CASE, Type, INIT)                                                   \
+	Kvpool__Request req = KVPOOL__REQUEST__INIT;                                               \
+	Type field = INIT;                                                                         \
+	req.call_case = KVPOOL__REQUEST__CALL_##CASE;                                              \
+	req.field = &field
+#define RESULT(CASE) KVPOOL__RESPONSE__RESULT_##CASE
 /* Sends req (its id is assigned here), waits for the reply of that id (frames of other ids go
  * to the event queue or are discarded, see kvpool.h) and checks it: a failed status becomes
  * its typed code, a result other than `want` (a KVPOOL__RESPONSE__RESULT_*; 0 accepts any) is
@@ -91,6 +194,20 @@ static inline void kvp__struct_in(void *full, const void *in, size_t size)
  * filled, *resp untouched, the descriptors closed. */
 int kvp__rpc(struct kvp_client *c, Kvpool__Request *req, int want, Kvpool__Response **resp,
 	     int *fds, int *nfds, struct kvp_error *err);
+/* Sends req (id assigned here) without waiting: its reply is discarded when it arrives. Reads
+ * (without blocking) what waits in the socket first, so replies never pile up. 0 or a
+ * negative code. */
+int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *err);
+/* kvp__rpc for calls whose reply carries nothing: the reply is freed. 0 or a negative code. */
+int kvp__rpc_void(struct kvp_client *c, Kvpool__Request *req, int want, struct kvp_error *err);
+/* The connected socket, for tests that send raw bytes. */
+int kvp__client_fd(const struct kvp_client *c);
+/* Closes the descriptors of fds[0..n) that are not -1. */
+void kvp__close_fds(int *fds, int n);
+/* Frees a request's reply and descriptors, and the slot. */
+void kvp__pending_clear(struct pending *pd);
+
+/* ---- errors (libkvpool_error.c) ---- */
 /* The enum kvp_code (positive) of a failed Status: its code when within the daemon's range,
  * else KVP_E_PROTOCOL. */
 int kvp__status_code(const Kvpool__Status *st);
@@ -99,6 +216,28 @@ int kvp__status_to_error(const Kvpool__Status *st, struct kvp_error *err);
 /* Sets err to a library-side code; returns -code. */
 int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* The wire's geometry as the API's (all zero when m is NULL). */
+void kvp__geom_from(struct kvp_geometry *g, const Kvpool__Geometry *m);
+
+/* ---- the connection (libkvpool_client.c, libkvpool_reconnect.c) ---- */
+/* 0, or -KVP_E_FORKED (err filled) when the calling process is not the one that connected c
+ * (getpid); _fast compares a count of forks kept by pthread_atfork instead: no system call,
+ * but blind to a child made with a raw clone. */
+int kvp__forked(const struct kvp_client *c, struct kvp_error *err);
+int kvp__forked_fast(const struct kvp_client *c, struct kvp_error *err);
+/* After a lost connection: Hello again to a restarted kvpoold, resuming the session, and every
+ * pool attached again. 0 or -1. */
+int kvp__reconnect(struct kvp_client *c);
+
+/* ---- pools and mappings (libkvpool_pool.c, libkvpool_mapping.c) ---- */
+/* The client a pool was attached through. */
+struct kvp_client *kvp__pool_client(const struct kvp_pool *p);
+/* Drops the pool's reserve and its references to the tier mappings. */
+void kvp__pool_unmap(struct kvp_pool *p);
+/* Maps one tier of an Attach reply into p (takes fd, mapped or not). 0 or a negative code. */
+int kvp__map_tier(struct kvp_pool *p, const Kvpool__TierInfo *ti, int fd, struct kvp_error *err);
+
+/* ---- hash keys (libkvpool_keys.c) ---- */
 /* The keys as the wire's bytes fields in *out (free with free()), checked against the most any
  * kvpoold accepts (KVP_PAGE_KEYS_MAX keys, KVP_PAGE_KEY_BYTES_MAX bytes a key) and against one
  * frame; the daemon's own max_keys_per_call / max_key_bytes may be lower. 0 or a negative code:
@@ -106,19 +245,6 @@ int kvp__fail(struct kvp_error *err, int code, int sys_errno, const char *fmt, .
  * (libkvpool_keys.c; the keyed calls and Fetch share it). */
 int kvp__wire_keys(const struct kvp_page_key *keys, uint32_t n, ProtobufCBinaryData **out,
 		   struct kvp_error *err);
-/* The client a pool was attached through. */
-struct kvp_client *kvp__pool_client(const struct kvp_pool *p);
-/* The connected socket, for tests that send raw bytes. */
-int kvp__client_fd(const struct kvp_client *c);
-/* Sends req (id assigned here) without waiting: its reply is discarded when it arrives. Reads
- * (without blocking) what waits in the socket first, so replies never pile up. 0 or a
- * negative code. */
-int kvp__rpc_send(struct kvp_client *c, Kvpool__Request *req, struct kvp_error *err);
-/* 0, or -KVP_E_FORKED (err filled) when the calling process is not the one that connected c
- * (getpid); _fast compares a count of forks kept by pthread_atfork instead: no system call,
- * but blind to a child made with a raw clone. */
-int kvp__forked(const struct kvp_client *c, struct kvp_error *err);
-int kvp__forked_fast(const struct kvp_client *c, struct kvp_error *err);
 
 /* ---- the page reserve (libkvpool_reserve.c) ---- */
 struct kvp_resv;

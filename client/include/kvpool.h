@@ -22,6 +22,8 @@
  * - Names are kvp_<object>_<verb>: kvp_client_*, kvp_pool_*, kvp_mapping_*, kvp_lease_*,
  *   kvp_cache_*, kvp_session_*, kvp_admin_*.
  * - Plain C types only, so the library can be called through ctypes or cffi.
+ * - Symbol versions (libkvpool.map, one node per release): the calls of 0.2 are in KVPOOL_0.2;
+ *   those added in 0.3, marked "(0.3)" below, in KVPOOL_0.3.
  */
 #ifndef KVPOOL_H
 #define KVPOOL_H
@@ -238,7 +240,7 @@ int kvp_client_event_fd(struct kvp_client *c);
  * events are still handed out first). */
 int kvp_client_event_next(struct kvp_client *c, struct kvp_event *ev, struct kvp_error *err);
 
-/* ---- pressure notices: an event pushed for a pool attached with KVP_CLIENT_F_PRESSURE ----
+/* ---- pressure notices (0.3): an event pushed for a pool attached with KVP_CLIENT_F_PRESSURE ----
  * One comes when a tier's free pages fall below the pool's pressure_watermark (recovered 0),
  * before the daemon has to evict for lack of free pages, and one when they are back at or
  * above it (recovered 1). The daemon sends at most one per pool every pressure_interval_ms and
@@ -257,7 +259,7 @@ struct kvp_pressure {
 	uint64_t seq; /* the tier's pressure changes so far: a gap means states were coalesced */
 	char pool[64];
 };
-/* Decodes an event taken by kvp_client_event_next (its whole payload copied: payload_len <=
+/* (0.3) Decodes an event taken by kvp_client_event_next (its whole payload copied: payload_len <=
  * payload_cap) into out (out->struct_size set by the caller). Returns 0, -KVP_E_INVALID_ARGUMENT
  * (not a pressure notice, or a struct too small), -KVP_E_BUFFER (the payload was cut short) or
  * -KVP_E_PROTOCOL (not a valid notice). */
@@ -363,11 +365,11 @@ struct kvp_pool_opts {
 	 * unused; an Alloc it cannot serve goes to kvpoold as without a reserve. */
 	uint32_t reserve_pages[KVP_TIER_MAX];
 };
-/* kvp_pool_attach with options (opts may be NULL). Returns as kvp_pool_attach. */
+/* (0.3) kvp_pool_attach with options (opts may be NULL). Returns as kvp_pool_attach. */
 struct kvp_pool *kvp_pool_attach_opts(struct kvp_client *c, const char *name,
 				      const struct kvp_pool_opts *opts, struct kvp_error *err);
-/* Pages of tier granted to the pool's reserve; 0 when none was asked or granted, or when it
- * ended (kvpoold found its rings corrupt). */
+/* (0.3) Pages of tier granted to the pool's reserve; 0 when none was asked or granted, or when
+ * it ended (kvpoold found its rings corrupt). */
 uint32_t kvp_pool_reserve_pages(const struct kvp_pool *p, int tier);
 /* Detaches: the session's leases in this pool are freed, its locks released, and the pool's
  * references to its mappings dropped (memory still referenced through kvp_pool_tier_mapping
@@ -390,10 +392,10 @@ void *kvp_pool_tier_base(const struct kvp_pool *p, int tier);
 /* The tier's memory fd as received (owned by the mapping), -1 when absent. */
 int kvp_pool_tier_fd(const struct kvp_pool *p, int tier);
 uint64_t kvp_pool_tier_bytes(const struct kvp_pool *p, int tier);
-/* 1 when the daemon sends pressure notices for p (asked with KVP_CLIENT_F_PRESSURE and
+/* (0.3) 1 when the daemon sends pressure notices for p (asked with KVP_CLIENT_F_PRESSURE and
  * granted), else 0. */
 int kvp_pool_pressure_notices(const struct kvp_pool *p);
-/* The tier's pressure watermark in tokens as the daemon said at attach (0: none). */
+/* (0.3) The tier's pressure watermark in tokens as the daemon said at attach (0: none). */
 uint64_t kvp_pool_pressure_watermark(const struct kvp_pool *p, int tier);
 /* Bytes of one token of one layer of K (or V); of one page in the host layout (all layers). */
 uint64_t kvp_pool_row_bytes(const struct kvp_pool *p);
@@ -516,7 +518,7 @@ int kvp_admin_flush(struct kvp_client *c, const char *pool, uint64_t *evicted,
 /* Stops new leases and new sessions of non-admins (their Hello is KVP_E_SHUTTING_DOWN; admins
  * may still connect); sessions may finish until deadline_ms, then the daemon exits 0. */
 int kvp_admin_drain(struct kvp_client *c, uint32_t deadline_ms, struct kvp_error *err);
-/* Ends a drain: new leases and connections are taken again. Returns 1 when a drain was
+/* (0.3) Ends a drain: new leases and connections are taken again. Returns 1 when a drain was
  * cancelled, 0 when none was running, or a negative code (KVP_E_PERMISSION_DENIED;
  * KVP_E_SHUTTING_DOWN once the drain has ended and kvpoold is stopping). */
 int kvp_admin_drain_cancel(struct kvp_client *c, struct kvp_error *err);
@@ -534,7 +536,7 @@ struct kvp_reload_item {
 int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint32_t cap,
 		     struct kvp_error *err);
 
-/* ---- hash-keyed pages ---- */
+/* ---- hash-keyed pages (0.3) ---- */
 /* A namespace's pages may be named by an engine's chain of page keys instead of token ids: each
  * key an opaque string of 1 .. 64 bytes that already folds in its parent (a chained page hash).
  * A namespace is token-keyed or hash-keyed while it holds cached pages; a call of the other kind
@@ -592,7 +594,7 @@ int kvp_cache_match_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_
 int kvp_cache_exists_keys(struct kvp_pool *p, uint64_t ns, const struct kvp_page_key *keys,
 			  uint32_t nkeys, struct kvp_error *err);
 
-/* The remote tier (a pool with remote = spill or write-through in kvpoold's config). */
+/* The remote tier (0.3; a pool with remote = spill or write-through in kvpoold's config). */
 struct kvp_fetch_result {
 	size_t struct_size;	/* set by the caller: sizeof(struct kvp_fetch_result) */
 	uint32_t fetched_pages; /* read from the remote tier and cached by this call */

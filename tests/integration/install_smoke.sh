@@ -48,13 +48,14 @@ if [ -n "$bad" ]; then
 	echo "libkvpool exports non-API symbols: $bad"
 	exit 1
 fi
-# Every export carries the version node of this API.
-unversioned=$(objdump -T "$libdir/libkvpool.so.1" | awk '$NF ~ /^kvp_/ && $(NF-1) != "KVPOOL_0.2" { print $NF }')
+# Every export carries a version node of the API (the release that added it).
+unversioned=$(objdump -T "$libdir/libkvpool.so.1" |
+	awk '$NF ~ /^kvp_/ && $(NF-1) != "KVPOOL_0.2" && $(NF-1) != "KVPOOL_0.3" { print $NF }')
 if [ -n "$unversioned" ]; then
-	echo "libkvpool exports symbols outside KVPOOL_0.2: $unversioned"
+	echo "libkvpool exports symbols outside KVPOOL_0.2 and KVPOOL_0.3: $unversioned"
 	exit 1
 fi
-[ "$(pkg-config --modversion kvpool)" = 0.2.0 ] || { echo "kvpool.pc is not version 0.2.0"; exit 1; }
+[ "$(pkg-config --modversion kvpool)" = 0.3.0 ] || { echo "kvpool.pc is not version 0.3.0"; exit 1; }
 bin=$(dirname "$(find "$root" -name kvpoold -type f | head -1)")
 "$bin/kvpoold" --socket "$root/s.sock" --log-level warning &
 pid=$!
