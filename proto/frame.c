@@ -1,5 +1,6 @@
 /* frame.c - length-prefixed protobuf frames: reassembly and packing. */
 #include "frame.h"
+#include "frame_limit.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -680,9 +681,22 @@ fail:
 	return NULL;
 }
 
+/* A Request is counted first (frame_limit.h): a crowded call comes back unpacked, a crowded
+ * Request not at all. */
 static ProtobufCMessage *decode(const ProtobufCMessageDescriptor *d, ProtobufCAllocator *a,
 				const uint8_t *payload, uint32_t len)
 {
+	uint64_t id = 0;
+	uint32_t call = 0;
+	int c;
+
+	if (d == &kvpool__request__descriptor) {
+		c = kvp_frame_limit_scan(payload, len, &id, &call);
+		if (c < 0)
+			return NULL;
+		if (c > 0)
+			return kvp_frame_limit_stub(a, id, call);
+	}
 	return unpack(envelope_unpack, d, a, payload, len);
 }
 
@@ -774,4 +788,16 @@ Kvpool__Request *kvp_frame_decode_request(const uint8_t *payload, uint32_t len)
 Kvpool__Response *kvp_frame_decode_response(const uint8_t *payload, uint32_t len)
 {
 	return (Kvpool__Response *)decode(&kvpool__response__descriptor, NULL, payload, len);
+}
+
+bool kvp_frame_call_unpacked(const Kvpool__Request *req)
+{
+	const ProtobufCFieldDescriptor *f;
+
+	if (req->call_case == KVPOOL__REQUEST__CALL__NOT_SET)
+		return false;
+	f = protobuf_c_message_descriptor_get_field(&kvpool__request__descriptor,
+						    (unsigned)req->call_case);
+	return f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+	       !*(ProtobufCMessage *const *)((const char *)req + f->offset);
 }

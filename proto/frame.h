@@ -88,12 +88,30 @@ int kvp_arena_init(struct kvp_arena *a, size_t cap);
 void kvp_arena_reset(struct kvp_arena *a);
 /* Accepts an arena whose init failed or never ran after a zero fill. */
 void kvp_arena_release(struct kvp_arena *a);
+/*
+ * What one request may make the decoder unpack. The keys of a hash-keyed call are one field
+ * occurrence each on the wire (a packed number list, tokens or pages, is one in all), and
+ * protobuf-c allocates each as it unpacks it: a call message (the Request's oneof member)
+ * holding more than KVP_FRAME_FIELDS_MAX field occurrences is not unpacked. Its Request comes
+ * back with the id and the call's case set and the member NULL (kvp_frame_call_unpacked), for
+ * the daemon to refuse with a typed LIMIT_EXCEEDED; a Request holding more than that many
+ * fields outside its member is not valid. KVP_FRAME_KEYS_MAX is the top of max_keys_per_call's
+ * range, so no call the daemon may accept is cut.
+ */
+#define KVP_FRAME_KEYS_MAX 65536u
+#define KVP_FRAME_FIELDS_MAX (KVP_FRAME_KEYS_MAX + 64u)
+
 /* Decodes a Request into a; NULL when the payload is not a valid Request, or (a->oom set) when
- * memory for it ran out. Valid until the next kvp_arena_reset(a). */
+ * memory for it ran out. Valid until the next kvp_arena_reset(a). A call message past
+ * KVP_FRAME_FIELDS_MAX is left unpacked (above). */
 Kvpool__Request *kvp_frame_decode_request_in(struct kvp_arena *a, const uint8_t *payload,
 					     uint32_t len);
 
 /* Decoding helpers: NULL when the payload is not a valid message. Free with the matching
- * kvpool__request__free_unpacked / kvpool__response__free_unpacked(m, NULL). */
+ * kvpool__request__free_unpacked / kvpool__response__free_unpacked(m, NULL). A Request's call
+ * message past KVP_FRAME_FIELDS_MAX is left unpacked, as kvp_frame_decode_request_in does. */
 Kvpool__Request *kvp_frame_decode_request(const uint8_t *payload, uint32_t len);
 Kvpool__Response *kvp_frame_decode_response(const uint8_t *payload, uint32_t len);
+/* Whether req's call message was left unpacked for holding more than KVP_FRAME_FIELDS_MAX
+ * fields: its case is set and its member NULL (protobuf-c never decodes a member so). */
+bool kvp_frame_call_unpacked(const Kvpool__Request *req);

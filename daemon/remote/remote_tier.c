@@ -71,6 +71,8 @@ struct rt_fetch {
 	uint8_t *keybuf;
 	uint32_t local, n, pending;
 	struct kvp_lease *lease; /* n host pages the values land in */
+	uint64_t sid;		 /* the session whose quotas count the lease's pages */
+	uint32_t booked;	 /* those pages, until the answer (0: none) */
 	uint8_t *ok;
 	char (*rkey)[KVP_RV_KEY_MAX];
 	struct rt_get *gets;
@@ -709,7 +711,7 @@ static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Reque
 	if (rc < 0)
 		return rc;
 	d->rt->match_queries++;
-	w->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, &f);
+	w->t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, &f);
 	if (!w->t)
 		return 1;
 	w->deadline_ms = kvp_rc_now_ms() + kvp_remote_conf(d->remote)->match_timeout_ms;
@@ -811,10 +813,24 @@ int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool_
 
 /* ---- Fetch ---- */
 
+/* The lease's pages stop counting in the session's quotas (a session gone took its count). */
+static void fetch_unbook(struct rt_fetch *fe)
+{
+	struct kvp_session *s;
+
+	if (!fe->booked)
+		return;
+	s = kvp_rpc_session_by_id(fe->d, fe->sid);
+	if (s)
+		kvp_session_fetch_held(s, fe->p->id, -(int64_t)fe->booked);
+	fe->booked = 0;
+}
+
 static void fetch_free(struct rt_fetch *fe)
 {
 	struct kvp_rt *rt = fe->d->rt;
 
+	fetch_unbook(fe);
 	if (fe->prev)
 		fe->prev->next = fe->next;
 	else if (rt && rt->fetches == fe)
@@ -966,6 +982,7 @@ static void fetch_finish(struct rt_fetch *fe)
 	int rc;
 
 	kvp_fail_init(&f);
+	fetch_unbook(fe); /* before the answer's lock, which the quotas count in turn */
 	if (!s || !pool_live(d, fe->p)) {
 		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session or its pool ended");
 		kvp_defer_fail(&d->defers, fe->t, &f);
@@ -1039,6 +1056,21 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 		rt->fetch_misses++;
 	if (--fe->pending == 0)
 		fetch_finish(fe);
+}
+
+/* The host pages fe leases while it runs count in the session's and its uid's quotas, as an
+ * Alloc's do: past the room left, fewer pages are fetched (as when free pages are short); with
+ * no room, the Fetch is refused QUOTA_EXCEEDED. 0 or that Code with f filled. */
+static int fetch_room(const struct kvp_daemon *d, const struct kvp_session *s, struct rt_fetch *fe,
+		      struct kvp_fail *f)
+{
+	uint64_t room = kvp_session_room(d, s, fe->p);
+
+	if (room == 0)
+		return kvp_session_may_lease(d, s, fe->p, fe->n, false, f);
+	if (fe->n > room)
+		fe->n = (uint32_t)room;
+	return 0;
 }
 
 KVP_RPC_HANDLER(kvp_rpc_fetch)
@@ -1115,6 +1147,10 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		fe->n = kvp_remote_conf(d->remote)->match_max_pages;
 	if (fe->n > FETCH_MAX)
 		fe->n = FETCH_MAX;
+	if (fe->n && (rc = fetch_room(d, s, fe, f)) < 0) {
+		fetch_free(fe);
+		return rc;
+	}
 	if (fe->n) {
 		fe->ok = calloc(fe->n, 1);
 		fe->rkey = malloc(sizeof(*fe->rkey) * fe->n);
@@ -1143,6 +1179,11 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 			if (!fe->lease)
 				fe->n /= 2;
 		}
+		if (fe->lease) {
+			fe->sid = s->id;
+			fe->booked = fe->lease->n;
+			kvp_session_fetch_held(s, p->id, fe->booked);
+		}
 	}
 	if (!fe->n) { /* nothing to read: the local answer stands (locked when asked) */
 		free(lens);
@@ -1160,7 +1201,7 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		r->resp.fetch = m;
 		return 0;
 	}
-	fe->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, f);
+	fe->t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, f);
 	if (!fe->t) {
 		free(lens);
 		fetch_free(fe);

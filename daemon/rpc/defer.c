@@ -4,11 +4,12 @@
 
 #include <stdlib.h>
 
-struct kvp_defer *kvp_defer_take(struct kvp_defers *ds, uint64_t session_id, uint64_t req_id,
-				 int call_case, struct kvp_fail *f)
+struct kvp_defer *kvp_defer_take(struct kvp_defers *ds, uint64_t session_id, uint32_t uid,
+				 uint64_t req_id, int call_case, struct kvp_fail *f)
 {
 	uint32_t max = ds->max ? ds->max : KVP_DEFER_MAX;
 	uint32_t per = ds->per_session ? ds->per_session : KVP_DEFER_PER_SESSION;
+	uint32_t per_uid = ds->per_uid ? ds->per_uid : max / 4 > per ? max / 4 : per;
 	struct kvp_defer *t;
 
 	if (ds->n >= max) {
@@ -19,12 +20,17 @@ struct kvp_defer *kvp_defer_take(struct kvp_defers *ds, uint64_t session_id, uin
 		kvp_fail_limit(f, "session_pending_replies", per);
 		return NULL;
 	}
+	if (kvp_defer_count_uid(ds, uid) >= per_uid) {
+		kvp_fail_limit(f, "uid_pending_replies", per_uid);
+		return NULL;
+	}
 	t = calloc(1, sizeof(*t));
 	if (!t) {
 		kvp_fail(f, KVP_ERR_INTERNAL, "kvpoold is out of memory");
 		return NULL;
 	}
 	t->session_id = session_id;
+	t->uid = uid;
 	t->req_id = req_id;
 	t->call_case = call_case;
 	clock_gettime(CLOCK_MONOTONIC, &t->started);
@@ -42,6 +48,15 @@ uint32_t kvp_defer_count(const struct kvp_defers *ds, uint64_t session_id)
 
 	for (const struct kvp_defer *t = ds->all; t; t = t->all_next)
 		n += t->session_id == session_id;
+	return n;
+}
+
+uint32_t kvp_defer_count_uid(const struct kvp_defers *ds, uint32_t uid)
+{
+	uint32_t n = 0;
+
+	for (const struct kvp_defer *t = ds->all; t; t = t->all_next)
+		n += t->uid == uid;
 	return n;
 }
 

@@ -85,6 +85,34 @@ static const kvp_rpc_handler handlers[] = {
 	[CALL(RESERVE)] = kvp_rpc_reserve,	 [CALL(FETCH)] = kvp_rpc_fetch,
 };
 
+/* The calls that carry keys, named as their handlers name them in a refusal. */
+static const char *const key_calls[] = {
+	[CALL(INSERT_KEYS)] = "insert keys",
+	[CALL(MATCH_KEYS)] = "match keys",
+	[CALL(EXISTS_KEYS)] = "exists keys",
+	[CALL(FETCH)] = "fetch keys",
+};
+
+/* A call whose message the decoder left unpacked for holding more than KVP_FRAME_FIELDS_MAX
+ * fields (frame.h): a key call is refused as its handler refuses too many keys (the limit is
+ * max_keys_per_call, at most KVP_FRAME_KEYS_MAX), any other with the decoder's bound. */
+static int refuse_crowded(const struct kvp_daemon *d, int idx, struct kvp_fail *f)
+{
+	const char *call =
+		idx < (int)(sizeof(key_calls) / sizeof(key_calls[0])) ? key_calls[idx] : NULL;
+
+	if (!call) {
+		kvp_fail_limit(f, "fields per call", KVP_FRAME_FIELDS_MAX);
+		return kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
+				"more than %u fields in one call message: refused unread",
+				KVP_FRAME_FIELDS_MAX);
+	}
+	kvp_fail_limit(f, "keys per call", d->conf.max_keys_per_call);
+	return kvp_fail(f, KVP_ERR_LIMIT_EXCEEDED,
+			"%s: more than %u keys in one call, the limit is %u (max_keys_per_call)",
+			call, KVP_FRAME_KEYS_MAX, d->conf.max_keys_per_call);
+}
+
 int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *req,
 		 struct kvp_reply *r)
 {
@@ -104,6 +132,8 @@ int kvp_dispatch(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Requ
 	} else if (s->evicted) {
 		rc = kvp_fail(&f, KVP_ERR_PERMISSION_DENIED, "%s", s->evict_reason);
 		r->close_after = true;
+	} else if (kvp_frame_call_unpacked(req)) {
+		rc = refuse_crowded(d, idx, &f);
 	} else {
 		rc = h(d, s, req, r, &f);
 	}
@@ -172,7 +202,9 @@ int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool
 {
 	struct kvp_fail f;
 
-	if (!string_has_nul(&kvpool__request__descriptor, payload, payload + len, 0))
+	/* A call left unpacked is refused without the walk (its message is most of the frame). */
+	if (kvp_frame_call_unpacked(req) ||
+	    !string_has_nul(&kvpool__request__descriptor, payload, payload + len, 0))
 		return kvp_dispatch(d, s, req, r);
 	kvp_fail_init(&f);
 	kvp_fail(&f, KVP_ERR_INVALID_ARGUMENT,

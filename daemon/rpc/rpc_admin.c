@@ -258,7 +258,7 @@ KVP_RPC_HANDLER(kvp_rpc_reload)
 	(void)r;
 	if ((rc = need_admin(s, "Reload", f)) < 0)
 		return rc;
-	t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, f);
+	t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, f);
 	if (!t)
 		return -(int)f->code;
 	t->next = d->defers.reload_waiting;

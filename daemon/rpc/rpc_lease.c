@@ -188,7 +188,7 @@ KVP_RPC_HANDLER(kvp_rpc_alloc)
 		return rc;
 	if (!(w = calloc(1, sizeof(*w))))
 		return kvp_rpc_oom(f);
-	w->t = kvp_defer_take(&d->defers, s->id, q->id, (int)q->call_case, f);
+	w->t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, f);
 	if (!w->t) {
 		free(w);
 		return -(int)f->code;

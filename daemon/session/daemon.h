@@ -35,6 +35,7 @@ struct kvp_session {
 	bool attached[KVP_MAX_POOLS];
 	uint64_t leased_pages[KVP_MAX_POOLS]; /* for the session quota */
 	uint64_t locked_pages[KVP_MAX_POOLS]; /* pages its locks pin, counted in the quotas too */
+	uint64_t fetch_pages[KVP_MAX_POOLS];  /* host pages its Fetches in flight lease, likewise */
 	uint64_t locked_tokens;
 	uint64_t caps;			   /* the capabilities agreed in Hello (KVP_CAP_*) */
 	struct kvpd_pressure_sub pressure; /* pressure notices asked for (pressure.h) */

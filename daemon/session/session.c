@@ -226,6 +226,12 @@ static int quota_fail(struct kvp_fail *f, const struct kvpd_pool *p, const char 
 			(unsigned long)want);
 }
 
+/* Pages s holds in p for the quotas: leased (its Fetches' in flight too) and locked. */
+static uint64_t held_pages(const struct kvp_session *s, const struct kvpd_pool *p)
+{
+	return s->leased_pages[p->id] + s->fetch_pages[p->id] + s->locked_pages[p->id];
+}
+
 /* Leased + locked tokens of every session of uid in p. */
 static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvpd_pool *p)
 {
@@ -233,7 +239,7 @@ static uint64_t uid_held(const struct kvp_daemon *d, uid_t uid, const struct kvp
 
 	for (const struct kvp_session *x = d->sessions; x; x = x->next)
 		if (x->uid == uid)
-			pages += x->leased_pages[p->id] + x->locked_pages[p->id];
+			pages += held_pages(x, p);
 	return pages * p->conf.page_tokens;
 }
 
@@ -242,7 +248,7 @@ static int check_held(const struct kvp_daemon *d, const struct kvp_session *s,
 		      const struct kvpd_pool *p, uint64_t want, struct kvp_fail *f)
 {
 	uint64_t pt = p->conf.page_tokens, q = p->conf.session_quota_tokens;
-	uint64_t held = (s->leased_pages[p->id] + s->locked_pages[p->id]) * pt;
+	uint64_t held = held_pages(s, p) * pt;
 
 	if (q && (want > q || held > q - want))
 		return quota_fail(f, p, "session quota (leased and locked)", "this session", q,
@@ -257,7 +263,7 @@ uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *
 			  const struct kvpd_pool *p)
 {
 	uint64_t pt = p->conf.page_tokens, room = UINT64_MAX, q;
-	uint64_t held = (s->leased_pages[p->id] + s->locked_pages[p->id]) * pt;
+	uint64_t held = held_pages(s, p) * pt;
 
 	if ((q = p->conf.session_quota_tokens))
 		room = held >= q ? 0 : (q - held) / pt;
@@ -266,6 +272,11 @@ uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *
 		room = held >= q ? 0 : (q - held) / pt < room ? (q - held) / pt : room;
 	}
 	return room;
+}
+
+void kvp_session_fetch_held(struct kvp_session *s, uint32_t pool_id, int64_t npages)
+{
+	s->fetch_pages[pool_id] += (uint64_t)npages;
 }
 
 uint32_t kvp_session_reap_empty(const struct kvp_daemon *d, struct kvp_session *s)
@@ -569,6 +580,7 @@ void kvp_session_destroy(struct kvp_daemon *d, struct kvp_session *s)
 int kvp_daemon_check(const struct kvp_daemon *d)
 {
 	uint64_t held[KVP_MAX_POOLS][KVP_TIER_ID_MAX] = { { 0 } };
+	uint64_t fetching[KVP_MAX_POOLS] = { 0 };
 
 	/* Every page a live session's lease lists is booked to that lease, and the session's
 	 * quota counts them; with the per-tier totals equal, no leased page is anyone else's. */
@@ -611,12 +623,20 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 			if (mine[p] != s->leased_pages[p] ||
 			    mine[p + KVP_MAX_POOLS] != s->locked_pages[p])
 				return -EFAULT;
+		for (uint32_t p = 0; p < KVP_MAX_POOLS; p++)
+			fetching[p] += s->fetch_pages[p];
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {
+		uint64_t rt_leased;
+
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
-		/* A Fetch in flight leases the host pages its values land in. */
-		held[i][KVP_TIER_ID_HOST] += kvp_rt_leased(d, d->pools[i]);
+		/* A Fetch in flight leases the host pages its values land in; those of live
+		 * sessions' Fetches are booked to them (a session that ended took its count). */
+		rt_leased = kvp_rt_leased(d, d->pools[i]);
+		if (fetching[i] > rt_leased)
+			return -EFAULT;
+		held[i][KVP_TIER_ID_HOST] += rt_leased;
 		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			struct kvp_tier_counts c;
 

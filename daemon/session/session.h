@@ -60,6 +60,9 @@ struct kvpd_pool *kvp_session_pool(const struct kvp_daemon *d, const struct kvp_
 int kvp_session_may_lease(const struct kvp_daemon *d, const struct kvp_session *s,
 			  const struct kvpd_pool *p, uint32_t npages, bool new_lease,
 			  struct kvp_fail *f);
+/* Books npages more (negative: fewer) host pages of pool pool_id that a Fetch of s leases
+ * while it runs (remote_tier.c): the quotas count them as they count leased pages. */
+void kvp_session_fetch_held(struct kvp_session *s, uint32_t pool_id, int64_t npages);
 /* Pages s may still hold in p under the session and uid quotas (UINT64_MAX: no quota). */
 uint64_t kvp_session_room(const struct kvp_daemon *d, const struct kvp_session *s,
 			  const struct kvpd_pool *p);

@@ -64,13 +64,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	if (!g_arena.block && kvp_arena_init(&g_arena, 4096) < 0) /* small: big inputs spill */
 		abort();
-	m = (ProtobufCMessage *)kvp_frame_decode_request(data, (uint32_t)size);
-	check(&kvpool__request__descriptor, m, data, size);
-	if (m)
-		protobuf_c_message_free_unpacked(m, NULL);
-	m = (ProtobufCMessage *)kvp_frame_decode_request_in(&g_arena, data, (uint32_t)size);
-	check(&kvpool__request__descriptor, m, data, size);
-	kvp_arena_reset(&g_arena);
+	/* A Request of more than KVP_FRAME_FIELDS_MAX fields is left unpacked or refused by
+	 * design (frame.h; test_frame checks it): compared only where none can be. */
+	if (size <= 2 * (size_t)KVP_FRAME_FIELDS_MAX) {
+		m = (ProtobufCMessage *)kvp_frame_decode_request(data, (uint32_t)size);
+		check(&kvpool__request__descriptor, m, data, size);
+		if (m)
+			protobuf_c_message_free_unpacked(m, NULL);
+		m = (ProtobufCMessage *)kvp_frame_decode_request_in(&g_arena, data, (uint32_t)size);
+		check(&kvpool__request__descriptor, m, data, size);
+		kvp_arena_reset(&g_arena);
+	}
 	m = (ProtobufCMessage *)kvp_frame_decode_response(data, (uint32_t)size);
 	check(&kvpool__response__descriptor, m, data, size);
 	if (m)

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -100,6 +101,24 @@ static long proc_rss_kb(pid_t pid)
 		return -1;
 	while (fgets(line, sizeof(line), f))
 		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+/* The peak of kvpoold's RSS so far (VmHWM), in kB. */
+static long proc_hwm_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
 			break;
 	fclose(f);
 	return kb;
@@ -794,6 +813,183 @@ static void test_input_buffer_shrinks(void)
 	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
 }
 
+/* ---- key floods ---- */
+
+#define FLOOD_KEYS 1300000 /* one-byte keys: a frame of about 3.9 MB */
+#define FLOOD_PINGS 200
+
+static int send_all(int fd, const uint8_t *p, size_t n)
+{
+	while (n) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+
+		if (w <= 0)
+			return -1;
+		p += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* One ExistsKeys of n one-byte keys in pool pool_id, packed as a frame. 0 or -1. */
+static int exists_keys_frame(uint32_t pool_id, size_t n, uint64_t id, uint8_t **out, size_t *len)
+{
+	static uint8_t key = 'k';
+	Kvpool__Request q = KVPOOL__REQUEST__INIT;
+	Kvpool__ExistsKeysReq x = KVPOOL__EXISTS_KEYS_REQ__INIT;
+	ProtobufCBinaryData *keys = malloc(n * sizeof(*keys));
+	int rc;
+
+	if (!keys)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		keys[i] = (ProtobufCBinaryData){ 1, &key };
+	x.pool_id = pool_id;
+	x.n_keys = n;
+	x.keys = keys;
+	q.id = id;
+	q.call_case = KVPOOL__REQUEST__CALL_EXISTS_KEYS;
+	q.exists_keys = &x;
+	rc = kvp_frame_pack(&q.base, out, len);
+	free(keys);
+	return rc < 0 ? -1 : 0;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A client sends ExistsKeys frames of 1.3 million one-byte keys, one after another, for about
+ * two seconds; each is refused LIMIT_EXCEEDED "keys per call" (max_keys_per_call 65536) before
+ * kvpoold unpacks its keys, so another session's Pings meanwhile keep a p50 under 10 ms and
+ * kvpoold's peak RSS grows by the frame's input buffer only (unpacked, the keys took some
+ * 150 MiB and each frame some 90 ms of the loop). The flooding connection stays usable. */
+static void test_key_flood_refused_before_decoding(void)
+{
+	static char name[3 << 20];
+	static uint64_t lat[FLOOD_PINGS];
+	struct daemon d;
+	struct kid k;
+	struct report r = { 0 };
+	struct kvp_error e;
+	struct kvp_client *c2;
+	long hwm0, hwm1;
+	uint64_t p50 = UINT64_MAX, p90 = 0;
+	int c, pings = 0, fd;
+
+	CU_ASSERT_FATAL(h_daemon_start(&d, "[daemon]\n" POOL_A, NULL) == 0);
+	CU_ASSERT_FATAL(chmod(d.dir, 0755) == 0 && chmod(d.sock, 0666) == 0);
+	/* kvpoold's receive buffers (shared by every connection) touched before the figure */
+	memset(name, 'n', sizeof(name) - 1);
+	fd = h_raw_connect(d.sock);
+	CU_ASSERT_FATAL(fd >= 0);
+	CU_ASSERT_EQUAL(raw_hello(fd, name, 10000, NULL, 0), 0);
+	close(fd);
+	c = kid_start(&k);
+	CU_ASSERT_FATAL(c >= 0);
+	if (c == 0) {
+		Kvpool__AttachReq at;
+		Kvpool__Request q;
+		Kvpool__Response *m;
+		struct pollfd stop = { .fd = k.go[0], .events = POLLIN };
+		uint8_t *flood, *small;
+		size_t flen, slen;
+		uint32_t pool_id;
+
+		if (drop_to(OTHER_UID) < 0)
+			_exit(90);
+		fd = h_raw_connect(d.sock);
+		if (fd < 0 || raw_hello(fd, "key-flood", 5000, NULL, 0) != 0)
+			_exit(91);
+		q = attach_req(&at, "a");
+		if (h_raw_send_request(fd, &q) < 0 || !(m = h_raw_recv(fd, 5000)) || !m->attach)
+			_exit(92);
+		pool_id = m->attach->pool_id;
+		kvpool__response__free_unpacked(m, NULL);
+		if (exists_keys_frame(pool_id, FLOOD_KEYS, 77, &flood, &flen) < 0 ||
+		    exists_keys_frame(pool_id, 4, 78, &small, &slen) < 0)
+			_exit(93);
+		if (kid_report(&k, &r) < 0 || kid_wait_go(&k) < 0)
+			_exit(94);
+		while (poll(&stop, 1, 0) == 0) {
+			if (send_all(fd, flood, flen) < 0 || !(m = h_raw_recv(fd, 20000))) {
+				r.closed = 1;
+				break;
+			}
+			if (m->id == 77 && m->status &&
+			    m->status->code == KVPOOL__CODE__LIMIT_EXCEEDED &&
+			    m->status->detail_case == KVPOOL__STATUS__DETAIL_LIMIT &&
+			    strcmp(m->status->limit->what, "keys per call") == 0 &&
+			    m->status->limit->limit == 65536) {
+				r.refused++;
+			} else {
+				r.other++;
+				if (m->status && m->status->message)
+					snprintf(r.what, sizeof(r.what), "%s", m->status->message);
+			}
+			kvpool__response__free_unpacked(m, NULL);
+		}
+		/* a call of four keys on the same connection: answered */
+		if (!r.closed && send_all(fd, small, slen) == 0 && (m = h_raw_recv(fd, 5000))) {
+			r.ok = m->id == 78 && (!m->status || !m->status->code) && m->exists_keys;
+			kvpool__response__free_unpacked(m, NULL);
+		}
+		kid_report(&k, &r);
+		kid_wait_go(&k);
+		_exit(0);
+	}
+	CU_ASSERT_FATAL(kid_read(&k, &r, 20000) == 0);
+	c2 = kvp_client_connect(d.sock, "pinger", &e);
+	CU_ASSERT_FATAL(c2 != NULL);
+	CU_ASSERT_EQUAL(kvp_client_ping(c2, &e), 0);
+	usleep(200000);
+	hwm0 = proc_hwm_kb(d.pid);
+	CU_ASSERT_FATAL(write(k.go[1], "g", 1) == 1);
+	usleep(300000); /* the flood under way */
+	for (; pings < FLOOD_PINGS; pings++) {
+		uint64_t t0 = now_ns();
+
+		if (kvp_client_ping(c2, &e) < 0)
+			break;
+		lat[pings] = now_ns() - t0;
+		usleep(5000);
+	}
+	CU_ASSERT_FATAL(write(k.go[1], "g", 1) == 1);
+	CU_ASSERT_FATAL(kid_read(&k, &r, 30000) == 0);
+	hwm1 = proc_hwm_kb(d.pid);
+	CU_ASSERT_EQUAL(kid_finish(&k), 0);
+	if (pings) {
+		qsort(lat, (size_t)pings, sizeof(lat[0]), cmp_u64);
+		p50 = lat[pings / 2];
+		p90 = lat[pings * 9 / 10];
+	}
+	FIG("key flood: ExistsKeys of %d one-byte keys, %d refused, %d otherwise answered%s%s; "
+	    "another session's Ping p50 %.2f ms, p90 %.2f ms over %d; kvpoold VmHWM %ld -> %ld kB "
+	    "(+%ld kB)\n",
+	    FLOOD_KEYS, r.refused, r.other, r.what[0] ? ": " : "", r.what, p50 / 1e6, p90 / 1e6,
+	    pings, hwm0, hwm1, hwm1 - hwm0);
+	CU_ASSERT_EQUAL(pings, FLOOD_PINGS);
+	CU_ASSERT(r.refused >= 5);
+	CU_ASSERT_EQUAL(r.other, 0);
+	CU_ASSERT_EQUAL(r.closed, 0);
+	CU_ASSERT_EQUAL(r.ok, 1);
+	CU_ASSERT(p50 < 10000000);
+	RSS_BOUND(hwm1 - hwm0 < 16 * 1024);
+	kvp_client_close(c2);
+	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
+}
+
 /* ---- pipelining clients ---- */
 
 #define PINGS 1000000
@@ -1040,6 +1236,7 @@ int main(void)
 		H_TEST(test_attach_fds_in_flight_capped),
 		H_TEST(test_buffer_budget_holds),
 		H_TEST(test_input_buffer_shrinks),
+		H_TEST(test_key_flood_refused_before_decoding),
 		H_TEST(test_pipelined_stream_served),
 		H_TEST(test_keepalive_spares_a_reading_client),
 		H_TEST(test_keepalive_ends_a_client_that_stopped_reading),

@@ -1,10 +1,12 @@
 /* test_dispatch.c - RPC handlers served in-process through kvp_dispatch (no loop, no socket):
  * a Release whose reply cannot be allocated keeps its lock; Evict with token counts near 2^64
- * evicts instead of wrapping; the books balance after each call. */
+ * evicts instead of wrapping; a call the decoder left unpacked is refused before its handler;
+ * the books balance after each call. */
 #include <CUnit/Basic.h>
 #include <stdint.h>
 
 #include "daemon_fixture.h"
+#include "frame.h"
 #include "pool_cache.h"
 #include "suite.h"
 
@@ -198,6 +200,47 @@ static void test_dispatch_refuses_before_hello(void)
 	fx_daemon_free(d);
 }
 
+/* A call the decoder left unpacked (its member NULL: more than KVP_FRAME_FIELDS_MAX fields) is
+ * refused LIMIT_EXCEEDED without its handler: a key call as too many keys (max_keys_per_call),
+ * any other with the decoder's bound. Every call is tried. */
+static void test_dispatch_refuses_calls_left_unpacked(void)
+{
+	const ProtobufCMessageDescriptor *rd = &kvpool__request__descriptor;
+	struct kvp_daemon *d = fx_daemon(g_conf);
+	struct kvp_session *s;
+	struct kvp_reply r;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+	s = fx_session(d, false);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+	kvp_session_attach(s, d->pools[0]);
+	for (unsigned i = 0; i < rd->n_fields; i++) {
+		const ProtobufCFieldDescriptor *f = &rd->fields[i];
+		Kvpool__Request req = KVPOOL__REQUEST__INIT;
+		bool keyed = f->id == KVPOOL__REQUEST__CALL_INSERT_KEYS ||
+			     f->id == KVPOOL__REQUEST__CALL_MATCH_KEYS ||
+			     f->id == KVPOOL__REQUEST__CALL_EXISTS_KEYS ||
+			     f->id == KVPOOL__REQUEST__CALL_FETCH;
+
+		if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+			continue;
+		req.call_case = (Kvpool__Request__CallCase)f->id;
+		CU_ASSERT(kvp_frame_call_unpacked(&req));
+		CU_ASSERT_EQUAL(fx_call(d, s, &req, &r), KVP_ERR_LIMIT_EXCEEDED);
+		CU_ASSERT_EQUAL(r.resp.result_case, KVPOOL__RESPONSE__RESULT__NOT_SET);
+		CU_ASSERT_EQUAL(r.status.detail_case, KVPOOL__STATUS__DETAIL_LIMIT);
+		if (r.status.detail_case == KVPOOL__STATUS__DETAIL_LIMIT) {
+			CU_ASSERT_STRING_EQUAL(r.status.limit->what,
+					       keyed ? "keys per call" : "fields per call");
+			CU_ASSERT_EQUAL(r.status.limit->limit,
+					keyed ? d->conf.max_keys_per_call : KVP_FRAME_FIELDS_MAX);
+		}
+		kvp_reply_release(&r);
+	}
+	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);
+	fx_daemon_free(d);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -205,6 +248,7 @@ int main(void)
 		H_TEST(test_evict_tokens_near_2_64_saturate),
 		H_TEST(test_pool_pages_of_saturates),
 		H_TEST(test_dispatch_refuses_before_hello),
+		H_TEST(test_dispatch_refuses_calls_left_unpacked),
 	};
 
 	return H_RUN_SUITE("dispatch", NULL, NULL, tests);

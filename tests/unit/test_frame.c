@@ -565,6 +565,83 @@ static void test_frame_envelope_decode_matches_protobuf_c(void)
 		free(rs.buf[i]);
 }
 
+/* A Request with an ExistsKeys of n one-byte keys and an extra unknown field repeated u times
+ * at its top level (u > 0 sends protobuf-c down its own path), packed. */
+static uint8_t *keys_request(size_t n, size_t u, size_t *len)
+{
+	static uint8_t key = 'k';
+	Kvpool__Request q = KVPOOL__REQUEST__INIT;
+	Kvpool__ExistsKeysReq x = KVPOOL__EXISTS_KEYS_REQ__INIT;
+	ProtobufCBinaryData *keys = malloc(n * sizeof(*keys));
+	size_t body;
+	uint8_t *buf;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(keys);
+	for (size_t i = 0; i < n; i++)
+		keys[i] = (ProtobufCBinaryData){ 1, &key };
+	x.pool_id = 3;
+	x.n_keys = n;
+	x.keys = keys;
+	q.id = 4242;
+	q.call_case = KVPOOL__REQUEST__CALL_EXISTS_KEYS;
+	q.exists_keys = &x;
+	body = protobuf_c_message_get_packed_size(&q.base);
+	buf = malloc(body + 2 * u);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+	protobuf_c_message_pack(&q.base, buf);
+	for (size_t i = 0; i < u; i++) {
+		buf[body + 2 * i] = 5 << 3; /* field 5, varint: unknown to Request */
+		buf[body + 2 * i + 1] = 0;
+	}
+	free(keys);
+	*len = body + 2 * u;
+	return buf;
+}
+
+/* A call message of more than KVP_FRAME_FIELDS_MAX fields is not unpacked, whichever decoder
+ * path the frame takes: the Request keeps its id and case, the member is NULL; one of
+ * KVP_FRAME_KEYS_MAX keys is unpacked whole; a Request crowded at its top level is refused. */
+static void test_frame_decode_crowded_call_left_unpacked(void)
+{
+	struct kvp_arena a;
+	Kvpool__Request *q;
+	uint8_t *buf;
+	size_t len;
+
+	CU_ASSERT_EQUAL_FATAL(kvp_arena_init(&a, 4096), 0);
+	for (size_t u = 0; u <= 1; u++) {
+		buf = keys_request(KVP_FRAME_FIELDS_MAX + 1, u, &len);
+		q = kvp_frame_decode_request_in(&a, buf, (uint32_t)len);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(q);
+		CU_ASSERT_EQUAL(q->id, 4242);
+		CU_ASSERT_EQUAL(q->call_case, KVPOOL__REQUEST__CALL_EXISTS_KEYS);
+		CU_ASSERT_PTR_NULL(q->exists_keys);
+		CU_ASSERT(kvp_frame_call_unpacked(q));
+		CU_ASSERT(a.used < 1024 && !a.big); /* nothing of the keys was allocated */
+		kvp_arena_reset(&a);
+		q = kvp_frame_decode_request(buf, (uint32_t)len);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(q);
+		CU_ASSERT(kvp_frame_call_unpacked(q));
+		kvpool__request__free_unpacked(q, NULL);
+		free(buf);
+	}
+	buf = keys_request(KVP_FRAME_KEYS_MAX, 0, &len);
+	q = kvp_frame_decode_request_in(&a, buf, (uint32_t)len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(q);
+	CU_ASSERT_FALSE(kvp_frame_call_unpacked(q));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(q->exists_keys);
+	CU_ASSERT_EQUAL(q->exists_keys->n_keys, KVP_FRAME_KEYS_MAX);
+	CU_ASSERT_EQUAL(q->exists_keys->pool_id, 3);
+	kvp_arena_reset(&a);
+	free(buf);
+	buf = keys_request(1, KVP_FRAME_FIELDS_MAX + 1, &len);
+	CU_ASSERT_PTR_NULL(kvp_frame_decode_request_in(&a, buf, (uint32_t)len));
+	CU_ASSERT_FALSE(a.oom);
+	kvp_arena_reset(&a);
+	free(buf);
+	kvp_arena_release(&a);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -578,6 +655,7 @@ int main(void)
 		H_TEST(test_frame_envelope_bytes_match_protobuf_c),
 		H_TEST(test_frame_envelope_decode_matches_protobuf_c),
 		H_TEST(test_frame_plain_pack_matches_protobuf_c_on_random_values),
+		H_TEST(test_frame_decode_crowded_call_left_unpacked),
 	};
 
 	return H_RUN_SUITE("frame", NULL, NULL, tests);
