@@ -213,22 +213,6 @@ static uint8_t *put_varint(uint8_t *p, uint64_t v)
 	return p;
 }
 
-/* Reads a varint of at most max bytes at *p (< end). Returns 0 and advances *p, -1 otherwise. */
-static int get_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v)
-{
-	uint64_t r = 0;
-
-	for (unsigned i = 0; i < max && *p + i < end; i++) {
-		r |= (uint64_t)((*p)[i] & 0x7f) << (7 * i);
-		if (!((*p)[i] & 0x80)) {
-			*p += i + 1;
-			*v = r;
-			return 0;
-		}
-	}
-	return -1;
-}
-
 static bool in_oneof(const ProtobufCFieldDescriptor *f)
 {
 	return (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) != 0;
@@ -412,7 +396,7 @@ static const ProtobufCFieldDescriptor *next_field(const ProtobufCMessageDescript
 	const ProtobufCFieldDescriptor *f;
 	uint64_t tag, bit;
 
-	if (get_varint(p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
+	if (kvp_frame_varint(p, end, 5, &tag) < 0 || tag >> 3 == 0 || tag >> 3 > UINT32_MAX)
 		return NULL;
 	f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
 	if (!f)
@@ -452,7 +436,8 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 			uint32_t *arr;
 
 			if (f->type != PROTOBUF_C_TYPE_UINT32 || wire != 2 ||
-			    get_varint(&p, end, 5, &v) < 0 || v == 0 || v > (uint64_t)(end - p))
+			    kvp_frame_varint(&p, end, 5, &v) < 0 || v == 0 ||
+			    v > (uint64_t)(end - p))
 				goto fallback;
 			stop = p + v;
 			for (q = p; q < stop; q++)
@@ -467,7 +452,7 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 			*(uint32_t **)mb = arr;
 			*(size_t *)((char *)m + f->quantifier_offset) = cnt;
 			for (size_t k = 0; k < cnt; k++) {
-				if (get_varint(&p, stop, 5, &v) < 0)
+				if (kvp_frame_varint(&p, stop, 5, &v) < 0)
 					goto fallback;
 				arr[k] = (uint32_t)v;
 			}
@@ -479,17 +464,17 @@ static ProtobufCMessage *plain_unpack(const ProtobufCMessageDescriptor *d, Proto
 		case PROTOBUF_C_TYPE_INT32:
 		case PROTOBUF_C_TYPE_ENUM:
 		case PROTOBUF_C_TYPE_UINT32:
-			if (get_varint(&p, end, 5, &v) < 0)
+			if (kvp_frame_varint(&p, end, 5, &v) < 0)
 				goto fallback;
 			*(uint32_t *)mb = (uint32_t)v;
 			break;
 		case PROTOBUF_C_TYPE_UINT64:
-			if (get_varint(&p, end, 9, &v) < 0)
+			if (kvp_frame_varint(&p, end, 9, &v) < 0)
 				goto fallback;
 			*(uint64_t *)mb = v;
 			break;
 		case PROTOBUF_C_TYPE_BOOL:
-			if (get_varint(&p, end, 5, &v) < 0)
+			if (kvp_frame_varint(&p, end, 5, &v) < 0)
 				goto fallback;
 			*(protobuf_c_boolean *)mb = v != 0;
 			break;
@@ -645,7 +630,7 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d, Pr
 		if (!f || f->label != PROTOBUF_C_LABEL_NONE)
 			goto fallback;
 		if (f->type == PROTOBUF_C_TYPE_UINT64 && !in_oneof(f) && wire == 0) {
-			if (get_varint(&p, end, 9, &v) < 0)
+			if (kvp_frame_varint(&p, end, 9, &v) < 0)
 				goto fallback;
 			*(uint64_t *)((char *)m + f->offset) = v;
 		} else if (f->type == PROTOBUF_C_TYPE_MESSAGE && wire == 2) {
@@ -656,7 +641,7 @@ static ProtobufCMessage *envelope_unpack(const ProtobufCMessageDescriptor *d, Pr
 					goto fallback; /* a second member: the last one wins */
 				seen_oneof = f->id;
 			}
-			if (get_varint(&p, end, 5, &v) < 0 || v > (uint64_t)(end - p))
+			if (kvp_frame_varint(&p, end, 5, &v) < 0 || v > (uint64_t)(end - p))
 				goto fallback;
 			sub = unpack(plain_unpack, f->descriptor, a, p, (size_t)v);
 			if (!sub) {

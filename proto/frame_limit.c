@@ -11,8 +11,7 @@
 
 #include "frame.h"
 
-/* Reads a varint of at most max bytes at *p (< end). Returns 0 and advances *p, -1 otherwise. */
-static int get_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v)
+int kvp_frame_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v)
 {
 	uint64_t r = 0;
 
@@ -35,11 +34,11 @@ static int skip_value(const uint8_t **p, const uint8_t *end, unsigned wire, uint
 
 	*len = 0;
 	switch (wire) {
-	case 0: return get_varint(p, end, 10, &v);
+	case 0: return kvp_frame_varint(p, end, 10, &v);
 	case 1: v = 8; break;
 	case 5: v = 4; break;
 	case 2:
-		if (get_varint(p, end, 10, &v) < 0)
+		if (kvp_frame_varint(p, end, 10, &v) < 0)
 			return -1;
 		*len = v;
 		break;
@@ -62,7 +61,8 @@ static bool crowded(const uint8_t *p, size_t len)
 	if (len <= 2 * (size_t)KVP_FRAME_FIELDS_MAX)
 		return false;
 	while (p < end && n <= KVP_FRAME_FIELDS_MAX) {
-		if (get_varint(&p, end, 10, &tag) < 0 || skip_value(&p, end, tag & 7, &vlen) < 0)
+		if (kvp_frame_varint(&p, end, 10, &tag) < 0 ||
+		    skip_value(&p, end, tag & 7, &vlen) < 0)
 			return false;
 		n++;
 	}
@@ -82,12 +82,12 @@ int kvp_frame_limit_scan(const uint8_t *payload, uint32_t len, uint64_t *id, uin
 		const ProtobufCFieldDescriptor *f = NULL;
 		uint64_t tag, v;
 
-		if (get_varint(&p, end, 10, &tag) < 0)
+		if (kvp_frame_varint(&p, end, 10, &tag) < 0)
 			return 0;
 		if (tag >> 3 && tag >> 3 <= UINT32_MAX)
 			f = protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3));
 		if ((tag & 7) == 0 && f && !(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)) {
-			if (get_varint(&p, end, 10, &v) < 0)
+			if (kvp_frame_varint(&p, end, 10, &v) < 0)
 				return 0;
 			*id = v;
 		} else if (skip_value(&p, end, tag & 7, &v) < 0) {

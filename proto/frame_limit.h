@@ -6,6 +6,9 @@
 
 #include "kvpool.pb-c.h"
 
+/* Reads a varint of at most max bytes at *p (< end). Returns 0 and advances *p (*v set), -1
+ * otherwise (too long, or cut by end). */
+int kvp_frame_varint(const uint8_t **p, const uint8_t *end, unsigned max, uint64_t *v);
 /* Walks a Request payload at its top level, counting the fields of each call message (oneof
  * member) in it up to the bound. Returns 1 when one holds more (*id: the last id on the wire,
  * *call: that member's field number), -1 when the Request itself holds more fields than the

@@ -19,10 +19,13 @@ fi
 if [ "${KVP_NO_SYSTEM:-0}" != 1 ]; then
 	pkgs+=(systemd-container debootstrap)
 fi
-if [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
+# scripts/fuzz.sh (test.sh's fuzz run: libFuzzer needs clang) unless KVP_NO_FUZZ=1
+if [ "${KVP_NO_FUZZ:-0}" != 1 ] || [ "${KVP_WITH_FUZZ:-0}" = 1 ]; then
 	pkgs+=(clang libclang-rt-14-dev)
 fi
-if [ "${KVP_WITH_REDIS:-0}" = 1 ]; then
+# the remote suite (a real Redis Cluster on loopback) unless KVP_NO_REDIS=1: a new user's test
+# run covers what CI covers
+if [ "${KVP_NO_REDIS:-0}" != 1 ] || [ "${KVP_WITH_REDIS:-0}" = 1 ]; then
 	pkgs+=(redis-server redis-tools)
 fi
 

@@ -89,36 +89,20 @@ static const char *conf_of(const char *text)
 
 /* ---- kvpoold's figures from /proc ---- */
 
-static long proc_rss_kb(pid_t pid)
+/* Field name ("VmRSS", "VmHWM": the peak so far) of kvpoold's /proc status, in kB; -1. */
+static long proc_status_kb(pid_t pid, const char *name)
 {
-	char path[64], line[256];
+	char path[64], line[256], fmt[32];
 	long kb = -1;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	snprintf(fmt, sizeof(fmt), "%s: %%ld kB", name);
 	f = fopen(path, "r");
 	if (!f)
 		return -1;
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-			break;
-	fclose(f);
-	return kb;
-}
-
-/* The peak of kvpoold's RSS so far (VmHWM), in kB. */
-static long proc_hwm_kb(pid_t pid)
-{
-	char path[64], line[256];
-	long kb = -1;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-	f = fopen(path, "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+		if (sscanf(line, fmt, &kb) == 1)
 			break;
 	fclose(f);
 	return kb;
@@ -697,7 +681,7 @@ static void test_buffer_budget_holds(void)
 	CU_ASSERT_FATAL(h_daemon_start(&d, conf_of(conf), NULL) == 0);
 	CU_ASSERT_FATAL(chmod(d.dir, 0755) == 0 && chmod(d.sock, 0666) == 0);
 	usleep(200000);
-	rss0 = proc_rss_kb(d.pid);
+	rss0 = proc_status_kb(d.pid, "VmRSS");
 	for (int i = 0; i < 6; i++) {
 		c = kid_start(&k[i]);
 		CU_ASSERT_FATAL(c >= 0);
@@ -737,7 +721,7 @@ static void test_buffer_budget_holds(void)
 	for (int i = 0; i < 6; i++)
 		CU_ASSERT_FATAL(write(k[i].go[1], "g", 1) == 1);
 	usleep(3000000);
-	rss1 = proc_rss_kb(d.pid);
+	rss1 = proc_status_kb(d.pid, "VmRSS");
 	/* a late client of the same user: refused, typed; root: served */
 	c = kid_start(&late);
 	CU_ASSERT_FATAL(c >= 0);
@@ -796,14 +780,14 @@ static void test_input_buffer_shrinks(void)
 		close(fd);
 	}
 	usleep(300000);
-	rss0 = proc_rss_kb(d.pid);
+	rss0 = proc_status_kb(d.pid, "VmRSS");
 	for (int i = 0; i < 4; i++) {
 		fds[i] = h_raw_connect(d.sock);
 		CU_ASSERT_FATAL(fds[i] >= 0);
 		CU_ASSERT_EQUAL(raw_hello(fds[i], name, 10000, NULL, 0), 0);
 	}
 	usleep(300000);
-	rss1 = proc_rss_kb(d.pid);
+	rss1 = proc_status_kb(d.pid, "VmRSS");
 	FIG("input buffer: 4 open connections, one 3 MiB request each: kvpoold RSS %ld -> %ld kB "
 	    "(+%ld kB) after they were served\n",
 	    rss0, rss1, rss1 - rss0);
@@ -954,7 +938,7 @@ static void test_key_flood_refused_before_decoding(void)
 	CU_ASSERT_FATAL(c2 != NULL);
 	CU_ASSERT_EQUAL(kvp_client_ping(c2, &e), 0);
 	usleep(200000);
-	hwm0 = proc_hwm_kb(d.pid);
+	hwm0 = proc_status_kb(d.pid, "VmHWM");
 	CU_ASSERT_FATAL(write(k.go[1], "g", 1) == 1);
 	usleep(300000); /* the flood under way */
 	for (; pings < FLOOD_PINGS; pings++) {
@@ -967,7 +951,7 @@ static void test_key_flood_refused_before_decoding(void)
 	}
 	CU_ASSERT_FATAL(write(k.go[1], "g", 1) == 1);
 	CU_ASSERT_FATAL(kid_read(&k, &r, 30000) == 0);
-	hwm1 = proc_hwm_kb(d.pid);
+	hwm1 = proc_status_kb(d.pid, "VmHWM");
 	CU_ASSERT_EQUAL(kid_finish(&k), 0);
 	if (pings) {
 		qsort(lat, (size_t)pings, sizeof(lat[0]), cmp_u64);
