@@ -434,19 +434,37 @@ static uint64_t now_us(void)
 }
 
 static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean);
+static int fork_writer(struct kvp_daemon *d, struct kvpd_pool *p);
 static void writer_end(struct kvp_daemon *d, struct kvpd_pool *p, bool wait);
 
-/* A checkpoint of p's books, counted and timed (the loop waits for it). */
-static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+/* A checkpoint of p's books, counted and timed (the loop's part of it). periodic: written by a
+ * forked writer where one can be forked; else by the loop, after a writer still busy ends. */
+static int write_pool(struct kvp_daemon *d, struct kvpd_pool *p, bool clean, bool periodic)
 {
 	uint64_t t0 = now_us();
 	int r;
 
-	writer_end(d, p, true); /* a periodic writer still busy is waited for first */
-	r = write_pool_body(d, p, clean);
+	if (periodic) {
+		r = fork_writer(d, p);
+		if (r == 0)
+			d->st.checkpoint_forks++;
+	} else {
+		writer_end(d, p, true);
+		r = write_pool_body(d, p, clean);
+	}
 	d->st.checkpoints++;
 	d->st.checkpoint_us += now_us() - t0;
-	return r;
+	return r < 0 ? r : 0;
+}
+
+/* A checkpoint of p that failed (why), logged at most once a minute with what is kept. */
+static void checkpoint_failed(struct kvpd_pool *p, uint64_t now_ms, const char *why)
+{
+	kvp_log_limited(&p->snap->log_fail, now_ms ? now_ms : 1, LOG_WARNING,
+			"pool %s: a checkpoint failed (%s): %s", p->conf.name, why,
+			p->snap->hdr->gen_clean == p->snap->hdr->gen_dirty
+				? "the previous one is kept"
+				: "no books for a restart until one succeeds");
 }
 
 /* Everything a checkpoint holds, into b. */
@@ -532,21 +550,27 @@ static int encode_seal(struct kvp_daemon *d, struct kvpd_pool *p, bool clean, ui
 	return 0;
 }
 
-/* A checkpoint written by the loop itself (at a stop, or where no writer can be forked). */
-static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+/* Encodes and seals generation gen on the loop thread; the books are then guarded. 0 or
+ * -ENOMEM (no books now: the next tick writes them again). */
+static int write_here(struct kvp_daemon *d, struct kvpd_pool *p, bool clean, uint64_t gen)
 {
 	struct kvp_snap *sn = p->snap;
-	int r = begin(sn);
 
-	if (r < 0)
-		return r;
-	if (encode_seal(d, p, clean, sn->hdr->gen_dirty) < 0) {
-		sn->armed = false; /* no books now: the next tick writes them again */
+	if (encode_seal(d, p, clean, gen) < 0) {
+		sn->armed = false;
 		return -ENOMEM;
 	}
 	sn->armed = true;
 	sn->sig = books_sig(p);
 	return 0;
+}
+
+/* A checkpoint written by the loop itself (at a stop, or at an adoption). */
+static int write_pool_body(struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
+{
+	int r = begin(p->snap);
+
+	return r < 0 ? r : write_here(d, p, clean, p->snap->hdr->gen_dirty);
 }
 
 /*
@@ -566,8 +590,8 @@ enum { WRITER_OK = 0, WRITER_NOMEM = 3 };
 static int fork_writer(struct kvp_daemon *d, struct kvpd_pool *p)
 {
 	struct kvp_snap *sn = p->snap;
+	pid_t parent = getpid(), pid;
 	uint64_t gen;
-	pid_t pid;
 	int r = begin(sn);
 
 	if (r < 0)
@@ -575,17 +599,11 @@ static int fork_writer(struct kvp_daemon *d, struct kvpd_pool *p)
 	gen = sn->hdr->gen_dirty;
 	sn->armed = true; /* from now on a page that leaves bumps gen_dirty past gen */
 	pid = fork();
-	if (pid < 0) { /* no writer: the loop writes them */
-		if (encode_seal(d, p, false, gen) < 0) {
-			sn->armed = false;
-			return -ENOMEM;
-		}
-		sn->sig = books_sig(p);
-		return 1;
-	}
+	if (pid < 0) /* no writer: the loop writes them */
+		return write_here(d, p, false, gen) < 0 ? -ENOMEM : 1;
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() == 1)
+		if (getppid() != parent) /* kvpoold ended before the line above */
 			_exit(1);
 		if (sn->fd > 3)
 			close_range(3, (unsigned)sn->fd - 1, 0);
@@ -622,13 +640,15 @@ static void writer_end(struct kvp_daemon *d, struct kvpd_pool *p, bool wait)
 			sn->sig = sn->writer_sig;
 		return;
 	}
-	sn->armed = false; /* no books now: the next tick writes them again */
-	kvp_log_limited(&sn->log_fail, kvp_now_ms(), LOG_WARNING,
-			"pool %s: a checkpoint failed (%s): %s", p->conf.name,
-			r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == WRITER_NOMEM
-				? strerror(ENOMEM)
-				: "its writer ended abnormally",
-			"no books for a restart until one succeeds");
+	/* No books now: the next tick writes them again. A writer killed after it sealed them
+	 * leaves them unguarded from here on, so they are put in doubt too. */
+	sn->armed = false;
+	if (sn->hdr->gen_clean == sn->hdr->gen_dirty)
+		__atomic_store_n(&sn->hdr->gen_dirty, sn->hdr->gen_dirty + 1, __ATOMIC_SEQ_CST);
+	checkpoint_failed(p, kvp_now_ms(),
+			  r > 0 && WIFEXITED(status) && WEXITSTATUS(status) == WRITER_NOMEM
+				  ? strerror(ENOMEM)
+				  : "its writer ended abnormally");
 }
 
 void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
@@ -639,7 +659,7 @@ void kvp_snap_write_all(struct kvp_daemon *d, bool clean_stop)
 
 		if (!p || !p->snap)
 			continue;
-		r = write_pool(d, p, clean_stop);
+		r = write_pool(d, p, clean_stop, false);
 		if (r < 0)
 			log_warn("pool %s: writing its books for a restart failed: %s (%s)",
 				 p->conf.name, strerror(-r),
@@ -665,35 +685,23 @@ void kvp_snap_tick(struct kvp_daemon *d, uint64_t now_ms)
 			kvp_session_destroy(d, s);
 		}
 	}
-	if (!d->conf.snapshot_interval_ms)
-		return;
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		struct kvpd_pool *p = d->pools[i];
-		uint64_t t0 = now_us(), took;
 		int r;
 
 		if (!p || !p->snap)
 			continue;
 		writer_end(d, p, false);
-		if (p->snap->writer || now_ms - p->snap->last_ms < d->conf.snapshot_interval_ms)
+		if (!d->conf.snapshot_interval_ms || p->snap->writer ||
+		    now_ms - p->snap->last_ms < d->conf.snapshot_interval_ms)
 			continue;
 		if (p->snap->armed && books_sig(p) == p->snap->sig) {
 			p->snap->last_ms = now_ms;
 			continue;
 		}
-		r = fork_writer(d, p);
-		if (r == 0)
-			d->st.checkpoint_forks++;
-		took = now_us() - t0;
-		d->st.checkpoints++;
-		d->st.checkpoint_us += took;
+		r = write_pool(d, p, false, true);
 		if (r < 0)
-			kvp_log_limited(&p->snap->log_fail, now_ms ? now_ms : 1, LOG_WARNING,
-					"pool %s: a checkpoint failed (%s): %s", p->conf.name,
-					strerror(-r),
-					p->snap->hdr->gen_clean == p->snap->hdr->gen_dirty
-						? "the previous one is kept"
-						: "no books for a restart until one succeeds");
+			checkpoint_failed(p, now_ms, strerror(-r));
 	}
 }
 
@@ -1454,7 +1462,7 @@ int kvp_snap_start_pools(struct kvp_daemon *d,
 		d->pools[i] = p;
 		d->n_pools = i + 1;
 		if (p->snap)
-			write_pool(d, p, false); /* the books as they are now */
+			write_pool(d, p, false, false); /* the books as they are now */
 	}
 	if (any)
 		d->st.restarts++;
