@@ -1093,7 +1093,7 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "fetch: too many tokens");
 	if (keyed && (rc = kvp_rpc_keys_check(d, "fetch keys", a->keys, a->n_keys, f)) < 0)
 		return rc;
-	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, keyed, "fetch", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "fetch", f)) < 0)
 		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
 		return rc;

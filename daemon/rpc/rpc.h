@@ -45,10 +45,6 @@ int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const Proto
 KVP_RPC_HANDLER(kvp_rpc_reserve);
 /* remote_tier.c: Fetch from the remote tier. */
 KVP_RPC_HANDLER(kvp_rpc_fetch);
-/* The namespace rule of every cache call (token-keyed: keyed false): 0, or a negative Code with
- * f filled (INVALID_ARGUMENT when ns holds pages of the other keying). */
-int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,
-		      bool keyed, const char *call, struct kvp_fail *f);
 /* rpc_admin.c: status, listings and admin calls. */
 KVP_RPC_HANDLER(kvp_rpc_status);
 KVP_RPC_HANDLER(kvp_rpc_evict);

@@ -25,7 +25,7 @@ KVP_RPC_HANDLER(kvp_rpc_insert)
 		return kvp_fail(f, KVP_ERR_NOT_FOUND,
 				"insert: lease %lu is empty (an earlier Insert took all its pages)",
 				(unsigned long)l->id);
-	if ((rc = kvp_rpc_namespace(d, s, l->pool, a->namespace_, false, "insert", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, l->pool, a->namespace_, "insert", f)) < 0)
 		return rc;
 	if (a->n_tokens > UINT32_MAX / 2 || a->n_pages > l->n)
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
@@ -64,7 +64,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 
 	if (!p)
 		return -(int)f->code;
-	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, false, "match", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "match", f)) < 0)
 		return rc;
 	if (a->n_tokens > UINT32_MAX / 2)
 		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "match: too many tokens");

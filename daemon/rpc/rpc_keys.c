@@ -1,7 +1,8 @@
 /* rpc_keys.c - hash-keyed pages: InsertKeys, MatchKeys, ExistsKeys, through the pool
  * (pool_cache.h, kvp_lease_insert_keys); their locks are booked by session.c like Match's, so
- * Release and Load take them. Also the namespace check every cache call goes through (the
- * session's bindings; pages of both kinds share a namespace). */
+ * Release and Load take them.
+ * Pages of both kinds share a namespace: every cache call checks only the session's namespace
+ * bindings (kvp_session_may_use_ns). */
 #include "rpc.h"
 
 #include <errno.h>
@@ -9,13 +10,6 @@
 
 #include "pool_cache.h"
 #include "remote_tier.h"
-
-int kvp_rpc_namespace(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, uint64_t ns,
-		      bool keyed, const char *call, struct kvp_fail *f)
-{
-	(void)keyed; /* token and hash-keyed pages share every namespace */
-	return kvp_session_may_use_ns(d, s, p, ns, call, f);
-}
 
 int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const ProtobufCBinaryData *k,
 		       size_t n, struct kvp_fail *f)
@@ -74,7 +68,7 @@ KVP_RPC_HANDLER(kvp_rpc_insert_keys)
 
 	if (!l)
 		return -(int)f->code;
-	if ((rc = kvp_rpc_namespace(d, s, l->pool, a->namespace_, true, "insert_keys", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, l->pool, a->namespace_, "insert_keys", f)) < 0)
 		return rc;
 	if (!(keys = keys_of(d, "insert keys", a->keys, a->n_keys, f)))
 		return -(int)f->code;
@@ -121,7 +115,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 
 	if (!p)
 		return -(int)f->code;
-	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, true, "match_keys", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "match_keys", f)) < 0)
 		return rc;
 	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
 		return rc;
@@ -170,7 +164,7 @@ KVP_RPC_HANDLER(kvp_rpc_exists_keys)
 
 	if (!p)
 		return -(int)f->code;
-	if ((rc = kvp_rpc_namespace(d, s, p, a->namespace_, true, "exists_keys", f)) < 0)
+	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "exists_keys", f)) < 0)
 		return rc;
 	if (!(keys = keys_of(d, "exists keys", a->keys, a->n_keys, f)))
 		return -(int)f->code;
