@@ -885,6 +885,14 @@ static int parse_redirect(struct rc_op *op, const char *s)
 	return 0;
 }
 
+/* The node op's redirect names, when it is a master of the slot map now; else NULL. */
+static struct rc_node *redirect_target(const struct kvp_rc *rc, const struct rc_op *op)
+{
+	struct rc_node *to = node_find(rc, op->rhost, strlen(op->rhost), op->rport);
+
+	return to && to->mapped ? to : NULL;
+}
+
 /* Sends op on to to, a master of the slot map (ASKING first for an ASK). */
 static void redirect_follow(struct kvp_rc *rc, struct rc_op *op, struct rc_node *to, int ask)
 {
@@ -920,8 +928,8 @@ static void op_redirect(struct kvp_rc *rc, struct rc_node *n, struct rc_op *op, 
 		op_finish(op, KVP_RC_EPROTOCOL, NULL, 0);
 		return;
 	}
-	to = node_find(rc, op->rhost, strlen(op->rhost), op->rport);
-	if (to && to->mapped) {
+	to = redirect_target(rc, op);
+	if (to) {
 		redirect_follow(rc, op, to, ask);
 		return;
 	}
@@ -945,8 +953,8 @@ static void redirect_settle(struct kvp_rc *rc)
 		if (op->rseq > rc->refresh_seq)
 			continue;
 		list_del(&rc->redirq, op);
-		to = node_find(rc, op->rhost, strlen(op->rhost), op->rport);
-		if (to && to->mapped) {
+		to = redirect_target(rc, op);
+		if (to) {
 			redirect_follow(rc, op, to, op->rask);
 		} else {
 			rc->stats.bad_redirects++;
