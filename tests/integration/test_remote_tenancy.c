@@ -220,6 +220,29 @@ struct report {
 	char what[48];
 };
 
+/* Reads fd's answers up to the Ping's (10 s each), counting in r the refusals of code want
+ * that name limit (else r->other, with the last such code and what). Returns the answers read
+ * before the Ping, -1 when one did not come. */
+static int tally_until_ping(int fd, int want, const char *limit, struct report *r)
+{
+	char what[48];
+	int code, n = 0;
+
+	while ((code = answer(fd, 10000, what, sizeof(what))) != PING) {
+		if (code < 0)
+			return -1;
+		n++;
+		if (code == want && strcmp(what, limit) == 0) {
+			r->refused++;
+		} else {
+			r->other++;
+			r->code = code;
+			snprintf(r->what, sizeof(r->what), "%s", what);
+		}
+	}
+	return n;
+}
+
 /* Host pages leased in pool p now (Status, as root): Fetches' in flight included. */
 static uint64_t host_leased_pages(const struct daemon *d)
 {
@@ -272,17 +295,8 @@ static void test_fetch_leases_count_in_quota(void)
 		if (send_ping(fd) < 0)
 			_exit(91);
 		/* the refusals come at once; a Fetch in flight answers after the masters run */
-		while ((code = answer(fd, 10000, what, sizeof(what))) != PING) {
-			if (code < 0)
-				_exit(94);
-			if (code == KVP_E_QUOTA_EXCEEDED && strcmp(what, "quota") == 0) {
-				r.refused++;
-			} else {
-				r.other++;
-				r.code = code;
-				snprintf(r.what, sizeof(r.what), "%s", what);
-			}
-		}
+		if (tally_until_ping(fd, KVP_E_QUOTA_EXCEEDED, "quota", &r) < 0)
+			_exit(94);
 		r.deferred = FETCHES - r.refused - r.other;
 		if (write(rep[1], &r, sizeof(r)) != sizeof(r) || read(go[0], &b, 1) != 1)
 			_exit(92);
@@ -359,20 +373,12 @@ static void test_pending_replies_bounded_per_uid(void)
 				_exit(92);
 		}
 		for (int s = 0; s < SESSIONS; s++) {
-			pending[s] = PER_SESSION;
-			while ((code = answer(fds[s], 10000, what, sizeof(what))) != PING) {
-				if (code < 0)
-					_exit(95);
-				pending[s]--;
-				if (code == KVP_E_LIMIT_EXCEEDED &&
-				    strcmp(what, "uid_pending_replies") == 0) {
-					r.refused++;
-				} else {
-					r.other++;
-					r.code = code;
-					snprintf(r.what, sizeof(r.what), "%s", what);
-				}
-			}
+			int n = tally_until_ping(fds[s], KVP_E_LIMIT_EXCEEDED,
+						 "uid_pending_replies", &r);
+
+			if (n < 0)
+				_exit(95);
+			pending[s] = PER_SESSION - n;
 		}
 		r.deferred = ALL - r.refused - r.other;
 		if (write(rep[1], &r, sizeof(r)) != sizeof(r) || read(go[0], &b, 1) != 1)
