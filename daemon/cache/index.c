@@ -8,10 +8,10 @@
  * lookups can be batched; a token lookup then compares the namespace, the parent link and the
  * stored tokens, so it is exact whatever the hashes do. Key bytes sit in four slabs by size class
  * (16, 32, 48, 64 bytes), a token page's key and tokens in a fifth slab of 32 + 4 * page_tokens
- * bytes, named by a slot index. An entry is 48 bytes; with its share of the table (4 .. 8 bytes)
- * a cached page costs at most 56 bytes of metadata plus its slab slot. Namespaces are small
- * records in their own open-addressing map (ns -> record with an entry count), so an entry
- * carries a 32-bit namespace index.
+ * bytes, named by a slot index. An entry is 48 bytes; with its share of the table (2 .. 4 bytes)
+ * a cached page costs at most 52 bytes of metadata plus its slab slot (arrays grow by a sixteenth).
+ * Namespaces are small records in their own open-addressing map (ns -> record with an entry count),
+ * so an entry carries a 32-bit namespace index.
  *
  * Eviction. Doubly linked lists of candidates, appended when an entry becomes one:
  *  - device: unlocked device entries that no device entry names as parent;
@@ -525,10 +525,11 @@ static uint32_t find_tok(const struct kvp_index *kc, uint32_t ns, uint32_t h, ui
 	return NONE;
 }
 
-/* Doubles the table while it holds more entries than buckets. Failure lengthens chains only. */
+/* Doubles the table while it holds more than two entries a bucket (lookups mostly follow a
+ * chain's consecutive entries without it). Failure lengthens chains only. */
 static void table_grow(struct kvp_index *kc)
 {
-	while (kc->st.entries > kc->nbuckets && kc->nbuckets < (1u << 31)) {
+	while (kc->st.entries > 2ull * kc->nbuckets && kc->nbuckets < (1u << 31)) {
 		uint32_t nb = kc->nbuckets * 2;
 		uint32_t *b = KVP_FAULT_OR(KVP_FAULT_PREFIX, malloc((size_t)nb * sizeof(*b)));
 
@@ -559,6 +560,16 @@ static void table_del(struct kvp_index *kc, uint32_t i)
 	*pp = kc->ent[i].hnext;
 }
 
+/* The next capacity of an array of entries or slab slots: doubling while small, then by an
+ * sixteenth (large blocks are mmapped, and realloc moves them with mremap(2), not by copying), so
+ * spare capacity stays a small part of the metadata per page. */
+static uint64_t grown(uint64_t cap)
+{
+	if (cap < 64)
+		return 64;
+	return cap < (1u << 16) ? cap * 2 : cap + cap / 16;
+}
+
 /* Room for `need` more entries and slab slots (need_class[c] per slab). 0 or -ENOMEM. */
 static int reserve(struct kvp_index *kc, uint32_t need, const uint32_t need_class[NSLAB])
 {
@@ -567,11 +578,11 @@ static int reserve(struct kvp_index *kc, uint32_t need, const uint32_t need_clas
 	if (want > NONE - 1)
 		return -ENOMEM;
 	if (want > kc->ent_cap) {
-		uint64_t cap = kc->ent_cap ? (uint64_t)kc->ent_cap * 2 : 64;
+		uint64_t cap = grown(kc->ent_cap);
 		struct kc_entry *e;
 
 		while (cap < want)
-			cap *= 2;
+			cap = grown(cap);
 		if (cap > NONE - 1)
 			cap = NONE - 1;
 		e = md_realloc(kc, kc->ent, (size_t)kc->ent_cap * sizeof(*e),
@@ -591,9 +602,9 @@ static int reserve(struct kvp_index *kc, uint32_t need, const uint32_t need_clas
 
 		if (w <= s->cap)
 			continue;
-		cap = s->cap ? (uint64_t)s->cap * 2 : 64;
+		cap = grown(s->cap);
 		while (cap < w)
-			cap *= 2;
+			cap = grown(cap);
 		if (cap > NONE - 1)
 			return -ENOMEM;
 		m = md_realloc(kc, s->mem, s->cap * sz, (size_t)cap * sz, &kc->st.key_bytes);
@@ -668,7 +679,7 @@ static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const s
 		refresh(kc, parent);
 	}
 	refresh(kc, i);
-	if (kc->st.entries > kc->nbuckets)
+	if (kc->st.entries > 2ull * kc->nbuckets)
 		table_grow(kc); /* within a long insert too: chains stay short */
 	return i;
 }
@@ -1277,19 +1288,30 @@ static uint32_t run_tok(const struct kvp_index *kc, uint64_t ns, const uint32_t 
 	return n;
 }
 
-static void lock_get(struct kvp_index *kc, uint32_t i)
+/* A lock on entry i: its first takes it off the eviction lists and from evictable to
+ * protected (acct's rule, without its two passes). */
+static inline void lock_get(struct kvp_index *kc, uint32_t i)
 {
-	acct(kc, &kc->ent[i], -1);
-	kc->ent[i].lock++;
-	acct(kc, &kc->ent[i], 1);
-	refresh(kc, i);
+	struct kc_entry *e = &kc->ent[i];
+
+	if (e->lock++)
+		return;
+	if (!stuck(e))
+		kc->st.evictable_pages[e->tier]--;
+	kc->st.protected_pages[e->tier]++;
+	if (e->list != LIST_NONE)
+		list_del(kc, i);
 }
 
-static void lock_put(struct kvp_index *kc, uint32_t i)
+static inline void lock_put(struct kvp_index *kc, uint32_t i)
 {
-	acct(kc, &kc->ent[i], -1);
-	kc->ent[i].lock--;
-	acct(kc, &kc->ent[i], 1);
+	struct kc_entry *e = &kc->ent[i];
+
+	if (--e->lock)
+		return;
+	kc->st.protected_pages[e->tier]--;
+	if (!stuck(e))
+		kc->st.evictable_pages[e->tier]++;
 	refresh(kc, i);
 }
 

@@ -322,7 +322,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 	}
 	if (name[0] && !m->n_pools)
 		return kvp_rpc_no_such_pool(d, name, f);
-	/* The top prefixes say what others cache (namespaces, lengths, hits): admins only;
+	/* The top pages say what others cache (namespaces, lengths, hits): admins only;
 	 * everyone gets the aggregate figures. */
 	if (m->n_pools && s->admin) {
 		struct kvpd_pool *p = d->pools[m->pools[0]->pool_id];
@@ -339,6 +339,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 			t->tokens = top[i].tokens;
 			t->hits = top[i].hits;
 			t->namespace_ = top[i].ns;
+			t->keyed = top[i].keyed;
 			m->top[m->n_top++] = t;
 		}
 	}
