@@ -637,7 +637,8 @@ static void slot_put(struct slab *s, size_t sz, uint32_t i)
 }
 
 /* A new entry (room reserved): in the table, counted, parent linked. A token page (t not NULL)
- * has key k of KVP_PAGE_KEY_BYTES and its tokens t. */
+ * has its tokens t and key k of KVP_PAGE_KEY_BYTES, or of 0 bytes: derived when first asked
+ * for (page_key). */
 static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const struct kvp_key *k,
 			  const uint32_t *t, uint32_t parent, int tier, uint32_t page)
 {
@@ -659,10 +660,11 @@ static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const s
 	e->page = page;
 	e->prev = e->next = NONE;
 	e->tier = (uint32_t)tier;
-	e->klen1 = (uint32_t)(k->len - 1);
+	e->klen1 = k->len ? (uint32_t)(k->len - 1) : 0; /* a token page's: 0 until derived */
 	e->tok = t != NULL;
 	e->key = slot_take(&kc->slab[c], slab_sz(kc, c));
-	memcpy(key_at(kc, e), k->data, k->len);
+	if (k->len)
+		memcpy(key_at(kc, e), k->data, k->len);
 	if (t) {
 		memcpy(key_at(kc, e) + KVP_PAGE_KEY_BYTES, t, kc->tbytes);
 		kc->st.token_entries++;
@@ -920,7 +922,6 @@ int kvp_index_insert_tokens(struct kvp_index *kc, uint64_t ns, const uint32_t *t
 {
 	struct kvp_index_insert_result r = { 0, 0, 0 };
 	uint32_t need_class[NSLAB] = { 0 }, own, parent = NONE, nsi, h = 0;
-	uint8_t key[KVP_PAGE_KEY_BYTES];
 	int e;
 
 	if (!kc || !tokens || !npages || !pages || !kc->conf.page_tokens ||
@@ -950,11 +951,9 @@ int kvp_index_insert_tokens(struct kvp_index *kc, uint64_t ns, const uint32_t *t
 				r.dup_pages++;
 			}
 		} else {
-			kvp_page_key(parent == NONE ? NULL : key_at(kc, &kc->ent[parent]), t,
-				     kc->conf.page_tokens, key);
 			kvp_pages_move(kc->tier[tier], pages[i], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
-			at = entry_new(kc, nsi, h, &(struct kvp_key){ sizeof(key), key }, t, parent,
-				       tier, pages[i]);
+			at = entry_new(kc, nsi, h, &(struct kvp_key){ 0, NULL }, t, parent, tier,
+				       pages[i]);
 			r.new_pages++;
 		}
 		parent = at;
@@ -968,6 +967,42 @@ int kvp_index_insert_tokens(struct kvp_index *kc, uint64_t ns, const uint32_t *t
 	return 0;
 }
 
+static inline bool key_derived(const struct kc_entry *e)
+{
+	return !e->tok || e->klen1 == KVP_PAGE_KEY_BYTES - 1;
+}
+
+/* Entry i's key: a token page's is derived here when first asked for, with every ancestor's
+ * that is not yet (keys chain from the first page). The chain up to the nearest page with a key
+ * is walked with its parent links reversed, then back down restoring them while each key is
+ * derived from its parent's: no memory, O(pages derived). */
+static const uint8_t *page_key(struct kvp_index *kc, uint32_t i)
+{
+	uint32_t prev = NONE, cur = i, up;
+
+	while (cur != NONE && !key_derived(&kc->ent[cur])) {
+		uint32_t next = kc->ent[cur].parent;
+
+		kc->ent[cur].parent = prev;
+		prev = cur;
+		cur = next;
+	}
+	up = cur; /* the nearest ancestor with a key, or NONE */
+	while (prev != NONE) {
+		struct kc_entry *e = &kc->ent[prev];
+		uint32_t next = e->parent;
+
+		e->parent = up;
+		kvp_page_key(up == NONE ? NULL : key_at(kc, &kc->ent[up]),
+			     (const uint32_t *)(const void *)tokens_at(kc, e), kc->conf.page_tokens,
+			     key_at(kc, e));
+		e->klen1 = KVP_PAGE_KEY_BYTES - 1;
+		up = prev;
+		prev = next;
+	}
+	return key_at(kc, &kc->ent[i]);
+}
+
 int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_t parent,
 		  uint32_t *idx)
 {
@@ -975,9 +1010,9 @@ int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_
 	const struct kc_entry *pe = NULL;
 
 	if (!kc || !x || !idx || (unsigned)x->tier >= KVP_TIER_ID_MAX || !kc->tier[x->tier] ||
-	    !key_ok(&x->key) ||
-	    (!x->keyed &&
-	     (!x->tokens || !kc->conf.page_tokens || x->key.len != KVP_PAGE_KEY_BYTES)) ||
+	    (x->keyed && !key_ok(&x->key)) ||
+	    (!x->keyed && (!x->tokens || !kc->conf.page_tokens ||
+			   (x->key.len && (x->key.len != KVP_PAGE_KEY_BYTES || !x->key.data)))) ||
 	    kvp_pages_state(kc->tier[x->tier], x->page) != KVP_PAGE_LEASED)
 		return -EINVAL;
 	if (parent != NONE) {
@@ -1025,7 +1060,7 @@ int kvp_index_walk(const struct kvp_index *kc,
 		x.parent = e->parent;
 		x.ns = kc->nsr[e->ns].ns;
 		x.keyed = !e->tok;
-		x.key.len = e->klen1 + 1u;
+		x.key.len = key_derived(e) ? e->klen1 + 1u : 0;
 		x.key.data = key_at(kc, e);
 		x.tokens = e->tok ? (const uint32_t *)(const void *)tokens_at(kc, e) : NULL;
 		x.tier = (enum kvp_tier_id)e->tier;
@@ -1037,7 +1072,7 @@ int kvp_index_walk(const struct kvp_index *kc,
 	return 0;
 }
 
-int kvp_index_lock_key(const struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t i,
+int kvp_index_lock_key(struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t i,
 		       struct kvp_key *k, uint64_t *ns)
 {
 	const struct kc_entry *e;
@@ -1045,8 +1080,8 @@ int kvp_index_lock_key(const struct kvp_index *kc, const struct kvp_index_lock *
 	if (!kc || !lock || i >= lock->n || !k || !ns)
 		return -EINVAL;
 	e = &kc->ent[lock->idx[i]];
+	k->data = page_key(kc, lock->idx[i]);
 	k->len = e->klen1 + 1u;
-	k->data = key_at(kc, e);
 	*ns = kc->nsr[e->ns].ns;
 	return 0;
 }
@@ -1563,9 +1598,11 @@ static void landed(struct kvp_index *kc, uint32_t i, uint32_t page)
 {
 	const struct kc_entry *e = &kc->ent[i];
 
-	if (kc->landed)
-		kc->landed(kc->landed_ctx, kc->nsr[e->ns].ns, !e->tok, key_at(kc, e), e->klen1 + 1u,
-			   page);
+	if (kc->landed) {
+		const uint8_t *k = page_key(kc, i);
+
+		kc->landed(kc->landed_ctx, kc->nsr[e->ns].ns, !e->tok, k, e->klen1 + 1u, page);
+	}
 }
 
 static uint32_t evict_host(struct kvp_index *kc, uint32_t want)
@@ -1575,9 +1612,12 @@ static uint32_t evict_host(struct kvp_index *kc, uint32_t want)
 	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
 		const struct kc_entry *e = &kc->ent[i];
 
-		if (kc->spill)
-			kc->spill(kc->spill_ctx, kc->nsr[e->ns].ns, !e->tok, key_at(kc, e),
-				  e->klen1 + 1u, e->page);
+		if (kc->spill) {
+			const uint8_t *k = page_key(kc, i);
+
+			kc->spill(kc->spill_ctx, kc->nsr[e->ns].ns, !e->tok, k, e->klen1 + 1u,
+				  e->page);
+		}
 		entry_drop(kc, i);
 		freed++;
 	}
@@ -1879,13 +1919,20 @@ int kvp_index_check(const struct kvp_index *kc)
 			uint8_t want[KVP_PAGE_KEY_BYTES];
 
 			tok++;
-			if ((e->parent != NONE && (!pe || !pe->tok)) || k.len != sizeof(want) ||
+			if ((e->parent != NONE && (!pe || !pe->tok)) ||
+			    (e->klen1 && k.len != sizeof(want)) ||
 			    tok_hash(kc, kc->nsr[e->ns].ns, pe ? pe->hash : 0, t) != e->hash ||
 			    find_tok(kc, e->ns, e->hash, e->parent, t) != i)
 				goto out;
-			kvp_page_key(pe ? key_at(kc, pe) : NULL, t, kc->conf.page_tokens, want);
-			if (memcmp(want, k.data, sizeof(want)))
-				goto out;
+			/* a key derived is its parent's chain (the parent's derived first) */
+			if (key_derived(e)) {
+				if (pe && !key_derived(pe))
+					goto out;
+				kvp_page_key(pe ? key_at(kc, pe) : NULL, t, kc->conf.page_tokens,
+					     want);
+				if (memcmp(want, k.data, sizeof(want)))
+					goto out;
+			}
 		} else if (key_hash(kc, kc->nsr[e->ns].ns, k.data, k.len) != e->hash ||
 			   find(kc, e->ns, e->hash, &k) != i) {
 			goto out;

@@ -4,10 +4,10 @@
  * spill and landed hooks, hit counts, flush, walk and check, all once for both kinds of calls:
  *  - key calls name pages by engine-supplied chains of page keys (opaque byte strings of 1 ..
  *    KVP_KEY_MAX bytes, each already folding in its parent);
- *  - token calls name pages by their tokens: the index derives each page's key from (the parent
- *    page's key, the page's tokens) as a chained SHA-256 (kvp_page_key), and stores the page's
- *    tokens and its parent link with it, so a lookup compares both and a hash collision can never
- *    become a hit.
+ *  - token calls name pages by their tokens: the index stores the page's tokens and its parent
+ *    link with it, so a lookup compares both and a hash collision can never become a hit; the
+ *    page's key, the chained SHA-256 of (the parent page's key, the page's tokens) (kvp_page_key),
+ *    is derived when first needed (the hooks, kvp_index_lock_key) and kept.
  * Namespaces of both kinds coexist: a token page and a key page never match each other. Shares the
  * pool's page allocators. Single-threaded: the event loop owns it. */
 #pragma once
@@ -217,7 +217,7 @@ struct kvp_index_entry {
 	uint32_t idx, parent;
 	uint64_t ns;
 	int keyed;		/* 0: a token page, whose tokens (page_tokens ids) follow */
-	struct kvp_key key;	/* a token page's: its kvp_page_key */
+	struct kvp_key key;	/* a token page's: its kvp_page_key, or 0 bytes: not derived yet */
 	const uint32_t *tokens; /* token pages */
 	enum kvp_tier_id tier;
 	uint32_t page, hits;
@@ -233,7 +233,7 @@ int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_
 		  uint32_t *idx);
 /* Key i (< kvp_index_lock_pages(lock)) of the run a lock pins, and its namespace; k->data
  * points into the cache (valid until it changes). 0 or -EINVAL. */
-int kvp_index_lock_key(const struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t i,
+int kvp_index_lock_key(struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t i,
 		       struct kvp_key *k, uint64_t *ns);
 /* Tokens of entry i of a lock's run (page_tokens ids; token pages only), NULL otherwise. */
 const uint32_t *kvp_index_lock_tokens(const struct kvp_index *kc, const struct kvp_index_lock *lock,

@@ -1000,7 +1000,8 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		e->key = take(&r, e->len);
 		e->tokens = e->keyed ? NULL : take(&r, (size_t)pt * 4);
 		e->at = UINT32_MAX;
-		if (!r.bad && (!e->len || e->len > KVP_KEY_MAX || e->keyed > 1 ||
+		if (!r.bad && ((e->keyed ? !e->len : e->len && e->len != KVP_PAGE_KEY_BYTES) ||
+			       e->len > KVP_KEY_MAX || e->keyed > 1 ||
 			       !ref(&rf, e->tier, e->page, KVP_PAGE_CACHED)))
 			r.bad = true;
 	}
