@@ -496,18 +496,6 @@ static inline uint32_t bucket_of(const struct kvp_index *kc, uint32_t hash)
 	return hash & (kc->nbuckets - 1);
 }
 
-static uint32_t find(const struct kvp_index *kc, uint32_t ns, uint32_t h, const struct kvp_key *k)
-{
-	for (uint32_t i = kc->buckets[bucket_of(kc, h)]; i != NONE; i = kc->ent[i].hnext) {
-		const struct kc_entry *e = &kc->ent[i];
-
-		if (e->hash == h && e->ns == ns && !e->tok && e->klen1 + 1u == k->len &&
-		    !memcmp(key_at(kc, e), k->data, k->len))
-			return i;
-	}
-	return NONE;
-}
-
 /* Whether n bytes at a (a slab slot) equal those at b: equality only, 8 bytes a step (the
  * compiler's loads, no library call for a page's few dozen bytes). */
 static inline bool same_bytes(const uint8_t *a, const void *b, size_t n)
@@ -526,6 +514,18 @@ static inline bool same_bytes(const uint8_t *a, const void *b, size_t n)
 	for (; i < n; i++)
 		d |= (uint64_t)(a[i] ^ c[i]);
 	return !d;
+}
+
+static uint32_t find(const struct kvp_index *kc, uint32_t ns, uint32_t h, const struct kvp_key *k)
+{
+	for (uint32_t i = kc->buckets[bucket_of(kc, h)]; i != NONE; i = kc->ent[i].hnext) {
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (e->hash == h && e->ns == ns && !e->tok && e->klen1 + 1u == k->len &&
+		    same_bytes(key_at(kc, e), k->data, k->len))
+			return i;
+	}
+	return NONE;
 }
 
 /* Whether entry e is the token page (namespace record ns, parent, tokens t). */
@@ -1236,7 +1236,7 @@ static uint32_t batch_find(const struct kvp_index *kc, uint64_t ns, uint32_t nsi
 			const struct kc_entry *e = &kc->ent[i];
 
 			if (e->hash == h[j] && e->ns == nsi && !e->tok && e->klen1 + 1u == k->len &&
-			    !memcmp(key_at(kc, e), k->data, k->len))
+			    same_bytes(key_at(kc, e), k->data, k->len))
 				break;
 		}
 		if (i == NONE)
@@ -1253,7 +1253,7 @@ static inline bool guess_ok(const struct kvp_index *kc, uint32_t g, uint32_t nsi
 	const struct kc_entry *e = &kc->ent[g];
 
 	return g < kc->ent_hw && e->list != LIST_FREE && e->ns == nsi && !e->tok && key_ok(k) &&
-	       e->klen1 + 1u == k->len && !memcmp(key_at(kc, e), k->data, k->len);
+	       e->klen1 + 1u == k->len && same_bytes(key_at(kc, e), k->data, k->len);
 }
 
 /* Indices of the entries of the leading run of keys[0 .. n) present, in out[] (n entries);
