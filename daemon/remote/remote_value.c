@@ -1,6 +1,7 @@
 /* remote_value.c - the remote tier's value format and content keys (see remote_value.h). */
 #include "remote_value.h"
 
+#include "config.h"
 #include "crc32c.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@ static const char *const rv_err_names[KVP_RV_ERR_MAX] = {
 	[KVP_RV_EFOREIGN] = "foreign pool fingerprint",
 	[KVP_RV_ELENGTH] = "payload length mismatch",
 	[KVP_RV_ECHECKSUM] = "payload checksum mismatch",
+	[KVP_RV_EMAC] = "MAC mismatch",
 };
 
 const char *kvp_rv_strerror(int err)
@@ -75,10 +77,36 @@ static void fp_put(uint8_t *p, const struct kvp_rv_fp *fp)
 	put32(p + 20, fp->layout);
 }
 
+int kvp_rv_mac_init(struct kvp_rv_mac *m, const void *secret, size_t len)
+{
+	if (len < KVP_RV_SECRET_MIN)
+		return -EINVAL;
+	hmac_sha256_set_key(&m->ctx, len, secret);
+	return 0;
+}
+
+/* The MAC of a value into out (KVP_RV_MAC_SIZE bytes): over the key, then bytes 0..47 of the
+ * header, then the payload. The key's length goes first, so that no key and header bytes can
+ * pass for another split of the same bytes. */
+static void rv_mac(const struct kvp_rv_mac *m, const void *key, size_t klen, const uint8_t *hdr,
+		   const void *p, uint64_t n, uint8_t out[KVP_RV_MAC_SIZE])
+{
+	struct hmac_sha256_ctx c = m->ctx; /* the digest resets the copy, not m */
+	uint8_t kl[8];
+
+	put64(kl, klen);
+	hmac_sha256_update(&c, sizeof(kl), kl);
+	hmac_sha256_update(&c, klen, key);
+	hmac_sha256_update(&c, KVP_RV_MAC_AT, hdr);
+	hmac_sha256_update(&c, n, p);
+	hmac_sha256_digest(&c, KVP_RV_MAC_SIZE, out);
+}
+
 void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, void *hdr)
 {
 	uint8_t *h = hdr;
 
+	memset(h + KVP_RV_MAC_AT, 0, KVP_RV_MAC_SIZE);
 	put32(h, KVP_RV_MAGIC);
 	put16(h + 4, KVP_RV_VERSION);
 	put16(h + 6, KVP_RV_HDR_SIZE);
@@ -88,23 +116,45 @@ void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, voi
 	put32(h + 44, kvp_rv_crc32c(h, 44));
 }
 
-void kvp_rv_header(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *hdr)
+void kvp_rv_seal(const struct kvp_rv_mac *m, const void *key, size_t klen, void *hdr, const void *p,
+		 uint64_t n)
 {
-	kvp_rv_header_crc(fp, n, kvp_rv_crc32c(p, n), hdr);
+	uint8_t *h = hdr;
+
+	rv_mac(m, key, klen, h, p, n, h + KVP_RV_MAC_AT);
 }
 
-size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const void *p, uint64_t n, void *out)
+void kvp_rv_header(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
+		   size_t klen, const void *p, uint64_t n, void *hdr)
 {
-	kvp_rv_header(fp, p, n, out);
+	kvp_rv_header_crc(fp, n, kvp_rv_crc32c(p, n), hdr);
+	kvp_rv_seal(m, key, klen, hdr, p, n);
+}
+
+size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
+		     size_t klen, const void *p, uint64_t n, void *out)
+{
+	kvp_rv_header(fp, m, key, klen, p, n, out);
 	memcpy((uint8_t *)out + KVP_RV_HDR_SIZE, p, n);
 	return KVP_RV_HDR_SIZE + n;
 }
 
-int kvp_rv_decode(const struct kvp_rv_fp *fp, uint64_t page_bytes, const void *v, size_t len,
-		  const void **payload, uint64_t *n)
+/* Compares n bytes in a time that does not depend on where they differ. */
+static int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
+{
+	uint8_t d = 0;
+
+	for (size_t i = 0; i < n; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
+int kvp_rv_decode(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
+		  size_t klen, uint64_t page_bytes, const void *v, size_t len, const void **payload,
+		  uint64_t *n)
 {
 	const uint8_t *h = v;
-	uint8_t want[24];
+	uint8_t want[24], mac[KVP_RV_MAC_SIZE];
 	uint64_t plen;
 
 	if (len < KVP_RV_HDR_SIZE)
@@ -123,6 +173,9 @@ int kvp_rv_decode(const struct kvp_rv_fp *fp, uint64_t page_bytes, const void *v
 		return -KVP_RV_ELENGTH;
 	if (get32(h + 40) != kvp_rv_crc32c(h + KVP_RV_HDR_SIZE, plen))
 		return -KVP_RV_ECHECKSUM;
+	rv_mac(m, key, klen, h, h + KVP_RV_HDR_SIZE, plen, mac);
+	if (!same_bytes(mac, h + KVP_RV_MAC_AT, sizeof(mac)))
+		return -KVP_RV_EMAC;
 	*payload = h + KVP_RV_HDR_SIZE;
 	*n = plen;
 	return 0;
@@ -182,4 +235,29 @@ int kvp_rv_key(const struct kvp_rv_fp *fp, const char *ns, const uint8_t hash[KV
 	}
 	out[len] = '\0';
 	return len;
+}
+
+void kvp_rv_ns_name(const char *scope, const struct kvp_ns_owner *o, int keyed, uint64_t ns,
+		    char out[KVP_RV_NSNAME_MAX])
+{
+	uint32_t ids[2 * KVP_MAX_IDS + 2];
+	uint8_t md[SHA256_DIGEST_SIZE];
+	struct sha256_ctx h;
+	uint32_t n = 0;
+
+	sha256_init(&h);
+	sha256_update(&h, strlen(scope) + 1, (const uint8_t *)scope);
+	if (o) {
+		ids[n++] = o->n_uids;
+		for (uint32_t i = 0; i < o->n_uids && i < KVP_MAX_IDS; i++)
+			ids[n++] = o->uids[i];
+		ids[n++] = o->n_gids;
+		for (uint32_t i = 0; i < o->n_gids && i < KVP_MAX_IDS; i++)
+			ids[n++] = o->gids[i];
+		sha256_update(&h, n * sizeof(ids[0]), (const uint8_t *)ids);
+	}
+	sha256_digest(&h, sizeof(md), md);
+	snprintf(out, KVP_RV_NSNAME_MAX, "%02x%02x%02x%02x%02x%02x%02x%02x.%c%llu", md[0], md[1],
+		 md[2], md[3], md[4], md[5], md[6], md[7], keyed ? 'k' : 't',
+		 (unsigned long long)ns);
 }

@@ -23,6 +23,15 @@
 #include "suite.h"
 
 static const struct kvp_rv_fp fp = { 32, 8, 128, 1, 16, 0 };
+static struct kvp_rv_mac g_mac; /* under SECRET */
+#define SECRET "0123456789abcdef0123456789abcdef"
+static const char KEY[] = "kvp:567568aee78ee655:llama:00";
+
+static void put32le(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
 
 static void hex(const uint8_t *h, char *out)
 {
@@ -104,8 +113,9 @@ static void test_crc32c_copy_matches_copy_then_checksum(void)
 			CU_ASSERT_EQUAL(memcmp(dst + (off ^ 1), src + off, n), 0);
 			CU_ASSERT_EQUAL(dst[(off ^ 1) + n], 0xa5);
 		}
-	kvp_rv_header(&fp, src, 65536, h1);
+	kvp_rv_header(&fp, &g_mac, KEY, sizeof(KEY) - 1, src, 65536, h1);
 	kvp_rv_header_crc(&fp, 65536, kvp_crc32c_copy(dst, src, 65536), h2);
+	kvp_rv_seal(&g_mac, KEY, sizeof(KEY) - 1, h2, dst, 65536);
 	CU_ASSERT_EQUAL(memcmp(h1, h2, sizeof(h1)), 0);
 	free(src);
 	free(dst);
@@ -121,14 +131,19 @@ static void test_rv_decode_round_trip(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(page);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(v);
 	fill(page, n, 1);
-	CU_ASSERT_EQUAL(kvp_rv_encode(&fp, page, n, v), KVP_RV_HDR_SIZE + n);
-	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, n, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
+	CU_ASSERT_EQUAL(kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, n, v),
+			KVP_RV_HDR_SIZE + n);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, n, v, KVP_RV_HDR_SIZE + n,
+				      &pl, &pn),
+			0);
 	CU_ASSERT_EQUAL(pn, n);
 	CU_ASSERT_PTR_EQUAL(pl, v + KVP_RV_HDR_SIZE);
 	CU_ASSERT_EQUAL(memcmp(pl, page, n), 0);
-	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, 0, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, 0, v, KVP_RV_HDR_SIZE + n,
+				      &pl, &pn),
+			0);
 	/* the header alone (sent before the page without copying it) is the same bytes */
-	kvp_rv_header(&fp, page, n, hdr);
+	kvp_rv_header(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, n, hdr);
 	CU_ASSERT_EQUAL(memcmp(hdr, v, KVP_RV_HDR_SIZE), 0);
 	CU_ASSERT_EQUAL(memcmp(v, "KVPV", 4), 0);
 	free(page);
@@ -139,7 +154,7 @@ static int decode(const uint8_t *v, size_t len, uint64_t page)
 {
 	const void *pl = (const void *)1;
 	uint64_t pn = 7;
-	int rc = kvp_rv_decode(&fp, page, v, len, &pl, &pn);
+	int rc = kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, v, len, &pl, &pn);
 
 	if (rc) /* outputs untouched on failure */
 		CU_ASSERT(pl == (const void *)1 && pn == 7);
@@ -153,13 +168,13 @@ static void test_rv_decode_each_corruption(void)
 	struct kvp_rv_fp other = fp;
 
 	fill(page, N, 2);
-	kvp_rv_encode(&fp, page, N, v);
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, N, v);
 	CU_ASSERT_EQUAL(decode(v, KVP_RV_HDR_SIZE - 1, 0), -KVP_RV_ESHORT);
 	memcpy(w, v, sizeof(v));
 	w[0] ^= 1;
 	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EMAGIC);
 	memcpy(w, v, sizeof(v));
-	w[4] = 2;
+	w[4] = 1; /* the format before MACs */
 	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EVERSION);
 	memcpy(w, v, sizeof(v));
 	w[6] = 40;
@@ -176,7 +191,7 @@ static void test_rv_decode_each_corruption(void)
 	for (int f = 0; f < 6; f++) {
 		other = fp;
 		((uint32_t *)&other)[f] += 1;
-		kvp_rv_encode(&other, page, N, w);
+		kvp_rv_encode(&other, &g_mac, KEY, sizeof(KEY) - 1, page, N, w);
 		CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EFOREIGN);
 	}
 	/* any single flipped bit anywhere is refused */
@@ -186,7 +201,52 @@ static void test_rv_decode_each_corruption(void)
 		CU_ASSERT_NOT_EQUAL(decode(w, sizeof(w), 0), 0);
 	}
 	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(-KVP_RV_EFOREIGN), "foreign pool fingerprint");
+	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(-KVP_RV_EMAC), "MAC mismatch");
 	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(999), "unknown");
+}
+
+/* A forger without the secret: other bytes under a copied header with both checksums redone
+ * (what a user who can SET in the cluster can write) are refused for their MAC; so is a true
+ * value copied under another key, and one sealed with another secret. */
+static void test_rv_decode_refuses_without_the_secret(void)
+{
+	enum { N = 256 };
+	uint8_t page[N], v[KVP_RV_HDR_SIZE + N], w[KVP_RV_HDR_SIZE + N];
+	static const char other_key[] = "kvp:567568aee78ee655:llama:01";
+	struct kvp_rv_mac other;
+	const void *pl;
+	uint64_t pn;
+
+	fill(page, N, 3);
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, N, v);
+	memcpy(w, v, sizeof(v));
+	memset(w + KVP_RV_HDR_SIZE, 0x41, N);
+	put32le(w + 40, kvp_crc32c(w + KVP_RV_HDR_SIZE, N));
+	put32le(w + 44, kvp_crc32c(w, 44));
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), N), -KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, other_key, sizeof(other_key) - 1, N, v,
+				      sizeof(v), &pl, &pn),
+			-KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(kvp_rv_mac_init(&other, "short", 5), -EINVAL);
+	CU_ASSERT_EQUAL_FATAL(kvp_rv_mac_init(&other, "fedcba9876543210", 16), 0);
+	kvp_rv_encode(&fp, &other, KEY, sizeof(KEY) - 1, page, N, w);
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), N), -KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(decode(v, sizeof(v), N), 0);
+}
+
+/* The MAC is HMAC-SHA256 of (key length, 8 bytes LE; key; header bytes 0..47; payload), its
+ * first 16 bytes. Python's hmac over the same bytes (struct.pack('<IHH6IQI', magic, 2, 64,
+ * geometry, 8, crc32c(page)) then the header's CRC32C) gave MAC_HEX. */
+#define MAC_HEX "a10ae51d864989f908123c0cf6d6e0bd"
+static void test_rv_mac_known_vector(void)
+{
+	uint8_t page[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, v[KVP_RV_HDR_SIZE + 8];
+	char s[33];
+
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, sizeof(page), v);
+	for (int i = 0; i < KVP_RV_MAC_SIZE; i++)
+		sprintf(s + 2 * i, "%02x", v[KVP_RV_MAC_AT + i]);
+	CU_ASSERT_STRING_EQUAL(s, MAC_HEX);
 }
 
 static void test_rv_page_hash_matches_sglang(void)
@@ -281,10 +341,14 @@ int main(void)
 		H_TEST(test_crc32c_copy_matches_copy_then_checksum),
 		H_TEST(test_rv_decode_round_trip),
 		H_TEST(test_rv_decode_each_corruption),
+		H_TEST(test_rv_decode_refuses_without_the_secret),
+		H_TEST(test_rv_mac_known_vector),
 		H_TEST(test_rv_page_hash_matches_sglang),
 		H_TEST(test_rv_key_text_and_refusals),
 		H_TEST(test_rv_key_pages_of_one_prefix_spread),
 	};
 
+	if (kvp_rv_mac_init(&g_mac, SECRET, strlen(SECRET)) < 0)
+		return 1;
 	return H_RUN_SUITE("remote_value", NULL, NULL, tests);
 }
