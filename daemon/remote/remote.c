@@ -695,8 +695,14 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 		explicit_bzero(password, sizeof(password));
 		return NULL;
 	}
-	kvp_rv_mac_init(&r->mac, secret, len);
+	e = kvp_rv_mac_init(&r->mac, secret, len);
 	explicit_bzero(secret, sizeof(secret));
+	if (e < 0) {
+		explicit_bzero(password, sizeof(password));
+		free(r);
+		errno = -e;
+		return NULL;
+	}
 	r->conf = *conf;
 	r->nconns = conf->connections >= 1 && conf->connections <= RC_CONNS ? (int)conf->connections
 									    : RC_CONNS;

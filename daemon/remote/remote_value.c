@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sys/random.h>
+
+#include <nettle/hmac.h>
 #include <nettle/sha2.h>
 
 static const char *const rv_err_names[KVP_RV_ERR_MAX] = {
@@ -79,34 +82,46 @@ static void fp_put(uint8_t *p, const struct kvp_rv_fp *fp)
 
 int kvp_rv_mac_init(struct kvp_rv_mac *m, const void *secret, size_t len)
 {
+	static const char label[] = "kvpool remote value mac v2";
+	struct hmac_sha256_ctx h;
+	uint8_t k[SHA256_DIGEST_SIZE];
+
 	if (len < KVP_RV_SECRET_MIN)
 		return -EINVAL;
-	hmac_sha256_set_key(&m->ctx, len, secret);
+	if (getrandom(m->prefix, sizeof(m->prefix), 0) != (ssize_t)sizeof(m->prefix))
+		return -errno;
+	m->count = 0;
+	hmac_sha256_set_key(&h, len, secret);
+	hmac_sha256_update(&h, sizeof(label) - 1, (const uint8_t *)label);
+	hmac_sha256_digest(&h, sizeof(k), k);
+	umac128_set_key(&m->ctx, k); /* its first UMAC_KEY_SIZE bytes */
+	explicit_bzero(k, sizeof(k));
+	explicit_bzero(&h, sizeof(h));
 	return 0;
 }
 
-/* The MAC of a value into out (KVP_RV_MAC_SIZE bytes): over the key, then bytes 0..47 of the
- * header, then the payload. The key's length goes first, so that no key and header bytes can
- * pass for another split of the same bytes. */
-static void rv_mac(const struct kvp_rv_mac *m, const void *key, size_t klen, const uint8_t *hdr,
+/* The MAC of a value into out (KVP_RV_MAC_SIZE bytes), under hdr's nonce: over the key's length
+ * (so that no key and header bytes pass for another split of the same bytes), the key, bytes
+ * 0..63 of the header (the nonce among them) and the payload. */
+static void rv_mac(struct kvp_rv_mac *m, const void *key, size_t klen, const uint8_t *hdr,
 		   const void *p, uint64_t n, uint8_t out[KVP_RV_MAC_SIZE])
 {
-	struct hmac_sha256_ctx c = m->ctx; /* the digest resets the copy, not m */
 	uint8_t kl[8];
 
 	put64(kl, klen);
-	hmac_sha256_update(&c, sizeof(kl), kl);
-	hmac_sha256_update(&c, klen, key);
-	hmac_sha256_update(&c, KVP_RV_MAC_AT, hdr);
-	hmac_sha256_update(&c, n, p);
-	hmac_sha256_digest(&c, KVP_RV_MAC_SIZE, out);
+	umac128_set_nonce(&m->ctx, KVP_RV_NONCE_SIZE, hdr + KVP_RV_NONCE_AT);
+	umac128_update(&m->ctx, sizeof(kl), kl);
+	umac128_update(&m->ctx, klen, key);
+	umac128_update(&m->ctx, KVP_RV_MAC_AT, hdr);
+	umac128_update(&m->ctx, n, p);
+	umac128_digest(&m->ctx, KVP_RV_MAC_SIZE, out);
 }
 
 void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, void *hdr)
 {
 	uint8_t *h = hdr;
 
-	memset(h + KVP_RV_MAC_AT, 0, KVP_RV_MAC_SIZE);
+	memset(h + KVP_RV_NONCE_AT, 0, KVP_RV_NONCE_SIZE + KVP_RV_MAC_SIZE);
 	put32(h, KVP_RV_MAGIC);
 	put16(h + 4, KVP_RV_VERSION);
 	put16(h + 6, KVP_RV_HDR_SIZE);
@@ -116,23 +131,26 @@ void kvp_rv_header_crc(const struct kvp_rv_fp *fp, uint64_t n, uint32_t crc, voi
 	put32(h + 44, kvp_rv_crc32c(h, 44));
 }
 
-void kvp_rv_seal(const struct kvp_rv_mac *m, const void *key, size_t klen, void *hdr, const void *p,
+void kvp_rv_seal(struct kvp_rv_mac *m, const void *key, size_t klen, void *hdr, const void *p,
 		 uint64_t n)
 {
 	uint8_t *h = hdr;
 
+	/* unique per value: the writer's random prefix and its count */
+	memcpy(h + KVP_RV_NONCE_AT, m->prefix, sizeof(m->prefix));
+	put64(h + KVP_RV_NONCE_AT + 8, m->count++);
 	rv_mac(m, key, klen, h, p, n, h + KVP_RV_MAC_AT);
 }
 
-void kvp_rv_header(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
-		   size_t klen, const void *p, uint64_t n, void *hdr)
+void kvp_rv_header(const struct kvp_rv_fp *fp, struct kvp_rv_mac *m, const void *key, size_t klen,
+		   const void *p, uint64_t n, void *hdr)
 {
 	kvp_rv_header_crc(fp, n, kvp_rv_crc32c(p, n), hdr);
 	kvp_rv_seal(m, key, klen, hdr, p, n);
 }
 
-size_t kvp_rv_encode(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
-		     size_t klen, const void *p, uint64_t n, void *out)
+size_t kvp_rv_encode(const struct kvp_rv_fp *fp, struct kvp_rv_mac *m, const void *key, size_t klen,
+		     const void *p, uint64_t n, void *out)
 {
 	kvp_rv_header(fp, m, key, klen, p, n, out);
 	memcpy((uint8_t *)out + KVP_RV_HDR_SIZE, p, n);
@@ -149,9 +167,8 @@ static int same_bytes(const uint8_t *a, const uint8_t *b, size_t n)
 	return d == 0;
 }
 
-int kvp_rv_decode(const struct kvp_rv_fp *fp, const struct kvp_rv_mac *m, const void *key,
-		  size_t klen, uint64_t page_bytes, const void *v, size_t len, const void **payload,
-		  uint64_t *n)
+int kvp_rv_decode(const struct kvp_rv_fp *fp, struct kvp_rv_mac *m, const void *key, size_t klen,
+		  uint64_t page_bytes, const void *v, size_t len, const void **payload, uint64_t *n)
 {
 	const uint8_t *h = v;
 	uint8_t want[24], mac[KVP_RV_MAC_SIZE];
