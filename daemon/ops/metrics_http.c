@@ -16,11 +16,13 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CONN_MAX 128 /* connections in all */
@@ -47,6 +49,26 @@ struct kvp_metrics_http {
 	struct peer_count uids[UIDS_MAX + 1]; /* open connections of each unix peer's uid */
 	uint32_t n_uids;
 };
+
+/* libmicrohttpd's messages (a connection refused past a limit, ...): one line per 5 s at most,
+ * with a count of the rest, so that a peer opening connections cannot flood the log. Called on
+ * the endpoint's one thread (and at its start). */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	static struct kvp_log_limit limit = { .interval_ms = 5000 };
+	struct timespec ts;
+	char line[256];
+	size_t n;
+
+	(void)cls;
+	vsnprintf(line, sizeof(line), fmt, ap);
+	n = strlen(line);
+	while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+		line[--n] = '\0';
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	kvp_log_limited(&limit, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + 1,
+			LOG_WARNING, "metrics endpoint: %s", line);
+}
 
 /* What MHD keeps per connection (its socket context): the uid counted, or refused. */
 struct conn_ctx {
@@ -335,11 +357,13 @@ struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf)
 	m->mhd =
 		m->unix_fd >= 0
 			? MHD_start_daemon(flags, 0, accept_policy, m, serve, m,
+					   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 					   MHD_OPTION_LISTEN_SOCKET, m->unix_fd,
 					   MHD_OPTION_CONNECTION_LIMIT, CONN_MAX,
 					   MHD_OPTION_CONNECTION_TIMEOUT, conf->metrics_idle_s,
 					   MHD_OPTION_NOTIFY_CONNECTION, notify, m, MHD_OPTION_END)
 			: MHD_start_daemon(flags, 0, accept_policy, m, serve, m,
+					   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
 					   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 					   MHD_OPTION_CONNECTION_LIMIT, CONN_MAX,
 					   MHD_OPTION_PER_IP_CONNECTION_LIMIT, m->per_peer,
