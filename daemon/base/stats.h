@@ -188,6 +188,11 @@ struct kvp_daemon_figures {
 	  "Values refused for a bad header, length or checksum (deleted)")                         \
 	X(foreign_values, "remote_foreign_values_total", "counter",                                \
 	  "Values refused as written by a pool of another geometry (deleted)")                     \
+	X(bad_mac, "remote_bad_mac_total", "counter",                                              \
+	  "Values refused for their MAC: not written under that key by a kvpoold holding the "     \
+	  "deployment's secret (also counted as bad values, deleted)")                             \
+	X(auth_failures, "remote_auth_failures_total", "counter",                                  \
+	  "AUTH refused by a cluster node (wrong user or password; the connection closed)")        \
 	X(match_queries, "remote_match_queries_total", "counter",                                  \
 	  "Existence queries made for a Match of pages after the local ones")                      \
 	X(match_timeouts, "remote_match_timeouts_total", "counter",                                \

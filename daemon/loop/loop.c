@@ -147,7 +147,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		 (unsigned long)kvp_admit_fd_reserve(sv.fd_limit),
 		 (unsigned long)kvp_admit_buffer_budget(&d->conf));
 	if (d->conf.metrics_listen[0])
-		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
+		sv.http = kvp_metrics_http_start(&d->conf);
 	kvp_loop_ring_rearm(&sv);
 	kvp_notify("READY=1");
 	kvp_loop_tick_status(&sv);

@@ -132,10 +132,15 @@ static bool pool_live(const struct kvp_daemon *d, const struct kvpd_pool *p)
 	return false;
 }
 
-/* "t<ns>" / "k<ns>": the keyings never share keys. */
-static void ns_name(uint64_t ns, int keyed, char out[24])
+/* The namespace part of a remote key (kvp_rv_ns_name): the pool's remote_scope (its name when
+ * none is set) and the namespace's binding, read at each use (a reload may change them). */
+#define NS_NAME_MAX KVP_RV_NSNAME_MAX
+static void ns_name(const struct rt_pool *rp, uint64_t ns, int keyed, char out[NS_NAME_MAX])
 {
-	snprintf(out, 24, "%c%llu", keyed ? 'k' : 't', (unsigned long long)ns);
+	const struct kvp_pool_conf *c = &rp->p->conf;
+
+	kvp_rv_ns_name(c->remote_scope[0] ? c->remote_scope : c->name,
+		       kvp_pool_conf_ns_owner(c, ns), keyed, ns, out);
 }
 
 static void key_hash(const uint8_t *key, size_t len, uint8_t out[KVP_RV_HASH_SIZE])
@@ -285,14 +290,14 @@ enum { PUT_DROPPED = -1, PUT_SEEN = 0, PUT_SENT = 1 };
 static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
 {
 	struct kvp_remote *r = rp->d->remote;
-	char key[KVP_RV_KEY_MAX], nsn[24];
+	char key[KVP_RV_KEY_MAX], nsn[NS_NAME_MAX];
 	const uint8_t *b = host_page(rp->p, page);
 	struct rt_seen *slot = NULL, old = { 0 };
 	struct rt_set *ws = NULL;
 	uint64_t tag;
 	int klen;
 
-	ns_name(ns, keyed, nsn);
+	ns_name(rp, ns, keyed, nsn);
 	if ((klen = kvp_rv_key(&rp->fp, nsn, h, key)) < 0)
 		return PUT_DROPPED;
 	if (seen_written(rp, key, (size_t)klen, &tag)) {
@@ -442,10 +447,10 @@ static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tok
 {
 	uint32_t pt = rp->p->conf.page_tokens;
 	uint8_t h[KVP_RV_HASH_SIZE];
-	char nsn[24];
+	char nsn[NS_NAME_MAX];
 	int k;
 
-	ns_name(ns, 0, nsn);
+	ns_name(rp, ns, 0, nsn);
 	for (uint32_t i = 0; i < to; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
 		if (i < from)
@@ -461,10 +466,10 @@ static int hash_keys(const struct rt_pool *rp, uint64_t ns, const ProtobufCBinar
 		     uint32_t n, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
 	uint8_t h[KVP_RV_HASH_SIZE];
-	char nsn[24];
+	char nsn[NS_NAME_MAX];
 	int k;
 
-	ns_name(ns, 1, nsn);
+	ns_name(rp, ns, 1, nsn);
 	for (uint32_t i = 0; i < n; i++) {
 		key_hash(keys[i].data, keys[i].len, h);
 		if ((k = kvp_rv_key(&rp->fp, nsn, h, out[i])) < 0)

@@ -354,11 +354,18 @@ KVP_RPC_HANDLER(kvp_rpc_metrics)
 		KVP_REPLY_NEW(r, Kvpool__MetricsResp, kvpool__metrics_resp__descriptor);
 	char *text;
 
-	(void)s;
+	bool show[KVP_MAX_POOLS];
+
 	(void)q;
 	if (!m)
 		return kvp_rpc_oom(f);
-	text = kvp_metrics_render(d);
+	/* a non-admin sees the series of the pools it may attach */
+	for (uint32_t i = 0; i < d->n_pools && i < KVP_MAX_POOLS; i++) {
+		struct kvp_fail no;
+
+		show[i] = s->admin || kvp_session_may_attach(d, s, d->pools[i], &no) == 0;
+	}
+	text = kvp_metrics_render_pools(d, show);
 	if (!text)
 		return kvp_rpc_oom(f);
 	if (kvp_reply_adopt(r, text) < 0)
