@@ -1,8 +1,10 @@
 /* metrics_http.c - GET /metrics over HTTP through libmicrohttpd, held to an access rule: TCP
- * peers only from metrics_allow (loopback when none is given), a unix socket (metrics_listen =
- * unix:PATH) only for root, kvpoold's uid and admin_groups (the endpoint shows every pool); at
- * most metrics_peer_connections connections of one peer (address, or uid), each closed after
- * metrics_idle_s idle. */
+ * peers only from metrics_allow (loopback when none is given), and a loopback peer only when its
+ * uid may use kvpoold's socket (the uid owning the peer's socket, from /proc/net/tcp: root,
+ * or allowed_users / allowed_groups when given, and the socket's mode and its folder's); a unix
+ * socket (metrics_listen = unix:PATH) only for root, kvpoold's uid and admin_groups (the
+ * endpoint shows every pool); at most metrics_peer_connections connections of one peer
+ * (address, or uid), each closed after metrics_idle_s idle. */
 #include "metrics_http.h"
 
 #include <stdlib.h>
@@ -13,9 +15,12 @@
 #if KVP_HAVE_MHD
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grp.h>
+#include <libgen.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -44,6 +49,10 @@ struct kvp_metrics_http {
 	uint32_t n_admin_gids;
 	uint32_t per_peer;
 	uid_t self;
+	/* kvpoold's own socket and its users rule, which loopback TCP peers are held to */
+	char sock[KVP_SOCKET_PATH_MAX];
+	uint32_t allowed_uids[KVP_MAX_IDS], n_allowed_uids;
+	uint32_t allowed_gids[KVP_MAX_IDS], n_allowed_gids;
 	int unix_fd; /* the unix endpoint's socket; -1: TCP */
 	char unix_path[KVP_LISTEN_MAX];
 	struct peer_count uids[UIDS_MAX + 1]; /* open connections of each unix peer's uid */
@@ -181,6 +190,148 @@ static void unix_peer_start(struct kvp_metrics_http *m, int fd, struct conn_ctx 
 	pthread_mutex_unlock(&m->lock);
 }
 
+/* Whether sa is a loopback address (127/8, ::1, ::ffff:127/104). */
+static bool loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return ((const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr)[0] == 127;
+	if (sa->sa_family == AF_INET6) {
+		const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+		static const uint8_t one[16] = { [15] = 1 },
+				     mapped[12] = { [10] = 0xff, [11] = 0xff };
+
+		return !memcmp(b, one, 16) || (!memcmp(b, mapped, 12) && b[12] == 127);
+	}
+	return false;
+}
+
+/* The uid owning the TCP socket at address peer connected to self: a loopback peer's socket is
+ * this host's, listed in /proc/net/tcp (tcp6) with its owner. -1 when it is not found. The
+ * kernel prints each 32-bit word of an address as a native-endian hex number, ports as host
+ * numbers. */
+static int64_t tcp_peer_uid(const struct sockaddr_storage *peer,
+			    const struct sockaddr_storage *self)
+{
+	bool v6 = peer->ss_family == AF_INET6;
+	uint32_t pa[4] = { 0 }, sa[4] = { 0 };
+	unsigned pp, sp;
+	char line[512];
+	int64_t uid = -1;
+	FILE *f;
+
+	if (v6) {
+		const struct sockaddr_in6 *p6 = (const void *)peer, *s6 = (const void *)self;
+
+		memcpy(pa, &p6->sin6_addr, 16);
+		memcpy(sa, &s6->sin6_addr, 16);
+		pp = ntohs(p6->sin6_port);
+		sp = ntohs(s6->sin6_port);
+	} else {
+		const struct sockaddr_in *p4 = (const void *)peer, *s4 = (const void *)self;
+
+		memcpy(pa, &p4->sin_addr, 4);
+		memcpy(sa, &s4->sin_addr, 4);
+		pp = ntohs(p4->sin_port);
+		sp = ntohs(s4->sin_port);
+	}
+	if (!(f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re")))
+		return -1;
+	while (uid < 0 && fgets(line, sizeof(line), f)) {
+		unsigned la[4] = { 0 }, ra[4] = { 0 }, lp, rp;
+		unsigned long u;
+		int n = v6 ? sscanf(line,
+				    " %*u: %8X%8X%8X%8X:%X %8X%8X%8X%8X:%X %*X %*X:%*X %*X:%*X "
+				    "%*X %lu",
+				    &la[0], &la[1], &la[2], &la[3], &lp, &ra[0], &ra[1], &ra[2],
+				    &ra[3], &rp, &u)
+			   : sscanf(line, " %*u: %X:%X %X:%X %*X %*X:%*X %*X:%*X %*X %lu", &la[0],
+				    &lp, &ra[0], &rp, &u);
+
+		if (n != (v6 ? 11 : 5) || lp != pp || rp != sp)
+			continue;
+		if (!memcmp(la, pa, sizeof(la)) && !memcmp(ra, sa, sizeof(ra)))
+			uid = (int64_t)u;
+	}
+	fclose(f);
+	return uid;
+}
+
+/* Whether uid, with its groups, has the access bits of st (owner, group or other). */
+static bool mode_lets(const struct stat *st, uid_t uid, const gid_t *g, int ng, mode_t u, mode_t gr,
+		      mode_t o)
+{
+	if (uid == st->st_uid)
+		return st->st_mode & u;
+	for (int i = 0; i < ng; i++)
+		if (g[i] == st->st_gid)
+			return st->st_mode & gr;
+	return st->st_mode & o;
+}
+
+static bool in_ids(uint32_t id, const uint32_t *list, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (list[i] == id)
+			return true;
+	return false;
+}
+
+/* Whether uid may use kvpoold's socket: root; otherwise allowed_users / allowed_groups when
+ * given, and write access to the socket and search access to its folder by their modes. */
+static bool may_use_socket(struct kvp_metrics_http *m, uid_t uid)
+{
+	char sock[KVP_SOCKET_PATH_MAX], dir[KVP_SOCKET_PATH_MAX], buf[4096];
+	struct passwd pw, *pwp = NULL;
+	gid_t g[256];
+	int ng = 0;
+	struct stat st, dt;
+	bool ok;
+
+	if (uid == 0)
+		return true;
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &pwp) == 0 && pwp) {
+		ng = (int)(sizeof(g) / sizeof(g[0]));
+		if (getgrouplist(pwp->pw_name, pwp->pw_gid, g, &ng) < 0)
+			ng = (int)(sizeof(g) / sizeof(g[0]));
+	}
+	pthread_mutex_lock(&m->lock);
+	memcpy(sock, m->sock, sizeof(sock));
+	ok = !m->n_allowed_uids && !m->n_allowed_gids;
+	ok = ok || in_ids(uid, m->allowed_uids, m->n_allowed_uids);
+	for (int i = 0; i < ng && !ok; i++)
+		ok = in_ids(g[i], m->allowed_gids, m->n_allowed_gids);
+	pthread_mutex_unlock(&m->lock);
+	if (!ok || !sock[0])
+		return false;
+	memcpy(dir, sock, sizeof(dir));
+	if (stat(sock, &st) < 0 || stat(dirname(dir), &dt) < 0)
+		return false;
+	return mode_lets(&st, uid, g, ng, S_IWUSR, S_IWGRP, S_IWOTH) &&
+	       mode_lets(&dt, uid, g, ng, S_IXUSR, S_IXGRP, S_IXOTH);
+}
+
+/* A loopback TCP peer as its connection starts: refused unless the uid owning its socket may
+ * use kvpoold's socket (a uid refused there gets no figures here either). */
+static void loopback_peer_start(struct kvp_metrics_http *m, struct MHD_Connection *conn, int fd,
+				struct conn_ctx *c)
+{
+	const union MHD_ConnectionInfo *ai =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	struct sockaddr_storage peer = { 0 }, self = { 0 };
+	socklen_t len = sizeof(self);
+	int64_t uid;
+
+	if (!ai || !ai->client_addr || !loopback(ai->client_addr))
+		return; /* an address metrics_allow lets in: no uid to hold it to */
+	memcpy(&peer, ai->client_addr,
+	       ai->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+						      : sizeof(struct sockaddr_in));
+	if (getsockname(fd, (struct sockaddr *)&self, &len) < 0 ||
+	    self.ss_family != peer.ss_family || (uid = tcp_peer_uid(&peer, &self)) < 0 ||
+	    !may_use_socket(m, (uid_t)uid))
+		c->refused = 1;
+}
+
 static void notify(void *cls, struct MHD_Connection *conn, void **socket_context,
 		   enum MHD_ConnectionNotificationCode toe)
 {
@@ -200,6 +351,8 @@ static void notify(void *cls, struct MHD_Connection *conn, void **socket_context
 		}
 		if (m->unix_fd >= 0)
 			unix_peer_start(m, ci->connect_fd, c);
+		else
+			loopback_peer_start(m, conn, ci->connect_fd, c);
 		if (c->refused) /* nothing is read from it: closed at once */
 			shutdown(ci->connect_fd, SHUT_RDWR);
 		return;
@@ -268,6 +421,10 @@ static void rule_copy(struct kvp_metrics_http *m, const struct kvp_conf *conf)
 		m->admin_gids[i] = conf->admin_gids[i];
 	m->n_admin_gids = conf->n_admin_gids;
 	m->per_peer = conf->metrics_peer_connections ? conf->metrics_peer_connections : 4;
+	memcpy(m->allowed_uids, conf->allowed_uids, sizeof(m->allowed_uids));
+	m->n_allowed_uids = conf->n_allowed_uids;
+	memcpy(m->allowed_gids, conf->allowed_gids, sizeof(m->allowed_gids));
+	m->n_allowed_gids = conf->n_allowed_gids;
 }
 
 /* The address of "host:port" / "[v6]:port" into ss. 0 or -1. */
@@ -325,7 +482,7 @@ static int unix_listen(const char *path)
 	return fd;
 }
 
-struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf)
+struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf, const char *sock)
 {
 	const char *listen = conf->metrics_listen;
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
@@ -337,6 +494,7 @@ struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf)
 		return NULL;
 	m->unix_fd = -1;
 	m->self = geteuid();
+	snprintf(m->sock, sizeof(m->sock), "%s", sock ? sock : "");
 	rule_copy(m, conf);
 	if (strncmp(listen, "unix:", 5) == 0) {
 		snprintf(m->unix_path, sizeof(m->unix_path), "%s", listen + 5);
@@ -418,8 +576,9 @@ void kvp_metrics_http_stop(struct kvp_metrics_http *m)
 
 #else
 
-struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf)
+struct kvp_metrics_http *kvp_metrics_http_start(const struct kvp_conf *conf, const char *sock)
 {
+	(void)sock;
 	log_err("metrics_listen %s: this kvpoold was built without libmicrohttpd",
 		conf->metrics_listen);
 	return NULL;

@@ -182,6 +182,79 @@ static void test_allow_list_refuses_other_addresses(void)
 	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
 }
 
+/* uid 60001 reading metrics over loopback TCP, in a child: 1 when it got figures, 0 when not
+ * (and whether kvpoold's socket let it in, into *joined). */
+static int other_reads(const char *sock, int port, int *joined)
+{
+	static char buf[1 << 17];
+	int rep[2], got[2] = { -1, -1 };
+	pid_t pid;
+
+	if (pipe(rep) < 0)
+		return -1;
+	pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		struct kvp_client *c;
+		int n[2];
+
+		close(rep[0]);
+		if (drop_to(OTHER_UID) < 0)
+			_exit(90);
+		c = kvp_client_connect(sock, "other", NULL);
+		n[1] = c != NULL;
+		kvp_client_close(c);
+		n[0] = get_on(tcp_from(NULL, port), buf, sizeof(buf), 2000) > 0 &&
+		       strstr(buf, " 200 OK") && strstr(buf, "kvpool_");
+		if (write(rep[1], n, sizeof(n)) != sizeof(n))
+			_exit(92);
+		_exit(0);
+	}
+	close(rep[1]);
+	if (read(rep[0], got, sizeof(got)) != sizeof(got))
+		got[0] = -1;
+	close(rep[0]);
+	if (h_wait_pid(pid, 10000) != 0)
+		return -1;
+	*joined = got[1];
+	return got[0];
+}
+
+/* A loopback TCP peer is held to kvpoold's own socket rule, by the uid owning its socket:
+ * with allowed_users = 0, uid 60001 is refused at kvpoold's socket and gets no figures from
+ * 127.0.0.1 either (root does); without it, and with the socket open to everyone, it gets
+ * both. Before, any local uid read every pool's figures over loopback. */
+static void test_loopback_peer_held_to_socket_rule(void)
+{
+	char conf[1024];
+	struct daemon d;
+	int joined = -1;
+
+	snprintf(conf, sizeof(conf),
+		 "[daemon]\nallowed_users = 0\nmetrics_listen = 127.0.0.1:%d\n" POOL("p", "0"),
+		 g_port);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, conf, NULL), 0);
+	CU_ASSERT_FATAL(chmod(d.dir, 0755) == 0 && chmod(d.sock, 0666) == 0);
+	CU_ASSERT_FATAL(endpoint_up(g_port)); /* root */
+	CU_ASSERT_EQUAL(other_reads(d.sock, g_port, &joined), 0);
+	CU_ASSERT_EQUAL(joined, 0);
+	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
+
+	snprintf(conf, sizeof(conf), "[daemon]\nmetrics_listen = 127.0.0.1:%d\n" POOL("p", "0"),
+		 g_port);
+	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&d, conf, NULL), 0);
+	CU_ASSERT_FATAL(chmod(d.dir, 0755) == 0 && chmod(d.sock, 0666) == 0);
+	CU_ASSERT_FATAL(endpoint_up(g_port));
+	CU_ASSERT_EQUAL(other_reads(d.sock, g_port, &joined), 1);
+	CU_ASSERT_EQUAL(joined, 1);
+	/* the socket closed to others (mode 0600): refused there, and here */
+	CU_ASSERT_FATAL(chmod(d.sock, 0600) == 0);
+	CU_ASSERT_EQUAL(other_reads(d.sock, g_port, &joined), 0);
+	CU_ASSERT_EQUAL(joined, 0);
+	CU_ASSERT_EQUAL(h_daemon_finish(&d), 0);
+}
+
 /* metrics_listen = unix:PATH: root reads it; uid 60001, refused at kvpoold's socket too
  * (allowed_users = 0), gets no metrics. */
 static void test_unix_endpoint_holds_to_uids(void)
@@ -285,6 +358,7 @@ int main(void)
 	static const struct h_test tests[] = {
 		H_TEST(test_idle_peer_locks_nobody_out),
 		H_TEST(test_allow_list_refuses_other_addresses),
+		H_TEST(test_loopback_peer_held_to_socket_rule),
 		H_TEST(test_unix_endpoint_holds_to_uids),
 		H_TEST(test_rpc_shows_non_admin_its_pools),
 	};
