@@ -13,8 +13,9 @@ with::
         "linker_extra_config": {"pool": "llama-8b", "socket": "/run/kvpool/kvpoold.sock"}}'
 
 Extra config keys: pool (required), socket (default: kvpool.default_socket()), namespace (int,
-default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096). Any other
-key is refused at construction.
+default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096), copy_threads
+(threads of the CPU copies, default torch's threads, at most 4). Any other key is refused at
+construction.
 
 Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
 MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
@@ -41,9 +42,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
 from typing import Any, Optional
 
+import numpy
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
@@ -60,7 +63,8 @@ __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
 
 log = logging.getLogger("kvpool.sglang")
 
-EXTRA_CONFIG_KEYS = ("pool", "socket", "namespace", "timeout_ms", "max_keys_per_call")
+EXTRA_CONFIG_KEYS = ("pool", "socket", "namespace", "timeout_ms", "max_keys_per_call",
+                     "copy_threads")
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.uint8: "fp8"}
 for _n in ("float8_e4m3fn", "float8_e5m2"):
@@ -83,15 +87,58 @@ def _runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]]:
 
 
 def _copy_pages(dst: torch.Tensor, dp: torch.Tensor, src: torch.Tensor, sp: torch.Tensor,
-                runs: list, non_blocking: bool = False) -> None:
-    """dst[dp] = src[sp] along dim 0 (pages): one copy per run, or a gather when the pages
-    form too many runs."""
+                runs: list, pairs: list) -> None:
+    """dst[dp] = src[sp] along dim 0 (pages): one copy per run, added to pairs for the
+    copier, or a gather done here when the pages form too many runs."""
     if len(runs) <= _MAX_RUNS:
         for d0, s0, n in runs:
-            dst.narrow(0, d0, n).copy_(src.narrow(0, s0, n), non_blocking=non_blocking)
+            pairs.append((dst.narrow(0, d0, n), src.narrow(0, s0, n)))
         return
     dpi, spi = dp.to(dst.device), sp.to(src.device)
-    dst.index_copy_(0, dpi, src.index_select(0, spi).to(dst.device, non_blocking=non_blocking))
+    dst.index_copy_(0, dpi, src.index_select(0, spi).to(dst.device))
+
+
+class _Copier:
+    """Runs strided copies: CPU ones with numpy.copyto (which releases the GIL) spread over
+    a few threads, device ones with torch. torch's own copy of a strided CPU tensor splits
+    each copy across its threads, which measured several times slower than one memcpy."""
+
+    def __init__(self, threads: int):
+        self.n = max(1, threads)
+        self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="kvpool-copy") \
+            if self.n > 1 else None
+
+    @staticmethod
+    def _np(t: torch.Tensor) -> Any:
+        return t.view(torch.uint8).numpy()
+
+    def run(self, pairs: list) -> None:
+        cpu, other = [], []
+        for d, s in pairs:
+            if d.device.type == "cpu" and s.device.type == "cpu" and d.dtype == s.dtype:
+                cpu.append((d, s))
+            else:
+                other.append((d, s))
+        for d, s in other:
+            d.copy_(s, non_blocking=True)
+        if not cpu:
+            return
+        jobs = [[] for _ in range(min(self.n, len(cpu)))]
+        for i, (d, s) in enumerate(cpu):
+            jobs[i % len(jobs)].append((d, s))
+
+        def go(part):
+            for d, s in part:
+                numpy.copyto(self._np(d), self._np(s))
+
+        futs = [self.pool.submit(go, part) for part in jobs[1:]] if self.pool else []
+        go(jobs[0])
+        for f in futs:
+            f.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 class _DevicePool:
@@ -229,6 +276,8 @@ class KvpoolLinker(UnifiedCacheLinker):
         self._offload_queue: Queue = Queue()
         self._offload_results: Queue = Queue()
         self._closed = False
+        threads = extra.get("copy_threads", min(4, torch.get_num_threads()))
+        self._copier = _Copier(int(threads))
         self._load_thread = threading.Thread(target=self._load_loop, daemon=True,
                                              name=f"kvpool-load-tp{tp_rank}")
         self._offload_thread = threading.Thread(target=self._offload_loop, daemon=True,
@@ -381,14 +430,16 @@ class KvpoolLinker(UnifiedCacheLinker):
                 plans.append((j, dp, runs))
             cuda = self.dev.device.type == "cuda"
             for layer in range(self.num_layers):
+                pairs: list = []
                 for c, buf in enumerate(self.dev.layers[layer]):
                     for j, dp, runs in plans:
                         src = j.host[:, layer, c]
                         if dp is not None:
-                            _copy_pages(self.dev.page_view(buf), dp, src, j.hp, runs, cuda)
+                            _copy_pages(self.dev.page_view(buf), dp, src, j.hp, runs, pairs)
                         else:  # slots that are not whole pages: token by token
                             rows = src.index_select(0, j.hp).reshape(-1, *self.dev.row)
                             buf.index_copy_(0, j.slots.to(buf.device), rows.to(buf.device))
+                self._copier.run(pairs)
                 if cuda:
                     torch.cuda.current_stream(self.dev.device).synchronize()
                 self.layer_done_counter.complete(index, layer)
@@ -459,16 +510,20 @@ class KvpoolLinker(UnifiedCacheLinker):
                 if dp is not None:
                     sub = dp[have:]
                     runs = _runs(hp, sub)
+                pairs: list = []
                 for layer in range(self.num_layers):
                     for c, buf in enumerate(self.dev.layers[layer]):
                         dst = host[:, layer, c]
                         if dp is not None:
-                            _copy_pages(dst, hp, self.dev.page_view(buf), sub, runs)
+                            _copy_pages(dst, hp, self.dev.page_view(buf), sub, runs, pairs)
                         else:
                             rows = buf.index_select(0, slots[have * self.page_size:].to(
                                 buf.device)).to("cpu")
                             dst.index_copy_(0, hp, rows.view(n, self.page_size,
                                                              *self.dev.row))
+                self._copier.run(pairs)
+                if self.dev.device.type == "cuda":
+                    torch.cuda.current_stream(self.dev.device).synchronize()
                 r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
                                      pages=hp.numpy().astype("uint32"))
             finally:
@@ -517,5 +572,6 @@ class KvpoolLinker(UnifiedCacheLinker):
                 queue.put(None)
                 thread.join()
         log.info("kvpool.sglang: KvpoolLinker stats %s", self.stats())
+        self._copier.close()
         self.link.close()
         self._closed = True

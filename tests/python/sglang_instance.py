@@ -119,9 +119,7 @@ class Instance:
         self.nreq += 1
         return Req(f"r{self.nreq}", "", array("q", tokens), SamplingParams(max_new_tokens=1))
 
-    def fetch(self, tokens):
-        """A new request's match and load-back as the scheduler runs them, then its forward
-        reading every layer. Returns (device prefix tokens, loaded slots or None, failed)."""
+    def _fetch(self, tokens):
         from sglang.srt.mem_cache.base_prefix_cache import (InitLoadBackParams,
                                                             MatchPrefixParams)
         from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -131,17 +129,51 @@ class Instance:
                                                       req=req))
         req.last_node = m.last_device_node
         if m.host_hit_length == 0:
-            return m.device_prefix_len, None, False
+            return req, m, None, False
         n, _ = self.cache.init_load_back(InitLoadBackParams(
             best_match_node=m.last_host_node, host_hit_length=m.host_hit_length, req=req))
         if n == 0:
-            return m.device_prefix_len, None, False
+            return req, m, None, False
         slots = self.cache.linker.private_load_indices[req.rid]
         index = self.cache.ready_to_load_host_cache()
         self.counter.set_consumer(index)
         data = self.read(slots)
         failed = self.cache.finish_external_linker_loads([req])
-        return m.device_prefix_len, (slots, data), bool(failed)
+        return req, m, (slots, data), bool(failed)
+
+    def fetch(self, tokens):
+        """A new request's match and load-back as the scheduler runs them, then its forward
+        reading every layer. Returns (device prefix tokens, (loaded slots, their KV) or None,
+        failed)."""
+        _, m, got, failed = self._fetch(tokens)
+        return m.device_prefix_len, got, failed
+
+    def serve(self, tokens, seed):
+        """A request served as the scheduler serves it: match, load-back of an L2 hit, the
+        rest computed, the insert after the forward (write-through to the linker). Returns
+        the tokens not computed."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        req, m, got, failed = self._fetch(tokens)
+        root = self.cache.root_node_handle(None)
+        have = self.cache.tree_core.collect_full_device_indices(req.last_node, root)
+        have = have[:m.device_prefix_len].to(torch.int64)
+        if got is not None and not failed:
+            have = torch.cat([have, got[0].to(torch.int64)])
+        rest = len(tokens) - len(have)
+        if rest:
+            new = self.alloc.alloc(rest)
+            assert new is not None, "device pool full"
+            self.write(new, seed)
+            value = torch.cat([have, new.to(torch.int64)])
+        else:
+            value = have
+        r = self.cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=value))
+        if r.prefix_len > m.device_prefix_len:  # slots the tree holds already
+            self.alloc.free(value[m.device_prefix_len:r.prefix_len])
+        self.drain()
+        return len(tokens) - rest
 
     def close(self):
         self.cache.linker.close()
