@@ -19,8 +19,10 @@ construction.
 
 Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
 MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
-Full tree component. SWA and Mamba models are refused at construction (this linker holds no
-SWA window or Mamba state pages), as are other device pool classes.
+Full tree component, also as the full-attention pool of SGLang's SWAKVPool: the linker holds
+no SWA pages (PoolName.SWA is not in its pools), so SGLang keeps a restored tail's sliding
+window as evicted and computes it, its documented path for such a store. Mamba models are
+refused at construction (no Mamba state is held), as are other device pool classes.
 
 Pool geometry: one kvpool host page holds one SGLang page of every layer. MHA: the pool's
 layers, kv_heads, head_dim, dtype and page_tokens are the device pool's layer_num, head_num
@@ -145,9 +147,18 @@ class _DevicePool:
     """SGLang's device KV pool as per-layer components of [slots, *row] tensors."""
 
     def __init__(self, kvcache: Any, page_size: int):
+        self.kvcache = kvcache
+        # SGLang's SWA pool: the full-attention layers' pool is the KV served here; the
+        # layer counter counts the model's layers, full and sliding-window
+        self.counter_layers: Optional[int] = None
+        self.counter_of: Optional[list] = None
+        if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "layers_mapping"):
+            full = sorted((i, g) for g, (i, swa) in kvcache.layers_mapping.items() if not swa)
+            self.counter_of = [g - kvcache.start_layer for _, g in full]
+            self.counter_layers = kvcache.layer_num
+            kvcache = kvcache.full_kv_pool
         cls = type(kvcache).__name__
         self.T = page_size
-        self.kvcache = kvcache
         self.dtype = getattr(kvcache, "store_dtype", None) or kvcache.dtype
         if hasattr(kvcache, "k_buffer") and hasattr(kvcache, "v_buffer") and \
                 not hasattr(kvcache, "kv_buffer"):
@@ -178,6 +189,9 @@ class _DevicePool:
                                      f"expected [slots, {self.row[0]}, {self.row[1]}]")
         self.nlayers = len(self.layers)
         self.device = self.layers[0][0].device
+        if self.counter_of is None:
+            self.counter_of = list(range(self.nlayers))
+            self.counter_layers = self.nlayers
 
     def geometry(self) -> kvpool.Geometry:
         dt = _DTYPES.get(self.dtype, str(self.dtype))
@@ -234,16 +248,19 @@ class KvpoolLinker(UnifiedCacheLinker):
         if not isinstance(extra.get("pool"), str) or not extra["pool"]:
             raise ValueError("kvpool.sglang: linker_extra_config needs \"pool\" (a kvpool pool "
                              "name)")
-        others = sorted(c.name for c in set(components) if c != ComponentType.FULL)
+        others = sorted(c.name for c in set(components)
+                        if c not in (ComponentType.FULL, ComponentType.SWA))
         if others:
             raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full component (MHA and "
-                             f"MLA KV pools); this model also has {', '.join(others)}, whose "
-                             f"pages it does not hold")
+                             f"MLA KV pools, and SWA models' full-attention layers); this model "
+                             f"also has {', '.join(others)}, whose state it does not hold")
         self.forward_stream = forward_stream
         self.page_size = int(params.page_size)
         self.dev = _DevicePool(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size)
+        # no PoolName.SWA: SGLang then keeps a restored tail's sliding window as evicted
+        # (tombstones) and computes it, as it does for any store without SWA pages
         self.pools = {PoolName.KV: self.dev.kvcache}
-        self.num_layers = self.dev.nlayers
+        self.num_layers = self.dev.counter_layers
         self.namespace = int(extra.get("namespace", 0))
         self.timeout_ms = int(extra.get("timeout_ms", 5000))
         self.max_keys = max(1, int(extra.get("max_keys_per_call", 4096)))
@@ -429,7 +446,12 @@ class KvpoolLinker(UnifiedCacheLinker):
                 runs = _runs(dp, j.hp) if dp is not None else None
                 plans.append((j, dp, runs))
             cuda = self.dev.device.type == "cuda"
-            for layer in range(self.num_layers):
+            local = {c: i for i, c in enumerate(self.dev.counter_of)}
+            for counter_layer in range(self.num_layers):
+                layer = local.get(counter_layer)
+                if layer is None:  # a sliding-window layer: nothing loaded here
+                    self.layer_done_counter.complete(index, counter_layer)
+                    continue
                 pairs: list = []
                 for c, buf in enumerate(self.dev.layers[layer]):
                     for j, dp, runs in plans:
@@ -442,7 +464,7 @@ class KvpoolLinker(UnifiedCacheLinker):
                 self._copier.run(pairs)
                 if cuda:
                     torch.cuda.current_stream(self.dev.device).synchronize()
-                self.layer_done_counter.complete(index, layer)
+                self.layer_done_counter.complete(index, counter_layer)
             self._count("load_pages", sum(len(j.hp) for j in jobs))
         except BaseException as e:  # noqa: BLE001 - reported through the counter
             log.exception("kvpool.sglang: layer-wise load failed")
@@ -511,7 +533,7 @@ class KvpoolLinker(UnifiedCacheLinker):
                     sub = dp[have:]
                     runs = _runs(hp, sub)
                 pairs: list = []
-                for layer in range(self.num_layers):
+                for layer in range(self.dev.nlayers):
                     for c, buf in enumerate(self.dev.layers[layer]):
                         dst = host[:, layer, c]
                         if dp is not None:

@@ -20,7 +20,9 @@ def linker_config(sock, pool, **extra):
 
 class Instance:
     def __init__(self, sock, pool, layers=2, heads=2, dim=8, page=4, slots=256,
-                 dtype=torch.float16, mla=False, config=None, components=None):
+                 dtype=torch.float16, mla=False, config=None, components=None, swa=None):
+        """swa: (sliding window tokens, the sliding-window layers' ids): SGLang's SWAKVPool
+        and SWATokenToKVPoolAllocator, tree components Full and SWA."""
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -37,7 +39,22 @@ class Instance:
         self.page, self.layers, self.mla = page, layers, mla
         self.r2t = ReqToTokenPool(size=16, max_context_len=4096, device="cpu",
                                   enable_memory_saver=False)
-        if mla:
+        self.swa = swa
+        if swa:
+            from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+            from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+            window, swa_ids = swa
+            full_ids = [i for i in range(layers) if i not in swa_ids]
+            self.kv = SWAKVPool(size=slots, size_swa=slots, page_size=page, dtype=dtype,
+                                head_num=heads, head_dim=dim, swa_attention_layer_ids=swa_ids,
+                                full_attention_layer_ids=full_ids, device="cpu")
+            self.alloc = SWATokenToKVPoolAllocator(size=slots, size_swa=slots, page_size=page,
+                                                   dtype=dtype, device="cpu", kvcache=self.kv,
+                                                   need_sort=False)
+            self.full_layers = full_ids
+            comps = (ComponentType.FULL, ComponentType.SWA)
+        elif mla:
             self.kv = MLATokenToKVPool(size=slots, page_size=page, dtype=dtype,
                                        kv_lora_rank=dim - dim // 4, qk_rope_head_dim=dim // 4,
                                        layer_num=layers, device="cpu",
@@ -46,13 +63,17 @@ class Instance:
             self.kv = MHATokenToKVPool(size=slots, page_size=page, dtype=dtype, head_num=heads,
                                        head_dim=dim, layer_num=layers, device="cpu",
                                        enable_memory_saver=False)
-        cls = PagedTokenToKVPoolAllocator if page > 1 else TokenToKVPoolAllocator
-        kw = {"page_size": page} if page > 1 else {}
-        self.alloc = cls(size=slots, dtype=dtype, device="cpu", kvcache=self.kv,
-                         need_sort=False, **kw)
+        if not swa:
+            cls = PagedTokenToKVPoolAllocator if page > 1 else TokenToKVPoolAllocator
+            kw = {"page_size": page} if page > 1 else {}
+            self.alloc = cls(size=slots, dtype=dtype, device="cpu", kvcache=self.kv,
+                             need_sort=False, **kw)
+            self.full_layers = list(range(layers))
+            comps = (ComponentType.FULL,)
         self.params = CacheInitParams(
             req_to_token_pool=self.r2t, token_to_kv_pool_allocator=self.alloc, page_size=page,
-            disable=False, tree_components=(ComponentType.FULL,))
+            disable=False, tree_components=comps,
+            sliding_window_size=swa[0] if swa else None)
         self.cache = UnifiedRadixCache(self.params)
         self.linker = create_unified_cache_linker(
             self.server_args, self.params, backend="dynamic",
@@ -66,13 +87,16 @@ class Instance:
 
     # -- the device pool's bytes --
     def bufs(self, layer):
-        return (self.kv.kv_buffer[layer],) if self.mla else \
-            (self.kv.k_buffer[layer], self.kv.v_buffer[layer])
+        """The buffers of full-attention layer (global id) layer."""
+        kv = self.kv
+        if self.swa:
+            kv, layer = kv.full_kv_pool, kv.layers_mapping[layer][0]
+        return (kv.kv_buffer[layer],) if self.mla else (kv.k_buffer[layer], kv.v_buffer[layer])
 
     def write(self, slots, seed):
-        """Random KV into slots of every layer (what a forward computes)."""
+        """Random KV into slots of every full-attention layer (what a forward computes)."""
         g = torch.Generator().manual_seed(seed)
-        for layer in range(self.layers):
+        for layer in self.full_layers:
             for b in self.bufs(layer):
                 b[slots] = torch.randn((len(slots),) + tuple(b.shape[1:]),
                                        generator=g).to(b.dtype)
@@ -81,7 +105,7 @@ class Instance:
         """The KV of slots, every layer, through the pool's getters (they wait on the
         linker's layer counter, as attention does)."""
         out = []
-        for layer in range(self.layers):
+        for layer in self.full_layers:
             if self.mla:
                 out.append(self.kv.get_key_buffer(layer)[slots].clone())
             else:

@@ -135,6 +135,27 @@ def test_mla_and_page_size_1(daemon, mla, pool, page):
     a.close(), b.close()
 
 
+def test_swa_model(daemon):
+    """SGLang's SWAKVPool (layers 0 and 2 of 4 sliding-window): the full-attention layers'
+    pages go through the pool (whose layers are those 2), the sliding window of a restored tail
+    stays evicted in SGLang's books (no SWA pages in the linker's pools) and is computed."""
+    swa = (8, [0, 2])
+    # SGLang's SWA allocator allocates single tokens (page size 1): pool "lk1"
+    a = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
+    s = a.compute(toks(31000, 16), seed=9)
+    a.drain()
+    want = a.read(s)
+    assert len(want) == 4  # K and V of the 2 full-attention layers
+    b = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
+    assert b.linker.num_layers == 4 and b.linker.dev.counter_of == [1, 3]
+    req, m, got, failed = b._fetch(toks(31000, 16) + [1])
+    assert got is not None and not failed and len(got[0]) == 16
+    same(got[1], want)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    assert req.kv.get_evicted_seqlen(ComponentType.SWA) == 16
+    a.close(), b.close()
+
+
 def test_kvpoold_killed_and_restarted(own_daemon):
     """kvpoold gone between calls: lookups miss, offloads are dropped and counted, nothing
     raises into SGLang; once it is back the linker attaches again and stores and hits."""
@@ -272,7 +293,7 @@ def test_bad_input(daemon):
         Instance(path, "lk")
     assert isinstance(e.value, (kvpool.TransportError, kvpool.ProtocolError))
     s.close()
-    # components whose pages the linker does not hold
+    # components whose state the linker does not hold
     with pytest.raises(ValueError, match="MAMBA"):
         Instance(daemon.sock, "lk", components={ComponentType.FULL, ComponentType.MAMBA})
     # no kvpoold at all: constructed, every lookup a miss
