@@ -39,7 +39,8 @@ try:
         r = h.real
         buf = r.kv_buffer
         x = h.fill(3, 33)
-        p = {{"roundtrip": bool(torch.equal(h.page(3), x)), "in_mapping": False}}
+        p = {{"roundtrip": bool(torch.equal(h.page(3), x)), "in_mapping": False,
+              "leased": hasattr(r, "kvpool_lease")}}
         if os.environ.get("KVPOOL_SGLANG_HOST_POOL"):
             att = sglang_plugin.HostAttachment.get()
             base = att.pages.data_ptr()
@@ -84,7 +85,7 @@ def result(p, wait=False):
 def test_off_unless_switched_on(daemon):
     r = result(child(daemon.sock, [("layer_first", False, 8)], env_pool=None))
     assert r["hooked"] is False and "error" not in r, r
-    assert r["pools"][0]["roundtrip"] and not hasattr(r, "kvpool_lease")
+    assert r["pools"][0]["roundtrip"] and r["pools"][0]["leased"] is False
     assert daemon.pool_books("hp")["host"]["leased_tokens"] == 0
 
 
@@ -94,7 +95,7 @@ def test_host_pools_on_leased_pages(daemon):
     r = result(child(daemon.sock, spec))
     assert r["hooked"] is True and "error" not in r, r
     for p in r["pools"]:
-        assert p["in_mapping"] and p["at_lease"] and p["roundtrip"], r
+        assert p["in_mapping"] and p["at_lease"] and p["roundtrip"] and p["leased"], r
     # MHA: 128 bytes a token (512 a page), MLA (one latent of 16): 64, plus the alignment
     # slack, in 512-byte pool pages
     assert [p["pages"] for p in r["pools"]] == [(16 * 512 + 2048) // 512,
