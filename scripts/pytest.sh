@@ -118,7 +118,8 @@ from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import backend_factory
 from vllm.v1.core import kv_cache_utils
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory"
-engine_tests="test_sglang.py test_vllm.py"
+engine_tests="test_sglang.py test_sglang_linker.py test_sglang_platform.py
+	test_sglang_plugin.py test_vllm.py"
 epy=""
 if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then
 	evenv=${KVP_ENGINE_VENV:-.venv-engines}
