@@ -30,7 +30,6 @@
 #include "index.h"
 
 #include <errno.h>
-#include <nettle/sha2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,31 +173,6 @@ static inline uint8_t *key_at(const struct kvp_index *kc, const struct kc_entry 
 static inline const uint8_t *tokens_at(const struct kvp_index *kc, const struct kc_entry *e)
 {
 	return key_at(kc, e) + KVP_PAGE_KEY_BYTES;
-}
-
-void kvp_page_key(const uint8_t *parent, const uint32_t *tokens, size_t n,
-		  uint8_t out[KVP_PAGE_KEY_BYTES])
-{
-	struct sha256_ctx ctx;
-	uint8_t buf[256];
-
-	sha256_init(&ctx);
-	if (parent)
-		sha256_update(&ctx, KVP_PAGE_KEY_BYTES, parent);
-	while (n) {
-		size_t k = n < sizeof(buf) / 4 ? n : sizeof(buf) / 4;
-
-		for (size_t i = 0; i < k; i++) {
-			buf[4 * i] = (uint8_t)tokens[i];
-			buf[4 * i + 1] = (uint8_t)(tokens[i] >> 8);
-			buf[4 * i + 2] = (uint8_t)(tokens[i] >> 16);
-			buf[4 * i + 3] = (uint8_t)(tokens[i] >> 24);
-		}
-		sha256_update(&ctx, 4 * k, buf);
-		tokens += k;
-		n -= k;
-	}
-	sha256_digest(&ctx, KVP_PAGE_KEY_BYTES, out);
 }
 
 /* A token page's table hash: chained through its parent's (0 for a chain's first page). */

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kv_copy.h" /* enum kvp_copy_dir */
+#include "page_key.h"
 #include "pages.h"
 
 enum kvp_tier_id {
@@ -35,13 +36,6 @@ enum kvp_evict_policy {
  * destination tier. Returns 0 or a negative errno. */
 typedef int (*kvp_index_copy_fn)(void *ctx, enum kvp_copy_dir dir, const uint32_t *src,
 				 const uint32_t *dst, uint32_t n);
-
-/* A token page's key: SHA-256 over (the parent page's key, when there is a parent) and the page's
- * tokens as 32-bit little-endian words. The same on every node (the remote tier and routers name
- * pages by it). */
-#define KVP_PAGE_KEY_BYTES 32u
-void kvp_page_key(const uint8_t *parent, const uint32_t *tokens, size_t n,
-		  uint8_t out[KVP_PAGE_KEY_BYTES]);
 
 #define KVP_KEY_MAX 64u
 

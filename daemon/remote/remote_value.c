@@ -3,6 +3,7 @@
 
 #include "config.h"
 #include "crc32c.h"
+#include "page_key.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -213,22 +214,8 @@ uint64_t kvp_rv_fp_id(const struct kvp_rv_fp *fp)
 int kvp_rv_page_hash(const uint8_t *prior, const uint32_t *tokens, size_t n,
 		     uint8_t out[KVP_RV_HASH_SIZE])
 {
-	struct sha256_ctx ctx;
-	uint8_t buf[256];
-
-	sha256_init(&ctx);
-	if (prior)
-		sha256_update(&ctx, KVP_RV_HASH_SIZE, prior);
-	while (n) {
-		size_t k = n < sizeof(buf) / 4 ? n : sizeof(buf) / 4;
-
-		for (size_t i = 0; i < k; i++)
-			put32(buf + 4 * i, tokens[i]);
-		sha256_update(&ctx, 4 * k, buf);
-		tokens += k;
-		n -= k;
-	}
-	sha256_digest(&ctx, KVP_RV_HASH_SIZE, out);
+	_Static_assert(KVP_RV_HASH_SIZE == KVP_PAGE_KEY_BYTES, "a remote hash is a page key");
+	kvp_page_key(prior, tokens, n, out); /* the page index's own keys */
 	return 0;
 }
 

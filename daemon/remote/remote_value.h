@@ -105,8 +105,8 @@ int kvp_rv_decode(const struct kvp_rv_fp *fp, struct kvp_rv_mac *m, const void *
 /* 64-bit fingerprint id of a geometry (the first 8 bytes of SHA-256 of its fields), for keys. */
 uint64_t kvp_rv_fp_id(const struct kvp_rv_fp *fp);
 
-/* Chained page hash: SHA-256 (nettle's) over prior (KVP_RV_HASH_SIZE bytes, skipped when NULL:
- * the first page) then each token id as 4 bytes little-endian. Returns 0. */
+/* Chained page hash: the token page key of the page index (page_key.h: SHA-256 over prior, skipped
+ * when NULL for the first page, then each token id as 4 bytes little-endian). Returns 0. */
 int kvp_rv_page_hash(const uint8_t *prior, const uint32_t *tokens, size_t n,
 		     uint8_t out[KVP_RV_HASH_SIZE]);
 
