@@ -359,34 +359,29 @@ static void list_del(struct kvp_index *kc, uint32_t i)
 	e->list = LIST_NONE;
 }
 
-static void list_add(struct kvp_index *kc, uint32_t i, int which)
+/* Links entry i into list `which` (its class's) at the tail (most recent) or at the head. */
+static void list_put(struct kvp_index *kc, uint32_t i, int which, bool head)
 {
 	struct kc_entry *e = &kc->ent[i];
 	struct list *l = &kc->lru[which][cls_of(kc, e)];
+	uint32_t *end = head ? &l->head : &l->tail, *other = head ? &l->tail : &l->head;
+	uint32_t old = *end;
 
 	e->list = (uint32_t)which;
-	e->next = NONE;
-	e->prev = l->tail;
-	if (l->tail != NONE)
-		kc->ent[l->tail].next = i;
+	e->prev = head ? NONE : old;
+	e->next = head ? old : NONE;
+	if (old == NONE)
+		*other = i;
+	else if (head)
+		kc->ent[old].prev = i;
 	else
-		l->head = i;
-	l->tail = i;
+		kc->ent[old].next = i;
+	*end = i;
 }
 
-static void list_add_head(struct kvp_index *kc, uint32_t i, int which)
+static void list_add(struct kvp_index *kc, uint32_t i, int which)
 {
-	struct kc_entry *e = &kc->ent[i];
-	struct list *l = &kc->lru[which][cls_of(kc, e)];
-
-	e->list = (uint32_t)which;
-	e->prev = NONE;
-	e->next = l->head;
-	if (l->head != NONE)
-		kc->ent[l->head].prev = i;
-	else
-		l->tail = i;
-	l->head = i;
+	list_put(kc, i, which, false);
 }
 
 /* Puts entry i on the list its state asks for: at the tail (most recent), or at the head for a
@@ -401,7 +396,7 @@ static void refresh_at(struct kvp_index *kc, uint32_t i, bool head)
 	if (kc->ent[i].list != LIST_NONE)
 		list_del(kc, i);
 	if (w != LIST_NONE && head)
-		list_add_head(kc, i, w);
+		list_put(kc, i, w, true);
 	else if (w != LIST_NONE)
 		list_add(kc, i, w);
 }
