@@ -7,7 +7,7 @@
 # The Python rows (tests/python/bench_kvpool.py) run in the venv $KVP_VENV (default .venv) with
 # the kvpool package installed there (scripts/pytest.sh does it); without it, or without torch
 # for the gather row, they are written as skipped with the reason. The engine plug-ins' rows
-# (tests/python/bench_sglang.py, bench_vllm.py) run in $KVP_ENGINE_VENV (default
+# (tests/python/bench_engines.py, bench_sglang.py) run in $KVP_ENGINE_VENV (default
 # .venv-engines) the same way.
 #   --quick  smoke run of every row (about 30 s; CI runs it)
 # Fails only when a benchmark errors (exit status, failed verification); never on speed.
@@ -101,13 +101,13 @@ for name, unit, target in (("python.alloc_free", "us", "ratio <= 1.2"),
 PY
 fi
 
-# ---- the engine plug-ins' rows (tests/python/bench_<engine>.py), in the engine venv
-# (KVP_ENGINE_VENV, default .venv-engines, made by scripts/pytest.sh); each one writes its rows
-# as skipped, with the reason, when it cannot import its engine
+# ---- the engine plug-ins' rows (tests/python/bench_engines.py, bench_sglang.py), in the
+# engine venv (KVP_ENGINE_VENV, default .venv-engines, made by scripts/pytest.sh); each one
+# writes its rows as skipped, with the reason, when it cannot import its engine
 evenv=${KVP_ENGINE_VENV:-.venv-engines}
 epy=python3
 [ -x "$evenv/bin/python" ] && epy=$evenv/bin/python
-for pb in tests/python/bench_sglang.py tests/python/bench_vllm.py; do
+for pb in tests/python/bench_engines.py tests/python/bench_sglang.py; do
 	[ -f "$pb" ] || continue
 	n=$(basename "$pb")
 	t0=$(date +%s.%N)
