@@ -111,14 +111,17 @@ engine_pkgs="sglang==0.5.23 vllm==0.33.0 orjson==3.13.0 psutil==7.2.2 pybase64==
 	sentencepiece==0.2.3 compressed-tensors==0.20.1 gguf==0.19.0 torchvision==0.29.2
 	loguru==0.7.3 openai==3.57.0 openai-harmony==0.0.8 cachetools==8.0.2 cloudpickle==3.1.3
 	uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus_client==0.26.0 xgrammar==0.2.9
-	fastapi==0.136.3 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1"
+	fastapi==0.136.3 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1 einops==0.8.2"
 engine_mods="import pytest, numpy, torch, transformers
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import backend_factory
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.kv_offload.factory import OffloadingSpecFactory"
-engine_tests="test_sglang.py test_vllm.py"
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+import vllm.model_executor.models.llama"
+engine_tests="test_sglang.py test_vllm.py test_vllm_scheduler.py"
 epy=""
 if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then
 	evenv=${KVP_ENGINE_VENV:-.venv-engines}

@@ -205,10 +205,22 @@ def test_geometry_checked(daemon):
     cfg = config(daemon.sock)
     bad = vconf.OffloadingConfig(**{**cfg.__dict__, "worker_kv_bytes_per_block": 1024})
     spec = OffloadingSpecFactory.create_spec(bad)
-    mgr = spec.get_manager()
-    assert mgr.stats()["geometry_mismatch"] == 1
+    # refused when the engine starts, the bytes vLLM needs named
+    with pytest.raises(kvpool.GeometryMismatch, match="page_bytes 512 != vLLM's 1024 bytes"):
+        spec.get_manager()
+    caches, _ = gpu_blocks()
+    with pytest.raises(kvpool.GeometryMismatch, match="page_bytes 512"):
+        spec.get_worker(caches)
+    # a pool recreated with another geometry after the start: counted, lookups miss
+    good = OffloadingSpecFactory.create_spec(cfg)
+    mgr = good.get_manager()
+    mgr.spec = spec
+    mgr.link.check = lambda p: spec.check_pool(p)
+    mgr.link.drop()
     assert mgr.lookup(block_keys(list(range(T)))[0], vbase.ReqContext("g")) == \
         vbase.LookupResult.MISS
+    assert mgr.stats()["geometry_mismatch"] == 1
+    mgr.shutdown()
     with pytest.raises(ValueError, match="pool"):
         OffloadingSpecFactory.create_spec(vconf.OffloadingConfig(
             **{**cfg.__dict__, "extra_config": {"spec_name": "KvpoolOffloadingSpec",
