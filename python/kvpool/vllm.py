@@ -49,7 +49,6 @@ import numpy as np
 import torch
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     LookupResult,
     Medium,
@@ -380,6 +379,7 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         self.spec = spec
         self.rank = spec.rank
         self.k = spec.blocks_per_chunk
+        self.kv_caches = kv_caches
         self.layout = PageLayout(kv_caches.tensors, kv_caches.group_data_refs, self.k)
         why = self.layout.check()
         if why is not None:
@@ -419,15 +419,14 @@ class KvpoolOffloadingWorker(OffloadingWorker):
             self.link.call("ping", lambda p, s: p.client.ping())
         return self.link.call("map", lambda p, s: s)
 
-    def _transfer(self, job_id: int, gpu: GPULoadStoreSpec, pages_spec: Any,
-                  to_host: bool) -> bool:
+    def _transfer(self, job_id: int, gpu: Any, pages_spec: Any, to_host: bool) -> bool:
+        """gpu: vLLM's GPULoadStoreSpec (0.33) or DevicePointers (0.34 on)."""
         host = self._host()
         pages = np.asarray(getattr(pages_spec, "pages", np.zeros((0, 1))))
         pages = pages[:, self.rank] if pages.ndim == 2 and len(pages) else np.zeros(0, np.int64)
         runs = None
         if host is not None and len(pages) and int(pages.max()) < host.npages:
-            runs = self.layout.runs(gpu.block_ids, gpu.group_sizes, gpu.block_indices, pages,
-                                    host, to_host)
+            runs = self.layout.runs(gpu, pages, host, to_host)
         if runs is None:
             self._done.append(TransferResult(job_id, False, 0))
             return True
@@ -440,12 +439,13 @@ class KvpoolOffloadingWorker(OffloadingWorker):
                                              time.perf_counter() - t0))
         return True
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec,
-                     dst_spec: LoadStoreSpec) -> bool:
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
+        """src_spec: the blocks (GPULoadStoreSpec; DevicePointers from vLLM 0.34 on)."""
         return self._transfer(job_id, src_spec, dst_spec, True)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: Any,
                     expedited: bool = False) -> bool:
+        """dst_spec: the blocks (GPULoadStoreSpec; DevicePointers from vLLM 0.34 on)."""
         return self._transfer(job_id, dst_spec, src_spec, False)
 
     def get_finished(self) -> list[TransferResult]:

@@ -95,43 +95,64 @@ class PageLayout:
                             f"{page}-byte page")
         return None
 
-    def runs(self, block_ids: np.ndarray, group_sizes: Sequence[int],
-             block_indices: Sequence[int], pages: np.ndarray, host: "HostPages",
+    def runs(self, gpu: Any, pages: np.ndarray, host: "HostPages",
              to_host: bool) -> Optional["Runs"]:
-        """The copy runs of one transfer: vLLM's GPULoadStoreSpec (block ids ordered by group,
-        group_sizes, block_indices) against the pages of its chunks in the same group order
-        (cdiv(skip + blocks, k) per group, skip = block_indices[g] % k). None when they do
-        not fit: group count, pages or block ids out of range."""
+        """The copy runs of one transfer between vLLM's blocks and the pages of its chunks.
+        gpu: vLLM's GPULoadStoreSpec (block ids ordered by group, group_sizes, block_indices;
+        vLLM 0.33) or DevicePointers (each group's refs' block addresses; vLLM 0.34 on).
+        pages: the chunks' pages in the same group order, cdiv(skip + blocks, k) per group
+        (skip = block_indices[g] % k). None when they do not fit: group or ref counts, pages
+        or block ids out of range."""
         k = self.k
+        ptrs = None
+        if hasattr(gpu, "ptrs"):
+            group_sizes, block_indices = gpu.group_block_counts, gpu.block_indices
+            if tuple(gpu.group_data_ref_counts) != tuple(len(g.refs) for g in self.groups):
+                return None
+            ptrs = np.asarray(gpu.ptrs, dtype=np.uint64)
+            block_ids = np.zeros(0, dtype=np.int64)
+        else:
+            group_sizes, block_indices = gpu.group_sizes, gpu.block_indices
+            block_ids = np.asarray(gpu.block_ids)
         if len(group_sizes) != len(self.groups) or len(block_indices) != len(group_sizes):
             return None
         srcs, dsts, sizes = [], [], []
-        boff = poff = 0
+        boff = poff = doff = 0
         for gl, gs, bi in zip(self.groups, group_sizes, block_indices):
             gs = int(gs)
             if gs == 0:
                 continue
             skip = int(bi) % k
             nch = -(-(gs + skip) // k)
-            if boff + gs > len(block_ids) or poff + nch > len(pages):
+            if poff + nch > len(pages):
                 return None
-            blocks = block_ids[boff:boff + gs].astype(np.uint64)
+            if ptrs is None:
+                if boff + gs > len(block_ids):
+                    return None
+                blocks = block_ids[boff:boff + gs].astype(np.uint64)
+                boff += gs
+            elif doff + gs * len(gl.refs) > len(ptrs):
+                return None
             gpages = pages[poff:poff + nch].astype(np.uint64)
-            boff += gs
             poff += nch
             s = np.arange(skip, skip + gs, dtype=np.uint64)
             hbase = host.ptr + gpages[s // np.uint64(k)] * np.uint64(host.page_bytes)
             sub = s % np.uint64(k)
             for ti, off, page, n in gl.refs:
-                if int(blocks.max()) >= self.tensors[ti].shape[0]:
-                    return None
-                dev = np.uint64(self.tensors[ti].data_ptr()) + blocks * np.uint64(
-                    self.strides[ti])
+                if ptrs is not None:
+                    dev = ptrs[doff:doff + gs]
+                    doff += gs
+                else:
+                    if int(blocks.max()) >= self.tensors[ti].shape[0]:
+                        return None
+                    dev = np.uint64(self.tensors[ti].data_ptr()) + blocks * np.uint64(
+                        self.strides[ti])
                 hp = hbase + np.uint64(off) + sub * np.uint64(page)
                 srcs.append(dev if to_host else hp)
                 dsts.append(hp if to_host else dev)
                 sizes.append(np.full(gs, n, dtype=np.uint64))
-        if boff != len(block_ids) or poff != len(pages):
+        if boff != len(block_ids) or poff != len(pages) or (ptrs is not None and
+                                                            doff != len(ptrs)):
             return None
         if not srcs:
             return Runs(np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))

@@ -23,6 +23,10 @@ except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
     from engine_util import ENGINE_VENV_HINT
     pytest.skip(f"vllm 0.33.0 with kv_cache_utils does not import here: {type(e).__name__}: "
                 f"{e}; {ENGINE_VENV_HINT}", allow_module_level=True)
+try:  # vLLM 0.34 on hands the worker the blocks' addresses (DevicePointers)
+    from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+except ImportError:
+    resolve_device_pointers = None
 import kvpool  # noqa: E402
 from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
 
@@ -72,8 +76,12 @@ def gpu_blocks(nblocks=32, seed=0):
     return caches, ts
 
 
-def gspec(ids):
-    return vbase.GPULoadStoreSpec(list(ids), [len(ids)], [0])
+def gspec(ids, worker=None):
+    """The blocks of a transfer as vLLM's connector hands them to the worker."""
+    s = vbase.GPULoadStoreSpec(list(ids), [len(ids)], [0])
+    if worker is not None and resolve_device_pointers is not None:
+        return resolve_device_pointers(s, worker.kv_caches)
+    return s
 
 
 def store(mgr, worker, keys, blocks, ctx, job=1):
@@ -84,7 +92,7 @@ def store(mgr, worker, keys, blocks, ctx, job=1):
     idx = {k: i for i, k in enumerate(keys)}
     src = [blocks[idx[k]] for k in out.keys_to_store]
     if out.keys_to_store:
-        assert worker.submit_store(job, gspec(src), out.store_spec)
+        assert worker.submit_store(job, gspec(src, worker), out.store_spec)
         res = worker.get_finished()
         assert [r.job_id for r in res] == [job]
         mgr.complete_store(out.keys_to_store, ctx, success=res[0].success)
@@ -102,8 +110,9 @@ def load(mgr, worker, keys, blocks, ctx, job=2):
     if not hits:
         return 0, None
     spec = mgr.prepare_load(keys[:hits], ctx)
-    mgr.touch(keys[:hits], ctx)
-    assert worker.submit_load(job, spec, gspec(blocks[:hits]))
+    if hasattr(vbase.OffloadingManager, "touch"):  # vLLM 0.33
+        mgr.touch(keys[:hits], ctx)
+    assert worker.submit_load(job, spec, gspec(blocks[:hits], worker))
     res = worker.get_finished()
     mgr.complete_load(keys[:hits], ctx)
     return hits, res[0].success
@@ -185,14 +194,14 @@ def test_tp_ranks(daemon):
     keys = block_keys(list(range(500, 500 + 2 * T)))
     out = mgr.prepare_store(keys, ctx)
     assert out.store_spec.pages.shape == (2, 2)
-    w0.submit_store(1, gspec([1, 2]), out.store_spec)
-    w1.submit_store(1, gspec([1, 2]), out.store_spec)
+    w0.submit_store(1, gspec([1, 2], w0), out.store_spec)
+    w1.submit_store(1, gspec([1, 2], w1), out.store_spec)
     assert w0.get_finished()[0].success and w1.get_finished()[0].success
     mgr.complete_store(out.keys_to_store, ctx)
     assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.HIT
     spec = mgr.prepare_load(keys, ctx)
-    w0.submit_load(2, spec, gspec([10, 11]))
-    w1.submit_load(2, spec, gspec([10, 11]))
+    w0.submit_load(2, spec, gspec([10, 11], w0))
+    w1.submit_load(2, spec, gspec([10, 11], w1))
     assert w0.get_finished()[0].success and w1.get_finished()[0].success
     mgr.complete_load(keys, ctx)
     for t in t0 + t1:
@@ -274,7 +283,7 @@ def test_kvpoold_killed_and_restarted(own_daemon):
     assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.MISS
     assert mgr.prepare_store(keys, ctx) is None
     s = mgr.prepare_load(keys, ctx)
-    assert worker.submit_load(5, s, gspec([8, 9]))
+    assert worker.submit_load(5, s, gspec([8, 9], worker))
     assert worker.get_finished()[0].success is False
     mgr.complete_load(keys, ctx)
     restart(d)

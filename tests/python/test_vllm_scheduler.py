@@ -202,13 +202,14 @@ class Engine:
         sending, recving = self.worker.get_finished(out.finished_req_ids)
         wmeta = self.worker.build_connector_worker_meta()
         self.worker.clear_connector_metadata()
-        mro = ModelRunnerOutput(req_ids=req_ids,
-                                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                sampled_token_ids=sampled,
+        kw = {}
+        if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__:  # vLLM 0.33
+            kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        mro = ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
                                 kv_connector_output=KVConnectorOutput(
                                     finished_sending=sending or None,
                                     finished_recving=recving or None,
-                                    kv_connector_worker_meta=wmeta))
+                                    kv_connector_worker_meta=wmeta), **kw)
         self.sched.update_from_output(out, mro)
         self.preempted += len(out.preempted_req_ids or ())
         return out
