@@ -198,8 +198,8 @@ newest_engines() {
 			continue
 		fi
 		# shellcheck disable=SC2086
-		tests=$(printf '%s\n' $engine_tests | grep "^test_$eng")
-		ntests="$ntests $tests"
+		tests=$(printf '%s\n' $engine_tests | grep "^test_$eng" | tr '\n' ' ')
+		ntests="$ntests ${tests% }"
 		echo "pytest.sh: $eng $have (newest) installed in $nvenv"
 	done
 	[ -n "$ntests" ] || return

@@ -32,7 +32,7 @@ from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
 
 T = 4
 BLOCK = 512  # bytes of one worker's block: the page_bytes of pool "vl" (2*2*2*4*8*2)
-CONF = DEFAULT_CONF + host_pool("vl")
+CONF = DEFAULT_CONF + host_pool("vl") + host_pool("vl2", head_dim=16)  # pages of 512, 1024
 
 
 def block_keys(tokens, group=0):
@@ -47,7 +47,7 @@ def block_keys(tokens, group=0):
     return out
 
 
-def config(sock, rank=0, world=1, **extra):
+def config(sock, rank=0, world=1, blocks_per_chunk=1, **extra):
     e = {"spec_name": "KvpoolOffloadingSpec", "spec_module_path": "kvpool.vllm", "pool": "vl",
          "socket": sock}
     e.update(extra)
@@ -57,7 +57,7 @@ def config(sock, rank=0, world=1, **extra):
         worker_kv_bytes_per_block=BLOCK, enable_kv_cache_events=True,
         extra_config=json.loads(json.dumps(e)), engine_id=f"engine-{rank}",
         model=vconf.OffloadingModelConfig(name="m", dtype="float16"),
-        cache=vconf.OffloadingCacheConfig(tokens_per_hash=T, blocks_per_chunk=1),
+        cache=vconf.OffloadingCacheConfig(tokens_per_hash=T, blocks_per_chunk=blocks_per_chunk),
         parallel=vconf.OffloadingParallelConfig(
             rank=rank, world_size=world, tp_size=world, pp_size=1, pcp_size=1, dcp_size=1,
             data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
@@ -334,4 +334,57 @@ def test_two_instances(daemon):
     assert load(mgr, worker, keys, [16, 17, 18, 19], vbase.ReqContext(req_id="b")) == (4, True)
     for t, r in zip(ts, ref):
         assert torch.equal(t[16:20], r[4:8])
+    mgr.shutdown(), worker.shutdown()
+
+
+def test_layout_past_the_page_refused(daemon):
+    """Block tensors whose chunk layout needs more than the pool's page: the worker is refused
+    when it starts, GeometryMismatch naming the bytes each group needs."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    ts = [torch.zeros((8, 512), dtype=torch.int8) for _ in range(2)]
+    caches = vbase.CanonicalKVCaches(
+        tensors=[vbase.CanonicalKVCacheTensor(t, 512) for t in ts],
+        group_data_refs=[[vbase.CanonicalKVCacheRef(0, 512)],
+                         [vbase.CanonicalKVCacheRef(1, 512)]])
+    with pytest.raises(kvpool.GeometryMismatch, match=r"needs pages of 1024 bytes \(group 0 "
+                       r"\(vLLM group 0, full\): 1 tensors, 512 bytes per block, 512 bytes of a "
+                       r"page; group 1: 1 tensors, 512 bytes per block, 1024 bytes of a page\), "
+                       r"the pool's hold 512"):
+        spec.get_worker(caches)
+
+
+def test_chunks_of_two_blocks_and_a_partial_first_chunk(daemon):
+    """blocks_per_chunk 2 with two groups: a load that starts in the middle of a chunk
+    (block_indices odd) takes the chunk's second block, as vLLM's own CPU worker does."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock, blocks_per_chunk=2, pool="vl2"))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(nblocks=32, seed=5)
+    caches = vbase.CanonicalKVCaches(caches.tensors, [[vbase.CanonicalKVCacheRef(0, 256)],
+                                                      [vbase.CanonicalKVCacheRef(1, 256)]])
+    worker = spec.get_worker(caches)
+    ctx = vbase.ReqContext(req_id="k2")
+    keys = [vbase.make_offload_key(bytes([i]) * 32, g) for g in (0, 1) for i in (1, 2)]
+    out = mgr.prepare_store(keys, ctx)
+    assert out.keys_to_store == keys and out.store_spec.pages.shape == (4, 1)
+    # group 0: blocks 1..4 (two chunks), group 1: blocks 5..8
+    src = vbase.GPULoadStoreSpec(list(range(1, 9)), [4, 4], [0, 0])
+    if resolve_device_pointers is not None:
+        src = resolve_device_pointers(src, caches)
+    assert worker.submit_store(1, src, out.store_spec)
+    assert worker.get_finished()[0].success
+    mgr.complete_store(set(keys), ctx)
+    assert all(mgr.lookup(k, ctx) == vbase.LookupResult.HIT for k in keys)
+    # load the last 3 blocks of each group (skip 1 of the first chunk)
+    spec_l = mgr.prepare_load(keys, ctx)
+    dst = vbase.GPULoadStoreSpec([20, 21, 22, 24, 25, 26], [3, 3], [1, 1])
+    if resolve_device_pointers is not None:
+        dst = resolve_device_pointers(dst, caches)
+    assert worker.submit_load(2, spec_l, dst)
+    assert worker.get_finished()[0].success
+    mgr.complete_load(set(reversed(keys)), ctx)
+    assert torch.equal(ts[0][20:23], ts[0][2:5])
+    assert torch.equal(ts[1][24:27], ts[1][6:9])
+    # group 1 wrote only tensor 1's region: tensor 0 of the destination untouched there
+    assert not torch.equal(ts[0][24:27], ts[0][6:9])
+    assert daemon.pool_books("vl2")["host"]["protected_tokens"] == 0
     mgr.shutdown(), worker.shutdown()
