@@ -2,8 +2,9 @@
 (scheduler and worker sides) on CPU block tensors, as an engine step runs them: schedule,
 the worker connector's transfers, a stand-in model that writes each computed token's K/V
 bytes, update_from_output. Layouts: one full-attention group, a sliding-window group next to
-a full one (overlaying the same tensors, as vLLM's hybrid allocator places them) and a draft
-(EAGLE) group of one layer. Loads of 1, 2 and 64 chunks, preemption, every loaded byte equal
+a full one (overlaying the same tensors, as vLLM's hybrid allocator places them), a draft
+(EAGLE) group of one layer, and Mamba state (padded to the attention page) next to full
+attention. Loads of 1, 2 and 64 chunks, preemption, every loaded byte equal
 to what was stored, no lock nor lease left in kvpoold when every request has finished."""
 import json
 import os
@@ -26,7 +27,7 @@ try:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_offload import base as vbase
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            KVCacheTensor, SlidingWindowSpec)
+                                            KVCacheTensor, MambaSpec, SlidingWindowSpec)
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
@@ -71,6 +72,15 @@ def layouts():
                          KVCacheGroupSpec(["d0"], full, is_eagle_group=True)],
                   [two, KVCacheTensor(size=size, layers=["d0"], layer_stride=0,
                                       block_stride=PAGE)]),
+        # Mamba state next to full attention (state pages padded to the attention page)
+        "mamba": ("v1", [KVCacheGroupSpec(["f0"], full),
+                         KVCacheGroupSpec(["m0"], MambaSpec(
+                             block_size=BS, shapes=((PAGE // 2,),), dtypes=(torch.int8,),
+                             page_size_padded=PAGE, mamba_cache_mode="align"))],
+                  [KVCacheTensor(size=NBLOCKS * PAGE, layers=["f0"], layer_stride=0,
+                                 block_stride=PAGE),
+                   KVCacheTensor(size=NBLOCKS * PAGE, layers=["m0"], layer_stride=0,
+                                 block_stride=PAGE)]),
         # the one-group layout on a pool of one layer's pages: too small
         "full_on_v1": ("v1", [KVCacheGroupSpec(["l0", "l1"], full)], [two]),
     }
@@ -105,7 +115,8 @@ class Engine:
                  "pool": pool, "socket": sock}
         self.config = VllmConfig(
             model_config=model_config,
-            cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True),
+            cache_config=CacheConfig(block_size=BS, enable_prefix_caching=True,
+                                     mamba_cache_mode="align" if layout == "mamba" else "none"),
             scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_tokens,
                                              max_model_len=2048, enable_chunked_prefill=True,
                                              is_encoder_decoder=False),
@@ -149,24 +160,42 @@ class Engine:
         g = torch.Generator().manual_seed(pos * 1_000_003 + tok * 7 + layer)
         return torch.randint(-128, 127, (SLOT,), dtype=torch.int8, generator=g)
 
+    @staticmethod
+    def state(pos, toks):
+        """The stand-in model's Mamba state after token pos (of the prefix up to it)."""
+        g = torch.Generator().manual_seed(hash(tuple(toks[:pos + 1])) & 0xFFFFFFFF)
+        return torch.randint(-128, 127, (PAGE // 2,), dtype=torch.int8, generator=g)
+
     def _write(self, rid, start, end):
         ids = self.sched.kv_cache_manager.get_block_ids(rid)
         toks = self.tokens[rid]
         for g, group in enumerate(self.groups):
+            mamba = isinstance(group.kv_cache_spec, MambaSpec)
             for p in range(start, end):
                 b = ids[g][p // BS]
                 if b == 0:
                     continue
                 for li, name in enumerate(group.layer_names):
+                    if mamba:  # the block's state: the one after its last token computed
+                        self.views[name][b, :PAGE // 2] = self.state(p, toks)
+                        continue
                     s = (p % BS) * SLOT
                     self.views[name][b, s:s + SLOT] = self.pattern(p, toks[p], li)
 
     def check(self, rid, upto):
-        """Every non-null block of the request holds the bytes of its tokens [0, upto)."""
+        """Every non-null block of the request holds the bytes of its tokens [0, upto) (a
+        Mamba group: its block of token upto - 1 holds the state after it)."""
         ids = self.sched.kv_cache_manager.get_block_ids(rid)
         toks = self.tokens[rid]
         checked = 0
         for g, group in enumerate(self.groups):
+            if isinstance(group.kv_cache_spec, MambaSpec):
+                b = ids[g][(upto - 1) // BS]
+                for name in group.layer_names:
+                    assert torch.equal(self.views[name][b, :PAGE // 2],
+                                       self.state(upto - 1, toks)), (rid, g, upto, name)
+                    checked += 1
+                continue
             for p in range(upto):
                 b = ids[g][p // BS]
                 if b == 0:
@@ -287,10 +316,10 @@ def test_loads_release_their_lock(daemon, engine, chunks):
     assert e.manager.locks_held() == 0
 
 
-@pytest.mark.parametrize("layout", ["hybrid", "draft"])
+@pytest.mark.parametrize("layout", ["hybrid", "draft", "mamba"])
 def test_hybrid_layouts(daemon, engine, layout):
-    """Two KV cache groups (sliding window + full; full + a draft layer): the engine starts,
-    every group's chunks are stored and loaded back equal, no lock left."""
+    """Two KV cache groups (sliding window + full; full + a draft layer; full + Mamba state):
+    the engine starts, every group's chunks are stored and loaded back equal, no lock left."""
     e = engine(layout)
     loaded = []
     prep = e.manager.prepare_load
@@ -309,12 +338,14 @@ def test_hybrid_layouts(daemon, engine, layout):
     e.run(on_scheduled=lambda r, start: seen.setdefault(r, (start, e.check(r, start))))
     start, checked = seen[rid]
     # vLLM drops the last block of a hit for an EAGLE group
-    assert start == (6 if layout == "hybrid" else 5) * BS
+    assert start == (5 if layout == "draft" else 6) * BS
     assert checked > 0
     # both groups' chunks came from kvpool: the sliding window's last ones (2 blocks)
     assert sorted(set(loaded)) == [0, 1], loaded
     if layout == "hybrid":
         assert loaded.count(0) == 6 and 1 <= loaded.count(1) <= 3
+    if layout == "mamba":  # the state of the hit's last chunk
+        assert loaded.count(0) == 6 and loaded.count(1) == 1
     assert books(daemon, e.pool) == (0, 0)
     assert e.manager.locks_held() == 0
 
