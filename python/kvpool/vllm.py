@@ -402,7 +402,8 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         _refuse_at_start(self.link, mismatch)
         self._last_ping = time.monotonic()
         self._done: list[TransferResult] = []
-        self._inflight: list[tuple[int, Any, int]] = []  # (job, CUDA event, bytes)
+        # (job, CUDA event, bytes, the host mapping the copy uses)
+        self._inflight: list[tuple[int, Any, int, HostPages]] = []
 
     def _setup(self, pool: kvpool.Pool) -> HostPages:
         host = torch.from_dlpack(pool.host_pages_view())
@@ -430,8 +431,8 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         if runs is None:
             self._done.append(TransferResult(job_id, False, 0))
             return True
-        if self.cuda:
-            self._inflight.append((job_id, self.copier.copy(runs), runs.nbytes))
+        if self.cuda:  # the mapping stays while the copy uses it (held by the entry)
+            self._inflight.append((job_id, self.copier.copy(runs), runs.nbytes, host))
         else:
             t0 = time.perf_counter()
             self.copier.copy(runs)
@@ -450,18 +451,18 @@ class KvpoolOffloadingWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         while self._inflight and self._inflight[0][1].query():
-            job, _, n = self._inflight.pop(0)
+            job, _, n, _ = self._inflight.pop(0)
             self._done.append(TransferResult(job, True, n))
         done, self._done = self._done, []
         return done
 
     def wait(self, job_ids: set[int]) -> None:
-        for job, ev, _ in self._inflight:
+        for job, ev, _, _ in self._inflight:
             if job in job_ids:
                 ev.synchronize()
 
     def shutdown(self) -> None:
-        for _, ev, _ in self._inflight:
+        for _, ev, _, _ in self._inflight:
             ev.synchronize()
         host = self.link.state
         if self.cuda and isinstance(host, HostPages):

@@ -248,11 +248,13 @@ def _cudart() -> Any:
 
 
 def _swap_blocks_batch() -> Any:
-    """vLLM's batched copy (torch.ops._C_cache_ops.swap_blocks_batch), or None when vLLM's
-    kernels do not load here."""
+    """vLLM's batched copy (vllm._custom_ops.swap_blocks_batch: one cuMemcpyBatchAsync), or
+    None when vLLM or its kernels do not load here."""
     try:
-        from vllm import _custom_ops  # noqa: F401  (loads vllm._C, registering the ops)
-        return torch.ops._C_cache_ops.swap_blocks_batch
+        from vllm import _custom_ops as ops  # loads vllm._C, registering the ops
+        if not hasattr(torch.ops._C_cache_ops, "swap_blocks_batch"):
+            return None
+        return ops.swap_blocks_batch
     except Exception:  # noqa: BLE001 - no kernels: the cudaMemcpyAsync path
         return None
 
@@ -279,7 +281,7 @@ class CudaCopier:
                 if self.batch is not None:
                     self.batch(torch.from_numpy(runs.src.view(np.int64)),
                                torch.from_numpy(runs.dst.view(np.int64)),
-                               torch.from_numpy(runs.size.view(np.int64)), False)
+                               torch.from_numpy(runs.size.view(np.int64)))
                 else:
                     h = ctypes.c_void_p(self.stream.cuda_stream)
                     mc = self.lib.cudaMemcpyAsync
