@@ -152,6 +152,8 @@ def _refuse_at_start(link: Link, mismatch: list) -> None:
 class KvpoolOffloadingManager(OffloadingManager):
     """Scheduler side: lookups, locks for loads and leases for stores in the pool."""
 
+    MAX_TAILS = 65536  # (request, group) chain tails kept
+
     def __init__(self, spec: KvpoolOffloadingSpec):
         self.spec = spec
         self.world = spec.world
@@ -282,7 +284,11 @@ class KvpoolOffloadingManager(OffloadingManager):
         if rid is not None and done:
             last = chain[done - 1][0]
             lp = req_context.get_offload_key_position(last)
+            self._tails.pop((rid, g), None)
             self._tails[(rid, g)] = (last, lp if lp is not None else -1)
+            # a store completed after its request finished leaves its tail: the oldest go
+            while len(self._tails) > self.MAX_TAILS:
+                del self._tails[next(iter(self._tails))]
         return done
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,

@@ -388,3 +388,33 @@ def test_chunks_of_two_blocks_and_a_partial_first_chunk(daemon):
     assert not torch.equal(ts[0][24:27], ts[0][6:9])
     assert daemon.pool_books("vl2")["host"]["protected_tokens"] == 0
     mgr.shutdown(), worker.shutdown()
+
+
+def test_chain_in_request_order_across_stores(daemon):
+    """A request's chunks stored in two steps, each completed with a set (vLLM's container):
+    they form one chain in the request's order, so kvpoold's leaves-first eviction takes the
+    request's last chunks first and the ones left are a prefix."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=8)
+    worker = spec.get_worker(caches)
+    c = kvpool.connect(daemon.sock)
+    c.flush("vl")
+    ctx = vbase.ReqContext(req_id="chain")
+    keys = block_keys(list(range(5000, 5000 + 8 * T)))
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, (i + 1) * T)
+    for part in (keys[:4], keys[4:]):
+        out = mgr.prepare_store(part, ctx)
+        assert worker.submit_store(1, gspec(range(1, 1 + len(part)), worker), out.store_spec)
+        assert worker.get_finished()[0].success
+        mgr.complete_store(set(reversed(part)), ctx)
+    assert [mgr.lookup(k, ctx) for k in keys] == [vbase.LookupResult.HIT] * 8
+    # three pages' tokens evicted: the chain's last three keys
+    assert c.evict("vl", 3 * T, tier="host") >= 3 * T
+    assert [mgr.lookup(k, ctx) == vbase.LookupResult.HIT for k in keys] == [True] * 5 + \
+        [False] * 3
+    mgr.on_request_finished(ctx)
+    assert not mgr._tails
+    c.close()
+    mgr.shutdown(), worker.shutdown()
