@@ -390,7 +390,6 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         why = self.layout.check()
         if why is not None:
             raise ValueError(f"kvpool.vllm: vLLM's KV cache tensors: {why}")
-        self.block_bytes = self.layout.page_bytes // max(1, self.k)
         self.cuda = self.layout.cuda
         self.copier: Any = CudaCopier(self.layout.device) if self.cuda else CpuCopier()
         mismatch: list = []
@@ -402,6 +401,7 @@ class KvpoolOffloadingWorker(OffloadingWorker):
                 mismatch.append(e)
                 raise
 
+        self._mapped: Optional[HostPages] = None
         self.link = Link(spec.pool_name, spec.socket, name=f"vllm-worker-{self.rank}",
                          check=check, setup=self._setup)
         self.link.connect_now()
@@ -424,7 +424,17 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         if now - self._last_ping >= self.PING_S and self.link.pool is not None:
             self._last_ping = now
             self.link.call("ping", lambda p, s: p.client.ping())
-        return self.link.call("map", lambda p, s: s)
+        host = self.link.call("map", lambda p, s: s)
+        if host is not None and host is not self._mapped:
+            # mapped anew (kvpoold restarted): the old mapping's registration goes once the
+            # copies using it are done
+            old, self._mapped = self._mapped, host
+            if old is not None and old.registered:
+                for _, ev, _, h in self._inflight:
+                    if h is old:
+                        ev.synchronize()
+                old.unregister_cuda()
+        return host
 
     def _transfer(self, job_id: int, gpu: Any, pages_spec: Any, to_host: bool) -> bool:
         """gpu: vLLM's GPULoadStoreSpec (0.33) or DevicePointers (0.34 on)."""
@@ -470,7 +480,7 @@ class KvpoolOffloadingWorker(OffloadingWorker):
     def shutdown(self) -> None:
         for _, ev, _, _ in self._inflight:
             ev.synchronize()
-        host = self.link.state
-        if self.cuda and isinstance(host, HostPages):
-            host.unregister_cuda()
+        for host in (self.link.state, self._mapped):
+            if isinstance(host, HostPages):
+                host.unregister_cuda()
         self.link.close()
