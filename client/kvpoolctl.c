@@ -37,7 +37,7 @@ static void usage(FILE *f)
 		"  pools                  pools with geometry, backends and sizes\n"
 		"  sessions               connected sessions: pid, uid, name, leased/locked tokens, "
 		"age\n"
-		"  cache [POOL]           prefix cache statistics and top prefixes by hits\n"
+		"  cache [POOL]           page index statistics and top cached pages by hits\n"
 		"  evict POOL TOKENS [--tier device|host]   evict cached prefixes (admin)\n"
 		"  flush POOL             drop every unlocked cached prefix (admin)\n"
 		"  drain [--deadline DURATION]  refuse new leases and non-admin connections, exit when\n"
@@ -400,16 +400,18 @@ static int cmd_cache(struct kvp_client *c, const char *pool)
 	if (g_json) {
 		printf("],\"top\":[");
 		for (int i = 0; i < n; i++)
-			printf("%s{\"tokens\":%lu,\"hits\":%lu,\"namespace\":%lu}", i ? "," : "",
-			       (unsigned long)top[i].tokens, (unsigned long)top[i].hits,
-			       (unsigned long)top[i].ns);
+			printf("%s{\"tokens\":%lu,\"hits\":%lu,\"namespace\":%lu,\"kind\":\"%s\"}",
+			       i ? "," : "", (unsigned long)top[i].tokens,
+			       (unsigned long)top[i].hits, (unsigned long)top[i].ns,
+			       top[i].keyed ? "keys" : "tokens");
 		printf("]}\n");
 	} else if (n) {
-		printf("top prefixes of pool %s:\n  %10s %10s %10s\n", first ? first : "?",
-		       "tokens", "hits", "namespace");
+		printf("top cached pages of pool %s:\n  %10s %10s %10s %6s\n", first ? first : "?",
+		       "tokens", "hits", "namespace", "kind");
 		for (int i = 0; i < n; i++)
-			printf("  %10lu %10lu %10lu\n", (unsigned long)top[i].tokens,
-			       (unsigned long)top[i].hits, (unsigned long)top[i].ns);
+			printf("  %10lu %10lu %10lu %6s\n", (unsigned long)top[i].tokens,
+			       (unsigned long)top[i].hits, (unsigned long)top[i].ns,
+			       top[i].keyed ? "keys" : "tokens");
 	}
 	free(top);
 	free(s);

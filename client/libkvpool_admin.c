@@ -206,6 +206,7 @@ KVP_EXPORT int kvp_cache_list(struct kvp_client *c, const char *pool,
 		e.tokens = m->top[i]->tokens;
 		e.hits = m->top[i]->hits;
 		e.ns = m->top[i]->namespace_;
+		e.keyed = m->top[i]->keyed;
 		list_put(entries, i, &e, sizeof(e));
 	}
 	r = list_count(m->n_top, err);

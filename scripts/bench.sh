@@ -6,7 +6,9 @@
 # Every baseline is measured in the same process or the same script run as kvpool's figure.
 # The Python rows (tests/python/bench_kvpool.py) run in the venv $KVP_VENV (default .venv) with
 # the kvpool package installed there (scripts/pytest.sh does it); without it, or without torch
-# for the gather row, they are written as skipped with the reason.
+# for the gather row, they are written as skipped with the reason. The engine plug-ins' rows
+# (tests/python/bench_sglang.py, bench_vllm.py) run in $KVP_ENGINE_VENV (default
+# .venv-engines) the same way.
 #   --quick  smoke run of every row (about 30 s; CI runs it)
 # Fails only when a benchmark errors (exit status, failed verification); never on speed.
 set -uo pipefail
@@ -98,6 +100,26 @@ for name, unit, target in (("python.alloc_free", "us", "ratio <= 1.2"),
                       "ratio": None, "target": target, "note": "skipped: " + sys.argv[1]}))
 PY
 fi
+
+# ---- the engine plug-ins' rows (tests/python/bench_<engine>.py), in the engine venv
+# (KVP_ENGINE_VENV, default .venv-engines, made by scripts/pytest.sh); each one writes its rows
+# as skipped, with the reason, when it cannot import its engine
+evenv=${KVP_ENGINE_VENV:-.venv-engines}
+epy=python3
+[ -x "$evenv/bin/python" ] && epy=$evenv/bin/python
+for pb in tests/python/bench_sglang.py tests/python/bench_vllm.py; do
+	[ -f "$pb" ] || continue
+	n=$(basename "$pb")
+	t0=$(date +%s.%N)
+	if "$epy" "$pb" $qarg >"$tmp/$n.out" 2>"$tmp/$n.err"; then
+		printf '== %-22s ok (%s s)\n' "$n" "$(since "$t0")" >&2
+	else
+		echo "== $n FAILED (exit $?):" >&2
+		cat "$tmp/$n.err" >&2
+		failed=1
+	fi
+	grep '^{' "$tmp/$n.out" >>"$rows"
+done
 
 # ---- redis-server on a unix socket, driven by redis-benchmark (-t incr), same clients and
 # pipeline as the Ping rows. Its client is one redis-benchmark process (event loop, N

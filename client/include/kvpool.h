@@ -500,10 +500,11 @@ int kvp_cache_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages,
 
 struct kvp_cache_prefix {
 	size_t struct_size;
-	uint64_t tokens, hits, ns;
+	uint64_t tokens, hits, ns; /* tokens: of the chain through the page (pages * page_tokens) */
+	uint64_t keyed;		   /* 1: a page of key calls, 0: of token calls (0.3.1) */
 };
-/* The most-hit cached prefixes of pool `pool` (NULL or "": the first pool), a listing (see
- * kvp_session_list). Returns the count or a negative code (KVP_E_NO_SUCH_POOL). */
+/* The most-hit cached pages of pool `pool`, of both kinds of calls (NULL or "": the first pool), a
+ * listing (see kvp_session_list). Returns the count or a negative code (KVP_E_NO_SUCH_POOL). */
 int kvp_cache_list(struct kvp_client *c, const char *pool, struct kvp_cache_prefix *entries,
 		   uint32_t cap, struct kvp_error *err);
 

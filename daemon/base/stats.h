@@ -92,14 +92,15 @@ struct kvp_daemon_stats {
 /* Per pool, labelled {pool}: the field is a member of struct kvp_pool_figures and of the
  * PoolStats message. */
 #define KVP_POOL_FIGURES(X)                                                                        \
-	X(hit_tokens, "prefix_hit_tokens_total", "counter", "Tokens matched in the prefix cache")  \
+	X(hit_tokens, "prefix_hit_tokens_total", "counter",                                        \
+	  "Tokens matched in the page index (a key call's page counts page_tokens)")               \
 	X(queried_tokens, "prefix_queried_tokens_total", "counter",                                \
-	  "Tokens asked of the prefix cache")                                                      \
+	  "Tokens asked of the page index (a key call's page counts page_tokens)")                 \
 	X(demoted_tokens, "demoted_tokens_total", "counter",                                       \
 	  "Tokens demoted from device to host pages")                                              \
 	X(promoted_tokens, "promoted_tokens_total", "counter",                                     \
 	  "Tokens promoted from host to device pages")                                             \
-	X(nodes, "prefix_nodes", "gauge", "Nodes of the prefix tree")                              \
+	X(nodes, "index_pages", "gauge", "Cached pages in the page index, of both kinds of calls") \
 	X(sessions, "pool_sessions", "gauge", "Sessions attached to a pool")                       \
 	X(session_quota_tokens, "pool_session_quota_tokens", "gauge",                              \
 	  "Tokens one session may lease in a pool (0: no quota)")                                  \
@@ -187,6 +188,11 @@ struct kvp_daemon_figures {
 	  "Values refused for a bad header, length or checksum (deleted)")                         \
 	X(foreign_values, "remote_foreign_values_total", "counter",                                \
 	  "Values refused as written by a pool of another geometry (deleted)")                     \
+	X(bad_mac, "remote_bad_mac_total", "counter",                                              \
+	  "Values refused for their MAC: not written under that key by a kvpoold holding the "     \
+	  "deployment's secret (also counted as bad values, deleted)")                             \
+	X(auth_failures, "remote_auth_failures_total", "counter",                                  \
+	  "AUTH refused by a cluster node (wrong user or password; the connection closed)")        \
 	X(match_queries, "remote_match_queries_total", "counter",                                  \
 	  "Existence queries made for a Match of pages after the local ones")                      \
 	X(match_timeouts, "remote_match_timeouts_total", "counter",                                \

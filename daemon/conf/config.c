@@ -551,7 +551,9 @@ int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b)
 	    x->match_timeout_ms != y->match_timeout_ms ||
 	    x->match_max_pages != y->match_max_pages ||
 	    x->max_inflight_bytes != y->max_inflight_bytes || x->ttl_s != y->ttl_s ||
-	    x->rewrite_after_s != y->rewrite_after_s || x->connections != y->connections)
+	    x->rewrite_after_s != y->rewrite_after_s || x->connections != y->connections ||
+	    strcmp(x->user, y->user) || strcmp(x->password, y->password) ||
+	    strcmp(x->secret, y->secret))
 		return 0;
 	for (uint32_t i = 0; i < b->n_pools; i++)
 		if (b->pools[i].remote != (i < a->n_pools ? a->pools[i].remote : KVP_REMOTE_OFF))

@@ -54,6 +54,8 @@ enum kvp_remote_mode {
  * (section given): connect 1000 ms, command 500 ms, match 20 ms and 64 pages, 64 MiB in
  * flight, TTL 86400 s (0 = keys never expire). seeds is required in the section. */
 #define KVP_REMOTE_CONNS_MAX 16
+#define KVP_CRED_SRC_MAX 192 /* "file:PATH" or "credential:NAME", with its NUL */
+#define KVP_ACL_USER_MAX 64
 
 struct kvp_remote_conf {
 	int enabled;			  /* the section was given */
@@ -71,6 +73,21 @@ struct kvp_remote_conf {
 	/* Connections to each master (1..KVP_REMOTE_CONNS_MAX): operations spread over them by
 	 * their key's slot, since Redis writes a connection at most 64 KiB per event-loop turn */
 	uint32_t connections;
+	/* Redis ACL user ("" = the default user) and where its password is read from
+	 * ("file:PATH" or "credential:NAME", a systemd credential in $CREDENTIALS_DIRECTORY;
+	 * "" = no AUTH); never the password itself */
+	char user[KVP_ACL_USER_MAX];
+	char password[KVP_CRED_SRC_MAX];
+	/* Where the deployment's MAC secret is read from (required, as password) */
+	char secret[KVP_CRED_SRC_MAX];
+};
+
+/* The metrics endpoint's TCP access rule: peers in one of these networks (metrics_allow). */
+#define KVP_METRICS_ALLOW_MAX 16
+struct kvp_net {
+	uint8_t addr[16]; /* IPv4 in the first 4 bytes */
+	uint8_t bits;
+	uint8_t v6;
 };
 
 /* One namespace.N key of a pool: only these users and groups (and root) insert or match in
@@ -115,6 +132,8 @@ struct kvp_pool_conf {
 	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
 	uint32_t n_ns_owners;
 	enum kvp_remote_mode remote; /* default off; not off needs a [remote] section */
+	/* Pools share remote content only within one scope: "" = the pool's name */
+	char remote_scope[KVP_POOL_NAME_MAX];
 	/* pressure_watermark: free pages of a tier below this start pressure notices; a percent
 	 * of each tier ("10%") or tokens ("4096t", "4096"); 0 = none (the default). A reload may
 	 * change it and pressure_interval_ms (default 100: at least this between two notices of
@@ -135,7 +154,13 @@ struct kvp_conf {
 	uint32_t n_admin_gids;
 	uint32_t keepalive_ms;
 	int log_level;			     /* syslog LOG_ERR .. LOG_DEBUG */
-	char metrics_listen[KVP_LISTEN_MAX]; /* "host:port", "" = no HTTP endpoint */
+	char metrics_listen[KVP_LISTEN_MAX]; /* "host:port", "unix:PATH", "" = no endpoint */
+	/* TCP peers the endpoint serves (none given: loopback only), connections of one peer at
+	 * most, seconds an idle connection stays open */
+	struct kvp_net metrics_allow[KVP_METRICS_ALLOW_MAX];
+	uint32_t n_metrics_allow;
+	uint32_t metrics_peer_connections;
+	uint32_t metrics_idle_s;
 	uint32_t max_sessions;
 	uint32_t max_leases_per_session;
 	uint32_t max_locks_per_session;

@@ -65,6 +65,10 @@ static const struct key_def g_daemon_keys[] = {
 	{ "log_level", KEY_ENUM, .def = LOG_INFO, DAEMON(log_level), NAMES(g_log_level_names),
 	  .values = g_log_levels, .expect = "err, warning, notice, info or debug" },
 	{ "metrics_listen", KEY_FN, DAEMON(metrics_listen), .fn = kvp_conf_parse_metrics_listen },
+	{ "metrics_allow", KEY_FN, DAEMON(metrics_allow), AUX(struct kvp_conf, n_metrics_allow),
+	  .fn = kvp_conf_parse_metrics_allow },
+	{ "metrics_peer_connections", KEY_UINT, 1, 1024, 4, DAEMON(metrics_peer_connections) },
+	{ "metrics_idle_s", KEY_S, 1, 3600, 2, DAEMON(metrics_idle_s) },
 	{ "max_sessions", KEY_UINT, 1, 65536, 1024, DAEMON(max_sessions) },
 	{ "max_leases_per_session", KEY_UINT, 1, 1u << 20, 4096, DAEMON(max_leases_per_session) },
 	{ "max_locks_per_session", KEY_UINT, 1, 1u << 20, 4096, DAEMON(max_locks_per_session) },
@@ -101,6 +105,9 @@ static const struct key_def g_remote_keys[] = {
 	{ "rewrite_after_s", KEY_S, 1, INT32_MAX, 3600, REMOTE(rewrite_after_s) },
 	{ "connections", KEY_UINT, 1, KVP_REMOTE_CONNS_MAX, KVP_REMOTE_CONNS_MAX,
 	  REMOTE(connections) },
+	{ "user", KEY_FN, REMOTE(user), .fn = kvp_conf_parse_acl_user },
+	{ "password", KEY_FN, REMOTE(password), .fn = kvp_conf_parse_password },
+	{ "secret", KEY_FN, REMOTE(secret), .fn = kvp_conf_parse_secret, .flags = KEY_REQUIRED },
 };
 
 static const struct key_def g_pool_keys[] = {
@@ -136,6 +143,8 @@ static const struct key_def g_pool_keys[] = {
 	  .flags = KEY_RELOAD },
 	{ "remote", KEY_ENUM, .def = KVP_REMOTE_OFF, POOL(remote), NAMES(g_remote_mode_names),
 	  .expect = "off, spill or write-through" },
+	{ "remote_scope", KEY_FN, POOL(remote_scope), .fn = kvp_conf_parse_remote_scope,
+	  .flags = KEY_RELOAD },
 };
 
 _Static_assert(N_ROWS(g_pool_keys) <= KEY_BITS, "too many pool keys");

@@ -156,3 +156,8 @@ void kvp_conf_parse_seeds(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_dtype(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_device(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_namespace(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_metrics_allow(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_acl_user(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_password(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_secret(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_remote_scope(struct parse *s, const char *key, const char *v);

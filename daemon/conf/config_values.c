@@ -1,10 +1,12 @@
 /* config_values.c - how kvpoold.conf's values are read: one parser per type of value (integers
  * in bounds, durations, sizes, tokens, percents, names, paths, user and group lists), reached
  * through a key's row (config_keys.c), and the parse functions of the keys whose values are more
- * than a type (metrics_listen, seeds, dtype, device, namespace.N). */
+ * than a type (metrics_listen, metrics_allow, seeds, user, password, secret, dtype, device,
+ * namespace.N, remote_scope). */
 #include "config_parse.h"
 #include "units.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <grp.h>
@@ -332,6 +334,17 @@ void kvp_conf_parse_metrics_listen(struct parse *s, const char *key, const char 
 		s->conf.metrics_listen[0] = '\0';
 		return;
 	}
+	/* unix:PATH: a unix socket, its peers held to the admin rule (metrics_http.c) */
+	if (strncmp(v, "unix:", 5) == 0) {
+		if (v[5] != '/' || strlen(v) >= sizeof(s->conf.metrics_listen))
+			kvp_conf_key_fail(s, key,
+					  "expected unix:PATH with an absolute path, at most %zu "
+					  "characters in all, got '%s'",
+					  sizeof(s->conf.metrics_listen) - 1, v);
+		else
+			snprintf(s->conf.metrics_listen, sizeof(s->conf.metrics_listen), "%s", v);
+		return;
+	}
 	ok = colon && hostlen > 0 && strlen(v) < sizeof(s->conf.metrics_listen) &&
 	     parse_u64(colon + 1, NULL, &port) == 0 && port >= 1 && port <= 65535;
 	/* An IPv6 host is bracketed: [::1]:9464 */
@@ -347,6 +360,118 @@ void kvp_conf_parse_metrics_listen(struct parse *s, const char *key, const char 
 		return;
 	}
 	snprintf(s->conf.metrics_listen, sizeof(s->conf.metrics_listen), "%s", v);
+}
+
+/* metrics_allow = 127.0.0.1, 10.0.0.0/8, ::1, fd00::/8: IPv4 or IPv6 addresses, each with an
+ * optional prefix length (none: the whole address), at most KVP_METRICS_ALLOW_MAX. */
+void kvp_conf_parse_metrics_allow(struct parse *s, const char *key, const char *v)
+{
+	struct kvp_conf *c = &s->conf;
+	char tok[64];
+	int rc;
+
+	c->n_metrics_allow = 0;
+	while ((rc = next_entry(s, key, &v, tok, sizeof(tok))) > 0) {
+		struct kvp_net *n = &c->metrics_allow[c->n_metrics_allow];
+		char *slash = strchr(tok, '/');
+		uint64_t bits;
+		int max;
+
+		if (c->n_metrics_allow == KVP_METRICS_ALLOW_MAX) {
+			kvp_conf_key_fail(s, key, "more than %d entries", KVP_METRICS_ALLOW_MAX);
+			return;
+		}
+		memset(n, 0, sizeof(*n));
+		if (slash)
+			*slash = '\0';
+		if (inet_pton(AF_INET, tok, n->addr) == 1) {
+			max = 32;
+		} else if (inet_pton(AF_INET6, tok, n->addr) == 1) {
+			max = 128;
+			n->v6 = 1;
+		} else {
+			kvp_conf_key_fail(s, key, "'%s' is not an IPv4 or IPv6 address", tok);
+			return;
+		}
+		bits = (uint64_t)max;
+		if (slash && (parse_u64(slash + 1, NULL, &bits) < 0 || bits > (uint64_t)max)) {
+			kvp_conf_key_fail(s, key, "'/%s' is not a prefix length of 0..%d",
+					  slash + 1, max);
+			return;
+		}
+		n->bits = (uint8_t)bits;
+		c->n_metrics_allow++;
+	}
+	if (rc == 0 && !c->n_metrics_allow)
+		kvp_conf_key_fail(s, key, "expected addresses or networks (127.0.0.1, 10.0.0.0/8)");
+}
+
+/* user = NAME: a Redis ACL user name (printable ASCII, no spaces). */
+void kvp_conf_parse_acl_user(struct parse *s, const char *key, const char *v)
+{
+	size_t n = strlen(v);
+
+	for (size_t i = 0; i < n; i++)
+		if (v[i] <= ' ' || v[i] > '~')
+			n = 0;
+	if (!n || n >= sizeof(s->conf.remote.user)) {
+		kvp_conf_key_fail(s, key,
+				  "expected a Redis ACL user name of 1..%zu printable characters, "
+				  "got '%s'",
+				  sizeof(s->conf.remote.user) - 1, v);
+		return;
+	}
+	snprintf(s->conf.remote.user, sizeof(s->conf.remote.user), "%s", v);
+}
+
+/* A secret's source: file:PATH (absolute) or credential:NAME (a systemd credential: a file
+ * name in $CREDENTIALS_DIRECTORY). The secret itself is never written in the file. */
+static void parse_cred(struct parse *s, const char *key, const char *v, char *field, size_t size)
+{
+	const char *name = strncmp(v, "credential:", 11) == 0 ? v + 11 : NULL;
+	bool ok = strlen(v) < size;
+
+	if (strncmp(v, "file:", 5) == 0)
+		ok = ok && v[5] == '/';
+	else if (name)
+		ok = ok && *name && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..");
+	else
+		ok = false;
+	if (!ok) {
+		kvp_conf_key_fail(s, key,
+				  "expected file:PATH (absolute) or credential:NAME (a systemd "
+				  "credential), at most %zu characters: the secret itself is never "
+				  "written here",
+				  size - 1);
+		return;
+	}
+	snprintf(field, size, "%s", v);
+}
+
+void kvp_conf_parse_password(struct parse *s, const char *key, const char *v)
+{
+	parse_cred(s, key, v, s->conf.remote.password, sizeof(s->conf.remote.password));
+}
+
+void kvp_conf_parse_secret(struct parse *s, const char *key, const char *v)
+{
+	parse_cred(s, key, v, s->conf.remote.secret, sizeof(s->conf.remote.secret));
+}
+
+/* remote_scope = NAME: 1..63 characters of [A-Za-z0-9._-], as pool names. */
+void kvp_conf_parse_remote_scope(struct parse *s, const char *key, const char *v)
+{
+	size_t n = strlen(v);
+
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)v[i]) && !strchr("._-", v[i]))
+			n = 0;
+	if (!n || n >= sizeof(s->pool->remote_scope)) {
+		kvp_conf_key_fail(s, key, "expected 1..%zu characters of [A-Za-z0-9._-], got '%s'",
+				  sizeof(s->pool->remote_scope) - 1, v);
+		return;
+	}
+	snprintf(s->pool->remote_scope, sizeof(s->pool->remote_scope), "%s", v);
 }
 
 /* "host:port[, host:port...]": each host a name or IPv4 address (no ':'), each port 1..65535,

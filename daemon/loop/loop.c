@@ -24,6 +24,8 @@
 #include <malloc.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "admit.h"
@@ -146,8 +148,15 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		 (unsigned long)sv.fd_limit, (unsigned long)sv.fds_other,
 		 (unsigned long)kvp_admit_fd_reserve(sv.fd_limit),
 		 (unsigned long)kvp_admit_buffer_budget(&d->conf));
-	if (d->conf.metrics_listen[0])
-		sv.http = kvp_metrics_http_start(d->conf.metrics_listen);
+	if (d->conf.metrics_listen[0]) {
+		/* kvpoold's own socket (passed or made), whose rule holds loopback peers too */
+		struct sockaddr_un sa = { 0 };
+		socklen_t sl = sizeof(sa);
+
+		if (getsockname(listen_fd, (struct sockaddr *)&sa, &sl) < 0 || sa.sun_path[0] == 0)
+			sa.sun_path[0] = 0;
+		sv.http = kvp_metrics_http_start(&d->conf, sa.sun_path);
+	}
 	kvp_loop_ring_rearm(&sv);
 	kvp_notify("READY=1");
 	kvp_loop_tick_status(&sv);

@@ -118,7 +118,7 @@ void kvp_loop_tick(void *loop, struct kvp_src *src, const struct io_uring_cqe *c
 		char *text = kvp_metrics_render(d);
 
 		if (text)
-			kvp_metrics_http_publish(sv->http, text);
+			kvp_metrics_http_publish(sv->http, text, &d->conf);
 		free(text);
 		sv->last_metrics_ms = now;
 	}

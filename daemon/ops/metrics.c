@@ -143,6 +143,11 @@ static void rpc_family(struct out *o, int id, const struct kvp_daemon *d)
 
 char *kvp_metrics_render(const struct kvp_daemon *d)
 {
+	return kvp_metrics_render_pools(d, NULL);
+}
+
+char *kvp_metrics_render_pools(const struct kvp_daemon *d, const bool *show)
+{
 	struct kvp_tier_figures tf[KVP_MAX_POOLS][KVP_TIER_ID_MAX];
 	struct kvp_pool_figures pf[KVP_MAX_POOLS];
 	struct kvp_daemon_figures df;
@@ -184,7 +189,7 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
 		for (int k = 0; k < KVP_TIER_ID_MAX; k++)                                          \
-			if (kvp_pool_has_tier(d->pools[i], k))                                     \
+			if ((!show || show[i]) && kvp_pool_has_tier(d->pools[i], k))               \
 				put(&o, "kvpool_" n "{pool=\"%s\",tier=\"%s\"} %lu\n",             \
 				    d->pools[i]->conf.name, kvp_names_tier(k),                     \
 				    (unsigned long)tf[i][k].f);
@@ -193,15 +198,17 @@ char *kvp_metrics_render(const struct kvp_daemon *d)
 #define POOL_COUNTER(f, n, h)                                                                      \
 	family(&o, "pool_" n, "counter", h);                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
-		put(&o, "kvpool_pool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,            \
-		    (unsigned long)d->pools[i]->st.f);
+		if (!show || show[i])                                                              \
+			put(&o, "kvpool_pool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,    \
+			    (unsigned long)d->pools[i]->st.f);
 	KVP_POOL_COUNTERS(POOL_COUNTER)
 #undef POOL_COUNTER
 #define POOL_FIGURE(f, n, t, h)                                                                    \
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \
-		put(&o, "kvpool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,                 \
-		    (unsigned long)pf[i].f);
+		if (!show || show[i])                                                              \
+			put(&o, "kvpool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,         \
+			    (unsigned long)pf[i].f);
 	KVP_POOL_FIGURES(POOL_FIGURE)
 #undef POOL_FIGURE
 #define RPC_FAMILY(id, n, t, h)                                                                    \

@@ -24,7 +24,7 @@
 #include "crc32c.h"
 
 #define SNAP_MAGIC 0x31504e5350564b4bull /* "KVPSNPP1" little-endian */
-#define SNAP_VERSION 1u
+#define SNAP_VERSION 2u			 /* 2: one record kind, the page index's entries */
 #define HDR_BYTES 4096u
 
 static const char *const g_tier_what[KVP_TIER_ID_MAX] = { "device", "host" };
@@ -286,28 +286,10 @@ bool kvp_snap_adoptable(const struct kvp_pool_conf *pc)
 struct walk_ctx {
 	struct wbuf *b;
 	uint32_t pt, n;
-	const struct kvp_prefix *pfx;
 };
 
-static int put_prefix(void *ctx, const struct kvp_prefix_entry *e)
-{
-	struct walk_ctx *w = ctx;
-	uint8_t *tok;
-
-	put64(w->b, e->ns);
-	put32(w->b, e->path_pages);
-	put32(w->b, e->start);
-	put32(w->b, e->ndev);
-	put32(w->b, e->hits);
-	tok = room(w->b, (size_t)e->path_pages * w->pt * 4);
-	if (tok)
-		kvp_prefix_entry_tokens(w->pfx, e, tok); /* straight from the nodes, no copy */
-	put(w->b, e->pages, (size_t)(e->path_pages - e->start) * 4);
-	w->n++;
-	return w->b->oom ? -ENOMEM : 0;
-}
-
-static int put_key(void *ctx, const struct kvp_keys_entry *e)
+/* One record per cached page: the index's entry, its tokens after the key for a token page. */
+static int put_entry(void *ctx, const struct kvp_index_entry *e)
 {
 	struct walk_ctx *w = ctx;
 
@@ -315,10 +297,13 @@ static int put_key(void *ctx, const struct kvp_keys_entry *e)
 	put32(w->b, e->parent);
 	put64(w->b, e->ns);
 	put8(w->b, (uint8_t)e->tier);
+	put8(w->b, (uint8_t)e->keyed);
 	put8(w->b, (uint8_t)e->key.len);
 	put32(w->b, e->page);
 	put32(w->b, e->hits);
 	put(w->b, e->key.data, e->key.len);
+	if (!e->keyed)
+		put(w->b, e->tokens, (size_t)w->pt * 4);
 	w->n++;
 	return w->b->oom ? -ENOMEM : 0;
 }
@@ -368,39 +353,32 @@ static void put_sessions(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool 
 		put32(b, 0);
 		for (uint32_t i = 0; (i = kvp_idmap_next(&s->locks, i, &id, &v)) != 0;) {
 			struct kvp_lock *k = v;
-			uint32_t *tok = NULL, np = 0;
+			uint32_t np;
 			uint64_t ns = 0;
+			bool tokened;
 
 			if (k->pool != p)
 				continue;
-			if (k->node) {
-				if (kvp_prefix_lock_path(p->pfx, k->node, &ns, &tok, &np) < 0) {
-					b->oom = true;
-					return;
-				}
-				put64(b, k->id);
-				put8(b, 0);
-				put64(b, ns);
-				put32(b, np);
-				put(b, tok, (size_t)np * p->conf.page_tokens * 4);
-				free(tok);
-			} else if (k->keys) {
-				uint32_t nk = kvp_keys_lock_pages(k->keys);
-
-				put64(b, k->id);
-				put8(b, 1);
-				kvp_keys_lock_key(p->keys, k->keys, 0, &(struct kvp_key){ 0 }, &ns);
-				put64(b, ns);
-				put32(b, nk);
-				for (uint32_t j = 0; j < nk; j++) {
-					struct kvp_key key = { 0 };
-
-					kvp_keys_lock_key(p->keys, k->keys, j, &key, &ns);
-					put8(b, (uint8_t)key.len);
-					put(b, key.data, key.len);
-				}
-			} else {
+			if (!k->run)
 				continue;
+			np = kvp_index_lock_pages(k->run);
+			kvp_index_lock_key(p->ix, k->run, 0, &(struct kvp_key){ 0 }, &ns);
+			put64(b, k->id);
+			tokened = kvp_index_lock_tokened(p->ix, k->run);
+			put8(b, tokened ? 0 : 1);
+			put64(b, ns);
+			put32(b, np);
+			for (uint32_t j = 0; j < np; j++) {
+				struct kvp_key key = { 0 };
+
+				if (tokened) {
+					put(b, kvp_index_lock_tokens(p->ix, k->run, j),
+					    (size_t)p->conf.page_tokens * 4);
+					continue;
+				}
+				kvp_index_lock_key(p->ix, k->run, j, &key, &ns);
+				put8(b, (uint8_t)key.len);
+				put(b, key.data, key.len);
 			}
 			nl++;
 		}
@@ -414,14 +392,12 @@ static uint32_t books_sig(const struct kvpd_pool *p)
 {
 	struct {
 		struct kvp_pool_stats st;
-		struct kvp_prefix_stats ps;
-		struct kvp_keys_stats ks;
+		struct kvp_index_stats ks;
 	} x;
 
 	memset(&x, 0, sizeof(x));
 	x.st = p->st;
-	kvp_prefix_stats(p->pfx, &x.ps);
-	kvp_keys_stats(p->keys, &x.ks);
+	kvp_index_stats(p->ix, &x.ks);
 	return kvp_crc32c(&x, sizeof(x));
 }
 
@@ -470,7 +446,7 @@ static void checkpoint_failed(struct kvpd_pool *p, uint64_t now_ms, const char *
 /* Everything a checkpoint holds, into b. */
 static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bool clean)
 {
-	struct walk_ctx w = { b, p->conf.page_tokens, 0, p->pfx };
+	struct walk_ctx w = { b, p->conf.page_tokens, 0 };
 	size_t at;
 
 	put64(b, d->id_key[0]);
@@ -490,13 +466,8 @@ static void encode(struct wbuf *b, struct kvp_daemon *d, struct kvpd_pool *p, bo
 	}
 	at = b->n;
 	put32(b, 0);
-	if (kvp_prefix_walk(p->pfx, put_prefix, &w) < 0)
+	if (kvp_index_walk(p->ix, put_entry, &w) < 0)
 		b->oom = true;
-	patch32(b, at, w.n);
-	at = b->n;
-	w.n = 0;
-	put32(b, 0);
-	kvp_keys_walk(p->keys, put_key, &w);
 	patch32(b, at, w.n);
 	if (clean && d->conf.resume_grace_ms)
 		put_sessions(b, d, p);
@@ -804,25 +775,13 @@ int kvp_snap_attach(struct kvpd_pool *p)
 
 /* ---- restoring ---- */
 
-struct pfx_rec {
-	uint64_t ns;
-	uint32_t path_pages, start, ndev, hits;
-	const uint8_t *tokens, *pages;
-};
-
+/* One cached page's record; at: its entry in the rebuilt index (UINT32_MAX: not rebuilt). */
 struct key_rec {
-	uint32_t idx, parent, page, hits, depth;
+	uint32_t idx, parent, page, hits, depth, at;
 	uint64_t ns;
-	uint8_t tier, len;
-	const uint8_t *key;
+	uint8_t tier, keyed, len;
+	const uint8_t *key, *tokens;
 };
-
-static int pfx_cmp(const void *a, const void *b)
-{
-	const struct pfx_rec *x = a, *y = b;
-
-	return x->path_pages < y->path_pages ? -1 : x->path_pages > y->path_pages;
-}
 
 static int key_cmp(const void *a, const void *b)
 {
@@ -901,30 +860,31 @@ struct restored {
 	uint32_t sessions, leases, locks;
 };
 
-/* Takes the lock of a path again (match with lock) and books it as s's under id. */
+/* Takes the lock of a run of token pages again (match with lock) and books it as s's under id. */
 static int restore_token_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_t id, uint64_t ns,
 			      const uint8_t *tok, uint32_t npages)
 {
 	uint32_t *dev = calloc((size_t)npages + 1, sizeof(uint32_t));
 	uint32_t *host = calloc((size_t)npages + 1, sizeof(uint32_t));
 	uint32_t *t = malloc((size_t)npages * p->conf.page_tokens * 4 + 4);
-	struct kvp_prefix_match m = { 0 };
+	struct kvp_index_match m = { 0 };
 	struct kvp_lock *k;
 	int r = -1;
 
 	if (!dev || !host || !t || !tok || !npages)
 		goto out;
 	memcpy(t, tok, (size_t)npages * p->conf.page_tokens * 4);
-	if (kvp_prefix_match(p->pfx, ns, t, npages * p->conf.page_tokens, 1, &m, dev, host) < 0 ||
+	if (kvp_index_match_tokens(p->ix, ns, t, npages * p->conf.page_tokens, 1, &m, dev, host) <
+		    0 ||
 	    !m.lock)
 		goto out;
 	if (m.dev_pages + m.host_pages != npages || !(k = kvp_session_lock_alloc())) {
-		kvp_prefix_unlock(p->pfx, m.lock);
+		kvp_index_unlock(p->ix, m.lock);
 		goto out;
 	}
 	k->id = id;
 	k->pool = p;
-	k->node = m.lock;
+	k->run = m.lock;
 	k->pages = npages;
 	r = kvp_session_lock_restore(s, k);
 out:
@@ -939,24 +899,24 @@ static int restore_keys_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_
 {
 	uint32_t *dev = calloc((size_t)n + 1, sizeof(uint32_t));
 	uint32_t *host = calloc((size_t)n + 1, sizeof(uint32_t));
-	struct kvp_keys_match m = { 0 };
+	struct kvp_index_match m = { 0 };
 	struct kvp_lock *k;
 	int r = -1;
 
 	for (uint32_t i = 0; i < n; i++)
 		if (!keys[i].data || !keys[i].len)
 			goto out;
-	if (!dev || !host || !n || kvp_keys_match(p->keys, ns, keys, n, 1, &m, dev, host) < 0 ||
+	if (!dev || !host || !n || kvp_index_match(p->ix, ns, keys, n, 1, &m, dev, host) < 0 ||
 	    !m.lock)
 		goto out;
 	if (m.dev_pages + m.host_pages != n || !(k = kvp_session_lock_alloc())) {
-		kvp_keys_unlock(p->keys, m.lock);
+		kvp_index_unlock(p->ix, m.lock);
 		goto out;
 	}
 	k->id = id;
 	k->pool = p;
-	k->keys = m.lock;
-	k->pages = kvp_keys_lock_pages(m.lock);
+	k->run = m.lock;
+	k->pages = kvp_index_lock_pages(m.lock);
 	r = kvp_session_lock_restore(s, k);
 out:
 	free(dev);
@@ -990,8 +950,7 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		   const uint8_t *body, struct restored *out, char *why, size_t cap)
 {
 	struct rbuf r = { body, h->body_bytes, 0, false };
-	uint32_t pt = p->conf.page_tokens, npfx, nkeys, nsess;
-	struct pfx_rec *pr = NULL;
+	uint32_t pt = p->conf.page_tokens, nkeys, nsess;
 	struct key_rec *kr = NULL, *byidx = NULL;
 	struct refs rf;
 	uint64_t key[2], ids[3];
@@ -1022,38 +981,9 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		for (uint32_t i = 0; i < rf.total[t]; i++)
 			out->discarded += rf.state[t][i] != KVP_PAGE_FREE;
 	}
-	npfx = get32(&r);
-	if (npfx > h->body_bytes / 24 || !(pr = calloc(npfx + 1, sizeof(*pr)))) {
-		snprintf(why, cap, "a bad prefix entry count");
-		goto out;
-	}
-	for (uint32_t i = 0; i < npfx && !r.bad; i++) {
-		struct pfx_rec *e = &pr[i];
-
-		e->ns = get64(&r);
-		e->path_pages = get32(&r);
-		e->start = get32(&r);
-		e->ndev = get32(&r);
-		e->hits = get32(&r);
-		if (e->start >= e->path_pages || e->ndev > e->path_pages - e->start ||
-		    e->path_pages > h->body_bytes / 4 / pt) {
-			r.bad = true;
-			break;
-		}
-		e->tokens = take(&r, (size_t)e->path_pages * pt * 4);
-		e->pages = take(&r, (size_t)(e->path_pages - e->start) * 4);
-		for (uint32_t k = 0; !r.bad && k < e->path_pages - e->start; k++) {
-			uint32_t pg;
-
-			memcpy(&pg, e->pages + 4 * k, 4);
-			if (!ref(&rf, k < e->ndev ? KVP_TIER_ID_DEVICE : KVP_TIER_ID_HOST, pg,
-				 KVP_PAGE_CACHED))
-				r.bad = true;
-		}
-	}
 	nkeys = get32(&r);
-	if (r.bad || nkeys > h->body_bytes / 26 || !(kr = calloc(nkeys + 1, sizeof(*kr)))) {
-		snprintf(why, cap, "a bad prefix entry or key entry count");
+	if (r.bad || nkeys > h->body_bytes / 27 || !(kr = calloc(nkeys + 1, sizeof(*kr)))) {
+		snprintf(why, cap, "a bad entry count");
 		goto out;
 	}
 	for (uint32_t i = 0; i < nkeys && !r.bad; i++) {
@@ -1063,11 +993,15 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 		e->parent = get32(&r);
 		e->ns = get64(&r);
 		e->tier = get8(&r);
+		e->keyed = get8(&r);
 		e->len = get8(&r);
 		e->page = get32(&r);
 		e->hits = get32(&r);
 		e->key = take(&r, e->len);
-		if (!r.bad && (!e->len || e->len > KVP_KEY_MAX ||
+		e->tokens = e->keyed ? NULL : take(&r, (size_t)pt * 4);
+		e->at = UINT32_MAX;
+		if (!r.bad && ((e->keyed ? !e->len : e->len && e->len != KVP_PAGE_KEY_BYTES) ||
+			       e->len > KVP_KEY_MAX || e->keyed > 1 ||
 			       !ref(&rf, e->tier, e->page, KVP_PAGE_CACHED)))
 			r.bad = true;
 	}
@@ -1133,43 +1067,7 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 					kvp_pages_release(p->pages[t], rf.ids[t], rf.n[t]);
 			goto out;
 		}
-	qsort(pr, npfx, sizeof(*pr), pfx_cmp);
-	for (uint32_t i = 0; i < npfx; i++) {
-		struct pfx_rec *e = &pr[i];
-		uint32_t *pages = malloc(sizeof(uint32_t) * e->path_pages);
-		uint32_t *tk =
-			malloc((size_t)e->path_pages * pt * 4); /* aligned: the body is not */
-		struct kvp_insert_result res;
-
-		if (!pages || !tk) {
-			free(pages);
-			free(tk);
-			continue;
-		}
-		memcpy(tk, e->tokens, (size_t)e->path_pages * pt * 4);
-		for (uint32_t k = 0; k < e->path_pages; k++)
-			pages[k] = KVP_PAGE_NONE;
-		for (int pass = 0; pass < 2; pass++) {
-			uint32_t from = pass ? e->ndev : 0,
-				 to = pass ? e->path_pages - e->start : e->ndev;
-
-			if (from == to)
-				continue;
-			for (uint32_t k = 0; k < e->start + from; k++)
-				pages[k] = KVP_PAGE_NONE;
-			memcpy(pages + e->start + from, e->pages + 4 * from,
-			       (size_t)(to - from) * 4);
-			memset(&res, 0, sizeof(res));
-			if (kvp_prefix_insert(p->pfx, e->ns, tk, e->start + to,
-					      pass ? KVP_TIER_ID_HOST : KVP_TIER_ID_DEVICE, pages,
-					      &res, NULL) == 0)
-				out->cached += res.new_pages;
-		}
-		kvp_prefix_set_hits(p->pfx, e->ns, tk, e->path_pages, e->hits);
-		free(pages);
-		free(tk);
-	}
-	/* Key entries parents first: each one's depth through its parent (found by idx). */
+	/* Entries parents first: each one's depth through its parent (found by idx). */
 	qsort(kr, nkeys, sizeof(*kr), idx_cmp);
 	for (uint32_t i = 0; i < nkeys; i++)
 		kr[i].depth = UINT32_MAX;
@@ -1179,23 +1077,30 @@ static int restore(struct kvp_daemon *d, struct kvpd_pool *p, const struct snap_
 	qsort(kr, nkeys, sizeof(*kr), key_cmp);
 	for (uint32_t i = 0; i < nkeys; i++) {
 		struct key_rec *e = &kr[i], *par = NULL;
-		struct kvp_key ks[2];
-		struct kvp_keys_insert_result res = { 0 };
-		uint32_t n = 0;
+		uint32_t *tk = NULL, at;
+		struct kvp_index_entry x = { 0 };
 
 		if (e->depth == DEPTH_BAD)
 			continue;
-		if (e->parent != UINT32_MAX && !(par = key_find(byidx, nkeys, e->parent)))
+		if (e->parent != UINT32_MAX &&
+		    (!(par = key_find(byidx, nkeys, e->parent)) || par->at == UINT32_MAX))
 			continue;
-		if (par)
-			ks[n++] = (struct kvp_key){ par->len, par->key };
-		ks[n++] = (struct kvp_key){ e->len, e->key };
-		if (kvp_keys_insert(p->keys, e->ns, ks, n, n - 1, (enum kvp_tier_id)e->tier,
-				    &e->page, &res, NULL) == 0 &&
-		    res.new_pages == 1) {
+		if (!e->keyed && !(tk = malloc((size_t)pt * 4))) /* aligned: the body is not */
+			continue;
+		if (tk)
+			memcpy(tk, e->tokens, (size_t)pt * 4);
+		x = (struct kvp_index_entry){ .ns = e->ns,
+					      .keyed = e->keyed,
+					      .key = { e->len, e->key },
+					      .tokens = tk,
+					      .tier = (enum kvp_tier_id)e->tier,
+					      .page = e->page,
+					      .hits = e->hits };
+		if (kvp_index_put(p->ix, &x, par ? par->at : UINT32_MAX, &at) == 0) {
+			key_find(byidx, nkeys, e->idx)->at = at;
 			out->cached++;
-			kvp_keys_set_hits(p->keys, e->ns, &ks[n - 1], e->hits);
 		}
+		free(tk);
 	}
 	/* Sessions that may resume, their leases. */
 	r.off = sess_off;
@@ -1297,7 +1202,6 @@ out:
 		free(rf.seen[t]);
 		free(rf.ids[t]);
 	}
-	free(pr);
 	free(kr);
 	free(byidx);
 	return ret;

@@ -66,27 +66,13 @@ void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx)
 	g_moved_ctx = ctx;
 }
 
-/* Where a flight lands: the prefix cache's or the key cache's demote_done. */
-typedef void (*demote_land_fn)(struct kvpd_pool *p, void *fl, int rc);
-
 struct demote_job {
 	struct kvp_job job; /* first: the job is the struct */
 	struct kvpd_pool *p;
 	struct kvp_tier_flight *tf;
-	demote_land_fn land;
-	void *fl; /* the cache's flight */
+	struct kvp_index_flight *fl; /* the index's flight */
 	int rc;
 };
-
-static void land_prefix(struct kvpd_pool *p, void *fl, int rc)
-{
-	kvp_prefix_demote_done(p->pfx, fl, rc);
-}
-
-static void land_keys(struct kvpd_pool *p, void *fl, int rc)
-{
-	kvp_keys_demote_done(p->keys, fl, rc);
-}
 
 static void pool_free(struct kvpd_pool *p);
 static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later);
@@ -107,7 +93,7 @@ static void demote_land(struct kvp_job *j, bool cancelled)
 	int rc = cancelled ? -ECANCELED : dj->rc;
 
 	p->mem[KVP_TIER_ID_DEVICE].ops->flight_free(dj->tf);
-	dj->land(p, dj->fl, rc);
+	kvp_index_demote_done(p->ix, dj->fl, rc);
 	if (rc < 0 && !cancelled)
 		log_warn("pool %s: a demotion copy failed (%s): the device pages stay cached",
 			 p->conf.name, strerror(-rc));
@@ -122,10 +108,11 @@ static void demote_land(struct kvp_job *j, bool cancelled)
 		g_moved(g_moved_ctx, p);
 }
 
-/* A cache's demotion: in flight on the worker where the backend and the daemon allow (1; land
- * is called with fl once it lands), else synchronous (0, or a negative errno). */
+/* The index's demotion: in flight on the worker where the backend and the daemon allow (1; the
+ * index's demote_done is called with fl once it lands), else synchronous (0, or a negative
+ * errno). */
 static int flight_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
-			demote_land_fn land, void *fl)
+			struct kvp_index_flight *fl)
 {
 	struct kvpd_pool *p = ctx;
 	const struct kvp_tier_ops *ops = p->mem[KVP_TIER_ID_DEVICE].ops;
@@ -140,7 +127,6 @@ static int flight_start(void *ctx, const uint32_t *src, const uint32_t *dst, uin
 		return r < 0 ? r : 0;
 	}
 	dj->p = p;
-	dj->land = land;
 	dj->fl = fl;
 	dj->job.run = demote_run;
 	dj->job.done = demote_land;
@@ -154,28 +140,14 @@ static int flight_start(void *ctx, const uint32_t *src, const uint32_t *dst, uin
 	return 1;
 }
 
-static int pool_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
-			   struct kvp_prefix_flight *pf)
-{
-	return flight_start(ctx, src, dst, n, land_prefix, pf);
-}
-
-static int keys_copy_start(void *ctx, const uint32_t *src, const uint32_t *dst, uint32_t n,
-			   struct kvp_keys_flight *kf)
-{
-	return flight_start(ctx, src, dst, n, land_keys, kf);
-}
-
 uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier)
 {
-	struct kvp_prefix_stats ps;
-	struct kvp_keys_stats ks;
+	struct kvp_index_stats ks;
 
 	if (tier != KVP_TIER_ID_DEVICE || !kvp_pool_has_tier(p, tier))
 		return 0;
-	kvp_prefix_stats(p->pfx, &ps);
-	kvp_keys_stats(p->keys, &ks);
-	return ps.inflight_pages + ks.inflight_pages;
+	kvp_index_stats(p->ix, &ks);
+	return ks.inflight_pages;
 }
 
 bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages)
@@ -296,7 +268,7 @@ struct kvpd_pool *kvp_pool_adopt(const struct kvp_pool_conf *pc, uint32_t id,
 				 const uint64_t bytes[KVP_TIER_ID_MAX], struct kvp_fail *f)
 {
 	struct kvpd_pool *p = calloc(1, sizeof(*p));
-	struct kvp_prefix_conf xc = { 0 };
+	struct kvp_index_conf xc = { 0 };
 	uint64_t npages[KVP_TIER_ID_MAX];
 	int r;
 
@@ -354,16 +326,10 @@ struct kvpd_pool *kvp_pool_adopt(const struct kvp_pool_conf *pc, uint32_t id,
 	xc.host = p->pages[KVP_TIER_ID_HOST];
 	xc.copy = pool_copy;
 	xc.copy_ctx = p;
-	xc.copy_start = pool_copy_start;
-	p->pfx = kvp_prefix_new(&xc);
-	if (!p->pfx) {
-		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: prefix cache: out of memory", pc->name);
-		goto fail;
-	}
-	p->keys = kvp_keys_new(
-		&(struct kvp_keys_conf){ xc.dev, xc.host, pool_copy, p, keys_copy_start });
-	if (!p->keys) {
-		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: key cache: out of memory", pc->name);
+	xc.copy_start = flight_start;
+	p->ix = kvp_index_new(&xc);
+	if (!p->ix) {
+		kvp_fail(f, KVP_ERR_INTERNAL, "pool %s: page index: out of memory", pc->name);
 		goto fail;
 	}
 	return p;
@@ -386,8 +352,7 @@ void kvp_pool_destroy(struct kvpd_pool *p)
 static void pool_free(struct kvpd_pool *p)
 {
 	kvp_snap_free(p->snap);
-	kvp_prefix_free(p->pfx);
-	kvp_keys_free(p->keys);
+	kvp_index_free(p->ix);
 	if (p->copy)
 		p->mem[KVP_TIER_ID_DEVICE].ops->copy_close(p->copy);
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
@@ -401,26 +366,24 @@ static void pool_free(struct kvpd_pool *p)
 
 void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out)
 {
-	struct kvp_prefix_stats ps;
-	struct kvp_keys_stats ks;
+	struct kvp_index_stats ks;
 
 	memset(out, 0, sizeof(*out));
 	if (!kvp_pool_has_tier(p, tier))
 		return;
-	kvp_prefix_stats(p->pfx, &ps);
-	kvp_keys_stats(p->keys, &ks);
+	kvp_index_stats(p->ix, &ks);
 	out->total = kvp_pages_total(p->pages[tier]);
 	out->free = kvp_pages_count(p->pages[tier], KVP_PAGE_FREE);
 	out->leased = kvp_pages_count(p->pages[tier], KVP_PAGE_LEASED);
 	out->cached = kvp_pages_count(p->pages[tier], KVP_PAGE_CACHED);
 	out->moving = kvp_pages_count(p->pages[tier], KVP_PAGE_MOVING);
-	out->evictable = ps.evictable_pages[tier] + ks.evictable_pages[tier];
-	out->protected_ = ps.protected_pages[tier] + ks.protected_pages[tier];
+	out->evictable = ks.evictable_pages[tier];
+	out->protected_ = ks.protected_pages[tier];
 }
 
 int kvp_pool_check(const struct kvpd_pool *p)
 {
-	struct kvp_keys_stats ks;
+	struct kvp_index_stats ks;
 
 	for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 		struct kvp_tier_counts c;
@@ -443,18 +406,18 @@ int kvp_pool_check(const struct kvpd_pool *p)
 		if (owned != c.leased)
 			return -EFAULT;
 	}
-	kvp_keys_stats(p->keys, &ks);
-	if (kvp_keys_check(p->keys) < 0)
+	kvp_index_stats(p->ix, &ks);
+	if (kvp_index_check(p->ix) < 0)
 		return -EFAULT;
-	if (p->pages[KVP_TIER_ID_HOST]) { /* every MOVING page belongs to one cache's flight */
-		struct kvp_prefix_stats ps;
-
-		kvp_prefix_stats(p->pfx, &ps);
-		if (kvp_pages_count(p->pages[KVP_TIER_ID_HOST], KVP_PAGE_MOVING) !=
-		    ps.moving_pages + ks.moving_pages)
+	for (int t = 0; t < KVP_TIER_ID_MAX; t++) /* every CACHED page is the index's */
+		if (p->pages[t] &&
+		    kvp_pages_count(p->pages[t], KVP_PAGE_CACHED) != ks.cached_pages[t])
 			return -EFAULT;
-	}
-	return kvp_prefix_check_shared(p->pfx, ks.cached_pages) < 0 ? -EFAULT : 0;
+	/* every MOVING page belongs to one of the index's flights */
+	if (p->pages[KVP_TIER_ID_HOST] &&
+	    kvp_pages_count(p->pages[KVP_TIER_ID_HOST], KVP_PAGE_MOVING) != ks.moving_pages)
+		return -EFAULT;
+	return 0;
 }
 
 int kvp_lease_check(const struct kvp_lease *l)
@@ -766,7 +729,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 	struct kvpd_pool *p = l->pool;
 	uint32_t pt = p->conf.page_tokens;
 	uint32_t whole = ntokens / pt, own;
-	struct kvp_insert_result res = { 0 };
+	struct kvp_index_insert_result res = { 0 };
 	uint32_t *all, *dup;
 	int r;
 
@@ -794,19 +757,19 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 		free(dup);
 		return kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 	}
-	/* The matched prefix is named by position only: the tree must still hold it. */
+	/* The matched prefix is named by position only: the index must still hold it. */
 	for (uint32_t i = 0; i < whole; i++)
 		all[i] = i < cached ? KVP_PAGE_NONE : pages[i - cached];
-	r = kvp_prefix_insert(p->pfx, ns, tokens, whole, l->tier, all, &res, dup);
+	r = kvp_index_insert_tokens(p->ix, ns, tokens, whole, l->tier, all, &res, dup);
 	if (r < 0) {
 		free(all);
 		free(dup);
 		return kvp_fail(f, r == -ENOMEM ? KVP_ERR_INTERNAL : KVP_ERR_INVALID_ARGUMENT,
-				"insert into the prefix cache failed (%d)", r);
+				"insert into the page index failed (%d)", r);
 	}
-	/* Pages the tree processed leave the lease: cached now, or duplicates that are freed.
+	/* Pages the index processed leave the lease: cached now, or duplicates that are freed.
 	 * Past a matched page that was evicted meanwhile, pages stay in the lease. */
-	for (uint32_t i = cached; i < res.done_pages; i++)
+	for (uint32_t i = cached; i < res.done_keys; i++)
 		lease_drop(l, all[i]);
 	for (uint32_t i = 0; i < res.dup_pages; i++)
 		dup[i] = all[dup[i]];
@@ -822,11 +785,11 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 
 void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms)
 {
-	struct kvp_prefix_stats now;
+	struct kvp_index_stats now;
 	uint64_t pt = p->conf.page_tokens;
 	uint64_t ev_d, ev_h, dem, pro;
 
-	kvp_prefix_stats(p->pfx, &now);
+	kvp_index_stats(p->ix, &now);
 	ev_d = now.evicted_pages[KVP_TIER_ID_DEVICE] - p->logged.evicted_pages[KVP_TIER_ID_DEVICE];
 	ev_h = now.evicted_pages[KVP_TIER_ID_HOST] - p->logged.evicted_pages[KVP_TIER_ID_HOST];
 	dem = now.demoted_pages - p->logged.demoted_pages;
@@ -842,42 +805,14 @@ void kvp_pool_log_summary(struct kvpd_pool *p, uint64_t interval_ms)
 	p->logged = now;
 }
 
-/* Both caches give up pages in proportion to what each can evict, then either tops up. */
-/* Evicts as kvp_pool_evict does; with later set, the prefix cache's demotions may be left in
- * flight (counted toward pages, not in the result). */
+/* Evicts as kvp_pool_evict does; with later set, the index's demotions may be left in flight
+ * (counted toward pages, not in the result). */
 static uint32_t pool_evict(struct kvpd_pool *p, int tier, uint32_t pages, bool later)
 {
-	struct kvp_prefix_stats ps;
-	struct kvp_keys_stats ks;
-	uint64_t ep, ek;
-	uint32_t share, freed;
-
 	if (!kvp_pool_has_tier(p, tier) || !pages)
 		return 0;
-	kvp_prefix_stats(p->pfx, &ps);
-	kvp_keys_stats(p->keys, &ks);
-	ep = ps.evictable_pages[tier];
-	ek = ks.evictable_pages[tier];
-	share = ep + ek ? (uint32_t)((uint64_t)pages * ek / (ep + ek)) : 0;
-	if (later) {
-		/* demotions started count toward pages: their pages are freed when they land */
-		uint64_t before = kvp_pool_inflight(p, tier);
-
-		freed = kvp_keys_evict_later(p->keys, tier, share);
-		pages -= (uint32_t)(kvp_pool_inflight(p, tier) - before);
-		before = kvp_pool_inflight(p, tier);
-		if (freed < pages)
-			freed += kvp_prefix_evict(p->pfx, tier, pages - freed);
-		pages -= (uint32_t)(kvp_pool_inflight(p, tier) - before);
-		if (freed < pages)
-			freed += kvp_keys_evict_later(p->keys, tier, pages - freed);
-		return freed;
-	}
-	freed = kvp_keys_evict(p->keys, tier, share);
-	freed += kvp_prefix_evict_now(p->pfx, tier, pages - freed);
-	if (freed < pages)
-		freed += kvp_keys_evict(p->keys, tier, pages - freed);
-	return freed;
+	return later ? kvp_index_evict_later(p->ix, (enum kvp_tier_id)tier, pages)
+		     : kvp_index_evict(p->ix, (enum kvp_tier_id)tier, pages);
 }
 
 uint32_t kvp_pool_evict(struct kvpd_pool *p, int tier, uint32_t pages)
@@ -891,7 +826,7 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 			  struct kvp_fail *f)
 {
 	struct kvpd_pool *p = l->pool;
-	struct kvp_keys_insert_result res = { 0 };
+	struct kvp_index_insert_result res = { 0 };
 	uint32_t *dup, *own;
 	int r;
 
@@ -911,11 +846,11 @@ int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key
 	own = dup + npages;
 	memcpy(own, pages, sizeof(*own) * npages);
 	pages = own;
-	r = kvp_keys_insert(p->keys, ns, keys, n, cached, l->tier, pages, &res, dup);
+	r = kvp_index_insert(p->ix, ns, keys, n, cached, l->tier, pages, &res, dup);
 	if (r < 0) {
 		free(dup);
 		return kvp_fail(f, r == -ENOMEM ? KVP_ERR_INTERNAL : KVP_ERR_INVALID_ARGUMENT,
-				"insert into the key cache failed (%d)", r);
+				"insert into the page index failed (%d)", r);
 	}
 	for (uint32_t i = cached; i < res.done_keys; i++)
 		lease_drop(l, pages[i - cached]);

@@ -1,4 +1,4 @@
-/* pool.h - one pool: its tiers' memory and page allocators, leases, and prefix cache.
+/* pool.h - one pool: its tiers' memory and page allocators, leases, and page index.
  * Pool code never touches sockets; failures are typed (struct kvp_fail). */
 #pragma once
 #include <stdbool.h>
@@ -6,10 +6,9 @@
 
 #include "config.h"
 #include "fail.h"
-#include "keycache.h"
+#include "index.h"
 #include "kv_copy.h"
 #include "pages.h"
-#include "prefix.h"
 #include "stats.h"
 #include "tier.h"
 
@@ -24,15 +23,14 @@ struct kvpd_pool {
 	 * its local lease ids, so two sessions may hold leases of the same id), else 0. */
 	uint64_t *lease_of[KVP_TIER_ID_MAX];
 	uint32_t *lease_idx[KVP_TIER_ID_MAX]; /* its index in that lease's page array */
-	struct kvp_prefix *pfx;
-	struct kvp_keys *keys; /* hash-keyed cached pages, sharing the tiers with pfx */
+	struct kvp_index *ix;		      /* the cached pages, of token and key calls */
 	struct kvp_pool_stats st;
-	uint32_t sessions;		/* attached */
-	struct kvp_tier_copy *copy;	/* demotion and promotion: pools with both tiers */
-	uint32_t flights;		/* demotion copies waited for on the worker */
-	bool dying;			/* destroyed with flights left: the last one frees it */
-	char note[256];			/* start-up fallbacks worth a log line */
-	struct kvp_prefix_stats logged; /* figures at the last eviction summary line */
+	uint32_t sessions;	       /* attached */
+	struct kvp_tier_copy *copy;    /* demotion and promotion: pools with both tiers */
+	uint32_t flights;	       /* demotion copies waited for on the worker */
+	bool dying;		       /* destroyed with flights left: the last one frees it */
+	char note[256];		       /* start-up fallbacks worth a log line */
+	struct kvp_index_stats logged; /* figures at the last eviction summary line */
 	/* Page reserves (reserve.c): pages of each tier booked to sessions' reserves (counted as
 	 * leased), and the hook that takes the unused part of them back before an allocation
 	 * evicts or fails (returns pages freed). */
@@ -59,7 +57,7 @@ struct kvp_lease {
 	uint32_t *pages;
 };
 
-/* Creates the pool's tiers (memory, allocators) and prefix cache. NULL with f filled
+/* Creates the pool's tiers (memory, allocators) and page index. NULL with f filled
  * (UNAVAILABLE for a cuda pool without a usable GPU, HOST_BUDGET_EXCEEDED, INTERNAL). */
 struct kvpd_pool *kvp_pool_create(const struct kvp_pool_conf *pc, uint32_t id, struct kvp_fail *f);
 /* kvp_pool_create, with the memory of each tier whose fds[t] >= 0 adopted (exactly bytes[t]
@@ -131,7 +129,7 @@ struct kvp_lease *kvp_lease_new_empty(struct kvpd_pool *p, int tier, uint64_t id
 /* Moves pages[0..n) (all distinct, all in from) into to, of the same pool and tier; they stay
  * LEASED. Nothing changes on failure (-EINVAL for a page not in from, or listed twice). */
 int kvp_lease_move(struct kvp_lease *from, struct kvp_lease *to, const uint32_t *pages, uint32_t n);
-/* Publishes whole pages of tokens into the prefix cache: the first `cached` pages of the
+/* Publishes whole pages of tokens into the page index: the first `cached` pages of the
  * sequence are already cached (the caller matched them), pages[] are lease pages for the rest
  * (see kvp_insert in kvpool.h). 0 or negative Code. */
 int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
@@ -140,7 +138,7 @@ int kvp_lease_insert(struct kvp_lease *l, uint64_t ns, const uint32_t *tokens, u
 
 /* Publishes the chain keys[0 .. n) of hash-keyed namespace ns: keys[0 .. cached) already cached
  * (the caller matched them), pages[] (npages == n - cached, in the lease) for the rest (see
- * kvp_keys_insert). Pages taken or duplicate leave the lease (duplicates are freed); past a
+ * kvp_index_insert). Pages taken or duplicate leave the lease (duplicates are freed); past a
  * matched key evicted meanwhile they stay. 0 or negative Code (INVALID_ARGUMENT, NOT_FOUND,
  * INTERNAL). */
 int kvp_lease_insert_keys(struct kvp_lease *l, uint64_t ns, const struct kvp_key *keys, uint32_t n,

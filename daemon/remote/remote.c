@@ -17,13 +17,16 @@
 #include "remote.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -114,6 +117,8 @@ typedef _Atomic(struct q_ent *) q_stack;
 
 struct kvp_remote {
 	struct kvp_remote_conf conf;
+	struct kvp_rv_mac mac;	  /* the deployment's secret: values' MACs (the thread's) */
+	_Atomic uint64_t bad_mac; /* values refused for their MAC */
 	int epfd, tfd, done_fd, wake_fd;
 	int64_t alarm_ms; /* kvp_remote_set_alarm's; -1: none */
 	pthread_t thread;
@@ -309,7 +314,10 @@ static void th_done(void *arg, enum kvp_rc_status st, const void *val, size_t le
 		const void *pl;
 		uint64_t n;
 
-		e->verr = kvp_rv_decode(&e->fp, e->page_bytes, e->val, e->len, &pl, &n);
+		e->verr = kvp_rv_decode(&e->fp, &r->mac, e->data, e->klen, e->page_bytes, e->val,
+					e->len, &pl, &n);
+		if (e->verr == -KVP_RV_EMAC)
+			atomic_fetch_add_explicit(&r->bad_mac, 1, memory_order_relaxed);
 		if (e->verr == 0) {
 			e->val = (void *)pl;
 			e->len = n;
@@ -369,6 +377,7 @@ static void th_submit(struct kvp_remote *r, struct q_ent *e)
 		break;
 	case Q_PAGE:
 		kvp_rv_header_crc(&e->fp, e->vlen, e->crc, e->hdr);
+		kvp_rv_seal(&r->mac, key, e->klen, e->hdr, key + e->klen, e->vlen);
 		rc = (e->vlen >= BIG_MIN ? kvp_rc_set_ref
 					 : kvp_rc_set)(e->rc, key, e->klen, e->hdr, sizeof(e->hdr),
 						       key + e->klen, e->vlen, e->ttl, th_done, e);
@@ -551,6 +560,83 @@ static void *th_main(void *arg)
 
 /* ---- the loop's side ---- */
 
+/* One line on stderr, as kvpoold's log writes them (this library links without the log). */
+static void cred_log(const char *what, const char *src, const char *why)
+{
+	fprintf(stderr, "<3>remote tier: %s %s: %s\n", what, src, why);
+	fflush(stderr);
+}
+
+int kvp_remote_cred_read(const char *src, void *out, size_t cap, size_t *len)
+{
+	char path[4096];
+	const char *dir;
+	struct stat st;
+	ssize_t n;
+	size_t got = 0;
+	int fd, e;
+
+	if (strncmp(src, "file:", 5) == 0) {
+		snprintf(path, sizeof(path), "%s", src + 5);
+	} else if (strncmp(src, "credential:", 11) == 0) {
+		dir = getenv("CREDENTIALS_DIRECTORY");
+		if (!dir || !*dir)
+			return -ENOENT;
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, src + 11) >= sizeof(path))
+			return -ENAMETOOLONG;
+	} else {
+		return -EINVAL;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) < 0) {
+		e = -errno;
+		close(fd);
+		return e;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return -EINVAL;
+	}
+	if (st.st_mode & (S_IROTH | S_IWOTH)) { /* every local user could read (or change) it */
+		close(fd);
+		return -EPERM;
+	}
+	while (got < cap && (n = read(fd, (char *)out + got, cap - got)) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			e = -errno;
+			close(fd);
+			return e;
+		}
+		got += (size_t)n;
+	}
+	close(fd);
+	if (got == cap)
+		return -EFBIG;
+	/* one line end, as `echo` and editors leave it */
+	if (got && ((char *)out)[got - 1] == '\n')
+		got--;
+	if (got && ((char *)out)[got - 1] == '\r')
+		got--;
+	*len = got;
+	return 0;
+}
+
+/* Why kvp_remote_cred_read refused, in words. */
+static const char *cred_why(int err)
+{
+	switch (err) {
+	case -EPERM: return "readable or writable by every user: make it 0400 or 0440";
+	case -ENOENT: return "not found (credential: is $CREDENTIALS_DIRECTORY set?)";
+	case -EFBIG: return "longer than 4 KiB";
+	case -EINVAL: return "not a regular file";
+	default: return strerror(-err);
+	}
+}
+
 struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 {
 	/* The bounds are kept at submission (kvp_remote_*): the client itself never refuses. */
@@ -565,15 +651,58 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	};
 	struct epoll_event ev = { .events = EPOLLIN, .data.u32 = TIMER_TAG };
 	struct kvp_remote *r;
+	uint8_t secret[4096];
+	char password[4097];
+	size_t len = 0;
 	int e;
 
 	if (!conf->enabled || !conf->seeds[0]) {
 		errno = EINVAL;
 		return NULL;
 	}
-	r = calloc(1, sizeof(*r));
-	if (!r)
+	/* The secret and the password are read here, never from the config text itself. */
+	if (!conf->secret[0]) {
+		cred_log("secret", "", "none configured (secret = file:PATH or credential:NAME)");
+		errno = EINVAL;
 		return NULL;
+	}
+	if ((e = kvp_remote_cred_read(conf->secret, secret, sizeof(secret), &len)) < 0 ||
+	    len < KVP_RV_SECRET_MIN) {
+		cred_log("secret", conf->secret,
+			 e < 0 ? cred_why(e) : "shorter than 16 bytes (e.g. 32 random bytes)");
+		explicit_bzero(secret, sizeof(secret));
+		errno = e < 0 ? -e : EINVAL;
+		return NULL;
+	}
+	if (conf->password[0]) {
+		size_t plen = 0;
+
+		if ((e = kvp_remote_cred_read(conf->password, password, sizeof(password) - 1,
+					      &plen)) < 0 ||
+		    !plen) {
+			cred_log("password", conf->password, e < 0 ? cred_why(e) : "empty");
+			explicit_bzero(secret, sizeof(secret));
+			errno = e < 0 ? -e : EINVAL;
+			return NULL;
+		}
+		password[plen] = 0;
+		cfg.password = password;
+		cfg.user = conf->user[0] ? conf->user : NULL;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		explicit_bzero(secret, sizeof(secret));
+		explicit_bzero(password, sizeof(password));
+		return NULL;
+	}
+	e = kvp_rv_mac_init(&r->mac, secret, len);
+	explicit_bzero(secret, sizeof(secret));
+	if (e < 0) {
+		explicit_bzero(password, sizeof(password));
+		free(r);
+		errno = -e;
+		return NULL;
+	}
 	r->conf = *conf;
 	r->nconns = conf->connections >= 1 && conf->connections <= RC_CONNS ? (int)conf->connections
 									    : RC_CONNS;
@@ -595,6 +724,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 			errno = errno == ENOMEM ? ENOMEM : EINVAL;
 			goto fail;
 		}
+	explicit_bzero(password, sizeof(password)); /* the clients hold copies */
 	pthread_mutex_init(&r->mu, NULL);
 	if ((e = pthread_create(&r->thread, NULL, th_main, r)) != 0) {
 		pthread_mutex_destroy(&r->mu);
@@ -605,6 +735,7 @@ struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf)
 	return r;
 fail:
 	e = errno;
+	explicit_bzero(password, sizeof(password));
 	for (int c = 0; c < r->nconns; c++)
 		kvp_rc_free(r->rcs[c]);
 	if (r->epfd >= 0)
@@ -703,6 +834,7 @@ void kvp_remote_free(struct kvp_remote *r)
 	close(r->tfd);
 	close(r->done_fd);
 	close(r->wake_fd);
+	explicit_bzero(&r->mac, sizeof(r->mac));
 	free(r);
 }
 
@@ -744,6 +876,8 @@ void kvp_remote_stats_read(const struct kvp_remote *r, struct kvp_remote_stats *
 	out->disconnects = s.disconnects;
 	out->bad_replies = s.bad_replies;
 	out->bad_redirects = s.bad_redirects;
+	out->auth_failures = s.auth_failures;
+	out->bad_mac = atomic_load_explicit(&r->bad_mac, memory_order_relaxed);
 	out->rejected = r->rejected;
 	out->sent_bytes = s.sent_bytes;
 	out->recv_bytes = s.recv_bytes;

@@ -30,9 +30,17 @@ typedef void kvp_remote_page_cb(void *arg, enum kvp_rc_status st, int err, const
 				size_t n);
 
 /* A driver for the cluster of conf (which must be enabled), its thread started; NULL with errno
- * set (EINVAL: bad seeds; ENOMEM; or the errno of epoll_create1 / timerfd_create / eventfd /
- * pthread_create). */
+ * set (EINVAL: bad seeds, no secret or one shorter than KVP_RV_SECRET_MIN; the errno of reading
+ * the secret or the password (kvp_remote_cred_read), the reason written to stderr; ENOMEM; or
+ * the errno of epoll_create1 / timerfd_create / eventfd / pthread_create). The secret keys
+ * the values' MACs (remote_value.h); the password, with conf->user, AUTHs every connection. */
 struct kvp_remote *kvp_remote_new(const struct kvp_remote_conf *conf);
+/* Reads a secret from src ("file:PATH", or "credential:NAME": $CREDENTIALS_DIRECTORY/NAME)
+ * into out (cap bytes), one trailing line end dropped; its length into *len. 0, or -ENOENT
+ * (no such file, no $CREDENTIALS_DIRECTORY), -EPERM (a file every user may read or write),
+ * -EINVAL (not a regular file, a bad src), -EFBIG (cap bytes or more), another -errno of
+ * open / read. */
+int kvp_remote_cred_read(const char *src, void *out, size_t cap, size_t *len);
 /* Stops the thread; everything in flight or queued completes with KVP_RC_ECLOSED, its callback
  * run in here. Accepts NULL. */
 void kvp_remote_free(struct kvp_remote *r);

@@ -442,6 +442,22 @@ static void on_connect(const redisAsyncContext *ac, int status)
 	n->rc->refresh_wanted = 1;
 }
 
+/* AUTH's answer: anything but +OK closes the connection (outside the callbacks, drop_bad); the
+ * commands sent behind it were refused by the node too. */
+static void auth_reply(redisAsyncContext *ac, void *reply, void *priv)
+{
+	struct rc_node *n = priv;
+	const redisReply *r = reply;
+
+	(void)ac;
+	if (!r) /* the connection went away */
+		return;
+	if (r->type != REDIS_REPLY_STATUS) {
+		n->rc->stats.auth_failures++;
+		n->bad = 1;
+	}
+}
+
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
 	(void)ac;
@@ -711,6 +727,14 @@ static void node_connect(struct kvp_rc *rc, struct rc_node *n)
 	ac->ev.cleanup = ev_cleanup;
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	redisAsyncSetConnectCallback(ac, on_connect); /* arms the write event */
+	/* AUTH first in the stream: every command after it runs as the ACL user. */
+	if (rc->cfg.password &&
+	    (rc->cfg.user ? redisAsyncCommand(ac, auth_reply, n, "AUTH %b %b", rc->cfg.user,
+					      strlen(rc->cfg.user), rc->cfg.password,
+					      strlen(rc->cfg.password))
+			  : redisAsyncCommand(ac, auth_reply, n, "AUTH %b", rc->cfg.password,
+					      strlen(rc->cfg.password))) != REDIS_OK)
+		n->bad = 1;
 	rc->gen++;
 }
 
@@ -1215,6 +1239,10 @@ struct kvp_rc *kvp_rc_new(const struct kvp_rc_config *cfg)
 		return NULL;
 	rc->cfg = *cfg;
 	rc->cfg.seeds = NULL;
+	rc->cfg.user = cfg->user && cfg->password ? strdup(cfg->user) : NULL;
+	rc->cfg.password = cfg->password ? strdup(cfg->password) : NULL;
+	if ((cfg->user && cfg->password && !rc->cfg.user) || (cfg->password && !rc->cfg.password))
+		goto fail;
 #define DEF(f, v)                                                                                  \
 	if (!rc->cfg.f)                                                                            \
 	rc->cfg.f = (v)
@@ -1276,6 +1304,10 @@ void kvp_rc_free(struct kvp_rc *rc)
 		free(rc->nodes[i]->ext);
 		free(rc->nodes[i]);
 	}
+	if (rc->cfg.password)
+		explicit_bzero((char *)rc->cfg.password, strlen(rc->cfg.password));
+	free((char *)rc->cfg.password);
+	free((char *)rc->cfg.user);
 	free(rc);
 }
 

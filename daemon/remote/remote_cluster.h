@@ -46,6 +46,11 @@ struct kvp_rc_config {
 	void *(*buf_get)(void *ctx, size_t len);
 	void (*buf_put)(void *ctx, void *buf);
 	void *buf_ctx;
+	/* AUTH on every connection before anything else: the ACL user (NULL: the default user)
+	 * and its password (NULL: no AUTH). Both copied. A refused AUTH closes the connection
+	 * (counted in auth_failures); it is made again after the backoff. */
+	const char *user;
+	const char *password;
 };
 
 /* How an operation ended. */
@@ -74,6 +79,7 @@ struct kvp_rc_stats {
 	uint64_t sent_bytes, recv_bytes;    /* value bytes of SET / of GET hits */
 	uint64_t bad_replies;		    /* replies refused (the node's connection closed) */
 	uint64_t bad_redirects;		    /* MOVED / ASK to a node the slot map does not name */
+	uint64_t auth_failures;		    /* AUTH refused (connection closed) */
 };
 
 struct kvp_rc;

@@ -132,10 +132,15 @@ static bool pool_live(const struct kvp_daemon *d, const struct kvpd_pool *p)
 	return false;
 }
 
-/* "t<ns>" / "k<ns>": the keyings never share keys. */
-static void ns_name(uint64_t ns, int keyed, char out[24])
+/* The namespace part of a remote key (kvp_rv_ns_name): the pool's remote_scope (its name when
+ * none is set) and the namespace's binding, read at each use (a reload may change them). */
+#define NS_NAME_MAX KVP_RV_NSNAME_MAX
+static void ns_name(const struct rt_pool *rp, uint64_t ns, int keyed, char out[NS_NAME_MAX])
 {
-	snprintf(out, 24, "%c%llu", keyed ? 'k' : 't', (unsigned long long)ns);
+	const struct kvp_pool_conf *c = &rp->p->conf;
+
+	kvp_rv_ns_name(c->remote_scope[0] ? c->remote_scope : c->name,
+		       kvp_pool_conf_ns_owner(c, ns), keyed, ns, out);
 }
 
 static void key_hash(const uint8_t *key, size_t len, uint8_t out[KVP_RV_HASH_SIZE])
@@ -285,14 +290,14 @@ enum { PUT_DROPPED = -1, PUT_SEEN = 0, PUT_SENT = 1 };
 static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
 {
 	struct kvp_remote *r = rp->d->remote;
-	char key[KVP_RV_KEY_MAX], nsn[24];
+	char key[KVP_RV_KEY_MAX], nsn[NS_NAME_MAX];
 	const uint8_t *b = host_page(rp->p, page);
 	struct rt_seen *slot = NULL, old = { 0 };
 	struct rt_set *ws = NULL;
 	uint64_t tag;
 	int klen;
 
-	ns_name(ns, keyed, nsn);
+	ns_name(rp, ns, keyed, nsn);
 	if ((klen = kvp_rv_key(&rp->fp, nsn, h, key)) < 0)
 		return PUT_DROPPED;
 	if (seen_written(rp, key, (size_t)klen, &tag)) {
@@ -332,78 +337,30 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 	return PUT_SENT;
 }
 
-/* The chained page hashes along a prefix path (segs, from the prefix tree): from the memo of
- * segs[0] unless the path starts there, filling the memo of each later segment on the way (the
- * hash before it), so the next call for this node hashes the node alone; the last k pages of the
- * last segment are put. Returns how many were sent. */
-static uint32_t put_path(struct rt_pool *rp, uint64_t ns, const struct kvp_prefix_seg *segs,
-			 uint32_t nsegs, const uint32_t *pages, uint32_t k)
-{
-	uint32_t pt = rp->p->conf.page_tokens, sent = 0;
-	uint8_t h[KVP_RV_HASH_SIZE];
-	bool have = false;
-
-	if (!nsegs || k > segs[nsegs - 1].npages)
-		return 0;
-	if (!segs[0].first) { /* the tree stops at a memo this function filled */
-		if (!segs[0].memo || !segs[0].memo->ok)
-			return 0;
-		memcpy(h, segs[0].memo->v, sizeof(h));
-		have = true;
-	}
-	for (uint32_t s = 0; s < nsegs; s++) {
-		const struct kvp_prefix_seg *g = &segs[s];
-		uint32_t from = s == nsegs - 1 ? g->npages - k : UINT32_MAX;
-
-		if (have && g->memo && !g->memo->ok) {
-			memcpy(g->memo->v, h, sizeof(h));
-			g->memo->ok = 1;
-		}
-		for (uint32_t i = 0; i < g->npages; i++) {
-			kvp_rv_page_hash(have ? h : NULL, g->tokens + (size_t)i * pt, pt, h);
-			have = true;
-			if (i >= from && put_page(rp, ns, 0, h, pages[i - from]) == PUT_SENT)
-				sent++;
-		}
-	}
-	return sent;
-}
-
-static void spill_tokens(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs, uint32_t nsegs,
-			 const uint32_t *pages, uint32_t k)
-{
-	struct rt_pool *rp = ctx;
-
-	rp->d->rt->spilled_pages += put_path(rp, ns, segs, nsegs, pages, k);
-}
-
-static void spill_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
+/* The index's spill hook: a host page leaving by eviction. */
+static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, size_t klen,
+		       uint32_t page)
 {
 	struct rt_pool *rp = ctx;
 	uint8_t h[KVP_RV_HASH_SIZE];
 
-	key_hash(key, klen, h);
-	if (put_page(rp, ns, 1, h, page) == PUT_SENT)
+	key_hash(key, klen, h); /* a token page's key is its chained page hash already */
+	if (put_page(rp, ns, keyed, h, page) == PUT_SENT)
 		rp->d->rt->spilled_pages++;
 }
 
-/* Write-through of device pages demoted to host (the prefix tree's landed hook): pages[0 .. k)
- * are the last k pages of the path. */
-static void landed_tokens(void *ctx, uint64_t ns, const struct kvp_prefix_seg *segs, uint32_t nsegs,
-			  const uint32_t *pages, uint32_t k)
+/* The index's landed hook (write-through): a device page demoted to a host page. */
+static void landed_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, size_t klen,
+			uint32_t page)
 {
 	struct rt_pool *rp = ctx;
+	uint8_t h[KVP_RV_HASH_SIZE];
 
-	if (rp->p->conf.remote == KVP_REMOTE_WRITE_THROUGH)
-		rp->d->rt->written_pages += put_path(rp, ns, segs, nsegs, pages, k);
-}
-
-static void landed_key(void *ctx, uint64_t ns, const uint8_t *key, size_t klen, uint32_t page)
-{
-	struct rt_pool *rp = ctx;
-	ProtobufCBinaryData k = { klen, (uint8_t *)key };
-
-	kvp_rt_written_keys(rp->d, rp->p, ns, &k, &page, 1);
+	if (rp->p->conf.remote != KVP_REMOTE_WRITE_THROUGH)
+		return;
+	key_hash(key, klen, h); /* a token page's key is its chained page hash already */
+	if (put_page(rp, ns, keyed, h, page) == PUT_SENT)
+		rp->d->rt->written_pages++;
 }
 
 void kvp_rt_bind(struct kvp_daemon *d)
@@ -429,14 +386,12 @@ void kvp_rt_bind(struct kvp_daemon *d)
 					     p->conf.page_tokens, 0 };
 		rp->next = rt->pools;
 		rt->pools = rp;
-		kvp_prefix_set_spill(p->pfx, spill_tokens, rp);
-		kvp_keys_set_spill(p->keys, spill_key, rp);
+		kvp_index_set_spill(p->ix, spill_page, rp);
 		if (p->conf.remote != KVP_REMOTE_WRITE_THROUGH)
 			continue;
 		if (!rt->seen)
 			rt->seen = calloc((size_t)1 << SEEN_BITS, sizeof(*rt->seen));
-		kvp_prefix_set_landed(p->pfx, landed_tokens, rp);
-		kvp_keys_set_landed(p->keys, landed_key, rp);
+		kvp_index_set_landed(p->ix, landed_page, rp);
 	}
 	/* Pools gone (a reload removed them) leave their records. */
 	if (d->rt) {
@@ -492,10 +447,10 @@ static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tok
 {
 	uint32_t pt = rp->p->conf.page_tokens;
 	uint8_t h[KVP_RV_HASH_SIZE];
-	char nsn[24];
+	char nsn[NS_NAME_MAX];
 	int k;
 
-	ns_name(ns, 0, nsn);
+	ns_name(rp, ns, 0, nsn);
 	for (uint32_t i = 0; i < to; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
 		if (i < from)
@@ -511,10 +466,10 @@ static int hash_keys(const struct rt_pool *rp, uint64_t ns, const ProtobufCBinar
 		     uint32_t n, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
 	uint8_t h[KVP_RV_HASH_SIZE];
-	char nsn[24];
+	char nsn[NS_NAME_MAX];
 	int k;
 
-	ns_name(ns, 1, nsn);
+	ns_name(rp, ns, 1, nsn);
 	for (uint32_t i = 0; i < n; i++) {
 		key_hash(keys[i].data, keys[i].len, h);
 		if ((k = kvp_rv_key(&rp->fp, nsn, h, out[i])) < 0)
@@ -854,9 +809,8 @@ static int fetch_match(struct kvp_daemon *d, struct kvp_session *s, struct rt_fe
 {
 	struct kvpd_pool *p = fe->p;
 	uint32_t n = fe->local + fe->n;
+	struct kvp_index_match mt = { 0 };
 	struct kvp_lock *k = NULL;
-	uint32_t ndev, nhost;
-	void *lk;
 	int rc = 0;
 
 	if (!(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (n + 1))) ||
@@ -865,7 +819,6 @@ static int fetch_match(struct kvp_daemon *d, struct kvp_session *s, struct rt_fe
 		return kvp_rpc_oom(f);
 	if (fe->keyed) {
 		struct kvp_key *keys = malloc(sizeof(*keys) * (n + 1));
-		struct kvp_keys_match mt = { 0 };
 
 		if (!keys) {
 			free(k);
@@ -876,41 +829,28 @@ static int fetch_match(struct kvp_daemon *d, struct kvp_session *s, struct rt_fe
 		rc = kvp_pool_match_keys(p, fe->ns, keys, n, lock, &mt, m->device_pages,
 					 m->host_pages);
 		free(keys);
-		ndev = mt.dev_pages;
-		nhost = mt.host_pages;
-		lk = mt.lock;
 	} else {
-		struct kvp_prefix_match mt = { 0 };
-
 		rc = kvp_pool_match(p, fe->ns, fe->tokens, n * p->conf.page_tokens, lock, &mt,
 				    m->device_pages, m->host_pages);
-		ndev = mt.dev_pages;
-		nhost = mt.host_pages;
-		lk = mt.lock;
 	}
 	if (rc < 0) {
 		free(k);
 		return kvp_rpc_oom(f);
 	}
-	if (k && lk && (rc = kvp_session_may_lock_pages(d, s, p, ndev + nhost, f)) < 0) {
-		if (fe->keyed)
-			kvp_pool_keys_unlock(p, lk);
-		else
-			kvp_pool_unlock(p, lk);
+	if (k && mt.lock &&
+	    (rc = kvp_session_may_lock_pages(d, s, p, mt.dev_pages + mt.host_pages, f)) < 0) {
+		kvp_pool_unlock(p, mt.lock);
 		free(k);
 		return rc;
 	}
-	m->n_device_pages = ndev;
-	m->n_host_pages = nhost;
-	m->matched = fe->keyed ? ndev + nhost : (uint64_t)(ndev + nhost) * p->conf.page_tokens;
-	*local = ndev + nhost;
-	if (k && lk) {
+	m->n_device_pages = mt.dev_pages;
+	m->n_host_pages = mt.host_pages;
+	*local = mt.dev_pages + mt.host_pages;
+	m->matched = fe->keyed ? *local : (uint64_t)*local * p->conf.page_tokens;
+	if (k && mt.lock) {
 		k->pool = p;
-		if (fe->keyed)
-			k->keys = lk;
-		else
-			k->node = lk;
-		k->pages = ndev + nhost;
+		k->run = mt.lock;
+		k->pages = *local;
 		if (kvp_session_lock_add(d, s, k) < 0)
 			return kvp_rpc_oom(f);
 		m->lock_id = k->id;
@@ -951,7 +891,7 @@ static uint32_t fetch_insert(struct rt_fetch *fe)
 		free(keys);
 		return rc == 0 ? nw : 0;
 	} else {
-		struct kvp_prefix_match mt = { 0 };
+		struct kvp_index_match mt = { 0 };
 		uint32_t *dv = malloc(sizeof(uint32_t) * (ntot + 1) * 2);
 		uint64_t nt = 0, dt = 0;
 
@@ -1266,10 +1206,8 @@ void kvp_rt_free(struct kvp_daemon *d)
 	for (rp = d->rt->pools; rp; rp = next) {
 		next = rp->next;
 		if (pool_live(d, rp->p)) {
-			kvp_prefix_set_spill(rp->p->pfx, NULL, NULL);
-			kvp_keys_set_spill(rp->p->keys, NULL, NULL);
-			kvp_prefix_set_landed(rp->p->pfx, NULL, NULL);
-			kvp_keys_set_landed(rp->p->keys, NULL, NULL);
+			kvp_index_set_spill(rp->p->ix, NULL, NULL);
+			kvp_index_set_landed(rp->p->ix, NULL, NULL);
 		}
 		free(rp);
 	}

@@ -322,7 +322,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 	}
 	if (name[0] && !m->n_pools)
 		return kvp_rpc_no_such_pool(d, name, f);
-	/* The top prefixes say what others cache (namespaces, lengths, hits): admins only;
+	/* The top pages say what others cache (namespaces, lengths, hits): admins only;
 	 * everyone gets the aggregate figures. */
 	if (m->n_pools && s->admin) {
 		struct kvpd_pool *p = d->pools[m->pools[0]->pool_id];
@@ -339,6 +339,7 @@ KVP_RPC_HANDLER(kvp_rpc_cache)
 			t->tokens = top[i].tokens;
 			t->hits = top[i].hits;
 			t->namespace_ = top[i].ns;
+			t->keyed = top[i].keyed;
 			m->top[m->n_top++] = t;
 		}
 	}
@@ -353,11 +354,18 @@ KVP_RPC_HANDLER(kvp_rpc_metrics)
 		KVP_REPLY_NEW(r, Kvpool__MetricsResp, kvpool__metrics_resp__descriptor);
 	char *text;
 
-	(void)s;
+	bool show[KVP_MAX_POOLS];
+
 	(void)q;
 	if (!m)
 		return kvp_rpc_oom(f);
-	text = kvp_metrics_render(d);
+	/* a non-admin sees the series of the pools it may attach */
+	for (uint32_t i = 0; i < d->n_pools && i < KVP_MAX_POOLS; i++) {
+		struct kvp_fail no;
+
+		show[i] = s->admin || kvp_session_may_attach(d, s, d->pools[i], &no) == 0;
+	}
+	text = kvp_metrics_render_pools(d, show);
 	if (!text)
 		return kvp_rpc_oom(f);
 	if (kvp_reply_adopt(r, text) < 0)

@@ -56,7 +56,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 {
 	const Kvpool__MatchReq *a = q->match;
 	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	struct kvp_prefix_match mt = { 0 };
+	struct kvp_index_match mt = { 0 };
 	Kvpool__MatchResp *m;
 	struct kvp_lock *k = NULL;
 	uint32_t cap;
@@ -97,7 +97,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	m->matched_tokens = (uint64_t)(mt.dev_pages + mt.host_pages) * p->conf.page_tokens;
 	if (k && mt.lock) {
 		k->pool = p;
-		k->node = mt.lock;
+		k->run = mt.lock;
 		k->pages = mt.dev_pages + mt.host_pages;
 		if (kvp_session_lock_add(d, s, k) < 0)
 			return kvp_rpc_oom(f);
@@ -145,10 +145,7 @@ KVP_RPC_HANDLER(kvp_rpc_load)
 	m = KVP_REPLY_NEW(r, Kvpool__LoadResp, kvpool__load_resp__descriptor);
 	if (!m || !(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (k->pages + 1))))
 		return kvp_rpc_oom(f);
-	if (k->keys)
-		rc = kvp_pool_keys_load(k->pool, k->keys, m->device_pages, k->pages, &n, &promoted);
-	else
-		rc = kvp_pool_load(k->pool, k->node, m->device_pages, k->pages, &n, &promoted);
+	rc = kvp_pool_load(k->pool, k->run, m->device_pages, k->pages, &n, &promoted);
 	if (rc == -ENOSPC) {
 		kvp_pool_capacity_detail(k->pool, KVP_TIER_ID_DEVICE, k->pages, f);
 		return kvp_fail(f, KVP_ERR_OUT_OF_CAPACITY,

@@ -106,7 +106,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 {
 	const Kvpool__MatchKeysReq *a = q->match_keys;
 	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	struct kvp_keys_match mt = { 0 };
+	struct kvp_index_match mt = { 0 };
 	Kvpool__MatchKeysResp *m;
 	struct kvp_lock *k = NULL;
 	struct kvp_key *keys;
@@ -140,7 +140,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 	m->matched_keys = mt.dev_pages + mt.host_pages;
 	if (k && mt.lock) {
 		k->pool = p;
-		k->keys = mt.lock;
+		k->run = mt.lock;
 		k->pages = m->matched_keys;
 		if (kvp_session_lock_add(d, s, k) < 0)
 			return kvp_rpc_oom(f);

@@ -55,8 +55,7 @@ struct kvp_reserve;
 struct kvp_lock {
 	uint64_t id;
 	struct kvpd_pool *pool;
-	struct kvp_prefix_node *node; /* a token-keyed lock, or */
-	struct kvp_keys_lock *keys;   /* a hash-keyed one */
+	struct kvp_index_lock *run; /* the matched run it pins (token or key call) */
 	uint32_t pages;
 };
 

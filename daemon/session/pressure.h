@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "prefix.h"
+#include "index.h"
 
 /* The pools' side, in struct kvp_daemon. */
 struct kvpd_pressure {

@@ -372,8 +372,7 @@ int kvp_session_lock_add(struct kvp_daemon *d, struct kvp_session *s, struct kvp
 {
 	k->id = kvp_daemon_new_id(d, &d->next_lock_id);
 	if (kvp_idmap_put(&s->locks, k->id, k) < 0) {
-		kvp_pool_unlock(k->pool, k->node);
-		kvp_pool_keys_unlock(k->pool, k->keys);
+		kvp_pool_unlock(k->pool, k->run);
 		free(k);
 		return -ENOMEM;
 	}
@@ -387,8 +386,7 @@ int kvp_session_lock_restore(struct kvp_session *s, struct kvp_lock *k)
 	int r = kvp_idmap_put(&s->locks, k->id, k);
 
 	if (r < 0) {
-		kvp_pool_unlock(k->pool, k->node);
-		kvp_pool_keys_unlock(k->pool, k->keys);
+		kvp_pool_unlock(k->pool, k->run);
 		free(k);
 		return r;
 	}
@@ -409,8 +407,7 @@ struct kvp_lock *kvp_session_lock(const struct kvp_session *s, uint64_t id, stru
 
 void kvp_session_lock_release(struct kvp_session *s, struct kvp_lock *k)
 {
-	kvp_pool_unlock(k->pool, k->node);
-	kvp_pool_keys_unlock(k->pool, k->keys);
+	kvp_pool_unlock(k->pool, k->run);
 	s->locked_tokens -= (uint64_t)k->pages * k->pool->conf.page_tokens;
 	s->locked_pages[k->pool->id] -= k->pages;
 	kvp_idmap_del(&s->locks, k->id);

@@ -1,4 +1,6 @@
-"""kvpool.sglang: a SGLang HiCache storage backend over kvpool's hash-keyed host pages.
+"""kvpool.sglang: a SGLang HiCache storage backend over kvpool's hash-keyed host pages, and
+(kvpool.sglang.KvpoolLinker, from kvpool.sglang_linker) the external cache linker that makes
+kvpool's host tier every instance's L2.
 
 Engine instances on one node that attach the same kvpool pool share one L3 tier: pages one
 instance backs up are found and read by every other. Start SGLang with::
@@ -47,7 +49,16 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 import kvpool
 from kvpool._link import Link, geometry_mismatch
 
-__all__ = ["KvpoolStorage", "LAYOUTS"]
+__all__ = ["KvpoolStorage", "KvpoolLinker", "LAYOUTS"]
+
+
+def __getattr__(name: str) -> Any:
+    """KvpoolLinker (kvpool.sglang_linker), imported on first use: the storage backend alone
+    does not import SGLang's radix cache."""
+    if name == "KvpoolLinker":
+        from kvpool.sglang_linker import KvpoolLinker
+        return KvpoolLinker
+    raise AttributeError(f"module 'kvpool.sglang' has no attribute {name!r}")
 
 log = logging.getLogger("kvpool.sglang")
 

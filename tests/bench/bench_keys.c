@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "keycache.h"
+#include "index.h"
 #include "pages.h"
 
 #define KEY_BYTES 32
@@ -77,8 +77,8 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		     uint32_t nchains, double base)
 {
 	struct kvp_pages *host = kvp_pages_new(npages);
-	struct kvp_keys *kc =
-		kvp_keys_new(&(struct kvp_keys_conf){ NULL, host, noop_copy, NULL, NULL });
+	struct kvp_index *kc = kvp_index_new(&(struct kvp_index_conf){
+		NULL, host, noop_copy, NULL, NULL, 0, KVP_EVICT_POLICY_LRU, false });
 	uint32_t *perm = malloc((size_t)npages * sizeof(*perm)), dev[CHAIN];
 	uint64_t hits = 0;
 	double t0, t;
@@ -97,15 +97,15 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		uint32_t pg;
 
 		if (kvp_pages_alloc(host, 1, &pg) < 0 ||
-		    kvp_keys_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_ID_HOST, &pg, NULL,
-				    NULL) < 0)
+		    kvp_index_insert(kc, 7, &keys[perm[i]], 1, 0, KVP_TIER_ID_HOST, &pg, NULL,
+				     NULL) < 0)
 			return -1;
 	}
 	t0 = b_now_s();
 	for (uint32_t c = 0; c < nchains; c++) {
-		struct kvp_keys_match m;
+		struct kvp_index_match m;
 
-		kvp_keys_match(kc, 7, keys + (size_t)order[c] * CHAIN, CHAIN, 0, &m, NULL, dev);
+		kvp_index_match(kc, 7, keys + (size_t)order[c] * CHAIN, CHAIN, 0, &m, NULL, dev);
 		hits += m.dev_pages + m.host_pages;
 	}
 	t = b_now_s() - t0;
@@ -124,7 +124,7 @@ static int scattered(const struct kvp_key *keys, uint32_t npages, const uint32_t
 		.target = "none (the table path alone; the 20M target is keys_match_1M's)",
 		.note = "keys inserted one per call in random order: every lookup hashes and probes",
 	});
-	kvp_keys_free(kc);
+	kvp_index_free(kc);
 	kvp_pages_free(host);
 	free(perm);
 	return 0;
@@ -137,12 +137,12 @@ int main(int argc, char **argv)
 	struct kvp_key *keys = malloc((size_t)npages * sizeof(*keys));
 	uint32_t *order = malloc((size_t)nchains * sizeof(*order)), pages[CHAIN], dev[CHAIN];
 	struct kvp_pages *host = kvp_pages_new(npages);
-	struct kvp_keys *kc =
-		kvp_keys_new(&(struct kvp_keys_conf){ NULL, host, noop_copy, NULL, NULL });
+	struct kvp_index *kc = kvp_index_new(&(struct kvp_index_conf){
+		NULL, host, noop_copy, NULL, NULL, 0, KVP_EVICT_POLICY_LRU, false });
 	struct set set;
 	uint64_t hits = 0, bhits = 0, slots = 1;
 	double t0, t_kc, t_set, bpp;
-	struct kvp_keys_stats st;
+	struct kvp_index_stats st;
 
 	if (!kb || !keys || !order || !host || !kc) {
 		fprintf(stderr, "bench_keys: out of memory\n");
@@ -156,11 +156,11 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < npages; i++)
 		keys[i] = (struct kvp_key){ KEY_BYTES, kb + (size_t)i * KEY_BYTES };
 	for (uint32_t c = 0; c < nchains; c++) {
-		struct kvp_keys_insert_result r;
+		struct kvp_index_insert_result r;
 
 		if (kvp_pages_alloc(host, CHAIN, pages) < 0 ||
-		    kvp_keys_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_ID_HOST,
-				    pages, &r, NULL) < 0 ||
+		    kvp_index_insert(kc, 7, keys + (size_t)c * CHAIN, CHAIN, 0, KVP_TIER_ID_HOST,
+				     pages, &r, NULL) < 0 ||
 		    r.new_pages != CHAIN) {
 			fprintf(stderr, "bench_keys: insert failed\n");
 			return 1;
@@ -185,9 +185,9 @@ int main(int argc, char **argv)
 
 	t0 = b_now_s();
 	for (uint32_t c = 0; c < nchains; c++) {
-		struct kvp_keys_match m;
+		struct kvp_index_match m;
 
-		kvp_keys_match(kc, 7, keys + (size_t)order[c] * CHAIN, CHAIN, 0, &m, NULL, dev);
+		kvp_index_match(kc, 7, keys + (size_t)order[c] * CHAIN, CHAIN, 0, &m, NULL, dev);
 		hits += m.dev_pages + m.host_pages;
 	}
 	t_kc = b_now_s() - t0;
@@ -197,13 +197,13 @@ int main(int argc, char **argv)
 			bhits += (uint64_t)set_has(&set, keys[(size_t)order[c] * CHAIN + i].data);
 	t_set = b_now_s() - t0;
 	b_use(&bhits);
-	if (hits != npages || bhits != npages || kvp_keys_check(kc) < 0) {
+	if (hits != npages || bhits != npages || kvp_index_check(kc) < 0) {
 		fprintf(stderr, "bench_keys: %lu / %lu hits of %u, or books wrong\n",
 			(unsigned long)hits, (unsigned long)bhits, npages);
 		return 1;
 	}
-	kvp_keys_stats(kc, &st);
-	bpp = kvp_keys_bytes_per_page(kc);
+	kvp_index_stats(kc, &st);
+	bpp = kvp_index_bytes_per_page(kc);
 
 	b_row_print(&(struct b_row){
 		.name = "keys_match_1M",
@@ -234,7 +234,7 @@ int main(int argc, char **argv)
 			"key slabs %.1f B/page; all metadata incl. spare capacity %.1f B/page",
 			(double)st.key_bytes / npages, (double)st.metadata_bytes / npages),
 	});
-	kvp_keys_free(kc);
+	kvp_index_free(kc);
 	kvp_pages_free(host);
 	if (scattered(keys, npages, order, nchains, npages / t_set) < 0) {
 		fprintf(stderr, "bench_keys: the scattered run failed\n");

@@ -25,6 +25,7 @@
 #include "remote.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
+#include "secret.h"
 
 #define NPAGES 1000
 #define DEPTH 16
@@ -32,6 +33,8 @@
 
 static const struct kvp_rv_fp g_fp = { 32, 8, 128, 1, 16, 0 };
 static struct kvp_remote *g_r;
+static struct kvp_rv_mac g_mac; /* the secret kvpool's driver reads (h_secret_src) */
+static void key_of(int i, char *k);
 static struct kvp_rc *g_rc; /* the cluster layer alone (remote.layer rows) */
 static int g_direct;	    /* run_layer through g_rc */
 static int g_left, g_bad;
@@ -147,8 +150,12 @@ static void on_done(void *arg, enum kvp_rc_status st, const void *val, size_t le
 	const void *pl;
 	uint64_t n;
 
-	if (arg) { /* a GET: the value must decode */
-		if (st != KVP_RC_HIT || kvp_rv_decode(&g_fp, g_page, val, len, &pl, &n))
+	if (arg) { /* a GET of page (int)arg - 1: the value must decode */
+		char k[KVP_RV_KEY_MAX];
+
+		key_of((int)(intptr_t)arg - 1, k);
+		if (st != KVP_RC_HIT ||
+		    kvp_rv_decode(&g_fp, &g_mac, k, strlen(k), g_page, val, len, &pl, &n))
 			g_bad++;
 		else
 			memcpy(g_out, pl, n);
@@ -190,10 +197,10 @@ static double run_layer(int get, uint8_t *page)
 		while (g_left >= DEPTH)
 			pump();
 		if (g_direct && get) {
-			rc = kvp_rc_get(g_rc, k, strlen(k), on_done, g_rc);
+			rc = kvp_rc_get(g_rc, k, strlen(k), on_done, (void *)(intptr_t)(i + 1));
 		} else if (g_direct) {
 			memcpy(page, &i, sizeof(i));
-			kvp_rv_header(&g_fp, page, g_page, hdr);
+			kvp_rv_header(&g_fp, &g_mac, k, strlen(k), page, g_page, hdr);
 			rc = kvp_rc_set(g_rc, k, strlen(k), hdr, sizeof(hdr), page, g_page, 0,
 					on_done, NULL);
 		} else if (get) {
@@ -323,10 +330,11 @@ static void node_start(struct node *n, int port, const char *mode)
 	struct kvp_error err;
 
 	snprintf(conf, sizeof(conf),
-		 "%s%d\n[pool.p]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"
+		 "%s%d\n%s%s[pool.p]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"
 		 "page_tokens = %d\nhost_capacity = %dt\nmlock = off\nremote = %s\n",
-		 mode ? "[remote]\nmatch_max_pages = 64\nseeds = 127.0.0.1:" : "# ", port, N_PT,
-		 N_HOST * N_PT, mode ? mode : "off");
+		 mode ? "[remote]\nmatch_max_pages = 64\nseeds = 127.0.0.1:" : "# ", port,
+		 mode ? "secret = " : "# ", mode ? h_secret_src() : "", N_PT, N_HOST * N_PT,
+		 mode ? mode : "off");
 	if (h_daemon_start(&n->d, conf, NULL) < 0)
 		B_DIE("kvpoold did not start (log %s)", n->d.log);
 	n->c = kvp_client_connect(n->d.sock, "bench", &err);
@@ -600,6 +608,8 @@ int main(int argc, char **argv)
 	port = start_redis();
 	atexit(stop_redis); /* a B_DIE too */
 	snprintf(cfg.seeds, sizeof(cfg.seeds), "127.0.0.1:%d", port);
+	snprintf(cfg.secret, sizeof(cfg.secret), "%s", h_secret_src());
+	kvp_rv_mac_init(&g_mac, H_SECRET, strlen(H_SECRET));
 	g_r = kvp_remote_new(&cfg);
 	if (!g_r) {
 		stop_redis();

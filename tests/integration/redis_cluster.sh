@@ -3,6 +3,8 @@
 # temporary directory), waits for cluster_state:ok, runs TEST with KVP_REDIS_PORTS=p1,p2,p3 and
 # KVP_REDIS_DIR set (TEST may kill and restart a node: DIR/PORT/redis.conf), then stops every
 # node and removes the directory, whatever happened. Exits 77 without redis-server/redis-cli.
+# With KVP_REDIS_ACL=1 the nodes refuse every command before AUTH (the default user off) and
+# know one ACL user, kvpool, whose password is in DIR/password (mode 0600).
 set -uo pipefail
 test_bin=$1
 for p in redis-server redis-cli; do
@@ -39,6 +41,14 @@ while len(out) < 3:
 print(*out)
 PY
 )
+acl=()
+if [ "${KVP_REDIS_ACL:-0}" = 1 ]; then
+	(umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$dir/password")
+	export REDISCLI_AUTH
+	REDISCLI_AUTH=$(cat "$dir/password")
+	acl=(--user kvpool)
+fi
+rcli() { redis-cli "${acl[@]}" --no-auth-warning "$@"; }
 for p in "${ports[@]}"; do
 	mkdir -p "$dir/$p"
 	cat >"$dir/$p/redis.conf" <<CONF
@@ -56,21 +66,25 @@ enable-debug-command local
 save ""
 appendonly no
 CONF
+	if [ ${#acl[@]} -gt 0 ]; then
+		printf 'user default off\nuser kvpool on >%s ~* &* +@all\n' "$REDISCLI_AUTH" \
+			>>"$dir/$p/redis.conf"
+	fi
 	redis-server "$dir/$p/redis.conf" || { echo "redis-server failed on port $p"; exit 1; }
 done
 for p in "${ports[@]}"; do
 	for _ in $(seq 100); do
-		redis-cli -p "$p" ping 2>/dev/null | grep -q PONG && break
+		rcli -p "$p" ping 2>/dev/null | grep -q PONG && break
 		sleep 0.1
 	done
 done
-timeout 60 redis-cli --cluster create "${ports[@]/#/127.0.0.1:}" --cluster-replicas 0 \
+timeout 60 redis-cli "${acl[@]}" --no-auth-warning --cluster create "${ports[@]/#/127.0.0.1:}" --cluster-replicas 0 \
 	--cluster-yes >"$dir/create.log" 2>&1 || { cat "$dir/create.log"; exit 1; }
 ok=0
 for _ in $(seq 200); do
 	ok=1
 	for p in "${ports[@]}"; do
-		redis-cli -p "$p" cluster info | grep -q 'cluster_state:ok' || ok=0
+		rcli -p "$p" cluster info | grep -q 'cluster_state:ok' || ok=0
 	done
 	[ $ok = 1 ] && break
 	sleep 0.1

@@ -9,6 +9,7 @@ set -uo pipefail
 : "${KVPOOLD:?}" "${KVPOOLCTL:?}" "${KVP_REDIS_PORTS:?}"
 IFS=, read -r p1 p2 p3 <<<"$KVP_REDIS_PORTS"
 tmp=$(mktemp -d /tmp/kvp-remote-daemon.XXXXXX)
+(umask 077; head -c 32 /dev/urandom >"$tmp/secret")
 pids=()
 cleanup() {
 	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
@@ -26,6 +27,7 @@ seeds = $2
 connect_timeout_ms = 500
 command_timeout_ms = 500
 connections = 5
+secret = file:$tmp/secret
 [pool.p]
 layers = 2
 kv_heads = 1

@@ -835,6 +835,25 @@ static void test_kvp_session_list_and_cache_list(void)
 	CU_ASSERT(n >= 1);
 	CU_ASSERT_EQUAL(top[0].struct_size, sizeof(top[0]));
 	CU_ASSERT(top[0].tokens >= 16);
+	CU_ASSERT_EQUAL(top[0].keyed, 0);
+	{ /* pages of key calls are listed too, with their kind, from the same index */
+		struct kvp_page_key k[1] = { { "listed-key", 10 } };
+		struct kvp_match_keys_result km = { .struct_size = sizeof(km) };
+		int hot = 0;
+
+		CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &lease, pages, &e), 0);
+		CU_ASSERT_EQUAL(kvp_cache_insert_keys(p, lease, 7, k, 1, 0, pages, 1, NULL, &e), 0);
+		for (int i = 0; i < 3; i++)
+			CU_ASSERT_EQUAL(kvp_cache_match_keys(p, 7, k, 1, 0, &km, dev, host, 4, &e),
+					0);
+		CU_ASSERT_EQUAL(km.matched_keys, 1);
+		n = kvp_cache_list(c, "default", top, 4, &e);
+		CU_ASSERT(n >= 2);
+		for (int i = 0; i < n && i < 4; i++)
+			hot += top[i].keyed == 1 && top[i].ns == 7 && top[i].hits == 3;
+		CU_ASSERT_EQUAL(hot, 1);
+		CU_ASSERT_EQUAL(top[0].keyed, 1); /* 3 hits: the hottest */
+	}
 	CU_ASSERT_EQUAL(kvp_cache_list(c, "no-such-pool", top, 4, &e), -KVP_E_NO_SUCH_POOL);
 	mr.struct_size = 4;
 	CU_ASSERT_EQUAL(kvp_cache_match(p, 0, tokens, 32, 0, &mr, dev, host, 4, &e),

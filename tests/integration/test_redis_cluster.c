@@ -28,6 +28,7 @@ static int ports[3];
 static const char *dir;
 static char keys[NPAGES][KVP_RV_KEY_MAX];
 static size_t klens[NPAGES];
+static struct kvp_rv_mac g_mac; /* the values' MAC key */
 static int owner[KVP_RC_SLOTS]; /* index into ports, from CLUSTER SLOTS; -1: none */
 
 struct res {
@@ -148,7 +149,8 @@ static void on_op(void *arg, enum kvp_rc_status st, const void *val, size_t len)
 	r->verified = 0;
 	r->decode_err = 0;
 	if (st == KVP_RC_HIT && val) {
-		r->decode_err = kvp_rv_decode(&fp, PAGE, val, len, &pl, &n);
+		r->decode_err = kvp_rv_decode(&fp, &g_mac, keys[r->idx], klens[r->idx], PAGE, val,
+					      len, &pl, &n);
 		if (!r->decode_err) {
 			page_fill(want, r->idx);
 			r->verified = !memcmp(pl, want, PAGE);
@@ -183,7 +185,7 @@ static void set_page(int i)
 	uint8_t hdr[KVP_RV_HDR_SIZE];
 
 	page_fill(page, i);
-	kvp_rv_header(&fp, page, PAGE, hdr);
+	kvp_rv_header(&fp, &g_mac, keys[i], klens[i], page, PAGE, hdr);
 	left++;
 	while (kvp_rc_set(rc, keys[i], klens[i], hdr, sizeof(hdr), page, PAGE, 600, on_op,
 			  &res[i]) == -EAGAIN)
@@ -209,6 +211,7 @@ static int init(void)
 	uint32_t toks[16];
 
 	dir = getenv("KVP_REDIS_DIR");
+	kvp_rv_mac_init(&g_mac, "itest-secret-0123456789", 23);
 	if (!p || !dir || sscanf(p, "%d,%d,%d", &ports[0], &ports[1], &ports[2]) != 3)
 		return -1;
 	for (int i = 0; i < NPAGES; i++) {
@@ -448,10 +451,10 @@ static void test_rc_corrupt_and_foreign_values_are_refused(void)
 	CU_ASSERT_EQUAL_FATAL(cli_set(0, v, 100), 0);
 	other.layers = 33;
 	page_fill(page, 1);
-	kvp_rv_encode(&other, page, PAGE, v);
+	kvp_rv_encode(&other, &g_mac, keys[1], klens[1], page, PAGE, v);
 	CU_ASSERT_EQUAL_FATAL(cli_set(1, v, sizeof(v)), 0);
 	page_fill(page, 2);
-	kvp_rv_encode(&fp, page, PAGE, v);
+	kvp_rv_encode(&fp, &g_mac, keys[2], klens[2], page, PAGE, v);
 	v[KVP_RV_HDR_SIZE + 100] ^= 1;
 	CU_ASSERT_EQUAL_FATAL(cli_set(2, v, sizeof(v)), 0);
 	reset();

@@ -15,6 +15,7 @@
 #include "remote.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
+#include "secret.h"
 #include "suite.h"
 
 #define NPAGES 300
@@ -146,7 +147,10 @@ static void test_kvp_remote_get_page_cluster_verified(void)
 				0);
 	}
 	/* A value whose payload changed after its header was made, and a foreign page. */
-	kvp_rv_encode(&g_fp, pages[0], BIG, bad);
+	struct kvp_rv_mac mac;
+
+	CU_ASSERT_EQUAL_FATAL(kvp_rv_mac_init(&mac, H_SECRET, strlen(H_SECRET)), 0);
+	kvp_rv_encode(&g_fp, &mac, keys[NBIG], strlen(keys[NBIG]), pages[0], BIG, bad);
 	bad[KVP_RV_HDR_SIZE + 1000] ^= 1;
 	CU_ASSERT_EQUAL(kvp_remote_set(g_r, keys[NBIG], strlen(keys[NBIG]), NULL, 0, bad,
 				       sizeof(bad), 60, on_set, NULL),
@@ -190,6 +194,7 @@ int main(void)
 		return 77;
 	}
 	snprintf(c.seeds, sizeof(c.seeds), "127.0.0.1:%d", p[1]);
+	snprintf(c.secret, sizeof(c.secret), "%s", h_secret_src());
 	g_r = kvp_remote_new(&c);
 	if (!g_r)
 		return 1;

@@ -15,6 +15,7 @@
 
 #include "eng.h"
 #include "harness.h"
+#include "secret.h"
 
 enum { PT = 4, NP = 16, NTOK = PT * NP, ROW = 16, DEV_PAGES = 16, HOST_PAGES = 64 };
 
@@ -192,8 +193,8 @@ static const char *remote_head(char *buf, size_t len)
 	snprintf(buf, len,
 		 "[remote]\nseeds = 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n"
 		 "connect_timeout_ms = 300\ncommand_timeout_ms = 3000\n"
-		 "match_timeout_ms = 1500\nmatch_max_pages = 64\n",
-		 g_ports[0], g_ports[1], g_ports[2]);
+		 "match_timeout_ms = 1500\nmatch_max_pages = 64\nsecret = %s\n",
+		 g_ports[0], g_ports[1], g_ports[2], h_secret_src());
 	return buf;
 }
 

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
+#include "secret.h"
 
 enum { PT = 4, NP = 16, NTOK = PT * NP, PAGE = 256, HOST_PAGES = 64 };
 
@@ -128,8 +129,8 @@ static const char *conf(int idx, int remote)
 		snprintf(head, sizeof(head),
 			 "[remote]\nseeds = 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n"
 			 "connect_timeout_ms = 300\ncommand_timeout_ms = 300\n"
-			 "match_timeout_ms = 300\nmatch_max_pages = 64\n",
-			 g_ports[0], g_ports[1], g_ports[2]);
+			 "match_timeout_ms = 300\nmatch_max_pages = 64\nsecret = %s\n",
+			 g_ports[0], g_ports[1], g_ports[2], h_secret_src());
 	snprintf(
 		g_conf_buf[idx], sizeof(g_conf_buf[idx]),
 		"[daemon]\nsnapshot_interval_ms = 0\n%s[pool.p]\nlayers = 2\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
@@ -391,7 +392,10 @@ static void key_of(uint32_t prompt, char *key)
 
 	tokens_of(prompt, t);
 	kvp_rv_page_hash(NULL, t, PT, h);
-	kvp_rv_key(&fp, "t0", h, key);
+	char ns[KVP_RV_NSNAME_MAX];
+
+	kvp_rv_ns_name("p", NULL, 0, 0, ns); /* pool p, no remote_scope: its name */
+	kvp_rv_key(&fp, ns, h, key);
 }
 
 static void test_corrupt_and_foreign_values_are_deleted_misses(void)
@@ -401,6 +405,7 @@ static void test_corrupt_and_foreign_values_are_deleted_misses(void)
 	uint8_t page[PAGE], val[KVP_RV_HDR_SIZE + PAGE];
 	int64_t bad = h_eng_counter(&g_eb, "remote_bad_values");
 	int64_t foreign = h_eng_counter(&g_eb, "remote_foreign_values");
+	struct kvp_rv_mac mac;
 	FILE *f;
 
 	/* Prompts 20 and 21 spilled whole (after the restart). */
@@ -413,7 +418,8 @@ static void test_corrupt_and_foreign_values_are_deleted_misses(void)
 	memset(page, 0x5a, sizeof(page));
 	snprintf(path, sizeof(path), "%s/foreign.bin", g_dir);
 	CU_ASSERT_FATAL((f = fopen(path, "w")) != NULL);
-	fwrite(val, 1, kvp_rv_encode(&other, page, PAGE, val), f);
+	CU_ASSERT_EQUAL_FATAL(kvp_rv_mac_init(&mac, H_SECRET, strlen(H_SECRET)), 0);
+	fwrite(val, 1, kvp_rv_encode(&other, &mac, key[1], strlen(key[1]), page, PAGE, val), f);
 	fclose(f);
 	{
 		char cmd[1024];

@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "kvpool.h"
+#include "secret.h"
 
 #define OTHER_UID 60001
 #define THIRD_UID 60002
@@ -65,10 +66,10 @@ static const char *conf(unsigned quota_pages)
 		 "max_sessions_per_uid = 0\n"
 		 "[remote]\nseeds = 127.0.0.1:%s,127.0.0.1:%s,127.0.0.1:%s\n"
 		 "connect_timeout_ms = 300\ncommand_timeout_ms = 20000\n"
-		 "match_timeout_ms = 300\nmatch_max_pages = 64\n"
+		 "match_timeout_ms = 300\nmatch_max_pages = 64\nsecret = %s\n"
 		 "[pool.p]\nlayers = 1\nkv_heads = 1\nhead_dim = 8\ndtype = fp16\n"
 		 "page_tokens = %d\nhost_capacity = %dt\nmlock = off\nremote = spill\n%s",
-		 g_ports[0], g_ports[1], g_ports[2], PT, HOST_PAGES * PT, quota);
+		 g_ports[0], g_ports[1], g_ports[2], h_secret_src(), PT, HOST_PAGES * PT, quota);
 	return buf;
 }
 

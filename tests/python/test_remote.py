@@ -53,6 +53,16 @@ def ports():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def secret_file():
+    """The deployment's MAC secret: one file (mode 0600) both nodes of a test read."""
+    path = os.path.join(tempfile.gettempdir(), f"kvp-py-secret-{os.getpid()}")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"kvpool-python-test-secret-012345")
+        os.close(fd)
+    return path
+
+
 def node_conf(ports, mode):
     seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
     return f"""
@@ -63,6 +73,7 @@ seeds = {seeds}
 connect_timeout_ms = 300
 command_timeout_ms = 1000
 match_timeout_ms = 1000
+secret = file:{secret_file()}
 [pool.r]
 layers = 2
 kv_heads = 2

@@ -180,7 +180,7 @@ static void test_prefix_per_page_measured(void)
 		struct kvp_lease *l;
 		uint32_t tokens[16];
 		uint64_t before, tree_b, nt, dt;
-		struct kvp_prefix_stats ps;
+		struct kvp_index_stats ps;
 
 		tiny_conf(&c, n);
 		c.pools[0].page_tokens = pt;
@@ -199,13 +199,14 @@ static void test_prefix_per_page_measured(void)
 					      0);
 		}
 		tree_b = heap_bytes() - before;
-		kvp_prefix_stats(p->pfx, &ps);
-		/* The tree's own count of what it allocated holds under any allocator. */
-		CU_ASSERT(ps.metadata_bytes <=
+		kvp_index_stats(p->ix, &ps);
+		/* The index's own count of what it allocated holds under any allocator (its
+		 * metadata and its slabs: a token page's key and tokens). */
+		CU_ASSERT(ps.metadata_bytes + ps.key_bytes <=
 			  (KVP_BUDGET_PAGE_META_BYTES(pt) - KVP_BUDGET_PAGE_FIXED_BYTES) * n);
-		printf("    page_tokens %u: the tree holds %.1f B per cached page by malloc, "
+		printf("    page_tokens %u: the index holds %.1f B per cached page by malloc, "
 		       "%.1f B by its own count (budget %lu)\n",
-		       pt, (double)tree_b / n, (double)ps.metadata_bytes / n,
+		       pt, (double)tree_b / n, (double)(ps.metadata_bytes + ps.key_bytes) / n,
 		       (unsigned long)(KVP_BUDGET_PAGE_META_BYTES(pt) -
 				       KVP_BUDGET_PAGE_FIXED_BYTES));
 		CU_ASSERT(tree_b <=

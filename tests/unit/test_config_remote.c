@@ -25,8 +25,9 @@ static const char *g_example_path;
 	"page_tokens = 4\n"                                                                        \
 	"host_capacity = 1M\n"
 
-/* A [remote] section with its seeds; lines 1..2. */
-#define REMOTE "[remote]\nseeds = 127.0.0.1:7000\n"
+/* A [remote] section with its seeds and secret; lines 1..3. */
+#define SECRET_LINE "secret = file:/etc/kvpool/remote.secret\n"
+#define REMOTE "[remote]\nseeds = 127.0.0.1:7000\n" SECRET_LINE
 
 static int load(const char *text, struct kvp_conf *c, char *err, size_t len)
 {
@@ -102,7 +103,11 @@ static void test_kvp_conf_load_string_remote_values(void)
 		  "max_inflight_bytes = 1G\n"
 		  "ttl_s = 0\n"
 		  "rewrite_after_s = 90m\n"
-		  "connections = 3\n" POOL_P "remote = write-through\n"
+		  "connections = 3\n"
+		  "user = kvpool\n"
+		  "password = credential:redis-password\n"
+		  "secret = file:/etc/kvpool/remote.secret\n" POOL_P "remote = write-through\n"
+		  "remote_scope = llama-8b.v2\n"
 		  "[pool.q]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
 		  "page_tokens = 1\nhost_capacity = 4K\nremote = spill\n"
 		  "[pool.r]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
@@ -118,7 +123,12 @@ static void test_kvp_conf_load_string_remote_values(void)
 	CU_ASSERT_EQUAL(c.remote.ttl_s, 0);
 	CU_ASSERT_EQUAL(c.remote.rewrite_after_s, 5400);
 	CU_ASSERT_EQUAL(c.remote.connections, 3);
+	CU_ASSERT_STRING_EQUAL(c.remote.user, "kvpool");
+	CU_ASSERT_STRING_EQUAL(c.remote.password, "credential:redis-password");
+	CU_ASSERT_STRING_EQUAL(c.remote.secret, "file:/etc/kvpool/remote.secret");
 	CU_ASSERT_EQUAL_FATAL(c.n_pools, 3);
+	CU_ASSERT_STRING_EQUAL(c.pools[0].remote_scope, "llama-8b.v2");
+	CU_ASSERT_STRING_EQUAL(c.pools[1].remote_scope, ""); /* its name, pool q */
 	CU_ASSERT_EQUAL(c.pools[0].remote, KVP_REMOTE_WRITE_THROUGH);
 	CU_ASSERT_EQUAL(c.pools[1].remote, KVP_REMOTE_SPILL);
 	CU_ASSERT_EQUAL(c.pools[2].remote, KVP_REMOTE_OFF);
@@ -134,52 +144,78 @@ static void test_kvp_conf_load_string_remote_section_errors(void)
 		   "t.conf:1: [remote]: missing required key 'seeds'");
 	expect_err("[remote]\n" POOL_P, "t.conf:1: [remote]: missing required key 'seeds'");
 	expect_err(REMOTE "[remote]\n" POOL_P,
-		   "t.conf:3: [remote] appears twice (first at line 1)");
+		   "t.conf:4: [remote] appears twice (first at line 1)");
+	expect_err("[remote]\nseeds = 127.0.0.1:7000\n" POOL_P,
+		   "t.conf:1: [remote]: missing required key 'secret'");
+	expect_err(REMOTE "secret = s3cret\n" POOL_P,
+		   "t.conf:4: key 'secret' in [remote]: given twice (first at line 3)");
+	expect_err("[remote]\nseeds = 127.0.0.1:7000\nsecret = s3cret\n" POOL_P,
+		   "t.conf:3: key 'secret' in [remote]: expected file:PATH (absolute) or "
+		   "credential:NAME (a systemd credential), at most 191 characters: the secret "
+		   "itself is never written here");
+	expect_err(REMOTE "password = hunter2\n" POOL_P,
+		   "t.conf:4: key 'password' in [remote]: expected file:PATH (absolute) or "
+		   "credential:NAME (a systemd credential), at most 191 characters: the secret "
+		   "itself is never written here");
+	expect_err(REMOTE "password = file:relative\n" POOL_P,
+		   "t.conf:4: key 'password' in [remote]: expected file:PATH (absolute) or "
+		   "credential:NAME (a systemd credential), at most 191 characters: the secret "
+		   "itself is never written here");
+	expect_err(REMOTE "password = credential:../x\n" POOL_P,
+		   "t.conf:4: key 'password' in [remote]: expected file:PATH (absolute) or "
+		   "credential:NAME (a systemd credential), at most 191 characters: the secret "
+		   "itself is never written here");
+	expect_err(REMOTE "user = a b\n" POOL_P,
+		   "t.conf:4: key 'user' in [remote]: expected a Redis ACL user name of 1..63 "
+		   "printable characters, got 'a b'");
+	expect_err(REMOTE POOL_P "remote_scope = a/b\n",
+		   "t.conf:11: key 'remote_scope' in [pool.p]: expected 1..63 characters of "
+		   "[A-Za-z0-9._-], got 'a/b'");
 	expect_err(REMOTE "seeds = 127.0.0.1:7001\n" POOL_P,
-		   "t.conf:3: key 'seeds' in [remote]: given twice (first at line 2)");
+		   "t.conf:4: key 'seeds' in [remote]: given twice (first at line 2)");
 	expect_err(REMOTE "timeout_ms = 5\n" POOL_P,
-		   "t.conf:3: unknown key 'timeout_ms' in [remote]");
+		   "t.conf:4: unknown key 'timeout_ms' in [remote]");
 	expect_err(REMOTE "connect_timeout_ms = 0\n" POOL_P,
-		   "t.conf:3: key 'connect_timeout_ms' in [remote]: expected a duration in "
+		   "t.conf:4: key 'connect_timeout_ms' in [remote]: expected a duration in "
 		   "1..60000 ms, got '0'");
 	expect_err(REMOTE "command_timeout_ms = 60001\n" POOL_P,
-		   "t.conf:3: key 'command_timeout_ms' in [remote]: expected a duration in "
+		   "t.conf:4: key 'command_timeout_ms' in [remote]: expected a duration in "
 		   "1..60000 ms, got '60001'");
 	expect_err(REMOTE "match_timeout_ms = -1\n" POOL_P,
-		   "t.conf:3: key 'match_timeout_ms' in [remote]: expected a duration: a "
+		   "t.conf:4: key 'match_timeout_ms' in [remote]: expected a duration: a "
 		   "whole number of ms, or one with a unit (ms, s, m, h), got '-1'");
 	expect_err(REMOTE "match_max_pages = 4097\n" POOL_P,
-		   "t.conf:3: key 'match_max_pages' in [remote]: expected an integer in 1..4096, "
+		   "t.conf:4: key 'match_max_pages' in [remote]: expected an integer in 1..4096, "
 		   "got '4097'");
 	expect_err(REMOTE "max_inflight_bytes = 1000t\n" POOL_P,
-		   "t.conf:3: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
+		   "t.conf:4: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
 		   "(256M), got '1000t'");
 	expect_err(REMOTE "max_inflight_bytes = 1K\n" POOL_P,
-		   "t.conf:3: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
+		   "t.conf:4: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
 		   "(256M), got '1K'");
 	expect_err(REMOTE "max_inflight_bytes = 65G\n" POOL_P,
-		   "t.conf:3: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
+		   "t.conf:4: key 'max_inflight_bytes' in [remote]: expected bytes in 64K..64G "
 		   "(256M), got '65G'");
 	expect_err(REMOTE "ttl_s = 1500ms\n" POOL_P,
-		   "t.conf:3: key 'ttl_s' in [remote]: expected a duration: a whole number of s, "
+		   "t.conf:4: key 'ttl_s' in [remote]: expected a duration: a whole number of s, "
 		   "or one with a unit (ms, s, m, h), got '1500ms'");
 	expect_err(REMOTE "command_timeout_ms = 2m\n" POOL_P,
-		   "t.conf:3: key 'command_timeout_ms' in [remote]: expected a duration in "
+		   "t.conf:4: key 'command_timeout_ms' in [remote]: expected a duration in "
 		   "1..60000 ms, got '2m'");
 	expect_err(REMOTE "ttl_s = 2147483648\n" POOL_P,
-		   "t.conf:3: key 'ttl_s' in [remote]: expected a duration in 0..2147483647 s, "
+		   "t.conf:4: key 'ttl_s' in [remote]: expected a duration in 0..2147483647 s, "
 		   "got '2147483648'");
 	expect_err(REMOTE "rewrite_after_s = 0\n" POOL_P,
-		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration in "
+		   "t.conf:4: key 'rewrite_after_s' in [remote]: expected a duration in "
 		   "1..2147483647 s, got '0'");
 	expect_err(
 		REMOTE "connections = 0\n" POOL_P,
-		"t.conf:3: key 'connections' in [remote]: expected an integer in 1..16, got '0'");
+		"t.conf:4: key 'connections' in [remote]: expected an integer in 1..16, got '0'");
 	expect_err(
 		REMOTE "connections = 17\n" POOL_P,
-		"t.conf:3: key 'connections' in [remote]: expected an integer in 1..16, got '17'");
+		"t.conf:4: key 'connections' in [remote]: expected an integer in 1..16, got '17'");
 	expect_err(REMOTE "rewrite_after_s = 500ms\n" POOL_P,
-		   "t.conf:3: key 'rewrite_after_s' in [remote]: expected a duration: a whole "
+		   "t.conf:4: key 'rewrite_after_s' in [remote]: expected a duration: a whole "
 		   "number of s, or one with a unit (ms, s, m, h), got '500ms'");
 }
 
@@ -226,13 +262,13 @@ static void test_kvp_conf_load_string_remote_pool_errors(void)
 		   "t.conf:8: key 'remote' in [pool.p]: remote = write-through needs a [remote] "
 		   "section with seeds");
 	expect_err(REMOTE POOL_P "remote = on\n",
-		   "t.conf:10: key 'remote' in [pool.p]: expected off, spill or write-through, "
+		   "t.conf:11: key 'remote' in [pool.p]: expected off, spill or write-through, "
 		   "got 'on'");
 	expect_err(REMOTE POOL_P "remote = off\nremote = spill\n",
-		   "t.conf:11: key 'remote' in [pool.p]: given twice (first at line 10)");
+		   "t.conf:12: key 'remote' in [pool.p]: given twice (first at line 11)");
 	expect_err(REMOTE "[pool.d]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = fp32\n"
 			  "page_tokens = 1\ndevice = sim\ndevice_capacity = 4K\nremote = spill\n",
-		   "t.conf:11: key 'remote' in [pool.d]: remote = spill needs a host tier "
+		   "t.conf:12: key 'remote' in [pool.d]: remote = spill needs a host tier "
 		   "(host_capacity)");
 	/* off needs nothing */
 	{
@@ -263,7 +299,13 @@ static void test_kvp_conf_remote_same_cases(void)
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE POOL_P "remote = write-through\n", &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
-	expect_ok("[remote]\nseeds = 127.0.0.1:7001\n" POOL_P "remote = spill\n", &b);
+	expect_ok("[remote]\nseeds = 127.0.0.1:7001\n" SECRET_LINE POOL_P "remote = spill\n", &b);
+	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
+	expect_ok("[remote]\nseeds = 127.0.0.1:7000\nsecret = credential:remote-secret\n" POOL_P
+		  "remote = spill\n",
+		  &b);
+	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
+	expect_ok(REMOTE "password = file:/etc/kvpool/redis.pass\n" POOL_P "remote = spill\n", &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));
 	expect_ok(REMOTE "ttl_s = 5\n" POOL_P "remote = spill\n", &b);
 	CU_ASSERT_FALSE(kvp_conf_remote_same(&a, &b));

@@ -152,7 +152,7 @@ static void test_metrics_render_values_match_state(void)
 	CU_ASSERT_EQUAL(sample(text, "kvpool_pool_session_quota_tokens{pool=\"a\"}"), 40);
 	CU_ASSERT_EQUAL(sample(text, "kvpool_pool_token_bytes{pool=\"a\"}"), 1 * 2 * 1 * 4 * 2);
 	CU_ASSERT_EQUAL(sample(text, "kvpool_pool_token_bytes{pool=\"b\"}"), 2 * 2 * 1 * 8 * 2);
-	CU_ASSERT_TRUE(sample(text, "kvpool_prefix_nodes{pool=\"a\"}") >= 2);
+	CU_ASSERT_TRUE(sample(text, "kvpool_index_pages{pool=\"a\"}") >= 2);
 	CU_ASSERT_EQUAL(sample(text, "kvpool_prefix_hit_tokens_total{pool=\"a\"}"), 0);
 	/* RPC families */
 	CU_ASSERT_EQUAL(sample(text, "kvpool_rpc_total{call=\"ping\"}"), 2);

@@ -14,7 +14,7 @@
 #include "pages.h"
 #include "pool.h"
 #include "pool_cache.h"
-#include "prefix.h"
+#include "index.h"
 #include "reply.h"
 #include "stats.h"
 #include "tier.h"

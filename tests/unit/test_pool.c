@@ -208,7 +208,7 @@ static void test_pool_random_sequences_keep_invariant(void)
 {
 	struct kvpd_pool *p = make_pool();
 	struct kvp_lease *leases[8] = { 0 };
-	struct kvp_prefix_node *locks[8] = { 0 };
+	struct kvp_index_lock *locks[8] = { 0 };
 	uint32_t lock_pages[8] = { 0 };
 	unsigned seed = 4242;
 	uint64_t next_id = 1;
@@ -253,11 +253,11 @@ static void test_pool_random_sequences_keep_invariant(void)
 			leases[k] = NULL;
 			break;
 		case 3: { /* match, maybe lock, verify bytes */
-			struct kvp_prefix_match m = { 0 };
+			struct kvp_index_match m = { 0 };
 			uint32_t dev[16], host[16];
 
-			CU_ASSERT_EQUAL(kvp_prefix_match(p->pfx, 0, tok, npages * 4, !locks[k], &m,
-							 dev, host),
+			CU_ASSERT_EQUAL(kvp_index_match_tokens(p->ix, 0, tok, npages * 4, !locks[k],
+							       &m, dev, host),
 					0);
 			for (uint32_t i = 0; i < m.dev_pages; i++, verified++)
 				CU_ASSERT(verify(p, KVP_TIER_ID_DEVICE, dev[i], fam * 64 + i));
@@ -272,14 +272,14 @@ static void test_pool_random_sequences_keep_invariant(void)
 		}
 		case 4: /* release a lock */
 			if (locks[k]) {
-				kvp_prefix_unlock(p->pfx, locks[k]);
+				kvp_index_unlock(p->ix, locks[k]);
 				locks[k] = NULL;
 			}
 			break;
 		case 5: /* promote a locked path */
 			if (locks[k]) {
 				uint32_t out[16], n = 0;
-				int r = kvp_prefix_promote(p->pfx, locks[k], out, 16, &n);
+				int r = kvp_index_promote(p->ix, locks[k], out, 16, &n);
 
 				CU_ASSERT(r == 0 || r == -ENOSPC || r == -EBUSY);
 				if (r == 0)
@@ -299,7 +299,7 @@ static void test_pool_random_sequences_keep_invariant(void)
 	for (int k = 0; k < 8; k++) {
 		kvp_lease_destroy(leases[k]);
 		if (locks[k])
-			kvp_prefix_unlock(p->pfx, locks[k]);
+			kvp_index_unlock(p->ix, locks[k]);
 	}
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	{
@@ -344,7 +344,7 @@ static void cache_seq(struct kvpd_pool *p, uint32_t fam, uint64_t id)
 static void test_pool_demotion_in_flight_on_worker(void)
 {
 	struct kvp_work *w = kvp_work_start();
-	struct kvp_prefix_match m = { 0 };
+	struct kvp_index_match m = { 0 };
 	struct kvp_fail f = { 0 };
 	struct kvp_tier_counts dc, hc;
 	struct kvpd_pool *p;
@@ -384,7 +384,7 @@ static void test_pool_demotion_in_flight_on_worker(void)
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	for (uint32_t i = 0; i < 32; i++)
 		tok[i] = 1000 + i;
-	CU_ASSERT_EQUAL(kvp_prefix_match(p->pfx, 0, tok, 32, 0, &m, dev, host), 0);
+	CU_ASSERT_EQUAL(kvp_index_match_tokens(p->ix, 0, tok, 32, 0, &m, dev, host), 0);
 	CU_ASSERT_EQUAL(m.dev_pages, 0);
 	CU_ASSERT_EQUAL_FATAL(m.host_pages, 8);
 	for (uint32_t i = 0; i < 8; i++)

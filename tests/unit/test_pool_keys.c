@@ -89,7 +89,7 @@ static void test_kvp_pool_keys_share_the_books(void)
 	struct kvpd_pool *p = make_pool();
 	struct kvp_tier_counts c;
 	struct kvp_key k[4];
-	struct kvp_keys_match m;
+	struct kvp_index_match m;
 	uint32_t dev[4], host[4];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -113,7 +113,7 @@ static void test_kvp_pool_keys_share_the_books(void)
 	kvp_pool_counts(p, KVP_TIER_ID_DEVICE, &c);
 	CU_ASSERT_EQUAL(c.protected_, 4);
 	CU_ASSERT_EQUAL(c.evictable, 4);
-	kvp_pool_keys_unlock(p, m.lock);
+	kvp_pool_unlock(p, m.lock);
 	/* flush empties both caches */
 	CU_ASSERT_EQUAL(kvp_pool_flush(p), 8);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
@@ -125,7 +125,7 @@ static void test_kvp_pool_check_covers_the_key_cache(void)
 {
 	struct kvpd_pool *p = make_pool();
 	struct kvp_key k[2];
-	struct kvp_keys_match m;
+	struct kvp_index_match m;
 	uint32_t dev[2], host[2];
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -148,8 +148,7 @@ static void test_kvp_pool_evict_takes_from_both(void)
 {
 	struct kvpd_pool *p = make_pool();
 	struct kvp_tier_counts c;
-	struct kvp_keys_stats ks;
-	struct kvp_prefix_stats ps;
+	struct kvp_index_stats ks;
 	struct kvp_fail f;
 	struct kvp_lease *l;
 
@@ -157,14 +156,14 @@ static void test_kvp_pool_evict_takes_from_both(void)
 	put_tokens(p, KVP_TIER_ID_DEVICE, 1, 1, 8);
 	put_keys(p, KVP_TIER_ID_DEVICE, 2, 1, 8);
 	kvp_fail_init(&f);
-	/* 16 device pages, all cached: a lease of 8 evicts (demotes) 4 from each */
+	/* 16 device pages, all cached in one index: a lease of 8 demotes the 8 least recently
+	 * used, the token pages inserted first, whatever their kind */
 	l = kvp_lease_create(p, KVP_TIER_ID_DEVICE, 9, 8, &f);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(l);
-	kvp_keys_stats(p->keys, &ks);
-	kvp_prefix_stats(p->pfx, &ps);
-	CU_ASSERT_EQUAL(ks.cached_pages[KVP_TIER_ID_DEVICE], 4);
-	CU_ASSERT_EQUAL(ps.cached_pages[KVP_TIER_ID_DEVICE], 4);
-	CU_ASSERT_EQUAL(ks.demoted_pages + ps.demoted_pages, 8);
+	kvp_index_stats(p->ix, &ks);
+	CU_ASSERT_EQUAL(ks.cached_pages[KVP_TIER_ID_DEVICE], 8);
+	CU_ASSERT_EQUAL(ks.demoted_pages, 8);
+	CU_ASSERT_EQUAL(ks.token_entries, 8);
 	kvp_pool_counts(p, KVP_TIER_ID_HOST, &c);
 	CU_ASSERT_EQUAL(c.cached, 8);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
@@ -177,7 +176,7 @@ static void test_kvp_pool_keys_load_makes_room(void)
 {
 	struct kvpd_pool *p = make_pool();
 	struct kvp_key k[4];
-	struct kvp_keys_match m;
+	struct kvp_index_match m;
 	uint32_t dev[4], host[4], out[4], n = 0, promoted = 0;
 
 	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
@@ -186,14 +185,14 @@ static void test_kvp_pool_keys_load_makes_room(void)
 	keys_of(5, k, 4);
 	CU_ASSERT_EQUAL(kvp_pool_match_keys(p, 2, k, 4, true, &m, dev, host), 0);
 	CU_ASSERT_EQUAL(m.host_pages, 4);
-	CU_ASSERT_EQUAL(kvp_pool_keys_load(p, m.lock, out, 4, &n, &promoted), 0);
+	CU_ASSERT_EQUAL(kvp_pool_load(p, m.lock, out, 4, &n, &promoted), 0);
 	CU_ASSERT_EQUAL(n, 4);
 	CU_ASSERT_EQUAL(promoted, 4);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	/* loaded again: nothing to copy */
-	CU_ASSERT_EQUAL(kvp_pool_keys_load(p, m.lock, out, 4, &n, &promoted), 0);
+	CU_ASSERT_EQUAL(kvp_pool_load(p, m.lock, out, 4, &n, &promoted), 0);
 	CU_ASSERT_EQUAL(promoted, 0);
-	kvp_pool_keys_unlock(p, m.lock);
+	kvp_pool_unlock(p, m.lock);
 	CU_ASSERT_EQUAL(kvp_pool_check(p), 0);
 	kvp_pool_destroy(p);
 }

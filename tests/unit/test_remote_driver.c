@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "remote.h"
 #include "remote_cluster.h"
+#include "secret.h"
 #include "suite.h"
 
 struct done {
@@ -40,6 +42,7 @@ static void conf_init(struct kvp_remote_conf *c, const char *seeds)
 	c->connect_timeout_ms = 200;
 	c->command_timeout_ms = 100;
 	c->max_inflight_bytes = 1 << 20;
+	snprintf(c->secret, sizeof(c->secret), "%s", h_secret_src());
 }
 
 /* Polls the driver's fd alone for up to ms, running on_ready when it is readable, until
@@ -73,7 +76,64 @@ static void test_kvp_remote_new_refuses(void)
 	errno = 0;
 	CU_ASSERT_PTR_NULL(kvp_remote_new(&c));
 	CU_ASSERT_EQUAL(errno, EINVAL);
+	/* no secret: no remote tier (a value could not be told from a forged one) */
+	conf_init(&c, "127.0.0.1:1");
+	c.secret[0] = '\0';
+	errno = 0;
+	CU_ASSERT_PTR_NULL(kvp_remote_new(&c));
+	CU_ASSERT_EQUAL(errno, EINVAL);
 	kvp_remote_free(NULL);
+}
+
+/* Secrets come from a file kvpoold alone may read, or a systemd credential; never from the
+ * config text. */
+static void test_kvp_remote_cred_read(void)
+{
+	char dir[] = "/tmp/kvp-cred.XXXXXX", path[64], buf[128], old[4096] = "";
+	const char *had = getenv("CREDENTIALS_DIRECTORY");
+	struct kvp_remote_conf c;
+	size_t len = 0;
+	FILE *f;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	if (had)
+		snprintf(old, sizeof(old), "%s", had);
+	snprintf(path, sizeof(path), "%s/redis-password", dir);
+	f = fopen(path, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fputs("s3cret\r\n", f);
+	fclose(f);
+	CU_ASSERT_EQUAL(chmod(path, 0400), 0);
+	unsetenv("CREDENTIALS_DIRECTORY");
+	CU_ASSERT_EQUAL(kvp_remote_cred_read("credential:redis-password", buf, sizeof(buf), &len),
+			-ENOENT);
+	setenv("CREDENTIALS_DIRECTORY", dir, 1);
+	CU_ASSERT_EQUAL(kvp_remote_cred_read("credential:redis-password", buf, sizeof(buf), &len),
+			0);
+	CU_ASSERT_EQUAL(len, 6);
+	CU_ASSERT_EQUAL(memcmp(buf, "s3cret", 6), 0);
+	CU_ASSERT_EQUAL(kvp_remote_cred_read("credential:absent", buf, sizeof(buf), &len), -ENOENT);
+	snprintf(buf, sizeof(buf), "file:%s", path);
+	CU_ASSERT_EQUAL(kvp_remote_cred_read(buf, buf, 4, &len), -EFBIG);
+	snprintf(buf, sizeof(buf), "file:%s", path);
+	CU_ASSERT_EQUAL(chmod(path, 0644), 0); /* every user may read it */
+	CU_ASSERT_EQUAL(kvp_remote_cred_read(buf, buf, sizeof(buf), &len), -EPERM);
+	snprintf(buf, sizeof(buf), "file:%s", dir);
+	CU_ASSERT_EQUAL(kvp_remote_cred_read(buf, buf, sizeof(buf), &len), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_remote_cred_read("s3cret", buf, sizeof(buf), &len), -EINVAL);
+	/* a secret of 6 bytes is too short to key the MACs */
+	CU_ASSERT_EQUAL(chmod(path, 0600), 0);
+	conf_init(&c, "127.0.0.1:1");
+	snprintf(c.secret, sizeof(c.secret), "file:%s", path);
+	errno = 0;
+	CU_ASSERT_PTR_NULL(kvp_remote_new(&c));
+	CU_ASSERT_EQUAL(errno, EINVAL);
+	unlink(path);
+	rmdir(dir);
+	if (old[0])
+		setenv("CREDENTIALS_DIRECTORY", old, 1);
+	else
+		unsetenv("CREDENTIALS_DIRECTORY");
 }
 
 /* No slot map (nothing listens): the GET fails with "no master", and only through the fd:
@@ -156,6 +216,7 @@ int main(void)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_kvp_remote_new_refuses),
+		H_TEST(test_kvp_remote_cred_read),
 		H_TEST(test_kvp_remote_on_ready_timer_completes),
 		H_TEST(test_kvp_remote_on_ready_silent_node),
 	};

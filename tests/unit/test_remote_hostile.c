@@ -22,6 +22,7 @@
 
 #include "remote.h"
 #include "remote_cluster.h"
+#include "secret.h"
 #include "suite.h"
 
 #define CONNS_MAX 16
@@ -571,6 +572,7 @@ static void test_remote_get_page_past_page_refused(void)
 	g_get_fill = sizeof(g_fill);
 	fake_init(&f, answer_get);
 	snprintf(c.seeds, sizeof(c.seeds), "127.0.0.1:%d", f.port);
+	snprintf(c.secret, sizeof(c.secret), "%s", h_secret_src());
 	r = kvp_remote_new(&c);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(r);
 	for (int i = 0; i < 2; i++) {

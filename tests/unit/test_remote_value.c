@@ -17,12 +17,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <nettle/hmac.h>
+#include <nettle/umac.h>
+
 #include "crc32c.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
 #include "suite.h"
 
 static const struct kvp_rv_fp fp = { 32, 8, 128, 1, 16, 0 };
+static struct kvp_rv_mac g_mac; /* under SECRET */
+#define SECRET "0123456789abcdef0123456789abcdef"
+static const char KEY[] = "kvp:567568aee78ee655:llama:00";
+
+static void put32le(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
 
 static void hex(const uint8_t *h, char *out)
 {
@@ -104,9 +116,10 @@ static void test_crc32c_copy_matches_copy_then_checksum(void)
 			CU_ASSERT_EQUAL(memcmp(dst + (off ^ 1), src + off, n), 0);
 			CU_ASSERT_EQUAL(dst[(off ^ 1) + n], 0xa5);
 		}
-	kvp_rv_header(&fp, src, 65536, h1);
+	kvp_rv_header(&fp, &g_mac, KEY, sizeof(KEY) - 1, src, 65536, h1);
 	kvp_rv_header_crc(&fp, 65536, kvp_crc32c_copy(dst, src, 65536), h2);
-	CU_ASSERT_EQUAL(memcmp(h1, h2, sizeof(h1)), 0);
+	/* the same bytes but the nonce and MAC (a fresh nonce each seal) */
+	CU_ASSERT_EQUAL(memcmp(h1, h2, KVP_RV_NONCE_AT), 0);
 	free(src);
 	free(dst);
 }
@@ -121,15 +134,25 @@ static void test_rv_decode_round_trip(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(page);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(v);
 	fill(page, n, 1);
-	CU_ASSERT_EQUAL(kvp_rv_encode(&fp, page, n, v), KVP_RV_HDR_SIZE + n);
-	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, n, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
+	CU_ASSERT_EQUAL(kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, n, v),
+			KVP_RV_HDR_SIZE + n);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, n, v, KVP_RV_HDR_SIZE + n,
+				      &pl, &pn),
+			0);
 	CU_ASSERT_EQUAL(pn, n);
 	CU_ASSERT_PTR_EQUAL(pl, v + KVP_RV_HDR_SIZE);
 	CU_ASSERT_EQUAL(memcmp(pl, page, n), 0);
-	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, 0, v, KVP_RV_HDR_SIZE + n, &pl, &pn), 0);
-	/* the header alone (sent before the page without copying it) is the same bytes */
-	kvp_rv_header(&fp, page, n, hdr);
-	CU_ASSERT_EQUAL(memcmp(hdr, v, KVP_RV_HDR_SIZE), 0);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, 0, v, KVP_RV_HDR_SIZE + n,
+				      &pl, &pn),
+			0);
+	/* the header alone (sent before the page without copying it) is the same bytes but the
+	 * nonce and MAC, and the value it heads decodes */
+	kvp_rv_header(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, n, hdr);
+	CU_ASSERT_EQUAL(memcmp(hdr, v, KVP_RV_NONCE_AT), 0);
+	memcpy(v, hdr, KVP_RV_HDR_SIZE);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, n, v, KVP_RV_HDR_SIZE + n,
+				      &pl, &pn),
+			0);
 	CU_ASSERT_EQUAL(memcmp(v, "KVPV", 4), 0);
 	free(page);
 	free(v);
@@ -139,7 +162,7 @@ static int decode(const uint8_t *v, size_t len, uint64_t page)
 {
 	const void *pl = (const void *)1;
 	uint64_t pn = 7;
-	int rc = kvp_rv_decode(&fp, page, v, len, &pl, &pn);
+	int rc = kvp_rv_decode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, v, len, &pl, &pn);
 
 	if (rc) /* outputs untouched on failure */
 		CU_ASSERT(pl == (const void *)1 && pn == 7);
@@ -153,13 +176,13 @@ static void test_rv_decode_each_corruption(void)
 	struct kvp_rv_fp other = fp;
 
 	fill(page, N, 2);
-	kvp_rv_encode(&fp, page, N, v);
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, N, v);
 	CU_ASSERT_EQUAL(decode(v, KVP_RV_HDR_SIZE - 1, 0), -KVP_RV_ESHORT);
 	memcpy(w, v, sizeof(v));
 	w[0] ^= 1;
 	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EMAGIC);
 	memcpy(w, v, sizeof(v));
-	w[4] = 2;
+	w[4] = 1; /* the format before MACs */
 	CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EVERSION);
 	memcpy(w, v, sizeof(v));
 	w[6] = 40;
@@ -176,7 +199,7 @@ static void test_rv_decode_each_corruption(void)
 	for (int f = 0; f < 6; f++) {
 		other = fp;
 		((uint32_t *)&other)[f] += 1;
-		kvp_rv_encode(&other, page, N, w);
+		kvp_rv_encode(&other, &g_mac, KEY, sizeof(KEY) - 1, page, N, w);
 		CU_ASSERT_EQUAL(decode(w, sizeof(w), 0), -KVP_RV_EFOREIGN);
 	}
 	/* any single flipped bit anywhere is refused */
@@ -186,7 +209,69 @@ static void test_rv_decode_each_corruption(void)
 		CU_ASSERT_NOT_EQUAL(decode(w, sizeof(w), 0), 0);
 	}
 	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(-KVP_RV_EFOREIGN), "foreign pool fingerprint");
+	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(-KVP_RV_EMAC), "MAC mismatch");
 	CU_ASSERT_STRING_EQUAL(kvp_rv_strerror(999), "unknown");
+}
+
+/* A forger without the secret: other bytes under a copied header with both checksums redone
+ * (what a user who can SET in the cluster can write) are refused for their MAC; so is a true
+ * value copied under another key, and one sealed with another secret. */
+static void test_rv_decode_refuses_without_the_secret(void)
+{
+	enum { N = 256 };
+	uint8_t page[N], v[KVP_RV_HDR_SIZE + N], w[KVP_RV_HDR_SIZE + N];
+	static const char other_key[] = "kvp:567568aee78ee655:llama:01";
+	struct kvp_rv_mac other;
+	const void *pl;
+	uint64_t pn;
+
+	fill(page, N, 3);
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, N, v);
+	memcpy(w, v, sizeof(v));
+	memset(w + KVP_RV_HDR_SIZE, 0x41, N);
+	put32le(w + 40, kvp_crc32c(w + KVP_RV_HDR_SIZE, N));
+	put32le(w + 44, kvp_crc32c(w, 44));
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), N), -KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(kvp_rv_decode(&fp, &g_mac, other_key, sizeof(other_key) - 1, N, v,
+				      sizeof(v), &pl, &pn),
+			-KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(kvp_rv_mac_init(&other, "short", 5), -EINVAL);
+	CU_ASSERT_EQUAL_FATAL(kvp_rv_mac_init(&other, "fedcba9876543210", 16), 0);
+	kvp_rv_encode(&fp, &other, KEY, sizeof(KEY) - 1, page, N, w);
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), N), -KVP_RV_EMAC);
+	CU_ASSERT_EQUAL(decode(v, sizeof(v), N), 0);
+}
+
+/* The MAC is UMAC-128 under the first 16 bytes of HMAC-SHA256(secret, "kvpool remote value mac
+ * v2"), with the header's nonce, of (key length, 8 bytes LE; key; header bytes 0..63; payload):
+ * computed here from nettle's primitives as remote_value.h describes it. Each value sealed
+ * gets a fresh nonce (the writer's prefix, then its count). */
+static void test_rv_mac_layout(void)
+{
+	static const char label[] = "kvpool remote value mac v2";
+	uint8_t page[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, v[KVP_RV_HDR_SIZE + 8],
+		w[KVP_RV_HDR_SIZE + 8], k[32], kl[8] = { sizeof(KEY) - 1 }, mac[16];
+	struct hmac_sha256_ctx h;
+	struct umac128_ctx u;
+
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, sizeof(page), v);
+	kvp_rv_encode(&fp, &g_mac, KEY, sizeof(KEY) - 1, page, sizeof(page), w);
+	hmac_sha256_set_key(&h, strlen(SECRET), (const uint8_t *)SECRET);
+	hmac_sha256_update(&h, sizeof(label) - 1, (const uint8_t *)label);
+	hmac_sha256_digest(&h, sizeof(k), k);
+	umac128_set_key(&u, k);
+	umac128_set_nonce(&u, 16, v + 48);
+	umac128_update(&u, sizeof(kl), kl);
+	umac128_update(&u, sizeof(KEY) - 1, (const uint8_t *)KEY);
+	umac128_update(&u, 64, v);
+	umac128_update(&u, sizeof(page), page);
+	umac128_digest(&u, sizeof(mac), mac);
+	CU_ASSERT_EQUAL(memcmp(mac, v + KVP_RV_MAC_AT, sizeof(mac)), 0);
+	/* the same page sealed twice: one prefix, the count one more, another MAC */
+	CU_ASSERT_EQUAL(memcmp(v + 48, w + 48, 8), 0);
+	CU_ASSERT_EQUAL(w[56], (uint8_t)(v[56] + 1));
+	CU_ASSERT_NOT_EQUAL(memcmp(v + KVP_RV_MAC_AT, w + KVP_RV_MAC_AT, 16), 0);
+	CU_ASSERT_EQUAL(decode(w, sizeof(w), sizeof(page)), 0);
 }
 
 static void test_rv_page_hash_matches_sglang(void)
@@ -281,10 +366,14 @@ int main(void)
 		H_TEST(test_crc32c_copy_matches_copy_then_checksum),
 		H_TEST(test_rv_decode_round_trip),
 		H_TEST(test_rv_decode_each_corruption),
+		H_TEST(test_rv_decode_refuses_without_the_secret),
+		H_TEST(test_rv_mac_layout),
 		H_TEST(test_rv_page_hash_matches_sglang),
 		H_TEST(test_rv_key_text_and_refusals),
 		H_TEST(test_rv_key_pages_of_one_prefix_spread),
 	};
 
+	if (kvp_rv_mac_init(&g_mac, SECRET, strlen(SECRET)) < 0)
+		return 1;
 	return H_RUN_SUITE("remote_value", NULL, NULL, tests);
 }

@@ -220,7 +220,7 @@ static void test_session_lock_accounting(void)
 	struct kvpd_pool *a;
 	struct kvp_session *s;
 	struct kvp_fail f = { 0 };
-	struct kvp_prefix_match mt;
+	struct kvp_index_match mt;
 	struct kvp_lock *k1, *k2;
 	uint32_t tokens[16], dev[4], host[4];
 	struct kvp_tier_figures fig;
@@ -240,7 +240,7 @@ static void test_session_lock_accounting(void)
 	CU_ASSERT_EQUAL(kvp_pool_match(a, 0, tokens, 16, true, &mt, dev, host), 0);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(mt.lock);
 	k1->pool = a;
-	k1->node = mt.lock;
+	k1->run = mt.lock;
 	k1->pages = mt.dev_pages + mt.host_pages;
 	CU_ASSERT_EQUAL(kvp_session_lock_add(d, s, k1), 0);
 	CU_ASSERT_NOT_EQUAL(k1->id, 0);
@@ -251,7 +251,7 @@ static void test_session_lock_accounting(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(k2);
 	CU_ASSERT_EQUAL(kvp_pool_match(a, 0, tokens, 8, true, &mt, dev, host), 0);
 	k2->pool = a;
-	k2->node = mt.lock;
+	k2->run = mt.lock;
 	k2->pages = mt.dev_pages + mt.host_pages;
 	CU_ASSERT_EQUAL(kvp_session_lock_add(d, s, k2), 0);
 	CU_ASSERT_NOT_EQUAL(k2->id, k1->id);
@@ -275,7 +275,7 @@ static void test_session_lock_accounting(void)
 	kvp_session_destroy(d, s);
 	kvp_pool_tier_figures(a, KVP_TIER_ID_DEVICE, &fig);
 	CU_ASSERT_EQUAL(fig.protected_tokens, 0);
-	CU_ASSERT_EQUAL(kvp_prefix_check(a->pfx), 0);
+	CU_ASSERT_EQUAL(kvp_index_check(a->ix), 0);
 	fx_daemon_free(d);
 }
 
@@ -287,7 +287,7 @@ static void test_session_detach_one_pool(void)
 	struct kvp_fail f = { 0 };
 	struct kvp_lease *la, *lb;
 	struct kvp_lock *k;
-	struct kvp_prefix_match mt;
+	struct kvp_index_match mt;
 	uint32_t tokens[8] = { 0, 1, 2, 3, 4, 5, 6, 7 }, dev[2], host[2];
 	struct kvp_tier_figures fig;
 
@@ -307,7 +307,7 @@ static void test_session_detach_one_pool(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
 	CU_ASSERT_EQUAL(kvp_pool_match(d->pools[0], 0, tokens, 8, true, &mt, dev, host), 0);
 	k->pool = d->pools[0];
-	k->node = mt.lock;
+	k->run = mt.lock;
 	k->pages = 2;
 	CU_ASSERT_EQUAL(kvp_session_lock_add(d, s, k), 0);
 	CU_ASSERT_EQUAL(kvp_daemon_check(d), 0);

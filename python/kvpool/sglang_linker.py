@@ -1,0 +1,599 @@
+"""kvpool.sglang_linker: SGLang's external cache linker over a kvpool pool's host tier.
+
+With KvpoolLinker, every SGLang instance on a node uses the node's kvpool host tier as its L2:
+SGLang allocates no host pool of its own. Offload copies device pages straight into leased
+kvpool host pages and publishes them under SGLang's page keys; lookup and load find the pages
+any instance published and copy them back into the request's device slots layer by layer,
+completing each layer on SGLang's layer_done_counter only after its copies landed. Start SGLang
+with::
+
+    --enable-unified-cache-external-linker --unified-cache-external-linker-backend dynamic
+    --unified-cache-external-linker-config '{"linker": "KvpoolLinker",
+        "linker_module_path": "kvpool.sglang",
+        "linker_extra_config": {"pool": "llama-8b", "socket": "/run/kvpool/kvpoold.sock"}}'
+
+Extra config keys: pool (required), socket (default: kvpool.default_socket()), namespace (int,
+default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096), copy_threads
+(threads of the CPU copies, default torch's threads, at most 4). Any other key is refused at
+construction.
+
+Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
+MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
+Full tree component, also as the full-attention pool of SGLang's SWAKVPool: the linker holds
+no SWA pages (PoolName.SWA is not in its pools), so SGLang keeps a restored tail's sliding
+window as evicted and computes it, its documented path for such a store. Mamba models are
+refused at construction (no Mamba state is held), as are other device pool classes.
+
+Pool geometry: one kvpool host page holds one SGLang page of every layer. MHA: the pool's
+layers, kv_heads, head_dim, dtype and page_tokens are the device pool's layer_num, head_num
+(per TP rank), head_dim, dtype and page_size. MLA: kv_heads 1 and head_dim (kv_lora_rank +
+qk_rope_head_dim) / 2 (the page's K and V halves hold the latent). Anything else is refused
+with kvpool.GeometryMismatch naming both geometries, at construction.
+
+Keys: SGLang's page hash (64 hex digits) as its 32 bytes plus "_tp<rank>" for MHA (each TP
+rank holds its heads) or "_mla" for MLA (the latent is the same on every TP rank: rank 0
+stores it, every rank reads it), then "_pp<rank>" with pipeline parallelism.
+
+kvpoold down or restarted: lookups miss, loads are refused (SGLang computes the prefix) and
+offloads are dropped, each counted (stats()); nothing raises into the scheduler. The linker
+attaches again by itself after a bounded backoff. An offload that finds the host tier full
+(OutOfCapacity, QuotaExceeded, HostBudgetExceeded) is dropped and counted too.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, Queue
+from typing import Any, Optional
+
+import numpy
+import torch
+from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
+    LayerWiseLoadCounter,
+    UnifiedCacheLinker,
+)
+from sglang.srt.utils import get_device_module
+
+import kvpool
+from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
+
+__all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
+
+log = logging.getLogger("kvpool.sglang")
+
+EXTRA_CONFIG_KEYS = ("pool", "socket", "namespace", "timeout_ms", "max_keys_per_call",
+                     "copy_threads")
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+           torch.uint8: "fp8"}
+for _n in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _n):
+        _DTYPES[getattr(torch, _n)] = "fp8"
+# a page list in more runs than this is copied with one gather instead of a copy per run
+_MAX_RUNS = 32
+
+
+def _runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(a0, b0, n) for each stretch where a and b both ascend by one."""
+    n = a.numel()
+    if n == 0:
+        return []
+    brk = ((a[1:] - a[:-1]) != 1) | ((b[1:] - b[:-1]) != 1)
+    starts = [0] + (torch.nonzero(brk).flatten() + 1).tolist()
+    ends = starts[1:] + [n]
+    a0, b0 = a[starts].tolist(), b[starts].tolist()
+    return [(a0[i], b0[i], ends[i] - starts[i]) for i in range(len(starts))]
+
+
+def _copy_pages(dst: torch.Tensor, dp: torch.Tensor, src: torch.Tensor, sp: torch.Tensor,
+                runs: list, pairs: list) -> None:
+    """dst[dp] = src[sp] along dim 0 (pages): one copy per run, added to pairs for the
+    copier, or a gather done here when the pages form too many runs."""
+    if len(runs) <= _MAX_RUNS:
+        for d0, s0, n in runs:
+            pairs.append((dst.narrow(0, d0, n), src.narrow(0, s0, n)))
+        return
+    dpi, spi = dp.to(dst.device), sp.to(src.device)
+    dst.index_copy_(0, dpi, src.index_select(0, spi).to(dst.device))
+
+
+class _Copier:
+    """Runs strided copies: CPU ones with numpy.copyto (which releases the GIL) spread over
+    a few threads, device ones with torch. torch's own copy of a strided CPU tensor splits
+    each copy across its threads, which measured several times slower than one memcpy."""
+
+    def __init__(self, threads: int):
+        self.n = max(1, threads)
+        self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="kvpool-copy") \
+            if self.n > 1 else None
+
+    @staticmethod
+    def _np(t: torch.Tensor) -> Any:
+        return t.view(torch.uint8).numpy()
+
+    def run(self, pairs: list) -> None:
+        cpu, other = [], []
+        for d, s in pairs:
+            if d.device.type == "cpu" and s.device.type == "cpu" and d.dtype == s.dtype:
+                cpu.append((d, s))
+            else:
+                other.append((d, s))
+        for d, s in other:
+            d.copy_(s, non_blocking=True)
+        if not cpu:
+            return
+        jobs = [[] for _ in range(min(self.n, len(cpu)))]
+        for i, (d, s) in enumerate(cpu):
+            jobs[i % len(jobs)].append((d, s))
+
+        def go(part):
+            for d, s in part:
+                numpy.copyto(self._np(d), self._np(s))
+
+        futs = [self.pool.submit(go, part) for part in jobs[1:]] if self.pool else []
+        go(jobs[0])
+        for f in futs:
+            f.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+class _DevicePool:
+    """SGLang's device KV pool as per-layer components of [slots, *row] tensors."""
+
+    def __init__(self, kvcache: Any, page_size: int):
+        self.kvcache = kvcache
+        # SGLang's SWA pool: the full-attention layers' pool is the KV served here; the
+        # layer counter counts the model's layers, full and sliding-window
+        self.counter_layers: Optional[int] = None
+        self.counter_of: Optional[list] = None
+        if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "layers_mapping"):
+            full = sorted((i, g) for g, (i, swa) in kvcache.layers_mapping.items() if not swa)
+            self.counter_of = [g - kvcache.start_layer for _, g in full]
+            self.counter_layers = kvcache.layer_num
+            kvcache = kvcache.full_kv_pool
+        cls = type(kvcache).__name__
+        self.T = page_size
+        self.dtype = getattr(kvcache, "store_dtype", None) or kvcache.dtype
+        if hasattr(kvcache, "k_buffer") and hasattr(kvcache, "v_buffer") and \
+                not hasattr(kvcache, "kv_buffer"):
+            self.mla = False
+            if getattr(kvcache, "use_hnd", False) or \
+                    getattr(kvcache, "kv_cache_layout", None) not in (None, "NHD", "nhd"):
+                raise ValueError(f"kvpool.sglang: KvpoolLinker serves the NHD layout of "
+                                 f"{cls} only")
+            if kvcache.v_head_dim != kvcache.head_dim:
+                raise ValueError(f"kvpool.sglang: KvpoolLinker needs v_head_dim == head_dim "
+                                 f"({kvcache.v_head_dim} != {kvcache.head_dim})")
+            self.layers = [(k, v) for k, v in zip(kvcache.k_buffer, kvcache.v_buffer)]
+            self.row = (kvcache.head_num, kvcache.head_dim)
+        elif hasattr(kvcache, "kv_buffer") and hasattr(kvcache, "kv_cache_dim"):
+            self.mla = True
+            if kvcache.kv_cache_dim % 2:
+                raise ValueError(f"kvpool.sglang: MLA kv_cache_dim {kvcache.kv_cache_dim} is "
+                                 f"odd; a pool page holds it as two halves")
+            self.layers = [(b,) for b in kvcache.kv_buffer]
+            self.row = (1, kvcache.kv_cache_dim)
+        else:
+            raise ValueError(f"kvpool.sglang: KvpoolLinker serves MHATokenToKVPool and "
+                             f"MLATokenToKVPool device pools; this model's is {cls}")
+        for comps in self.layers:
+            for t in comps:
+                if t.dim() != 3 or tuple(t.shape[1:]) != self.row:
+                    raise ValueError(f"kvpool.sglang: {cls} buffer of shape {tuple(t.shape)}, "
+                                     f"expected [slots, {self.row[0]}, {self.row[1]}]")
+        self.nlayers = len(self.layers)
+        self.device = self.layers[0][0].device
+        if self.counter_of is None:
+            self.counter_of = list(range(self.nlayers))
+            self.counter_layers = self.nlayers
+
+    def geometry(self) -> kvpool.Geometry:
+        dt = _DTYPES.get(self.dtype, str(self.dtype))
+        if self.mla:
+            return kvpool.Geometry((self.nlayers, 1, self.row[1] // 2, dt, self.T))
+        return kvpool.Geometry((self.nlayers, self.row[0], self.row[1], dt, self.T))
+
+    def host_view(self, pool: kvpool.Pool) -> torch.Tensor:
+        """The pool's host pages as [pages, layers, components, page_size, *row]."""
+        h = torch.from_dlpack(pool.host_pages_view())
+        if h.dtype != self.dtype:
+            h = h.view(self.dtype)
+        if self.mla:
+            return h.reshape(h.shape[0], self.nlayers, 1, self.T, *self.row)
+        return h.reshape(h.shape[0], self.nlayers, 2, self.T, *self.row)
+
+    def pages_of(self, slots: torch.Tensor) -> Optional[torch.Tensor]:
+        """The device pages of page-aligned token slots (every slot of each page, in
+        order), None when the slots are not whole pages."""
+        T = self.T
+        if slots.numel() % T:
+            return None
+        v = slots.view(-1, T)
+        first = v[:, 0]
+        if T > 1 and (bool((first % T != 0).any()) or
+                      not bool((v == first[:, None] + torch.arange(T)).all())):
+            return None
+        return first // T
+
+    def page_view(self, t: torch.Tensor) -> torch.Tensor:
+        """A device buffer [slots, *row] as [pages, page_size, *row]."""
+        n = t.shape[0] // self.T
+        return t[:n * self.T].view(n, self.T, *self.row)
+
+
+class _Load:
+    """One request's queued load: pinned host pages, its device slots."""
+
+    def __init__(self, match: Any, host: torch.Tensor, hp: torch.Tensor, slots: torch.Tensor):
+        self.match, self.host, self.hp, self.slots = match, host, hp, slots
+
+
+class KvpoolLinker(UnifiedCacheLinker):
+    """SGLang's UnifiedCacheLinker over a kvpool pool's host tier, shared by every instance
+    of the node that attaches the same pool."""
+
+    def __init__(self, server_args: Any, params: Any, *, components: Any,
+                 extra_config: Optional[dict] = None, forward_stream: Any = None):
+        extra = dict(extra_config or {})
+        unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"kvpool.sglang: unknown linker_extra_config keys {unknown} "
+                             f"(known: {', '.join(EXTRA_CONFIG_KEYS)})")
+        if not isinstance(extra.get("pool"), str) or not extra["pool"]:
+            raise ValueError("kvpool.sglang: linker_extra_config needs \"pool\" (a kvpool pool "
+                             "name)")
+        others = sorted(c.name for c in set(components)
+                        if c not in (ComponentType.FULL, ComponentType.SWA))
+        if others:
+            raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full component (MHA and "
+                             f"MLA KV pools, and SWA models' full-attention layers); this model "
+                             f"also has {', '.join(others)}, whose state it does not hold")
+        self.forward_stream = forward_stream
+        self.page_size = int(params.page_size)
+        self.dev = _DevicePool(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size)
+        # no PoolName.SWA: SGLang then keeps a restored tail's sliding window as evicted
+        # (tombstones) and computes it, as it does for any store without SWA pages
+        self.pools = {PoolName.KV: self.dev.kvcache}
+        self.num_layers = self.dev.counter_layers
+        self.namespace = int(extra.get("namespace", 0))
+        self.timeout_ms = int(extra.get("timeout_ms", 5000))
+        self.max_keys = max(1, int(extra.get("max_keys_per_call", 4096)))
+        tp_rank, tp_size = 0, 1
+        group = getattr(params, "attn_tp_cache_group", None) or \
+            getattr(params, "tp_cache_group", None)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            tp_rank = torch.distributed.get_rank(group=group)
+            tp_size = torch.distributed.get_world_size(group=group)
+        self.tp_rank = tp_rank
+        # the MLA latent is the same on every TP rank: rank 0 stores it, every rank reads it
+        self.offload_owner = not self.dev.mla or tp_rank == 0
+        tag = "_mla" if self.dev.mla else f"_tp{tp_rank}"
+        if int(getattr(params, "pp_size", 1) or 1) > 1:
+            tag += f"_pp{params.pp_rank}"
+        if int(getattr(params, "attn_cp_size", 1) or 1) > 1:
+            tag += f"_cp{params.attn_cp_rank}"
+        self.tag = tag.encode()
+        self.socket = extra.get("socket")
+        self.link = Link(extra["pool"], self.socket, name=f"sglang-linker-tp{tp_rank}",
+                         check=self._check, setup=self.dev.host_view)
+        self._probe()
+        self.link.connect_now()
+
+        self.layer_done_counter = LayerWiseLoadCounter(self.num_layers)
+        self.counts: Counter = Counter()
+        self._counts_lock = threading.Lock()
+        self._pending: dict[str, _Load] = {}
+        self._load_queue: Queue = Queue()
+        self._offload_queue: Queue = Queue()
+        self._offload_results: Queue = Queue()
+        self._closed = False
+        threads = extra.get("copy_threads", min(4, torch.get_num_threads()))
+        self._copier = _Copier(int(threads))
+        self._load_thread = threading.Thread(target=self._load_loop, daemon=True,
+                                             name=f"kvpool-load-tp{tp_rank}")
+        self._offload_thread = threading.Thread(target=self._offload_loop, daemon=True,
+                                                name=f"kvpool-offload-tp{tp_rank}")
+        self._load_thread.start()
+        self._offload_thread.start()
+        log.info("kvpool.sglang: KvpoolLinker on pool %s (%s, %d layers, page %d, tag %s)",
+                 extra["pool"], "MLA" if self.dev.mla else "MHA", self.num_layers,
+                 self.page_size, tag)
+
+    # -- the pool --
+    def _probe(self) -> None:
+        """Refuses, at construction, a pool of another geometry and a socket that answers but
+        is not kvpoold; a kvpoold that is not there yet only means misses until it is."""
+        try:
+            client = kvpool.connect(self.socket, name=f"sglang-linker-tp{self.tp_rank}",
+                                    reconnect_ms=RECONNECT_MS)
+        except kvpool.NoDaemon as e:
+            log.warning("kvpool.sglang: kvpoold not reachable (%s); lookups miss until it is", e)
+            return
+        try:
+            self._check(client.attach(self.link.pool_name))
+        finally:
+            client.close()
+
+    def _check(self, pool: kvpool.Pool) -> None:
+        pool.client.set_timeout(self.timeout_ms)
+        want, have = self.dev.geometry(), pool.geometry
+        if tuple(want) != tuple(have):
+            raise geometry_mismatch(pool.name, want, have,
+                                    "a pool page must hold one SGLang page of every layer")
+        if not pool.tier_pages("host"):
+            raise geometry_mismatch(pool.name, want, have, "the pool has no host tier")
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._counts_lock:
+            self.counts[what] += n
+
+    def _keys(self, hashes: list) -> list[bytes]:
+        out = []
+        for h in hashes:
+            try:
+                b = bytes.fromhex(h) if len(h) == 64 else None
+            except ValueError:
+                b = None
+            if b is None:
+                import hashlib
+                b = hashlib.sha256(str(h).encode()).digest()
+            out.append(b + self.tag)
+        return out
+
+    def _leading(self, pool: kvpool.Pool, keys: list[bytes]) -> int:
+        hit = 0
+        for i in range(0, len(keys), self.max_keys):
+            part = keys[i:i + self.max_keys]
+            n = pool.exists_keys(part, namespace=self.namespace)
+            hit += n
+            if n < len(part):
+                break
+        return hit
+
+    @staticmethod
+    def _kv(transfers: list[PoolTransfer]) -> Optional[PoolTransfer]:
+        for t in transfers:
+            if t.name == PoolName.KV:
+                return t
+        return None
+
+    # -- lookup --
+    def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
+        """Every prefix length (pages) whose pages are all in the pool: 1 .. the leading
+        run."""
+        kv = self._kv(transfers)
+        if kv is None or not kv.keys:
+            return []
+        keys = self._keys(list(kv.keys))
+        hit = self.link.call("lookup", lambda pool, st: self._leading(pool, keys)) or 0
+        self._count("lookup_pages", len(keys))
+        self._count("lookup_hit_pages", hit)
+        return list(range(1, hit + 1))
+
+    # -- load --
+    def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
+        """Pins the pages of the request's keys (a lock in the pool) and queues their copy
+        into its device slots; False (SGLang computes the prefix) when they are not all
+        there any more or kvpoold cannot be reached."""
+        kv = self._kv(transfers)
+        if kv is None or not kv.keys or kv.device_indices is None:
+            return False
+        if rid in self._pending:
+            raise RuntimeError(f"kvpool.sglang: a load for {rid} is queued already")
+        keys = self._keys(list(kv.keys))
+        if len(keys) > self.max_keys:
+            self._count("load_refused")
+            return False
+        slots = kv.device_indices.detach().to("cpu", torch.int64).flatten()
+
+        def pin(pool, host):
+            m = pool.match_keys(keys, namespace=self.namespace, lock=True)
+            if len(m.device_pages) or len(m.host_pages) < len(keys):
+                m.release()
+                return None
+            return _Load(m, host, torch.from_numpy(m.host_pages.astype("int64")), slots)
+
+        job = self.link.call("load", pin)
+        if job is None:
+            self._count("load_refused")
+            return False
+        self._pending[rid] = job
+        return True
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        job = self._pending.pop(rid, None)
+        if job is None:
+            return False
+        self._release([job])
+        return True
+
+    def start_layer_wise_loading(self) -> int:
+        if not self._pending:
+            return -1
+        jobs, self._pending = list(self._pending.values()), {}
+        index = self.layer_done_counter.update_producer()
+        ready = get_device_module().Event()
+        ready.record()
+        self._load_queue.put((index, jobs, ready))
+        self._count("loads", len(jobs))
+        return index
+
+    def finish_layer_wise_loading(self, counter_index: int) -> bool:
+        return self.layer_done_counter.finish(counter_index)
+
+    def _load_loop(self) -> None:
+        while True:
+            task = self._load_queue.get()
+            try:
+                if task is None:
+                    return
+                self._run_load(*task)
+            finally:
+                self._load_queue.task_done()
+
+    def _run_load(self, index: int, jobs: list[_Load], ready: Any) -> None:
+        try:
+            ready.synchronize()
+            plans = []
+            for j in jobs:
+                dp = self.dev.pages_of(j.slots)
+                runs = _runs(dp, j.hp) if dp is not None else None
+                plans.append((j, dp, runs))
+            cuda = self.dev.device.type == "cuda"
+            local = {c: i for i, c in enumerate(self.dev.counter_of)}
+            for counter_layer in range(self.num_layers):
+                layer = local.get(counter_layer)
+                if layer is None:  # a sliding-window layer: nothing loaded here
+                    self.layer_done_counter.complete(index, counter_layer)
+                    continue
+                pairs: list = []
+                for c, buf in enumerate(self.dev.layers[layer]):
+                    for j, dp, runs in plans:
+                        src = j.host[:, layer, c]
+                        if dp is not None:
+                            _copy_pages(self.dev.page_view(buf), dp, src, j.hp, runs, pairs)
+                        else:  # slots that are not whole pages: token by token
+                            rows = src.index_select(0, j.hp).reshape(-1, *self.dev.row)
+                            buf.index_copy_(0, j.slots.to(buf.device), rows.to(buf.device))
+                self._copier.run(pairs)
+                if cuda:
+                    torch.cuda.current_stream(self.dev.device).synchronize()
+                self.layer_done_counter.complete(index, counter_layer)
+            self._count("load_pages", sum(len(j.hp) for j in jobs))
+        except BaseException as e:  # noqa: BLE001 - reported through the counter
+            log.exception("kvpool.sglang: layer-wise load failed")
+            self._count("load_failed")
+            self.layer_done_counter.fail(index, e)
+        finally:
+            self._release(jobs)
+
+    def _release(self, jobs: list[_Load]) -> None:
+        def rel(pool, st):
+            for j in jobs:
+                j.match.release()
+            return True
+
+        self.link.call("release", rel)
+
+    # -- offload --
+    def offload(self, transfers: list[PoolTransfer], session_id: Optional[str] = None) -> bool:
+        """Queues the copy of the transfer's device pages into leased host pages and their
+        publication under the transfer's keys; the result comes in submission order."""
+        kv = self._kv(transfers)
+        if kv is None or not kv.keys or kv.device_indices is None:
+            return False
+        if not self.offload_owner:
+            self._offload_results.put(True)
+            return True
+        self._offload_queue.put((kv.keys, kv.device_indices, self.record_offload_ready()))
+        return True
+
+    def _offload_loop(self) -> None:
+        while True:
+            task = self._offload_queue.get()
+            try:
+                if task is None:
+                    return
+                ok = False
+                try:
+                    ok = self._run_offload(*task)
+                except BaseException:  # noqa: BLE001 - an offload failure is a False result
+                    log.exception("kvpool.sglang: offload failed")
+                if not ok:
+                    self._count("offload_dropped")
+                self._offload_results.put(ok)
+            finally:
+                self._offload_queue.task_done()
+
+    def _run_offload(self, hashes: list, slots: torch.Tensor, events: list) -> bool:
+        for e in events:
+            e.synchronize()
+        keys = self._keys(list(hashes))
+        slots = slots.detach().to("cpu", torch.int64).flatten()
+        if len(keys) > self.max_keys or slots.numel() != len(keys) * self.page_size:
+            return False
+        dp = self.dev.pages_of(slots)
+        ns = self.namespace
+
+        def store(pool, host):
+            have = pool.exists_keys(keys, namespace=ns)
+            if have == len(keys):
+                return True
+            n = len(keys) - have
+            lease = pool.alloc(n, tier="host")
+            try:
+                hp = torch.from_numpy(lease.pages.astype("int64")).sort().values
+                if dp is not None:
+                    sub = dp[have:]
+                    runs = _runs(hp, sub)
+                pairs: list = []
+                for layer in range(self.dev.nlayers):
+                    for c, buf in enumerate(self.dev.layers[layer]):
+                        dst = host[:, layer, c]
+                        if dp is not None:
+                            _copy_pages(dst, hp, self.dev.page_view(buf), sub, runs, pairs)
+                        else:
+                            rows = buf.index_select(0, slots[have * self.page_size:].to(
+                                buf.device)).to("cpu")
+                            dst.index_copy_(0, hp, rows.view(n, self.page_size,
+                                                             *self.dev.row))
+                self._copier.run(pairs)
+                if self.dev.device.type == "cuda":
+                    torch.cuda.current_stream(self.dev.device).synchronize()
+                r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
+                                     pages=hp.numpy().astype("uint32"))
+            finally:
+                if not lease.ended and len(lease.pages):
+                    lease.free()
+            self._count("offload_pages", n)
+            return r["done_keys"] == len(keys)
+
+        return bool(self.link.call("offload", store))
+
+    def num_completed_offloads(self) -> int:
+        return self._offload_results.qsize()
+
+    def pop_completed_offload(self) -> bool:
+        return self._offload_results.get_nowait()
+
+    # -- lifecycle --
+    def stats(self) -> dict:
+        """The linker's counters and its connection's (connects, calls answered while kvpoold
+        was unreachable, errors by name)."""
+        with self._counts_lock:
+            out = dict(self.counts)
+        out.update(self.link.stats)
+        return out
+
+    def reset(self) -> None:
+        jobs, self._pending = list(self._pending.values()), {}
+        if jobs:
+            self._release(jobs)
+        self._load_queue.join()
+        self._offload_queue.join()
+        while True:
+            try:
+                self._offload_results.get_nowait()
+            except Empty:
+                break
+        self.layer_done_counter.reset()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.reset()
+        for thread, queue in ((self._offload_thread, self._offload_queue),
+                              (self._load_thread, self._load_queue)):
+            if thread.is_alive():
+                queue.put(None)
+                thread.join()
+        log.info("kvpool.sglang: KvpoolLinker stats %s", self.stats())
+        self._copier.close()
+        self.link.close()
+        self._closed = True

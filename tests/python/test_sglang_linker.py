@@ -1,0 +1,306 @@
+"""kvpool.sglang.KvpoolLinker driven by SGLang 0.5.23's own UnifiedRadixCache and
+UnifiedCacheLinkerWrapper on CPU tensors (sglang_instance.Instance: SGLang's MHATokenToKVPool /
+MLATokenToKVPool, paged allocator, the linker built by create_unified_cache_linker from the
+dynamic backend's JSON config): a prefix one instance computed is written through into the
+pool's host tier, another instance (another process) matches it, loads it layer by layer into
+its own device slots and reads the same bytes through the pool's layer-gated getters."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import DEFAULT_CONF, pool_section
+from engine_util import import_sglang, restart
+
+import_sglang()
+torch = pytest.importorskip("torch")
+import kvpool  # noqa: E402
+from sglang_instance import Instance, linker_config  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# host-only pools whose page holds one SGLang page of every layer: MHA 2 layers x 2 heads x 8
+# (fp16, 4-token pages); MLA: a latent of 16 as head_dim 8 of one head; "lk1": 1-token pages;
+# "lksmall": 4 pages; "lkwide": another head_dim; "lknohost": a device tier only
+CONF = (DEFAULT_CONF + pool_section("lk", host_capacity="512t")
+        + pool_section("lkmla", kv_heads=1, head_dim=8, host_capacity="256t")
+        + pool_section("lk1", host_capacity="64t").replace("page_tokens = 4",
+                                                            "page_tokens = 1")
+        + pool_section("lksmall", host_capacity="16t")
+        + pool_section("lkwide", head_dim=16, host_capacity="64t")
+        + pool_section("lknohost", device_capacity="64t", host_capacity="0"))
+
+
+def toks(base, n):
+    return list(range(base, base + n))
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+CHILD = r"""
+import sys, json, torch
+sys.path.insert(0, {here!r})
+from sglang_instance import Instance
+a = Instance({sock!r}, "lk")
+slots = a.compute(list(range(5000, 5000 + 24)), seed=7)
+a.drain()
+torch.save(a.read(slots), {out!r})
+print(json.dumps(a.linker.stats()))
+a.close()
+"""
+
+
+def test_two_processes_share_the_l2(daemon):
+    """Instance A (another process) computes a prefix; its write-through lands in kvpool's
+    host tier; instance B (this process) matches and loads the same bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "a.pt")
+        code = CHILD.format(here=HERE, sock=daemon.sock, out=out)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        st = json.loads(r.stdout.strip().splitlines()[-1])
+        assert st["offload_pages"] == 6 and not st.get("offload_dropped")
+        want = torch.load(out)
+    assert daemon.pool_books("lk")["host"]["cached_tokens"] == 24
+    b = Instance(daemon.sock, "lk")
+    # B's device slots are not A's: fill them first so a missing copy shows
+    for layer in range(b.layers):
+        for buf in b.bufs(layer):
+            buf.fill_(-3)
+    dev, got, failed = b.fetch(toks(5000, 24) + [1, 2, 3])
+    assert dev == 0 and not failed and got is not None
+    slots, data = got
+    assert len(slots) == 24
+    same(data, want)
+    st = b.linker.stats()
+    assert st["lookup_hit_pages"] == 6 and st["load_pages"] == 6
+    # the pins are gone once the load finished; nothing stays leased
+    books = daemon.pool_books("lk")["host"]
+    assert books["protected_tokens"] == 0 and books["leased_tokens"] == 0
+    # a request of a shorter prefix hits the leading pages only, a foreign one nothing
+    dev, got, failed = b.fetch(toks(5000, 10))
+    assert got is not None and len(got[0]) == 8 and not failed
+    same(got[1], [w[:8] for w in want])
+    assert b.fetch(toks(77000, 24))[1] is None
+    b.close()
+
+
+def test_offload_chains_and_partial_prefixes(daemon):
+    """Two requests sharing a prefix: the tree splits, the shared part is stored once, the
+    child node's pages are stored as their own transfer; another instance hits both."""
+    a = Instance(daemon.sock, "lk")
+    s1 = a.compute(toks(100, 16), seed=1)
+    a.drain()
+    base = daemon.pool_books("lk")["host"]["cached_tokens"]
+    s2 = a.compute(toks(100, 8) + toks(900, 8), seed=2)
+    a.drain()
+    # the second request's shared 8 tokens are the same tree node (not stored twice)
+    assert daemon.pool_books("lk")["host"]["cached_tokens"] == base + 8
+    want1 = a.read(s1)
+    want2 = a.read(s2)
+    b = Instance(daemon.sock, "lk")
+    _, got, failed = b.fetch(toks(100, 16))
+    assert not failed
+    same(got[1], want1)
+    _, got, failed = b.fetch(toks(100, 8) + toks(900, 8))
+    # B's tree holds nothing inserted (loads stay private to the request): a full hit again
+    assert not failed and len(got[0]) == 16
+    same([g[8:] for g in got[1]], [w[8:] for w in want2])
+    same([g[:8] for g in got[1]], [w[:8] for w in want1])
+    a.close(), b.close()
+
+
+@pytest.mark.parametrize("mla,pool,page", [(True, "lkmla", 4), (False, "lk1", 1)],
+                         ids=["mla", "page1"])
+def test_mla_and_page_size_1(daemon, mla, pool, page):
+    a = Instance(daemon.sock, pool, mla=mla, dim=16 if mla else 8, page=page)
+    s = a.compute(toks(3000, 12), seed=3)
+    a.drain()
+    want = a.read(s)
+    b = Instance(daemon.sock, pool, mla=mla, dim=16 if mla else 8, page=page)
+    _, got, failed = b.fetch(toks(3000, 12) + [5])
+    assert not failed and len(got[0]) == 12
+    same(got[1], want)
+    a.close(), b.close()
+
+
+def test_swa_model(daemon):
+    """SGLang's SWAKVPool (layers 0 and 2 of 4 sliding-window): the full-attention layers'
+    pages go through the pool (whose layers are those 2), the sliding window of a restored tail
+    stays evicted in SGLang's books (no SWA pages in the linker's pools) and is computed."""
+    swa = (8, [0, 2])
+    # SGLang's SWA allocator allocates single tokens (page size 1): pool "lk1"
+    a = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
+    s = a.compute(toks(31000, 16), seed=9)
+    a.drain()
+    want = a.read(s)
+    assert len(want) == 4  # K and V of the 2 full-attention layers
+    b = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
+    assert b.linker.num_layers == 4 and b.linker.dev.counter_of == [1, 3]
+    req, m, got, failed = b._fetch(toks(31000, 16) + [1])
+    assert got is not None and not failed and len(got[0]) == 16
+    same(got[1], want)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    assert req.kv.get_evicted_seqlen(ComponentType.SWA) == 16
+    a.close(), b.close()
+
+
+def test_kvpoold_killed_and_restarted(own_daemon):
+    """kvpoold gone between calls: lookups miss, offloads are dropped and counted, nothing
+    raises into SGLang; once it is back the linker attaches again and stores and hits."""
+    d = own_daemon
+    with open(d.conf, "w") as f:
+        f.write(CONF)
+    d.signal(signal.SIGTERM)
+    restart(d)
+    a = Instance(d.sock, "lk")
+    b = Instance(d.sock, "lk")
+    a.compute(toks(40, 16), seed=4)
+    a.drain()
+    assert b.fetch(toks(40, 16))[1] is not None
+    d.proc.kill()
+    d.proc.wait()
+    # down: a miss, an offload dropped (the node stays unstored in A's tree), no exception
+    assert b.fetch(toks(40, 16))[1] is None
+    a.compute(toks(600, 8), seed=5)
+    a.drain()
+    assert a.linker.stats()["offload_dropped"] >= 1
+    sb = b.linker.stats()
+    assert sum(v for k, v in sb.items() if k.endswith(("_unavailable", "Error"))) >= 1
+    restart(d)
+    # the restarted daemon holds nothing; a new prefix is written through and B hits it
+    end, base = time.monotonic() + 20, 20000
+    while True:
+        s = a.compute(toks(base, 16), seed=base)
+        a.drain()
+        _, got, failed = b.fetch(toks(base, 16))
+        if got is not None:
+            break
+        assert time.monotonic() < end, (a.linker.stats(), b.linker.stats())
+        base += 16
+        time.sleep(0.1)
+    assert not failed
+    same(got[1], a.read(s))
+    assert a.linker.stats()["reconnects"] >= 1 and b.linker.stats()["reconnects"] >= 1
+    a.close(), b.close()
+
+
+def test_host_tier_full_drops_offloads(daemon):
+    """A host tier smaller than the prefix: the offload is dropped and counted, the tree
+    keeps the node unstored, the request is unaffected."""
+    a = Instance(daemon.sock, "lksmall")
+    s = a.compute(toks(8000, 24), seed=6)  # 6 pages, the tier holds 4
+    a.drain()
+    st = a.linker.stats()
+    assert st["offload_dropped"] == 1 and st.get("offload_OutOfCapacity", 0) == 1, st
+    books = daemon.pool_books("lksmall")["host"]
+    assert books["leased_tokens"] == 0 and books["cached_tokens"] == 0
+    # the node is not marked stored: a later write-through tries again
+    assert a.cache.linker.pending_offloads == []
+    assert len(s) == 24
+    a.close()
+
+
+def test_evicted_between_lookup_and_load(daemon):
+    """Pages evicted after the match: the load is refused (SGLang computes the prefix), the
+    request is not aborted and the slots go back."""
+    from array import array
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    a = Instance(daemon.sock, "lk")
+    a.compute(toks(12000, 16), seed=8)
+    a.drain()
+    b = Instance(daemon.sock, "lk")
+    free0 = b.alloc.available_size()
+    req = b.request(toks(12000, 16))
+    m = b.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", toks(12000, 16))),
+                                               req=req))
+    assert m.host_hit_length == 16
+    req.last_node = m.last_device_node
+    c = kvpool.connect(daemon.sock)
+    c.flush("lk")
+    c.close()
+    n, _ = b.cache.init_load_back(InitLoadBackParams(
+        best_match_node=m.last_host_node, host_hit_length=m.host_hit_length, req=req))
+    assert n == 0
+    assert b.alloc.available_size() == free0
+    assert b.cache.ready_to_load_host_cache() == -1
+    assert b.linker.stats()["load_refused"] == 1
+    a.close(), b.close()
+
+
+def not_kvpoold():
+    """A unix socket whose server answers something else than kvpoold."""
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "s")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return
+            c.recv(100)
+            c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n" * 4)
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return path, s
+
+
+def test_bad_input(daemon):
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    # a pool of another geometry: typed, both geometries named, at construction
+    with pytest.raises(kvpool.GeometryMismatch) as e:
+        Instance(daemon.sock, "lkwide")
+    assert tuple(e.value.expected) == (2, 2, 8, "fp16", 4)
+    assert tuple(e.value.actual) == (2, 2, 16, "fp16", 4)
+    assert "(2, 2, 8, 'fp16', 4)" in str(e.value) and "(2, 2, 16, 'fp16', 4)" in str(e.value)
+    with pytest.raises(kvpool.GeometryMismatch):
+        Instance(daemon.sock, "lk", page=8)
+    # a pool with no host tier
+    with pytest.raises(kvpool.GeometryMismatch, match="host tier"):
+        Instance(daemon.sock, "lknohost")
+    # unknown and missing keys of the extra config
+    with pytest.raises(ValueError, match=r"unknown linker_extra_config keys \['pol'\]"):
+        Instance(daemon.sock, "lk", config=linker_config(daemon.sock, "lk", pol="x"))
+    with pytest.raises(ValueError, match="needs \"pool\""):
+        Instance(daemon.sock, "lk", config={"linker": "KvpoolLinker",
+                                            "linker_module_path": "kvpool.sglang",
+                                            "linker_extra_config": {"socket": daemon.sock}})
+    # no such pool
+    with pytest.raises(kvpool.NoSuchPool):
+        Instance(daemon.sock, "nope")
+    # a socket that answers but is not kvpoold
+    path, s = not_kvpoold()
+    with pytest.raises(kvpool.Error) as e:
+        Instance(path, "lk")
+    assert isinstance(e.value, (kvpool.TransportError, kvpool.ProtocolError))
+    s.close()
+    # components whose state the linker does not hold
+    with pytest.raises(ValueError, match="MAMBA"):
+        Instance(daemon.sock, "lk", components={ComponentType.FULL, ComponentType.MAMBA})
+    # no kvpoold at all: constructed, every lookup a miss
+    gone = os.path.join(tempfile.mkdtemp(), "none.sock")
+    i = Instance(gone, "lk")
+    assert i.fetch(toks(1, 8))[1] is None
+    i.compute(toks(1, 8), seed=1)
+    i.drain()
+    assert i.linker.stats()["offload_dropped"] == 1
+    i.close()
