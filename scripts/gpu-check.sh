@@ -42,7 +42,10 @@
 # test binaries run directly from the carried build with the environment meson gives them
 # (KVPOOLD, KVPOOLCTL, KVPOOL_LOADGEN, KVP_SRCDIR) and LD_LIBRARY_PATH=build-gpu/libs, so meson
 # never reconfigures. The Python step imports kvpool from DIR/python or python/ and runs
-# tests/python with pytest when both are there; it reports SKIP with the reason otherwise.
+# tests/python with pytest when both are there; it reports SKIP with the reason otherwise. The
+# vllm-copy step measures kvpool.vllm's copies (tests/python/test_vllm_cuda.py: the rows
+# vllm.cuda.store and vllm.cuda.load against cudaMemcpyAsync of the same bytes) where torch
+# with CUDA imports on the device, and reports SKIP with the reason otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
 	--build) dir=${2:?--build needs a folder}; shift ;;
 	--build=*) dir=${1#--build=} ;;
 	--libs) libs_opt=${2:?--libs needs a folder}; shift ;;
-	-h | --help) sed -n '2,45p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,48p' "$0"; exit 0 ;;
 	*) echo "gpu-check.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -486,6 +489,48 @@ else
 			else
 				verdict python FAIL "exit $rc: $res (steps/python.log)"
 			fi
+		fi
+	fi
+fi
+
+# 7. kvpool.vllm's copies between CUDA block tensors and registered host pages: the rows
+# vllm.cuda.store and vllm.cuda.load (tests/python/test_vllm_cuda.py; torch on the device)
+begin vllm-copy
+pyp=$dir/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
+if [ "$mode" = dry-run ]; then
+	verdict vllm-copy SKIP "dry run, no GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+	verdict vllm-copy SKIP "python3 not installed"
+elif ! why=$(cd "$root/tests/python" && PYTHONPATH=$pyp timeout 120 python3 -c '
+import torch, kvpool.vllm_copy
+assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
+	verdict vllm-copy SKIP "torch with CUDA or kvpool does not import: $(printf '%s' "$why" |
+		tail -1)"
+else
+	t=$(budget 120)
+	if [ "$t" = 0 ]; then
+		verdict vllm-copy FAIL "no time left before the deadline"
+	else
+		(cd "$root/tests/python" && PYTHONPATH=$pyp timeout -k 5 "$t" python3 \
+			test_vllm_cuda.py >"$OUT/steps/vllm-copy.out" 2>"$OUT/steps/vllm-copy.err")
+		rc=$?
+		cat "$OUT/steps/vllm-copy.out" "$OUT/steps/vllm-copy.err" >>"$step_log"
+		grep '^{' "$OUT/steps/vllm-copy.out" >>"$rows"
+		{ echo '['; paste -sd, "$rows"; echo ']'; } >"$OUT/bench-results.json"
+		n=$(grep -c '"name": "vllm\.cuda\.' "$OUT/steps/vllm-copy.out")
+		python3 - "$OUT/steps/vllm-copy.out" >>"$figures" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l)
+        f = lambda v: "-" if v is None else "%.4g" % v
+        print("bench %-26s %10s %-8s baseline %10s ratio %6s  (%s)" % (
+            r["name"], f(r["value"]), r["unit"], f(r["baseline"]), f(r["ratio"]), r["target"]))
+PY
+		if [ "$rc" = 0 ] && [ "$n" = 2 ]; then
+			verdict vllm-copy PASS "2 rows in bench-results.json (figures below)"
+		else
+			verdict vllm-copy FAIL "exit $rc, $n of 2 rows (steps/vllm-copy.log)"
 		fi
 	fi
 fi

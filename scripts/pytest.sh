@@ -12,7 +12,7 @@
 #                        (with the CUDA wheels it pulls, about 5.5 GiB in the venv); it runs on
 #                        the CPU all the same.
 #   KVP_PY_SETUP_ARGS    meson options for the package build (e.g. -Dcuda=disabled)
-#   KVP_ENGINE_VENV=DIR  the venv of the engine plug-in tests (test_sglang.py, test_vllm.py;
+#   KVP_ENGINE_VENV=DIR  the venv of the engine plug-in tests (test_sglang.py, test_vllm*.py;
 #                        default .venv-engines): SGLang's host pools and vLLM's block hashing
 #                        import the engines' model configs, which need transformers 5, while
 #                        kvpool.transformers is tested with the pin above. It holds torch (the
@@ -21,9 +21,17 @@
 #                        (pinned, --no-deps) and the modules their host pool, storage and
 #                        offloading modules import (pinned, --no-deps). About 6.8 GiB; a fresh
 #                        one takes about 3 to 5 minutes to install (mostly torch's CUDA wheels).
+#                        test_transformers.py runs in both venvs: kvpool.transformers on
+#                        transformers 4.57.1 and 5.
+#   KVP_ENGINE_NEW_VENV=DIR  the venv of the engines' newest releases (default
+#                        .venv-engines-new): where PyPI's newest vllm or sglang is newer than
+#                        the pin, it is installed there with --no-deps (about 0.6 GiB, half a
+#                        minute), the venv seeing the engine venv's packages through a .pth,
+#                        and that engine's plug-in tests run there too; a release that does
+#                        not install or import is skipped with the reason
 #   KVP_PY_ENGINES=0     no engine venv: the engine tests run in KVP_VENV, where they skip and
 #                        say why
-# The summary line adds both runs' counts.
+# The summary line adds all runs' counts.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv=${KVP_VENV:-.venv}
@@ -111,15 +119,20 @@ engine_pkgs="sglang==0.5.23 vllm==0.33.0 orjson==3.13.0 psutil==7.2.2 pybase64==
 	sentencepiece==0.2.3 compressed-tensors==0.20.1 gguf==0.19.0 torchvision==0.29.2
 	loguru==0.7.3 openai==3.57.0 openai-harmony==0.0.8 cachetools==8.0.2 cloudpickle==3.1.3
 	uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus_client==0.26.0 xgrammar==0.2.9
-	fastapi==0.136.3 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1"
+	fastapi==0.136.3 partial-json-parser==0.2.1.1.post7 llguidance==1.9.1 einops==0.8.2"
 engine_mods="import pytest, numpy, torch, transformers
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import backend_factory
 from vllm.v1.core import kv_cache_utils
-from vllm.v1.kv_offload.factory import OffloadingSpecFactory"
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+import vllm.model_executor.models.llama"
+# the engine plug-ins' tests (engine venv only), and the tests run in both venvs
 engine_tests="test_sglang.py test_sglang_linker.py test_sglang_platform.py
-	test_sglang_plugin.py test_vllm.py"
+	test_sglang_plugin.py test_vllm.py test_vllm_scheduler.py"
+both_tests="test_transformers.py"
 epy=""
 if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then
 	evenv=${KVP_ENGINE_VENV:-.venv-engines}
@@ -145,6 +158,63 @@ if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then
 		{ echo "pytest.sh: pip install kvpool in $evenv failed"; exit 1; }
 fi
 
+# the engines' newest releases on PyPI, where newer than the pins: installed --no-deps into a
+# second venv that sees the engine venv's packages (a .pth line after its own), that engine's
+# tests run there; each release that cannot be listed, installed or imported is skipped with
+# the reason
+newest_engines() {
+	local nvenv npy eng pin have mods tests ntests="" nlog
+	nvenv=${KVP_ENGINE_NEW_VENV:-.venv-engines-new}
+	for eng in vllm sglang; do
+		# shellcheck disable=SC2086
+		pin=$(printf '%s\n' $engine_pkgs | sed -n "s/^$eng==//p")
+		have=$("$epy" -m pip --disable-pip-version-check index versions "$eng" 2>/dev/null |
+			sed -n "s/^$eng (\(.*\))\$/\1/p")
+		if [ -z "$have" ]; then
+			echo "pytest.sh: $eng newest release: skipped: PyPI's release list cannot be read"
+			continue
+		fi
+		if [ "$have" = "$pin" ]; then
+			echo "pytest.sh: $eng newest release: $pin, the pinned one (tested above)"
+			continue
+		fi
+		if [ ! -x "$nvenv/bin/python" ]; then
+			python3 -m venv "$nvenv" || { echo "pytest.sh: python3 -m venv $nvenv failed"; return; }
+		fi
+		npy="$(realpath "$nvenv")/bin/python"
+		purelib='import sysconfig; print(sysconfig.get_path("purelib"))'
+		"$epy" -c "$purelib" >"$("$npy" -c "$purelib")/zz-engines.pth" || return
+		if [ "$("$npy" -c "from importlib.metadata import version; print(version('$eng'))" \
+			2>/dev/null)" != "$have" ]; then
+			if ! "$npy" -m pip --disable-pip-version-check -q install --no-deps "$eng==$have" \
+				>/dev/null 2>&1; then
+				echo "pytest.sh: $eng $have (newest): skipped: pip install --no-deps failed"
+				continue
+			fi
+		fi
+		mods=$(printf '%s\n' "$engine_mods" | grep -E "^(from|import) $eng")
+		if ! (cd /tmp && "$npy" -W ignore -c "$mods") >/dev/null 2>&1; then
+			echo "pytest.sh: $eng $have (newest): skipped: its modules do not import:"
+			(cd /tmp && "$npy" -W ignore -c "$mods" 2>&1 | tail -1)
+			continue
+		fi
+		# shellcheck disable=SC2086
+		tests=$(printf '%s\n' $engine_tests | grep "^test_$eng" | tr '\n' ' ')
+		ntests="$ntests ${tests% }"
+		echo "pytest.sh: $eng $have (newest) installed in $nvenv"
+	done
+	[ -n "$ntests" ] || return
+	nlog=$(mktemp)
+	echo "pytest.sh: the engines' newest releases in $nvenv:$ntests"
+	# shellcheck disable=SC2086
+	(cd tests/python && "$npy" -m pytest -q -rfEs -p no:cacheprovider -W ignore $ntests) 2>&1 |
+		tee "$nlog"
+	erc=${PIPESTATUS[0]}
+	[ "$rc" = 0 ] && rc=$erc
+	sum="$sum, $(counts "$nlog")"
+	rm -f "$nlog"
+}
+
 export KVPOOLD="$PWD/$builddir/daemon/kvpoold" KVPOOLCTL="$PWD/$builddir/client/kvpoolctl"
 # run from tests/python so the import finds the installed package, not python/kvpool
 log=$(mktemp)
@@ -163,11 +233,12 @@ if [ -n "$epy" ]; then
 	elog=$(mktemp)
 	echo "pytest.sh: the engine tests in $evenv"
 	# shellcheck disable=SC2086
-	(cd tests/python && "$epy" -m pytest -q -rfEs -p no:cacheprovider -W ignore $engine_tests) \
-		2>&1 | tee "$elog"
+	(cd tests/python && "$epy" -m pytest -q -rfEs -p no:cacheprovider -W ignore $engine_tests \
+		$both_tests) 2>&1 | tee "$elog"
 	erc=${PIPESTATUS[0]}
 	[ "$rc" = 0 ] && rc=$erc
 	sum="$sum, $(counts "$elog")"
+	newest_engines
 	rm -f "$elog"
 fi
 # one line of both runs' counts, each kind added up

@@ -16,8 +16,10 @@ If an admin (or the daemon, under pressure) evicts one of the sequence's pages b
 publish()'s insert and its lock, publish() raises PrefixEvicted (a kvpool.NotFound): the cache
 then holds only the tokens before that page (e.kept_tokens, also get_seq_length()), and the
 caller computes the rest again, model(input_ids[:, e.kept_tokens:], past_key_values=cache).
-One sequence per cache (batch size 1). Tested with transformers 4.57.1 and torch 2.15.0
-(scripts/pytest.sh pins them).
+One sequence per cache (batch size 1). Tested with transformers 4.57.1 and 5.19.0 and torch
+2.15.0 (scripts/pytest.sh pins them): the layer answers both releases' cache layer interface
+(5.x: lazy_initialization of K and V, get_mask_sizes of a query length, get_max_length, crop
+of the tokens to remove; 4.x: of the cache positions, get_max_cache_shape, crop to a length).
 """
 from __future__ import annotations
 
@@ -28,6 +30,14 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 import kvpool
+
+try:
+    from transformers import __version__ as _TRANSFORMERS_VERSION
+except ImportError:  # pragma: no cover - every release names its version
+    _TRANSFORMERS_VERSION = "0"
+
+# transformers 5 changed the layer interface (see the module's docstring)
+_V5 = int(_TRANSFORMERS_VERSION.split(".")[0]) >= 5
 
 __all__ = ["KvpoolCache", "KvpoolLayer", "PrefixEvicted", "expected_geometry"]
 
@@ -98,7 +108,8 @@ class KvpoolLayer(CacheLayerMixin):
         self._idx = layer_idx
         self.length = 0
 
-    def lazy_initialization(self, key_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor,
+                            value_states: Optional[torch.Tensor] = None) -> None:
         """Takes dtype and device from the first K/V given; K/V of another dtype than the
         pool's raise GeometryMismatch (no silent cast)."""
         plane = self._cache._planes[self._idx][0]
@@ -112,11 +123,11 @@ class KvpoolLayer(CacheLayerMixin):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
-               cache_kwargs: Optional[dict[str, Any]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Stores the new K/V [1, kv_heads, T, head_dim] and returns all of the sequence's."""
         if not self.is_initialized:
-            self.lazy_initialization(key_states)
+            self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != 1:
             raise ValueError("KvpoolCache holds one sequence (batch size 1)")
         start, t = self.length, key_states.shape[-2]
@@ -129,27 +140,36 @@ class KvpoolLayer(CacheLayerMixin):
         self.values = vplane[slots].transpose(0, 1).unsqueeze(0).to(value_states.dtype)
         return self.keys, self.values
 
-    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
-        """(kv_length, kv_offset) of the attention mask: the held tokens and the new ones."""
-        return self.length + cache_position.shape[0], 0
+    def get_mask_sizes(self, query: Any) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the attention mask: the held tokens and the new ones
+        (query: the new tokens' count in 5.x, their cache positions in 4.x)."""
+        n = query if isinstance(query, int) else int(query.shape[0])
+        return self.length + n, 0
 
     def get_seq_length(self) -> int:
         """Tokens whose K/V this layer holds."""
         return self.length
 
-    def get_max_cache_shape(self) -> int:
+    def get_max_length(self) -> int:
         """-1: the sequence grows as pages are leased."""
+        return -1
+
+    def get_max_cache_shape(self) -> int:
+        """-1 (transformers 4.x's name of get_max_length)."""
         return -1
 
     def reset(self) -> None:
         """Forgets the held tokens (the pages stay with the cache)."""
         self.length = 0
 
-    def crop(self, max_length: int) -> None:
-        """Keeps the first max_length tokens (negative: drops that many from the end)."""
-        if max_length < 0:
-            max_length = self.length + max_length
-        self.length = max(0, min(self.length, max_length))
+    def crop(self, n: int) -> None:
+        """Drops -n tokens from the end when n is negative; n >= 0 keeps the first n tokens,
+        except 0 in transformers 5 (no token to remove: the cache is kept)."""
+        if n < 0:
+            n = self.length + n
+        elif n == 0 and _V5:
+            return
+        self.length = max(0, min(self.length, n))
 
 
 class KvpoolCache(Cache):

@@ -13,16 +13,23 @@ worker_kv_bytes_per_block x blocks_per_chunk, i.e. one worker's bytes of one off
 chunk), socket, namespace (int, default 0), timeout_ms (default 5000), events_check_ms (default
 1000).
 
+Every KV cache group vLLM offloads (full attention, sliding window, Mamba state, EAGLE/MTP
+draft layers) is kept: a page holds one worker's bytes of one chunk of one group, laid out as
+vLLM's CPU offloading lays out a chunk (kvpool.vllm_copy.PageLayout); a pool whose pages cannot
+hold the layout is refused with GeometryMismatch naming the bytes each group needs.
+
 The scheduler side (KvpoolOffloadingManager) answers lookup from the pool's hash-keyed pages
-and leases host pages for stores; the worker side (KvpoolOffloadingWorker) copies between
-vLLM's canonical GPU block tensors and the host pages with torch copies on the package's
-views (the host mapping is registered with CUDA for DMA when the blocks are on a GPU). Keys:
-vLLM's OffloadKey (block hash + group index) followed by the worker rank: every worker's
-shard of a block is one page, and a block is a hit only when every rank's page is cached.
+and leases host pages for stores; it finds a load's lock and a store's pages by the keys
+themselves, whatever container or order vLLM passes back, and inserts each group's keys as a
+chain in their order in the request (chained to the request's previous chunk of that group).
+The worker side (KvpoolOffloadingWorker) copies between vLLM's canonical block tensors and
+the host pages directly (no staging buffer; kvpool.vllm_copy). Keys: vLLM's OffloadKey (block
+hash + group index) followed by the worker rank: every worker's shard of a block is one page,
+and a block is a hit only when every rank's page is cached.
 
 kvpoold unreachable: lookup answers MISS, prepare_store None (vLLM counts an allocation
-failure), loads fail (vLLM recomputes); nothing raises into the engine, and both sides attach
-again by themselves.
+failure), loads fail; nothing raises into the engine, and both sides attach again by
+themselves.
 
 KV events (enable_kv_cache_events): take_events reports the blocks this manager stored and,
 since kvpoold evicts on its own, their removals: it re-checks the blocks it reported stored
@@ -42,7 +49,6 @@ import numpy as np
 import torch
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     LookupResult,
     Medium,
@@ -55,11 +61,13 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
     TransferResult,
+    get_offload_group_idx,
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 import kvpool
 from kvpool._link import Link, geometry_mismatch
+from kvpool.vllm_copy import CpuCopier, CudaCopier, HostPages, PageLayout
 
 __all__ = ["KvpoolOffloadingSpec", "KvpoolOffloadingManager", "KvpoolOffloadingWorker",
            "KvpoolLoadStoreSpec"]
@@ -97,8 +105,18 @@ class KvpoolOffloadingSpec(OffloadingSpec):
         self.chunk_bytes = config.worker_kv_bytes_per_block * self.blocks_per_chunk
         self._manager: Optional[KvpoolOffloadingManager] = None
 
-    def check_pool(self, pool: kvpool.Pool) -> None:
-        """GeometryMismatch unless the pool has host pages of one worker's chunk bytes."""
+    def group_kinds(self) -> list[str]:
+        """Each offloaded group's kind as vLLM's config states it."""
+        out = []
+        for g in self.config.groups:
+            w = g.sliding_window_size_in_chunks
+            out.append(f"vLLM group {g.group_id}, " + (
+                "full" if w is None else f"sliding window of {w} chunks"))
+        return out
+
+    def check_pool(self, pool: kvpool.Pool, layout: Optional[PageLayout] = None) -> None:
+        """GeometryMismatch unless the pool has host pages of one worker's chunk bytes (and,
+        given the worker's layout, pages every group's chunk fits in)."""
         pool.client.set_timeout(self.timeout_ms)
         g = pool.geometry
         if not pool.tier_pages("host"):
@@ -108,6 +126,11 @@ class KvpoolOffloadingSpec(OffloadingSpec):
                 pool.name, g, g, f"page_bytes {pool.page_bytes} != vLLM's "
                 f"{self.config.worker_kv_bytes_per_block} bytes per block x "
                 f"{self.blocks_per_chunk} blocks per chunk")
+        if layout is not None and layout.page_bytes > pool.page_bytes:
+            raise geometry_mismatch(
+                pool.name, g, g, f"vLLM's KV cache layout needs pages of {layout.page_bytes} "
+                f"bytes ({layout.describe(self.group_kinds())}), the pool's hold "
+                f"{pool.page_bytes}")
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
@@ -118,19 +141,45 @@ class KvpoolOffloadingSpec(OffloadingSpec):
         return KvpoolOffloadingWorker(self, kv_caches)
 
 
+def _refuse_at_start(link: Link, mismatch: list) -> None:
+    """Raises the GeometryMismatch of the first attach (kvpoold reachable, pool refused): a
+    pool that cannot hold the layout is refused when the engine starts. Later attaches that
+    meet one count it and answer misses."""
+    if link.pool is None and mismatch:
+        raise mismatch[0]
+
+
 class KvpoolOffloadingManager(OffloadingManager):
     """Scheduler side: lookups, locks for loads and leases for stores in the pool."""
+
+    MAX_TAILS = 65536  # (request, group) chain tails kept
 
     def __init__(self, spec: KvpoolOffloadingSpec):
         self.spec = spec
         self.world = spec.world
         self.ns = spec.namespace
-        self.link = Link(spec.pool_name, spec.socket, name="vllm-scheduler",
-                         check=spec.check_pool)
+        mismatch: list = []
+
+        def check(pool: kvpool.Pool) -> None:
+            try:
+                spec.check_pool(pool)
+            except kvpool.GeometryMismatch as e:
+                mismatch.append(e)
+                raise
+
+        self.link = Link(spec.pool_name, spec.socket, name="vllm-scheduler", check=check)
         self.link.connect_now()
-        self._loads: dict[tuple, list[Any]] = {}
-        self._stores: dict[OffloadKey, tuple[Any, int]] = {}  # key -> (lease, row)
+        _refuse_at_start(self.link, mismatch)
+        mismatch.clear()
+        # locks of prepared loads by their keys' set (complete_load gets the keys back in
+        # another container and order)
+        self._loads: dict[frozenset, list[Any]] = {}
+        # prepared stores: key -> (lease, row, order of preparation)
+        self._stores: dict[OffloadKey, tuple[Any, int, int]] = {}
+        self._order = 0
         self._rows: dict[int, np.ndarray] = {}               # lease id -> pages [n, world]
+        # (request, group) -> (the last key inserted, its position): the next chunks chain on
+        self._tails: dict[tuple[str, int], tuple[OffloadKey, int]] = {}
         self._events: list[OffloadingEvent] = []
         # blocks reported stored and not yet reported removed (insertion order)
         self._stored: dict[OffloadKey, None] = {}
@@ -162,17 +211,22 @@ class KvpoolOffloadingManager(OffloadingManager):
             n = len(m.host_pages) // self.world if not len(m.device_pages) else 0
             pages = np.asarray(m.host_pages[:n * self.world], dtype=np.int64).reshape(
                 n, self.world)
-            self._loads.setdefault(tuple(keys), []).append(m)
+            self._loads.setdefault(frozenset(keys), []).append(m)
         return KvpoolLoadStoreSpec(pages, self.world)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        ms = self._loads.get(tuple(keys))
+        fs = frozenset(keys)
+        ms = self._loads.get(fs)
         if not ms:
             return
         m = ms.pop(0)
         if not ms:
-            del self._loads[tuple(keys)]
+            del self._loads[fs]
         self.link.call("release", lambda p, s: m.release())
+
+    def locks_held(self) -> int:
+        """Loads prepared and not completed yet."""
+        return sum(len(v) for v in self._loads.values())
 
     def prepare_store(self, keys: Collection[OffloadKey],
                       req_context: ReqContext) -> Optional[PrepareStoreOutput]:
@@ -187,32 +241,72 @@ class KvpoolOffloadingManager(OffloadingManager):
             rows = np.asarray(lease.pages, dtype=np.int64).reshape(len(todo), self.world)
             self._rows[lease.id] = rows
             for i, k in enumerate(todo):
-                self._stores[k] = (lease, i)
+                self._stores[k] = (lease, i, self._order)
+                self._order += 1
             return PrepareStoreOutput(todo, KvpoolLoadStoreSpec(rows, self.world), [])
 
         return self.link.call("store", go)
 
+    def _chains(self, items: list, req_context: ReqContext) -> list[list]:
+        """A lease's completed keys as one chain per group, each in the request's order (the
+        key's position when the scheduler recorded it, else the order of preparation)."""
+        by_group: dict[int, list] = {}
+        for it in items:
+            by_group.setdefault(get_offload_group_idx(it[0]), []).append(it)
+        out = []
+        for g in sorted(by_group):
+            def pos(it, _rc=req_context):
+                p = _rc.get_offload_key_position(it[0]) if _rc is not None else None
+                return (0, p, it[2]) if p is not None else (1, 0, it[2])
+            out.append(sorted(by_group[g], key=pos))
+        return out
+
+    def _insert_chain(self, p: kvpool.Pool, lease: Any, chain: list, rows: np.ndarray,
+                      req_context: ReqContext) -> int:
+        """Inserts one group's chain, after the request's previous key of that group when it
+        is still cached; the chunks inserted."""
+        g = get_offload_group_idx(chain[0][0])
+        rid = getattr(req_context, "req_id", None)
+        first = req_context.get_offload_key_position(chain[0][0]) if rid is not None else None
+        tail = self._tails.get((rid, g)) if rid is not None else None
+        pages = np.concatenate([rows[i] for _, i, _ in chain]).astype(np.uint32)
+        kk = self._kk([k for k, _, _ in chain])
+        done = 0
+        if tail is not None and (first is None or tail[1] < first):
+            r = p.insert_keys(lease, self._kk([tail[0]]) + kk, cached_keys=self.world,
+                              namespace=self.ns, pages=pages)
+            done = max(0, r["done_keys"] - self.world) // self.world
+            if r["done_keys"] < self.world:  # the parent left the cache: a chain of its own
+                tail = None
+        if tail is None:
+            r = p.insert_keys(lease, kk, namespace=self.ns, pages=pages)
+            done = r["done_keys"] // self.world
+        if rid is not None and done:
+            last = chain[done - 1][0]
+            lp = req_context.get_offload_key_position(last)
+            self._tails.pop((rid, g), None)
+            self._tails[(rid, g)] = (last, lp if lp is not None else -1)
+            # a store completed after its request finished leaves its tail: the oldest go
+            while len(self._tails) > self.MAX_TAILS:
+                del self._tails[next(iter(self._tails))]
+        return done
+
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
-        by_lease: dict[int, tuple[Any, list[tuple[OffloadKey, int]]]] = {}
+        by_lease: dict[int, tuple[Any, list[tuple[OffloadKey, int, int]]]] = {}
         for k in keys:
             ent = self._stores.pop(k, None)
             if ent is not None:
-                by_lease.setdefault(ent[0].id, (ent[0], []))[1].append((k, ent[1]))
+                by_lease.setdefault(ent[0].id, (ent[0], []))[1].append((k, ent[1], ent[2]))
         for lid, (lease, items) in by_lease.items():
             rows = self._rows[lid]
-
-            def go(p, s, lease=lease, items=items, rows=rows):
-                if success:
-                    kk = self._kk([k for k, _ in items])
-                    pages = np.concatenate([rows[i] for _, i in items]).astype(np.uint32)
-                    r = p.insert_keys(lease, kk, namespace=self.ns, pages=pages)
-                    return r["done_keys"] // self.world
-                return 0
-
-            done = self.link.call("store", go) or 0
-            if done and self._events_on:
-                stored = [k for k, _ in items[:done]]
+            stored: list[OffloadKey] = []
+            if success:
+                for chain in self._chains(items, req_context):
+                    done = self.link.call("store", lambda p, s, c=chain: self._insert_chain(
+                        p, lease, c, rows, req_context)) or 0
+                    stored += [k for k, _, _ in chain[:done]]
+            if stored and self._events_on:
                 self._events.append(OffloadingEvent(keys=stored, medium=Medium.CPU,
                                                     removed=False))
                 self._stored.update(dict.fromkeys(stored))
@@ -223,6 +317,11 @@ class KvpoolOffloadingManager(OffloadingManager):
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        rid = req_context.req_id
+        for key in [t for t in self._tails if t[0] == rid]:
+            del self._tails[key]
 
     CHECK_KEYS = 4096   # keys of one ExistsKeys re-check
     CHECK_CALLS = 1024   # ExistsKeys calls of one take_events at most
@@ -268,12 +367,17 @@ class KvpoolOffloadingManager(OffloadingManager):
         return dict(self.link.stats)
 
     def shutdown(self) -> None:
+        for ms in self._loads.values():
+            for m in ms:
+                self.link.call("release", lambda p, s, m=m: m.release())
+        self._loads.clear()
         self.link.close()
 
 
 class KvpoolOffloadingWorker(OffloadingWorker):
     """Worker side: copies this rank's blocks between vLLM's canonical KV tensors and the
-    pool's host pages (synchronously; finished jobs are reported by get_finished)."""
+    pool's host pages, directly (kvpool.vllm_copy): synchronously on the CPU, on a copy stream
+    of its own with CUDA block tensors (finished jobs are reported by get_finished)."""
 
     PING_S = 1.0  # how often a transfer first checks kvpoold is still the one mapped
 
@@ -281,81 +385,102 @@ class KvpoolOffloadingWorker(OffloadingWorker):
         self.spec = spec
         self.rank = spec.rank
         self.k = spec.blocks_per_chunk
-        self.tensors = [t.tensor.view(t.tensor.shape[0], -1).view(torch.int8)
-                        for t in kv_caches.tensors]
-        sizes = [t.shape[1] for t in self.tensors]
-        self.offsets = np.cumsum([0] + sizes)[:-1].tolist()
-        self.sizes = sizes
-        self.block_bytes = sum(sizes)
-        self.cuda = any(t.is_cuda for t in self.tensors)
-        self._registered: Optional[int] = None
+        self.kv_caches = kv_caches
+        self.layout = PageLayout(kv_caches.tensors, kv_caches.group_data_refs, self.k)
+        why = self.layout.check()
+        if why is not None:
+            raise ValueError(f"kvpool.vllm: vLLM's KV cache tensors: {why}")
+        self.cuda = self.layout.cuda
+        self.copier: Any = CudaCopier(self.layout.device) if self.cuda else CpuCopier()
+        mismatch: list = []
+
+        def check(pool: kvpool.Pool) -> None:
+            try:
+                spec.check_pool(pool, self.layout)
+            except kvpool.GeometryMismatch as e:
+                mismatch.append(e)
+                raise
+
+        self._mapped: Optional[HostPages] = None
         self.link = Link(spec.pool_name, spec.socket, name=f"vllm-worker-{self.rank}",
-                         check=spec.check_pool, setup=self._setup)
+                         check=check, setup=self._setup)
         self.link.connect_now()
+        _refuse_at_start(self.link, mismatch)
         self._last_ping = time.monotonic()
         self._done: list[TransferResult] = []
+        # (job, CUDA event, bytes, the host mapping the copy uses)
+        self._inflight: list[tuple[int, Any, int, HostPages]] = []
 
-    def _setup(self, pool: kvpool.Pool) -> Any:
+    def _setup(self, pool: kvpool.Pool) -> HostPages:
         host = torch.from_dlpack(pool.host_pages_view())
-        host = host.view(host.shape[0], -1).view(torch.int8)
-        if self.cuda:
-            cudart = torch.cuda.cudart()
-            rc = cudart.cudaHostRegister(host.data_ptr(), host.numel(), 0)
-            if int(rc) != 0:
-                log.warning("kvpool.vllm: cudaHostRegister failed (%s): copies are unpinned",
-                            rc)
-        return host.view(host.shape[0], self.k, self.block_bytes)
+        host = HostPages(host.view(host.shape[0], -1).view(torch.int8))
+        if self.cuda and not host.register_cuda():
+            log.warning("kvpool.vllm: cudaHostRegister of the host pages failed: copies "
+                        "from and to them are not DMA")
+        return host
 
-    def _host(self) -> Optional[torch.Tensor]:
+    def _host(self) -> Optional[HostPages]:
         now = time.monotonic()
         if now - self._last_ping >= self.PING_S and self.link.pool is not None:
             self._last_ping = now
             self.link.call("ping", lambda p, s: p.client.ping())
-        r = self.link.call("map", lambda p, s: s)
-        return r
+        host = self.link.call("map", lambda p, s: s)
+        if host is not None and host is not self._mapped:
+            # mapped anew (kvpoold restarted): the old mapping's registration goes once the
+            # copies using it are done
+            old, self._mapped = self._mapped, host
+            if old is not None and old.registered:
+                for _, ev, _, h in self._inflight:
+                    if h is old:
+                        ev.synchronize()
+                old.unregister_cuda()
+        return host
 
-    def _blocks(self, spec: GPULoadStoreSpec, n: int) -> Optional[torch.Tensor]:
-        ids = torch.from_numpy(spec.block_ids.astype(np.int64))
-        if self.k > 1 and any(int(i) % self.k for i in spec.block_indices):
-            return None  # a chunk split across the request's first block: not handled
-        if ids.numel() != n * self.k:
-            return None
-        return ids
-
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec,
-                     dst_spec: LoadStoreSpec) -> bool:
+    def _transfer(self, job_id: int, gpu: Any, pages_spec: Any, to_host: bool) -> bool:
+        """gpu: vLLM's GPULoadStoreSpec (0.33) or DevicePointers (0.34 on)."""
         host = self._host()
-        pages = torch.from_numpy(np.ascontiguousarray(dst_spec.pages[:, self.rank]))
-        ids = self._blocks(src_spec, len(pages))
-        ok = host is not None and ids is not None
-        if ok:
-            for t, off, sz in zip(self.tensors, self.offsets, self.sizes):
-                src = t.index_select(0, ids.to(t.device)).view(len(pages), self.k, sz)
-                host[:, :, off:off + sz].index_copy_(0, pages, src.to("cpu"))
-        self._done.append(TransferResult(job_id, ok, len(pages) * self.k * self.block_bytes))
+        pages = np.asarray(getattr(pages_spec, "pages", np.zeros((0, 1))))
+        pages = pages[:, self.rank] if pages.ndim == 2 and len(pages) else np.zeros(0, np.int64)
+        runs = None
+        if host is not None and len(pages) and int(pages.max()) < host.npages:
+            runs = self.layout.runs(gpu, pages, host, to_host)
+        if runs is None:
+            self._done.append(TransferResult(job_id, False, 0))
+            return True
+        if self.cuda:  # the mapping stays while the copy uses it (held by the entry)
+            self._inflight.append((job_id, self.copier.copy(runs), runs.nbytes, host))
+        else:
+            t0 = time.perf_counter()
+            self.copier.copy(runs)
+            self._done.append(TransferResult(job_id, True, runs.nbytes,
+                                             time.perf_counter() - t0))
         return True
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
+        """src_spec: the blocks (GPULoadStoreSpec; DevicePointers from vLLM 0.34 on)."""
+        return self._transfer(job_id, src_spec, dst_spec, True)
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: Any,
                     expedited: bool = False) -> bool:
-        host = self._host()
-        pages = torch.from_numpy(np.ascontiguousarray(src_spec.pages[:, self.rank]))
-        ids = self._blocks(dst_spec, len(pages))
-        ok = host is not None and ids is not None and len(pages) > 0
-        if ok:
-            for t, off, sz in zip(self.tensors, self.offsets, self.sizes):
-                src = host.index_select(0, pages)[:, :, off:off + sz].reshape(-1, sz)
-                t.index_copy_(0, ids.to(t.device), src.to(t.device, non_blocking=True))
-            if self.cuda:
-                torch.cuda.current_stream().synchronize()
-        self._done.append(TransferResult(job_id, ok, len(pages) * self.k * self.block_bytes))
-        return True
+        """dst_spec: the blocks (GPULoadStoreSpec; DevicePointers from vLLM 0.34 on)."""
+        return self._transfer(job_id, dst_spec, src_spec, False)
 
     def get_finished(self) -> list[TransferResult]:
+        while self._inflight and self._inflight[0][1].query():
+            job, _, n, _ = self._inflight.pop(0)
+            self._done.append(TransferResult(job, True, n))
         done, self._done = self._done, []
         return done
 
     def wait(self, job_ids: set[int]) -> None:
-        return
+        for job, ev, _, _ in self._inflight:
+            if job in job_ids:
+                ev.synchronize()
 
     def shutdown(self) -> None:
+        for _, ev, _, _ in self._inflight:
+            ev.synchronize()
+        for host in (self.link.state, self._mapped):
+            if isinstance(host, HostPages):
+                host.unregister_cuda()
         self.link.close()

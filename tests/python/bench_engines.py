@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""bench_engines.py [--quick] - the engine plug-ins' benchmark row, one JSON object a line in
-the row format of bench_kvpool.py:
+"""bench_engines.py [--quick] [--only=TEXT] - the engine plug-ins' benchmark rows (those whose
+name holds TEXT with --only), one JSON object a line in the row format of bench_kvpool.py:
   sglang.set_get_1000_pages  KvpoolStorage.batch_set_v1 + batch_get_v1 of 1,000 pages
                              (SGLang's own page_first_direct MHATokenToKVPoolHost, 4 layers x
                              8 heads x 128 x 16 tokens fp16: 256 KiB a page, K and V two keys
@@ -10,8 +10,14 @@ the row format of bench_kvpool.py:
   sglang.set_get_1000_pages_page_first_scattered
                              the same on a page_first host pool (a per-token gather) with
                              shuffled host indices (informational, same target)
+  vllm.store, vllm.load      kvpool.vllm's worker (KvpoolOffloadingWorker.submit_store /
+                             submit_load, as vLLM's OffloadingConnector calls it) of 512
+                             chunks of one block (8 layers' tensors of 64 KiB: 512 KiB a
+                             chunk, 256 MiB in all) between CPU block tensors (shuffled block
+                             ids) and kvpool's host pages, GB/s; against one numpy.copyto of
+                             the same bytes in the same process (ratio >= 0.8)
 Needs kvpoold ($KVPOOLD or build/daemon/kvpoold), the kvpool package, torch and sglang with its
-host pools (the engine venv scripts/pytest.sh makes, KVP_ENGINE_VENV).
+host pools, vllm (the engine venv scripts/pytest.sh makes, KVP_ENGINE_VENV).
 """
 import json
 import os
@@ -39,8 +45,12 @@ mlock = off
 def main():
     quick = "--quick" in sys.argv[1:]
     reps = 2 if quick else 5
-    bench("page_first_direct", False, reps)
-    bench("page_first", True, reps)
+    only = [a[len("--only="):] for a in sys.argv[1:] if a.startswith("--only=")]
+    if not only or any(o in "sglang.set_get_1000_pages" for o in only):
+        bench("page_first_direct", False, reps)
+        bench("page_first", True, reps)
+    if not only or any(o in "vllm.store vllm.load" for o in only):
+        bench_vllm(reps)
 
 
 def bench(layout, scattered, reps):
@@ -106,6 +116,112 @@ def bench(layout, scattered, reps):
             2 * nbytes / p_s / 1e9, "GB/s", "ratio >= 0.5",
             "batch_set_v1 + batch_exists + batch_get_v1, "
             + ("shuffled host indices" if scattered else "contiguous host indices"))
+    finally:
+        d.stop()
+
+
+VL, VPAGE, VN = 8, 64 << 10, 512  # layers (tensors), bytes of a layer's block, chunks
+VCONF = f"""
+[pool.vl]
+layers = {VL}
+kv_heads = 8
+head_dim = 128
+dtype = fp16
+page_tokens = 16
+device = none
+host_capacity = {(VN + 8) * 16}t
+mlock = off
+"""
+
+
+def bench_vllm(reps):
+    params = {"chunks": VN, "tensors": VL, "block_bytes": VPAGE, "reps": reps}
+    base_what = "numpy.copyto of the same bytes (one copy)"
+    try:
+        import numpy
+        import torch
+        from vllm.v1.kv_offload import base as vbase
+        from vllm.v1.kv_offload import config as vconf
+        from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    except BaseException as e:  # noqa: BLE001 - the skip reason
+        for n in ("vllm.store", "vllm.load"):
+            row(n, params, None, base_what, None, "GB/s", "ratio >= 0.8", f"skipped: {e}")
+        return
+    try:
+        from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+    except ImportError:
+        resolve_device_pointers = None
+    d = Daemon(VCONF)
+    try:
+        cfg = vconf.OffloadingConfig(
+            groups=(vconf.OffloadingGroupConfig(tokens_per_block=16, group_id=0,
+                                                layer_names=tuple(f"l{i}" for i in range(VL))),),
+            worker_kv_bytes_per_block=VL * VPAGE, enable_kv_cache_events=False,
+            extra_config={"spec_name": "KvpoolOffloadingSpec", "spec_module_path": "kvpool.vllm",
+                          "pool": "vl", "socket": d.sock},
+            engine_id="bench", model=vconf.OffloadingModelConfig(name="m", dtype="float16"),
+            cache=vconf.OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+            parallel=vconf.OffloadingParallelConfig(
+                rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                is_parallelism_agnostic=False))
+        spec = OffloadingSpecFactory.create_spec(cfg)
+        nblocks = 2 * VN
+        ts = [torch.randint(-128, 127, (nblocks, VPAGE), dtype=torch.int8) for _ in range(VL)]
+        caches = vbase.CanonicalKVCaches(
+            [vbase.CanonicalKVCacheTensor(t, VPAGE) for t in ts],
+            [[vbase.CanonicalKVCacheRef(i, VPAGE) for i in range(VL)]])
+        mgr, worker = spec.get_manager(), spec.get_worker(caches)
+        perm = torch.randperm(nblocks, generator=torch.Generator().manual_seed(2)).tolist()
+        src, dst = perm[:VN], perm[VN:]
+
+        def gpu(ids):
+            s = vbase.GPULoadStoreSpec(ids, [len(ids)], [0])
+            return resolve_device_pointers(s, caches) if resolve_device_pointers else s
+
+        ctx = vbase.ReqContext(req_id="bench")
+        keys = [vbase.make_offload_key(i.to_bytes(32, "big"), 0) for i in range(VN)]
+        out = mgr.prepare_store(keys, ctx)
+        assert out.keys_to_store == keys
+        nbytes = VN * VL * VPAGE
+        a = numpy.random.default_rng(0).integers(0, 255, nbytes, dtype=numpy.uint8)
+        c = numpy.empty_like(a)
+
+        def store():
+            g = gpu(src)
+            t0 = time.perf_counter()
+            worker.submit_store(1, g, out.store_spec)
+            dt = time.perf_counter() - t0
+            assert worker.get_finished()[0].success
+            return dt
+
+        def load():
+            g = gpu(dst)
+            t0 = time.perf_counter()
+            worker.submit_load(2, out.store_spec, g)
+            dt = time.perf_counter() - t0
+            assert worker.get_finished()[0].success
+            return dt
+
+        def memcpy():
+            t0 = time.perf_counter()
+            numpy.copyto(c, a)
+            return time.perf_counter() - t0
+
+        store(), load(), memcpy()
+        s_s = l_s = m_s = float("inf")
+        for _ in range(reps):  # interleaved, so all see the same machine
+            s_s, m_s = min(s_s, store()), min(m_s, memcpy())
+            l_s, m_s = min(l_s, load()), min(m_s, memcpy())
+        for t in ts:
+            for i in (0, VN // 2, VN - 1):
+                assert torch.equal(t[dst[i]], t[src[i]])
+        mgr.complete_store(keys, ctx)
+        mgr.shutdown(), worker.shutdown()
+        for n, sec in (("vllm.store", s_s), ("vllm.load", l_s)):
+            row(n, params, nbytes / m_s / 1e9, base_what, nbytes / sec / 1e9, "GB/s",
+                "ratio >= 0.8", "submit_store: block tensors to pages" if n == "vllm.store"
+                else "submit_load: pages to block tensors")
     finally:
         d.stop()
 

@@ -219,3 +219,33 @@ def test_example_exits_when_an_engine_process_dies(tmp_path):
                          capture_output=True, text=True, timeout=240)
     assert out.returncode != 0
     assert "failed (exit code 1)" in out.stderr, out.stderr
+
+
+def test_layer_interface_of_this_release(model, pool):
+    """The cache answers the installed release's layer interface (transformers 5: mask sizes
+    of a query length, get_max_length, crop of the tokens to remove, crop(0) keeping them;
+    4.x: mask sizes of the cache positions, get_max_cache_shape, crop to a length)."""
+    import transformers
+
+    v5 = int(transformers.__version__.split(".")[0]) >= 5
+    ids = hf_model.user_prompt(seed=21)
+    with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+        model(ids, past_key_values=cache)
+        n = ids.shape[1]
+        assert cache.get_seq_length() == n
+        layer = cache.layers[0]
+        if v5:
+            assert cache.get_max_length() == -1
+            assert cache.get_mask_sizes(3, 0) == (n + 3, 0)
+            cache.crop(0)
+            assert cache.get_seq_length() == n
+        else:
+            assert layer.get_max_cache_shape() == -1
+            assert layer.get_mask_sizes(torch.arange(n, n + 3)) == (n + 3, 0)
+        cache.crop(-2)
+        assert cache.get_seq_length() == n - 2
+        cache.crop(n - 4)
+        assert cache.get_seq_length() == n - 4
+        # what the cache still holds computes the same next logits as a full recompute
+        out = model(ids[:, n - 4:], past_key_values=cache).logits
+        check_against_full(model, ids, n - 4, out)

@@ -23,12 +23,16 @@ except Exception as e:  # noqa: BLE001 - any import failure is the skip reason
     from engine_util import ENGINE_VENV_HINT
     pytest.skip(f"vllm 0.33.0 with kv_cache_utils does not import here: {type(e).__name__}: "
                 f"{e}; {ENGINE_VENV_HINT}", allow_module_level=True)
+try:  # vLLM 0.34 on hands the worker the blocks' addresses (DevicePointers)
+    from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+except ImportError:
+    resolve_device_pointers = None
 import kvpool  # noqa: E402
 from kvpool.vllm import KvpoolOffloadingSpec  # noqa: E402
 
 T = 4
 BLOCK = 512  # bytes of one worker's block: the page_bytes of pool "vl" (2*2*2*4*8*2)
-CONF = DEFAULT_CONF + host_pool("vl")
+CONF = DEFAULT_CONF + host_pool("vl") + host_pool("vl2", head_dim=16)  # pages of 512, 1024
 
 
 def block_keys(tokens, group=0):
@@ -43,7 +47,7 @@ def block_keys(tokens, group=0):
     return out
 
 
-def config(sock, rank=0, world=1, **extra):
+def config(sock, rank=0, world=1, blocks_per_chunk=1, **extra):
     e = {"spec_name": "KvpoolOffloadingSpec", "spec_module_path": "kvpool.vllm", "pool": "vl",
          "socket": sock}
     e.update(extra)
@@ -53,7 +57,7 @@ def config(sock, rank=0, world=1, **extra):
         worker_kv_bytes_per_block=BLOCK, enable_kv_cache_events=True,
         extra_config=json.loads(json.dumps(e)), engine_id=f"engine-{rank}",
         model=vconf.OffloadingModelConfig(name="m", dtype="float16"),
-        cache=vconf.OffloadingCacheConfig(tokens_per_hash=T, blocks_per_chunk=1),
+        cache=vconf.OffloadingCacheConfig(tokens_per_hash=T, blocks_per_chunk=blocks_per_chunk),
         parallel=vconf.OffloadingParallelConfig(
             rank=rank, world_size=world, tp_size=world, pp_size=1, pcp_size=1, dcp_size=1,
             data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
@@ -72,8 +76,12 @@ def gpu_blocks(nblocks=32, seed=0):
     return caches, ts
 
 
-def gspec(ids):
-    return vbase.GPULoadStoreSpec(list(ids), [len(ids)], [0])
+def gspec(ids, worker=None):
+    """The blocks of a transfer as vLLM's connector hands them to the worker."""
+    s = vbase.GPULoadStoreSpec(list(ids), [len(ids)], [0])
+    if worker is not None and resolve_device_pointers is not None:
+        return resolve_device_pointers(s, worker.kv_caches)
+    return s
 
 
 def store(mgr, worker, keys, blocks, ctx, job=1):
@@ -84,7 +92,7 @@ def store(mgr, worker, keys, blocks, ctx, job=1):
     idx = {k: i for i, k in enumerate(keys)}
     src = [blocks[idx[k]] for k in out.keys_to_store]
     if out.keys_to_store:
-        assert worker.submit_store(job, gspec(src), out.store_spec)
+        assert worker.submit_store(job, gspec(src, worker), out.store_spec)
         res = worker.get_finished()
         assert [r.job_id for r in res] == [job]
         mgr.complete_store(out.keys_to_store, ctx, success=res[0].success)
@@ -102,8 +110,9 @@ def load(mgr, worker, keys, blocks, ctx, job=2):
     if not hits:
         return 0, None
     spec = mgr.prepare_load(keys[:hits], ctx)
-    mgr.touch(keys[:hits], ctx)
-    assert worker.submit_load(job, spec, gspec(blocks[:hits]))
+    if hasattr(vbase.OffloadingManager, "touch"):  # vLLM 0.33
+        mgr.touch(keys[:hits], ctx)
+    assert worker.submit_load(job, spec, gspec(blocks[:hits], worker))
     res = worker.get_finished()
     mgr.complete_load(keys[:hits], ctx)
     return hits, res[0].success
@@ -185,14 +194,14 @@ def test_tp_ranks(daemon):
     keys = block_keys(list(range(500, 500 + 2 * T)))
     out = mgr.prepare_store(keys, ctx)
     assert out.store_spec.pages.shape == (2, 2)
-    w0.submit_store(1, gspec([1, 2]), out.store_spec)
-    w1.submit_store(1, gspec([1, 2]), out.store_spec)
+    w0.submit_store(1, gspec([1, 2], w0), out.store_spec)
+    w1.submit_store(1, gspec([1, 2], w1), out.store_spec)
     assert w0.get_finished()[0].success and w1.get_finished()[0].success
     mgr.complete_store(out.keys_to_store, ctx)
     assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.HIT
     spec = mgr.prepare_load(keys, ctx)
-    w0.submit_load(2, spec, gspec([10, 11]))
-    w1.submit_load(2, spec, gspec([10, 11]))
+    w0.submit_load(2, spec, gspec([10, 11], w0))
+    w1.submit_load(2, spec, gspec([10, 11], w1))
     assert w0.get_finished()[0].success and w1.get_finished()[0].success
     mgr.complete_load(keys, ctx)
     for t in t0 + t1:
@@ -205,10 +214,22 @@ def test_geometry_checked(daemon):
     cfg = config(daemon.sock)
     bad = vconf.OffloadingConfig(**{**cfg.__dict__, "worker_kv_bytes_per_block": 1024})
     spec = OffloadingSpecFactory.create_spec(bad)
-    mgr = spec.get_manager()
-    assert mgr.stats()["geometry_mismatch"] == 1
+    # refused when the engine starts, the bytes vLLM needs named
+    with pytest.raises(kvpool.GeometryMismatch, match="page_bytes 512 != vLLM's 1024 bytes"):
+        spec.get_manager()
+    caches, _ = gpu_blocks()
+    with pytest.raises(kvpool.GeometryMismatch, match="page_bytes 512"):
+        spec.get_worker(caches)
+    # a pool recreated with another geometry after the start: counted, lookups miss
+    good = OffloadingSpecFactory.create_spec(cfg)
+    mgr = good.get_manager()
+    mgr.spec = spec
+    mgr.link.check = lambda p: spec.check_pool(p)
+    mgr.link.drop()
     assert mgr.lookup(block_keys(list(range(T)))[0], vbase.ReqContext("g")) == \
         vbase.LookupResult.MISS
+    assert mgr.stats()["geometry_mismatch"] == 1
+    mgr.shutdown()
     with pytest.raises(ValueError, match="pool"):
         OffloadingSpecFactory.create_spec(vconf.OffloadingConfig(
             **{**cfg.__dict__, "extra_config": {"spec_name": "KvpoolOffloadingSpec",
@@ -262,7 +283,7 @@ def test_kvpoold_killed_and_restarted(own_daemon):
     assert mgr.lookup(keys[0], ctx) == vbase.LookupResult.MISS
     assert mgr.prepare_store(keys, ctx) is None
     s = mgr.prepare_load(keys, ctx)
-    assert worker.submit_load(5, s, gspec([8, 9]))
+    assert worker.submit_load(5, s, gspec([8, 9], worker))
     assert worker.get_finished()[0].success is False
     mgr.complete_load(keys, ctx)
     restart(d)
@@ -313,4 +334,87 @@ def test_two_instances(daemon):
     assert load(mgr, worker, keys, [16, 17, 18, 19], vbase.ReqContext(req_id="b")) == (4, True)
     for t, r in zip(ts, ref):
         assert torch.equal(t[16:20], r[4:8])
+    mgr.shutdown(), worker.shutdown()
+
+
+def test_layout_past_the_page_refused(daemon):
+    """Block tensors whose chunk layout needs more than the pool's page: the worker is refused
+    when it starts, GeometryMismatch naming the bytes each group needs."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    ts = [torch.zeros((8, 512), dtype=torch.int8) for _ in range(2)]
+    caches = vbase.CanonicalKVCaches(
+        tensors=[vbase.CanonicalKVCacheTensor(t, 512) for t in ts],
+        group_data_refs=[[vbase.CanonicalKVCacheRef(0, 512)],
+                         [vbase.CanonicalKVCacheRef(1, 512)]])
+    with pytest.raises(kvpool.GeometryMismatch, match=r"needs pages of 1024 bytes \(group 0 "
+                       r"\(vLLM group 0, full\): 1 tensors, 512 bytes per block, 512 bytes of a "
+                       r"page; group 1: 1 tensors, 512 bytes per block, 1024 bytes of a page\), "
+                       r"the pool's hold 512"):
+        spec.get_worker(caches)
+
+
+def test_chunks_of_two_blocks_and_a_partial_first_chunk(daemon):
+    """blocks_per_chunk 2 with two groups: a load that starts in the middle of a chunk
+    (block_indices odd) takes the chunk's second block, as vLLM's own CPU worker does."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock, blocks_per_chunk=2, pool="vl2"))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(nblocks=32, seed=5)
+    caches = vbase.CanonicalKVCaches(caches.tensors, [[vbase.CanonicalKVCacheRef(0, 256)],
+                                                      [vbase.CanonicalKVCacheRef(1, 256)]])
+    worker = spec.get_worker(caches)
+    ctx = vbase.ReqContext(req_id="k2")
+    keys = [vbase.make_offload_key(bytes([i]) * 32, g) for g in (0, 1) for i in (1, 2)]
+    out = mgr.prepare_store(keys, ctx)
+    assert out.keys_to_store == keys and out.store_spec.pages.shape == (4, 1)
+    # group 0: blocks 1..4 (two chunks), group 1: blocks 5..8
+    src = vbase.GPULoadStoreSpec(list(range(1, 9)), [4, 4], [0, 0])
+    if resolve_device_pointers is not None:
+        src = resolve_device_pointers(src, caches)
+    assert worker.submit_store(1, src, out.store_spec)
+    assert worker.get_finished()[0].success
+    mgr.complete_store(set(keys), ctx)
+    assert all(mgr.lookup(k, ctx) == vbase.LookupResult.HIT for k in keys)
+    # load the last 3 blocks of each group (skip 1 of the first chunk)
+    spec_l = mgr.prepare_load(keys, ctx)
+    dst = vbase.GPULoadStoreSpec([20, 21, 22, 24, 25, 26], [3, 3], [1, 1])
+    if resolve_device_pointers is not None:
+        dst = resolve_device_pointers(dst, caches)
+    assert worker.submit_load(2, spec_l, dst)
+    assert worker.get_finished()[0].success
+    mgr.complete_load(set(reversed(keys)), ctx)
+    assert torch.equal(ts[0][20:23], ts[0][2:5])
+    assert torch.equal(ts[1][24:27], ts[1][6:9])
+    # group 1 wrote only tensor 1's region: tensor 0 of the destination untouched there
+    assert not torch.equal(ts[0][24:27], ts[0][6:9])
+    assert daemon.pool_books("vl2")["host"]["protected_tokens"] == 0
+    mgr.shutdown(), worker.shutdown()
+
+
+def test_chain_in_request_order_across_stores(daemon):
+    """A request's chunks stored in two steps, each completed with a set (vLLM's container):
+    they form one chain in the request's order, so kvpoold's leaves-first eviction takes the
+    request's last chunks first and the ones left are a prefix."""
+    spec = OffloadingSpecFactory.create_spec(config(daemon.sock))
+    mgr = spec.get_manager()
+    caches, ts = gpu_blocks(seed=8)
+    worker = spec.get_worker(caches)
+    c = kvpool.connect(daemon.sock)
+    c.flush("vl")
+    ctx = vbase.ReqContext(req_id="chain")
+    keys = block_keys(list(range(5000, 5000 + 8 * T)))
+    for i, k in enumerate(keys):
+        ctx.set_offload_key_position(k, (i + 1) * T)
+    for part in (keys[:4], keys[4:]):
+        out = mgr.prepare_store(part, ctx)
+        assert worker.submit_store(1, gspec(range(1, 1 + len(part)), worker), out.store_spec)
+        assert worker.get_finished()[0].success
+        mgr.complete_store(set(reversed(part)), ctx)
+    assert [mgr.lookup(k, ctx) for k in keys] == [vbase.LookupResult.HIT] * 8
+    # three pages' tokens evicted: the chain's last three keys
+    assert c.evict("vl", 3 * T, tier="host") >= 3 * T
+    assert [mgr.lookup(k, ctx) == vbase.LookupResult.HIT for k in keys] == [True] * 5 + \
+        [False] * 3
+    mgr.on_request_finished(ctx)
+    assert not mgr._tails
+    c.close()
     mgr.shutdown(), worker.shutdown()
