@@ -330,7 +330,7 @@ static void node_start(struct node *n, int port, const char *mode)
 	struct kvp_error err;
 
 	snprintf(conf, sizeof(conf),
-		 "%s%d\n%s%s[pool.p]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"
+		 "%s%d\n%s%s\n[pool.p]\nlayers = 4\nkv_heads = 2\nhead_dim = 64\ndtype = fp16\n"
 		 "page_tokens = %d\nhost_capacity = %dt\nmlock = off\nremote = %s\n",
 		 mode ? "[remote]\nmatch_max_pages = 64\nseeds = 127.0.0.1:" : "# ", port,
 		 mode ? "secret = " : "# ", mode ? h_secret_src() : "", N_PT, N_HOST * N_PT,
