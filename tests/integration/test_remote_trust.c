@@ -135,6 +135,36 @@ struct seen {
 	int forged;	  /* bytes equal to the forger's 0x41 (page 0's first row) */
 };
 
+/* Waits (5 s at most) until the node at sock has loaded the cluster's slot map: a node just
+ * started connects in the background, and a probe before that finds no master. */
+static void remote_ready(const char *sock)
+{
+	for (int i = 0; i < 500 && counter(sock, "remote_slot_map_loads") < 1; i++)
+		usleep(10000);
+}
+
+/* A probe that must have fetched every page: on a shortfall, the node's remote figures say
+ * why (a timeout, a dropped write, a node not connected yet). */
+static void expect_all_fetched(const struct seen *s, const char *sock)
+{
+	if (s->fetched != NP)
+		fprintf(stderr,
+			"fetched %d of %d (remote_pages %d): written %ld, timeouts %ld, dropped %ld, "
+			"pauses %ld, misses %ld, bad values %ld, node down %ld, no master %ld, "
+			"slot maps %ld\n",
+			s->fetched, NP, s->remote_pages,
+			(long)counter(sock, "remote_written_pages"),
+			(long)counter(sock, "remote_timeouts"),
+			(long)counter(sock, "remote_spill_dropped"),
+			(long)counter(sock, "remote_set_pauses"),
+			(long)counter(sock, "remote_fetch_misses"),
+			(long)counter(sock, "remote_bad_values"),
+			(long)counter(sock, "remote_node_down"),
+			(long)counter(sock, "remote_no_master"),
+			(long)counter(sock, "remote_slot_map_loads"));
+	CU_ASSERT_EQUAL(s->fetched, NP);
+}
+
 /* As uid (0: root), on pool ns of node sock: publish (pattern seq) prompt, or probe it (Match
  * then Fetch, the fetched bytes checked against pattern seq). */
 static struct seen as_user(uid_t uid, const char *sock, const char *pool, uint64_t ns,
@@ -241,11 +271,11 @@ static void test_pools_of_other_users_share_nothing(void)
 	/* each pool reads its own content back from the cluster: the writes landed */
 	CU_ASSERT_EQUAL(flush(g_d.sock, "a"), 0);
 	s = probe(ALICE, g_d.sock, "a", 0, 1);
-	CU_ASSERT_EQUAL(s.fetched, NP);
+	expect_all_fetched(&s, g_d.sock);
 	CU_ASSERT_EQUAL(s.bad, 0);
 	CU_ASSERT_EQUAL(flush(g_d.sock, "b"), 0);
 	s = probe(BOB, g_d.sock, "b", 0, 2);
-	CU_ASSERT_EQUAL(s.fetched, NP);
+	expect_all_fetched(&s, g_d.sock);
 	CU_ASSERT_EQUAL(s.bad, 0);
 }
 
@@ -259,7 +289,7 @@ static void test_scope_shares_and_bindings_apply(void)
 	s = probe(BOB, g_d.sock, "d", 0, 3);
 	CU_ASSERT_EQUAL(s.rc, 0);
 	CU_ASSERT_EQUAL(s.remote_pages, NP);
-	CU_ASSERT_EQUAL(s.fetched, NP);
+	expect_all_fetched(&s, g_d.sock);
 	CU_ASSERT_EQUAL(s.bad, 0);
 	publish(ALICE, "c", 5, 4);
 	s = probe(BOB, g_d.sock, "d", 5, 4);
@@ -269,7 +299,7 @@ static void test_scope_shares_and_bindings_apply(void)
 	/* alice reads namespace 5 of c back: it is there */
 	CU_ASSERT_EQUAL(flush(g_d.sock, "c"), 0);
 	s = probe(ALICE, g_d.sock, "c", 5, 4);
-	CU_ASSERT_EQUAL(s.fetched, NP);
+	expect_all_fetched(&s, g_d.sock);
 	CU_ASSERT_EQUAL(s.bad, 0);
 }
 
@@ -379,10 +409,11 @@ static void test_auth_from_file_and_credential(void)
 	CU_ASSERT_EQUAL(chmod(path, 0400), 0);
 	setenv("CREDENTIALS_DIRECTORY", cred, 1);
 	CU_ASSERT_EQUAL_FATAL(h_daemon_start(&n2, conf_node("credential:redis-password"), NULL), 0);
+	remote_ready(n2.sock);
 	unsetenv("CREDENTIALS_DIRECTORY");
 	s = probe(0, n2.sock, "e", 0, 7);
 	CU_ASSERT_EQUAL(s.rc, 0);
-	CU_ASSERT_EQUAL(s.fetched, NP);
+	expect_all_fetched(&s, n2.sock);
 	CU_ASSERT_EQUAL(s.bad, 0);
 	CU_ASSERT_EQUAL(counter(n2.sock, "remote_auth_failures"), 0);
 	CU_ASSERT_EQUAL(h_daemon_finish(&n2), 0);
