@@ -501,7 +501,7 @@ int kvp_cache_load(struct kvp_pool *p, uint64_t lock_id, uint32_t *device_pages,
 struct kvp_cache_prefix {
 	size_t struct_size;
 	uint64_t tokens, hits, ns; /* tokens: of the chain through the page (pages * page_tokens) */
-	uint64_t keyed;		   /* 1: a page of key calls, 0: of token calls (0.3.1) */
+	uint64_t keyed;		   /* 1: a page of key calls, 0: of token calls (0.3) */
 };
 /* The most-hit cached pages of pool `pool`, of both kinds of calls (NULL or "": the first pool), a
  * listing (see kvp_session_list). Returns the count or a negative code (KVP_E_NO_SUCH_POOL). */
@@ -540,8 +540,8 @@ int kvp_admin_reload(struct kvp_client *c, struct kvp_reload_item *entries, uint
 /* ---- hash-keyed pages (0.3) ---- */
 /* A namespace's pages may be named by an engine's chain of page keys instead of token ids: each
  * key an opaque string of 1 .. 64 bytes that already folds in its parent (a chained page hash).
- * A namespace is token-keyed or hash-keyed while it holds cached pages; a call of the other kind
- * on it answers KVP_E_INVALID_ARGUMENT. More keys in one call than the daemon's
+ * Token and key pages share a namespace and the pool's one page index: each kind of call matches
+ * only its own pages. More keys in one call than the daemon's
  * max_keys_per_call (default and most KVP_PAGE_KEYS_MAX), a key of more than its max_key_bytes
  * (default and most KVP_PAGE_KEY_BYTES_MAX) bytes, or more key bytes than one frame holds
  * answer KVP_E_LIMIT_EXCEEDED (detail: limit, what "keys per call", "bytes per key" or "key
