@@ -278,6 +278,34 @@ static void test_restart_corrupt_books_start_empty(void)
 	finish(c, pid);
 }
 
+/* Books of the previous format (version 1: a token tree beside a key cache, before the one
+ * page index) are not read: the pool starts empty and says why, once. */
+static void test_restart_old_books_start_empty(void)
+{
+	uint32_t tok[2 * PT], pages[2], host[8], v = 1;
+	struct kvp_match_result m;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	int restarted = 0;
+	pid_t pid;
+
+	pid = start();
+	p = engine("old-books-engine", &c);
+	publish(p, 2, 9, 0, 0, tok, pages);
+	sup_stop(pid, SIGTERM); /* clean: the books list the 2 pages */
+	{ /* the header's version (after the 8-byte magic) as an older kvpoold wrote it */
+		int mfd = h_fdsup_fd(&g_s, ".meta");
+
+		CU_ASSERT_FATAL(mfd >= 0);
+		CU_ASSERT_EQUAL(pwrite(mfd, &v, sizeof(v), 8), (ssize_t)sizeof(v));
+	}
+	pid = sup_start();
+	CU_ASSERT_EQUAL(match_retry(p, tok, 2 * PT, &m, host, &restarted), 0);
+	CU_ASSERT_EQUAL(m.matched_tokens, 0);
+	CU_ASSERT_EQUAL(h_fdsup_log_count(&g_s, "books of version 1, this kvpoold reads 2"), 1);
+	finish(c, pid);
+}
+
 /* A changed host size: the stored pool is released, the new one created afresh. */
 static void test_restart_geometry_change_fresh_pool(void)
 {
@@ -569,6 +597,7 @@ int main(void)
 		H_TEST(test_restart_clean_keeps_cache_lease_and_mapping),
 		H_TEST(test_restart_corrupt_books_start_empty),
 		H_TEST(test_restart_geometry_change_fresh_pool),
+		H_TEST(test_restart_old_books_start_empty),
 		H_TEST(test_restart_key_chains_out_of_order),
 		H_TEST(test_restart_without_store_maps_new_memory),
 		H_TEST(test_restart_after_grace_reclaimed),
