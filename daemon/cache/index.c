@@ -414,7 +414,7 @@ static void hits_set(struct kvp_index *kc, uint32_t i, uint32_t hits)
 	int l = (int)e->list;
 
 	hits = hits > HITS_MAX ? HITS_MAX : hits;
-	if (l == LIST_DEV || l == LIST_HOST) {
+	if (kc->conf.policy == KVP_EVICT_POLICY_LFU && (l == LIST_DEV || l == LIST_HOST)) {
 		struct kc_entry t = *e;
 
 		t.hits = hits;
