@@ -847,6 +847,32 @@ static bool upgrade(struct kvp_index *kc, uint32_t at, enum kvp_tier_id tier, ui
 	return true;
 }
 
+/* One position of an insert, pos in dup_idx's numbering: at is its cached entry (NONE: not
+ * cached) for key k (and tokens t: a token page) under parent, offered page (KVP_PAGE_NONE:
+ * the caller holds none, the position is cached). A cached position keeps its entry: the page
+ * upgrades it or is a duplicate; a new one takes the page. Returns the position's entry. */
+static uint32_t insert_at(struct kvp_index *kc, uint32_t nsi, uint32_t h, const struct kvp_key *k,
+			  const uint32_t *t, uint32_t parent, enum kvp_tier_id tier, uint32_t page,
+			  uint32_t at, uint32_t pos, struct kvp_index_insert_result *r,
+			  uint32_t *dup_idx)
+{
+	if (page == KVP_PAGE_NONE)
+		return at;
+	if (at != NONE) {
+		if (upgrade(kc, at, tier, page)) {
+			r->new_pages++;
+		} else {
+			if (dup_idx)
+				dup_idx[r->dup_pages] = pos;
+			r->dup_pages++;
+		}
+		return at;
+	}
+	kvp_pages_move(kc->tier[tier], page, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
+	r->new_pages++;
+	return entry_new(kc, nsi, h, k, t, parent, (int)tier, page);
+}
+
 int kvp_index_insert(struct kvp_index *kc, uint64_t ns, const struct kvp_key *keys, uint32_t n,
 		     uint32_t cached, enum kvp_tier_id tier, const uint32_t *pages,
 		     struct kvp_index_insert_result *res, uint32_t *dup_idx)
@@ -877,23 +903,11 @@ int kvp_index_insert(struct kvp_index *kc, uint64_t ns, const struct kvp_key *ke
 		uint32_t h = key_hash(kc, ns, keys[i].data, keys[i].len);
 		uint32_t at = find(kc, nsi, h, &keys[i]);
 
-		if (i < cached) {
-			if (at == NONE)
-				break; /* evicted since the caller matched it */
-		} else if (at != NONE) {
-			if (upgrade(kc, at, tier, pages[i - cached])) {
-				r.new_pages++;
-			} else {
-				if (dup_idx)
-					dup_idx[r.dup_pages] = i - cached;
-				r.dup_pages++;
-			}
-		} else {
-			kvp_pages_move(kc->tier[tier], pages[i - cached], KVP_PAGE_LEASED,
-				       KVP_PAGE_CACHED);
-			at = entry_new(kc, nsi, h, &keys[i], NULL, parent, tier, pages[i - cached]);
-			r.new_pages++;
-		}
+		if (i < cached && at == NONE)
+			break; /* evicted since the caller matched it */
+		at = insert_at(kc, nsi, h, &keys[i], NULL, parent, tier,
+			       i < cached ? KVP_PAGE_NONE : pages[i - cached], at,
+			       i < cached ? 0 : i - cached, &r, dup_idx);
 		parent = at;
 		r.done_keys = i + 1;
 	}
@@ -937,23 +951,10 @@ int kvp_index_insert_tokens(struct kvp_index *kc, uint64_t ns, const uint32_t *t
 			h = tok_hash(kc, ns, parent == NONE ? 0 : h, t);
 			at = find_tok(kc, nsi, h, parent, t);
 		}
-		if (pages[i] == KVP_PAGE_NONE) {
-			if (at == NONE)
-				break; /* evicted since the caller matched it */
-		} else if (at != NONE) {
-			if (upgrade(kc, at, tier, pages[i])) {
-				r.new_pages++;
-			} else {
-				if (dup_idx)
-					dup_idx[r.dup_pages] = i;
-				r.dup_pages++;
-			}
-		} else {
-			kvp_pages_move(kc->tier[tier], pages[i], KVP_PAGE_LEASED, KVP_PAGE_CACHED);
-			at = entry_new(kc, nsi, h, &(struct kvp_key){ 0, NULL }, t, parent, tier,
-				       pages[i]);
-			r.new_pages++;
-		}
+		if (pages[i] == KVP_PAGE_NONE && at == NONE)
+			break; /* evicted since the caller matched it */
+		at = insert_at(kc, nsi, h, &(struct kvp_key){ 0, NULL }, t, parent, tier, pages[i],
+			       at, i, &r, dup_idx);
 		parent = at;
 		r.done_keys = i + 1;
 	}
