@@ -1099,6 +1099,25 @@ int kvp_index_set_hits(struct kvp_index *kc, uint64_t ns, const struct kvp_key *
 	return 0;
 }
 
+static uint32_t run_tok(const struct kvp_index *kc, uint64_t ns, const uint32_t *tokens, uint32_t n,
+			uint32_t *out);
+
+int kvp_index_token_key(struct kvp_index *kc, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+			uint8_t out[KVP_PAGE_KEY_BYTES])
+{
+	uint32_t *idx, run;
+
+	if (!kc || !tokens || !npages || !kc->conf.page_tokens)
+		return -EINVAL;
+	if (!(idx = malloc((size_t)npages * sizeof(*idx))))
+		return -ENOMEM;
+	run = run_tok(kc, ns, tokens, npages, idx);
+	if (run == npages)
+		memcpy(out, page_key(kc, idx[npages - 1]), KVP_PAGE_KEY_BYTES);
+	free(idx);
+	return run == npages ? 0 : -ENOENT;
+}
+
 const uint32_t *kvp_index_lock_tokens(const struct kvp_index *kc, const struct kvp_index_lock *lock,
 				      uint32_t i)
 {

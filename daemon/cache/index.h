@@ -229,6 +229,11 @@ int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_
  * points into the cache (valid until it changes). 0 or -EINVAL. */
 int kvp_index_lock_key(struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t i,
 		       struct kvp_key *k, uint64_t *ns);
+/* The key of page npages - 1 of tokens[0 .. npages * page_tokens) in ns, when all those pages
+ * are cached (derived now if it was not yet): 0, -ENOENT (not all cached), -EINVAL, -ENOMEM.
+ * The remote tier chains the keys of the pages after it from there. */
+int kvp_index_token_key(struct kvp_index *kc, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+			uint8_t out[KVP_PAGE_KEY_BYTES]);
 /* Tokens of entry i of a lock's run (page_tokens ids; token pages only), NULL otherwise. */
 const uint32_t *kvp_index_lock_tokens(const struct kvp_index *kc, const struct kvp_index_lock *lock,
 				      uint32_t i);

@@ -19,6 +19,12 @@ int kvp_pool_match_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *
 	return kvp_index_match(p->ix, ns, keys, n, lock, m, dev, host);
 }
 
+int kvp_pool_token_key(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t npages,
+		       uint8_t out[KVP_PAGE_KEY_BYTES])
+{
+	return kvp_index_token_key(p->ix, ns, tokens, npages, out);
+}
+
 uint32_t kvp_pool_exists_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys,
 			      uint32_t n)
 {

@@ -445,13 +445,17 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
 		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
-	uint32_t pt = rp->p->conf.page_tokens;
+	uint32_t pt = rp->p->conf.page_tokens, i = 0;
 	uint8_t h[KVP_RV_HASH_SIZE];
 	char nsn[NS_NAME_MAX];
 	int k;
 
 	ns_name(rp, ns, 0, nsn);
-	for (uint32_t i = 0; i < to; i++) {
+	/* the chain from the index's key of the last local page, when it is still cached: the
+	 * pages after it are hashed, not the whole path */
+	if (from && kvp_pool_token_key(rp->p, ns, tokens, from, h) == 0)
+		i = from;
+	for (; i < to; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
 		if (i < from)
 			continue;
