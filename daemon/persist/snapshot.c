@@ -860,6 +860,26 @@ struct restored {
 	uint32_t sessions, leases, locks;
 };
 
+/* Books a restored match's lock (n pages, all of the run) as s's under id; a short or failed
+ * match books nothing and keeps no lock. 0 or -1. */
+static int book_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_t id,
+		     const struct kvp_index_match *m, uint32_t n)
+{
+	struct kvp_lock *k;
+
+	if (!m->lock)
+		return -1;
+	if (m->dev_pages + m->host_pages != n || !(k = kvp_session_lock_alloc())) {
+		kvp_index_unlock(p->ix, m->lock);
+		return -1;
+	}
+	k->id = id;
+	k->pool = p;
+	k->run = m->lock;
+	k->pages = n;
+	return kvp_session_lock_restore(s, k);
+}
+
 /* Takes the lock of a run of token pages again (match with lock) and books it as s's under id. */
 static int restore_token_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_t id, uint64_t ns,
 			      const uint8_t *tok, uint32_t npages)
@@ -868,25 +888,14 @@ static int restore_token_lock(struct kvpd_pool *p, struct kvp_session *s, uint64
 	uint32_t *host = calloc((size_t)npages + 1, sizeof(uint32_t));
 	uint32_t *t = malloc((size_t)npages * p->conf.page_tokens * 4 + 4);
 	struct kvp_index_match m = { 0 };
-	struct kvp_lock *k;
 	int r = -1;
 
 	if (!dev || !host || !t || !tok || !npages)
 		goto out;
 	memcpy(t, tok, (size_t)npages * p->conf.page_tokens * 4);
-	if (kvp_index_match_tokens(p->ix, ns, t, npages * p->conf.page_tokens, 1, &m, dev, host) <
-		    0 ||
-	    !m.lock)
-		goto out;
-	if (m.dev_pages + m.host_pages != npages || !(k = kvp_session_lock_alloc())) {
-		kvp_index_unlock(p->ix, m.lock);
-		goto out;
-	}
-	k->id = id;
-	k->pool = p;
-	k->run = m.lock;
-	k->pages = npages;
-	r = kvp_session_lock_restore(s, k);
+	if (kvp_index_match_tokens(p->ix, ns, t, npages * p->conf.page_tokens, 1, &m, dev, host) ==
+	    0)
+		r = book_lock(p, s, id, &m, npages);
 out:
 	free(dev);
 	free(host);
@@ -900,24 +909,13 @@ static int restore_keys_lock(struct kvpd_pool *p, struct kvp_session *s, uint64_
 	uint32_t *dev = calloc((size_t)n + 1, sizeof(uint32_t));
 	uint32_t *host = calloc((size_t)n + 1, sizeof(uint32_t));
 	struct kvp_index_match m = { 0 };
-	struct kvp_lock *k;
 	int r = -1;
 
 	for (uint32_t i = 0; i < n; i++)
 		if (!keys[i].data || !keys[i].len)
 			goto out;
-	if (!dev || !host || !n || kvp_index_match(p->ix, ns, keys, n, 1, &m, dev, host) < 0 ||
-	    !m.lock)
-		goto out;
-	if (m.dev_pages + m.host_pages != n || !(k = kvp_session_lock_alloc())) {
-		kvp_index_unlock(p->ix, m.lock);
-		goto out;
-	}
-	k->id = id;
-	k->pool = p;
-	k->run = m.lock;
-	k->pages = kvp_index_lock_pages(m.lock);
-	r = kvp_session_lock_restore(s, k);
+	if (dev && host && n && kvp_index_match(p->ix, ns, keys, n, 1, &m, dev, host) == 0)
+		r = book_lock(p, s, id, &m, n);
 out:
 	free(dev);
 	free(host);
