@@ -1085,20 +1085,6 @@ int kvp_index_lock_key(struct kvp_index *kc, const struct kvp_index_lock *lock, 
 	return 0;
 }
 
-int kvp_index_set_hits(struct kvp_index *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits)
-{
-	uint32_t nsi = ns_find(kc, ns), at;
-
-	if (nsi == NONE || !key_ok(k))
-		return -ENOENT;
-	at = find(kc, nsi, key_hash(kc, ns, k->data, k->len), k);
-	if (at == NONE)
-		return -ENOENT;
-	if (kc->ent[at].hits < hits)
-		hits_set(kc, at, hits);
-	return 0;
-}
-
 static uint32_t run_tok(const struct kvp_index *kc, uint64_t ns, const uint32_t *tokens, uint32_t n,
 			uint32_t *out);
 
@@ -1132,17 +1118,6 @@ const uint32_t *kvp_index_lock_tokens(const struct kvp_index *kc, const struct k
 bool kvp_index_lock_tokened(const struct kvp_index *kc, const struct kvp_index_lock *lock)
 {
 	return kc && lock && lock->n && kc->ent[lock->idx[0]].tok;
-}
-
-void kvp_index_lock_set_hits(struct kvp_index *kc, const struct kvp_index_lock *lock, uint32_t hits)
-{
-	uint32_t i;
-
-	if (!kc || !lock || !lock->n)
-		return;
-	i = lock->idx[lock->n - 1];
-	if (kc->ent[i].hits < hits)
-		hits_set(kc, i, hits);
 }
 
 /* Chain depth of entry i in pages. */

@@ -239,9 +239,6 @@ const uint32_t *kvp_index_lock_tokens(const struct kvp_index *kc, const struct k
 				      uint32_t i);
 /* Whether a lock's run is of token pages. */
 bool kvp_index_lock_tokened(const struct kvp_index *kc, const struct kvp_index_lock *lock);
-/* Sets the hit count of the last entry a lock pins to at least hits (a restore). */
-void kvp_index_lock_set_hits(struct kvp_index *kc, const struct kvp_index_lock *lock,
-			     uint32_t hits);
 
 /* The hottest cached pages for `kvpoolctl cache`: chain depth in pages (1 for a chain's first
  * page), hits, namespace, kind. */
@@ -252,9 +249,6 @@ struct kvp_index_top {
 };
 /* Writes up to cap entries, most hits first (ties: shorter first). Returns how many. */
 uint32_t kvp_index_top(const struct kvp_index *kc, struct kvp_index_top *out, uint32_t cap);
-
-/* Sets the hit count of cached key k of ns to at least hits (a restore). 0 or -ENOENT. */
-int kvp_index_set_hits(struct kvp_index *kc, uint64_t ns, const struct kvp_key *k, uint32_t hits);
 
 /* Full consistency check for tests: table, parents and child counts, lock counts, LRU lists,
  * counters, every page CACHED in its tier and listed once. Returns 0, -EFAULT or -ENOMEM. */
