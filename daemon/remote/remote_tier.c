@@ -408,6 +408,15 @@ void kvp_rt_bind(struct kvp_daemon *d)
 	}
 }
 
+/* Where a chain of page hashes through tokens' pages [from, ..) starts: at from, with h the
+ * index's key of page from - 1, when the pool still caches pages 0 .. from (their keys are
+ * derived once and kept); else at 0 (the whole path hashed). */
+static uint32_t chain_start(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens,
+			    uint32_t from, uint8_t h[KVP_RV_HASH_SIZE])
+{
+	return from && kvp_pool_token_key(rp->p, ns, tokens, from, h) == 0 ? from : 0;
+}
+
 void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
 		    uint32_t first, const uint32_t *pages, uint32_t n)
 {
@@ -417,7 +426,7 @@ void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, cons
 
 	if (!rp || p->conf.remote != KVP_REMOTE_WRITE_THROUGH || !n)
 		return;
-	for (uint32_t i = 0; i < first + n; i++) {
+	for (uint32_t i = chain_start(rp, ns, tokens, first, h); i < first + n; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
 		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]) == PUT_SENT)
 			d->rt->written_pages++;
@@ -445,17 +454,13 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
 		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
-	uint32_t pt = rp->p->conf.page_tokens, i = 0;
+	uint32_t pt = rp->p->conf.page_tokens;
 	uint8_t h[KVP_RV_HASH_SIZE];
 	char nsn[NS_NAME_MAX];
 	int k;
 
 	ns_name(rp, ns, 0, nsn);
-	/* the chain from the index's key of the last local page, when it is still cached: the
-	 * pages after it are hashed, not the whole path */
-	if (from && kvp_pool_token_key(rp->p, ns, tokens, from, h) == 0)
-		i = from;
-	for (; i < to; i++) {
+	for (uint32_t i = chain_start(rp, ns, tokens, from, h); i < to; i++) {
 		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
 		if (i < from)
 			continue;
