@@ -78,6 +78,8 @@ struct server {
 	bool remote_armed;
 	bool remote_ready; /* its fd was readable: run it once this turn's connections are served */
 	struct kvp_src remote_src;
+	bool disk_armed, disk_ready; /* the disk tier's eventfd, as the remote tier's fd */
+	struct kvp_src disk_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
 	/* Nonzero while code up the stack uses sessions (kvp_loop_notice_short): a reply that
 	 * cannot be queued marks its connection (close_why) instead of closing it; closes_owed:

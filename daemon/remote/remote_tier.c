@@ -10,6 +10,7 @@
 #include <nettle/sha2.h>
 
 #include "defer.h"
+#include "disk_tier.h"
 #include "log.h"
 #include "mix.h"
 #include "pool_cache.h"
@@ -74,6 +75,8 @@ struct rt_fetch {
 	uint64_t sid;		 /* the session whose quotas count the lease's pages */
 	uint32_t booked;	 /* those pages, until the answer (0: none) */
 	uint8_t *ok;
+	bool disk;		 /* the pages come from the pool's disk tier (dkey), not remote */
+	struct kvp_dt_key *dkey; /* their keys */
 	char (*rkey)[KVP_RV_KEY_MAX];
 	struct rt_get *gets;
 	struct rt_fetch *prev, *next; /* the daemon's Fetches in flight (their leases) */
@@ -806,6 +809,7 @@ static void fetch_free(struct rt_fetch *fe)
 	free(fe->keys);
 	free(fe->keybuf);
 	free(fe->ok);
+	free(fe->dkey);
 	free(fe->rkey);
 	free(fe->gets);
 	free(fe);
@@ -952,7 +956,8 @@ static void fetch_finish(struct rt_fetch *fe)
 		return;
 	}
 	got = fetch_insert(fe);
-	d->rt->fetched_pages += got;
+	if (!fe->disk) /* the disk tier counts its own */
+		d->rt->fetched_pages += got;
 	kvp_reply_init(&r, fe->t->req_id);
 	m = KVP_REPLY_NEW(&r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
 	rc = m ? fetch_match(d, s, fe, fe->lock, &r, m, &local, &f) : kvp_rpc_oom(&f);
@@ -1005,6 +1010,40 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 		rt->fetch_misses++;
 	if (--fe->pending == 0)
 		fetch_finish(fe);
+}
+
+/* A disk read's end: the page is in its host page, checked, or a miss (counted by the disk
+ * tier). */
+static void disk_done(void *arg, bool ok)
+{
+	struct rt_get *g = arg;
+	struct rt_fetch *fe = g->fe;
+
+	if (ok && pool_live(fe->d, fe->p))
+		fe->ok[g->i] = 1;
+	if (--fe->pending == 0)
+		fetch_finish(fe);
+}
+
+/* The pages after the local ones that p's disk tier holds: their count (at most max), with
+ * their keys in fe->dkey; 0 without a disk tier or such pages. */
+static uint32_t disk_run(struct kvp_daemon *d, struct rt_fetch *fe, uint32_t local, uint32_t total,
+			 uint32_t max)
+{
+	uint32_t n = total - local;
+
+	if (!kvp_dt_has(d->dt, fe->p) || !n)
+		return 0;
+	if (n > max)
+		n = max;
+	if (!(fe->dkey = malloc(sizeof(*fe->dkey) * n)))
+		return 0;
+	if (kvp_dt_keys(fe->p, fe->ns, fe->keyed ? NULL : fe->tokens, fe->keyed ? fe->keys : NULL,
+			local, local + n, fe->dkey) < 0)
+		return 0;
+	n = kvp_dt_count(d->dt, fe->p, fe->ns, fe->keyed, fe->dkey, n);
+	fe->disk = n > 0;
+	return n;
 }
 
 /* The host pages fe leases while it runs count in the session's and its uid's quotas, as an
@@ -1091,8 +1130,15 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		return m ? rc : kvp_rpc_oom(f);
 	}
 	fe->local = local;
-	fe->n = fe->rp && d->remote ? total - local : 0;
-	if (fe->n && fe->n > kvp_remote_conf(d->remote)->match_max_pages)
+	if (!rt_of(d)) {
+		fetch_free(fe);
+		return kvp_rpc_oom(f);
+	}
+	/* The disk tier's pages first (below host, above remote), else the remote tier's. */
+	fe->n = disk_run(d, fe, local, total, FETCH_MAX);
+	if (!fe->n)
+		fe->n = fe->rp && d->remote ? total - local : 0;
+	if (!fe->disk && fe->n && fe->n > kvp_remote_conf(d->remote)->match_max_pages)
 		fe->n = kvp_remote_conf(d->remote)->match_max_pages;
 	if (fe->n > FETCH_MAX)
 		fe->n = FETCH_MAX;
@@ -1106,7 +1152,7 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 		fe->gets = calloc(fe->n, sizeof(*fe->gets));
 		lens = malloc(sizeof(*lens) * fe->n);
 		rc = fe->ok && fe->rkey && fe->gets && lens ? 0 : -ENOMEM;
-		if (rc == 0)
+		if (rc == 0 && !fe->disk)
 			rc = keyed ? hash_keys(fe->rp, fe->ns, fe->keys + local, fe->n, fe->rkey,
 					       lens)
 				   : token_keys(fe->rp, fe->ns, fe->tokens, local, local + fe->n,
@@ -1163,6 +1209,12 @@ KVP_RPC_HANDLER(kvp_rpc_fetch)
 	for (uint32_t i = 0; i < fe->n; i++) {
 		fe->gets[i] = (struct rt_get){ fe, i };
 		fe->pending++;
+		if (fe->disk) {
+			if (kvp_dt_read(d->dt, p, fe->ns, fe->keyed, &fe->dkey[i],
+					fe->lease->pages[i], disk_done, &fe->gets[i]) < 0)
+				fe->pending--;
+			continue;
+		}
 		if (kvp_remote_get_page(d->remote, &fe->rp->fp, p->page_bytes, fe->rkey[i], lens[i],
 					get_done, &fe->gets[i]) < 0) {
 			fe->pending--;

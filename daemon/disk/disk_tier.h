@@ -1,0 +1,73 @@
+/* disk_tier.h - the disk tier of the pools with disk != off: below host, above remote. Host
+ * pages about to be evicted are written to the pool's disk store (disk.h) first (write-back):
+ * the page is copied with its CRC32C into one of the pool's staging slots (64 MiB of them, 32 to
+ * 1024 slots, registered with its io_uring ring as fixed buffers) and written with O_DIRECT, all
+ * of a turn's writes in one submission; a page that finds no free staging slot is dropped and
+ * counted, so an Alloc never waits. Reads bring pages back into leased host
+ * pages for Fetch, checked against their header and CRC32C first: a torn or corrupt page is a
+ * miss (counted, its slot freed), never wrong bytes; an I/O error is a miss too. Each pool's
+ * ring signals one eventfd the event loop polls (kvp_dt_fd); the loop never waits on the disk.
+ * Single-threaded: the event loop owns it. */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "index.h"
+#include "kvpool.pb-c.h"
+#include "stats.h"
+
+struct kvpd_pool;
+struct kvp_dt;
+
+/* A page's key as the disk tier names it. */
+struct kvp_dt_key {
+	uint32_t len;
+	uint8_t b[KVP_KEY_MAX];
+};
+
+/* Pages one Match reports and one Fetch reads from the disk at most. */
+#define KVP_DT_RUN_MAX 4096u
+
+/* A new disk tier without pools: NULL with errno (no eventfd). */
+struct kvp_dt *kvp_dt_new(void);
+/* Ends every pool's I/O (waiting for what is in flight) and frees it all. Accepts NULL. */
+void kvp_dt_free(struct kvp_dt *dt);
+/* Opens the store of every pool of pools[0 .. n) whose disk is not off and not bound yet, and
+ * hooks its spill; forgets pools no longer listed (their I/O in flight ends as misses). 0, or
+ * the first failure's negative errno with a line logged (that pool runs without a disk tier).
+ * Cheap to call on every loop turn. */
+int kvp_dt_bind(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n);
+/* Submits what this turn queued (spilled pages' writes, reads). */
+void kvp_dt_submit(struct kvp_dt *dt);
+/* The eventfd that is readable when a disk I/O completed. */
+int kvp_dt_fd(const struct kvp_dt *dt);
+/* Handles every completed I/O (reads call their done), after kvp_dt_bind(dt, pools, n): a read
+ * of a pool gone ends as a miss, its bytes never copied. */
+void kvp_dt_run(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n);
+
+/* Whether p has a disk tier now. */
+bool kvp_dt_has(const struct kvp_dt *dt, const struct kvpd_pool *p);
+/* Keys of pages [from, to) of a call on p: token pages (keys NULL) chained from the index's key
+ * of page from - 1, which must be cached (-ENOENT otherwise); hash-keyed ones copied from
+ * keys[from .. to). 0, -ENOENT or -EINVAL. */
+int kvp_dt_keys(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
+		const ProtobufCBinaryData *keys, uint32_t from, uint32_t to,
+		struct kvp_dt_key *out);
+/* The leading run of keys[0 .. n) of namespace ns (keyed: of key calls) that p's disk holds. */
+uint32_t kvp_dt_count(const struct kvp_dt *dt, const struct kvpd_pool *p, uint64_t ns, int keyed,
+		      const struct kvp_dt_key *keys, uint32_t n);
+/* Pages after the local ones a Match could Fetch from p's disk: the leading run of pages
+ * [local, total) on disk (at most KVP_DT_RUN_MAX). 0 without a disk tier. */
+uint32_t kvp_dt_match(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
+		      const ProtobufCBinaryData *keys, uint32_t local, uint32_t total);
+
+/* A read's end: ok when host page `page` now holds the page's checked bytes. */
+typedef void (*kvp_dt_read_fn)(void *arg, bool ok);
+/* Starts reading key's page (namespace ns, keyed) from p's disk into host page `page` (a page
+ * the caller leases): done is called later on the loop thread, never from this call. 0, or
+ * -ENOENT (not on disk: a miss), -ENOMEM. */
+int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, int keyed,
+		const struct kvp_dt_key *key, uint32_t page, kvp_dt_read_fn done, void *arg);
+
+/* Adds p's disk tier figures to st (p NULL: every pool's; nothing without a disk tier). */
+void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp_disk_stats *st);
