@@ -194,6 +194,22 @@ static void check_all_back(struct h_eng *e)
 	}
 }
 
+/* Whether `kvpoolctl ARGS` on d's socket prints a line holding s. */
+static bool ctl_prints(const struct daemon *d, const char *args, const char *s)
+{
+	char cmd[512], line[1024];
+	bool found = false;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "%s --socket %s %s", h_kvpoolctl(), d->sock, args);
+	if (!(f = popen(cmd, "r")))
+		return false;
+	while (fgets(line, sizeof(line), f))
+		found = found || strstr(line, s) != NULL;
+	pclose(f);
+	return found;
+}
+
 static void path_in(char *out, size_t len, const char *dir, const char *name)
 {
 	snprintf(out, len, "%s/%s", dir, name);
@@ -217,6 +233,11 @@ static void test_file_round_trip_and_reboot(void)
 	check_all_back(&e);
 	CU_ASSERT(h_eng_counter(&e, "disk_read_pages") >= 6 * NP);
 	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_corrupt_pages"), 0);
+	/* The operator's views: `kvpoolctl cache` and the metrics. */
+	CU_ASSERT(ctl_prints(&d, "cache", "disk tier: "));
+	CU_ASSERT(ctl_prints(&d, "cache", " of 128 pages"));
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_read_pages_total{pool=\"p\"} "));
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_microseconds_total{pool=\"p\"} "));
 	kill9(&d, &e);
 
 	drop_caches();
