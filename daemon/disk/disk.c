@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <liburing.h>
 #include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,72 +189,123 @@ static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 	return 0;
 }
 
-/* Reads every slot's header and maps the valid ones. */
+/* What slot i's header (r bytes read into hdr) says: the slot mapped, or left free. */
+static void scan_one(struct kvp_disk *k, struct kvp_disk_open_info *info, uint32_t i,
+		     const void *hdr, int r)
+{
+	struct slot *s = &k->slots[i];
+	struct disk_hdr h;
+	uint64_t at;
+
+	if (r < (int)sizeof(h))
+		return; /* past a truncated end: free */
+	memcpy(&h, hdr, sizeof(h));
+	if (h.magic != DISK_MAGIC)
+		return; /* never written */
+	if (h.version != DISK_VERSION || h.hdr_crc != hdr_crc(&h) || (h.keyed_len & 0xff) == 0 ||
+	    (h.keyed_len & 0xff) > KVP_DISK_KEY_MAX) {
+		info->torn++;
+		return;
+	}
+	if (!geom_is(&h, &k->g)) {
+		info->foreign++;
+		return;
+	}
+	s->ns = h.ns;
+	s->seq = h.seq;
+	s->keyed = (uint8_t)(h.keyed_len >> 8 != 0);
+	s->len = (uint8_t)(h.keyed_len & 0xff);
+	memcpy(s->key, h.key, s->len);
+	if (h.seq > k->seq)
+		k->seq = h.seq;
+	at = tab_find(k, s->ns, s->keyed, s->key, s->len);
+	if (k->tab[at] != NONE) { /* the same page twice: the newer stays */
+		struct slot *o = &k->slots[k->tab[at]];
+
+		info->dups++;
+		if (o->seq >= s->seq)
+			return;
+		o->state = SLOT_FREE;
+		k->tab[at] = i;
+	} else {
+		k->tab[at] = i;
+		k->used++;
+	}
+	s->state = SLOT_VALID;
+}
+
+/* Reads every slot's header, SCAN_QD at a time through a ring of its own (start-up only), and
+ * maps the valid ones. */
+#define SCAN_QD 64u
 static int disk_scan(struct kvp_disk *k, struct kvp_disk_open_info *info, char *err, size_t errlen)
 {
-	void *buf = NULL;
-	uint64_t best_seq = 0;
-	uint32_t best = NONE;
+	uint32_t next = 0, inflight = 0, best = NONE, free_ids[SCAN_QD], nfree = SCAN_QD;
+	uint32_t slot_of[SCAN_QD];
+	struct io_uring ring;
+	uint8_t *buf = NULL;
+	int rc = 0;
 
-	if (posix_memalign(&buf, KVP_DISK_ALIGN, KVP_DISK_HDR_BYTES) != 0)
+	if (posix_memalign((void **)&buf, KVP_DISK_ALIGN, (size_t)KVP_DISK_HDR_BYTES * SCAN_QD))
 		return -ENOMEM;
-	for (uint32_t i = 0; i < k->nslots; i++) {
-		struct disk_hdr h;
-		ssize_t r = pread(k->fd, buf, KVP_DISK_HDR_BYTES, (off_t)kvp_disk_slot_off(k, i));
-		struct slot *s = &k->slots[i];
-		uint64_t at;
+	if ((rc = io_uring_queue_init(SCAN_QD, &ring, 0)) < 0) {
+		snprintf(err, errlen, "io_uring for reading the headers: %s", strerror(-rc));
+		free(buf);
+		return rc;
+	}
+	for (uint32_t b = 0; b < SCAN_QD; b++)
+		free_ids[b] = b;
+	while (rc == 0 && (next < k->nslots || inflight)) {
+		struct io_uring_cqe *cqe;
 
-		if (r < 0) {
-			int e = errno;
+		while (next < k->nslots && nfree) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+			uint32_t b = free_ids[--nfree];
 
-			snprintf(err, errlen, "reading the header of slot %u: %s", i, strerror(e));
-			free(buf);
-			return -e;
+			slot_of[b] = next;
+			io_uring_prep_read(sqe, k->fd, buf + (size_t)b * KVP_DISK_HDR_BYTES,
+					   KVP_DISK_HDR_BYTES, kvp_disk_slot_off(k, next++));
+			io_uring_sqe_set_data64(sqe, b);
+			inflight++;
 		}
-		if (r < (ssize_t)sizeof(h))
-			continue; /* past a truncated end: free */
-		memcpy(&h, buf, sizeof(h));
-		if (h.magic != DISK_MAGIC)
-			continue; /* never written */
-		if (h.version != DISK_VERSION || h.hdr_crc != hdr_crc(&h) ||
-		    (h.keyed_len & 0xff) == 0 || (h.keyed_len & 0xff) > KVP_DISK_KEY_MAX) {
-			info->torn++;
-			continue;
+		if ((rc = io_uring_submit_and_wait(&ring, 1)) < 0) {
+			snprintf(err, errlen, "reading the headers: %s", strerror(-rc));
+			break;
 		}
-		if (!geom_is(&h, &k->g)) {
-			info->foreign++;
-			continue;
-		}
-		s->ns = h.ns;
-		s->seq = h.seq;
-		s->keyed = (uint8_t)(h.keyed_len >> 8 != 0);
-		s->len = (uint8_t)(h.keyed_len & 0xff);
-		memcpy(s->key, h.key, s->len);
-		if (h.seq > k->seq)
-			k->seq = h.seq;
-		at = tab_find(k, s->ns, s->keyed, s->key, s->len);
-		if (k->tab[at] != NONE) { /* the same page twice: the newer stays */
-			struct slot *o = &k->slots[k->tab[at]];
+		rc = 0;
+		while (io_uring_peek_cqe(&ring, &cqe) == 0) {
+			uint32_t b = (uint32_t)io_uring_cqe_get_data64(cqe);
+			int r = cqe->res;
 
-			info->dups++;
-			if (o->seq >= s->seq)
-				continue;
-			o->state = SLOT_FREE;
-			k->tab[at] = i;
-		} else {
-			k->tab[at] = i;
-			k->used++;
-		}
-		s->state = SLOT_VALID;
-		if (best == NONE || s->seq > best_seq) {
-			best = i;
-			best_seq = s->seq;
+			io_uring_cqe_seen(&ring, cqe);
+			inflight--;
+			free_ids[nfree++] = b;
+			if (r < 0 && !rc) {
+				snprintf(err, errlen, "reading the header of slot %u: %s",
+					 slot_of[b], strerror(-r));
+				rc = r;
+			}
+			if (r >= 0)
+				scan_one(k, info, slot_of[b], buf + (size_t)b * KVP_DISK_HDR_BYTES,
+					 r);
 		}
 	}
+	while (rc < 0 && inflight) { /* what is still in flight lands before buf goes */
+		struct io_uring_cqe *cqe;
+
+		if (io_uring_wait_cqe(&ring, &cqe) < 0)
+			break;
+		io_uring_cqe_seen(&ring, cqe);
+		inflight--;
+	}
+	io_uring_queue_exit(&ring);
 	free(buf);
+	if (rc < 0)
+		return rc;
 	for (uint32_t i = k->nslots; i-- > 0;)
 		if (k->slots[i].state != SLOT_VALID)
 			slot_free(k, i);
+		else if (best == NONE || k->slots[i].seq > k->slots[best].seq)
+			best = i;
 	info->adopted = k->used;
 	k->cursor = best == NONE ? 0 : (best + 1) % k->nslots;
 	return 0;

@@ -54,6 +54,8 @@ struct dt_io {
 	kvp_dt_read_fn done;
 	void *arg;
 	uint64_t start_ns;
+	bool failed;	     /* it failed or was short */
+	struct iovec iov[2]; /* a direct read's header and page */
 };
 
 struct dt_pool {
@@ -64,6 +66,10 @@ struct dt_pool {
 	struct kvp_disk *k;
 	struct io_uring ring;
 	bool ring_ok, fixed, dead;
+	/* Reads land in the host page itself (its header in a staging slot): pages of whole
+	 * 4 KiB blocks (register_buffers). */
+	bool direct;
+	uint8_t *host_base;
 	uint8_t *staging; /* DT_QD slots of kvp_disk_slot_bytes */
 	uint64_t slot_bytes;
 	uint32_t nbuf;
@@ -144,31 +150,48 @@ static struct io_uring_sqe *get_sqe(struct dt_pool *dp)
 	return sqe;
 }
 
-/* Starts reading r's page into a staging slot: 0, or -ENOENT (gone from the disk since). */
+/* Starts reading r's page: into the host page itself with its header into a staging slot
+ * (direct), else the whole slot into the staging slot. 0, or -ENOENT (gone from the disk since),
+ * -EBUSY (no SQE). */
 static int read_start(struct dt_pool *dp, const struct dt_req *r)
 {
 	struct kvp_disk_key dk = disk_key(r->ns, r->keyed, &r->key);
 	int64_t slot = kvp_disk_find(dp->k, &dk);
 	struct io_uring_sqe *sqe;
+	int fd = kvp_disk_fd(dp->k);
 	struct dt_io *io;
+	uint64_t off;
 	uint32_t b;
 
 	if (slot < 0)
 		return -ENOENT;
 	if (!(sqe = get_sqe(dp)))
 		return -EBUSY;
+	off = kvp_disk_slot_off(dp->k, (uint32_t)slot);
 	b = dp->free_bufs[--dp->nfree];
 	io = &dp->ios[b];
-	*io = (struct dt_io){ dp,     IO_READ, b,	(uint32_t)slot, r->ns,	 r->keyed,
-			      r->key, r->page, r->done, r->arg,		now_ns() };
+	*io = (struct dt_io){ .dp = dp,
+			      .kind = IO_READ,
+			      .buf = b,
+			      .slot = (uint32_t)slot,
+			      .ns = r->ns,
+			      .keyed = r->keyed,
+			      .key = r->key,
+			      .page = r->page,
+			      .done = r->done,
+			      .arg = r->arg,
+			      .start_ns = now_ns() };
 	kvp_disk_pin(dp->k, (uint32_t)slot);
-	if (dp->fixed)
-		io_uring_prep_read_fixed(sqe, kvp_disk_fd(dp->k), buf_at(dp, b),
-					 (unsigned)dp->slot_bytes,
-					 kvp_disk_slot_off(dp->k, (uint32_t)slot), 0);
-	else
-		io_uring_prep_read(sqe, kvp_disk_fd(dp->k), buf_at(dp, b), (unsigned)dp->slot_bytes,
-				   kvp_disk_slot_off(dp->k, (uint32_t)slot));
+	if (dp->direct) { /* one read: the header into the staging slot, the page in place */
+		io->iov[0] = (struct iovec){ buf_at(dp, b), KVP_DISK_HDR_BYTES };
+		io->iov[1] = (struct iovec){ dp->host_base + (uint64_t)r->page * dp->page_bytes,
+					     dp->page_bytes };
+		io_uring_prep_readv(sqe, fd, io->iov, 2, off);
+	} else if (dp->fixed) {
+		io_uring_prep_read_fixed(sqe, fd, buf_at(dp, b), (unsigned)dp->slot_bytes, off, 0);
+	} else {
+		io_uring_prep_read(sqe, fd, buf_at(dp, b), (unsigned)dp->slot_bytes, off);
+	}
 	io_uring_sqe_set_data(sqe, io);
 	dp->inflight++;
 	dp->dirty = true;
@@ -285,39 +308,43 @@ static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, si
 /* One completion: res the bytes moved or a negative errno. */
 static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 {
-	uint64_t us = (now_ns() - io->start_ns) / 1000;
 	struct kvp_disk_key dk = disk_key(io->ns, io->keyed, &io->key);
-	bool full = res == (int)dp->slot_bytes;
+	bool direct = io->kind == IO_READ && dp->direct, ok = false;
+	uint64_t want = direct ? KVP_DISK_HDR_BYTES + dp->page_bytes : dp->slot_bytes;
+	uint64_t us;
 
 	if (kvp_fault_hit(KVP_FAULT_DISK_IO))
-		res = -EIO, full = false;
-	if (res < 0 || !full) {
+		res = -EIO;
+	if ((res < 0 || (uint64_t)res != want) && !io->failed) {
+		io->failed = true;
 		dp->st.io_errors++;
 		if (dp->st.io_errors == 1 || dp->st.io_errors % 1000 == 0)
-			log_warn(
-				"disk tier of pool %s: a %s of %lu bytes %s%s (%lu errors so far); "
-				"the page is a miss",
-				dp->name, io->kind == IO_WRITE ? "write" : "read",
-				(unsigned long)dp->slot_bytes, res < 0 ? "failed: " : "was short",
-				res < 0 ? strerror(-res) : "", (unsigned long)dp->st.io_errors);
+			log_warn("disk tier of pool %s: a %s of slot %u %s%s (%lu errors so far); "
+				 "the page is a miss",
+				 dp->name, io->kind == IO_WRITE ? "write" : "read", io->slot,
+				 res < 0 ? "failed: " : "was short", res < 0 ? strerror(-res) : "",
+				 (unsigned long)dp->st.io_errors);
 	}
+	us = (now_ns() - io->start_ns) / 1000;
 	if (io->kind == IO_WRITE) {
-		kvp_disk_written(dp->k, io->slot, &dk, full && !dp->dead);
-		if (full) {
+		kvp_disk_written(dp->k, io->slot, &dk, !io->failed && !dp->dead);
+		if (!io->failed) {
 			dp->st.written_pages++;
 			dp->st.written_bytes += dp->page_bytes;
 			dp->st.write_us += us;
 		}
 	} else {
-		bool ok = false;
-
-		if (full && !dp->dead) {
+		if (!io->failed && !dp->dead) {
 			const uint8_t *b = buf_at(dp, io->buf);
+			uint8_t *dst = (uint8_t *)dp->p->mem[KVP_TIER_ID_HOST].base +
+				       (uint64_t)io->page * dp->page_bytes;
+			const uint8_t *page = direct ? dst : b + KVP_DISK_HDR_BYTES;
 
-			if (kvp_disk_verify(dp->k, io->slot, &dk, b, b + KVP_DISK_HDR_BYTES) == 0) {
-				memcpy((uint8_t *)dp->p->mem[KVP_TIER_ID_HOST].base +
-					       (uint64_t)io->page * dp->p->page_bytes,
-				       b + KVP_DISK_HDR_BYTES, dp->p->page_bytes);
+			/* A direct read put the bytes in the leased page already: a failed check
+			 * leaves them there, never cached (the Fetch frees the page). */
+			if (kvp_disk_verify(dp->k, io->slot, &dk, b, page) == 0) {
+				if (!direct)
+					memcpy(dst, page, dp->page_bytes);
 				ok = true;
 			} else {
 				dp->st.corrupt_pages++;
@@ -388,6 +415,22 @@ static void dp_free(struct dt_pool *dp)
 	free(dp);
 }
 
+/* Registers the staging slots with dp's ring as one fixed buffer (written and read with
+ * WRITE_FIXED / READ_FIXED; without the registration, plain writes and reads). Reads land in the
+ * host page itself (one READV: the header into a staging slot, the page in place) when pages
+ * are whole 4 KiB blocks; the pool's host memory lives as long as the daemon (a reload never
+ * removes a pool). */
+static void register_buffers(struct dt_pool *dp)
+{
+	const struct kvp_tier_mem *h = &dp->p->mem[KVP_TIER_ID_HOST];
+	struct iovec iov = { dp->staging, dp->slot_bytes * dp->nbuf };
+
+	dp->host_base = h->base;
+	dp->direct =
+		dp->page_bytes % KVP_DISK_ALIGN == 0 && (uintptr_t)h->base % KVP_DISK_ALIGN == 0;
+	dp->fixed = iov.iov_len <= DT_REG_MAX && io_uring_register_buffers(&dp->ring, &iov, 1) == 0;
+}
+
 /* Opens p's store and ring: 0 or a negative errno, logged. */
 static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 {
@@ -434,11 +477,7 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 		log_err("disk tier of pool %s: io_uring eventfd: %s", c->name, strerror(-rc));
 		return rc;
 	}
-	if (dp->slot_bytes * dp->nbuf <= DT_REG_MAX) {
-		struct iovec iov = { dp->staging, dp->slot_bytes * dp->nbuf };
-
-		dp->fixed = io_uring_register_buffers(&dp->ring, &iov, 1) == 0;
-	}
+	register_buffers(dp);
 	for (uint32_t i = 0; i < dp->nbuf; i++)
 		dp->free_bufs[dp->nfree++] = dp->nbuf - 1 - i;
 	dp->st.adopted_pages = info.adopted;

@@ -114,6 +114,14 @@ static void wait_idle(struct h_eng *e)
 		usleep(1000);
 }
 
+/* Waits until the disk tier has room for the next publish's evictions in its staging (252 slots
+ * of 260 KiB): the bench measures what reaches the disk, not pages dropped under a backlog. */
+static void pace(struct h_eng *e, int64_t max)
+{
+	while (h_eng_counter(e, "disk_queue_depth") > max)
+		usleep(200);
+}
+
 /* Pages of chain c (n pages) a Match reports: local and on disk. */
 static uint32_t seen(struct h_eng *e, uint32_t c, uint32_t n)
 {
@@ -226,8 +234,7 @@ static void rows_spill_load(int quick, const char *path)
 	for (uint32_t c = host / CHAIN; c < chains; c++) {
 		/* Each Alloc evicts a chain of 128 cached pages: it goes once the staging has room
 		 * for them, so that the disk always has work and nothing is dropped. */
-		while (h_eng_counter(&e, "disk_queue_depth") > 124)
-			usleep(200);
+		pace(&e, 124);
 		publish(&e, c, CHAIN);
 	}
 	wait_idle(&e);
@@ -295,8 +302,8 @@ static void rows_spill_load(int quick, const char *path)
 		.unit = "GB/s",
 		.target = ">= 0.9",
 		.note = "kvpoold: two engines' Fetches of 128-page chains from the disk, each page "
-			"read with its header into a staging slot, checked (header, CRC32C) and copied "
-			"into a leased host page, then cached",
+			"read with O_DIRECT straight into a leased host page (one READV: its header into "
+			"a staging slot, the page in place), checked (header, CRC32C), then cached",
 	});
 }
 
@@ -314,8 +321,11 @@ static void reboot(const char *path, uint32_t chains, double *secs, double *rate
 		unlink(path);
 	config(cfg, sizeof(cfg), host, path, disk);
 	start(&d, &e, cfg);
-	for (uint32_t c = 0; c < chains; c++)
+	for (uint32_t c = 0; c < chains; c++) {
+		if (path)
+			pace(&e, 200);
 		publish(&e, 1000 + c, 8);
+	}
 	if (path) {
 		wait_idle(&e);
 		for (uint32_t i = 0; i <= host / 8; i++)
@@ -356,8 +366,8 @@ static void rows_reboot(int quick, const char *path)
 		.unit = "s",
 		.note = b_fmt(
 			"kvpoold exec to the first Match that reports a prefix published "
-			"before the SIGKILL, the page cache dropped between (root); the disk's "
-			"headers read at start; hit rate %.3f",
+			"before the SIGKILL, the page cache dropped between (root); every slot's "
+			"header read at start, 64 at a time through io_uring; hit rate %.3f",
 			r_disk),
 	});
 	b_row_print(&(struct b_row){
@@ -396,10 +406,11 @@ static double workload(const char *path, uint32_t host, uint32_t prompts, uint32
 		have = fetch(&e, c, 8, NULL);
 		asked += 8;
 		served += have;
-		if (have < 8)
-			publish(&e, c, 8); /* the miss computed and published */
-		if ((r & 63) == 0)
-			wait_idle(&e);
+		if (have < 8) { /* the miss computed and published */
+			if (path)
+				pace(&e, 200);
+			publish(&e, c, 8);
+		}
 	}
 	stop(&d, &e);
 	if (path)

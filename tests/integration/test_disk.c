@@ -309,7 +309,7 @@ static void test_flipped_bytes_are_misses(void)
 	}
 	{
 		uint8_t b = 0;
-		off_t at = (off_t)1 * SLOT_BYTES + 60; /* slot 1's header: its sequence number */
+		off_t at = (off_t)1 * SLOT_BYTES + 60; /* slot 1's header: its namespace */
 
 		CU_ASSERT_EQUAL(pread(fd, &b, 1, at), 1);
 		b ^= 0x01;
