@@ -484,8 +484,8 @@ static void test_ext4_two_pools_and_full(void)
 	ext4_remove(img, mnt);
 }
 
-/* A loop block device as the disk: round trip and reboot; a device smaller than disk_capacity
- * stops start-up (exit 3, DISK_DEVICE_SIZE). */
+/* A loop block device as the disk: round trip and reboot; the device turned read-only under
+ * kvpoold; a device smaller than disk_capacity stops start-up (exit 3, DISK_DEVICE_SIZE). */
 static void test_block_device(void)
 {
 	char img[300], dev[128] = "", cfg[1024];
@@ -517,6 +517,24 @@ static void test_block_device(void)
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	check_all_back(&e);
+	/* The device turns read-only under kvpoold: writes fail (counted), the pages on it still
+	 * come back, no call fails. */
+	CU_ASSERT_EQUAL(sh("blockdev --setro '%s'%s", dev, ""), 0);
+	{
+		int64_t errs = h_eng_counter(&e, "disk_io_errors"), reads;
+		int bad = -1;
+
+		for (uint32_t i = 0; i < 4; i++)
+			CU_ASSERT_EQUAL(publish(&e, 300 + i, 0), 0);
+		for (int i = 0; i < 500 && h_eng_counter(&e, "disk_io_errors") == errs; i++)
+			usleep(10000);
+		CU_ASSERT(h_eng_counter(&e, "disk_io_errors") > errs);
+		reads = h_eng_counter(&e, "disk_read_pages");
+		CU_ASSERT_EQUAL(fetch_checked(&e, 3, 0, &bad), NP); /* from the disk */
+		CU_ASSERT_EQUAL(bad, 0);
+		CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_read_pages") - reads, NP);
+	}
+	CU_ASSERT_EQUAL(sh("blockdev --setrw '%s'%s", dev, ""), 0);
 	stop(&d, &e);
 
 	config(cfg, sizeof(cfg), dev, 300, ""); /* 20 MiB on a 16 MiB device */
