@@ -483,6 +483,13 @@ static void test_ext4_two_pools_and_full(void)
 	unlink(p1);
 	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
 	CU_ASSERT(h_log_contains(&d, "DISK_FREE_SPACE"));
+	{ /* kvpoolctl check-config says the same, starting nothing */
+		char cmd[600];
+
+		snprintf(cmd, sizeof(cmd), "%s check-config '%s' | grep -q DISK_FREE_SPACE",
+			 h_kvpoolctl(), d.config);
+		CU_ASSERT_EQUAL(system(cmd), 0);
+	}
 	h_daemon_cleanup(&d);
 	ext4_remove(img, mnt);
 }
