@@ -29,6 +29,12 @@
 
 enum dt_kind { IO_NONE, IO_WRITE, IO_READ };
 
+/* A page's key as the disk tier names it. */
+struct kvp_dt_key {
+	uint32_t len;
+	uint8_t b[KVP_KEY_MAX];
+};
+
 struct dt_pool;
 
 /* A read not started yet (every staging slot busy). */
@@ -36,8 +42,8 @@ struct dt_req {
 	uint64_t ns;
 	int keyed;
 	struct kvp_dt_key key;
-	uint32_t page;
-	kvp_dt_read_fn done;
+	uint32_t page, i; /* the host page, and the page's index in its read */
+	kvp_below_read_fn done;
 	void *arg;
 	struct dt_req *next;
 };
@@ -50,8 +56,8 @@ struct dt_io {
 	uint64_t ns;
 	int keyed;
 	struct kvp_dt_key key;
-	uint32_t page; /* reads: the host page */
-	kvp_dt_read_fn done;
+	uint32_t page, i; /* reads: the host page, the page's index in its read */
+	kvp_below_read_fn done;
 	void *arg;
 	uint64_t start_ns;
 	bool failed;	     /* it failed or was short */
@@ -178,6 +184,7 @@ static int read_start(struct dt_pool *dp, const struct dt_req *r)
 			      .keyed = r->keyed,
 			      .key = r->key,
 			      .page = r->page,
+			      .i = r->i,
 			      .done = r->done,
 			      .arg = r->arg,
 			      .start_ns = now_ns() };
@@ -214,27 +221,26 @@ static void start_waiting(struct dt_pool *dp)
 		dp->queued--;
 		if (rc < 0) {
 			dp->st.read_misses++;
-			r->done(r->arg, false);
+			r->done(r->arg, r->i, false);
 		}
 		free(r);
 	}
 }
 
-int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, int keyed,
-		const struct kvp_dt_key *key, uint32_t page, kvp_dt_read_fn done, void *arg)
+/* Queues (or starts) the read of one page: 0, -ENOENT (not on the disk), -ENOMEM. */
+static int read_one(struct dt_pool *dp, uint64_t ns, int keyed, const struct kvp_dt_key *key,
+		    uint32_t page, uint32_t i, kvp_below_read_fn done, void *arg)
 {
-	struct dt_pool *dp = dp_find(dt, p);
 	struct kvp_disk_key dk = disk_key(ns, keyed, key);
 	struct dt_req *r;
 
-	if (!dp || kvp_disk_find(dp->k, &dk) < 0) {
-		if (dp)
-			dp->st.read_misses++;
+	if (kvp_disk_find(dp->k, &dk) < 0) {
+		dp->st.read_misses++;
 		return -ENOENT;
 	}
 	if (!(r = malloc(sizeof(*r))))
 		return -ENOMEM;
-	*r = (struct dt_req){ ns, keyed, *key, page, done, arg, NULL };
+	*r = (struct dt_req){ ns, keyed, *key, page, i, done, arg, NULL };
 	if (dp->nfree && !dp->wait_head && read_start(dp, r) == 0) {
 		free(r);
 		return 0;
@@ -365,7 +371,7 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 		} else {
 			dp->st.read_misses++;
 		}
-		io->done(io->arg, ok);
+		io->done(io->arg, io->i, ok);
 	}
 	io->kind = IO_NONE;
 	dp->free_bufs[dp->nfree++] = io->buf;
@@ -403,7 +409,7 @@ static void dp_free(struct dt_pool *dp)
 
 		dp->wait_head = r->next;
 		if (!dp->dead)
-			r->done(r->arg, false);
+			r->done(r->arg, r->i, false);
 		free(r);
 	}
 	if (dp->ring_ok)
@@ -597,66 +603,95 @@ void kvp_dt_free(struct kvp_dt *dt)
 	free(dt);
 }
 
-int kvp_dt_keys(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
-		const ProtobufCBinaryData *keys, uint32_t from, uint32_t to, struct kvp_dt_key *out)
+/* Keys of run's pages [0, n): a key call's keys; a token call's page keys, chained from the
+ * index's key of page run->from - 1 when it is cached, else from page 0. 0 or -EINVAL. */
+static int run_keys(struct kvpd_pool *p, const struct kvp_below_run *run, uint32_t n,
+		    struct kvp_dt_key *out)
 {
-	uint32_t pt = p->conf.page_tokens;
+	uint32_t pt = p->conf.page_tokens, from = run->from, start = 0;
 	uint8_t h[KVP_PAGE_KEY_BYTES];
 
-	if (keys) {
-		for (uint32_t i = from; i < to; i++) {
-			if (!keys[i].len || keys[i].len > KVP_KEY_MAX)
+	if (run->keyed) {
+		for (uint32_t i = 0; i < n; i++) {
+			const struct kvp_key *k = &run->keys[from + i];
+
+			if (!k->len || k->len > KVP_KEY_MAX)
 				return -EINVAL;
-			out[i - from].len = (uint32_t)keys[i].len;
-			memcpy(out[i - from].b, keys[i].data, keys[i].len);
+			out[i].len = (uint32_t)k->len;
+			memcpy(out[i].b, k->data, k->len);
 		}
 		return 0;
 	}
-	if (!tokens)
+	if (!run->tokens)
 		return -EINVAL;
-	if (from && kvp_pool_token_key(p, ns, tokens, from, h) < 0)
-		return -ENOENT;
-	for (uint32_t i = from; i < to; i++) {
-		kvp_page_key(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
+	if (from && kvp_pool_token_key(p, run->ns, run->tokens, from, h) == 0)
+		start = from;
+	for (uint32_t i = start; i < from + n; i++) {
+		kvp_page_key(i ? h : NULL, run->tokens + (size_t)i * pt, pt, h);
+		if (i < from)
+			continue;
 		out[i - from].len = KVP_PAGE_KEY_BYTES;
 		memcpy(out[i - from].b, h, KVP_PAGE_KEY_BYTES);
 	}
 	return 0;
 }
 
-uint32_t kvp_dt_count(const struct kvp_dt *dt, const struct kvpd_pool *p, uint64_t ns, int keyed,
-		      const struct kvp_dt_key *keys, uint32_t n)
+/* run's keys (at most KVP_DT_RUN_MAX) and how many of the leading ones p's disk holds; NULL
+ * without a disk tier, keys or memory. */
+static struct kvp_dt_key *run_held(const struct kvp_dt *dt, struct kvpd_pool *p,
+				   const struct kvp_below_run *run, uint32_t *held)
 {
 	const struct dt_pool *dp = dp_find(dt, p);
-	uint32_t i = 0;
+	uint32_t n = run->n < KVP_DT_RUN_MAX ? run->n : KVP_DT_RUN_MAX, i = 0;
+	struct kvp_dt_key *k;
 
-	while (dp && i < n) {
-		struct kvp_disk_key dk = disk_key(ns, keyed, &keys[i]);
+	*held = 0;
+	if (!dp || !n || !(k = malloc(sizeof(*k) * n)))
+		return NULL;
+	if (run_keys(p, run, n, k) < 0) {
+		free(k);
+		return NULL;
+	}
+	while (i < n) {
+		struct kvp_disk_key dk = disk_key(run->ns, run->keyed, &k[i]);
 
 		if (kvp_disk_find(dp->k, &dk) < 0)
 			break;
 		i++;
 	}
-	return i;
+	*held = i;
+	return k;
 }
 
-uint32_t kvp_dt_match(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
-		      const ProtobufCBinaryData *keys, uint32_t local, uint32_t total)
+uint32_t kvp_dt_held(const struct kvp_dt *dt, struct kvpd_pool *p, const struct kvp_below_run *run)
 {
-	uint32_t n = total > local ? total - local : 0, got;
-	struct kvp_dt_key *k;
+	uint32_t held;
 
-	if (!n || !dp_find(dt, p))
-		return 0;
-	if (n > KVP_DT_RUN_MAX)
-		n = KVP_DT_RUN_MAX;
-	if (!(k = malloc(sizeof(*k) * n)))
-		return 0;
-	got = kvp_dt_keys(p, ns, tokens, keys, local, local + n, k) == 0
-		      ? kvp_dt_count(dt, p, ns, keys != NULL, k, n)
-		      : 0;
+	free(run_held(dt, p, run, &held));
+	return held;
+}
+
+int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, const struct kvp_below_run *run,
+		const uint32_t *pages, kvp_below_read_fn done, void *arg)
+{
+	struct dt_pool *dp = dp_find(dt, p);
+	uint32_t n = run->n < KVP_DT_RUN_MAX ? run->n : KVP_DT_RUN_MAX;
+	struct kvp_dt_key *k;
+	int sent = 0, rc = -ENOENT;
+
+	if (!dp)
+		return -ENOENT;
+	if (!(k = malloc(sizeof(*k) * (n + 1))))
+		return -ENOMEM;
+	if (run_keys(p, run, n, k) < 0) {
+		free(k);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if ((rc = read_one(dp, run->ns, run->keyed, &k[i], pages[i], i, done, arg)) == 0)
+			sent++;
 	free(k);
-	return got;
+	return sent ? sent : rc;
 }
 
 void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp_disk_stats *st)

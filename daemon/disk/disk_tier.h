@@ -12,18 +12,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "below.h"
 #include "index.h"
-#include "kvpool.pb-c.h"
 #include "stats.h"
 
 struct kvpd_pool;
 struct kvp_dt;
-
-/* A page's key as the disk tier names it. */
-struct kvp_dt_key {
-	uint32_t len;
-	uint8_t b[KVP_KEY_MAX];
-};
 
 /* Pages one Match reports and one Fetch reads from the disk at most. */
 #define KVP_DT_RUN_MAX 4096u
@@ -47,27 +41,17 @@ void kvp_dt_run(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n);
 
 /* Whether p has a disk tier now. */
 bool kvp_dt_has(const struct kvp_dt *dt, const struct kvpd_pool *p);
-/* Keys of pages [from, to) of a call on p: token pages (keys NULL) chained from the index's key
- * of page from - 1, which must be cached (-ENOENT otherwise); hash-keyed ones copied from
- * keys[from .. to). 0, -ENOENT or -EINVAL. */
-int kvp_dt_keys(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
-		const ProtobufCBinaryData *keys, uint32_t from, uint32_t to,
-		struct kvp_dt_key *out);
-/* The leading run of keys[0 .. n) of namespace ns (keyed: of key calls) that p's disk holds. */
-uint32_t kvp_dt_count(const struct kvp_dt *dt, const struct kvpd_pool *p, uint64_t ns, int keyed,
-		      const struct kvp_dt_key *keys, uint32_t n);
-/* Pages after the local ones a Match could Fetch from p's disk: the leading run of pages
- * [local, total) on disk (at most KVP_DT_RUN_MAX). 0 without a disk tier. */
-uint32_t kvp_dt_match(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
-		      const ProtobufCBinaryData *keys, uint32_t local, uint32_t total);
-
-/* A read's end: ok when host page `page` now holds the page's checked bytes. */
-typedef void (*kvp_dt_read_fn)(void *arg, bool ok);
-/* Starts reading key's page (namespace ns, keyed) from p's disk into host page `page` (a page
- * the caller leases): done is called later on the loop thread, never from this call. 0, or
- * -ENOENT (not on disk: a miss), -ENOMEM. */
-int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, uint64_t ns, int keyed,
-		const struct kvp_dt_key *key, uint32_t page, kvp_dt_read_fn done, void *arg);
+/* The tier below host for rpc/'s Match and Fetch (below.h), asked before the remote tier. The
+ * leading pages of run that p's disk holds (at most KVP_DT_RUN_MAX), known without I/O (the key
+ * map is in memory); 0 without a disk tier. Token pages are named by the index's key of page
+ * run->from - 1 when it is cached, else by the chain from page 0. */
+uint32_t kvp_dt_held(const struct kvp_dt *dt, struct kvpd_pool *p, const struct kvp_below_run *run);
+/* Starts reading pages [0, run->n) of run from p's disk into host pages pages[0 .. run->n) (the
+ * caller leases them): returns how many reads went out (a page not on the disk any more goes
+ * not); done(arg, i, ok) is called once for each of them, later, on the loop thread, never from
+ * this call. A negative errno when none went out (-ENOENT: no disk tier, -ENOMEM). */
+int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, const struct kvp_below_run *run,
+		const uint32_t *pages, kvp_below_read_fn done, void *arg);
 
 /* Adds p's disk tier figures to st (p NULL: every pool's; nothing without a disk tier). */
 void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp_disk_stats *st);

@@ -126,9 +126,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			log_err("cannot start the worker thread: %s", strerror(errno));
 			r = -1;
 		} else {
-			kvp_pool_async(sv.work, kvp_rpc_alloc_moved,
-				       d); /* demotions off the loop */
-			kvp_pool_on_short(kvp_loop_notice_short, &sv);
+			kvp_pool_async(sv.work); /* demotions off the loop */
 		}
 	}
 	if (r < 0) {
@@ -203,6 +201,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		}
 		kvp_loop_cqe_remote_run(&sv);
 		kvp_loop_cqe_disk_run(&sv);
+		kvp_loop_pool_events(&sv); /* of Allocs served off a call (deferred, upkeep) */
 		kvp_loop_peer_close_owed(&sv);
 		kvp_loop_notice_push(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
@@ -236,8 +235,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	 * (its pools are dropped or join, to be destroyed with the others), then sessions (their
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
 	kvp_work_stop(sv.work); /* demotions in flight land (or are cancelled) first */
-	kvp_pool_async(NULL, NULL, NULL);
-	kvp_pool_on_short(NULL, NULL);
+	kvp_pool_async(NULL);
 	kvp_rpc_alloc_retry(d); /* nothing is in flight now: every waiting Alloc ends */
 	while (d->defers.reload_waiting) {
 		struct kvp_defer *t = d->defers.reload_waiting;

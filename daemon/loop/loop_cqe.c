@@ -10,6 +10,7 @@
 #include "fault.h"
 #include "log.h"
 #include "loop_admit.h"
+#include "loop_notice.h"
 #include "loop_peer.h"
 #include "loop_ring.h"
 #include "reserve.h"
@@ -260,6 +261,7 @@ void kvp_loop_cqe_work(void *loop, struct kvp_src *src, const struct io_uring_cq
 	if (cqe->res < 0 && cqe->res != -ECANCELED)
 		log_warn("worker eventfd: %s", strerror(-cqe->res));
 	kvp_work_reap(sv->work);
+	kvp_loop_pool_events(sv);
 	kvp_loop_ring_arm_work(sv);
 }
 

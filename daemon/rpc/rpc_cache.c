@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "pool_cache.h"
-#include "disk_tier.h"
 #include "remote_tier.h"
 
 KVP_RPC_HANDLER(kvp_rpc_insert)
@@ -108,16 +107,8 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	}
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH;
 	r->resp.match = m;
-	/* Pages after the local ones: the disk tier's count now (its map is in memory), else the
-	 * remote tier's with a later answer. */
-	m->disk_pages =
-		kvp_dt_match(d->dt, p, a->namespace_, a->tokens, NULL, mt.dev_pages + mt.host_pages,
-			     (uint32_t)(a->n_tokens / p->conf.page_tokens));
-	if (m->disk_pages) {
-		m->remote_pages = a->local_only ? 0 : m->disk_pages;
-		return 0;
-	}
-	return kvp_rt_match(d, s, q, p, m);
+	/* Pages after the local ones: the remote tier's count comes with a later answer. */
+	return kvp_rpc_match_below(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_release)

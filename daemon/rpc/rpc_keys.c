@@ -9,7 +9,6 @@
 #include <stdlib.h>
 
 #include "pool_cache.h"
-#include "disk_tier.h"
 #include "remote_tier.h"
 
 int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const ProtobufCBinaryData *k,
@@ -151,14 +150,8 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 	}
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH_KEYS;
 	r->resp.match_keys = m;
-	/* Keys after the local ones: the disk tier's count now, else the remote tier's later. */
-	m->disk_pages =
-		kvp_dt_match(d->dt, p, a->namespace_, NULL, a->keys, m->matched_keys, (uint32_t)n);
-	if (m->disk_pages) {
-		m->remote_pages = a->local_only ? 0 : m->disk_pages;
-		return 0;
-	}
-	return kvp_rt_match_keys(d, s, q, p, m);
+	/* Keys after the local ones: the remote tier's count comes with a later answer. */
+	return kvp_rpc_match_keys_below(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_exists_keys)
