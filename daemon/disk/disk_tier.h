@@ -1,11 +1,12 @@
 /* disk_tier.h - the disk tier of the pools with disk != off: below host, above remote. Host
  * pages about to be evicted are written to the pool's disk store (disk.h) first (write-back):
  * the page is copied with its CRC32C into one of the pool's staging slots (64 MiB of them, 32 to
- * 1024 slots, registered with its io_uring ring as fixed buffers) and written with O_DIRECT, all
- * of a turn's writes in one submission; a page that finds no free staging slot is dropped and
- * counted, so an Alloc never waits. Reads bring pages back into leased host
- * pages for Fetch, checked against their header and CRC32C first: a torn or corrupt page is a
- * miss (counted, its slot freed), never wrong bytes; an I/O error is a miss too. Each pool's
+ * 1024 slots, registered with its io_uring ring as one fixed buffer) and written with O_DIRECT,
+ * all of a turn's writes in one submission; a page that finds no free staging slot is dropped
+ * and counted, so an Alloc never waits. Reads bring pages back for Fetch straight into leased
+ * host pages (one READV: the header into a staging slot, the page in place), checked against
+ * their header and CRC32C: a torn or corrupt page is a miss (counted, its slot freed), never
+ * wrong bytes; an I/O error is a miss too. Each pool's
  * ring signals one eventfd the event loop polls (kvp_dt_fd); the loop never waits on the disk.
  * Single-threaded: the event loop owns it. */
 #pragma once
