@@ -57,6 +57,24 @@ enum kvp_remote_mode {
 #define KVP_CRED_SRC_MAX 192 /* "file:PATH" or "credential:NAME", with its NUL */
 #define KVP_ACL_USER_MAX 64
 
+/* The [events] section: KV events for routers (daemon/events/). endpoint: the PUB socket's
+ * (required); replay_endpoint: the ROUTER's ("" = no replay); topic: every message's first frame;
+ * source: the ownership field of page events (default "kvpool@" and the host name); buffer_steps
+ * and buffer_bytes: the replay ring (default 10000 batches, 64M); hwm: the PUB socket's high-water
+ * mark in batches (default 10000). */
+#define KVP_EVENTS_ENDPOINT_MAX 128
+#define KVP_EVENTS_NAME_MAX 128
+struct kvp_conf_events {
+	int enabled; /* the section was given */
+	char endpoint[KVP_EVENTS_ENDPOINT_MAX];
+	char replay_endpoint[KVP_EVENTS_ENDPOINT_MAX];
+	char topic[KVP_EVENTS_NAME_MAX];
+	char source[KVP_EVENTS_NAME_MAX];
+	uint32_t buffer_steps;
+	uint64_t buffer_bytes;
+	uint32_t hwm;
+};
+
 struct kvp_remote_conf {
 	int enabled;			  /* the section was given */
 	char seeds[KVP_REMOTE_SEEDS_MAX]; /* comma-separated host:port, no spaces */
@@ -132,6 +150,7 @@ struct kvp_pool_conf {
 	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
 	uint32_t n_ns_owners;
 	enum kvp_remote_mode remote; /* default off; not off needs a [remote] section */
+	uint32_t events; /* 1 (default): the pool's pages are published when [events] is given */
 	/* Pools share remote content only within one scope: "" = the pool's name */
 	char remote_scope[KVP_POOL_NAME_MAX];
 	/* pressure_watermark: free pages of a tier below this start pressure notices; a percent
@@ -183,6 +202,7 @@ struct kvp_conf {
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;
+	struct kvp_conf_events events;
 	/* Restarts (snapshot.c): how long after a start sessions of the previous kvpoold may
 	 * resume (0: never), and how often the books are checkpointed for a crash (0: only at a
 	 * clean stop). */

@@ -1,0 +1,17 @@
+/* loop_events.h - the KV event publisher (events/) fed by the pools' page indexes: started with
+ * kvpoold, one batch per loop turn, replay and snapshot requests answered each turn. */
+#pragma once
+#include <stddef.h>
+
+struct kvp_daemon;
+
+/* Starts the publisher of an [events] section (nothing without one): binds its sockets, hooks
+ * the page index of every pool with events = on, and stages the first batch, [AllBlocksCleared,
+ * BlockStored of every page the pools hold] (sequence 0 at each start). 0, or -1 with why in
+ * err: a socket cannot be bound, or kvpoold was built without libzmq and msgpack-c. */
+int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen);
+/* End of a loop turn: hooks pools a reload created, publishes the turn's batch, answers replay
+ * and snapshot requests, and copies the figures into the daemon's counters. */
+void kvp_loop_events_turn(struct kvp_daemon *d);
+/* Publishes what is staged, unhooks the pools and closes the sockets. */
+void kvp_loop_events_stop(struct kvp_daemon *d);
