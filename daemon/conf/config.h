@@ -61,7 +61,8 @@ enum kvp_remote_mode {
  * (required); replay_endpoint: the ROUTER's ("" = no replay); topic: every message's first frame;
  * source: the ownership field of page events (default "kvpool@" and the host name); buffer_steps
  * and buffer_bytes: the replay ring (default 10000 batches, 64M); hwm: the PUB socket's high-water
- * mark in batches (default 10000). */
+ * mark in batches (default 10000); batch_us: how long events may wait to be published together
+ * (default 1000; 0: at the end of each loop turn). */
 #define KVP_EVENTS_ENDPOINT_MAX 128
 #define KVP_EVENTS_NAME_MAX 128
 struct kvp_conf_events {
@@ -73,6 +74,8 @@ struct kvp_conf_events {
 	uint32_t buffer_steps;
 	uint64_t buffer_bytes;
 	uint32_t hwm;
+	uint32_t
+		batch_us; /* a batch is published once its first event is this old (0: each turn) */
 };
 
 struct kvp_remote_conf {

@@ -124,6 +124,7 @@ static const struct key_def g_events_keys[] = {
 	{ "buffer_bytes", KEY_BYTES, 64u << 10, 64ull << 30, 64ll << 20, EVENTS(buffer_bytes),
 	  .expect = "bytes in 64K..64G (64M)" },
 	{ "hwm", KEY_UINT, 1, 1u << 20, 10000, EVENTS(hwm) },
+	{ "batch_us", KEY_UINT, 0, 1000000, 1000, EVENTS(batch_us) },
 };
 
 static const struct key_def g_pool_keys[] = {

@@ -154,6 +154,11 @@ uint32_t kvp_events_staged(const struct kvp_events *ev)
 	return ev->batch.n;
 }
 
+size_t kvp_events_staged_bytes(const struct kvp_events *ev)
+{
+	return ev->batch.len;
+}
+
 /* Sends [topic, seq, payload] on sock (after the frames of `to`, a ROUTER peer's identity and
  * its empty delimiter, when given). 0 or -errno. */
 static int send_msg(void *sock, const zmq_msg_t *to, const char *topic, size_t tlen,
@@ -229,11 +234,14 @@ static const uint8_t g_end_seq[8] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 
 static int serve_snapshot(struct kvp_events *ev, const zmq_msg_t *id, kvp_events_snapshot_fn fn,
 			  void *ctx, double ts)
 {
-	struct kvp_events_batch turn = ev->batch; /* kvp_events_page stages into the snapshot */
+	struct kvp_events_batch turn;
 	uint8_t *data = NULL, seq[8];
 	size_t len = 0;
 	int r;
 
+	if (ev->batch.n)
+		kvp_events_flush(ev, ts); /* the snapshot holds what they say */
+	turn = ev->batch;		  /* kvp_events_page stages into the snapshot */
 	ev->batch = (struct kvp_events_batch){ .source = ev->source };
 	if ((r = kvp_events_batch_cleared(&ev->batch)) >= 0 && (!fn || (r = fn(ctx, ev)) >= 0))
 		r = kvp_events_batch_encode(&ev->batch, ts, &data, &len);
@@ -304,6 +312,16 @@ int kvp_events_serve(struct kvp_events *ev, kvp_events_snapshot_fn fn, void *ctx
 		for (int i = 0; i < np; i++)
 			zmq_msg_close(&part[i]);
 	}
+}
+
+int kvp_events_replay_fd(const struct kvp_events *ev)
+{
+	int fd = -1;
+	size_t len = sizeof(fd);
+
+	if (!ev->replay || zmq_getsockopt(ev->replay, ZMQ_FD, &fd, &len) < 0)
+		return -1;
+	return fd;
 }
 
 void kvp_events_stats(const struct kvp_events *ev, struct kvp_events_stats *st)

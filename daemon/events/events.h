@@ -77,8 +77,9 @@ void kvp_events_free(struct kvp_events *ev);
 int kvp_events_page(struct kvp_events *ev, const struct kvp_events_page *pg);
 /* Stages AllBlocksCleared: every page of the node is gone (kvpoold's start). */
 int kvp_events_cleared(struct kvp_events *ev);
-/* Events staged and not yet published. */
+/* Events staged and not yet published, and their encoded bytes. */
 uint32_t kvp_events_staged(const struct kvp_events *ev);
+size_t kvp_events_staged_bytes(const struct kvp_events *ev);
 /* Publishes the staged events as one batch stamped ts (seconds since the epoch); nothing when
  * none are staged. Returns the events published (0: none staged) or a negative errno (the batch
  * could not be encoded: it is lost, its sequence unused). */
@@ -87,13 +88,15 @@ int kvp_events_flush(struct kvp_events *ev, double ts);
 /* Stages one BlockStored for every page held (kvp_events_page) and returns 0 or a negative
  * errno. */
 typedef int (*kvp_events_snapshot_fn)(void *ctx, struct kvp_events *ev);
-/* Answers the replay requests waiting, without blocking; a snapshot request calls fn and is
- * stamped ts. Staged events stay staged (the snapshot carries the sequence of the last published
- * batch: flush first for it to include them). Returns the requests answered, or a negative
- * errno. */
+/* Answers the replay requests waiting, without blocking; a snapshot request first publishes the
+ * staged events (stamped ts), then calls fn: the snapshot is the state as of the last published
+ * sequence. Returns the requests answered, or a negative errno. */
 int kvp_events_serve(struct kvp_events *ev, kvp_events_snapshot_fn fn, void *ctx, double ts);
 
 void kvp_events_stats(const struct kvp_events *ev, struct kvp_events_stats *st);
+/* The replay socket's ZMQ_FD: readable when kvp_events_serve has something to do (poll it, then
+ * serve until it says nothing is left, as libzmq asks). -1 without a replay endpoint. */
+int kvp_events_replay_fd(const struct kvp_events *ev);
 
 /* ---- the encoder (events_encode.c), for tests ---- */
 

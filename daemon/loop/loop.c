@@ -203,7 +203,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		kvp_loop_cqe_remote_run(&sv);
 		kvp_loop_peer_close_owed(&sv);
 		kvp_loop_notice_push(&sv, false);
-		kvp_loop_events_turn(d);
+		kvp_loop_events_turn(&sv);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
 			if (kvp_reload_start(d, sv.work, reload_finished, &sv) == 0) {

@@ -1,9 +1,12 @@
 /* loop_events.c - feeds the publisher (events/) from the pools' page indexes: each pool with
  * events = on gets an observer (kvp_index_set_observer) that stages its pages' stores and
  * removals with the tier as medium ("GPU" for the device tier, "CPU" for the host tier) and the
- * pool's page_tokens as block size; snapshots walk every hooked pool. */
+ * pool's page_tokens as block size; snapshots walk every hooked pool. A batch is published once
+ * its first event is batch_us old, by the turn that finds it so or by a timeout on the ring;
+ * replay requests are served when a poll of the replay socket's ZMQ_FD completes. */
 #include "loop_events.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,7 @@
 #include "daemon.h"
 #include "kvp_config.h"
 #include "log.h"
+#include "loop_server.h"
 
 #if KVP_HAVE_EVENTS
 #include "events.h"
@@ -30,7 +34,26 @@ struct kvp_loop_events {
 	struct hooked pools[KVP_MAX_POOLS];
 	uint32_t n;
 	bool warned_encode;
+	uint64_t batch_ns; /* [events] batch_us */
+	uint64_t first_ns; /* when the loop first saw the staged events (0: none staged) */
+	bool timer_armed;  /* a timeout for them is on the ring */
+	struct kvp_src timer_src;
+	struct __kernel_timespec ts;
+	int replay_fd;	   /* the replay socket's ZMQ_FD, -1: none */
+	bool replay_armed; /* a poll of it is on the ring */
+	bool replay_due;   /* it fired: serve this turn */
+	struct kvp_src replay_src;
 };
+
+#define BATCH_BYTES_MAX (256u << 10) /* staged bytes published at once, whatever their age */
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static double wall_now(void)
 {
@@ -105,6 +128,9 @@ static int snapshot(void *ctx, struct kvp_events *ev)
 	return 0;
 }
 
+static void timer_fired(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe);
+static void replay_ready(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe);
+
 int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 {
 	const struct kvp_conf_events *c = &d->conf.events;
@@ -139,27 +165,101 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 		free(le);
 		return -1;
 	}
+	le->batch_ns = (uint64_t)c->batch_us * 1000u;
+	kvp_src_init(&le->timer_src, KVP_SRC_EVENTS, timer_fired, le);
+	kvp_src_init(&le->replay_src, KVP_SRC_EVENTS, replay_ready, le);
+	le->replay_fd = kvp_events_replay_fd(le->ev);
+	le->replay_due = true;
 	d->events = le;
 	kvp_events_cleared(le->ev);
 	hook_pools(d, le);
 	return 0;
 }
 
-void kvp_loop_events_turn(struct kvp_daemon *d)
+static void publish(struct kvp_loop_events *le)
 {
+	if (kvp_events_flush(le->ev, wall_now()) < 0 && !le->warned_encode) {
+		log_warn("events: a batch could not be encoded (out of memory): dropped");
+		le->warned_encode = true;
+	}
+	le->first_ns = 0;
+}
+
+static void timer_fired(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+	struct kvp_loop_events *le = src->owner;
+
+	(void)cqe;
+	le->timer_armed = false;
+	if (sv->d->events == le && kvp_events_staged(le->ev))
+		publish(le);
+}
+
+static void replay_ready(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct kvp_loop_events *le = src->owner;
+
+	(void)loop;
+	(void)cqe;
+	le->replay_armed = false;
+	le->replay_due = true;
+}
+
+/* A timeout that publishes the staged events after left_ns, when the loop would sleep. False
+ * when the ring has no SQE to spare. */
+static bool arm_timer(struct server *sv, struct kvp_loop_events *le, uint64_t left_ns)
+{
+	struct io_uring_sqe *sqe;
+
+	if (le->timer_armed)
+		return true;
+	sqe = io_uring_get_sqe(&sv->ring);
+	if (!sqe)
+		return false;
+	le->ts.tv_sec = (long long)(left_ns / 1000000000u);
+	le->ts.tv_nsec = (long long)(left_ns % 1000000000u);
+	io_uring_prep_timeout(sqe, &le->ts, 0, 0);
+	io_uring_sqe_set_data(sqe, &le->timer_src);
+	le->timer_armed = true;
+	return true;
+}
+
+void kvp_loop_events_turn(struct server *sv)
+{
+	struct kvp_daemon *d = sv->d;
 	struct kvp_loop_events *le = d->events;
 	struct kvp_events_stats st;
-	double now;
 
 	if (!le)
 		return;
 	hook_pools(d, le);
-	now = wall_now();
-	if (kvp_events_flush(le->ev, now) < 0 && !le->warned_encode) {
-		log_warn("events: a batch could not be encoded (out of memory): dropped");
-		le->warned_encode = true;
+	if (kvp_events_staged(le->ev)) {
+		uint64_t now = mono_ns();
+
+		if (!le->first_ns)
+			le->first_ns = now;
+		if (now - le->first_ns >= le->batch_ns || sv->stopping ||
+		    kvp_events_staged_bytes(le->ev) >= BATCH_BYTES_MAX ||
+		    !arm_timer(sv, le, le->batch_ns - (now - le->first_ns)))
+			publish(le);
 	}
-	kvp_events_serve(le->ev, snapshot, le, now);
+	/* the replay socket only when its fd said so: no libzmq call on a turn without requests */
+	if (le->replay_due) {
+		le->replay_due = false;
+		kvp_events_serve(le->ev, snapshot, le, wall_now());
+	}
+	if (le->replay_fd >= 0 && !le->replay_armed) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&sv->ring);
+
+		if (sqe) {
+			io_uring_prep_poll_add(sqe, le->replay_fd, POLLIN);
+			io_uring_sqe_set_data(sqe, &le->replay_src);
+			le->replay_armed = true;
+		} else {
+			le->replay_due = true; /* no SQE: look next turn */
+		}
+	}
 	kvp_events_stats(le->ev, &st);
 	d->st.events_batches = st.batches;
 	d->st.events_published = st.events;
@@ -195,9 +295,9 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 	return -1;
 }
 
-void kvp_loop_events_turn(struct kvp_daemon *d)
+void kvp_loop_events_turn(struct server *sv)
 {
-	(void)d;
+	(void)sv;
 }
 
 void kvp_loop_events_stop(struct kvp_daemon *d)

@@ -3,6 +3,8 @@
 #pragma once
 #include <stddef.h>
 
+#include "loop_server.h"
+
 struct kvp_daemon;
 
 /* Starts the publisher of an [events] section (nothing without one): binds its sockets, hooks
@@ -10,8 +12,10 @@ struct kvp_daemon;
  * BlockStored of every page the pools hold] (sequence 0 at each start). 0, or -1 with why in
  * err: a socket cannot be bound, or kvpoold was built without libzmq and msgpack-c. */
 int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen);
-/* End of a loop turn: hooks pools a reload created, publishes the turn's batch, answers replay
- * and snapshot requests, and copies the figures into the daemon's counters. */
-void kvp_loop_events_turn(struct kvp_daemon *d);
+/* End of a loop turn: hooks pools a reload created, publishes what is staged once its first
+ * event is batch_us old (a timeout on the ring publishes it when the loop has nothing else to
+ * do; batch_us 0: at the end of every turn), answers replay and snapshot requests, and copies the
+ * figures into the daemon's counters. */
+void kvp_loop_events_turn(struct server *sv);
 /* Publishes what is staged, unhooks the pools and closes the sockets. */
 void kvp_loop_events_stop(struct kvp_daemon *d);

@@ -29,8 +29,8 @@ static const char *conf_text(bool events, char *buf, size_t n)
 	int k = snprintf(buf, n,
 			 "[daemon]\n"
 			 "[pool.p]\nlayers = 2\nkv_heads = 2\nhead_dim = 16\ndtype = fp16\n"
-			 "page_tokens = %d\ndevice = sim\ndevice_capacity = 1024p\n"
-			 "host_capacity = 1024p\nmlock = off\n",
+			 "page_tokens = %d\ndevice = sim\ndevice_capacity = 16384t\n"
+			 "host_capacity = 16384t\nmlock = off\n",
 			 PT);
 
 	if (events)
@@ -55,7 +55,10 @@ static int side_start(struct side *s, bool events)
 
 	memset(s, 0, sizeof(*s));
 	if (h_daemon_start(&s->d, conf_text(events, conf, sizeof(conf)), NULL) < 0) {
-		fprintf(stderr, "bench_events: kvpoold did not start (log %s)\n", s->d.log);
+		fprintf(stderr, "bench_events: kvpoold did not start:\n");
+		if (system((snprintf(conf, sizeof(conf), "cat %s >&2", s->d.log), conf)) != 0)
+			fprintf(stderr, "(no log)\n");
+		h_daemon_cleanup(&s->d);
 		return -1;
 	}
 	s->c = kvp_client_connect(s->d.sock, "bench-events", &e);
@@ -120,6 +123,28 @@ static void *read_all(void *arg)
 				r->msgs++;
 	}
 	return NULL;
+}
+
+/* CPU seconds (user + system) process pid used so far, -1 when unknown. */
+static double cpu_s(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')'); /* fields after the command name: state is field 3 */
+	if (!p ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -197,7 +222,7 @@ int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
 	uint32_t rounds = quick ? 3 : 7, per = quick ? 300 : 3000, nlag = quick ? 200 : 2000;
-	double on[7], off[7];
+	double on[7], off[7], cpu_a, cpu_b;
 	struct side a, b;
 	struct reader rd = { 0 };
 	pthread_t th;
@@ -226,6 +251,8 @@ int main(int argc, char **argv)
 	/* warm both up (the pools fill: demotions and evictions from here on) */
 	if (ops(&a, 300) < 0 || ops(&b, 300) < 0)
 		goto out;
+	cpu_a = cpu_s(a.d.pid);
+	cpu_b = cpu_s(b.d.pid);
 	for (uint32_t r = 0; r < rounds; r++) {
 		double t0 = b_now_s();
 
@@ -237,14 +264,17 @@ int main(int argc, char **argv)
 			goto out;
 		on[r] = per / (b_now_s() - t0);
 	}
+	cpu_a = (cpu_s(a.d.pid) - cpu_a) / (rounds * per) * 1e6;
+	cpu_b = (cpu_s(b.d.pid) - cpu_b) / (rounds * per) * 1e6;
 	atomic_store(&rd.stop, true);
 	pthread_join(th, NULL);
 	qsort(on, rounds, sizeof(double), cmp_d);
 	qsort(off, rounds, sizeof(double), cmp_d);
 	snprintf(params, sizeof(params),
 		 "{\"rounds\":%u,\"ops_per_round\":%u,\"op\":\"alloc 4 pages + insert 64 tokens + "
-		 "free + match\",\"page_tokens\":%d,\"batches_read\":%lu}",
-		 rounds, per, PT, (unsigned long)rd.msgs);
+		 "free + match\",\"page_tokens\":%d,\"batches_read\":%lu,"
+		 "\"kvpoold_cpu_us_per_op_on\":%.1f,\"kvpoold_cpu_us_per_op_off\":%.1f}",
+		 rounds, per, PT, (unsigned long)rd.msgs, cpu_a, cpu_b);
 	b_row_print(&(struct b_row){
 		.name = "events.overhead",
 		.params = params,

@@ -298,7 +298,8 @@ def test_subscriber_that_never_reads():
     """A subscriber that never reads costs at most hwm batches: kvpoold goes on, counts the
     batches it could not send, its memory stays bounded, and a reader that missed them gets
     them back by replay."""
-    d = Daemon(events_conf("slow", hwm=4, extra_events="buffer_steps = 64\nbuffer_bytes = 64K\n"))
+    d = Daemon(events_conf("slow", hwm=4, extra_events="buffer_steps = 64\nbuffer_bytes = 64K\n"
+                                                   "batch_us = 0\n"))
     stuck = Subscriber("slow", rcvhwm=1)
     try:
         import kvpool
@@ -349,7 +350,7 @@ def test_restart_starts_at_seq_0_with_all_blocks_cleared():
         try:
             time.sleep(0.3)
             first = s.replay(0)
-            assert len(first) >= 2
+            assert len(first) >= 1  # the start batch, and the Insert (maybe in it)
             assert model_of(dict(first)).count("GPU") == 2
         finally:
             s.close()

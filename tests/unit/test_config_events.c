@@ -69,6 +69,7 @@ static void test_kvp_conf_load_string_events_defaults(void)
 	CU_ASSERT_EQUAL(c.events.buffer_steps, 10000);
 	CU_ASSERT_EQUAL(c.events.buffer_bytes, 64ull << 20);
 	CU_ASSERT_EQUAL(c.events.hwm, 10000);
+	CU_ASSERT_EQUAL(c.events.batch_us, 1000);
 	CU_ASSERT_EQUAL(c.pools[0].events, 1);
 }
 
@@ -83,7 +84,8 @@ static void test_kvp_conf_load_string_events_values(void)
 		  "source = node1\n"
 		  "buffer_steps = 500\n"
 		  "buffer_bytes = 1M\n"
-		  "hwm = 64\n" POOL_P "events = on\n",
+		  "hwm = 64\n"
+		  "batch_us = 0\n" POOL_P "events = on\n",
 		  &c);
 	CU_ASSERT_STRING_EQUAL(c.events.endpoint, "ipc:///run/kvpool/events");
 	CU_ASSERT_STRING_EQUAL(c.events.replay_endpoint, "tcp://*:5558");
@@ -92,6 +94,7 @@ static void test_kvp_conf_load_string_events_values(void)
 	CU_ASSERT_EQUAL(c.events.buffer_steps, 500);
 	CU_ASSERT_EQUAL(c.events.buffer_bytes, 1ull << 20);
 	CU_ASSERT_EQUAL(c.events.hwm, 64);
+	CU_ASSERT_EQUAL(c.events.batch_us, 0);
 	CU_ASSERT_EQUAL(c.pools[0].events, 1);
 	expect_ok("[events]\nendpoint = inproc://kv\nreplay_endpoint =\n" POOL_P, &c);
 	CU_ASSERT_STRING_EQUAL(c.events.replay_endpoint, "");
