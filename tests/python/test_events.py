@@ -377,3 +377,49 @@ def test_bind_failure_refuses_to_start(tmp_path):
                                       f"ipc://{tmp_path}/no/such/dir/pub")
     with pytest.raises(RuntimeError, match="(?s)exited with 2.*events: endpoint ipc://.*No such file"):
         Daemon(conf)
+
+
+def test_kvpoolctl_events_and_top(evd):
+    """kvpoolctl events prints what a router decodes (a snapshot as JSON lines: the model of the
+    cache; from seq 0 readable lines); kvpoolctl top prints one screen when not on a terminal."""
+    import kvpool
+    with kvpool.connect(evd.sock) as c:
+        p = c.attach("e")
+        with p.alloc(3) as l:
+            p.insert(l, list(range(700, 712)))
+    ctl = [KVPOOLCTL, "events", f"ipc://{IPC_DIR}/m.pub", "--topic", "kvpool",
+           "--replay", f"ipc://{IPC_DIR}/m.replay", "--count", "1", "--timeout", "10000"]
+    out = subprocess.run(ctl + ["--snapshot", "--json"], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert lines[0]["type"] == "AllBlocksCleared"
+    held = collections.Counter((x["block_hashes"][0], x["medium"]) for x in lines[1:])
+    assert all(x["type"] == "BlockStored" and x["ownership"] == "node-test" for x in lines[1:])
+    s = Subscriber("m")
+    try:
+        _, snap = s.snapshot()
+        m = Model()
+        m.apply(snap)
+        assert held == collections.Counter({(h.hex(), md): n for (h, md), n in m.pages.items()
+                                            if n})
+        assert_model_is_cache(m, evd)
+    finally:
+        s.close()
+    out = subprocess.run(ctl + ["--from", "0"], check=True, capture_output=True, text=True,
+                         timeout=30).stdout
+    assert out.startswith("#0 ") and "AllBlocksCleared" in out.splitlines()[0]
+    # bad use is a usage error
+    r = subprocess.run([KVPOOLCTL, "events", f"ipc://{IPC_DIR}/m.pub", "--snapshot"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "usage: kvpoolctl events" in r.stderr
+
+    top = subprocess.run([KVPOOLCTL, "--socket", evd.sock, "top"], check=True,
+                         capture_output=True, text=True, timeout=30).stdout
+    assert "\033[" not in top  # not a terminal: no escapes, one screen
+    assert top.count("kvpoold ") == 1 and "events: " in top and " dropped" in top
+    rows = [x.split() for x in top.splitlines()]
+    assert any(r[:2] == ["e", "device"] for r in rows)
+    assert any(r[:1] == ["host"] for r in rows)
+    two = subprocess.run([KVPOOLCTL, "--socket", evd.sock, "top", "--count", "2", "--interval",
+                          "100"], check=True, capture_output=True, text=True, timeout=30).stdout
+    assert two.count("kvpoold ") == 2
