@@ -90,15 +90,26 @@ static bool live(const struct kvp_daemon *d, const struct hooked *h)
 }
 
 /* Hooks the pools not hooked yet (a reload's) and forgets the ones gone; a new pool's pages
- * (none, or a restart's) are staged as stored. */
+ * (none, or a restart's) are staged as stored. A pool gone (a reload removed it) took its pages
+ * with it unseen: the stream starts over, AllBlocksCleared then every page of the others. */
 static void hook_pools(struct kvp_daemon *d, struct kvp_loop_events *le)
 {
+	bool gone = false;
+
 	for (uint32_t j = 0; j < le->n;) {
 		if (live(d, &le->pools[j])) {
 			j++;
 			continue;
 		}
 		le->pools[j] = le->pools[--le->n];
+		gone = true;
+	}
+	if (gone) {
+		kvp_events_cleared(le->ev);
+		for (uint32_t j = 0; j < le->n; j++) {
+			kvp_index_set_observer(le->pools[j].p->ix, observed, &le->pools[j]);
+			kvp_index_observe_all(le->pools[j].p->ix);
+		}
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {
 		struct kvpd_pool *p = d->pools[i];
@@ -268,6 +279,11 @@ void kvp_loop_events_turn(struct server *sv)
 	d->st.events_snapshots = st.snapshots;
 }
 
+struct kvp_events *kvp_loop_events_publisher(struct kvp_daemon *d)
+{
+	return d->events ? d->events->ev : NULL;
+}
+
 void kvp_loop_events_stop(struct kvp_daemon *d)
 {
 	struct kvp_loop_events *le = d->events;
@@ -298,6 +314,12 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 void kvp_loop_events_turn(struct server *sv)
 {
 	(void)sv;
+}
+
+struct kvp_events *kvp_loop_events_publisher(struct kvp_daemon *d)
+{
+	(void)d;
+	return NULL;
 }
 
 void kvp_loop_events_stop(struct kvp_daemon *d)
