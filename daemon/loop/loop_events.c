@@ -196,15 +196,16 @@ static void publish(struct kvp_loop_events *le)
 	le->first_ns = 0;
 }
 
+/* The turn's end (kvp_loop_events_turn) publishes the batch when its first event is old enough
+ * by now, or arms the timeout again for what is left: one that was armed for an earlier batch
+ * (published since by a busy turn) does not cut the next one short. */
 static void timer_fired(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
 {
-	struct server *sv = loop;
 	struct kvp_loop_events *le = src->owner;
 
+	(void)loop;
 	(void)cqe;
 	le->timer_armed = false;
-	if (sv->d->events == le && kvp_events_staged(le->ev))
-		publish(le);
 }
 
 static void replay_ready(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
