@@ -139,6 +139,7 @@ static int snapshot(void *ctx, struct kvp_events *ev)
 	return 0;
 }
 
+static void publish(struct kvp_loop_events *le);
 static void timer_fired(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe);
 static void replay_ready(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe);
 
@@ -184,6 +185,7 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 	d->events = le;
 	kvp_events_cleared(le->ev);
 	hook_pools(d, le);
+	publish(le); /* sequence 0, in the ring before any subscriber can ask for it */
 	return 0;
 }
 

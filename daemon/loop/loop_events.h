@@ -8,8 +8,8 @@
 struct kvp_daemon;
 
 /* Starts the publisher of an [events] section (nothing without one): binds its sockets, hooks
- * the page index of every pool with events = on, and stages the first batch, [AllBlocksCleared,
- * BlockStored of every page the pools hold] (sequence 0 at each start). 0, or -1 with why in
+ * the page index of every pool with events = on, and publishes the first batch, [AllBlocksCleared,
+ * BlockStored of every page the pools hold], as sequence 0. 0, or -1 with why in
  * err: a socket cannot be bound, or kvpoold was built without libzmq and msgpack-c. */
 int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen);
 /* End of a loop turn: hooks pools a reload created, publishes what is staged once its first
