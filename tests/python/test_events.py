@@ -6,7 +6,7 @@ reads (bounded memory, drops counted), and the sequence rules across a kvpoold r
 Needs vllm (its kv_events module) and pyzmq: run in the engine venv, skipped elsewhere."""
 import collections
 import json
-import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -196,6 +196,13 @@ for r in range(rounds):
 c.close()
 print("ok")
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ipc_dir():
+    """The folder of the tests' ipc endpoints, removed at the end."""
+    yield IPC_DIR
+    shutil.rmtree(IPC_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
