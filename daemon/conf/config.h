@@ -259,3 +259,6 @@ const char *kvp_remote_mode_name(enum kvp_remote_mode m); /* "off", "spill", "wr
 /* Whether b configures the remote tier as a does: the same [remote] section, each pool of b
  * with the mode of a's pool at its index (off for pools a does not have). */
 int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b);
+/* Whether b configures KV events as a does: the same [events] section (or none in both), and
+ * each pool of a the same events key in b (a pool b adds may say either). 1 or 0. */
+int kvp_conf_events_same(const struct kvp_conf *a, const struct kvp_conf *b);

@@ -1,6 +1,6 @@
 /* config_events.c - the text keys of the [events] section: ZeroMQ endpoints (tcp://, ipc://,
  * inproc://) and the topic and source names, checked here so that a bad one is a config error at
- * its line rather than a failure to bind at start. */
+ * its line rather than a failure to bind at start; and whether a reload changes KV events. */
 #include "config_parse.h"
 
 #include <string.h>
@@ -50,4 +50,19 @@ void kvp_conf_parse_events_text(struct parse *s, const char *key, const char *v)
 		return;
 	}
 	memcpy(field, v, n + 1);
+}
+
+int kvp_conf_events_same(const struct kvp_conf *a, const struct kvp_conf *b)
+{
+	const struct kvp_conf_events *x = &a->events, *y = &b->events;
+
+	if (x->enabled != y->enabled || strcmp(x->endpoint, y->endpoint) ||
+	    strcmp(x->replay_endpoint, y->replay_endpoint) || strcmp(x->topic, y->topic) ||
+	    strcmp(x->source, y->source) || x->buffer_steps != y->buffer_steps ||
+	    x->buffer_bytes != y->buffer_bytes || x->hwm != y->hwm || x->batch_us != y->batch_us)
+		return 0;
+	for (uint32_t i = 0; i < a->n_pools && i < b->n_pools; i++)
+		if (a->pools[i].events != b->pools[i].events)
+			return 0;
+	return 1;
 }

@@ -430,3 +430,22 @@ def test_kvpoolctl_events_and_top(evd):
     two = subprocess.run([KVPOOLCTL, "--socket", evd.sock, "top", "--count", "2", "--interval",
                           "100"], check=True, capture_output=True, text=True, timeout=30).stdout
     assert two.count("kvpoold ") == 2
+
+
+def test_reload_changing_events_is_refused():
+    """[events] is read at start: a reload that changes it is refused whole, with the reason."""
+    d = Daemon(events_conf("rl"))
+    try:
+        with open(d.conf, "w") as f:
+            f.write(events_conf("rl", hwm=5))
+        r = subprocess.run([KVPOOLCTL, "--socket", d.sock, "reload"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 1
+        assert "[events] section or a pool's events key changes" in r.stdout + r.stderr
+        with open(d.conf, "w") as f:
+            f.write(events_conf("rl"))
+        r = subprocess.run([KVPOOLCTL, "--socket", d.sock, "reload"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        d.stop()

@@ -130,6 +130,28 @@ static void test_kvp_conf_load_string_events_errors(void)
 		   "t.conf:8: key 'events' in [pool.p]: expected on or off, got 'maybe'");
 }
 
+static void test_kvp_conf_events_same_cases(void)
+{
+	struct kvp_conf a, b;
+
+	expect_ok("[events]\nendpoint = tcp://*:1\n" POOL_P, &a);
+	expect_ok("[events]\nendpoint = tcp://*:1\n" POOL_P, &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 1);
+	expect_ok("[events]\nendpoint = tcp://*:1\nhwm = 5\n" POOL_P, &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 0);
+	expect_ok("[events]\nendpoint = tcp://*:2\n" POOL_P, &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 0);
+	expect_ok(POOL_P, &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 0);
+	expect_ok("[events]\nendpoint = tcp://*:1\n" POOL_P "events = off\n", &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 0);
+	/* a pool the reload adds may say either */
+	expect_ok("[events]\nendpoint = tcp://*:1\n" POOL_P "[pool.q]\nlayers = 2\nkv_heads = 1\n"
+		  "head_dim = 8\ndtype = fp16\npage_tokens = 4\nhost_capacity = 1M\nevents = off\n",
+		  &b);
+	CU_ASSERT_EQUAL(kvp_conf_events_same(&a, &b), 1);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -137,6 +159,7 @@ int main(void)
 		H_TEST(test_kvp_conf_load_string_events_defaults),
 		H_TEST(test_kvp_conf_load_string_events_values),
 		H_TEST(test_kvp_conf_load_string_events_errors),
+		H_TEST(test_kvp_conf_events_same_cases),
 	};
 
 	return H_RUN_SUITE("config_events", NULL, NULL, tests);
