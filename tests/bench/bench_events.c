@@ -49,6 +49,13 @@ struct side {
 	uint32_t next; /* prompts inserted so far */
 };
 
+static void side_stop(struct side *s)
+{
+	kvp_client_close(s->c);
+	h_daemon_stop(&s->d);
+	h_daemon_cleanup(&s->d);
+}
+
 static int side_start(struct side *s, bool events)
 {
 	char conf[1024];
@@ -66,16 +73,10 @@ static int side_start(struct side *s, bool events)
 	s->p = s->c ? kvp_pool_attach(s->c, "p", NULL, &e) : NULL;
 	if (!s->p) {
 		fprintf(stderr, "bench_events: attach: %s\n", e.message);
+		side_stop(s);
 		return -1;
 	}
 	return 0;
-}
-
-static void side_stop(struct side *s)
-{
-	kvp_client_close(s->c);
-	h_daemon_stop(&s->d);
-	h_daemon_cleanup(&s->d);
 }
 
 /* n ops; 0 or -1. */
@@ -267,8 +268,15 @@ int main(int argc, char **argv)
 	snprintf(g_ipc, sizeof(g_ipc), "/tmp/kvpool-bench-events-XXXXXX");
 	if (!mkdtemp(g_ipc))
 		return 1;
-	if (side_start(&a, true) < 0 || side_start(&b, false) < 0)
+	if (side_start(&a, true) < 0) {
+		rmdir(g_ipc);
 		return 1;
+	}
+	if (side_start(&b, false) < 0) {
+		side_stop(&a);
+		rmdir(g_ipc); /* a's sockets went with it */
+		return 1;
+	}
 	/* warm both up (the pools fill: demotions and evictions from here on) */
 	if (ops(&a, 300) < 0 || ops(&b, 300) < 0)
 		goto out;
