@@ -9,6 +9,7 @@
 
 #include "json.h"
 #include "kvpool.h"
+#include "kvpoolctl.h"
 #include "names.h"
 #include "units.h"
 
@@ -47,6 +48,11 @@ static void usage(FILE *f)
 		"  reload                 re-read the configuration file and print what changed, once "
 		"applied (admin)\n"
 		"  metrics                Prometheus text exposition\n"
+		"  top [--interval MS] [--count N]   live view of pools, tiers, hit rates and the\n"
+		"                         busiest sessions (one screen when not on a terminal)\n"
+		"  events ENDPOINT [--topic T] [--replay ENDPOINT [--from SEQ | --snapshot]]\n"
+		"         [--count BATCHES] [--timeout MS]   kvpoold's KV events ([events]) as\n"
+		"                         readable lines (--json: one object a line)\n"
 		"  check-config FILE      validate a config and print its memory plan, starting "
 		"nothing\n\n"
 		"Options:\n"
@@ -653,6 +659,8 @@ int main(int argc, char **argv)
 		}
 		return kvp_check_config(argv[1], g_json);
 	}
+	if (strcmp(argv[0], "events") == 0)
+		return kvp_ctl_events(argc, argv, g_json);
 	if (strcmp(argv[0], "help") == 0) {
 		usage(stdout);
 		return EXIT_OK;
@@ -675,6 +683,8 @@ int main(int argc, char **argv)
 		r = cmd_sessions(c);
 	else if (strcmp(argv[0], "cache") == 0)
 		r = cmd_cache(c, argc > 1 ? argv[1] : NULL);
+	else if (strcmp(argv[0], "top") == 0)
+		r = kvp_ctl_top(c, argc, argv);
 	else
 		r = cmd_simple(c, argc, argv);
 	kvp_client_close(c);

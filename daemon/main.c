@@ -18,6 +18,7 @@
 #include "log.h"
 #include "names.h"
 #include "loop.h"
+#include "loop_events.h"
 #include "notify.h"
 #include "reload.h"
 #include "session.h"
@@ -317,6 +318,20 @@ int main(int argc, char **argv)
 #endif
 	}
 
+	{
+		char err[256];
+
+		if (kvp_loop_events_start(&d, err, sizeof(err)) < 0) {
+			log_err("events: %s", err);
+			code = 2;
+			goto out;
+		}
+		if (d.events)
+			log_info("events: publishing on %s%s%s", d.conf.events.endpoint,
+				 d.conf.events.replay_endpoint[0] ? ", replay on " : "",
+				 d.conf.events.replay_endpoint);
+	}
+
 	/* Once clients can connect, a stop request waits for the loop's signalfd (start-up from
 	 * here to the loop never blocks): a SIGTERM right after the socket appears is a clean
 	 * stop, exit 0, not the start-up handler's end by the signal. */
@@ -352,6 +367,7 @@ int main(int argc, char **argv)
 	code = kvp_server_run(&d, fd, sock);
 	close(fd);
 out:
+	kvp_loop_events_stop(&d);
 	while (d.sessions)
 		kvp_session_destroy(&d, d.sessions);
 		/* With every session ended, each page must be free or cached and every pool's

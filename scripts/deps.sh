@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(meson ninja-build pkg-config gcc python3 liburing-dev libnuma-dev libprotobuf-c-dev
 	protobuf-c-compiler libcunit1-dev libinih-dev libsystemd-dev libmicrohttpd-dev systemd
-	libhiredis-dev nettle-dev)
+	libhiredis-dev nettle-dev libzmq3-dev libmsgpack-dev)
 # the Python package's extension and the test venv (scripts/pytest.sh): Debian's python3
 # headers and venv module; a python3 of another origin first on PATH brings its own
 if [ "${KVP_NO_PYTHON:-0}" != 1 ]; then

@@ -12,7 +12,8 @@
 #                        (with the CUDA wheels it pulls, about 5.5 GiB in the venv); it runs on
 #                        the CPU all the same.
 #   KVP_PY_SETUP_ARGS    meson options for the package build (e.g. -Dcuda=disabled)
-#   KVP_ENGINE_VENV=DIR  the venv of the engine plug-in tests (test_sglang.py, test_vllm*.py;
+#   KVP_ENGINE_VENV=DIR  the venv of the engine plug-in tests (test_sglang.py, test_vllm*.py,
+#                        test_events.py: vLLM's KVEventBatch decoder;
 #                        default .venv-engines): SGLang's host pools and vLLM's block hashing
 #                        import the engines' model configs, which need transformers 5, while
 #                        kvpool.transformers is tested with the pin above. It holds torch (the
@@ -131,7 +132,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import Of
 import vllm.model_executor.models.llama"
 # the engine plug-ins' tests (engine venv only), and the tests run in both venvs
 engine_tests="test_sglang.py test_sglang_linker.py test_sglang_platform.py
-	test_sglang_plugin.py test_vllm.py test_vllm_scheduler.py"
+	test_sglang_plugin.py test_vllm.py test_vllm_scheduler.py test_events.py"
 both_tests="test_transformers.py"
 epy=""
 if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then

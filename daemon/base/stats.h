@@ -64,7 +64,13 @@
 	X(checkpoint_write_us, "books_checkpoint_write_microseconds_total",                        \
 	  "Microseconds forked writers took to write periodic checkpoints, off the loop")          \
 	X(checkpoint_forks, "books_checkpoint_forks_total",                                        \
-	  "Periodic checkpoints written by a forked writer")
+	  "Periodic checkpoints written by a forked writer")                                       \
+	X(events_batches, "events_batches_total", "KV event batches published ([events])")         \
+	X(events_published, "events_total", "KV events in the batches published")                  \
+	X(events_dropped, "events_dropped_batches_total",                                          \
+	  "KV event batches not sent: a subscriber's high-water mark (replayable) or no memory")   \
+	X(events_replays, "events_replays_total", "KV event replay requests answered")             \
+	X(events_snapshots, "events_snapshots_total", "KV event snapshot requests answered")
 
 #define KVP_STAT_FIELD(f, n, h) uint64_t f;
 struct kvp_pool_stats {

@@ -118,6 +118,8 @@ struct kvp_index {
 	void *spill_ctx;
 	kvp_index_spill_fn landed; /* device pages demoted to host (kvp_index_set_landed) */
 	void *landed_ctx;
+	kvp_index_observe_fn observe; /* every change (kvp_index_set_observer) */
+	void *observe_ctx;
 	struct list lru[3][NLFU];	  /* [LIST_DEV or LIST_HOST][class] */
 	struct kvp_index_flight *flights; /* in flight, newest first */
 	struct kvp_index_stats st;
@@ -625,6 +627,67 @@ static void slot_put(struct slab *s, size_t sz, uint32_t i)
 	s->nfree++;
 }
 
+static const uint8_t *page_key(struct kvp_index *kc, uint32_t i);
+
+/* Tells the observer that entry i was stored in or removed from tier. */
+static void observe(struct kvp_index *kc, uint32_t i, enum kvp_index_change ch, int tier)
+{
+	const struct kc_entry *e = &kc->ent[i];
+	struct kvp_index_event ev = { .change = ch, .tier = (enum kvp_tier_id)tier };
+
+	ev.ns = kc->nsr[e->ns].ns;
+	ev.keyed = !e->tok;
+	ev.key.data = page_key(kc, i);
+	ev.key.len = e->klen1 + 1u;
+	if (e->parent != NONE) {
+		ev.parent.data = page_key(kc, e->parent);
+		ev.parent.len = kc->ent[e->parent].klen1 + 1u;
+	}
+	if (e->tok) {
+		ev.tokens = (const uint32_t *)(const void *)tokens_at(kc, e);
+		ev.ntokens = kc->conf.page_tokens;
+	}
+	kc->observe(kc->observe_ctx, &ev);
+}
+
+void kvp_index_set_observer(struct kvp_index *kc, kvp_index_observe_fn fn, void *ctx)
+{
+	kc->observe = fn;
+	kc->observe_ctx = ctx;
+}
+
+/* Entry i and its ancestors not yet told (seen[] marks the told), ancestors first: a loop up the
+ * parent links to the first told one, then down again. */
+static void observe_up(struct kvp_index *kc, uint32_t i, uint8_t *seen)
+{
+	while (!seen[i]) {
+		uint32_t top = i;
+
+		while (kc->ent[top].parent != NONE && !seen[kc->ent[top].parent])
+			top = kc->ent[top].parent;
+		seen[top] = 1;
+		observe(kc, top, KVP_INDEX_STORED, (int)kc->ent[top].tier);
+	}
+}
+
+void kvp_index_observe_all(struct kvp_index *kc)
+{
+	uint8_t *seen;
+
+	if (!kc || !kc->observe)
+		return;
+	seen = calloc(kc->ent_hw ? kc->ent_hw : 1, 1);
+	for (uint32_t i = 0; i < kc->ent_hw; i++) {
+		if (kc->ent[i].list == LIST_FREE)
+			continue;
+		if (seen)
+			observe_up(kc, i, seen);
+		else
+			observe(kc, i, KVP_INDEX_STORED, (int)kc->ent[i].tier);
+	}
+	free(seen);
+}
+
 /* A new entry (room reserved): in the table, counted, parent linked. A token page (t not NULL)
  * has its tokens t and key k of KVP_PAGE_KEY_BYTES, or of 0 bytes: derived when first asked
  * for (page_key). */
@@ -672,6 +735,8 @@ static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const s
 	refresh(kc, i);
 	if (kc->st.entries > 2ull * kc->nbuckets)
 		table_grow(kc); /* within a long insert too: chains stay short */
+	if (kc->observe)
+		observe(kc, i, KVP_INDEX_STORED, tier);
 	return i;
 }
 
@@ -681,6 +746,8 @@ static void entry_drop(struct kvp_index *kc, uint32_t i)
 	struct kc_entry *e = &kc->ent[i];
 	uint32_t c = slab_of(e), p = e->parent;
 
+	if (kc->observe)
+		observe(kc, i, KVP_INDEX_REMOVED, (int)e->tier);
 	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
 	kc->st.evicted_pages[e->tier]++;
 	acct(kc, e, -1);
@@ -1488,6 +1555,8 @@ static void retier(struct kvp_index *kc, uint32_t i, int to, uint32_t page)
 	struct kc_entry *e = &kc->ent[i];
 	int from = (int)e->tier;
 
+	if (kc->observe && from != to)
+		observe(kc, i, KVP_INDEX_REMOVED, from);
 	acct(kc, e, -1);
 	e->tier = (uint32_t)to;
 	e->page = page;
@@ -1500,6 +1569,8 @@ static void retier(struct kvp_index *kc, uint32_t i, int to, uint32_t page)
 		refresh_at(kc, e->parent, from == KVP_TIER_ID_DEVICE);
 	}
 	refresh(kc, i);
+	if (kc->observe && from != to)
+		observe(kc, i, KVP_INDEX_STORED, to);
 }
 
 int kvp_index_promote(struct kvp_index *kc, struct kvp_index_lock *lock, uint32_t *dev_out,

@@ -1,7 +1,8 @@
 /* index.h - the one index of a pool's cached pages: every cached page is an entry named by a page
  * key, with locks, leaves-first LRU or LFU eviction, demotion of device pages to host pages
  * (synchronous or as asynchronous copies), promotion back, host-to-device upgrade on insert,
- * spill and landed hooks, hit counts, flush, walk and check, all once for both kinds of calls:
+ * spill and landed hooks, an observer of every change, hit counts, flush, walk and check, all once
+ * for both kinds of calls:
  *  - key calls name pages by engine-supplied chains of page keys (opaque byte strings of 1 ..
  *    KVP_KEY_MAX bytes, each already folding in its parent);
  *  - token calls name pages by their tokens: the index stores the page's tokens and its parent
@@ -81,6 +82,32 @@ void kvp_index_set_spill(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx)
 /* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion
  * (synchronous or a flight's), called as the spill hook is with the entry's new host page. */
 void kvp_index_set_landed(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx);
+/* What the observer hook sees: a page stored in a tier (a new entry, or one that moved there),
+ * or removed from one (dropped, or moved away: a move is a removal from the old tier then a
+ * store in the new one). key: the page's key (a token page's: its kvp_page_key, derived for the
+ * hook); parent: its parent's key, 0 bytes for a chain's first page; tokens: a token page's
+ * page_tokens ids, NULL for a key call's page. Valid only during the call. */
+enum kvp_index_change {
+	KVP_INDEX_STORED = 0,
+	KVP_INDEX_REMOVED,
+	KVP_INDEX_CHANGE_MAX,
+};
+struct kvp_index_event {
+	enum kvp_index_change change;
+	enum kvp_tier_id tier;
+	uint64_t ns;
+	int keyed;
+	struct kvp_key key, parent;
+	const uint32_t *tokens;
+	uint32_t ntokens;
+};
+/* Called on every change, on the index's thread; it must not change the index. One branch when
+ * unset. Flush and restores (kvp_index_put) are changes too. fn NULL clears it. */
+typedef void (*kvp_index_observe_fn)(void *ctx, const struct kvp_index_event *ev);
+void kvp_index_set_observer(struct kvp_index *kc, kvp_index_observe_fn fn, void *ctx);
+/* Tells the observer of every cached page as stored in its tier, parents before children (a
+ * snapshot); nothing when none is set. */
+void kvp_index_observe_all(struct kvp_index *kc);
 /* The table hashes' seed, from getrandom(2) at kvp_index_new (for tests). */
 uint64_t kvp_index_seed(const struct kvp_index *kc);
 /* Accepts NULL. Does not touch the allocators' page states. */

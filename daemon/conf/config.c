@@ -119,9 +119,20 @@ static void section_begin(struct parse *s, const char *name, size_t len)
 		s->kind = SECT_REMOTE;
 		return;
 	}
+	if (strcmp(s->sect, "events") == 0) {
+		if (s->events_line) {
+			fail_at(s, s->lineno, "[events] appears twice (first at line %d)",
+				s->events_line);
+			return;
+		}
+		s->events_line = s->lineno;
+		s->conf.events.enabled = 1;
+		s->kind = SECT_EVENTS;
+		return;
+	}
 	if (strncmp(s->sect, "pool.", 5) != 0) {
 		fail_at(s, s->lineno,
-			"unknown section [%s]: expected [daemon], [remote] or [pool.NAME]",
+			"unknown section [%s]: expected [daemon], [remote], [events] or [pool.NAME]",
 			s->sect);
 		return;
 	}
@@ -395,6 +406,14 @@ static int check_pool(struct parse *s, uint32_t idx)
 			p->name, kvp_remote_mode_name(p->remote));
 		return -EINVAL;
 	}
+	if (ps->key_line[kvp_conf_key_index(SECT_POOL, "events")] && p->events &&
+	    !s->conf.events.enabled) {
+		fail_at(s, ps->key_line[kvp_conf_key_index(SECT_POOL, "events")],
+			"key 'events' in [pool.%s]: events = on needs an [events] section with an "
+			"endpoint",
+			p->name);
+		return -EINVAL;
+	}
 	if (p->remote != KVP_REMOTE_OFF && !p->host_pages) {
 		fail_at(s, remote_line,
 			"key 'remote' in [pool.%s]: remote = %s needs a host tier (host_capacity)",
@@ -414,6 +433,11 @@ static int check_all(struct parse *s)
 	}
 	if (s->remote_line && missing) {
 		fail_at(s, s->remote_line, "[remote]: missing required key '%s'", missing);
+		return -EINVAL;
+	}
+	missing = kvp_conf_key_missing(SECT_EVENTS, s->events_seen_keys);
+	if (s->events_line && missing) {
+		fail_at(s, s->events_line, "[events]: missing required key '%s'", missing);
 		return -EINVAL;
 	}
 	for (uint32_t i = 0; i < s->conf.n_pools; i++)

@@ -65,6 +65,27 @@ enum kvp_disk_mode {
 #define KVP_CRED_SRC_MAX 192 /* "file:PATH" or "credential:NAME", with its NUL */
 #define KVP_ACL_USER_MAX 64
 
+/* The [events] section: KV events for routers (daemon/events/). endpoint: the PUB socket's
+ * (required); replay_endpoint: the ROUTER's ("" = no replay); topic: every message's first frame;
+ * source: the ownership field of page events (default "kvpool@" and the host name); buffer_steps
+ * and buffer_bytes: the replay ring (default 10000 batches, 64M); hwm: the PUB socket's high-water
+ * mark in batches (default 10000); batch_us: how long events may wait to be published together
+ * (default 1000; 0: at the end of each loop turn). */
+#define KVP_EVENTS_ENDPOINT_MAX 128
+#define KVP_EVENTS_NAME_MAX 128
+struct kvp_conf_events {
+	int enabled; /* the section was given */
+	char endpoint[KVP_EVENTS_ENDPOINT_MAX];
+	char replay_endpoint[KVP_EVENTS_ENDPOINT_MAX];
+	char topic[KVP_EVENTS_NAME_MAX];
+	char source[KVP_EVENTS_NAME_MAX];
+	uint32_t buffer_steps;
+	uint64_t buffer_bytes;
+	uint32_t hwm;
+	uint32_t
+		batch_us; /* a batch is published once its first event is this old (0: each turn) */
+};
+
 struct kvp_remote_conf {
 	int enabled;			  /* the section was given */
 	char seeds[KVP_REMOTE_SEEDS_MAX]; /* comma-separated host:port, no spaces */
@@ -140,6 +161,7 @@ struct kvp_pool_conf {
 	struct kvp_ns_owner ns_owners[KVP_MAX_NS_OWNERS];
 	uint32_t n_ns_owners;
 	enum kvp_remote_mode remote; /* default off; not off needs a [remote] section */
+	uint32_t events; /* 1 (default): the pool's pages are published when [events] is given */
 	/* Pools share remote content only within one scope: "" = the pool's name */
 	char remote_scope[KVP_POOL_NAME_MAX];
 	/* pressure_watermark: free pages of a tier below this start pressure notices; a percent
@@ -197,6 +219,7 @@ struct kvp_conf {
 	struct kvp_pool_conf pools[KVP_MAX_POOLS];
 	uint32_t n_pools;
 	struct kvp_remote_conf remote;
+	struct kvp_conf_events events;
 	/* Restarts (snapshot.c): how long after a start sessions of the previous kvpoold may
 	 * resume (0: never), and how often the books are checkpointed for a crash (0: only at a
 	 * clean stop). */
@@ -251,3 +274,6 @@ const char *kvp_disk_mode_name(enum kvp_disk_mode m);	  /* "off", "write-back" *
 /* Whether b configures the remote tier as a does: the same [remote] section, each pool of b
  * with the mode of a's pool at its index (off for pools a does not have). */
 int kvp_conf_remote_same(const struct kvp_conf *a, const struct kvp_conf *b);
+/* Whether b configures KV events as a does: the same [events] section (or none in both), and
+ * each pool of a the same events key in b (a pool b adds may say either). 1 or 0. */
+int kvp_conf_events_same(const struct kvp_conf *a, const struct kvp_conf *b);

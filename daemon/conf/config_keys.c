@@ -34,6 +34,7 @@ static const char *const g_disk_mode_names[KVP_DISK_MODE_MAX] = {
 	[KVP_DISK_OFF] = "off",
 	[KVP_DISK_WRITE_BACK] = "write-back",
 };
+static const char *const g_onoff_names[] = { "off", "on" };
 static const char *const g_eviction_names[KVP_EVICT_MAX] = {
 	[KVP_EVICT_LRU] = "lru",
 	[KVP_EVICT_LFU] = "lfu",
@@ -55,6 +56,7 @@ _Static_assert(N_ROWS(g_log_level_names) == N_ROWS(g_log_levels), "a level for e
 #define DAEMON(f) FIELD(struct kvp_conf, f)
 #define REMOTE(f) FIELD(struct kvp_remote_conf, f)
 #define POOL(f) FIELD(struct kvp_pool_conf, f)
+#define EVENTS(f) FIELD(struct kvp_conf_events, f)
 
 /* Rows: name, type, min, max, default, then the field and the rest by name. Reloads: reload.c
  * takes the [daemon] keys of the file; [remote] keys and the pool keys without KEY_RELOAD must
@@ -114,6 +116,21 @@ static const struct key_def g_remote_keys[] = {
 	{ "secret", KEY_FN, REMOTE(secret), .fn = kvp_conf_parse_secret, .flags = KEY_REQUIRED },
 };
 
+/* The defaults are those of a given [events] section (config.h). */
+static const struct key_def g_events_keys[] = {
+	{ "endpoint", KEY_FN, EVENTS(endpoint), .fn = kvp_conf_parse_events_endpoint,
+	  .flags = KEY_REQUIRED },
+	{ "replay_endpoint", KEY_FN, EVENTS(replay_endpoint),
+	  .fn = kvp_conf_parse_events_endpoint },
+	{ "topic", KEY_FN, EVENTS(topic), .fn = kvp_conf_parse_events_text },
+	{ "source", KEY_FN, EVENTS(source), .fn = kvp_conf_parse_events_text },
+	{ "buffer_steps", KEY_UINT, 1, 1u << 20, 10000, EVENTS(buffer_steps) },
+	{ "buffer_bytes", KEY_BYTES, 64u << 10, 64ull << 30, 64ll << 20, EVENTS(buffer_bytes),
+	  .expect = "bytes in 64K..64G (64M)" },
+	{ "hwm", KEY_UINT, 1, 1u << 20, 10000, EVENTS(hwm) },
+	{ "batch_us", KEY_UINT, 0, 1000000, 1000, EVENTS(batch_us) },
+};
+
 static const struct key_def g_pool_keys[] = {
 	{ "layers", KEY_UINT, 1, 1024, POOL(layers), .flags = KEY_REQUIRED },
 	{ "kv_heads", KEY_UINT, 1, 1024, POOL(kv_heads), .flags = KEY_REQUIRED },
@@ -153,11 +170,13 @@ static const struct key_def g_pool_keys[] = {
 	  .expect = "off or write-back" },
 	{ "disk_path", KEY_PATH, POOL(disk_path) },
 	{ "disk_capacity", KEY_CAP, FIELD(struct pool_state, disk_cap) },
+	{ "events", KEY_ENUM, .def = 1, POOL(events), NAMES(g_onoff_names), .expect = "on or off" },
 };
 
 _Static_assert(N_ROWS(g_pool_keys) <= KEY_BITS, "too many pool keys");
 _Static_assert(N_ROWS(g_daemon_keys) <= KEY_BITS, "too many keys");
 _Static_assert(N_ROWS(g_remote_keys) <= KEY_BITS, "too many keys");
+_Static_assert(N_ROWS(g_events_keys) <= KEY_BITS, "too many keys");
 _Static_assert(sizeof(enum kvp_conf_dtype) == sizeof(uint32_t) &&
 		       sizeof(enum kvp_device_kind) == sizeof(uint32_t) &&
 		       sizeof(enum kvp_tristate) == sizeof(uint32_t) &&
@@ -174,6 +193,7 @@ static const struct key_def *section_keys(enum sect_kind kind, size_t *n)
 	case SECT_DAEMON: *n = N_ROWS(g_daemon_keys); return g_daemon_keys;
 	case SECT_REMOTE: *n = N_ROWS(g_remote_keys); return g_remote_keys;
 	case SECT_POOL: *n = N_ROWS(g_pool_keys); return g_pool_keys;
+	case SECT_EVENTS: *n = N_ROWS(g_events_keys); return g_events_keys;
 	default: *n = 0; return NULL;
 	}
 }
@@ -200,6 +220,9 @@ int kvp_conf_key_set(struct parse *s, const char *name, const char *value)
 	} else if (s->kind == SECT_REMOTE) {
 		seen = &s->remote_seen_keys;
 		lines = s->remote_key_line;
+	} else if (s->kind == SECT_EVENTS) {
+		seen = &s->events_seen_keys;
+		lines = s->events_key_line;
 	} else {
 		seen = &s->pst->seen;
 		lines = s->pst->key_line;
@@ -262,6 +285,7 @@ void kvp_conf_defaults(struct kvp_conf *c)
 	memset(c, 0, sizeof(*c));
 	apply_defaults(g_daemon_keys, N_ROWS(g_daemon_keys), c);
 	apply_defaults(g_remote_keys, N_ROWS(g_remote_keys), &c->remote);
+	apply_defaults(g_events_keys, N_ROWS(g_events_keys), &c->events);
 }
 
 void kvp_pool_conf_defaults(struct kvp_pool_conf *p)

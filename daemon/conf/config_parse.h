@@ -19,6 +19,7 @@ enum sect_kind {
 	SECT_DAEMON,
 	SECT_POOL,
 	SECT_REMOTE,
+	SECT_EVENTS,
 };
 
 /* A capacity as written: resolved to pages once the pool's geometry is known. */
@@ -63,6 +64,9 @@ struct parse {
 	int remote_line; /* of the [remote] header; 0 = none */
 	uint32_t remote_seen_keys;
 	int remote_key_line[KEY_BITS];
+	int events_line; /* of the [events] header; 0 = none */
+	uint32_t events_seen_keys;
+	int events_key_line[KEY_BITS];
 	char last_key[64];
 
 	/* first error */
@@ -162,3 +166,6 @@ void kvp_conf_parse_acl_user(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_password(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_secret(struct parse *s, const char *key, const char *v);
 void kvp_conf_parse_remote_scope(struct parse *s, const char *key, const char *v);
+/* config_events.c: the [events] section's text keys. */
+void kvp_conf_parse_events_endpoint(struct parse *s, const char *key, const char *v);
+void kvp_conf_parse_events_text(struct parse *s, const char *key, const char *v);

@@ -693,6 +693,7 @@ void kvp_conf_key_parse(struct parse *s, const struct key_def *k, const char *ke
 {
 	char *base = s->kind == SECT_DAEMON   ? (char *)&s->conf
 		     : s->kind == SECT_REMOTE ? (char *)&s->conf.remote
+		     : s->kind == SECT_EVENTS ? (char *)&s->conf.events
 					      : (char *)s->pool;
 	char *field = base + k->off;
 	uint64_t x;

@@ -33,6 +33,7 @@
 #include "log.h"
 #include "loop_admit.h"
 #include "loop_cqe.h"
+#include "loop_events.h"
 #include "loop_notice.h"
 #include "loop_peer.h"
 #include "loop_ring.h"
@@ -204,6 +205,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 		kvp_loop_pool_events(&sv); /* of Allocs served off a call (deferred, upkeep) */
 		kvp_loop_peer_close_owed(&sv);
 		kvp_loop_notice_push(&sv, false);
+		kvp_loop_events_turn(&sv);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
 			d->reload_requested = false;
 			if (kvp_reload_start(d, sv.work, reload_finished, &sv) == 0) {

@@ -249,6 +249,14 @@ static bool compatible(const struct kvp_conf *cur, const struct kvp_conf *next,
 		}
 	}
 	/* After the pools: a removed or moved pool is named as such. */
+	if (!kvp_conf_events_same(cur, next)) {
+		log_err("reload refused, keeping the running config: the [events] section or a "
+			"pool's events key changes; restart kvpoold for that");
+		refuse(res, KVP_ERR_INVALID_ARGUMENT,
+		       "the [events] section or a pool's events key changes; restart kvpoold for "
+		       "that");
+		return false;
+	}
 	if (!kvp_conf_remote_same(cur, next)) {
 		log_err("reload refused, keeping the running config: the [remote] section or a "
 			"pool's remote mode changes; restart kvpoold for that");

@@ -15,6 +15,8 @@ enum kvp_src_kind {
 	KVP_SRC_PIDFD,	/* a poll of a connection's peer pidfd */
 	KVP_SRC_REMOTE, /* a poll of the remote tier's epoll fd (remote.h) */
 	KVP_SRC_DISK,	/* a poll of the disk tier's eventfd (disk_tier.h) */
+	KVP_SRC_EVENTS, /* the KV event publisher's timeout and replay socket poll (loop_events.h)
+			 */
 	KVP_SRC_IGNORE, /* cancellations: their completions carry nothing */
 	KVP_SRC_MAX,
 };

@@ -91,6 +91,7 @@ struct kvp_daemon {
 	uint64_t fetch_leased[KVP_MAX_POOLS];
 	struct kvp_alloc_wait *alloc_waiting; /* Allocs waiting for demotions (rpc_lease.c) */
 	struct kvpd_pressure pressure;	      /* tiers against their watermarks (pressure.h) */
+	struct kvp_loop_events *events;	      /* the KV event publisher (loop_events.h) or NULL */
 };
 
 /* The daemon's clock: CLOCK_MONOTONIC in milliseconds (defined in session.c). */

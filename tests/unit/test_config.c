@@ -361,11 +361,12 @@ static void test_kvp_conf_load_string_unknown_key(void)
 
 static void test_kvp_conf_load_string_unknown_section(void)
 {
-	expect_err(POOL_P "[pools.x]\nlayers = 1\n", "t.conf:9: unknown section [pools.x]: "
-						     "expected [daemon], [remote] or [pool.NAME]");
+	expect_err(POOL_P "[pools.x]\nlayers = 1\n",
+		   "t.conf:9: unknown section [pools.x]: "
+		   "expected [daemon], [remote], [events] or [pool.NAME]");
 	/* even one without keys */
 	expect_err(POOL_P "[Daemon]\n", "t.conf:9: unknown section [Daemon]: "
-					"expected [daemon], [remote] or [pool.NAME]");
+					"expected [daemon], [remote], [events] or [pool.NAME]");
 	expect_err("[daemon]\n[daemon]\n" POOL_P, "t.conf:2: [daemon] appears twice");
 }
 

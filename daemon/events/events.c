@@ -1,0 +1,332 @@
+/* events.c - the publisher: the PUB and replay ROUTER sockets (libzmq), the turn's batch, the
+ * replay ring (bounded in batches and in bytes) and the answers to replay and snapshot requests.
+ * Nothing here blocks: every send is ZMQ_DONTWAIT, and the PUB socket refuses (ZMQ_XPUB_NODROP)
+ * rather than silently drops a batch a subscriber has no room for, so drops are counted. */
+#include "events.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#define SNAPSHOT_REQUEST "SNAPSHOT" /* 8 bytes, where a replay request has its start sequence */
+
+struct ring_slot {
+	uint64_t seq;
+	uint8_t *data;
+	size_t len;
+};
+
+struct kvp_events {
+	void *zctx, *pub, *replay;
+	char *topic;
+	size_t topic_len;
+	char *source;
+	struct kvp_events_batch batch; /* the turn's events */
+	uint64_t lost;		       /* events that could not be staged, this turn */
+	struct ring_slot *ring;	       /* buffer_steps slots, oldest at head */
+	uint32_t cap, head, count;
+	uint64_t ring_bytes, max_bytes;
+	struct kvp_events_stats st;
+};
+
+static void be64(uint64_t x, uint8_t out[8])
+{
+	for (int i = 7; i >= 0; i--) {
+		out[i] = (uint8_t)x;
+		x >>= 8;
+	}
+}
+
+static uint64_t from_be64(const uint8_t in[8])
+{
+	uint64_t x = 0;
+
+	for (int i = 0; i < 8; i++)
+		x = x << 8 | in[i];
+	return x;
+}
+
+struct kvp_events *kvp_events_new(const struct kvp_events_conf *c, char *err, size_t errlen)
+{
+	struct kvp_events *ev = calloc(1, sizeof(*ev));
+	int one = 1, zero = 0, hwm = (int)c->hwm;
+
+	if (!ev || !c->endpoint || !c->buffer_steps) {
+		snprintf(err, errlen, "%s",
+			 ev ? "no endpoint or no replay buffer" : "out of memory");
+		free(ev);
+		return NULL;
+	}
+	ev->cap = c->buffer_steps;
+	ev->max_bytes = c->buffer_bytes;
+	ev->ring = calloc(ev->cap, sizeof(*ev->ring));
+	ev->topic = strdup(c->topic ? c->topic : "");
+	ev->source = c->source && c->source[0] ? strdup(c->source) : NULL;
+	ev->zctx = zmq_ctx_new();
+	if (!ev->ring || !ev->topic || (c->source && c->source[0] && !ev->source) || !ev->zctx) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	ev->topic_len = strlen(ev->topic);
+	ev->batch.source = ev->source;
+	ev->pub = zmq_socket(ev->zctx, ZMQ_PUB);
+	if (!ev->pub || zmq_setsockopt(ev->pub, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &one, sizeof(one)) < 0 ||
+	    zmq_setsockopt(ev->pub, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_bind(ev->pub, c->endpoint) < 0) {
+		snprintf(err, errlen, "endpoint %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+		goto fail;
+	}
+	if (c->replay_endpoint && c->replay_endpoint[0]) {
+		/* room for a whole ring and its end marker to each requester */
+		int rhwm = c->buffer_steps > (uint32_t)(INT32_MAX / 2 - 1)
+				   ? INT32_MAX
+				   : (int)(2 * (c->buffer_steps + 1));
+
+		ev->replay = zmq_socket(ev->zctx, ZMQ_ROUTER);
+		if (!ev->replay ||
+		    zmq_setsockopt(ev->replay, ZMQ_SNDHWM, &rhwm, sizeof(rhwm)) < 0 ||
+		    zmq_setsockopt(ev->replay, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+		    zmq_bind(ev->replay, c->replay_endpoint) < 0) {
+			snprintf(err, errlen, "replay endpoint %s: %s", c->replay_endpoint,
+				 zmq_strerror(zmq_errno()));
+			goto fail;
+		}
+	}
+	return ev;
+fail:
+	kvp_events_free(ev);
+	return NULL;
+}
+
+static void ring_drop_oldest(struct kvp_events *ev)
+{
+	struct ring_slot *s = &ev->ring[ev->head];
+
+	ev->ring_bytes -= s->len;
+	free(s->data);
+	s->data = NULL;
+	ev->head = (ev->head + 1) % ev->cap;
+	ev->count--;
+}
+
+void kvp_events_free(struct kvp_events *ev)
+{
+	if (!ev)
+		return;
+	if (ev->pub)
+		zmq_close(ev->pub);
+	if (ev->replay)
+		zmq_close(ev->replay);
+	if (ev->zctx)
+		zmq_ctx_term(ev->zctx);
+	while (ev->ring && ev->count)
+		ring_drop_oldest(ev);
+	free(ev->ring);
+	kvp_events_batch_free(&ev->batch);
+	free(ev->topic);
+	free(ev->source);
+	free(ev);
+}
+
+int kvp_events_page(struct kvp_events *ev, const struct kvp_events_page *pg)
+{
+	int r = kvp_events_batch_page(&ev->batch, pg);
+
+	if (r < 0)
+		ev->lost++;
+	return r;
+}
+
+int kvp_events_cleared(struct kvp_events *ev)
+{
+	int r = kvp_events_batch_cleared(&ev->batch);
+
+	if (r < 0)
+		ev->lost++;
+	return r;
+}
+
+uint32_t kvp_events_staged(const struct kvp_events *ev)
+{
+	return ev->batch.n;
+}
+
+size_t kvp_events_staged_bytes(const struct kvp_events *ev)
+{
+	return ev->batch.len;
+}
+
+/* Sends [topic, seq, payload] on sock (after the frames of `to`, a ROUTER peer's identity and
+ * its empty delimiter, when given). 0 or -errno. */
+static int send_msg(void *sock, const zmq_msg_t *to, const char *topic, size_t tlen,
+		    const uint8_t seq[8], const uint8_t *data, size_t len)
+{
+	int f = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+
+	if (to) {
+		zmq_msg_t id;
+
+		zmq_msg_init(&id);
+		zmq_msg_copy(&id, (zmq_msg_t *)to);
+		if (zmq_msg_send(&id, sock, f) < 0) {
+			zmq_msg_close(&id);
+			return -zmq_errno();
+		}
+		if (zmq_send(sock, "", 0, f) < 0)
+			return -zmq_errno();
+	}
+	if (zmq_send(sock, topic, tlen, f) < 0 || zmq_send(sock, seq, 8, f) < 0 ||
+	    zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
+		return -zmq_errno();
+	return 0;
+}
+
+int kvp_events_flush(struct kvp_events *ev, double ts)
+{
+	uint8_t *data, seq[8];
+	size_t len;
+	uint32_t n = ev->batch.n;
+	struct ring_slot *s;
+	int r;
+
+	if (!n) {
+		if (ev->lost) {
+			ev->st.dropped_batches++; /* events lost to memory: a batch never formed */
+			ev->lost = 0;
+		}
+		return 0;
+	}
+	r = kvp_events_batch_encode(&ev->batch, ts, &data, &len);
+	kvp_events_batch_reset(&ev->batch);
+	if (r < 0) {
+		ev->st.dropped_batches++;
+		ev->lost = 0;
+		return r;
+	}
+	if (ev->lost)
+		ev->st.dropped_batches++; /* a partial batch: counted as a drop too */
+	ev->lost = 0;
+	be64(ev->st.next_seq, seq);
+	if (send_msg(ev->pub, NULL, ev->topic, ev->topic_len, seq, data, len) < 0)
+		ev->st.dropped_batches++;
+	ev->st.batches++;
+	ev->st.events += n;
+	/* into the ring, dropping the oldest beyond its bounds */
+	while (ev->count && (ev->count == ev->cap || ev->ring_bytes + len > ev->max_bytes))
+		ring_drop_oldest(ev);
+	s = &ev->ring[(ev->head + ev->count) % ev->cap];
+	s->seq = ev->st.next_seq;
+	s->data = data;
+	s->len = len;
+	ev->count++;
+	ev->ring_bytes += len;
+	ev->st.next_seq++;
+	return (int)n;
+}
+
+static const uint8_t g_end_seq[8] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
+
+/* One snapshot: what the node holds, as one batch to the requester, with the sequence of the
+ * last published batch (the subscriber goes on from the one after it), stamped ts. */
+static int serve_snapshot(struct kvp_events *ev, const zmq_msg_t *id, kvp_events_snapshot_fn fn,
+			  void *ctx, double ts)
+{
+	struct kvp_events_batch turn;
+	uint8_t *data = NULL, seq[8];
+	size_t len = 0;
+	int r;
+
+	if (ev->batch.n)
+		kvp_events_flush(ev, ts); /* the snapshot holds what they say */
+	turn = ev->batch;		  /* kvp_events_page stages into the snapshot */
+	ev->batch = (struct kvp_events_batch){ .source = ev->source };
+	if ((r = kvp_events_batch_cleared(&ev->batch)) >= 0 && (!fn || (r = fn(ctx, ev)) >= 0))
+		r = kvp_events_batch_encode(&ev->batch, ts, &data, &len);
+	kvp_events_batch_free(&ev->batch);
+	ev->batch = turn;
+	if (r < 0)
+		return r;
+	be64(ev->st.next_seq ? ev->st.next_seq - 1 : 0, seq);
+	r = send_msg(ev->replay, id, ev->topic, ev->topic_len, seq, data, len);
+	free(data);
+	ev->st.snapshots++;
+	return r;
+}
+
+int kvp_events_serve(struct kvp_events *ev, kvp_events_snapshot_fn fn, void *ctx, double ts)
+{
+	int answered = 0;
+
+	if (!ev->replay)
+		return 0;
+	for (;;) {
+		zmq_msg_t part[3];
+		int np = 0, more = 1;
+
+		/* [identity, "", request] from a REQ; [identity, request] from a DEALER */
+		while (more) {
+			zmq_msg_t m;
+			size_t ml = sizeof(more);
+
+			zmq_msg_init(&m);
+			if (zmq_msg_recv(&m, ev->replay, ZMQ_DONTWAIT) < 0) {
+				zmq_msg_close(&m);
+				for (int i = 0; i < np; i++)
+					zmq_msg_close(&part[i]);
+				return zmq_errno() == EAGAIN ? answered : -zmq_errno();
+			}
+			zmq_getsockopt(ev->replay, ZMQ_RCVMORE, &more, &ml);
+			if (np < 3)
+				part[np++] = m;
+			else
+				zmq_msg_close(&m);
+		}
+		if (np == 3 && zmq_msg_size(&part[2]) == 8) {
+			const uint8_t *req = zmq_msg_data(&part[2]);
+
+			if (memcmp(req, SNAPSHOT_REQUEST, 8) == 0) {
+				serve_snapshot(ev, &part[0], fn, ctx, ts);
+			} else {
+				uint64_t start = from_be64(req);
+
+				for (uint32_t i = 0; i < ev->count; i++) {
+					const struct ring_slot *s =
+						&ev->ring[(ev->head + i) % ev->cap];
+					uint8_t seq[8];
+
+					if (s->seq < start)
+						continue;
+					be64(s->seq, seq);
+					if (send_msg(ev->replay, &part[0], ev->topic, ev->topic_len,
+						     seq, s->data, s->len) < 0)
+						break;
+				}
+				ev->st.replays++;
+			}
+			send_msg(ev->replay, &part[0], "", 0, g_end_seq, (const uint8_t *)"", 0);
+			answered++;
+		}
+		for (int i = 0; i < np; i++)
+			zmq_msg_close(&part[i]);
+	}
+}
+
+int kvp_events_replay_fd(const struct kvp_events *ev)
+{
+	int fd = -1;
+	size_t len = sizeof(fd);
+
+	if (!ev->replay || zmq_getsockopt(ev->replay, ZMQ_FD, &fd, &len) < 0)
+		return -1;
+	return fd;
+}
+
+void kvp_events_stats(const struct kvp_events *ev, struct kvp_events_stats *st)
+{
+	*st = ev->st;
+	st->ring_batches = ev->count;
+	st->ring_bytes = ev->ring_bytes;
+}

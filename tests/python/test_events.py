@@ -1,0 +1,451 @@
+"""kvpoold's KV events ([events]) as routers read them: every batch decoded by the pinned vLLM's
+own KVEventBatch msgspec decoder, the stream replayed into a model of the node's cache that must
+equal `kvpoolctl cache --json`, replay of a missed range and snapshots, a subscriber that never
+reads (bounded memory, drops counted), and the sequence rules across a kvpoold restart.
+
+Needs vllm (its kv_events module) and pyzmq: run in the engine venv, skipped elsewhere."""
+import collections
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import DEFAULT_CONF, KVPOOLCTL, Daemon, pool_section
+
+kv_events = pytest.importorskip("vllm.distributed.kv_events",
+                                reason="vllm is not installed (engine venv only)")
+zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (comes with vllm)")
+msgspec = pytest.importorskip("msgspec", reason="msgspec is not installed (comes with vllm)")
+
+END_SEQ = b"\xff" * 8
+PAGE_TOKENS = 4
+IPC_DIR = tempfile.mkdtemp(prefix="kvpool-events-")
+
+
+def events_conf(tag, extra_events="", extra_pool="", hwm=10000):
+    """DEFAULT_CONF's [daemon] and pools plus [events] on ipc endpoints of tag, and pool "e"
+    (16 device pages, 16 host pages of 4 tokens) and pool "quiet" (events = off)."""
+    return DEFAULT_CONF + f"""
+[events]
+endpoint = ipc://{IPC_DIR}/{tag}.pub
+replay_endpoint = ipc://{IPC_DIR}/{tag}.replay
+topic = kvpool
+source = node-test
+hwm = {hwm}
+{extra_events}
+""" + pool_section("e", device_capacity="64t", host_capacity="64t", extra=extra_pool) + \
+        pool_section("quiet", device_capacity="64t", host_capacity="64t", extra="events = off\n")
+
+
+class Subscriber:
+    """A router's view: SUB on the PUB endpoint, DEALER on the replay endpoint, vLLM's
+    decoder."""
+
+    def __init__(self, tag, rcvhwm=None):
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        if rcvhwm is not None:
+            self.sub.setsockopt(zmq.RCVHWM, rcvhwm)
+            self.sub.setsockopt(zmq.RCVBUF, 4096)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kvpool")
+        self.sub.connect(f"ipc://{IPC_DIR}/{tag}.pub")
+        self.replay_ep = f"ipc://{IPC_DIR}/{tag}.replay"
+        self.decoder = msgspec.msgpack.Decoder(kv_events.KVEventBatch)
+        self.batches = {}  # seq -> KVEventBatch
+
+    def close(self):
+        self.ctx.destroy(linger=0)
+
+    def drain(self, idle=0.7, limit=30.0):
+        """Receives live batches until none came for idle seconds."""
+        end = time.monotonic() + limit
+        while time.monotonic() < end and self.sub.poll(int(idle * 1000)):
+            topic, seq, payload = self.sub.recv_multipart()
+            assert topic == b"kvpool" and len(seq) == 8
+            self.batches[int.from_bytes(seq, "big")] = self.decoder.decode(payload)
+
+    def request(self, body):
+        """Sends a replay request (8 bytes) and returns [(seq, batch)] up to the end marker."""
+        d = self.ctx.socket(zmq.DEALER)
+        d.connect(self.replay_ep)
+        d.send_multipart([b"", body])
+        out = []
+        try:
+            while True:
+                assert d.poll(10000), "no answer from the replay socket"
+                parts = d.recv_multipart()
+                assert parts[0] == b"" and len(parts) == 4
+                if parts[2] == END_SEQ:
+                    assert parts[1] == b"" and parts[3] == b""
+                    return out
+                assert parts[1] == b"kvpool"
+                out.append((int.from_bytes(parts[2], "big"), self.decoder.decode(parts[3])))
+        finally:
+            d.close(linger=0)
+
+    def replay(self, start=0):
+        got = self.request(start.to_bytes(8, "big"))
+        for seq, b in got:
+            self.batches[seq] = b
+        return got
+
+    def snapshot(self):
+        got = self.request(b"SNAPSHOT")
+        assert len(got) == 1
+        return got[0]
+
+
+class Model:
+    """The node's cache as the events tell it: (block hash, medium) -> pages."""
+
+    def __init__(self):
+        self.pages = collections.Counter()
+        self.stores = self.removes = 0
+
+    def held(self, h):
+        return any(self.pages[(h, m)] for m in ("GPU", "CPU"))
+
+    def apply(self, batch):
+        for ev in batch.events:
+            if isinstance(ev, kv_events.AllBlocksCleared):
+                self.pages.clear()
+            elif isinstance(ev, kv_events.BlockStored):
+                assert ev.medium in ("GPU", "CPU") and ev.locality == "LOCAL"
+                assert ev.ownership == "node-test" and ev.block_size == PAGE_TOKENS
+                assert ev.lora_id is None and ev.lora_name is None
+                assert len(ev.token_ids) in (0, PAGE_TOKENS * len(ev.block_hashes))
+                # a chain's pages are stored after their parent, which the node still holds
+                assert ev.parent_block_hash is None or self.held(ev.parent_block_hash)
+                for h in ev.block_hashes:
+                    assert isinstance(h, bytes) and 1 <= len(h) <= 64
+                    self.pages[(h, ev.medium)] += 1
+                self.stores += 1
+            else:
+                assert isinstance(ev, kv_events.BlockRemoved)
+                assert ev.medium in ("GPU", "CPU") and ev.ownership == "node-test"
+                for h in ev.block_hashes:
+                    assert self.pages[(h, ev.medium)] > 0, "removed a page not held"
+                    self.pages[(h, ev.medium)] -= 1
+                self.removes += 1
+
+    def count(self, medium):
+        return sum(n for (h, m), n in self.pages.items() if m == medium)
+
+
+def model_of(batches):
+    """Applies batches {seq: batch} in order; they must be contiguous from 0."""
+    seqs = sorted(batches)
+    assert seqs == list(range(len(seqs))), f"sequence gaps: {seqs[:5]}..{seqs[-5:]}"
+    assert isinstance(batches[0].events[0], kv_events.AllBlocksCleared)
+    m = Model()
+    for s in seqs:
+        m.apply(batches[s])
+    return m
+
+
+def cache_json(daemon, pool):
+    out = subprocess.run([KVPOOLCTL, "--socket", daemon.sock, "--json", "cache", pool],
+                         check=True, capture_output=True, text=True, timeout=10).stdout
+    for p in json.loads(out)["pools"]:
+        if p["name"] == pool:
+            return p
+    raise KeyError(pool)
+
+
+def assert_model_is_cache(m, daemon):
+    p = cache_json(daemon, "e")
+    tiers = {t["tier"]: t for t in p["tiers"]}
+    assert m.count("GPU") * PAGE_TOKENS == tiers["device"]["cached_tokens"]
+    assert m.count("CPU") * PAGE_TOKENS == tiers["host"]["cached_tokens"]
+    assert m.count("GPU") + m.count("CPU") == p["cache"]["nodes"]
+
+
+def counters(daemon):
+    return daemon.status()["counters"]
+
+
+ENGINE = r"""
+import sys, hashlib, kvpool
+sock, who, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+c = kvpool.connect(sock, name="engine-" + who)
+p = c.attach("e")
+q = c.attach("quiet")
+base = 1000 if who == "a" else 50000
+for r in range(rounds):
+    # token calls: prompts of 3 pages, the first page shared by every prompt of this engine
+    toks = [base + i for i in range(4)] + [base + 100 * (r + 1) + i for i in range(8)]
+    m = p.match(toks, lock=False)
+    cached = m.tokens // 4
+    with p.alloc(3 - cached) as l:
+        p.insert(l, toks, cached_pages=cached)
+    with q.alloc(1) as l:
+        q.insert(l, toks[:4])
+    # key calls: chains of 2 keys (the engine's block hashes), in namespace 7
+    keys = [hashlib.sha256(f"{who}-{r}-{i}".encode()).digest()[:16] for i in range(2)]
+    with p.alloc(2) as l:
+        p.insert_keys(l, keys, namespace=7)
+    with p.match_keys(keys, namespace=7) as m:
+        assert m.tokens >= 0
+    # the other engine's prompts: matches only
+    other = 50000 if who == "a" else 1000
+    p.match([other + i for i in range(4)], lock=False)
+c.close()
+print("ok")
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ipc_dir():
+    """The folder of the tests' ipc endpoints, removed at the end."""
+    yield IPC_DIR
+    shutil.rmtree(IPC_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def evd():
+    d = Daemon(events_conf("m"))
+    yield d
+    d.stop()
+
+
+def run_engines(sock, rounds):
+    procs = [subprocess.Popen([sys.executable, "-c", ENGINE, sock, who, str(rounds)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for who in ("a", "b")]
+    for pr in procs:
+        out, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0 and out.strip() == "ok", err
+
+
+def test_stream_decodes_and_equals_cache(evd):
+    """Two engine processes insert, match, demote (device full), drop host pages (host full);
+    kvpoolctl demotes and evicts the rest: every batch decodes with vLLM's decoder and the
+    events, replayed, are what the pool holds."""
+    s = Subscriber("m")
+    try:
+        time.sleep(0.3)  # the subscription reaches kvpoold
+        s.replay(0)  # what was published before it joined: the start batch
+        run_engines(evd.sock, 12)
+        s.drain()
+        m = model_of(s.batches)
+        assert m.stores > 16 and m.removes > 0  # more than the device tier holds
+        assert m.count("GPU") > 0 and m.count("CPU") > 0
+        assert_model_is_cache(m, evd)
+        # the admin's moves: demote the device tier, then evict half the host tier
+        import kvpool
+        with kvpool.connect(evd.sock) as c:
+            assert c.evict("e", 1 << 20, tier="device") > 0
+            s.drain()
+            m = model_of(s.batches)
+            assert m.count("GPU") == 0
+            assert_model_is_cache(m, evd)
+            assert c.evict("e", 8 * PAGE_TOKENS, tier="host") > 0
+            s.drain()
+            assert_model_is_cache(model_of(s.batches), evd)
+        # the pool with events = off published nothing: every page of the model is pool e's
+        st = counters(evd)
+        assert st["events_batches"] == max(s.batches) + 1
+        assert st["events_published"] == sum(len(b.events) for b in s.batches.values())
+        assert st["events_dropped"] == 0
+    finally:
+        s.close()
+
+
+def test_late_subscriber_replay_and_snapshot(evd):
+    """A subscriber joining now asks for everything from seq 0 (the ring holds it all) and gets
+    the same model; a snapshot is the state at the last published sequence."""
+    import kvpool
+    with kvpool.connect(evd.sock) as c:  # something to hold whatever ran before
+        p = c.attach("e")
+        with p.alloc(2) as l:
+            p.insert(l, list(range(900, 908)))
+    s = Subscriber("m")
+    try:
+        time.sleep(0.3)
+        got = s.replay(0)
+        assert [seq for seq, _ in got] == list(range(len(got)))
+        m = model_of(dict(got))
+        assert_model_is_cache(m, evd)
+        # a range from the middle: exactly the batches from there on
+        mid = len(got) // 2
+        assert [seq for seq, _ in s.replay(mid)] == list(range(mid, len(got)))
+        seq, snap = s.snapshot()
+        assert seq == len(got) - 1
+        assert isinstance(snap.events[0], kv_events.AllBlocksCleared)
+        sm = Model()
+        sm.apply(snap)
+        assert sm.pages == +m.pages
+        before = counters(evd)
+        assert before["events_snapshots"] >= 1 and before["events_replays"] >= 2
+        # a change after the snapshot arrives live with the next sequence
+        with kvpool.connect(evd.sock) as c:
+            c.flush("e")
+        s.drain()
+        assert max(s.batches) == seq + 1
+        sm.apply(s.batches[seq + 1])
+        assert sm.count("GPU") + sm.count("CPU") == 0
+        assert cache_json(evd, "e")["cache"]["nodes"] == 0
+    finally:
+        s.close()
+
+
+def vm_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def test_subscriber_that_never_reads():
+    """A subscriber that never reads costs at most hwm batches: kvpoold goes on, counts the
+    batches it could not send, its memory stays bounded, and a reader that missed them gets
+    them back by replay."""
+    d = Daemon(events_conf("slow", hwm=4, extra_events="buffer_steps = 64\nbuffer_bytes = 64K\n"
+                                                   "batch_us = 0\n"))
+    stuck = Subscriber("slow", rcvhwm=1)
+    try:
+        import kvpool
+        time.sleep(0.3)
+        toks = list(range(64))
+        with kvpool.connect(d.sock) as c:
+            p = c.attach("e")
+            for i in range(200):  # a batch of 16 stores then one of 16 removals, 200 times
+                with p.alloc(16) as l:
+                    p.insert(l, toks)
+                c.flush("e")
+                if i == 20:
+                    rss0 = vm_rss_kib(d.proc.pid)
+        st = counters(d)
+        assert st["events_dropped"] > 0
+        assert st["events_batches"] >= 400
+        assert vm_rss_kib(d.proc.pid) - rss0 < 32 * 1024
+        # the ring is bounded too: a replay from 0 gives at most buffer_steps batches, the
+        # newest, contiguous up to the last
+        late = Subscriber("slow")
+        try:
+            got = late.replay(0)
+            assert 0 < len(got) <= 64
+            seqs = [seq for seq, _ in got]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            assert seqs[-1] == st["events_batches"] - 1
+            assert seqs[0] > 0  # the oldest are gone: a reader that far behind asks a snapshot
+            _, snap = late.snapshot()
+            assert [type(e).__name__ for e in snap.events] == ["AllBlocksCleared"]
+        finally:
+            late.close()
+    finally:
+        stuck.close()
+        d.stop()
+
+
+def test_restart_starts_at_seq_0_with_all_blocks_cleared():
+    """Sequence rule: each kvpoold start publishes seq 0 = [AllBlocksCleared, BlockStored of every
+    page it holds]; a subscriber that sees the sequence go back clears its view of the node."""
+    import kvpool
+    d = Daemon(events_conf("rs"))
+    try:
+        with kvpool.connect(d.sock) as c:
+            p = c.attach("e")
+            with p.alloc(2) as l:
+                p.insert(l, list(range(8)))
+        s = Subscriber("rs")
+        try:
+            time.sleep(0.3)
+            first = s.replay(0)
+            assert len(first) >= 1  # the start batch, and the Insert (maybe in it)
+            assert model_of(dict(first)).count("GPU") == 2
+        finally:
+            s.close()
+    finally:
+        d.stop()
+    d = Daemon(events_conf("rs"))
+    try:
+        s = Subscriber("rs")
+        try:
+            time.sleep(0.3)
+            again = s.replay(0)
+            assert [seq for seq, _ in again] == [0]
+            assert [type(e).__name__ for e in again[0][1].events] == ["AllBlocksCleared"]
+            assert_model_is_cache(model_of(dict(again)), d)
+        finally:
+            s.close()
+    finally:
+        d.stop()
+
+
+def test_bind_failure_refuses_to_start(tmp_path):
+    """An endpoint that cannot be bound stops kvpoold at start with the reason (exit 2)."""
+    conf = events_conf("bad").replace(f"ipc://{IPC_DIR}/bad.pub",
+                                      f"ipc://{tmp_path}/no/such/dir/pub")
+    with pytest.raises(RuntimeError, match="(?s)exited with 2.*events: endpoint ipc://.*No such file"):
+        Daemon(conf)
+
+
+def test_kvpoolctl_events_and_top(evd):
+    """kvpoolctl events prints what a router decodes (a snapshot as JSON lines: the model of the
+    cache; from seq 0 readable lines); kvpoolctl top prints one screen when not on a terminal."""
+    import kvpool
+    with kvpool.connect(evd.sock) as c:
+        p = c.attach("e")
+        with p.alloc(3) as l:
+            p.insert(l, list(range(700, 712)))
+    ctl = [KVPOOLCTL, "events", f"ipc://{IPC_DIR}/m.pub", "--topic", "kvpool",
+           "--replay", f"ipc://{IPC_DIR}/m.replay", "--count", "1", "--timeout", "10000"]
+    out = subprocess.run(ctl + ["--snapshot", "--json"], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert lines[0]["type"] == "AllBlocksCleared"
+    held = collections.Counter((x["block_hashes"][0], x["medium"]) for x in lines[1:])
+    assert all(x["type"] == "BlockStored" and x["ownership"] == "node-test" for x in lines[1:])
+    s = Subscriber("m")
+    try:
+        _, snap = s.snapshot()
+        m = Model()
+        m.apply(snap)
+        assert held == collections.Counter({(h.hex(), md): n for (h, md), n in m.pages.items()
+                                            if n})
+        assert_model_is_cache(m, evd)
+    finally:
+        s.close()
+    out = subprocess.run(ctl + ["--from", "0"], check=True, capture_output=True, text=True,
+                         timeout=30).stdout
+    assert out.startswith("#0 ") and "AllBlocksCleared" in out.splitlines()[0]
+    # bad use is a usage error
+    r = subprocess.run([KVPOOLCTL, "events", f"ipc://{IPC_DIR}/m.pub", "--snapshot"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "usage: kvpoolctl events" in r.stderr
+
+    top = subprocess.run([KVPOOLCTL, "--socket", evd.sock, "top"], check=True,
+                         capture_output=True, text=True, timeout=30).stdout
+    assert "\033[" not in top  # not a terminal: no escapes, one screen
+    assert top.count("kvpoold ") == 1 and "events: " in top and " dropped" in top
+    rows = [x.split() for x in top.splitlines()]
+    assert any(r[:2] == ["e", "device"] for r in rows)
+    assert any(r[:1] == ["host"] for r in rows)
+    two = subprocess.run([KVPOOLCTL, "--socket", evd.sock, "top", "--count", "2", "--interval",
+                          "100"], check=True, capture_output=True, text=True, timeout=30).stdout
+    assert two.count("kvpoold ") == 2
+
+
+def test_reload_changing_events_is_refused():
+    """[events] is read at start: a reload that changes it is refused whole, with the reason."""
+    d = Daemon(events_conf("rl"))
+    try:
+        with open(d.conf, "w") as f:
+            f.write(events_conf("rl", hwm=5))
+        r = subprocess.run([KVPOOLCTL, "--socket", d.sock, "reload"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 1
+        assert "[events] section or a pool's events key changes" in r.stdout + r.stderr
+        with open(d.conf, "w") as f:
+            f.write(events_conf("rl"))
+        r = subprocess.run([KVPOOLCTL, "--socket", d.sock, "reload"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        d.stop()
