@@ -26,6 +26,7 @@ from ._kvpool import (
     connect,
     decode_pressure,
     default_socket,
+    copy_runs,
     Client,
     Pool,
     Lease,
@@ -66,5 +67,5 @@ __all__ = [
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
     "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall", "Forked",
-    "EVENT_PRESSURE", "decode_pressure", "PressureNotice",
+    "EVENT_PRESSURE", "decode_pressure", "PressureNotice", "copy_runs",
 ]

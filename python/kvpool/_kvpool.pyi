@@ -146,6 +146,9 @@ def decode_pressure(event: Event) -> Optional[PressureNotice]:
     """The PressureNotice an Event carries, None for an event of another type."""
 def default_socket() -> Optional[str]:
     """The socket path a client uses when none is given."""
+def copy_runs(dst: IntBuffer, src: IntBuffer, size: IntBuffer) -> int:
+    """Copies size[i] bytes from address src[i] to dst[i] for every i (numpy uint64 vectors of
+    one length; raw addresses the caller keeps alive, unchecked). Returns the runs copied."""
 
 class Client:
     """A connection to kvpoold. Not thread-safe."""

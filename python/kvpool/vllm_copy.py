@@ -11,9 +11,10 @@ page geometry: blocks_per_chunk x the sum of the tensors' pages, which vLLM keep
 worker_kv_bytes_per_block (the shared allocation's stride).
 
 A transfer is a list of (source address, destination address, bytes) runs computed with numpy
-from the block ids and page ids (adjacent runs merged). On the CPU each run is one memmove
-between vLLM's tensor and the mapped page; with CUDA block tensors the runs go to vLLM's own
-batched copy (swap_blocks_batch: one cuMemcpyBatchAsync) when vLLM's kernels load, else to one
+from the block ids and page ids (adjacent runs merged). On the CPU the whole list is one C
+call (kvpool.copy_runs: a memcpy a run, non-temporal stores for 4 MiB or more) between vLLM's
+tensors and the mapped pages; with CUDA block tensors the runs go to vLLM's own batched copy
+(swap_blocks_batch: one cuMemcpyBatchAsync) when vLLM's kernels load, else to one
 cudaMemcpyAsync each, on a stream of their own, from and to the host mapping registered with
 CUDA once.
 """
@@ -26,6 +27,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
+
+from kvpool import copy_runs
 
 __all__ = ["PageLayout", "GroupLayout", "HostPages", "Runs", "CpuCopier", "CudaCopier"]
 
@@ -210,12 +213,12 @@ class HostPages:
 
 
 class CpuCopier:
-    """Runs on the CPU: one memmove each, between vLLM's tensors and the mapped pages."""
+    """Runs on the CPU between vLLM's tensors and the mapped pages: one kvpool.copy_runs call a
+    transfer (a C loop with the GIL released; a transfer of 4 MiB or more is written with
+    non-temporal stores, as one large memcpy writes)."""
 
     def copy(self, runs: Runs) -> None:
-        mm = ctypes.memmove
-        for d, s, n in zip(runs.dst.tolist(), runs.src.tolist(), runs.size.tolist()):
-            mm(d, s, n)
+        copy_runs(runs.dst, runs.src, runs.size)
 
     def pending(self) -> bool:
         return False

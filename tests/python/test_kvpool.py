@@ -823,3 +823,30 @@ def test_stubs_match_the_runtime():
     plain = [f.name for f in view.body if isinstance(f, ast.FunctionDef)]
     for name in plain:
         assert hasattr(kvpool.View, name), name
+
+
+def test_copy_runs():
+    """copy_runs copies every run (odd sizes and offsets, shuffled destinations, a list past the
+    4 MiB streaming threshold too) and nothing between them; bad lists are typed errors."""
+    rng = numpy.random.default_rng(5)
+    for run, nruns in ((37, 64), (96 << 10, 48)):
+        src = rng.integers(0, 255, nruns * run, dtype=numpy.uint8)
+        dst = numpy.full(nruns * (run + 5), 0xA5, dtype=numpy.uint8)
+        want = dst.copy()
+        order = rng.permutation(nruns)
+        s = src.ctypes.data + numpy.arange(nruns, dtype=numpy.uint64) * numpy.uint64(run)
+        offs = order.astype(numpy.uint64) * numpy.uint64(run + 5) + numpy.uint64(3)
+        for i, o in enumerate(offs.tolist()):
+            want[o:o + run] = src[i * run:(i + 1) * run]
+        sizes = numpy.full(nruns, run, dtype=numpy.uint64)
+        assert kvpool.copy_runs(numpy.uint64(dst.ctypes.data) + offs, s, sizes) == nruns
+        assert numpy.array_equal(dst, want)
+    z = numpy.zeros(0, dtype=numpy.uint64)
+    assert kvpool.copy_runs(z, z, z) == 0
+    one = numpy.zeros(1, dtype=numpy.uint64)
+    with pytest.raises(ValueError, match="differ in length"):
+        kvpool.copy_runs(one, z, z)
+    with pytest.raises(TypeError, match="64-bit integers"):
+        kvpool.copy_runs(numpy.zeros(1, dtype=numpy.uint32), one, one)
+    with pytest.raises(TypeError):
+        kvpool.copy_runs([1], one, one)
