@@ -850,3 +850,33 @@ def test_copy_runs():
         kvpool.copy_runs(numpy.zeros(1, dtype=numpy.uint32), one, one)
     with pytest.raises(TypeError):
         kvpool.copy_runs([1], one, one)
+
+
+def test_alloc_run(client, daemon):
+    """alloc(run_align=): consecutive pages from a multiple of the alignment, past busy pages;
+    booked as leased; OutOfCapacity naming the run when no free run is left; the host tier
+    too; typed refusals of bad arguments; the pages back when the session ends."""
+    pool = client.attach("c")
+    dev = pool.tier_pages("device")
+    one = pool.alloc(1, "device")
+    run = pool.alloc(8, "device", run_align=8)
+    pages = [int(x) for x in run.pages]
+    assert pages[0] % 8 == 0 and pages[0] > int(one.pages[0])
+    assert pages == list(range(pages[0], pages[0] + 8))
+    st = client.status()["pools"][0]["tiers"]["device"]
+    assert st["leased_tokens"] == 9 * pool.geometry.page_tokens
+    with pytest.raises(kvpool.OutOfCapacity, match="no run of"):
+        pool.alloc(dev - 8, "device", run_align=1)
+    with pytest.raises(kvpool.InvalidArgument):
+        pool.alloc(0, "device", run_align=4)
+    host = pool.alloc(4, "host", run_align=4)
+    assert [int(x) for x in host.pages] == list(range(int(host.pages[0]),
+                                                      int(host.pages[0]) + 4))
+    other = kvpool.connect(daemon.sock)
+    p2 = other.attach("c")
+    r2 = p2.alloc(8, "device", run_align=8)
+    assert int(r2.pages[0]) % 8 == 0 and int(r2.pages[0]) != pages[0]
+    other.close()
+    run.free(), one.free(), host.free()
+    st = client.status()["pools"][0]["tiers"]["device"]
+    assert st["leased_tokens"] == 0 and st["free_tokens"] == st["total_tokens"]

@@ -1,8 +1,9 @@
 /* module.c - the _kvpool module: its globals, the exception classes (kvpool.Error and a
  * subclass for every enum kvp_code) and raising them from a struct kvp_error, the struct
  * sequences (Geometry, Event, PressureNotice), the module functions (connect, decode_pressure,
- * default_socket, copy_runs) and PyInit__kvpool, which makes the types of client.c, pool.c,
- * lease.c, match.c and view.c from their specs. module.h says what the files share.
+ * default_socket, copy_runs, set_torch_allocator: torch_alloc.c) and PyInit__kvpool, which makes
+ * the types of client.c, pool.c, lease.c, match.c and view.c from their specs. module.h says what
+ * the files share.
  */
 #include "module.h"
 
@@ -355,6 +356,11 @@ static PyMethodDef mod_methods[] = {
 	  "an event of another type." },
 	{ "default_socket", mod_default_socket, METH_NOARGS,
 	  "default_socket()\n--\n\nThe socket path a client uses when none is given." },
+	{ "set_torch_allocator", torch_set_allocator, METH_VARARGS,
+	  "set_torch_allocator(malloc, free)\n--\n\nThe callables behind this module's "
+	  "kvp_torch_malloc and kvp_torch_free, which torch.cuda.memory.CUDAPluggableAllocator "
+	  "loads from it: malloc(size, device, stream) returns an address (0 or None: out of "
+	  "memory), free(ptr, size, device, stream). None, None: unset." },
 	{ "copy_runs", mod_copy_runs, METH_VARARGS,
 	  "copy_runs(dst, src, size)\n--\n\nCopies size[i] bytes from address src[i] to address "
 	  "dst[i] for every i, in order, on the CPU with the GIL released (non-temporal stores "
