@@ -47,7 +47,11 @@
 # vllm.cuda.store and vllm.cuda.load against cudaMemcpyAsync of the same bytes, each ratio at
 # least 0.9 or the step fails) where torch with CUDA imports on the device, and reports SKIP
 # with the reason otherwise. --prepare puts the kvpool package (the stable-ABI wheel of this
-# tree, for the device's python3) in DIR/python-pkg, which both Python steps import first.
+# tree, for the device's python3) in DIR/python-pkg, which the Python steps import first. The
+# vllm-kv-memory step runs test_vllm_cuda.py's test_kv_memory_in_cuda_tier: vLLM's KV cache
+# buffer allocated from a run lease of a cuda device tier (kvpool.vllm_mem), its bytes in the
+# run's pages; a skip there (no torch with CUDA) is a SKIP with the reason, a skip of the test
+# itself a FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -562,6 +566,40 @@ PY
 			verdict vllm-copy FAIL "below 0.9 of cudaMemcpyAsync: $low (steps/vllm-copy.log)"
 		else
 			verdict vllm-copy FAIL "exit $rc, $n of 2 rows (steps/vllm-copy.log)"
+		fi
+	fi
+fi
+
+# 8. vLLM's KV cache buffer in a cuda device tier (kvpool.vllm_mem, as KvpoolConnector's
+# get_mem_pool_context uses it): tests/python/test_vllm_cuda.py::test_kv_memory_in_cuda_tier
+# (torch on the device; vLLM itself is not needed)
+begin vllm-kv-memory
+if [ "$mode" = dry-run ]; then
+	verdict vllm-kv-memory SKIP "dry run, no GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+	verdict vllm-kv-memory SKIP "python3 not installed"
+elif ! why=$(cd "$root/tests/python" && PYTHONPATH=$pyp timeout 120 python3 -c '
+import torch, kvpool.vllm_mem
+assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
+	verdict vllm-kv-memory SKIP "torch with CUDA or kvpool does not import: $(printf '%s' "$why" |
+		tail -1)"
+elif ! python3 -c 'import pytest' >/dev/null 2>&1; then
+	verdict vllm-kv-memory SKIP "pytest not installed"
+else
+	t=$(budget 120)
+	if [ "$t" = 0 ]; then
+		verdict vllm-kv-memory FAIL "no time left before the deadline"
+	else
+		(cd "$root/tests/python" && PYTHONPATH=$pyp tee_step timeout -k 5 "$t" python3 -m \
+			pytest -q -rs -s -p no:cacheprovider test_vllm_cuda.py -k kv_memory)
+		rc=$?
+		res=$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$step_log" | tail -1)
+		grep -o 'kv memory: .*' "$step_log" | while read -r l; do figure "$l"; done
+		if [ "$rc" = 0 ] && printf '%s' "$res" | grep -q '1 passed' &&
+			! printf '%s' "$res" | grep -q skipped; then
+			verdict vllm-kv-memory PASS "$res"
+		else
+			verdict vllm-kv-memory FAIL "exit $rc: $res (steps/vllm-kv-memory.log)"
 		fi
 	fi
 fi
