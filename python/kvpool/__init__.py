@@ -27,6 +27,7 @@ from ._kvpool import (
     decode_pressure,
     default_socket,
     copy_runs,
+    copy_runs_cuda,
     set_torch_allocator,
     Client,
     Pool,
@@ -69,5 +70,5 @@ __all__ = [
     "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall", "Forked",
     "EVENT_PRESSURE", "decode_pressure", "PressureNotice", "copy_runs",
-    "set_torch_allocator",
+    "copy_runs_cuda", "set_torch_allocator",
 ]

@@ -146,6 +146,10 @@ def decode_pressure(event: Event) -> Optional[PressureNotice]:
     """The PressureNotice an Event carries, None for an event of another type."""
 def default_socket() -> Optional[str]:
     """The socket path a client uses when none is given."""
+def copy_runs_cuda(dst: IntBuffer, src: IntBuffer, size: IntBuffer, stream: int) -> int:
+    """Enqueues the copies (device memory or host memory registered with CUDA) on the CUDA
+    stream whose handle is `stream` (not 0): one cudaMemcpyBatchAsync where CUDA has it.
+    Returns the runs enqueued; RuntimeError when CUDA fails or kvpool was built without it."""
 def set_torch_allocator(malloc: Optional[Any], free: Optional[Any]) -> None:
     """The callables behind kvp_torch_malloc(size, device, stream) -> address and
     kvp_torch_free(ptr, size, device, stream), which torch's CUDAPluggableAllocator loads from

@@ -850,6 +850,14 @@ def test_copy_runs():
         kvpool.copy_runs(numpy.zeros(1, dtype=numpy.uint32), one, one)
     with pytest.raises(TypeError):
         kvpool.copy_runs([1], one, one)
+    # the CUDA variant checks the same lists (and wants a stream of its own) before CUDA
+    assert kvpool.copy_runs_cuda(z, z, z, 0) == 0
+    with pytest.raises(ValueError, match="differ in length"):
+        kvpool.copy_runs_cuda(one, z, z, 1)
+    with pytest.raises(ValueError, match="stream of its own"):
+        kvpool.copy_runs_cuda(one, one, one, 0)
+    with pytest.raises(TypeError, match="64-bit integers"):
+        kvpool.copy_runs_cuda(numpy.zeros(1, dtype=numpy.uint32), one, one, 1)
 
 
 def test_alloc_run(client, daemon):

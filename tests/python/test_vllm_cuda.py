@@ -186,7 +186,7 @@ def rows(n=512, ntensors=8, reps=5):
             for i in (0, n // 2, n - 1):
                 assert torch.equal(t[dst[i]], t[src[i]])
         params = {"chunks": n, "tensors": ntensors, "block_bytes": PAGE, "reps": reps,
-                  "path": "swap_blocks_batch" if cp.batch is not None else "cudaMemcpyAsync"}
+                  "path": cp.path}
         row("vllm.cuda.store", params, nbytes / d2h / 1e9,
             "one cudaMemcpyAsync of the same bytes, device to registered host pages",
             nbytes / s_s / 1e9, "GB/s", "ratio >= 0.9", "KvpoolOffloadingWorker's store runs")

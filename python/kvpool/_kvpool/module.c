@@ -1,11 +1,13 @@
 /* module.c - the _kvpool module: its globals, the exception classes (kvpool.Error and a
  * subclass for every enum kvp_code) and raising them from a struct kvp_error, the struct
  * sequences (Geometry, Event, PressureNotice), the module functions (connect, decode_pressure,
- * default_socket, copy_runs, set_torch_allocator: torch_alloc.c) and PyInit__kvpool, which makes
- * the types of client.c, pool.c, lease.c, match.c and view.c from their specs. module.h says what
- * the files share.
+ * default_socket, copy_runs, copy_runs_cuda, set_torch_allocator: torch_alloc.c) and
+ * PyInit__kvpool, which makes the types of client.c, pool.c, lease.c, match.c and view.c from
+ * their specs. module.h says what the files share.
  */
 #include "module.h"
+
+#include <errno.h>
 
 #include "kv_copy.h"
 
@@ -345,6 +347,64 @@ static PyObject *mod_copy_runs(PyObject *mod, PyObject *args)
 	return PyLong_FromSsize_t(cnt);
 }
 
+#if KVP_HAVE_CUDA
+#include "kv_copy_cuda.h"
+#endif
+
+static PyObject *mod_copy_runs_cuda(PyObject *mod, PyObject *args)
+{
+	PyObject *dst_o, *src_o, *size_o;
+	unsigned long long stream;
+	Py_buffer d, s, n;
+	int r = -1;
+
+	(void)mod;
+	if (!PyArg_ParseTuple(args, "OOOK:copy_runs_cuda", &dst_o, &src_o, &size_o, &stream))
+		return NULL;
+	if (get_u64_buffer(dst_o, &d, "dst") < 0)
+		return NULL;
+	if (get_u64_buffer(src_o, &s, "src") < 0) {
+		PyBuffer_Release(&d);
+		return NULL;
+	}
+	if (get_u64_buffer(size_o, &n, "size") < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&s);
+		return NULL;
+	}
+	if (d.len != n.len || s.len != n.len) {
+		PyErr_Format(PyExc_ValueError,
+			     "copy_runs_cuda(): dst, src and size differ in length (%zd, %zd, %zd)",
+			     d.len / 8, s.len / 8, n.len / 8);
+	} else if (!stream && n.len) {
+		PyErr_SetString(PyExc_ValueError,
+				"copy_runs_cuda(): a stream of its own is needed, not the default "
+				"stream (0)");
+	} else {
+#if KVP_HAVE_CUDA
+		KVPY_WAIT(r = kvp_copy_runs_cuda(d.buf, s.buf, n.buf, (uint64_t)(n.len / 8),
+						 (void *)(uintptr_t)stream));
+		if (r < 0)
+			PyErr_Format(PyExc_RuntimeError,
+				     "copy_runs_cuda(): enqueueing the copies failed (%s)",
+				     r == -EIO ? "a CUDA error" : "bad lists");
+#else
+		(void)stream;
+		if (!n.len)
+			r = 0;
+		else
+			PyErr_SetString(PyExc_RuntimeError,
+					"copy_runs_cuda(): kvpool was built without CUDA");
+#endif
+	}
+	PyBuffer_Release(&d);
+	PyBuffer_Release(&s);
+	PyBuffer_Release(&n);
+	if (r < 0)
+		return NULL;
+	return PyLong_FromSsize_t(n.len / 8);
+}
+
 static PyMethodDef mod_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(socket=None, name='python', pressure_notices=False)\n--\n\nConnects to "
@@ -361,6 +421,13 @@ static PyMethodDef mod_methods[] = {
 	  "kvp_torch_malloc and kvp_torch_free, which torch.cuda.memory.CUDAPluggableAllocator "
 	  "loads from it: malloc(size, device, stream) returns an address (0 or None: out of "
 	  "memory), free(ptr, size, device, stream). None, None: unset." },
+	{ "copy_runs_cuda", mod_copy_runs_cuda, METH_VARARGS,
+	  "copy_runs_cuda(dst, src, size, stream)\n--\n\nEnqueues the copies of size[i] bytes "
+	  "from src[i] to dst[i] (device memory or host memory registered with CUDA) on the CUDA "
+	  "stream `stream` (its handle, not 0), as one cudaMemcpyBatchAsync where CUDA has it; "
+	  "the GIL released. The lists are as copy_runs takes them and may be reused on return; "
+	  "the addresses are unchecked. Returns the runs enqueued; RuntimeError when CUDA fails "
+	  "or kvpool was built without it." },
 	{ "copy_runs", mod_copy_runs, METH_VARARGS,
 	  "copy_runs(dst, src, size)\n--\n\nCopies size[i] bytes from address src[i] to address "
 	  "dst[i] for every i, in order, on the CPU with the GIL released (non-temporal stores "
