@@ -10,7 +10,11 @@ cuda tier) is test_vllm_cuda.py's, under scripts/gpu-check.sh --device."""
 import ctypes
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -109,6 +113,33 @@ def test_device_runs_map_runs_as_one_buffer(dmn):
     assert leased(c, "vd") == BS
     busy.free()
     c.close()
+
+
+def test_device_runs_back_when_the_engine_dies(dmn):
+    """A process holding a KV cache buffer is killed (kill -9): kvpoold takes its run back."""
+    c = kvpool.connect(dmn.sock)
+    code = ("import sys, kvpool\n"
+            "from kvpool.vllm_mem import DeviceRuns\n"
+            f"r = DeviceRuns(kvpool.connect({dmn.sock!r}).attach('vd'), ('sim',))\n"
+            "r.malloc(12 * r.layout.page_bytes)\n"
+            "print('leased', flush=True)\n"
+            "sys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "leased"
+        assert leased(c, "vd") == 12 * BS
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while leased(c, "vd") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leased(c, "vd") == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        c.close()
 
 
 def test_torch_allocator_entry_points(dmn, caplog):
