@@ -39,6 +39,44 @@ KVP_EXPORT int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, ui
 	return 0;
 }
 
+KVP_EXPORT int kvp_lease_alloc_run(struct kvp_pool *p, int tier, uint32_t npages, uint32_t align,
+				   uint64_t *lease_id, uint32_t *first, struct kvp_error *err)
+{
+	CALL_SETUP(req, alloc, ALLOC, Kvpool__AllocReq, KVPOOL__ALLOC_REQ__INIT);
+	Kvpool__Response *resp;
+	int r;
+
+	if ((r = kvp__forked_fast(p->c, err)) < 0)
+		return r;
+	if (!align || !npages)
+		return kvp__fail(err, KVP_E_INVALID_ARGUMENT, 0,
+				 "a run lease needs pages and an alignment (got %u, %u)", npages,
+				 align);
+	alloc.pool_id = p->id;
+	alloc.pages = npages;
+	alloc.tier = (Kvpool__Tier)tier;
+	alloc.run_align = align;
+	r = kvp__rpc(p->c, &req, RESULT(ALLOC), &resp, NULL, NULL, err);
+	if (r < 0)
+		return r;
+	if (resp->alloc->run_pages != npages || resp->alloc->run_first % align) {
+		uint64_t lease = resp->alloc->lease_id;
+		uint32_t got = resp->alloc->run_pages, at = resp->alloc->run_first;
+
+		kvpool__response__free_unpacked(resp, NULL);
+		if (lease)
+			kvp_lease_free(p, lease, NULL, 0, NULL);
+		return kvp__fail(
+			err, KVP_E_PROTOCOL, 0,
+			"alloc answered with a run of %u pages at %u, not %u aligned to %u", got,
+			at, npages, align);
+	}
+	*lease_id = resp->alloc->lease_id;
+	*first = resp->alloc->run_first;
+	kvpool__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
 KVP_EXPORT int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages,
 				uint32_t *pages, struct kvp_error *err)
 {

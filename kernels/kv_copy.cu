@@ -6,6 +6,9 @@
  * loads of a lane issued before its stores so several PCIe reads are in flight per lane when the
  * source is mapped host memory. The vector is the widest of 16/8/4/2/1 bytes that divides the row
  * size and both base addresses, so every run start is aligned to it.
+ *
+ * kvp_copy_runs_cuda enqueues a list of copies an engine plug-in computed (kvpool.vllm_copy)
+ * as one cudaMemcpyBatchAsync: the copy engines, no kernel.
  */
 #include <cuda.h>	  /* types only: nothing links libcuda */
 #include <cudaTypedefs.h> /* PFN_* types only */
@@ -441,4 +444,47 @@ extern "C" const char *kvp_copy_cuda_error(const struct kvp_copy_cuda *c)
 	if (!c || c->err == cudaSuccess)
 		return "";
 	return cudaGetErrorString(c->err);
+}
+
+extern "C" int kvp_copy_runs_cuda(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes,
+				  uint64_t n, void *stream)
+{
+	cudaStream_t s = (cudaStream_t)stream;
+	cudaError_t e;
+
+	static_assert(sizeof(void *) == sizeof(uint64_t) && sizeof(size_t) == sizeof(uint64_t),
+		      "addresses and sizes are 64-bit");
+	if (!n)
+		return 0;
+	if (!dst || !src || !bytes)
+		return -EINVAL;
+#if CUDART_VERSION >= 12080
+	{
+		struct cudaMemcpyAttributes attr;
+		size_t idx = 0;
+
+		memset(&attr, 0, sizeof(attr));
+		attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+		attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+#if CUDART_VERSION >= 13000
+		e = cudaMemcpyBatchAsync((void *const *)dst, (const void *const *)src,
+					 (const size_t *)bytes, n, &attr, &idx, 1, s);
+#else
+		size_t failed = 0;
+
+		e = cudaMemcpyBatchAsync((void **)dst, (void **)src, (size_t *)bytes, n, &attr,
+					 &idx, 1, &failed, s);
+#endif
+		if (e == cudaSuccess)
+			return 0;
+		(void)cudaGetLastError(); /* an older driver: one copy each below */
+	}
+#endif
+	for (uint64_t i = 0; i < n; i++) {
+		e = cudaMemcpyAsync((void *)(uintptr_t)dst[i], (const void *)(uintptr_t)src[i],
+				    bytes[i], cudaMemcpyDefault, s);
+		if (e != cudaSuccess)
+			return -EIO;
+	}
+	return 0;
 }

@@ -135,6 +135,16 @@ int kvp_copy_dev_to_host_cpu(const struct kvp_copy_geom *g, const void *dev_base
 int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_base, void *dev_base,
 			     const uint32_t *host_pages, const uint32_t *dev_pages, uint32_t n);
 
+/*
+ * Copy n runs of bytes between addresses the caller owns: bytes[i] bytes from src[i] to dst[i],
+ * in list order (the copies of engine block tensors to and from mapped host pages: one call for a
+ * whole transfer instead of one memcpy call each). Runs of a batch whose bytes add up to at least
+ * kvp_copy_cpu_stream_threshold() are written with non-temporal stores, an sfence ending the
+ * batch. Runs must not overlap each other or themselves. Returns 0, or -EINVAL when n > 0 and a
+ * list is NULL (nothing is copied then).
+ */
+int kvp_copy_runs_cpu(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes, uint64_t n);
+
 /* Batches of at least this many bytes are written with non-temporal stores (x86; elsewhere
  * memcpy): they skip the cache and the read of each destination line. */
 #define KVP_COPY_STREAM_DEFAULT (4ull << 20)

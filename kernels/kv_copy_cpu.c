@@ -9,6 +9,9 @@
  * (x86 SSE2): it bypasses the cache, which a batch that size would mostly evict anyway, and it
  * skips reading the destination lines before writing them. An sfence ends such a batch, so the
  * bytes are visible to every other process once the call returns.
+ *
+ * kvp_copy_runs_cpu is the same copy for a list of (destination, source, bytes) runs an engine
+ * plug-in computed (kvpool.vllm_copy): the bytes of its whole list decide whether it streams.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -121,6 +124,25 @@ int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_bas
 			dst += stride;
 		}
 	}
+	end_batch(stream);
+	return 0;
+}
+
+int kvp_copy_runs_cpu(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes, uint64_t n)
+{
+	uint64_t total = 0;
+	bool stream;
+
+	if (!n)
+		return 0;
+	if (!dst || !src || !bytes)
+		return -EINVAL;
+	for (uint64_t i = 0; i < n; i++)
+		total += bytes[i];
+	stream = total >= g_stream_min;
+	for (uint64_t i = 0; i < n; i++)
+		copy_run((unsigned char *)(uintptr_t)dst[i],
+			 (const unsigned char *)(uintptr_t)src[i], bytes[i], stream);
 	end_batch(stream);
 	return 0;
 }

@@ -59,6 +59,16 @@ int kvp_copy_cuda_fence(struct kvp_copy_cuda *c, void **out);
 int kvp_copy_cuda_fence_wait(void *fence);
 void kvp_copy_cuda_fence_free(void *fence);
 
+/* Enqueue n copies of bytes[i] bytes from src[i] to dst[i] (addresses: device memory, or host
+ * memory registered with CUDA; cudaMemcpyDefault's unified addressing) on `stream` (a
+ * cudaStream_t, not the legacy default stream): one cudaMemcpyBatchAsync where the runtime has
+ * it (CUDA 12.8 on) and the driver takes it, else one cudaMemcpyAsync each. The three lists may
+ * be reused as soon as the call returns. Returns 0 once enqueued (n == 0: nothing), -EINVAL for
+ * a NULL list with n > 0, -EIO for a CUDA error (nothing more is enqueued after it). No
+ * context: the caller's current device. */
+int kvp_copy_runs_cuda(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes, uint64_t n,
+		       void *stream);
+
 /* The CUDA error string of the context's last failure, or "" when none. Never NULL. */
 const char *kvp_copy_cuda_error(const struct kvp_copy_cuda *c);
 

@@ -439,6 +439,16 @@ int kvp_mapping_cuda_device(const struct kvp_mapping *m);
  * KVP_E_PROTOCOL (a reply with another page count: the lease is freed). */
 int kvp_lease_alloc(struct kvp_pool *p, int tier, uint32_t npages, uint64_t *lease_id,
 		    uint32_t *pages, struct kvp_error *err);
+/* (0.3) A run lease: npages consecutive pages of `tier`, the first a multiple of align (>= 1;
+ * e.g. the pages that make the tier's bytes of the run whole GPU mapping granules), so the run
+ * can be mapped as one contiguous buffer. Free pages only: cached prefixes are not evicted for
+ * a run. Writes the lease id and the first page (the run is first .. first + npages - 1).
+ * Returns 0 or a negative code: KVP_E_OUT_OF_CAPACITY (no such run of free pages; the message
+ * says so), KVP_E_QUOTA_EXCEEDED, KVP_E_INVALID_ARGUMENT (align 0, no such tier),
+ * KVP_E_LIMIT_EXCEEDED, KVP_E_PROTOCOL (a reply that is no run of npages: the lease is freed).
+ * It ends like any lease: kvp_lease_free, or the session's end. */
+int kvp_lease_alloc_run(struct kvp_pool *p, int tier, uint32_t npages, uint32_t align,
+			uint64_t *lease_id, uint32_t *first, struct kvp_error *err);
 /* Adds npages pages to a lease; writes the new ids (room for npages). */
 int kvp_lease_extend(struct kvp_pool *p, uint64_t lease_id, uint32_t npages, uint32_t *pages,
 		     struct kvp_error *err);

@@ -582,6 +582,79 @@ struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, u
 	return l;
 }
 
+/* The lowest run of n FREE pages of tier starting at a multiple of align: its first page, or
+ * UINT32_MAX when none. O(total). */
+static uint32_t find_run(struct kvpd_pool *p, int tier, uint32_t n, uint32_t align)
+{
+	uint32_t total = kvp_pages_total(p->pages[tier]), i, found = UINT32_MAX;
+	uint8_t *st = malloc(total);
+	uint64_t start;
+
+	if (!st)
+		return UINT32_MAX;
+	kvp_pages_states(p->pages[tier], st);
+	for (start = 0; (uint64_t)start + n <= total; start += align) {
+		for (i = 0; i < n && st[start + i] == KVP_PAGE_FREE; i++)
+			;
+		if (i == n) {
+			found = (uint32_t)start;
+			break;
+		}
+		/* the next start past the busy page start + i */
+		start = (start + i) / align * align;
+	}
+	free(st);
+	return found;
+}
+
+struct kvp_lease *kvp_lease_create_run(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
+				       uint32_t align, struct kvp_fail *f)
+{
+	struct kvp_lease *l;
+	uint32_t first;
+
+	if (check_size(p, tier, npages, f) < 0)
+		return NULL;
+	if (!align)
+		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "a run aligned to 0 pages"), NULL;
+	first = find_run(p, tier, npages, align);
+	if (first == UINT32_MAX) {
+		capacity_fail(p, tier, npages, f);
+		snprintf(f->msg, sizeof(f->msg),
+			 "pool %s %s tier: no run of %u free consecutive pages starting at a "
+			 "multiple of %u (%lu pages free of %lu; cached pages are not evicted for "
+			 "a run): free leases or flush the cache",
+			 p->conf.name, kvp_names_tier(tier), npages, align,
+			 (unsigned long)kvp_pages_count(p->pages[tier], KVP_PAGE_FREE),
+			 (unsigned long)kvp_pages_total(p->pages[tier]));
+		return NULL;
+	}
+	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
+	if (!l || lease_grow(l, npages) < 0) {
+		free(l);
+		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
+		return NULL;
+	}
+	for (uint32_t i = 0; i < npages; i++)
+		l->pages[i] = first + i;
+	if (kvp_pages_claim(p->pages[tier], l->pages, npages) < 0) {
+		free(l->pages);
+		free(l);
+		kvp_fail(f, KVP_ERR_INTERNAL, "the free run at page %u could not be claimed",
+			 first);
+		return NULL;
+	}
+	l->id = id;
+	l->owner = ++p->next_owner;
+	l->pool = p;
+	l->tier = tier;
+	l->n = npages;
+	lease_adopt(l, 0);
+	p->st.allocs++;
+	p->st.alloc_pages += npages;
+	return l;
+}
+
 struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,
 				    const uint32_t *pages, uint32_t n, struct kvp_fail *f)
 {

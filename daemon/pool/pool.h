@@ -127,6 +127,11 @@ int kvp_lease_check(const struct kvp_lease *l);
  * INVALID_ARGUMENT. */
 struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
 				   struct kvp_fail *f);
+/* A run lease: npages consecutive FREE pages of tier, the first a multiple of align (>= 1), the
+ * lowest such run. Cached pages are not evicted for it: NULL with f filled (OUT_OF_CAPACITY
+ * naming the run asked when the free pages hold none; INVALID_ARGUMENT). */
+struct kvp_lease *kvp_lease_create_run(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
+				       uint32_t align, struct kvp_fail *f);
 /* A lease of the n LEASED pages[] of tier (claimed by a restore, owned by no lease) under id.
  * NULL with f filled (INVALID_ARGUMENT: a page not LEASED or already a lease's; INTERNAL). */
 struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,

@@ -155,6 +155,38 @@ void kvp_rpc_alloc_retry(struct kvp_daemon *d)
 	}
 }
 
+/* A run lease (run_align > 0): npages consecutive free pages, answered at once by its first
+ * page and count (no page list: a run may be a whole tier). 0 or a negative Code with f. */
+static int alloc_run(struct kvp_daemon *d, struct kvp_session *s, struct kvpd_pool *p, int tier,
+		     uint32_t npages, uint32_t align, struct kvp_reply *r, struct kvp_fail *f)
+{
+	struct kvp_lease *l;
+	Kvpool__AllocResp *m;
+	int rc;
+
+	if ((rc = kvp_session_may_lease(d, s, p, npages, true, f)) < 0)
+		return rc;
+	kvp_session_reap_empty(d, s);
+	m = KVP_REPLY_NEW(r, Kvpool__AllocResp, kvpool__alloc_resp__descriptor);
+	if (!m)
+		return kvp_rpc_oom(f);
+	l = kvp_lease_create_run(p, tier, kvp_daemon_new_id(d, &d->next_lease_id), npages, align,
+				 f);
+	if (!l)
+		return -(int)f->code;
+	if (kvp_session_lease_add(s, l) < 0) {
+		kvp_lease_destroy(l);
+		return kvp_rpc_oom(f);
+	}
+	m->lease_id = l->id;
+	m->tier = (Kvpool__Tier)l->tier;
+	m->run_first = l->pages[0];
+	m->run_pages = l->n;
+	r->resp.result_case = KVPOOL__RESPONSE__RESULT_ALLOC;
+	r->resp.alloc = m;
+	return 0;
+}
+
 /* Answered at once, or, when the pages are there once demotions in flight land, when they do
  * (a ticket, defer.h; bounded by its limits). */
 KVP_RPC_HANDLER(kvp_rpc_alloc)
@@ -175,6 +207,8 @@ KVP_RPC_HANDLER(kvp_rpc_alloc)
 	npages = pages_asked(p, a->tokens, a->pages, f);
 	if (!npages)
 		return -(int)f->code;
+	if (a->run_align)
+		return alloc_run(d, s, p, tier, npages, a->run_align, r, f);
 	if ((rc = alloc_check(d, s, p, tier, npages, f)) < 0)
 		return rc;
 	rc = alloc_lease(d, s, p, tier, npages, r, f);

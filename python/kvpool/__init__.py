@@ -26,6 +26,9 @@ from ._kvpool import (
     connect,
     decode_pressure,
     default_socket,
+    copy_runs,
+    copy_runs_cuda,
+    set_torch_allocator,
     Client,
     Pool,
     Lease,
@@ -66,5 +69,6 @@ __all__ = [
     "InvalidArgument", "PermissionDenied", "ProtocolError", "VersionMismatch", "ShuttingDown",
     "LimitExceeded", "Unavailable", "Internal", "Restarted", "NoDaemon", "TransportError", "OutOfMemory",
     "MapError", "BufferTooSmall", "Forked",
-    "EVENT_PRESSURE", "decode_pressure", "PressureNotice",
+    "EVENT_PRESSURE", "decode_pressure", "PressureNotice", "copy_runs",
+    "copy_runs_cuda", "set_torch_allocator",
 ]

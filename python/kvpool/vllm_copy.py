@@ -11,9 +11,11 @@ page geometry: blocks_per_chunk x the sum of the tensors' pages, which vLLM keep
 worker_kv_bytes_per_block (the shared allocation's stride).
 
 A transfer is a list of (source address, destination address, bytes) runs computed with numpy
-from the block ids and page ids (adjacent runs merged). On the CPU each run is one memmove
-between vLLM's tensor and the mapped page; with CUDA block tensors the runs go to vLLM's own
-batched copy (swap_blocks_batch: one cuMemcpyBatchAsync) when vLLM's kernels load, else to one
+from the block ids and page ids (adjacent runs merged). On the CPU the whole list is one C
+call (kvpool.copy_runs: a memcpy a run, non-temporal stores for 4 MiB or more) between vLLM's
+tensors and the mapped pages; with CUDA block tensors the runs go to vLLM's own batched copy
+(swap_blocks_batch: one cuMemcpyBatchAsync) when vLLM's kernels load, else to kvpool's
+(kvpool.copy_runs_cuda: one cudaMemcpyBatchAsync) when kvpool was built with CUDA, else to one
 cudaMemcpyAsync each, on a stream of their own, from and to the host mapping registered with
 CUDA once.
 """
@@ -26,6 +28,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
+
+import kvpool
+from kvpool import copy_runs
 
 __all__ = ["PageLayout", "GroupLayout", "HostPages", "Runs", "CpuCopier", "CudaCopier"]
 
@@ -210,12 +215,12 @@ class HostPages:
 
 
 class CpuCopier:
-    """Runs on the CPU: one memmove each, between vLLM's tensors and the mapped pages."""
+    """Runs on the CPU between vLLM's tensors and the mapped pages: one kvpool.copy_runs call a
+    transfer (a C loop with the GIL released; a transfer of 4 MiB or more is written with
+    non-temporal stores, as one large memcpy writes)."""
 
     def copy(self, runs: Runs) -> None:
-        mm = ctypes.memmove
-        for d, s, n in zip(runs.dst.tolist(), runs.src.tolist(), runs.size.tolist()):
-            mm(d, s, n)
+        copy_runs(runs.dst, runs.src, runs.size)
 
     def pending(self) -> bool:
         return False
@@ -268,10 +273,20 @@ class CudaCopier:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         self.batch = _swap_blocks_batch()
-        self.lib = None if self.batch is not None else _cudart()
-        if self.batch is None and not self.lib:
-            raise RuntimeError("kvpool.vllm: neither vLLM's swap_blocks_batch nor libcudart "
-                               "loads: no copy path for CUDA block tensors")
+        # kvpool's own batched copy (kvpool.copy_runs_cuda: one cudaMemcpyBatchAsync) where
+        # vLLM's kernels do not load and kvpool was built with CUDA
+        self.runs_cuda = kvpool.copy_runs_cuda if self.batch is None and kvpool.HAVE_CUDA \
+            else None
+        self.lib = None if self.batch is not None or self.runs_cuda else _cudart()
+        if self.batch is None and not self.runs_cuda and not self.lib:
+            raise RuntimeError("kvpool.vllm: neither vLLM's swap_blocks_batch, kvpool's CUDA "
+                               "build nor libcudart loads: no copy path for CUDA block tensors")
+
+    @property
+    def path(self) -> str:
+        """Which copy the runs take."""
+        return ("swap_blocks_batch" if self.batch is not None else
+                "kvpool.copy_runs_cuda" if self.runs_cuda else "cudaMemcpyAsync")
 
     def copy(self, runs: Runs) -> torch.cuda.Event:
         ev = torch.cuda.Event()
@@ -282,6 +297,8 @@ class CudaCopier:
                     self.batch(torch.from_numpy(runs.src.view(np.int64)),
                                torch.from_numpy(runs.dst.view(np.int64)),
                                torch.from_numpy(runs.size.view(np.int64)))
+                elif self.runs_cuda:
+                    self.runs_cuda(runs.dst, runs.src, runs.size, self.stream.cuda_stream)
                 else:
                     h = ctypes.c_void_p(self.stream.cuda_stream)
                     mc = self.lib.cudaMemcpyAsync

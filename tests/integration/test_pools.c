@@ -58,6 +58,53 @@ static uint64_t tier_leased(int tier)
 	return v;
 }
 
+/* Run leases: consecutive pages from a multiple of the alignment (past a busy page), booked as
+ * leased, OUT_OF_CAPACITY naming the run when the free pages hold none, back at the session's
+ * end; align 0 refused before a call. */
+static void test_kvp_lease_alloc_run(void)
+{
+	struct kvp_error e;
+	struct kvp_client *c = conn("run"), *c2 = conn("run2");
+	uint64_t one, run, run2, before = tier_leased(KVP_TIER_DEVICE);
+	uint32_t page, first = 99, first2;
+	struct kvp_pool *p, *p2;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+	p = kvp_pool_attach(c, "small", NULL, &e);
+	p2 = kvp_pool_attach(c2, "small", NULL, &e);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p2);
+	/* page 0 busy: a run of 8 aligned to 8 starts at 8 */
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc(p, KVP_TIER_DEVICE, 1, &one, &page, &e), 0);
+	CU_ASSERT_EQUAL(page, 0);
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc_run(p, KVP_TIER_DEVICE, 8, 8, &run, &first, &e), 0);
+	CU_ASSERT_EQUAL(first, 8);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), before + 9 * 16);
+	/* another session's run of 40 aligned to 4: pages 16..55 (1..7 too short, 8..15 taken) */
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc_run(p2, KVP_TIER_DEVICE, 40, 4, &run2, &first2, &e),
+			      0);
+	CU_ASSERT_EQUAL(first2, 16);
+	/* 64 pages: 1..7 and 56..63 free, no run of 9 */
+	first = 77;
+	CU_ASSERT_EQUAL(kvp_lease_alloc_run(p, KVP_TIER_DEVICE, 9, 1, &run, &first, &e),
+			-KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_EQUAL(e.code, KVP_E_OUT_OF_CAPACITY);
+	CU_ASSERT_PTR_NOT_NULL(strstr(e.message, "no run of 9 free consecutive pages"));
+	CU_ASSERT_EQUAL(first, 77);
+	CU_ASSERT_EQUAL(kvp_lease_alloc_run(p, KVP_TIER_DEVICE, 8, 0, &run, &first, &e),
+			-KVP_E_INVALID_ARGUMENT);
+	/* a run of the host tier too, and its free */
+	CU_ASSERT_EQUAL_FATAL(kvp_lease_alloc_run(p, KVP_TIER_HOST, 4, 2, &one, &first, &e), 0);
+	CU_ASSERT_EQUAL(first % 2, 0);
+	CU_ASSERT_EQUAL(kvp_lease_free(p, one, NULL, 0, &e), 0);
+	/* the second session ends: its run is free again */
+	kvp_client_close(c2);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), before + 9 * 16);
+	kvp_client_close(c);
+	CU_ASSERT_EQUAL(tier_leased(KVP_TIER_DEVICE), before);
+}
+
 static void test_attach_geometry_and_backend(void)
 {
 	struct kvp_error e;
@@ -507,6 +554,7 @@ int main(void)
 		H_TEST(test_tier_fd_is_sealed),
 		H_TEST(test_pool_larger_than_memory_exits_budget),
 		H_TEST(test_cuda_pool_without_gpu_is_refused_typed),
+		H_TEST(test_kvp_lease_alloc_run),
 	};
 
 	return H_RUN_SUITE("pools", init_suite, clean_suite, tests);

@@ -823,3 +823,68 @@ def test_stubs_match_the_runtime():
     plain = [f.name for f in view.body if isinstance(f, ast.FunctionDef)]
     for name in plain:
         assert hasattr(kvpool.View, name), name
+
+
+def test_copy_runs():
+    """copy_runs copies every run (odd sizes and offsets, shuffled destinations, a list past the
+    4 MiB streaming threshold too) and nothing between them; bad lists are typed errors."""
+    rng = numpy.random.default_rng(5)
+    for run, nruns in ((37, 64), (96 << 10, 48)):
+        src = rng.integers(0, 255, nruns * run, dtype=numpy.uint8)
+        dst = numpy.full(nruns * (run + 5), 0xA5, dtype=numpy.uint8)
+        want = dst.copy()
+        order = rng.permutation(nruns)
+        s = src.ctypes.data + numpy.arange(nruns, dtype=numpy.uint64) * numpy.uint64(run)
+        offs = order.astype(numpy.uint64) * numpy.uint64(run + 5) + numpy.uint64(3)
+        for i, o in enumerate(offs.tolist()):
+            want[o:o + run] = src[i * run:(i + 1) * run]
+        sizes = numpy.full(nruns, run, dtype=numpy.uint64)
+        assert kvpool.copy_runs(numpy.uint64(dst.ctypes.data) + offs, s, sizes) == nruns
+        assert numpy.array_equal(dst, want)
+    z = numpy.zeros(0, dtype=numpy.uint64)
+    assert kvpool.copy_runs(z, z, z) == 0
+    one = numpy.zeros(1, dtype=numpy.uint64)
+    with pytest.raises(ValueError, match="differ in length"):
+        kvpool.copy_runs(one, z, z)
+    with pytest.raises(TypeError, match="64-bit integers"):
+        kvpool.copy_runs(numpy.zeros(1, dtype=numpy.uint32), one, one)
+    with pytest.raises(TypeError):
+        kvpool.copy_runs([1], one, one)
+    # the CUDA variant checks the same lists (and wants a stream of its own) before CUDA
+    assert kvpool.copy_runs_cuda(z, z, z, 0) == 0
+    with pytest.raises(ValueError, match="differ in length"):
+        kvpool.copy_runs_cuda(one, z, z, 1)
+    with pytest.raises(ValueError, match="stream of its own"):
+        kvpool.copy_runs_cuda(one, one, one, 0)
+    with pytest.raises(TypeError, match="64-bit integers"):
+        kvpool.copy_runs_cuda(numpy.zeros(1, dtype=numpy.uint32), one, one, 1)
+
+
+def test_alloc_run(client, daemon):
+    """alloc(run_align=): consecutive pages from a multiple of the alignment, past busy pages;
+    booked as leased; OutOfCapacity naming the run when no free run is left; the host tier
+    too; typed refusals of bad arguments; the pages back when the session ends."""
+    pool = client.attach("c")
+    dev = pool.tier_pages("device")
+    one = pool.alloc(1, "device")
+    run = pool.alloc(8, "device", run_align=8)
+    pages = [int(x) for x in run.pages]
+    assert pages[0] % 8 == 0 and pages[0] > int(one.pages[0])
+    assert pages == list(range(pages[0], pages[0] + 8))
+    st = client.status()["pools"][0]["tiers"]["device"]
+    assert st["leased_tokens"] == 9 * pool.geometry.page_tokens
+    with pytest.raises(kvpool.OutOfCapacity, match="no run of"):
+        pool.alloc(dev - 8, "device", run_align=1)
+    with pytest.raises(kvpool.InvalidArgument):
+        pool.alloc(0, "device", run_align=4)
+    host = pool.alloc(4, "host", run_align=4)
+    assert [int(x) for x in host.pages] == list(range(int(host.pages[0]),
+                                                      int(host.pages[0]) + 4))
+    other = kvpool.connect(daemon.sock)
+    p2 = other.attach("c")
+    r2 = p2.alloc(8, "device", run_align=8)
+    assert int(r2.pages[0]) % 8 == 0 and int(r2.pages[0]) != pages[0]
+    other.close()
+    run.free(), one.free(), host.free()
+    st = client.status()["pools"][0]["tiers"]["device"]
+    assert st["leased_tokens"] == 0 and st["free_tokens"] == st["total_tokens"]

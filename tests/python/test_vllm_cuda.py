@@ -1,6 +1,10 @@
 """kvpool.vllm_copy on a GPU: vLLM-shaped CUDA block tensors (two KV cache groups over three
 tensors) stored into and loaded from kvpool's host pages (a real kvpoold's host tier, mapped
-and registered with CUDA) by the worker's copy path, every byte equal. Skips without CUDA.
+and registered with CUDA) by the worker's copy path, every byte equal. And kvpool.vllm_mem, as
+KvpoolConnector's get_mem_pool_context uses it: vLLM's KV cache buffer (one torch.zeros of
+int8 inside torch.cuda.use_mem_pool) allocated from a run lease of a cuda device tier, its bytes
+in the run's pages of the tier (read through the pool's own layer-first view), the pages leased
+while it lives and free again after. Skips without CUDA.
 
 Run as a program (scripts/gpu-check.sh --device), it prints the rows vllm.cuda.store and
 vllm.cuda.load: GB/s of the worker's copies of 512 chunks (8 tensors of 64 KiB a block,
@@ -24,6 +28,7 @@ if not torch.cuda.is_available():
                 allow_module_level=True)
 import kvpool  # noqa: E402
 from kvpool.vllm_copy import CudaCopier, HostPages, PageLayout  # noqa: E402
+from kvpool.vllm_mem import DeviceRuns, torch_mem_pool  # noqa: E402
 
 CONF = DEFAULT_CONF + pool_section("vg", layers=8, kv_heads=8, head_dim=128,
                                    host_capacity=f"{520 * 16}t").replace(
@@ -76,6 +81,70 @@ def test_store_load_two_groups(daemon):
     pool.detach(), c.close()
 
 
+# a cuda device tier of 1,024 pages of 2 layers x 16 tokens x 2 KiB rows: 32 KiB a page's piece
+# of a stripe, stripes of 32 MiB (whole 2 MiB granules), runs aligned to 64 pages
+KV_CONF = DEFAULT_CONF + """
+[pool.gkv]
+layers = 2
+kv_heads = 8
+head_dim = 128
+dtype = fp16
+page_tokens = 16
+device = cuda:0
+device_capacity = 16384t
+host_capacity = 0
+mlock = off
+"""
+
+
+def leased(c, pool):
+    return next(p for p in c.status()["pools"] if p["name"] == pool)["tiers"]["device"][
+        "leased_tokens"]
+
+
+def test_kv_memory_in_cuda_tier():
+    d = Daemon(KV_CONF)
+    try:
+        c = kvpool.connect(d.sock)
+        pool = c.attach("gkv")
+        assert pool.tier_backend("device") == "cuda"
+        runs = DeviceRuns(pool)
+        lay = runs.layout
+        assert lay.align * lay.run_bytes % runs.maps.granule == 0
+        mp = torch_mem_pool(runs)
+        nbytes = 100 * pool.page_bytes + 12345  # allocate_kv_cache: one int8 buffer
+        with torch.cuda.use_mem_pool(mp):
+            buf = torch.zeros(nbytes, dtype=torch.int8, device="cuda")
+        assert len(runs.live) == 1
+        ptr, (lease, total) = next(iter(runs.live.items()))
+        assert buf.data_ptr() == ptr and total >= nbytes
+        n, first = len(lease.pages), int(lease.pages[0])
+        assert first % lay.align == 0 and leased(c, "gkv") == n * 16
+        buf.copy_(torch.randint(-128, 127, (nbytes,), dtype=torch.int8, device="cuda"))
+        torch.cuda.synchronize()
+        run = lay.run_bytes
+        for layer in range(2):
+            for kv in range(2):
+                plane = torch.from_dlpack(pool.kv("device", layer, kv)).view(torch.int8)
+                plane = plane.reshape(-1)[first * run:(first + n) * run]
+                i = 2 * layer + kv
+                lo, hi = i * n * run, min((i + 1) * n * run, nbytes)
+                if lo < hi:
+                    assert torch.equal(plane[:hi - lo], buf[lo:hi]), (layer, kv)
+        del buf
+        torch.cuda.synchronize()
+        del mp
+        torch.cuda.empty_cache()
+        freed_by_torch = not runs.live
+        runs.close()
+        print(f"kv memory: {n} pages leased from page {first}; torch freed the buffer itself: "
+              f"{freed_by_torch}")
+        assert leased(c, "gkv") == 0
+        pool.detach(), c.close()
+    finally:
+        d.stop()
+
+
 def rows(n=512, ntensors=8, reps=5):
     """vllm.cuda.store / vllm.cuda.load against one cudaMemcpyAsync of the same bytes."""
     from bench_kvpool import row
@@ -117,7 +186,7 @@ def rows(n=512, ntensors=8, reps=5):
             for i in (0, n // 2, n - 1):
                 assert torch.equal(t[dst[i]], t[src[i]])
         params = {"chunks": n, "tensors": ntensors, "block_bytes": PAGE, "reps": reps,
-                  "path": "swap_blocks_batch" if cp.batch is not None else "cudaMemcpyAsync"}
+                  "path": cp.path}
         row("vllm.cuda.store", params, nbytes / d2h / 1e9,
             "one cudaMemcpyAsync of the same bytes, device to registered host pages",
             nbytes / s_s / 1e9, "GB/s", "ratio >= 0.9", "KvpoolOffloadingWorker's store runs")

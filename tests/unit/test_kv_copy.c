@@ -435,6 +435,53 @@ static void test_kvp_copy_host_to_dev_cpu_bad_geometry(void)
 	check_rejected(0);
 }
 
+/* Runs of odd sizes and odd offsets (unaligned destinations too), shuffled over a buffer, streamed
+ * and not: every run's bytes land, nothing between the runs changes. */
+static void check_runs(uint64_t threshold)
+{
+	enum { NR = 40, RUN = 200, SPAN = NR * (RUN + 8) };
+	static unsigned char src[SPAN], dst[SPAN], want[SPAN];
+	uint64_t d[NR], s[NR], n[NR], prev;
+	uint32_t order[NR];
+
+	h_fill_random(&g_rng, src, sizeof(src));
+	memset(dst, CANARY, sizeof(dst));
+	memcpy(want, dst, sizeof(want));
+	h_pick_ids(&g_rng, order, NR, NR);
+	for (uint32_t i = 0; i < NR; i++) {
+		uint64_t off = (uint64_t)order[i] * (RUN + 8) + i % 7;
+
+		n[i] = 1 + h_rng_next(&g_rng) % RUN;
+		s[i] = (uintptr_t)(src + (uint64_t)i * (RUN + 8));
+		d[i] = (uintptr_t)(dst + off);
+		memcpy(want + off, (void *)(uintptr_t)s[i], n[i]);
+	}
+	prev = kvp_copy_cpu_stream_threshold(threshold);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(d, s, n, NR), 0);
+	kvp_copy_cpu_stream_threshold(prev);
+	CU_ASSERT(memcmp(dst, want, sizeof(dst)) == 0);
+}
+
+static void test_kvp_copy_runs_cpu_plain(void)
+{
+	check_runs(UINT64_MAX);
+}
+
+static void test_kvp_copy_runs_cpu_streamed(void)
+{
+	check_runs(0);
+}
+
+static void test_kvp_copy_runs_cpu_bad(void)
+{
+	uint64_t a = 1;
+
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(NULL, NULL, NULL, 0), 0);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(NULL, &a, &a, 1), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(&a, NULL, &a, 1), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(&a, &a, NULL, 1), -EINVAL);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -453,6 +500,9 @@ int main(void)
 		H_TEST(test_kvp_copy_dev_to_host_cpu_host_page_out_of_range),
 		H_TEST(test_kvp_copy_dev_to_host_cpu_bad_geometry),
 		H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
+		H_TEST(test_kvp_copy_runs_cpu_plain),
+		H_TEST(test_kvp_copy_runs_cpu_streamed),
+		H_TEST(test_kvp_copy_runs_cpu_bad),
 	};
 
 	return H_RUN_SUITE("kv_copy", NULL, NULL, tests);

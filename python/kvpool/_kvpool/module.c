@@ -1,10 +1,15 @@
 /* module.c - the _kvpool module: its globals, the exception classes (kvpool.Error and a
  * subclass for every enum kvp_code) and raising them from a struct kvp_error, the struct
  * sequences (Geometry, Event, PressureNotice), the module functions (connect, decode_pressure,
- * default_socket) and PyInit__kvpool, which makes the types of client.c, pool.c, lease.c,
- * match.c and view.c from their specs. module.h says what the files share.
+ * default_socket, copy_runs, copy_runs_cuda, set_torch_allocator: torch_alloc.c) and
+ * PyInit__kvpool, which makes the types of client.c, pool.c, lease.c, match.c and view.c from
+ * their specs. module.h says what the files share.
  */
 #include "module.h"
+
+#include <errno.h>
+
+#include "kv_copy.h"
 
 /* ---- module globals (one interpreter; created once at import) ---- */
 static PyObject *g_error;		   /* kvpool.Error */
@@ -279,6 +284,127 @@ static PyObject *mod_default_socket(PyObject *mod, PyObject *unused)
 	return PyUnicode_FromString(buf);
 }
 
+/* Gets o's buffer as a C-contiguous vector of 8-byte integers (numpy uint64 or int64, array
+ * 'Q'); 0, or -1 with TypeError set. */
+static int get_u64_buffer(PyObject *o, Py_buffer *b, const char *what)
+{
+	const char *f;
+
+	if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+		return -1;
+	f = b->format ? b->format : "B";
+	if (*f == '<' || *f == '=' || *f == '@')
+		f++;
+	if (b->itemsize != 8 || b->ndim > 1 || !strchr("QqLl", *f) || f[1]) {
+		PyErr_Format(PyExc_TypeError,
+			     "copy_runs(): %s must be a vector of 64-bit integers "
+			     "(numpy uint64), not format '%s' of %zd-byte items",
+			     what, b->format ? b->format : "B", b->itemsize);
+		PyBuffer_Release(b);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *mod_copy_runs(PyObject *mod, PyObject *args)
+{
+	PyObject *dst_o, *src_o, *size_o;
+	Py_buffer d, s, n;
+	Py_ssize_t cnt;
+	int r;
+
+	(void)mod;
+	if (!PyArg_ParseTuple(args, "OOO:copy_runs", &dst_o, &src_o, &size_o))
+		return NULL;
+	if (get_u64_buffer(dst_o, &d, "dst") < 0)
+		return NULL;
+	if (get_u64_buffer(src_o, &s, "src") < 0) {
+		PyBuffer_Release(&d);
+		return NULL;
+	}
+	if (get_u64_buffer(size_o, &n, "size") < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&s);
+		return NULL;
+	}
+	cnt = n.len / 8;
+	if (d.len != n.len || s.len != n.len) {
+		PyErr_Format(PyExc_ValueError,
+			     "copy_runs(): dst, src and size differ in length "
+			     "(%zd, %zd, %zd)",
+			     d.len / 8, s.len / 8, cnt);
+		r = -1;
+	} else {
+		KVPY_WAIT(r = kvp_copy_runs_cpu(d.buf, s.buf, n.buf, (uint64_t)cnt));
+		if (r < 0)
+			PyErr_SetString(PyExc_ValueError, "copy_runs(): a NULL run list");
+	}
+	PyBuffer_Release(&d);
+	PyBuffer_Release(&s);
+	PyBuffer_Release(&n);
+	if (r < 0)
+		return NULL;
+	return PyLong_FromSsize_t(cnt);
+}
+
+#if KVP_HAVE_CUDA
+#include "kv_copy_cuda.h"
+#endif
+
+static PyObject *mod_copy_runs_cuda(PyObject *mod, PyObject *args)
+{
+	PyObject *dst_o, *src_o, *size_o;
+	unsigned long long stream;
+	Py_buffer d, s, n;
+	int r = -1;
+
+	(void)mod;
+	if (!PyArg_ParseTuple(args, "OOOK:copy_runs_cuda", &dst_o, &src_o, &size_o, &stream))
+		return NULL;
+	if (get_u64_buffer(dst_o, &d, "dst") < 0)
+		return NULL;
+	if (get_u64_buffer(src_o, &s, "src") < 0) {
+		PyBuffer_Release(&d);
+		return NULL;
+	}
+	if (get_u64_buffer(size_o, &n, "size") < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&s);
+		return NULL;
+	}
+	if (d.len != n.len || s.len != n.len) {
+		PyErr_Format(PyExc_ValueError,
+			     "copy_runs_cuda(): dst, src and size differ in length (%zd, %zd, %zd)",
+			     d.len / 8, s.len / 8, n.len / 8);
+	} else if (!stream && n.len) {
+		PyErr_SetString(PyExc_ValueError,
+				"copy_runs_cuda(): a stream of its own is needed, not the default "
+				"stream (0)");
+	} else {
+#if KVP_HAVE_CUDA
+		KVPY_WAIT(r = kvp_copy_runs_cuda(d.buf, s.buf, n.buf, (uint64_t)(n.len / 8),
+						 (void *)(uintptr_t)stream));
+		if (r < 0)
+			PyErr_Format(PyExc_RuntimeError,
+				     "copy_runs_cuda(): enqueueing the copies failed (%s)",
+				     r == -EIO ? "a CUDA error" : "bad lists");
+#else
+		(void)stream;
+		if (!n.len)
+			r = 0;
+		else
+			PyErr_SetString(PyExc_RuntimeError,
+					"copy_runs_cuda(): kvpool was built without CUDA");
+#endif
+	}
+	PyBuffer_Release(&d);
+	PyBuffer_Release(&s);
+	PyBuffer_Release(&n);
+	if (r < 0)
+		return NULL;
+	return PyLong_FromSsize_t(n.len / 8);
+}
+
 static PyMethodDef mod_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))mod_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(socket=None, name='python', pressure_notices=False)\n--\n\nConnects to "
@@ -290,6 +416,24 @@ static PyMethodDef mod_methods[] = {
 	  "an event of another type." },
 	{ "default_socket", mod_default_socket, METH_NOARGS,
 	  "default_socket()\n--\n\nThe socket path a client uses when none is given." },
+	{ "set_torch_allocator", torch_set_allocator, METH_VARARGS,
+	  "set_torch_allocator(malloc, free)\n--\n\nThe callables behind this module's "
+	  "kvp_torch_malloc and kvp_torch_free, which torch.cuda.memory.CUDAPluggableAllocator "
+	  "loads from it: malloc(size, device, stream) returns an address (0 or None: out of "
+	  "memory), free(ptr, size, device, stream). None, None: unset." },
+	{ "copy_runs_cuda", mod_copy_runs_cuda, METH_VARARGS,
+	  "copy_runs_cuda(dst, src, size, stream)\n--\n\nEnqueues the copies of size[i] bytes "
+	  "from src[i] to dst[i] (device memory or host memory registered with CUDA) on the CUDA "
+	  "stream `stream` (its handle, not 0), as one cudaMemcpyBatchAsync where CUDA has it; "
+	  "the GIL released. The lists are as copy_runs takes them and may be reused on return; "
+	  "the addresses are unchecked. Returns the runs enqueued; RuntimeError when CUDA fails "
+	  "or kvpool was built without it." },
+	{ "copy_runs", mod_copy_runs, METH_VARARGS,
+	  "copy_runs(dst, src, size)\n--\n\nCopies size[i] bytes from address src[i] to address "
+	  "dst[i] for every i, in order, on the CPU with the GIL released (non-temporal stores "
+	  "for a list of 4 MiB or more). The three are vectors of 64-bit integers of one length "
+	  "(numpy uint64). The addresses are raw memory the caller owns and keeps alive (tensors, "
+	  "a pool's mapped pages): nothing checks them. Returns the runs copied." },
 	{ NULL, NULL, 0, NULL }
 };
 

@@ -124,6 +124,8 @@ struct kvp_pool *pool_handle(PoolObject *self);
 
 /* ---- lease.c ---- */
 extern PyType_Spec lease_spec;
+/* torch_alloc.c: the module function set_torch_allocator(malloc, free) */
+PyObject *torch_set_allocator(PyObject *mod, PyObject *args);
 PyObject *lease_new(PoolObject *pool, int tier, uint64_t id, uint32_t *pages, uint32_t n);
 LeaseObject *lease_arg(PoolObject *self, PyObject *o);
 int lease_drop_used(LeaseObject *l, int own, const uint32_t *pages, uint32_t n);

@@ -159,6 +159,16 @@ static PyObject *pool_tier_bytes(PoolObject *self, PyObject *arg)
 	return PyLong_FromUnsignedLongLong(kvp_pool_tier_bytes(p, tier));
 }
 
+static PyObject *pool_tier_fd(PoolObject *self, PyObject *arg)
+{
+	struct kvp_pool *p = pool_handle(self);
+	int tier;
+
+	if (!p || tier_from(arg, "tier", &tier))
+		return NULL;
+	return PyLong_FromLong(kvp_pool_tier_fd(p, tier));
+}
+
 static PyObject *pool_tier_backend(PoolObject *self, PyObject *arg)
 {
 	struct kvp_pool *p = pool_handle(self);
@@ -216,17 +226,19 @@ static PyObject *pool_slot_address(PoolObject *self, PyObject *args, PyObject *k
 
 static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "npages", "tier", NULL };
-	PyObject *n_o, *tier_o = NULL, *lease;
+	static char *kwlist[] = { "npages", "tier", "run_align", NULL };
+	PyObject *n_o, *tier_o = NULL, *align_o = NULL, *lease;
 	struct kvp_pool *p = pool_handle(self);
 	struct kvp_error err;
+	uint32_t n, *pages, align = 0, first = 0;
 	uint64_t id = 0;
-	uint32_t n, *pages;
 	int tier = KVP_TIER_DEVICE, r;
 
-	if (!p || !PyArg_ParseTupleAndKeywords(args, kw, "O|O:alloc", kwlist, &n_o, &tier_o))
+	if (!p ||
+	    !PyArg_ParseTupleAndKeywords(args, kw, "O|OO:alloc", kwlist, &n_o, &tier_o, &align_o))
 		return NULL;
-	if (u32_arg(n_o, "npages", &n) || (tier_o && tier_from(tier_o, "tier", &tier)))
+	if (u32_arg(n_o, "npages", &n) || (tier_o && tier_from(tier_o, "tier", &tier)) ||
+	    (align_o && u32_arg(align_o, "run_align", &align)))
 		return NULL;
 	pages = PyMem_Malloc(n ? (size_t)n * sizeof(uint32_t) : 1);
 	if (!pages)
@@ -235,7 +247,13 @@ static PyObject *pool_alloc(PoolObject *self, PyObject *args, PyObject *kw)
 		PyMem_Free(pages);
 		return NULL;
 	}
-	KVPY_WAIT(r = kvp_lease_alloc(p, tier, n, &id, pages, &err));
+	if (align) {
+		KVPY_WAIT(r = kvp_lease_alloc_run(p, tier, n, align, &id, &first, &err));
+		for (uint32_t i = 0; r == 0 && i < n; i++)
+			pages[i] = first + i;
+	} else {
+		KVPY_WAIT(r = kvp_lease_alloc(p, tier, n, &id, pages, &err));
+	}
 	client_leave(self->client);
 	if (r < 0) {
 		PyMem_Free(pages);
@@ -698,6 +716,10 @@ static PyMethodDef pool_methods[] = {
 	  "tier_pages(tier)\n--\n\nPages in the tier ('device' or 'host'); 0 when absent." },
 	{ "tier_bytes", (PyCFunction)pool_tier_bytes, METH_O,
 	  "tier_bytes(tier)\n--\n\nBytes of the tier's mapping." },
+	{ "tier_fd", (PyCFunction)pool_tier_fd, METH_O,
+	  "tier_fd(tier)\n--\n\nThe tier's memory fd as kvpoold sent it (a memfd, or a cuda "
+	  "tier's exported POSIX fd), owned by the pool's mapping: do not close it; -1 when "
+	  "absent." },
 	{ "tier_backend", (PyCFunction)pool_tier_backend, METH_O,
 	  "tier_backend(tier)\n--\n\nThe tier's backend: 'sim', 'cuda', 'memfd' or 'none'." },
 	{ "tier_cuda_device", (PyCFunction)pool_tier_cuda_device, METH_O,
@@ -713,8 +735,11 @@ static PyMethodDef pool_methods[] = {
 	  "slot_address(tier, layer, kv, page, tok=0)\n--\n\nThe address of one row (K: kv=0, V: "
 	  "kv=1) in this process, as kvp_pool_slot_addr gives it." },
 	{ "alloc", (PyCFunction)(void (*)(void))pool_alloc, METH_VARARGS | METH_KEYWORDS,
-	  "alloc(npages, tier='device')\n--\n\nLeases `npages` pages, evicting cold prefixes when "
-	  "free pages are short. Returns a Lease; OutOfCapacity says why when it cannot." },
+	  "alloc(npages, tier='device', run_align=0)\n--\n\nLeases `npages` pages, evicting cold "
+	  "prefixes when free pages are short. Returns a Lease; OutOfCapacity says why when it "
+	  "cannot. With run_align > 0, a run lease: consecutive free pages (no eviction), the "
+	  "first a multiple of run_align (the tier's bytes of the run can be mapped as one "
+	  "buffer: kvpool.vllm_mem)." },
 	{ "insert", (PyCFunction)(void (*)(void))pool_insert, METH_VARARGS | METH_KEYWORDS,
 	  "insert(lease, tokens, cached_pages=0, namespace=0, pages=None)\n--\n\nPublishes "
 	  "`tokens`: the first `cached_pages` whole pages are ones matched earlier, the lease's "
