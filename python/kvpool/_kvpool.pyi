@@ -147,6 +147,13 @@ def decode_pressure(event: Event) -> Optional[PressureNotice]:
 def default_socket() -> Optional[str]:
     """The socket path a client uses when none is given."""
 
+def copy_runs(dst: Sequence[Any], src: Sequence[Any], runs: Any, threads: int = 1) -> int:
+    """Copies byte runs between C-contiguous buffers in one call, the GIL released: runs is an
+    int64 array of rows (dst index, dst offset, src index, src offset, bytes) that must not
+    overlap, each checked against its buffers first (ValueError). Split over up to `threads`
+    threads; a transfer larger than the caches uses streaming stores. Returns the bytes
+    copied."""
+
 class Client:
     """A connection to kvpoold. Not thread-safe."""
     closed: bool

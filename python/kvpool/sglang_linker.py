@@ -17,6 +17,11 @@ default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096
 (threads of the CPU copies, default torch's threads, at most 4). Any other key is refused at
 construction.
 
+Copies: on CPU device pools, an offload is one kvpool._kvpool.copy_runs call for every page of
+every layer, and a load one call a layer (its pages of every request), the GIL released, over
+copy_threads threads, with streaming stores for transfers larger than the caches; CUDA pools
+copy a run of consecutive pages at a time with torch.
+
 Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
 MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
 Full tree component, also as the full-attention pool of SGLang's SWAKVPool: the linker holds
@@ -44,7 +49,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
 from typing import Any, Optional
 
@@ -59,6 +63,7 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
 from sglang.srt.utils import get_device_module
 
 import kvpool
+from kvpool._kvpool import copy_runs
 from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
 
 __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
@@ -100,47 +105,56 @@ def _copy_pages(dst: torch.Tensor, dp: torch.Tensor, src: torch.Tensor, sp: torc
     dst.index_copy_(0, dpi, src.index_select(0, spi).to(dst.device))
 
 
+def _merged(rows: numpy.ndarray) -> numpy.ndarray:
+    """copy_runs rows with each row that continues the one before (same buffers, both offsets
+    right after it) folded into it."""
+    if len(rows) < 2:
+        return rows
+    a, b = rows[:-1], rows[1:]
+    cont = (b[:, 0] == a[:, 0]) & (b[:, 2] == a[:, 2]) & (b[:, 1] == a[:, 1] + a[:, 4]) & \
+        (b[:, 3] == a[:, 3] + a[:, 4])
+    starts = numpy.flatnonzero(numpy.concatenate(([True], ~cont)))
+    out = rows[starts].copy()
+    out[:, 4] = numpy.add.reduceat(rows[:, 4], starts)
+    return out
+
+
 class _Copier:
-    """Runs strided copies: CPU ones with numpy.copyto (which releases the GIL) spread over
-    a few threads, device ones with torch. torch's own copy of a strided CPU tensor splits
-    each copy across its threads, which measured several times slower than one memcpy."""
+    """Page copies between the device pool's buffers and the pool's host pages.
+
+    CPU buffers: every run of a transfer (one per page, layer and K/V: the host layout holds a
+    page of every layer together) goes to one kvpool._kvpool.copy_runs call, which copies them
+    with the GIL released over a few threads, with streaming stores for transfers larger than
+    the caches. Other devices: one torch copy per run of consecutive pages."""
 
     def __init__(self, threads: int):
-        self.n = max(1, threads)
-        self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="kvpool-copy") \
-            if self.n > 1 else None
+        self.n = max(1, min(16, threads))
+
+    def runs(self, dev_bufs: list, host: int, dev_pages: numpy.ndarray,
+             host_pages: numpy.ndarray, chunk: int, per_page: int, first: int,
+             to_host: bool) -> numpy.ndarray:
+        """Rows for copy_runs between page dev_pages[i] of each device buffer k
+        (dev_bufs[k]: its index in the call's device list) and the k-th chunk from `first` of
+        host page host_pages[i]; dst first (host when to_host)."""
+        k = numpy.arange(len(dev_bufs), dtype=numpy.int64)[:, None]
+        n = len(dev_pages)
+        dev_off = numpy.broadcast_to(dev_pages[None, :] * chunk, (len(k), n))
+        host_off = (host_pages[None, :] * per_page + first + k) * chunk
+        dev_i = numpy.broadcast_to(numpy.asarray(dev_bufs, numpy.int64)[:, None], (len(k), n))
+        host_i = numpy.full((len(k), n), host, numpy.int64)
+        size = numpy.full((len(k), n), chunk, numpy.int64)
+        cols = (host_i, host_off, dev_i, dev_off, size) if to_host else \
+            (dev_i, dev_off, host_i, host_off, size)
+        return _merged(numpy.stack([c.reshape(-1) for c in cols], axis=1))
+
+    def copy(self, dst: list, src: list, rows: numpy.ndarray) -> None:
+        if len(rows):
+            copy_runs(dst, src, numpy.ascontiguousarray(rows), self.n)
 
     @staticmethod
-    def _np(t: torch.Tensor) -> Any:
-        return t.view(torch.uint8).numpy()
-
-    def run(self, pairs: list) -> None:
-        cpu, other = [], []
+    def run_torch(pairs: list) -> None:
         for d, s in pairs:
-            if d.device.type == "cpu" and s.device.type == "cpu" and d.dtype == s.dtype:
-                cpu.append((d, s))
-            else:
-                other.append((d, s))
-        for d, s in other:
             d.copy_(s, non_blocking=True)
-        if not cpu:
-            return
-        jobs = [[] for _ in range(min(self.n, len(cpu)))]
-        for i, (d, s) in enumerate(cpu):
-            jobs[i % len(jobs)].append((d, s))
-
-        def go(part):
-            for d, s in part:
-                numpy.copyto(self._np(d), self._np(s))
-
-        futs = [self.pool.submit(go, part) for part in jobs[1:]] if self.pool else []
-        go(jobs[0])
-        for f in futs:
-            f.result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
 
 
 class _DevicePool:
@@ -188,7 +202,13 @@ class _DevicePool:
                     raise ValueError(f"kvpool.sglang: {cls} buffer of shape {tuple(t.shape)}, "
                                      f"expected [slots, {self.row[0]}, {self.row[1]}]")
         self.nlayers = len(self.layers)
+        self.ncomp = len(self.layers[0])
         self.device = self.layers[0][0].device
+        # one page of one layer's K (or V, or the MLA latent) in bytes: a run of a copy
+        self.chunk = self.T * self.row[0] * self.row[1] * self.layers[0][0].element_size()
+        # the buffers as flat bytes for copy_runs (CPU only), layer by layer
+        self.flat = [[t.view(torch.uint8).reshape(-1).numpy() for t in comps]
+                     for comps in self.layers] if self.device.type == "cpu" else None
         if self.counter_of is None:
             self.counter_of = list(range(self.nlayers))
             self.counter_layers = self.nlayers
@@ -199,14 +219,14 @@ class _DevicePool:
             return kvpool.Geometry((self.nlayers, 1, self.row[1] // 2, dt, self.T))
         return kvpool.Geometry((self.nlayers, self.row[0], self.row[1], dt, self.T))
 
-    def host_view(self, pool: kvpool.Pool) -> torch.Tensor:
-        """The pool's host pages as [pages, layers, components, page_size, *row]."""
+    def host_view(self, pool: kvpool.Pool) -> "_Host":
+        """The pool's host pages as [pages, layers, components, page_size, *row], and as
+        flat bytes for copy_runs."""
         h = torch.from_dlpack(pool.host_pages_view())
+        flat = h.view(torch.uint8).reshape(-1).numpy() if self.flat is not None else None
         if h.dtype != self.dtype:
             h = h.view(self.dtype)
-        if self.mla:
-            return h.reshape(h.shape[0], self.nlayers, 1, self.T, *self.row)
-        return h.reshape(h.shape[0], self.nlayers, 2, self.T, *self.row)
+        return _Host(h.reshape(h.shape[0], self.nlayers, self.ncomp, self.T, *self.row), flat)
 
     def pages_of(self, slots: torch.Tensor) -> Optional[torch.Tensor]:
         """The device pages of page-aligned token slots (every slot of each page, in
@@ -227,10 +247,18 @@ class _DevicePool:
         return t[:n * self.T].view(n, self.T, *self.row)
 
 
+class _Host:
+    """The pool's host pages: t [pages, layers, components, page_size, *row] and, for CPU
+    device pools, flat (the mapping's bytes)."""
+
+    def __init__(self, t: torch.Tensor, flat: Any):
+        self.t, self.flat = t, flat
+
+
 class _Load:
     """One request's queued load: pinned host pages, its device slots."""
 
-    def __init__(self, match: Any, host: torch.Tensor, hp: torch.Tensor, slots: torch.Tensor):
+    def __init__(self, match: Any, host: _Host, hp: torch.Tensor, slots: torch.Tensor):
         self.match, self.host, self.hp, self.slots = match, host, hp, slots
 
 
@@ -440,30 +468,44 @@ class KvpoolLinker(UnifiedCacheLinker):
     def _run_load(self, index: int, jobs: list[_Load], ready: Any) -> None:
         try:
             ready.synchronize()
+            dev, cp = self.dev, self._copier
             plans = []
             for j in jobs:
-                dp = self.dev.pages_of(j.slots)
-                runs = _runs(dp, j.hp) if dp is not None else None
+                dp = dev.pages_of(j.slots)
+                runs = _runs(dp, j.hp) if dp is not None and dev.flat is None else None
                 plans.append((j, dp, runs))
-            cuda = self.dev.device.type == "cuda"
-            local = {c: i for i, c in enumerate(self.dev.counter_of)}
+            cuda = dev.device.type == "cuda"
+            local = {c: i for i, c in enumerate(dev.counter_of)}
+            srcs = [j.host.flat for j in jobs]
+            # the rows of layer 0; a layer's are these with the host offsets moved by layer
+            base = [cp.runs(list(range(dev.ncomp)), i, dp.numpy(), j.hp.numpy(), dev.chunk,
+                            dev.nlayers * dev.ncomp, 0, False)
+                    for i, (j, dp, _) in enumerate(plans)
+                    if dp is not None and dev.flat is not None]
+            base = numpy.concatenate(base) if base else None
+            rows = None if base is None else base.copy()
             for counter_layer in range(self.num_layers):
                 layer = local.get(counter_layer)
                 if layer is None:  # a sliding-window layer: nothing loaded here
                     self.layer_done_counter.complete(index, counter_layer)
                     continue
                 pairs: list = []
-                for c, buf in enumerate(self.dev.layers[layer]):
-                    for j, dp, runs in plans:
-                        src = j.host[:, layer, c]
+                if rows is not None:
+                    rows[:, 3] = base[:, 3] + layer * dev.ncomp * dev.chunk
+                    cp.copy(dev.flat[layer], srcs, rows)
+                for j, dp, runs in plans:
+                    if dp is not None and dev.flat is not None:
+                        continue
+                    for c, buf in enumerate(dev.layers[layer]):
+                        src = j.host.t[:, layer, c]
                         if dp is not None:
-                            _copy_pages(self.dev.page_view(buf), dp, src, j.hp, runs, pairs)
+                            _copy_pages(dev.page_view(buf), dp, src, j.hp, runs, pairs)
                         else:  # slots that are not whole pages: token by token
-                            rows = src.index_select(0, j.hp).reshape(-1, *self.dev.row)
-                            buf.index_copy_(0, j.slots.to(buf.device), rows.to(buf.device))
-                self._copier.run(pairs)
+                            r = src.index_select(0, j.hp).reshape(-1, *dev.row)
+                            buf.index_copy_(0, j.slots.to(buf.device), r.to(buf.device))
+                cp.run_torch(pairs)
                 if cuda:
-                    torch.cuda.current_stream(self.dev.device).synchronize()
+                    torch.cuda.current_stream(dev.device).synchronize()
                 self.layer_done_counter.complete(index, counter_layer)
             self._count("load_pages", sum(len(j.hp) for j in jobs))
         except BaseException as e:  # noqa: BLE001 - reported through the counter
@@ -529,21 +571,27 @@ class KvpoolLinker(UnifiedCacheLinker):
             lease = pool.alloc(n, tier="host")
             try:
                 hp = torch.from_numpy(lease.pages.astype("int64")).sort().values
-                if dp is not None:
+                dev, cp = self.dev, self._copier
+                if dp is not None and dev.flat is not None:
+                    # every page of every layer in one call
+                    lc = dev.nlayers * dev.ncomp
+                    rows = cp.runs(list(range(lc)), 0, dp[have:].numpy(), hp.numpy(),
+                                   dev.chunk, lc, 0, True)
+                    cp.copy([host.flat], [b for comps in dev.flat for b in comps], rows)
+                pairs: list = []
+                if dp is not None and dev.flat is None:
                     sub = dp[have:]
                     runs = _runs(hp, sub)
-                pairs: list = []
-                for layer in range(self.dev.nlayers):
-                    for c, buf in enumerate(self.dev.layers[layer]):
-                        dst = host[:, layer, c]
+                for layer in range(dev.nlayers if dev.flat is None or dp is None else 0):
+                    for c, buf in enumerate(dev.layers[layer]):
+                        dst = host.t[:, layer, c]
                         if dp is not None:
-                            _copy_pages(dst, hp, self.dev.page_view(buf), sub, runs, pairs)
+                            _copy_pages(dst, hp, dev.page_view(buf), sub, runs, pairs)
                         else:
                             rows = buf.index_select(0, slots[have * self.page_size:].to(
                                 buf.device)).to("cpu")
-                            dst.index_copy_(0, hp, rows.view(n, self.page_size,
-                                                             *self.dev.row))
-                self._copier.run(pairs)
+                            dst.index_copy_(0, hp, rows.view(n, self.page_size, *dev.row))
+                cp.run_torch(pairs)
                 if self.dev.device.type == "cuda":
                     torch.cuda.current_stream(self.dev.device).synchronize()
                 r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
@@ -594,6 +642,5 @@ class KvpoolLinker(UnifiedCacheLinker):
                 queue.put(None)
                 thread.join()
         log.info("kvpool.sglang: KvpoolLinker stats %s", self.stats())
-        self._copier.close()
         self.link.close()
         self._closed = True

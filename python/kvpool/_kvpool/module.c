@@ -290,6 +290,13 @@ static PyMethodDef mod_methods[] = {
 	  "an event of another type." },
 	{ "default_socket", mod_default_socket, METH_NOARGS,
 	  "default_socket()\n--\n\nThe socket path a client uses when none is given." },
+	{ "copy_runs", (PyCFunction)(void (*)(void))kvpy_copy_runs, METH_VARARGS | METH_KEYWORDS,
+	  "copy_runs(dst, src, runs, threads=1)\n--\n\nCopies byte runs between buffers in "
+	  "one call, the GIL released: dst and src are sequences of C-contiguous buffers (dst "
+	  "writable), runs an int64 array of rows (dst index, dst offset, src index, src "
+	  "offset, bytes) that must not overlap. Every run is checked against its buffers "
+	  "first (ValueError). Split over up to `threads` threads; a transfer larger than the "
+	  "caches uses streaming stores. Returns the bytes copied." },
 	{ NULL, NULL, 0, NULL }
 };
 
