@@ -111,8 +111,9 @@ static void copy_all(const struct run *runs, size_t n_runs, size_t total, int th
 		parts[k] = (struct part){ .runs = runs,
 					  .n_runs = n_runs,
 					  .from = total / (size_t)threads * (size_t)k,
-					  .to = k == threads - 1 ? total
-								 : total / (size_t)threads * (size_t)(k + 1),
+					  .to = k == threads - 1
+							? total
+							: total / (size_t)threads * (size_t)(k + 1),
 					  .stream = stream };
 	}
 	for (int k = 1; k < threads; k++)
@@ -146,7 +147,8 @@ static Py_ssize_t get_buffers(PyObject *seq, Py_buffer *out, int writable, const
 		if (!o) {
 			r = -1;
 		} else {
-			r = PyObject_GetBuffer(o, &out[i], writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
+			r = PyObject_GetBuffer(o, &out[i],
+					       writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
 			Py_DECREF(o);
 		}
 		if (r < 0) {
@@ -177,9 +179,10 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 		f++;
 	if (rb->itemsize != 8 || (strcmp(f, "q") && strcmp(f, "l")) ||
 	    rb->len % (KVPY_RUN_FIELDS * 8)) {
-		PyErr_SetString(PyExc_ValueError,
-				"copy_runs: runs must be int64 rows of (dst buffer, dst offset, src "
-				"buffer, src offset, bytes)");
+		PyErr_SetString(
+			PyExc_ValueError,
+			"copy_runs: runs must be int64 rows of (dst buffer, dst offset, src "
+			"buffer, src offset, bytes)");
 		return NULL;
 	}
 	n = (size_t)rb->len / (KVPY_RUN_FIELDS * 8);
