@@ -45,7 +45,9 @@
 # tests/python with pytest when both are there; it reports SKIP with the reason otherwise. The
 # vllm-copy step measures kvpool.vllm's copies (tests/python/test_vllm_cuda.py: the rows
 # vllm.cuda.store and vllm.cuda.load against cudaMemcpyAsync of the same bytes) where torch
-# with CUDA imports on the device, and reports SKIP with the reason otherwise.
+# with CUDA imports on the device, and reports SKIP with the reason otherwise. The sglang step
+# runs tests/python/test_sglang_cuda.py (KvpoolLinker on CUDA KV pools, the platform plugin on
+# a cuda device tier) where torch with CUDA and sglang import, SKIP with the reason otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -531,6 +533,40 @@ PY
 			verdict vllm-copy PASS "2 rows in bench-results.json (figures below)"
 		else
 			verdict vllm-copy FAIL "exit $rc, $n of 2 rows (steps/vllm-copy.log)"
+		fi
+	fi
+fi
+
+# 8. kvpool.sglang on CUDA: KvpoolLinker with SGLang's KV pool on the GPU, and the platform
+# plugin's KV pool over a cuda device tier (tests/python/test_sglang_cuda.py; torch with CUDA
+# and sglang on the device, else SKIP with the reason)
+begin sglang
+pyp=$dir/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
+if [ "$mode" = dry-run ]; then
+	verdict sglang SKIP "dry run, no GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+	verdict sglang SKIP "python3 not installed"
+elif ! why=$(cd "$root/tests/python" && PYTHONPATH=$pyp timeout 120 python3 -c '
+import pytest, torch, kvpool.sglang_linker, kvpool.sglang_platform
+assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
+	verdict sglang SKIP "torch with CUDA, pytest, sglang or kvpool does not import: $(printf \
+		'%s' "$why" | tail -1)"
+else
+	t=$(budget 180)
+	if [ "$t" = 0 ]; then
+		verdict sglang FAIL "no time left before the deadline"
+	else
+		kd=$(realpath "$KVPOOLD")
+		(cd "$root/tests/python" && PYTHONPATH=$pyp KVPOOLD=$kd \
+			tee_step timeout -k 5 "$t" python3 -m pytest -q -rs -p no:cacheprovider \
+			test_sglang_cuda.py)
+		rc=$?
+		res=$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$step_log" | tail -1)
+		figure "sglang: exit $rc, $res"
+		if [ "$rc" = 0 ] && ! printf '%s' "$res" | grep -q skipped; then
+			verdict sglang PASS "$res"
+		else
+			verdict sglang FAIL "exit $rc: $res (steps/sglang.log)"
 		fi
 	fi
 fi
