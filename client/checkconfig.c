@@ -1,5 +1,6 @@
 /* checkconfig.c - `kvpoolctl check-config FILE`: validates a config and prints the memory plan
- * and the budget check against this machine, starting nothing. */
+ * and the budget check against this machine (host memory, then the disk tiers' disks), starting
+ * nothing. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,7 +37,10 @@ int kvp_check_config(const char *path, int json)
 			 v.numa_node);
 	else if (r < 0)
 		snprintf(line, sizeof(line), "cannot read this machine's limits: %s", strerror(-r));
-	else
+	else if ((r = kvp_budget_disk_check(&c, line, sizeof(line))) < 0 && !line[0])
+		snprintf(line, sizeof(line), "cannot check the disk tiers' disks: %s",
+			 strerror(-r));
+	else if (r == 0)
 		snprintf(line, sizeof(line), "fits this machine%s%s", v.warning[0] ? "; " : "",
 			 v.warning);
 	if (json) {
@@ -56,11 +60,18 @@ int kvp_check_config(const char *path, int json)
 			kvp_json_str(stdout, p->name);
 			printf(",\"token_bytes\":%lu,\"page_bytes\":%lu,"
 			       "\"device\":\"%s\",\"device_bytes\":%lu,\"device_tokens\":%lu,"
-			       "\"host_bytes\":%lu,\"host_tokens\":%lu,\"numa_node\":%d}",
+			       "\"host_bytes\":%lu,\"host_tokens\":%lu,\"numa_node\":%d,"
+			       "\"disk\":\"%s\",\"disk_bytes\":%lu,\"disk_tokens\":%lu,\"disk_path\":",
 			       (unsigned long)tb, (unsigned long)pb,
 			       kvp_device_kind_name(p->device), (unsigned long)db,
 			       (unsigned long)(p->device_pages * p->page_tokens), (unsigned long)hb,
-			       (unsigned long)(p->host_pages * p->page_tokens), p->numa_node);
+			       (unsigned long)(p->host_pages * p->page_tokens), p->numa_node,
+			       kvp_disk_mode_name(p->disk), (unsigned long)kvp_conf_disk_bytes(p),
+			       (unsigned long)(p->disk == KVP_DISK_OFF
+						       ? 0
+						       : p->disk_pages * p->page_tokens));
+			kvp_json_str(stdout, p->disk_path);
+			printf("}");
 		} else {
 			char dsz[32], hsz[32];
 
@@ -77,6 +88,14 @@ int kvp_check_config(const char *path, int json)
 			       p->numa_node < 0 ? "auto->" : "",
 			       p->numa_node < 0 ? 0 : p->numa_node, kvp_tristate_name(p->hugepages),
 			       kvp_tristate_name(p->mlock));
+			if (p->disk != KVP_DISK_OFF) {
+				char ksz[32];
+
+				kvp_units_bytes(kvp_conf_disk_bytes(p), ksz, sizeof(ksz));
+				printf("  disk        %13s  %12lu tokens  %s, %s\n", ksz,
+				       (unsigned long)(p->disk_pages * p->page_tokens),
+				       p->disk_path, kvp_disk_mode_name(p->disk));
+			}
 		}
 	}
 	if (json)

@@ -357,6 +357,44 @@ static int cmd_sessions(struct kvp_client *c)
 	return EXIT_OK;
 }
 
+/* A daemon counter, or -1 when the daemon has none of that name. */
+static int64_t daemon_counter(const struct kvp_status *s, const char *name)
+{
+	for (uint32_t i = 0; i < s->n_counters; i++)
+		if (strcmp(s->counters[i].name, name) == 0)
+			return (int64_t)s->counters[i].value;
+	for (uint32_t i = 0; i < s->n_more_counters; i++)
+		if (strcmp(s->more_counters[i].name, name) == 0)
+			return (int64_t)s->more_counters[i].value;
+	return -1;
+}
+
+/* The disk tier's line of `kvpoolctl cache` (all pools' disks together), when there is one. */
+static void disk_line(const struct kvp_status *s)
+{
+	static const char *const names[] = { "disk_pages",	    "disk_bytes",
+					     "disk_capacity_pages", "disk_read_pages",
+					     "disk_written_pages",  "disk_write_dropped",
+					     "disk_queue_depth",    "disk_corrupt_pages",
+					     "disk_io_errors" };
+	int64_t v[sizeof(names) / sizeof(names[0])];
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if ((v[i] = daemon_counter(s, names[i])) < 0)
+			return;
+	if (g_json) {
+		printf(",\"disk\":{");
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			printf("%s\"%s\":%ld", i ? "," : "", names[i] + 5, (long)v[i]);
+		printf("}");
+		return;
+	}
+	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written, %ld dropped, queue "
+	       "depth %ld, %ld corrupt, %ld I/O errors\n",
+	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[5], (long)v[6],
+	       (long)v[7], (long)v[8]);
+}
+
 static int cmd_cache(struct kvp_client *c, const char *pool)
 {
 	struct kvp_cache_prefix *top;
@@ -397,8 +435,11 @@ static int cmd_cache(struct kvp_client *c, const char *pool)
 					 : 0.0,
 		       (unsigned long)p->demoted_tokens, (unsigned long)p->promoted_tokens);
 	}
+	if (g_json)
+		printf("]");
+	disk_line(s);
 	if (g_json) {
-		printf("],\"top\":[");
+		printf(",\"top\":[");
 		for (int i = 0; i < n; i++)
 			printf("%s{\"tokens\":%lu,\"hits\":%lu,\"namespace\":%lu,\"kind\":\"%s\"}",
 			       i ? "," : "", (unsigned long)top[i].tokens,

@@ -24,6 +24,8 @@
 #include "fdstore.h"
 #include "snapshot.h"
 #include "remote_tier.h"
+#include "budget.h"
+#include "disk_tier.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
 #endif
@@ -271,6 +273,10 @@ int main(int argc, char **argv)
 				fresh.pools[fresh.n_pools++] = d.conf.pools[i];
 		if (kvp_daemon_check_budget(&fresh) < 0)
 			return 3;
+		if (kvp_budget_disk_check(&d.conf, err, sizeof(err)) < 0) {
+			log_err("disk budget: %s", err);
+			return 3;
+		}
 	}
 	if (check_only) {
 		log_notice("configuration %s fits this machine",
@@ -280,6 +286,17 @@ int main(int argc, char **argv)
 	if (kvp_snap_start_pools(&d, kvp_daemon_create_pool) < 0) {
 		code = 4;
 		goto out;
+	}
+	for (uint32_t i = 0; i < d.n_pools; i++) {
+		if (d.pools[i]->conf.disk == KVP_DISK_OFF)
+			continue;
+		if (!(d.dt = kvp_dt_new()) || kvp_dt_bind(d.dt, d.pools, d.n_pools) < 0) {
+			log_err("disk tier: cannot start (see above%s%s)", d.dt ? "" : ": ",
+				d.dt ? "" : strerror(errno));
+			code = 4;
+			goto out;
+		}
+		break;
 	}
 	if (d.conf.remote.enabled) {
 #if KVP_HAVE_REMOTE
@@ -345,6 +362,8 @@ out:
 	kvp_remote_free(d.remote);
 	d.remote = NULL;
 #endif
+	kvp_dt_free(d.dt); /* reads in flight end as misses: their Fetches answer */
+	d.dt = NULL;
 	kvp_rt_free(&d);
 	if (code == 0 && kvp_daemon_check(&d) < 0) {
 		log_err("at exit: pages are still leased with no session left, or a pool's "

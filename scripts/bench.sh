@@ -58,7 +58,7 @@ rows=$tmp/rows.jsonl
 : >"$rows"
 failed=0
 for b in bench_rpc_latency bench_rpc_throughput bench_prefix bench_keys bench_pages bench_copy bench_cuda_pool \
-	bench_e2e bench_reserve bench_restart bench_remote; do
+	bench_e2e bench_reserve bench_restart bench_remote bench_disk; do
 	t0=$(date +%s.%N)
 	if [ "$b" = bench_remote ] && [ ! -x "$dir/tests/bench/$b" ]; then
 		echo "== $b skipped: not built (no hiredis)" >&2 # its rows need the remote tier

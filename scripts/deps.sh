@@ -28,6 +28,8 @@ fi
 if [ "${KVP_NO_REDIS:-0}" != 1 ] || [ "${KVP_WITH_REDIS:-0}" = 1 ]; then
 	pkgs+=(redis-server redis-tools)
 fi
+# the disk tier's tests and bench (test_disk_devices: mkfs.ext4, losetup; bench_disk: fio)
+pkgs+=(e2fsprogs util-linux mount fio)
 
 missing=()
 for p in "${pkgs[@]}"; do

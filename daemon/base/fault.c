@@ -25,6 +25,7 @@ static const char *const g_names[KVP_FAULT_SITES] = {
 	[KVP_FAULT_ACCEPT] = "accept",
 	[KVP_FAULT_NOTICE] = "notice",
 	[KVP_FAULT_SNAPSHOT] = "snapshot",
+	[KVP_FAULT_DISK_IO] = "disk_io",
 };
 static unsigned long g_every[KVP_FAULT_SITES], g_passes[KVP_FAULT_SITES], g_left[KVP_FAULT_SITES];
 static bool g_armed;

@@ -25,6 +25,7 @@ enum kvp_fault_site {
 	KVP_FAULT_ACCEPT,     /* "accept": an accepted socket, failed as EMFILE (and closed) */
 	KVP_FAULT_NOTICE,     /* "notice": queueing a pressure notice (as reply_queue fails) */
 	KVP_FAULT_SNAPSHOT,   /* "snapshot": growing a pool's books' memfd (ENOMEM) */
+	KVP_FAULT_DISK_IO,    /* "disk_io": a disk tier read or write completes with EIO */
 	KVP_FAULT_SITES,
 };
 

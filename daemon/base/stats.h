@@ -204,6 +204,40 @@ struct kvp_remote_stats {
 	KVP_REMOTE_STATS(KVP_FIGURE_FIELD)
 };
 
+/* The disk tier's figures (disk_tier.h), per pool: X(field, prometheus name, type, help). */
+#define KVP_DISK_STATS(X)                                                                          \
+	X(pages, "disk_pages", "gauge", "Pages the disk tier holds")                               \
+	X(bytes, "disk_bytes", "gauge", "Page bytes the disk tier holds")                          \
+	X(capacity_pages, "disk_capacity_pages", "gauge", "Pages the disk tier has room for")      \
+	X(queue_depth, "disk_queue_depth", "gauge", "Disk reads and writes in flight or waiting")  \
+	X(written_pages, "disk_written_pages_total", "counter",                                    \
+	  "Host pages written to the disk tier as they were evicted")                              \
+	X(written_bytes, "disk_written_bytes_total", "counter", "Page bytes written to the disk")  \
+	X(write_dropped, "disk_write_dropped_total", "counter",                                    \
+	  "Evicted host pages not written: every staging slot busy (backlog)")                     \
+	X(write_skipped, "disk_write_skipped_total", "counter",                                    \
+	  "Evicted host pages not written again: the disk holds them already")                     \
+	X(read_pages, "disk_read_pages_total", "counter", "Pages read from the disk, checked")     \
+	X(read_bytes, "disk_read_bytes_total", "counter", "Page bytes read from the disk")         \
+	X(read_misses, "disk_read_misses_total", "counter",                                        \
+	  "Pages asked of the disk tier and not had (gone, an I/O error, a failed check)")         \
+	X(corrupt_pages, "disk_corrupt_pages_total", "counter",                                    \
+	  "Pages whose header or CRC32C failed when read (a miss; the slot freed)")                \
+	X(io_errors, "disk_io_errors_total", "counter",                                            \
+	  "Disk reads and writes that failed or were short (EIO, ENOSPC, a removed disk)")         \
+	X(adopted_pages, "disk_adopted_pages", "gauge",                                            \
+	  "Pages found on the disk when the pool started (written by an earlier kvpoold)")         \
+	X(evicted_pages, "disk_evicted_pages_total", "counter",                                    \
+	  "Pages the disk tier dropped to make room (oldest written first)")                       \
+	X(write_us, "disk_write_microseconds_total", "counter",                                    \
+	  "Summed latency of the disk writes that completed (per page: divide by written pages)")  \
+	X(read_us, "disk_read_microseconds_total", "counter",                                      \
+	  "Summed latency of the disk reads that completed")
+
+struct kvp_disk_stats {
+	KVP_DISK_STATS(KVP_FIGURE_FIELD)
+};
+
 /* The RPC families, labelled by call or code: X(id, prometheus name suffix, type, help). */
 #define KVP_RPC_FAMILIES(X)                                                                        \
 	X(KVP_RPC_FAMILY_CALLS, "rpc_total", "counter", "RPCs served, by call")                    \

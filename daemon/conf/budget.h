@@ -136,3 +136,12 @@ const char *kvp_budget_limit_name(enum kvp_budget_limit l);
  * pools' pages, but only 21.47 GB is available (MemAvailable)". Returns what snprintf
  * returns. */
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len);
+
+/* Bytes of p's disk tier on its disk: disk_pages * (page bytes rounded up to 4 KiB + a 4 KiB
+ * header); 0 for disk = off. */
+uint64_t kvp_conf_disk_bytes(const struct kvp_pool_conf *p);
+/* Checks that every pool's disk tier fits where disk_path points: a block device at least its
+ * size, a file's filesystem (all the pools' files on it together) the free space still to
+ * allocate. 0; -ENOSPC (line names the pool and the binding limit, DISK_DEVICE_SIZE or
+ * DISK_FREE_SPACE); or a negative errno of a path that cannot be read (DISK_PATH). */
+int kvp_budget_disk_check(const struct kvp_conf *c, char *line, size_t len);

@@ -309,6 +309,51 @@ static int resolve_cap(struct parse *s, const struct kvp_pool_conf *p, const cha
 	return 0;
 }
 
+/* The disk tier's keys: disk != off needs disk_path, disk_capacity and a host tier; a path
+ * serves one pool; the disk tier takes the evicted host pages that remote = spill would. */
+static int check_disk(struct parse *s, uint32_t idx)
+{
+	struct kvp_pool_conf *p = &s->conf.pools[idx];
+	struct pool_state *ps = &s->ps[idx];
+	int line = ps->key_line[kvp_conf_key_index(SECT_POOL, "disk")];
+
+	if (resolve_cap(s, p, "disk_capacity", &ps->disk_cap, &p->disk_pages) < 0)
+		return -EINVAL;
+	if (p->disk == KVP_DISK_OFF)
+		return 0;
+	if (!p->disk_path[0] || !p->disk_pages) {
+		fail_at(s, line,
+			"key 'disk' in [pool.%s]: disk = %s needs disk_path and a nonzero "
+			"disk_capacity",
+			p->name, kvp_disk_mode_name(p->disk));
+		return -EINVAL;
+	}
+	if (!p->host_pages) {
+		fail_at(s, line,
+			"key 'disk' in [pool.%s]: disk = %s needs a host tier (host_capacity)",
+			p->name, kvp_disk_mode_name(p->disk));
+		return -EINVAL;
+	}
+	if (p->remote == KVP_REMOTE_SPILL) {
+		fail_at(s, line,
+			"key 'disk' in [pool.%s]: the disk tier takes the host pages about to be "
+			"evicted; with it, remote = spill has nothing left to write (use remote = "
+			"write-through, or disk = off)",
+			p->name);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < idx; i++)
+		if (s->conf.pools[i].disk != KVP_DISK_OFF &&
+		    strcmp(s->conf.pools[i].disk_path, p->disk_path) == 0) {
+			fail_at(s, ps->key_line[kvp_conf_key_index(SECT_POOL, "disk_path")],
+				"key 'disk_path' in [pool.%s]: %s is the disk of pool %s already (one "
+				"path per pool: two pools on one disk take two files)",
+				p->name, p->disk_path, s->conf.pools[i].name);
+			return -EINVAL;
+		}
+	return 0;
+}
+
 static int check_pool(struct parse *s, uint32_t idx)
 {
 	struct kvp_pool_conf *p = &s->conf.pools[idx];
@@ -356,7 +401,7 @@ static int check_pool(struct parse *s, uint32_t idx)
 			p->name, kvp_remote_mode_name(p->remote));
 		return -EINVAL;
 	}
-	return 0;
+	return check_disk(s, idx);
 }
 
 static int check_all(struct parse *s)

@@ -47,6 +47,14 @@ enum kvp_remote_mode {
 	KVP_REMOTE_MODE_MAX,
 };
 
+/* disk = of a pool: whether its host pages about to be evicted go to its disk tier first. */
+enum kvp_disk_mode {
+	KVP_DISK_OFF,	     /* no disk tier */
+	KVP_DISK_WRITE_BACK, /* host pages about to be evicted are written to disk_path */
+	KVP_DISK_MODE_MAX,
+};
+#define KVP_DISK_PATH_MAX 256
+
 #define KVP_REMOTE_SEEDS_MAX 200 /* "host:port,host:port" normalized, with its NUL */
 #define KVP_REMOTE_SEEDS_COUNT 16
 
@@ -141,6 +149,12 @@ struct kvp_pool_conf {
 	double pressure_watermark_pct;
 	uint64_t pressure_watermark_tokens;
 	uint32_t pressure_interval_ms;
+	/* The disk tier (disk != off): a file on a local filesystem or a block device, holding
+	 * disk_pages pages (disk_capacity in bytes or tokens, resolved as the other capacities);
+	 * each page takes its bytes rounded up to 4 KiB plus a 4 KiB header there. */
+	enum kvp_disk_mode disk;
+	char disk_path[KVP_DISK_PATH_MAX];
+	uint64_t disk_pages;
 };
 
 struct kvp_conf {
@@ -232,6 +246,7 @@ const char *kvp_device_kind_name(enum kvp_device_kind k);
 const char *kvp_tristate_name(enum kvp_tristate t);
 const char *kvp_eviction_name(enum kvp_eviction e);
 const char *kvp_remote_mode_name(enum kvp_remote_mode m); /* "off", "spill", "write-through" */
+const char *kvp_disk_mode_name(enum kvp_disk_mode m);	  /* "off", "write-back" */
 
 /* Whether b configures the remote tier as a does: the same [remote] section, each pool of b
  * with the mode of a's pool at its index (off for pools a does not have). */

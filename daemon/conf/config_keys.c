@@ -30,6 +30,10 @@ static const char *const g_remote_mode_names[KVP_REMOTE_MODE_MAX] = {
 	[KVP_REMOTE_SPILL] = "spill",
 	[KVP_REMOTE_WRITE_THROUGH] = "write-through",
 };
+static const char *const g_disk_mode_names[KVP_DISK_MODE_MAX] = {
+	[KVP_DISK_OFF] = "off",
+	[KVP_DISK_WRITE_BACK] = "write-back",
+};
 static const char *const g_eviction_names[KVP_EVICT_MAX] = {
 	[KVP_EVICT_LRU] = "lru",
 	[KVP_EVICT_LFU] = "lfu",
@@ -145,6 +149,10 @@ static const struct key_def g_pool_keys[] = {
 	  .expect = "off, spill or write-through" },
 	{ "remote_scope", KEY_FN, POOL(remote_scope), .fn = kvp_conf_parse_remote_scope,
 	  .flags = KEY_RELOAD },
+	{ "disk", KEY_ENUM, .def = KVP_DISK_OFF, POOL(disk), NAMES(g_disk_mode_names),
+	  .expect = "off or write-back" },
+	{ "disk_path", KEY_PATH, POOL(disk_path) },
+	{ "disk_capacity", KEY_CAP, FIELD(struct pool_state, disk_cap) },
 };
 
 _Static_assert(N_ROWS(g_pool_keys) <= KEY_BITS, "too many pool keys");
@@ -154,7 +162,8 @@ _Static_assert(sizeof(enum kvp_conf_dtype) == sizeof(uint32_t) &&
 		       sizeof(enum kvp_device_kind) == sizeof(uint32_t) &&
 		       sizeof(enum kvp_tristate) == sizeof(uint32_t) &&
 		       sizeof(enum kvp_eviction) == sizeof(uint32_t) &&
-		       sizeof(enum kvp_remote_mode) == sizeof(uint32_t),
+		       sizeof(enum kvp_remote_mode) == sizeof(uint32_t) &&
+		       sizeof(enum kvp_disk_mode) == sizeof(uint32_t),
 	       "enum fields are written as 4 bytes");
 
 /* ---- through the tables ---- */
@@ -295,6 +304,11 @@ const char *kvp_tristate_name(enum kvp_tristate t)
 const char *kvp_eviction_name(enum kvp_eviction e)
 {
 	return (unsigned)e < KVP_EVICT_MAX ? g_eviction_names[e] : "?";
+}
+
+const char *kvp_disk_mode_name(enum kvp_disk_mode m)
+{
+	return (unsigned)m < KVP_DISK_MODE_MAX ? g_disk_mode_names[m] : "?";
 }
 
 const char *kvp_remote_mode_name(enum kvp_remote_mode m)

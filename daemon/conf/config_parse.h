@@ -36,6 +36,7 @@ struct pool_state {
 	int key_line[KEY_BITS];
 	struct cap device_cap;
 	struct cap host_cap;
+	struct cap disk_cap;
 	bool device_given;
 };
 

@@ -45,6 +45,7 @@
 #include "session.h"
 #include "snapshot.h"
 #include "work.h"
+#include "disk_tier.h"
 #include "kvp_config.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
@@ -114,6 +115,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	kvp_src_init(&sv.upkeep_src, KVP_SRC_TIMER, kvp_loop_cqe_upkeep, &sv);
 	kvp_src_init(&sv.work_src, KVP_SRC_WORK, kvp_loop_cqe_work, &sv);
 	kvp_src_init(&sv.remote_src, KVP_SRC_REMOTE, kvp_loop_cqe_remote, &sv);
+	kvp_src_init(&sv.disk_src, KVP_SRC_DISK, kvp_loop_cqe_disk, &sv);
 	kvp_src_init(&sv.ignore_src, KVP_SRC_IGNORE, kvp_loop_cqe_ignore, &sv);
 	d->defers.deliver = kvp_loop_serve_deferred;
 	d->defers.ctx = &sv;
@@ -124,9 +126,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			log_err("cannot start the worker thread: %s", strerror(errno));
 			r = -1;
 		} else {
-			kvp_pool_async(sv.work, kvp_rpc_alloc_moved,
-				       d); /* demotions off the loop */
-			kvp_pool_on_short(kvp_loop_notice_short, &sv);
+			kvp_pool_async(sv.work); /* demotions off the loop */
 		}
 	}
 	if (r < 0) {
@@ -200,6 +200,8 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 			kvp_loop_serve_look_again(&sv, p);
 		}
 		kvp_loop_cqe_remote_run(&sv);
+		kvp_loop_cqe_disk_run(&sv);
+		kvp_loop_pool_events(&sv); /* of Allocs served off a call (deferred, upkeep) */
 		kvp_loop_peer_close_owed(&sv);
 		kvp_loop_notice_push(&sv, false);
 		if (d->reload_requested && !sv.reload_busy && !sv.stopping) {
@@ -208,6 +210,11 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 				sv.reload_busy = true;
 				kvp_loop_tick_status(&sv);
 			}
+		}
+		/* The disk writes and reads this turn queued go in one submission per pool. */
+		if (d->dt) {
+			kvp_dt_bind(d->dt, d->pools, d->n_pools); /* pools a reload created */
+			kvp_dt_submit(d->dt);
 		}
 #if KVP_HAVE_REMOTE
 		/* What this turn submitted to the cluster: its fds and deadline, up to date. */
@@ -228,8 +235,7 @@ int kvp_server_run(struct kvp_daemon *d, int listen_fd, const char *unlink_path)
 	 * (its pools are dropped or join, to be destroyed with the others), then sessions (their
 	 * pages return), then the ring (cancelling what is in flight), then the connections. */
 	kvp_work_stop(sv.work); /* demotions in flight land (or are cancelled) first */
-	kvp_pool_async(NULL, NULL, NULL);
-	kvp_pool_on_short(NULL, NULL);
+	kvp_pool_async(NULL);
 	kvp_rpc_alloc_retry(d); /* nothing is in flight now: every waiting Alloc ends */
 	while (d->defers.reload_waiting) {
 		struct kvp_defer *t = d->defers.reload_waiting;

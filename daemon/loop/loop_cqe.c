@@ -10,10 +10,12 @@
 #include "fault.h"
 #include "log.h"
 #include "loop_admit.h"
+#include "loop_notice.h"
 #include "loop_peer.h"
 #include "loop_ring.h"
 #include "reserve.h"
 #include "work.h"
+#include "disk_tier.h"
 #include "kvp_config.h"
 #if KVP_HAVE_REMOTE
 #include "remote.h"
@@ -81,6 +83,28 @@ void kvp_loop_cqe_remote_run(struct server *sv)
 	}
 #endif
 	kvp_loop_ring_arm_remote(sv);
+}
+
+void kvp_loop_cqe_disk(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
+{
+	struct server *sv = loop;
+
+	(void)src;
+	sv->disk_armed = false;
+	if (cqe->res < 0 && cqe->res != -ECANCELED)
+		log_warn("disk tier poll: %s", strerror(-cqe->res));
+	sv->disk_ready = true; /* kvp_loop_cqe_disk_run, after the connections with input */
+}
+
+/* The disk tier's completions of this turn (Fetches answered), after the requests that arrived
+ * with them were served. */
+void kvp_loop_cqe_disk_run(struct server *sv)
+{
+	if (!sv->disk_ready)
+		return;
+	sv->disk_ready = false;
+	kvp_dt_run(sv->d->dt, sv->d->pools, sv->d->n_pools);
+	kvp_loop_ring_arm_disk(sv);
 }
 
 void kvp_loop_cqe_recv(void *loop, struct kvp_src *src, const struct io_uring_cqe *cqe)
@@ -237,6 +261,7 @@ void kvp_loop_cqe_work(void *loop, struct kvp_src *src, const struct io_uring_cq
 	if (cqe->res < 0 && cqe->res != -ECANCELED)
 		log_warn("worker eventfd: %s", strerror(-cqe->res));
 	kvp_work_reap(sv->work);
+	kvp_loop_pool_events(sv);
 	kvp_loop_ring_arm_work(sv);
 }
 

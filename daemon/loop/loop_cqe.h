@@ -8,3 +8,6 @@ kvp_src_fn kvp_loop_cqe_signal, kvp_loop_cqe_work, kvp_loop_cqe_upkeep, kvp_loop
 kvp_src_fn kvp_loop_cqe_ignore; /* cancellations */
 /* The remote tier's socket work, when its fd was readable this turn; its poll armed again. */
 void kvp_loop_cqe_remote_run(struct server *sv);
+/* The disk tier's completions, when its eventfd was readable this turn; its poll armed again. */
+kvp_src_fn kvp_loop_cqe_disk;
+void kvp_loop_cqe_disk_run(struct server *sv);

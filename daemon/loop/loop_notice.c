@@ -5,6 +5,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 
+#include "dispatch.h"
 #include "loop_peer.h"
 #include "loop_ring.h"
 #include "pressure.h"
@@ -48,9 +49,9 @@ void kvp_loop_notice_push(struct server *sv, bool tick)
 			pending = true;
 			continue;
 		}
-		/* a reply that cannot be queued closes p, or from kvp_loop_notice_short marks it
+		/* a reply that cannot be queued closes p, or from kvp_loop_pool_events marks it
 		 * (close_why); p may be the connection being served (an allocation's notices go out
-		 * before it evicts: kvp_loop_notice_short) */
+		 * before it evicts: kvp_loop_pool_events) */
 		serving = conn_held(&p->c, CONN_HOLD_SERVE);
 		conn_hold(&p->c, CONN_HOLD_SERVE);
 		while (p->sess && !p->close_why) {
@@ -79,18 +80,40 @@ void kvp_loop_notice_push(struct server *sv, bool tick)
 	kvp_pressure_walked(d, pending);
 }
 
-/* An allocation is about to take more pages than are free (pool.h): when that puts its tier
- * under pressure, the notices are queued now, ahead of the allocation's reply and of any
- * eviction or OUT_OF_CAPACITY it causes. No connection closes here: the allocation's caller
- * still uses its session (and may walk others), so one whose notice cannot be queued is
- * closed by kvp_loop_peer_close_owed once the loop is back at its top. */
-void kvp_loop_notice_short(void *ctx, struct kvpd_pool *p, int tier)
+/* An allocation took more pages than were free (the pool's short_ event): when that put its
+ * tier under pressure, the notices are queued now, ahead of the allocation's reply, with the
+ * figures from before it evicted or failed. No connection closes here: the call's connection
+ * is still being served (and its session used), so one whose notice cannot be queued is
+ * closed by kvp_loop_peer_close_owed once the loop is back at its top. Landed demotions (the
+ * moved event) retry the waiting Allocs, which may take pages in their turn: a few rounds. */
+void kvp_loop_pool_events(struct server *sv)
 {
-	struct server *sv = ctx;
+	struct kvp_daemon *d = sv->d;
 
-	if (!kvp_pressure_short(sv->d, p, tier))
-		return;
-	sv->hold_closes++;
-	kvp_loop_notice_push(sv, false);
-	sv->hold_closes--;
+	for (int round = 0; round < 4; round++) {
+		bool any = false, notices = false, moved = false;
+
+		for (uint32_t i = 0; i < d->n_pools; i++) {
+			struct kvpd_pool *p = d->pools[i];
+			struct kvp_pool_events ev;
+
+			if (!p || !kvp_pool_events_take(p, &ev))
+				continue;
+			any = true;
+			moved |= ev.moved;
+			for (int t = 0; t < KVP_TIER_ID_MAX; t++)
+				if ((ev.short_ & (1u << t)) && kvp_pressure_short(d, p, t, &ev))
+					notices = true;
+		}
+		if (!any)
+			return;
+		if (notices) {
+			sv->hold_closes++;
+			kvp_loop_notice_push(sv, false);
+			sv->hold_closes--;
+			kvp_pressure_figures_done(d);
+		}
+		if (moved) /* every waiting Alloc: one whose pool has nothing in flight ends */
+			kvp_rpc_alloc_retry(d);
+	}
 }

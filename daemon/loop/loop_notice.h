@@ -6,6 +6,8 @@
 /* Queues the notices owed to sessions that read the previous ones (tick: the tick's look at
  * those still pending). */
 void kvp_loop_notice_push(struct server *sv, bool tick);
-/* The pool's hook (kvp_pool_on_short, ctx the server): an allocation of tier of p is short of
- * free pages; the notices it causes are queued ahead of its reply. */
-void kvp_loop_notice_short(void *ctx, struct kvpd_pool *p, int tier);
+/* Takes the pools' events (pool.h) and acts on them: an allocation short of free pages queues
+ * the pressure notices it causes (with the figures from before it), landed demotions retry
+ * the Allocs waiting for them. Called after each call served, before its reply is queued, and
+ * after each completion reaped. */
+void kvp_loop_pool_events(struct server *sv);

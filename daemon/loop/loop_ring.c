@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 
 #include "fault.h"
+#include "disk_tier.h"
 #include "log.h"
 #include "loop_admit.h"
 #include "work.h"
@@ -142,6 +143,21 @@ void kvp_loop_ring_arm_remote(struct server *sv)
 #else
 	(void)sv;
 #endif
+}
+
+/* The disk tier's eventfd: readable when a disk read or write completed (disk_tier.h). */
+void kvp_loop_ring_arm_disk(struct server *sv)
+{
+	struct io_uring_sqe *sqe;
+
+	if (sv->disk_armed || !sv->d->dt)
+		return;
+	sqe = get_sqe(sv);
+	if (!sqe)
+		return;
+	io_uring_prep_poll_add(sqe, kvp_dt_fd(sv->d->dt), POLLIN);
+	io_uring_sqe_set_data(sqe, &sv->disk_src);
+	sv->disk_armed = true;
 }
 
 void kvp_loop_ring_arm_work(struct server *sv)
@@ -360,4 +376,5 @@ void kvp_loop_ring_rearm(struct server *sv)
 	kvp_loop_ring_arm_upkeep(sv);
 	kvp_loop_ring_arm_work(sv);
 	kvp_loop_ring_arm_remote(sv);
+	kvp_loop_ring_arm_disk(sv);
 }

@@ -16,6 +16,7 @@ void kvp_loop_ring_arm_signal(struct server *sv);
 void kvp_loop_ring_arm_timer(struct server *sv);
 void kvp_loop_ring_arm_upkeep(struct server *sv);
 void kvp_loop_ring_arm_remote(struct server *sv);
+void kvp_loop_ring_arm_disk(struct server *sv);
 void kvp_loop_ring_arm_work(struct server *sv);
 void kvp_loop_ring_arm_recv(struct server *sv, struct peer *p);
 void kvp_loop_ring_arm_pidfd(struct server *sv, struct peer *p);

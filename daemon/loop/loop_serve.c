@@ -8,6 +8,7 @@
 #include "dispatch.h"
 #include "log.h"
 #include "loop_admit.h"
+#include "loop_notice.h"
 #include "loop_peer.h"
 #include "loop_ring.h"
 #include "reserve.h"
@@ -102,6 +103,7 @@ static void serve_frames_budget(struct server *sv, struct peer *p)
 			sv->n_prehello--;
 			sv->n_greeted++;
 		}
+		kvp_loop_pool_events(sv); /* its notices go ahead of its reply */
 		if (code != KVP_DEFERRED) /* else kvp_loop_serve_deferred sends it later */
 			kvp_loop_peer_reply(sv, p, &r);
 		kvp_reply_release(&r);

@@ -45,7 +45,7 @@ struct peer {
 	struct obuf *spare; /* a sent OBUF_CAP buffer, reused by the next reply */
 	struct kvp_session *sess;
 	/* A reply could not be queued where p could not be closed (while an allocation is in
-	 * progress: kvp_loop_notice_short): nothing more is queued to it, kvp_loop_peer_close_owed
+	 * progress: kvp_loop_pool_events): nothing more is queued to it, kvp_loop_peer_close_owed
 	 * closes it with this reason from the top of the loop. */
 	const char *close_why;
 	/* Bytes of frames queued and sent so far; notice_mark: queued_total after the last
@@ -78,8 +78,10 @@ struct server {
 	bool remote_armed;
 	bool remote_ready; /* its fd was readable: run it once this turn's connections are served */
 	struct kvp_src remote_src;
+	bool disk_armed, disk_ready; /* the disk tier's eventfd, as the remote tier's fd */
+	struct kvp_src disk_src;
 	bool retry; /* an operation found no SQE: retry it this turn, do not sleep */
-	/* Nonzero while code up the stack uses sessions (kvp_loop_notice_short): a reply that
+	/* Nonzero while code up the stack uses sessions (kvp_loop_pool_events): a reply that
 	 * cannot be queued marks its connection (close_why) instead of closing it; closes_owed:
 	 * some is marked. */
 	unsigned hold_closes;

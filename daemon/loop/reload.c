@@ -78,7 +78,9 @@ static bool same_pool_shape(const struct kvp_pool_conf *a, const struct kvp_pool
 	       a->page_tokens == b->page_tokens && a->dtype == b->dtype && a->device == b->device &&
 	       a->cuda_device == b->cuda_device && a->device_pages == b->device_pages &&
 	       a->host_pages == b->host_pages && a->numa_node == b->numa_node &&
-	       a->hugepages == b->hugepages && a->mlock == b->mlock && a->eviction == b->eviction;
+	       a->hugepages == b->hugepages && a->mlock == b->mlock && a->eviction == b->eviction &&
+	       a->disk == b->disk && a->disk_pages == b->disk_pages &&
+	       strcmp(a->disk_path, b->disk_path) == 0;
 }
 
 #define RELOAD_LINES 24

@@ -14,6 +14,7 @@ enum kvp_src_kind {
 	KVP_SRC_SEND,	/* a connection's send */
 	KVP_SRC_PIDFD,	/* a poll of a connection's peer pidfd */
 	KVP_SRC_REMOTE, /* a poll of the remote tier's epoll fd (remote.h) */
+	KVP_SRC_DISK,	/* a poll of the disk tier's eventfd (disk_tier.h) */
 	KVP_SRC_IGNORE, /* cancellations: their completions carry nothing */
 	KVP_SRC_MAX,
 };

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kvpool.pb-c.h"
+#include "disk_tier.h"
 #include "names.h"
 #include "pool_cache.h"
 
@@ -185,6 +186,20 @@ char *kvp_metrics_render_pools(const struct kvp_daemon *d, const bool *show)
 		KVP_REMOTE_STATS(REMOTE_STAT)
 	}
 #undef REMOTE_STAT
+	if (d->dt) { /* the disk tier, by pool */
+		struct kvp_disk_stats ds[KVP_MAX_POOLS] = { 0 };
+
+		for (uint32_t i = 0; i < d->n_pools && i < KVP_MAX_POOLS; i++)
+			kvp_dt_stats(d->dt, d->pools[i], &ds[i]);
+#define DISK_STAT(f, n, t, h)                                                                      \
+	family(&o, n, t, h);                                                                       \
+	for (uint32_t i = 0; i < d->n_pools && i < KVP_MAX_POOLS; i++)                             \
+		if ((!show || show[i]) && kvp_dt_has(d->dt, d->pools[i]))                          \
+			put(&o, "kvpool_" n "{pool=\"%s\"} %lu\n", d->pools[i]->conf.name,         \
+			    (unsigned long)ds[i].f);
+		KVP_DISK_STATS(DISK_STAT)
+#undef DISK_STAT
+	}
 #define TIER_FIGURE(f, n, t, h)                                                                    \
 	family(&o, n, t, h);                                                                       \
 	for (uint32_t i = 0; i < d->n_pools; i++)                                                  \

@@ -45,25 +45,22 @@ static int pool_copy(void *ctx, enum kvp_copy_dir dir, const uint32_t *src, cons
 }
 
 /* Demotions off the loop thread (kvp_pool_async): the worker waits for each flight, the loop
- * swaps the pages in and tells the daemon. */
-static kvp_pool_short_fn g_short;
-static void *g_short_ctx;
-
-void kvp_pool_on_short(kvp_pool_short_fn fn, void *ctx)
-{
-	g_short = fn;
-	g_short_ctx = ctx;
-}
-
+ * swaps the pages in and raises the pool's MOVED event. */
 static struct kvp_work *g_work;
-static kvp_pool_moved_fn g_moved;
-static void *g_moved_ctx;
 
-void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx)
+void kvp_pool_async(struct kvp_work *w)
 {
 	g_work = w;
-	g_moved = moved;
-	g_moved_ctx = ctx;
+}
+
+bool kvp_pool_events_take(struct kvpd_pool *p, struct kvp_pool_events *out)
+{
+	if (!p->ev.short_ && !p->ev.moved)
+		return false;
+	*out = p->ev;
+	p->ev.short_ = 0;
+	p->ev.moved = false;
+	return true;
 }
 
 struct demote_job {
@@ -104,8 +101,7 @@ static void demote_land(struct kvp_job *j, bool cancelled)
 			pool_free(p);
 		return;
 	}
-	if (g_moved)
-		g_moved(g_moved_ctx, p);
+	p->ev.moved = true;
 }
 
 /* The index's demotion: in flight on the worker where the backend and the daemon allow (1; the
@@ -484,9 +480,12 @@ static int take_pages(struct kvpd_pool *p, int tier, uint32_t npages, uint32_t *
 	struct kvp_pages *pg = p->pages[tier];
 	uint32_t nfree = kvp_pages_count(pg, KVP_PAGE_FREE);
 
-	if (npages > nfree && g_short)
-		g_short(g_short_ctx, p,
-			tier); /* the notices before anything is taken from others */
+	if (npages > nfree && !(p->ev.short_ & (1u << tier))) {
+		/* the notices it causes carry the figures from before anything is taken */
+		p->ev.short_ |= (uint8_t)(1u << tier);
+		kvp_pool_counts(p, tier, &p->ev.before[tier]);
+		p->ev.before_reserved[tier] = p->reserved[tier];
+	}
 	if (npages > nfree && p->reclaim) {
 		/* Unused pages of sessions' reserves go back before any cached prefix does. */
 		p->reclaim(p->reclaim_ctx, p, tier, npages - nfree);

@@ -12,6 +12,27 @@
 #include "stats.h"
 #include "tier.h"
 
+/* Per-tier figures, in pages. */
+struct kvp_tier_counts {
+	uint64_t total, free, leased, cached, evictable, protected_;
+	uint64_t moving; /* destinations of demotion copies in flight (reserved, not readable) */
+};
+
+/* What pool code leaves for the layers above instead of calling up into them: events kept in
+ * the pool (at most one of each kind per tier; a later one of the same kind folds into the
+ * pending one, which keeps the first figures) until the event loop takes them, after every
+ * call it serves (before that call's reply is queued) and every completion it reaps.
+ * - short_: bit t: an allocation was about to take more pages of tier t than were free (it
+ *   then took back reserves, evicted or failed); before[t] holds the tier's figures from
+ *   before it took anything, so the pressure notices it causes say what the tier held.
+ * - moved: demotions in flight landed: what waits for their pages can be retried. */
+struct kvp_pool_events {
+	uint8_t short_;
+	struct kvp_tier_counts before[KVP_TIER_ID_MAX];
+	uint64_t before_reserved[KVP_TIER_ID_MAX];
+	bool moved;
+};
+
 struct kvpd_pool {
 	uint32_t id;
 	struct kvp_pool_conf conf;
@@ -33,10 +54,12 @@ struct kvpd_pool {
 	struct kvp_index_stats logged; /* figures at the last eviction summary line */
 	/* Page reserves (reserve.c): pages of each tier booked to sessions' reserves (counted as
 	 * leased), and the hook that takes the unused part of them back before an allocation
-	 * evicts or fails (returns pages freed). */
+	 * evicts or fails (returns pages freed). Unlike the events below it is called in the
+	 * allocation: the pages it returns are what that allocation takes. */
 	uint64_t reserved[KVP_TIER_ID_MAX];
 	uint32_t (*reclaim)(void *ctx, struct kvpd_pool *p, int tier, uint32_t pages);
 	void *reclaim_ctx;
+	struct kvp_pool_events ev; /* pending for the loop (kvp_pool_events_take) */
 	/* Restarts (snapshot.c): tier fds to adopt instead of creating (-1: create) and their
 	 * sizes; which tiers were adopted; the pool's books in shared memory. */
 	int adopt_fd[KVP_TIER_ID_MAX];
@@ -72,17 +95,14 @@ void kvp_pool_destroy(struct kvpd_pool *p);
 
 /* Demotions off the loop thread: with w set, a pool whose device backend has copy_start (cuda;
  * sim under KVPOOLD_COPY_DELAY_MS) demotes asynchronously: the worker waits for the copy, then
- * on the loop thread (kvp_work_reap) the pages are swapped in and moved(ctx, p) is called, so
- * that the daemon retries what waited for them. w NULL: every demotion is synchronous (the
- * default; unit tests). Set by the event loop. */
+ * on the loop thread (kvp_work_reap) the pages are swapped in and the pool's MOVED event is
+ * raised, so that the daemon retries what waited for them. w NULL: every demotion is
+ * synchronous (the default; unit tests). Set by the event loop. */
 struct kvp_work;
-typedef void (*kvp_pool_moved_fn)(void *ctx, struct kvpd_pool *p);
-void kvp_pool_async(struct kvp_work *w, kvp_pool_moved_fn moved, void *ctx);
-/* Called (when set) by an allocation about to take more pages of tier than are free, before
- * it takes back reserves, evicts or fails: the pressure notices go out first. Set by the event
- * loop; NULL: nothing (unit tests). */
-typedef void (*kvp_pool_short_fn)(void *ctx, struct kvpd_pool *p, int tier);
-void kvp_pool_on_short(kvp_pool_short_fn fn, void *ctx);
+void kvp_pool_async(struct kvp_work *w);
+
+/* Moves p's pending events into *out and clears them. Returns whether there were any. */
+bool kvp_pool_events_take(struct kvpd_pool *p, struct kvp_pool_events *out);
 /* Device pages of tier whose demotion is in flight: cached now, free when it lands. */
 uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier);
 /* Whether npages of tier can be had once the demotions in flight land (some are in flight and
@@ -90,11 +110,6 @@ uint64_t kvp_pool_inflight(const struct kvpd_pool *p, int tier);
 bool kvp_pool_fits_later(const struct kvpd_pool *p, int tier, uint32_t npages);
 bool kvp_pool_has_tier(const struct kvpd_pool *p, int tier);
 
-/* Per-tier figures, in pages. */
-struct kvp_tier_counts {
-	uint64_t total, free, leased, cached, evictable, protected_;
-	uint64_t moving; /* destinations of demotion copies in flight (reserved, not readable) */
-};
 void kvp_pool_counts(const struct kvpd_pool *p, int tier, struct kvp_tier_counts *out);
 /* Fills f's OUT_OF_CAPACITY detail (tier, requested = npages, and the tier's free, evictable,
  * protected, leased, total figures, in tokens). f may be NULL. */

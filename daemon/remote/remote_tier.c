@@ -9,18 +9,14 @@
 
 #include <nettle/sha2.h>
 
-#include "defer.h"
+#include "daemon.h"
 #include "log.h"
 #include "mix.h"
 #include "pool_cache.h"
 #include "remote.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
-#include "reply.h"
-#include "rpc.h"
 
-/* Pages one Fetch reads at most, whatever match_max_pages says. */
-#define FETCH_MAX 4096
 /* Write-through remembers the remote keys it wrote in a direct-mapped table of 2^SEEN_BITS key
  * tags (4 MiB, made with the first write-through pool), so that content written once (inserted,
  * or demoted to host) is not written again when it is promoted and demoted, or evicted. A tag
@@ -39,44 +35,33 @@ struct rt_pool {
 	struct rt_pool *next;
 };
 
-/* A Match waiting for its existence query. */
-struct rt_wait {
+/* An existence query: its caller's callback, called once (at the deadline, with 0, when the
+ * cluster has not answered by then; the query's end frees it). */
+struct rt_query {
 	struct kvp_daemon *d;
-	struct kvp_defer *t; /* NULL once answered (timed out): the query's end frees it */
-	struct kvpd_pool *p; /* the Match's pool (its id p->id), checked again at the answer */
-	int keyed;
-	uint64_t matched, lock_id;
-	uint32_t ndev, nhost;
-	uint32_t *pages; /* ndev device ids, then nhost host ids */
+	kvp_below_held_fn done;
+	void *arg;
+	bool answered;
 	uint64_t deadline_ms;
-	struct rt_wait *prev, *next;
+	struct rt_query *prev, *next;
 };
 
-/* One Fetch in flight. */
-struct rt_fetch;
+/* The reads of one run into host pages. */
+struct rt_read;
 struct rt_get {
-	struct rt_fetch *fe;
+	struct rt_read *rd;
 	uint32_t i;
 };
-struct rt_fetch {
+struct rt_read {
 	struct kvp_daemon *d;
-	struct kvp_defer *t;
 	struct kvpd_pool *p;
 	struct rt_pool *rp;
-	uint32_t pool_id;
-	uint64_t ns;
-	int keyed, lock;
-	uint32_t *tokens;	   /* token-keyed: (local + n) whole pages of tokens */
-	ProtobufCBinaryData *keys; /* hash-keyed: local + n keys (copies) */
-	uint8_t *keybuf;
-	uint32_t local, n, pending;
-	struct kvp_lease *lease; /* n host pages the values land in */
-	uint64_t sid;		 /* the session whose quotas count the lease's pages */
-	uint32_t booked;	 /* those pages, until the answer (0: none) */
-	uint8_t *ok;
+	kvp_below_read_fn done;
+	void *arg;
+	uint32_t n, pending;
+	uint32_t *pages;
 	char (*rkey)[KVP_RV_KEY_MAX];
 	struct rt_get *gets;
-	struct rt_fetch *prev, *next; /* the daemon's Fetches in flight (their leases) */
 };
 
 struct rt_seen {
@@ -86,9 +71,8 @@ struct rt_seen {
 
 struct kvp_rt {
 	struct rt_pool *pools;
-	struct rt_wait *waits;
-	struct rt_fetch *fetches;
-	struct rt_seen *seen; /* write-through's written keys (SEEN_BITS) */
+	struct rt_query *waits; /* queries not answered yet, for their deadlines */
+	struct rt_seen *seen;	/* write-through's written keys (SEEN_BITS) */
 	/* The cluster figures the table was last checked against (seen_check). */
 	uint64_t seen_connects, seen_disconnects, seen_map_changes;
 	/* counters */
@@ -471,8 +455,8 @@ static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tok
 	return 0;
 }
 
-static int hash_keys(const struct rt_pool *rp, uint64_t ns, const ProtobufCBinaryData *keys,
-		     uint32_t n, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+static int hash_keys(const struct rt_pool *rp, uint64_t ns, const struct kvp_key *keys, uint32_t n,
+		     char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
 	uint8_t h[KVP_RV_HASH_SIZE];
 	char nsn[NS_NAME_MAX];
@@ -488,9 +472,23 @@ static int hash_keys(const struct rt_pool *rp, uint64_t ns, const ProtobufCBinar
 	return 0;
 }
 
-/* ---- Match: how many pages after the local ones the cluster holds ---- */
+/* Remote keys of run's pages into out[run->n], lens[run->n]; 0 or a negative errno. */
+static int run_keys(const struct rt_pool *rp, const struct kvp_below_run *run,
+		    char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+{
+	return run->keyed ? hash_keys(rp, run->ns, run->keys + run->from, run->n, out, lens)
+			  : token_keys(rp, run->ns, run->tokens, run->from, run->from + run->n, out,
+				       lens);
+}
 
-static void wait_unlink(struct kvp_rt *rt, struct rt_wait *w)
+uint32_t kvp_rt_serves(struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	return d->remote && rp_find(d, p) ? kvp_remote_conf(d->remote)->match_max_pages : 0;
+}
+
+/* ---- queries: how many pages after the local ones the cluster holds ---- */
+
+static void query_unlink(struct kvp_rt *rt, struct rt_query *w)
 {
 	if (w->prev)
 		w->prev->next = w->next;
@@ -501,128 +499,25 @@ static void wait_unlink(struct kvp_rt *rt, struct rt_wait *w)
 	w->prev = w->next = NULL;
 }
 
-/* Whether w's session still holds what its answer names: the pool attached and the lock (when
- * one was taken) still its. A reload that revoked the session's access detached it meanwhile
- * (its lock and pages went back then), as may the session's own Detach: NULL then, and the
- * session (when it exists) in *sp. */
-static struct kvp_lock *wait_lock(struct rt_wait *w, struct kvp_session **sp, bool *ok)
+static void query_answer(struct rt_query *w, uint32_t held)
 {
-	struct kvp_daemon *d = w->d;
-	struct kvp_session *s = kvp_rpc_session_by_id(d, w->t->session_id);
-	struct kvp_lock *k = NULL;
-	struct kvp_fail f;
-
-	if (s && s->evicted) /* a reload closes it: as good as ended */
-		s = NULL;
-	*sp = s;
-	*ok = false;
-	if (!s || !pool_live(d, w->p) || d->pools[w->p->id] != w->p || !s->attached[w->p->id])
-		return NULL;
-	kvp_fail_init(&f);
-	if (w->lock_id && (!(k = kvp_session_lock(s, w->lock_id, &f)) || k->pool != w->p))
-		return NULL;
-	*ok = true;
-	return k;
-}
-
-static void wait_answer(struct rt_wait *w, uint32_t remote)
-{
-	struct kvp_daemon *d = w->d;
-	struct kvp_session *s;
-	struct kvp_reply r;
-	struct kvp_lock *k;
-	uint32_t *dev, *host;
-	bool held;
-	int ok = 1;
-
-	k = wait_lock(w, &s, &held);
-	if (!held) {
-		struct kvp_fail f;
-
-		/* Nothing the reply would name is the session's any more: no page ids, no lock. */
-		kvp_fail_init(&f);
-		if (s)
-			kvp_fail(
-				&f, KVP_ERR_NOT_FOUND,
-				"%s: pool %s was detached from this session while the match waited "
-				"for the remote tier (a reload revoked its access); nothing is locked",
-				w->keyed ? "match keys" : "match", w->p->conf.name);
-		else
-			kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session ended or is closing");
-		kvp_defer_fail(&d->defers, w->t, &f);
-		w->t = NULL;
-		return;
-	}
-	kvp_reply_init(&r, w->t->req_id);
-	dev = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->ndev + 1));
-	host = kvp_reply_alloc(&r, sizeof(uint32_t) * (w->nhost + 1));
-	if (dev && host) {
-		memcpy(dev, w->pages, sizeof(uint32_t) * w->ndev);
-		memcpy(host, w->pages + w->ndev, sizeof(uint32_t) * w->nhost);
-	}
-	if (!dev || !host) {
-		ok = 0;
-	} else if (w->keyed) {
-		Kvpool__MatchKeysResp *m = KVP_REPLY_NEW(&r, Kvpool__MatchKeysResp,
-							 kvpool__match_keys_resp__descriptor);
-
-		if ((ok = m != NULL)) {
-			m->matched_keys = (uint32_t)w->matched;
-			m->device_pages = dev;
-			m->n_device_pages = w->ndev;
-			m->host_pages = host;
-			m->n_host_pages = w->nhost;
-			m->lock_id = w->lock_id;
-			m->remote_pages = remote;
-			r.resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH_KEYS;
-			r.resp.match_keys = m;
-		}
-	} else {
-		Kvpool__MatchResp *m =
-			KVP_REPLY_NEW(&r, Kvpool__MatchResp, kvpool__match_resp__descriptor);
-
-		if ((ok = m != NULL)) {
-			m->matched_tokens = w->matched;
-			m->device_pages = dev;
-			m->n_device_pages = w->ndev;
-			m->host_pages = host;
-			m->n_host_pages = w->nhost;
-			m->lock_id = w->lock_id;
-			m->remote_pages = remote;
-			r.resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH;
-			r.resp.match = m;
-		}
-	}
-	if (ok) {
-		kvp_defer_answer(&d->defers, w->t, &r, 0);
-	} else {
-		struct kvp_fail f;
-
-		/* The caller never learns the lock's id: it goes back now. */
-		if (k)
-			kvp_session_lock_release(s, k);
-		kvp_fail_init(&f);
-		kvp_rpc_oom(&f);
-		kvp_defer_fail(&d->defers, w->t, &f);
-	}
-	kvp_reply_release(&r);
-	w->t = NULL;
-	if (d->rt)
-		d->rt->remote_pages += remote;
+	w->answered = true;
+	if (w->d->rt)
+		w->d->rt->remote_pages += held;
+	w->done(w->arg, held);
 }
 
 static void exists_done(void *arg, size_t n, const enum kvp_rc_status *st)
 {
-	struct rt_wait *w = arg;
+	struct rt_query *w = arg;
 	uint32_t k = 0;
 
 	while (k < n && st[k] == KVP_RC_HIT)
 		k++;
-	if (w->t) {
-		wait_unlink(w->d->rt, w);
-		wait_answer(w, k);
+	if (!w->answered) {
+		query_unlink(w->d->rt, w);
+		query_answer(w, k);
 	}
-	free(w->pages);
 	free(w);
 }
 
@@ -630,7 +525,7 @@ static void arm_alarm(struct kvp_daemon *d)
 {
 	int64_t at = -1;
 
-	for (struct rt_wait *w = d->rt ? d->rt->waits : NULL; w; w = w->next)
+	for (struct rt_query *w = d->rt ? d->rt->waits : NULL; w; w = w->next)
 		if (at < 0 || (int64_t)w->deadline_ms < at)
 			at = (int64_t)w->deadline_ms;
 	kvp_remote_set_alarm(d->remote, at);
@@ -639,7 +534,7 @@ static void arm_alarm(struct kvp_daemon *d)
 void kvp_rt_expire(struct kvp_daemon *d)
 {
 	uint64_t now = kvp_rc_now_ms();
-	struct rt_wait *w, *next;
+	struct rt_query *w, *next;
 
 	if (!d->rt || !d->remote)
 		return;
@@ -647,326 +542,62 @@ void kvp_rt_expire(struct kvp_daemon *d)
 		next = w->next;
 		if (now < w->deadline_ms)
 			continue;
-		wait_unlink(d->rt, w);
+		query_unlink(d->rt, w);
 		d->rt->match_timeouts++;
-		wait_answer(w, 0); /* the query's end frees w */
+		query_answer(w, 0); /* the query's end frees w */
 	}
 	arm_alarm(d);
 }
 
-/* Submits the query of keys[0 .. n) and parks the reply (w's fields set by the caller).
- * KVP_DEFERRED; or a negative errno with nothing submitted (the caller frees w); or 1: the query
- * went but no ticket could be had, so the caller answers now and the query's end frees w. */
-static int park(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		struct rt_wait *w, char (*keys)[KVP_RV_KEY_MAX], const size_t *lens, uint32_t n)
+int kvp_rt_query(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		 kvp_below_held_fn done, void *arg)
 {
-	const void **kp = malloc(sizeof(*kp) * n);
-	struct kvp_fail f;
-	int rc;
+	struct rt_pool *rp = rp_find(d, p);
+	char(*keys)[KVP_RV_KEY_MAX] = NULL;
+	size_t *lens = NULL;
+	const void **kp = NULL;
+	struct rt_query *w = NULL;
+	int rc = -ENOMEM;
 
-	kvp_fail_init(&f);
-	if (!kp)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
+	if (!rp || !d->remote || !run->n)
+		return -ENOENT;
+	if (!(keys = malloc(sizeof(*keys) * run->n)) || !(lens = malloc(sizeof(*lens) * run->n)) ||
+	    !(kp = malloc(sizeof(*kp) * run->n)) || !(w = calloc(1, sizeof(*w))))
+		goto out;
+	if ((rc = run_keys(rp, run, keys, lens)) < 0)
+		goto out;
+	for (uint32_t i = 0; i < run->n; i++)
 		kp[i] = keys[i];
-	w->d = d;
-	rc = kvp_remote_exists_many(d->remote, n, (const void *const *)kp, lens, exists_done, w);
-	free(kp);
+	*w = (struct rt_query){ .d = d, .done = done, .arg = arg };
+	rc = kvp_remote_exists_many(d->remote, run->n, (const void *const *)kp, lens, exists_done,
+				    w);
 	if (rc < 0)
-		return rc;
+		goto out;
 	d->rt->match_queries++;
-	w->t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, &f);
-	if (!w->t)
-		return 1;
 	w->deadline_ms = kvp_rc_now_ms() + kvp_remote_conf(d->remote)->match_timeout_ms;
 	w->next = d->rt->waits;
 	if (w->next)
 		w->next->prev = w;
 	d->rt->waits = w;
 	arm_alarm(d);
-	return KVP_DEFERRED;
-}
-
-static struct rt_wait *wait_new(struct kvpd_pool *p, int keyed, uint64_t matched, uint64_t lock_id,
-				uint32_t ndev, const uint32_t *dev, uint32_t nhost,
-				const uint32_t *host)
-{
-	struct rt_wait *w = calloc(1, sizeof(*w));
-
-	if (!w || !(w->pages = malloc(sizeof(uint32_t) * ((size_t)ndev + nhost + 1)))) {
-		free(w);
-		return NULL;
-	}
-	w->p = p;
-	w->keyed = keyed;
-	w->matched = matched;
-	w->lock_id = lock_id;
-	w->ndev = ndev;
-	w->nhost = nhost;
-	memcpy(w->pages, dev, sizeof(uint32_t) * ndev);
-	memcpy(w->pages + ndev, host, sizeof(uint32_t) * nhost);
-	return w;
-}
-
-static uint32_t query_pages(const struct kvp_daemon *d, uint64_t have)
-{
-	uint32_t max = kvp_remote_conf(d->remote)->match_max_pages;
-
-	return have < max ? (uint32_t)have : max;
-}
-
-/* Asks the remote tier for the n pages past the local ones of q's Match (w->keyed 0) or
- * MatchKeys (1) and parks its reply. 0 (the local answer stands, w freed or left to the query's
- * end), or KVP_DEFERRED. */
-static int query(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		 const struct rt_pool *rp, struct rt_wait *w, uint32_t local, uint32_t n)
-{
-	char(*keys)[KVP_RV_KEY_MAX] = malloc(sizeof(*keys) * n);
-	size_t *lens = malloc(sizeof(*lens) * n);
-	int rc = -ENOMEM;
-
-	if (keys && lens && w)
-		rc = w->keyed ? hash_keys(rp, q->match_keys->namespace_,
-					  q->match_keys->keys + local, n, keys, lens)
-			      : token_keys(rp, q->match->namespace_, q->match->tokens, local,
-					   local + n, keys, lens);
-	if (rc == 0)
-		rc = park(d, s, q, w, keys, lens, n);
+	w = NULL; /* the query's end frees it */
+	rc = 0;
+out:
+	free(w);
+	free(kp);
 	free(keys);
 	free(lens);
-	if (rc == KVP_DEFERRED || rc == 1)
-		return rc == 1 ? 0 : rc;
-	if (w)
-		free(w->pages);
-	free(w);
-	return 0;
+	return rc;
 }
 
-int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		 struct kvpd_pool *p, const Kvpool__MatchResp *m)
+/* ---- reads into host pages ---- */
+
+static void read_free(struct rt_read *rd)
 {
-	const Kvpool__MatchReq *a = q->match;
-	struct rt_pool *rp = rp_find(d, p);
-	uint32_t local = (uint32_t)(m->n_device_pages + m->n_host_pages), total, n;
-
-	if (!rp || a->local_only)
-		return 0;
-	total = (uint32_t)a->n_tokens / p->conf.page_tokens;
-	if (total <= local || !(n = query_pages(d, total - local)))
-		return 0;
-	return query(d, s, q, rp,
-		     wait_new(p, 0, m->matched_tokens, m->lock_id, (uint32_t)m->n_device_pages,
-			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
-		     local, n);
-}
-
-int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		      struct kvpd_pool *p, const Kvpool__MatchKeysResp *m)
-{
-	const Kvpool__MatchKeysReq *a = q->match_keys;
-	struct rt_pool *rp = rp_find(d, p);
-	uint32_t local = m->matched_keys, n;
-
-	if (!rp || a->local_only || a->n_keys <= local || !(n = query_pages(d, a->n_keys - local)))
-		return 0;
-	return query(d, s, q, rp,
-		     wait_new(p, 1, m->matched_keys, m->lock_id, (uint32_t)m->n_device_pages,
-			      m->device_pages, (uint32_t)m->n_host_pages, m->host_pages),
-		     local, n);
-}
-
-/* ---- Fetch ---- */
-
-/* The lease's pages stop counting in the session's quotas (a session gone took its count). */
-static void fetch_unbook(struct rt_fetch *fe)
-{
-	struct kvp_session *s;
-
-	if (!fe->booked)
-		return;
-	s = kvp_rpc_session_by_id(fe->d, fe->sid);
-	if (s)
-		kvp_session_fetch_held(s, fe->p->id, -(int64_t)fe->booked);
-	fe->booked = 0;
-}
-
-static void fetch_free(struct rt_fetch *fe)
-{
-	struct kvp_rt *rt = fe->d->rt;
-
-	fetch_unbook(fe);
-	if (fe->prev)
-		fe->prev->next = fe->next;
-	else if (rt && rt->fetches == fe)
-		rt->fetches = fe->next;
-	if (fe->next)
-		fe->next->prev = fe->prev;
-	kvp_lease_destroy(fe->lease);
-	free(fe->tokens);
-	free(fe->keys);
-	free(fe->keybuf);
-	free(fe->ok);
-	free(fe->rkey);
-	free(fe->gets);
-	free(fe);
-}
-
-/* The local match of what fe asks, locked when lock; fills the Fetch reply's page fields. */
-static int fetch_match(struct kvp_daemon *d, struct kvp_session *s, struct rt_fetch *fe, bool lock,
-		       struct kvp_reply *r, Kvpool__FetchResp *m, uint32_t *local,
-		       struct kvp_fail *f)
-{
-	struct kvpd_pool *p = fe->p;
-	uint32_t n = fe->local + fe->n;
-	struct kvp_index_match mt = { 0 };
-	struct kvp_lock *k = NULL;
-	int rc = 0;
-
-	if (!(m->device_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (n + 1))) ||
-	    !(m->host_pages = kvp_reply_alloc(r, sizeof(uint32_t) * (n + 1))) ||
-	    (lock && !(k = kvp_session_lock_alloc())))
-		return kvp_rpc_oom(f);
-	if (fe->keyed) {
-		struct kvp_key *keys = malloc(sizeof(*keys) * (n + 1));
-
-		if (!keys) {
-			free(k);
-			return kvp_rpc_oom(f);
-		}
-		for (uint32_t i = 0; i < n; i++)
-			keys[i] = (struct kvp_key){ fe->keys[i].len, fe->keys[i].data };
-		rc = kvp_pool_match_keys(p, fe->ns, keys, n, lock, &mt, m->device_pages,
-					 m->host_pages);
-		free(keys);
-	} else {
-		rc = kvp_pool_match(p, fe->ns, fe->tokens, n * p->conf.page_tokens, lock, &mt,
-				    m->device_pages, m->host_pages);
-	}
-	if (rc < 0) {
-		free(k);
-		return kvp_rpc_oom(f);
-	}
-	if (k && mt.lock &&
-	    (rc = kvp_session_may_lock_pages(d, s, p, mt.dev_pages + mt.host_pages, f)) < 0) {
-		kvp_pool_unlock(p, mt.lock);
-		free(k);
-		return rc;
-	}
-	m->n_device_pages = mt.dev_pages;
-	m->n_host_pages = mt.host_pages;
-	*local = mt.dev_pages + mt.host_pages;
-	m->matched = fe->keyed ? *local : (uint64_t)*local * p->conf.page_tokens;
-	if (k && mt.lock) {
-		k->pool = p;
-		k->run = mt.lock;
-		k->pages = *local;
-		if (kvp_session_lock_add(d, s, k) < 0)
-			return kvp_rpc_oom(f);
-		m->lock_id = k->id;
-	} else {
-		free(k);
-	}
-	return 0;
-}
-
-/* Caches the leading run of pages that arrived (from where the cache ends now). */
-static uint32_t fetch_insert(struct rt_fetch *fe)
-{
-	struct kvpd_pool *p = fe->p;
-	uint32_t run = 0, c, ntot;
-	struct kvp_fail f;
-	int rc;
-
-	kvp_fail_init(&f);
-	while (run < fe->n && fe->ok[run])
-		run++;
-	if (!run)
-		return 0;
-	ntot = fe->local + run;
-	if (fe->keyed) {
-		struct kvp_key *keys = calloc(ntot, sizeof(*keys));
-		uint32_t nw = 0, dup = 0, done = 0;
-
-		if (!keys)
-			return 0;
-		for (uint32_t i = 0; i < ntot; i++)
-			keys[i] = (struct kvp_key){ fe->keys[i].len, fe->keys[i].data };
-		c = kvp_pool_exists_keys(p, fe->ns, keys, ntot);
-		rc = c >= fe->local && c < ntot
-			     ? kvp_lease_insert_keys(fe->lease, fe->ns, keys, ntot, c,
-						     fe->lease->pages + (c - fe->local), ntot - c,
-						     &nw, &dup, &done, &f)
-			     : -1;
-		free(keys);
-		return rc == 0 ? nw : 0;
-	} else {
-		struct kvp_index_match mt = { 0 };
-		uint32_t *dv = malloc(sizeof(uint32_t) * (ntot + 1) * 2);
-		uint64_t nt = 0, dt = 0;
-
-		if (!dv)
-			return 0;
-		rc = kvp_pool_match(p, fe->ns, fe->tokens, ntot * p->conf.page_tokens, false, &mt,
-				    dv, dv + ntot + 1);
-		free(dv);
-		c = mt.dev_pages + mt.host_pages;
-		rc = rc == 0 && c >= fe->local && c < ntot
-			     ? kvp_lease_insert(fe->lease, fe->ns, fe->tokens,
-						ntot * p->conf.page_tokens, c,
-						fe->lease->pages + (c - fe->local), ntot - c, &nt,
-						&dt, &f)
-			     : -1;
-		return rc == 0 ? (uint32_t)(nt / p->conf.page_tokens) : 0;
-	}
-}
-
-static void fetch_finish(struct rt_fetch *fe)
-{
-	struct kvp_daemon *d = fe->d;
-	struct kvp_session *s = kvp_rpc_session_by_id(d, fe->t->session_id);
-	Kvpool__FetchResp *m;
-	struct kvp_reply r;
-	struct kvp_fail f;
-	uint32_t got = 0, local = 0;
-	int rc;
-
-	kvp_fail_init(&f);
-	fetch_unbook(fe); /* before the answer's lock, which the quotas count in turn */
-	if (!s || !pool_live(d, fe->p)) {
-		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session or its pool ended");
-		kvp_defer_fail(&d->defers, fe->t, &f);
-		fetch_free(fe);
-		return;
-	}
-	if (fe->pool_id >= d->n_pools || d->pools[fe->pool_id] != fe->p ||
-	    !s->attached[fe->pool_id]) {
-		/* A reload revoked the session's access to the pool meanwhile (it was detached):
-		 * nothing is cached for it, and the pages the values landed in go back. */
-		kvp_fail(
-			&f, KVP_ERR_NOT_FOUND,
-			"fetch: pool %s was detached from this session while the fetch ran (a reload "
-			"revoked its access); nothing was cached",
-			fe->p->conf.name);
-		kvp_defer_fail(&d->defers, fe->t, &f);
-		fetch_free(fe);
-		return;
-	}
-	got = fetch_insert(fe);
-	d->rt->fetched_pages += got;
-	kvp_reply_init(&r, fe->t->req_id);
-	m = KVP_REPLY_NEW(&r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
-	rc = m ? fetch_match(d, s, fe, fe->lock, &r, m, &local, &f) : kvp_rpc_oom(&f);
-	if (rc == 0) {
-		m->fetched_pages = got;
-		m->missed_pages = fe->n - got;
-		r.resp.result_case = KVPOOL__RESPONSE__RESULT_FETCH;
-		r.resp.fetch = m;
-		kvp_defer_answer(&d->defers, fe->t, &r, 0);
-	} else {
-		kvp_defer_fail(&d->defers, fe->t, &f);
-	}
-	kvp_reply_release(&r);
-	fetch_free(fe);
+	free(rd->pages);
+	free(rd->rkey);
+	free(rd->gets);
+	free(rd);
 }
 
 static void del_done(void *arg, enum kvp_rc_status st, const void *val, size_t len)
@@ -980,209 +611,77 @@ static void del_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, size_t n)
 {
 	struct rt_get *g = arg;
-	struct rt_fetch *fe = g->fe;
-	struct kvp_rt *rt = fe->d->rt;
+	struct rt_read *rd = g->rd;
+	struct kvp_rt *rt = rd->d->rt;
+	bool ok = false;
 
-	if (st == KVP_RC_HIT && pool_live(fe->d, fe->p)) {
-		if (e == 0 && n == fe->p->page_bytes) {
-			memcpy((uint8_t *)fe->p->mem[KVP_TIER_ID_HOST].base +
-				       (uint64_t)fe->lease->pages[g->i] * fe->p->page_bytes,
+	if (st == KVP_RC_HIT && pool_live(rd->d, rd->p)) {
+		if (e == 0 && n == rd->p->page_bytes) {
+			memcpy((uint8_t *)rd->p->mem[KVP_TIER_ID_HOST].base +
+				       (uint64_t)rd->pages[g->i] * rd->p->page_bytes,
 			       pl, n);
-			fe->ok[g->i] = 1;
-			seen_note(fe->rp,
-				  fe->rkey[g->i]); /* the cluster has it: not written back */
+			ok = true;
+			seen_note(rd->rp,
+				  rd->rkey[g->i]); /* the cluster has it: not written back */
 		} else {
 			/* Never served: a miss, counted, and the value deleted. */
 			if (e == -KVP_RV_EFOREIGN)
 				rt->foreign_values++;
 			else
 				rt->bad_values++;
-			kvp_remote_del(fe->d->remote, fe->rkey[g->i], strlen(fe->rkey[g->i]),
+			kvp_remote_del(rd->d->remote, rd->rkey[g->i], strlen(rd->rkey[g->i]),
 				       del_done, NULL);
 		}
 	}
-	if (!fe->ok[g->i])
+	if (ok)
+		rt->fetched_pages++;
+	else
 		rt->fetch_misses++;
-	if (--fe->pending == 0)
-		fetch_finish(fe);
+	rd->done(rd->arg, g->i, ok);
+	if (--rd->pending == 0)
+		read_free(rd);
 }
 
-/* The host pages fe leases while it runs count in the session's and its uid's quotas, as an
- * Alloc's do: past the room left, fewer pages are fetched (as when free pages are short); with
- * no room, the Fetch is refused QUOTA_EXCEEDED. 0 or that Code with f filled. */
-static int fetch_room(const struct kvp_daemon *d, const struct kvp_session *s, struct rt_fetch *fe,
-		      struct kvp_fail *f)
+int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		const uint32_t *pages, kvp_below_read_fn done, void *arg)
 {
-	uint64_t room = kvp_session_room(d, s, fe->p);
-
-	if (room == 0)
-		return kvp_session_may_lease(d, s, fe->p, fe->n, false, f);
-	if (fe->n > room)
-		fe->n = (uint32_t)room;
-	return 0;
-}
-
-KVP_RPC_HANDLER(kvp_rpc_fetch)
-{
-	const Kvpool__FetchReq *a = q->fetch;
-	struct kvpd_pool *p = kvp_session_pool(d, s, a->pool_id, f);
-	int keyed = a->n_keys > 0;
-	struct rt_fetch *fe;
-	Kvpool__FetchResp *m;
-	uint32_t total, local = 0;
+	struct rt_pool *rp = rp_find(d, p);
+	struct rt_read *rd;
 	size_t *lens = NULL;
-	int rc;
+	uint32_t sent = 0;
 
-	if (!p)
-		return -(int)f->code;
-	if ((a->n_keys > 0) == (a->n_tokens > 0))
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT,
-				"fetch: give tokens (token-keyed) or keys (hash-keyed), not both");
-	if (a->n_tokens > UINT32_MAX / 2)
-		return kvp_fail(f, KVP_ERR_INVALID_ARGUMENT, "fetch: too many tokens");
-	if (keyed && (rc = kvp_rpc_keys_check(d, "fetch keys", a->keys, a->n_keys, f)) < 0)
-		return rc;
-	if ((rc = kvp_session_may_use_ns(d, s, p, a->namespace_, "fetch", f)) < 0)
-		return rc;
-	if (a->lock && (rc = kvp_session_may_lock(d, s, f)) < 0)
-		return rc;
-	total = keyed ? (uint32_t)a->n_keys : (uint32_t)a->n_tokens / p->conf.page_tokens;
-	if (total > kvp_rpc_pages_per_reply(p))
-		return kvp_rpc_reply_too_large(p, "fetch", total, f);
-	if (!(fe = calloc(1, sizeof(*fe))))
-		return kvp_rpc_oom(f);
-	fe->d = d;
-	fe->p = p;
-	fe->rp = rp_find(d, p);
-	fe->pool_id = a->pool_id;
-	fe->ns = a->namespace_;
-	fe->keyed = keyed;
-	fe->lock = a->lock;
-	if (keyed) {
-		size_t bytes = 0, at = 0;
-
-		for (size_t i = 0; i < a->n_keys; i++)
-			bytes += a->keys[i].len;
-		fe->keys = malloc(sizeof(*fe->keys) * total);
-		fe->keybuf = malloc(bytes + 1);
-		if (!fe->keys || !fe->keybuf) {
-			fetch_free(fe);
-			return kvp_rpc_oom(f);
-		}
-		for (uint32_t i = 0; i < total; i++) {
-			memcpy(fe->keybuf + at, a->keys[i].data, a->keys[i].len);
-			fe->keys[i] = (ProtobufCBinaryData){ a->keys[i].len, fe->keybuf + at };
-			at += a->keys[i].len;
-		}
-	} else {
-		fe->tokens = malloc(sizeof(uint32_t) * ((size_t)total * p->conf.page_tokens + 1));
-		if (!fe->tokens) {
-			fetch_free(fe);
-			return kvp_rpc_oom(f);
-		}
-		memcpy(fe->tokens, a->tokens, sizeof(uint32_t) * total * p->conf.page_tokens);
-	}
-	/* Where the local cache ends now (no lock: the answer matches again). */
-	m = KVP_REPLY_NEW(r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
-	fe->n = 0;
-	fe->local = total;
-	if (!m || (rc = fetch_match(d, s, fe, false, r, m, &local, f)) < 0) {
-		fetch_free(fe);
-		return m ? rc : kvp_rpc_oom(f);
-	}
-	fe->local = local;
-	fe->n = fe->rp && d->remote ? total - local : 0;
-	if (fe->n && fe->n > kvp_remote_conf(d->remote)->match_max_pages)
-		fe->n = kvp_remote_conf(d->remote)->match_max_pages;
-	if (fe->n > FETCH_MAX)
-		fe->n = FETCH_MAX;
-	if (fe->n && (rc = fetch_room(d, s, fe, f)) < 0) {
-		fetch_free(fe);
-		return rc;
-	}
-	if (fe->n) {
-		fe->ok = calloc(fe->n, 1);
-		fe->rkey = malloc(sizeof(*fe->rkey) * fe->n);
-		fe->gets = calloc(fe->n, sizeof(*fe->gets));
-		lens = malloc(sizeof(*lens) * fe->n);
-		rc = fe->ok && fe->rkey && fe->gets && lens ? 0 : -ENOMEM;
-		if (rc == 0)
-			rc = keyed ? hash_keys(fe->rp, fe->ns, fe->keys + local, fe->n, fe->rkey,
-					       lens)
-				   : token_keys(fe->rp, fe->ns, fe->tokens, local, local + fe->n,
-						fe->rkey, lens);
-		if (rc < 0) {
-			free(lens);
-			fetch_free(fe);
-			return kvp_rpc_oom(f);
-		}
-		/* The host pages the values land in: free ones first, then evicting (and
-		 * spilling) others; short of them, fewer pages are fetched. */
-		while (fe->n && !fe->lease) {
-			struct kvp_fail lf;
-
-			kvp_fail_init(&lf);
-			fe->lease = kvp_lease_create(p, KVP_TIER_ID_HOST,
-						     kvp_daemon_new_id(d, &d->next_lease_id), fe->n,
-						     &lf);
-			if (!fe->lease)
-				fe->n /= 2;
-		}
-		if (fe->lease) {
-			fe->sid = s->id;
-			fe->booked = fe->lease->n;
-			kvp_session_fetch_held(s, p->id, fe->booked);
-		}
-	}
-	if (!fe->n) { /* nothing to read: the local answer stands (locked when asked) */
+	if (!rp || !d->remote || !run->n)
+		return -ENOENT;
+	if (!(rd = calloc(1, sizeof(*rd))))
+		return -ENOMEM;
+	*rd = (struct rt_read){ .d = d, .p = p, .rp = rp, .done = done, .arg = arg, .n = run->n };
+	rd->pages = malloc(sizeof(uint32_t) * run->n);
+	rd->rkey = malloc(sizeof(*rd->rkey) * run->n);
+	rd->gets = calloc(run->n, sizeof(*rd->gets));
+	lens = malloc(sizeof(*lens) * run->n);
+	if (!rd->pages || !rd->rkey || !rd->gets || !lens ||
+	    run_keys(rp, run, rd->rkey, lens) < 0) {
 		free(lens);
-		if (a->lock) {
-			kvp_reply_release(r);
-			kvp_reply_init(r, q->id);
-			m = KVP_REPLY_NEW(r, Kvpool__FetchResp, kvpool__fetch_resp__descriptor);
-			if (!m || (rc = fetch_match(d, s, fe, true, r, m, &local, f)) < 0) {
-				fetch_free(fe);
-				return m ? rc : kvp_rpc_oom(f);
-			}
-		}
-		fetch_free(fe);
-		r->resp.result_case = KVPOOL__RESPONSE__RESULT_FETCH;
-		r->resp.fetch = m;
-		return 0;
+		read_free(rd);
+		return -ENOMEM;
 	}
-	fe->t = kvp_defer_take(&d->defers, s->id, s->uid, q->id, (int)q->call_case, f);
-	if (!fe->t) {
-		free(lens);
-		fetch_free(fe);
-		return -(int)f->code;
-	}
-	fe->next = d->rt->fetches;
-	if (fe->next)
-		fe->next->prev = fe;
-	d->rt->fetches = fe;
-	for (uint32_t i = 0; i < fe->n; i++) {
-		fe->gets[i] = (struct rt_get){ fe, i };
-		fe->pending++;
-		if (kvp_remote_get_page(d->remote, &fe->rp->fp, p->page_bytes, fe->rkey[i], lens[i],
-					get_done, &fe->gets[i]) < 0) {
-			fe->pending--;
+	memcpy(rd->pages, pages, sizeof(uint32_t) * run->n);
+	rd->pending = 1; /* until every read went out: none of them frees rd meanwhile */
+	for (uint32_t i = 0; i < run->n; i++) {
+		rd->gets[i] = (struct rt_get){ rd, i };
+		rd->pending++;
+		if (kvp_remote_get_page(d->remote, &rp->fp, p->page_bytes, rd->rkey[i], lens[i],
+					get_done, &rd->gets[i]) < 0) {
+			rd->pending--;
 			d->rt->fetch_misses++;
+			continue;
 		}
+		sent++;
 	}
 	free(lens);
-	if (!fe->pending) /* nothing submitted: answered now, through the ticket */
-		fetch_finish(fe);
-	return KVP_DEFERRED;
-}
-
-uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p)
-{
-	uint64_t n = 0;
-
-	for (const struct rt_fetch *fe = d->rt ? d->rt->fetches : NULL; fe; fe = fe->next)
-		if (fe->p == p && fe->lease)
-			n += kvp_lease_check(fe->lease) < 0 ? UINT64_MAX / 2 : fe->lease->n;
-	return n;
+	if (--rd->pending == 0)
+		read_free(rd);
+	return sent ? (int)sent : -EAGAIN;
 }
 
 void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)

@@ -1,7 +1,7 @@
 /* remote_tier.h - a pool's pages in the remote tier (remote.h drives the cluster client): host
  * pages about to be evicted are written out first (remote = spill, write-through), pages a host
- * Insert publishes are written at once (write-through), a Match asks the cluster how many of the
- * pages after the local ones it holds, and Fetch reads them into host pages and the cache.
+ * Insert publishes are written at once (write-through); rpc/'s Match asks it how many of the
+ * pages after the local ones it holds, and Fetch has them read into host pages (below.h).
  *
  * Content keys (remote_value.h): token-keyed namespaces chain SHA-256 over the page tokens from
  * the first page; hash-keyed ones use the engine's key (as is when it is 32 bytes, else its
@@ -12,6 +12,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "below.h"
 #include "kvpool.pb-c.h"
 
 struct kvp_daemon;
@@ -24,23 +25,26 @@ struct kvp_remote_stats;
 void kvp_rt_bind(struct kvp_daemon *d);
 /* Frees the tier's state; after kvp_remote_free (whose completions it takes). Accepts none. */
 void kvp_rt_free(struct kvp_daemon *d);
-/* Host pages of p that Fetches in flight hold in their leases (outside every session), for the
- * books check (kvp_daemon_check); a lease that fails kvp_lease_check counts UINT64_MAX / 2. */
-uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p);
 /* Adds the tier's counters (spilled, fetched, bad values, Match queries) to out. */
 void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out);
 /* Answers the Match waits whose match_timeout_ms passed (remote_pages 0) and re-arms the
  * driver's alarm for the next one. Called after the driver ran (kvp_remote_on_ready). */
 void kvp_rt_expire(struct kvp_daemon *d);
 
-/* After a local Match answered m (lock taken and booked already): when pages follow the local
- * ones in a pool with the remote tier, submits one existence query of the next keys and takes
- * a ticket for q: returns KVP_DEFERRED, and m's fields are sent later with remote_pages set.
- * Otherwise 0 (answer m now). Never fails the Match: a refused query is remote_pages 0. */
-int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		 struct kvpd_pool *p, const Kvpool__MatchResp *m);
-int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		      struct kvpd_pool *p, const Kvpool__MatchKeysResp *m);
+/* The tier below host for rpc/'s Match and Fetch (below.h). The most pages one query or read
+ * names (match_max_pages) when the tier serves p, else 0. */
+uint32_t kvp_rt_serves(struct kvp_daemon *d, const struct kvpd_pool *p);
+/* Asks the cluster how many leading pages of run it holds, in one existence query (counted):
+ * 0, and done(arg, held) is called once, later (with 0 once match_timeout_ms passed first); or
+ * a negative errno with nothing asked (-ENOENT: the tier does not serve p). */
+int kvp_rt_query(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		 kvp_below_held_fn done, void *arg);
+/* Reads run's pages into p's host pages pages[0 .. run->n) (the caller keeps them leased until
+ * every read ended): returns how many reads went out; done(arg, i, ok) is called once for each
+ * of them, later. A value whose header, fingerprint or checksum is wrong is a miss (not ok),
+ * counted and deleted. A negative errno when none went out (those are misses). */
+int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		const uint32_t *pages, kvp_below_read_fn done, void *arg);
 
 /* Write-through of a host Insert: the whole pages pages[0 .. n) now cached at page positions
  * [first, first + n) of tokens (token-keyed). */

@@ -1,8 +1,9 @@
-/* remote_tier_none.c - remote_tier.h for a kvpoold built without hiredis and nettle: Match
- * reports no remote pages and Fetch is refused with a typed UNAVAILABLE. */
+/* remote_tier_none.c - remote_tier.h for a kvpoold built without hiredis and nettle: the tier
+ * serves no pool, so Match reports no remote pages and Fetch reads nothing (its answer is the
+ * local match). */
 #include "remote_tier.h"
 
-#include "rpc.h"
+#include <errno.h>
 
 void kvp_rt_bind(struct kvp_daemon *d)
 {
@@ -19,29 +20,29 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	(void)d, (void)out;
 }
 
-uint64_t kvp_rt_leased(const struct kvp_daemon *d, const struct kvpd_pool *p)
-{
-	(void)d, (void)p;
-	return 0;
-}
-
 void kvp_rt_expire(struct kvp_daemon *d)
 {
 	(void)d;
 }
 
-int kvp_rt_match(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		 struct kvpd_pool *p, const Kvpool__MatchResp *m)
+uint32_t kvp_rt_serves(struct kvp_daemon *d, const struct kvpd_pool *p)
 {
-	(void)d, (void)s, (void)q, (void)p, (void)m;
+	(void)d, (void)p;
 	return 0;
 }
 
-int kvp_rt_match_keys(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
-		      struct kvpd_pool *p, const Kvpool__MatchKeysResp *m)
+int kvp_rt_query(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		 kvp_below_held_fn done, void *arg)
 {
-	(void)d, (void)s, (void)q, (void)p, (void)m;
-	return 0;
+	(void)d, (void)p, (void)run, (void)done, (void)arg;
+	return -ENOENT;
+}
+
+int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
+		const uint32_t *pages, kvp_below_read_fn done, void *arg)
+{
+	(void)d, (void)p, (void)run, (void)pages, (void)done, (void)arg;
+	return -ENOENT;
 }
 
 void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
@@ -54,11 +55,4 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 			 const ProtobufCBinaryData *keys, const uint32_t *pages, uint32_t n)
 {
 	(void)d, (void)p, (void)ns, (void)keys, (void)pages, (void)n;
-}
-
-KVP_RPC_HANDLER(kvp_rpc_fetch)
-{
-	(void)d, (void)s, (void)q, (void)r;
-	return kvp_fail(f, KVP_ERR_UNAVAILABLE,
-			"fetch: kvpoold was built without the remote tier (hiredis, nettle)");
 }

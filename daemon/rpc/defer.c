@@ -60,12 +60,8 @@ uint32_t kvp_defer_count_uid(const struct kvp_defers *ds, uint32_t uid)
 	return n;
 }
 
-void kvp_defer_answer(struct kvp_defers *ds, struct kvp_defer *t, struct kvp_reply *r, int code)
+static void defer_free(struct kvp_defers *ds, struct kvp_defer *t)
 {
-	if (ds->deliver && ds->deliver(ds->ctx, t, r, code))
-		ds->answered++;
-	else
-		ds->dropped++;
 	if (t->all_prev)
 		t->all_prev->all_next = t->all_next;
 	else
@@ -74,6 +70,20 @@ void kvp_defer_answer(struct kvp_defers *ds, struct kvp_defer *t, struct kvp_rep
 		t->all_next->all_prev = t->all_prev;
 	ds->n--;
 	free(t);
+}
+
+void kvp_defer_drop(struct kvp_defers *ds, struct kvp_defer *t)
+{
+	defer_free(ds, t);
+}
+
+void kvp_defer_answer(struct kvp_defers *ds, struct kvp_defer *t, struct kvp_reply *r, int code)
+{
+	if (ds->deliver && ds->deliver(ds->ctx, t, r, code))
+		ds->answered++;
+	else
+		ds->dropped++;
+	defer_free(ds, t);
 }
 
 void kvp_defer_fail(struct kvp_defers *ds, struct kvp_defer *t, const struct kvp_fail *f)

@@ -64,5 +64,7 @@ uint32_t kvp_defer_count_uid(const struct kvp_defers *ds, uint32_t uid);
 /* Sends r (initialised with t->req_id and built by the caller; a failure when code != 0) and
  * frees t. The caller releases r. */
 void kvp_defer_answer(struct kvp_defers *ds, struct kvp_defer *t, struct kvp_reply *r, int code);
+/* Gives t back unanswered (the call answers at once after all) and frees it. */
+void kvp_defer_drop(struct kvp_defers *ds, struct kvp_defer *t);
 /* Answers t with the typed failure f, and frees t. */
 void kvp_defer_fail(struct kvp_defers *ds, struct kvp_defer *t, const struct kvp_fail *f);

@@ -19,5 +19,3 @@ int kvp_dispatch_frame(struct kvp_daemon *d, struct kvp_session *s, const Kvpool
 /* Allocs waiting for demotions in flight (rpc_lease.c). Retries every one: answers those that
  * get their pages or can no longer get them, drops those whose session ended. */
 void kvp_rpc_alloc_retry(struct kvp_daemon *d);
-/* kvp_pool_async's callback (ctx: the daemon): a demotion landed. */
-void kvp_rpc_alloc_moved(void *ctx, struct kvpd_pool *p);

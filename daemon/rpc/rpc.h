@@ -43,8 +43,18 @@ int kvp_rpc_keys_check(const struct kvp_daemon *d, const char *call, const Proto
 		       size_t n, struct kvp_fail *f);
 /* rpc_reserve.c: the page reserve's refill, return and binds. */
 KVP_RPC_HANDLER(kvp_rpc_reserve);
-/* remote_tier.c: Fetch from the remote tier. */
+/* rpc_fetch.c: Fetch from the tiers below host, and Match's count of the pages there: after a
+ * local Match or MatchKeys answered m (lock taken and booked already), when pages follow the
+ * local ones and p's disk tier holds the next ones, m says how many (disk_pages, and
+ * remote_pages unless local_only) and is answered now; else, when the remote tier serves p,
+ * one query of the next pages is asked and the reply parked: KVP_DEFERRED, and m's fields are
+ * sent later with remote_pages set. Otherwise 0 (answer m now). Never fails the call: a query
+ * that cannot be asked is remote_pages 0. */
 KVP_RPC_HANDLER(kvp_rpc_fetch);
+int kvp_rpc_match_below(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+			struct kvpd_pool *p, Kvpool__MatchResp *m);
+int kvp_rpc_match_keys_below(struct kvp_daemon *d, struct kvp_session *s, const Kvpool__Request *q,
+			     struct kvpd_pool *p, Kvpool__MatchKeysResp *m);
 /* rpc_admin.c: status, listings and admin calls. */
 KVP_RPC_HANDLER(kvp_rpc_status);
 KVP_RPC_HANDLER(kvp_rpc_evict);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "disk_tier.h"
 #include "kvp_config.h"
 #include "log.h"
 #include "metrics.h"
@@ -58,6 +59,10 @@ static const char *const daemon_counter_names[] = { KVP_DAEMON_COUNTERS(COUNTER_
 #define REMOTE_VALUE(f, n, t, h) d->remote_st.f,
 static const char *const remote_counter_names[] = { KVP_REMOTE_STATS(REMOTE_NAME) };
 #define N_REMOTE_COUNTERS (sizeof(remote_counter_names) / sizeof(remote_counter_names[0]))
+#define DISK_NAME(f, n, t, h) "disk_" #f,
+#define DISK_VALUE(f, n, t, h) ds.f,
+static const char *const disk_counter_names[] = { KVP_DISK_STATS(DISK_NAME) };
+#define N_DISK_COUNTERS (sizeof(disk_counter_names) / sizeof(disk_counter_names[0]))
 
 /* The pool's counters, then, for a pool with a host tier, what the node still gives that
  * tier, read now (kvp_budget_room): host_room_bytes (UINT64_MAX: no limit binds) and
@@ -83,17 +88,27 @@ static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvpd_po
 	return counters(r, names, values, *n);
 }
 
-/* The daemon's counters, then the remote tier's when [remote] is configured; *n: how many. */
+/* The daemon's counters, then the remote tier's when [remote] is configured, then the disk
+ * tier's (all pools' together) when a pool has one; *n: how many. */
 static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_daemon *d, size_t *n)
 {
 	const struct kvp_daemon_stats *st = &d->st;
-	const char *names[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS];
-	uint64_t values[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS] = { KVP_DAEMON_COUNTERS(
-		COUNTER_VALUE) KVP_REMOTE_STATS(REMOTE_VALUE) };
-
+	struct kvp_disk_stats ds = { 0 };
+	const char *names[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS + N_DISK_COUNTERS];
+	uint64_t values[N_DAEMON_COUNTERS + N_REMOTE_COUNTERS + N_DISK_COUNTERS] = {
+		KVP_DAEMON_COUNTERS(COUNTER_VALUE) KVP_REMOTE_STATS(REMOTE_VALUE)
+	};
 	memcpy(names, daemon_counter_names, sizeof(daemon_counter_names));
 	memcpy(names + N_DAEMON_COUNTERS, remote_counter_names, sizeof(remote_counter_names));
 	*n = N_DAEMON_COUNTERS + (d->conf.remote.enabled ? N_REMOTE_COUNTERS : 0);
+	if (d->dt) {
+		kvp_dt_stats(d->dt, NULL, &ds);
+		const uint64_t dv[] = { KVP_DISK_STATS(DISK_VALUE) };
+
+		memcpy(values + *n, dv, sizeof(dv));
+		memcpy(names + *n, disk_counter_names, sizeof(disk_counter_names));
+		*n += N_DISK_COUNTERS;
+	}
 	return counters(r, names, values, *n);
 }
 

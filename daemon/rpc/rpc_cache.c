@@ -108,7 +108,7 @@ KVP_RPC_HANDLER(kvp_rpc_match)
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH;
 	r->resp.match = m;
 	/* Pages after the local ones: the remote tier's count comes with a later answer. */
-	return kvp_rt_match(d, s, q, p, m);
+	return kvp_rpc_match_below(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_release)

@@ -151,7 +151,7 @@ KVP_RPC_HANDLER(kvp_rpc_match_keys)
 	r->resp.result_case = KVPOOL__RESPONSE__RESULT_MATCH_KEYS;
 	r->resp.match_keys = m;
 	/* Keys after the local ones: the remote tier's count comes with a later answer. */
-	return kvp_rt_match_keys(d, s, q, p, m);
+	return kvp_rpc_match_keys_below(d, s, q, p, m);
 }
 
 KVP_RPC_HANDLER(kvp_rpc_exists_keys)

@@ -155,12 +155,6 @@ void kvp_rpc_alloc_retry(struct kvp_daemon *d)
 	}
 }
 
-void kvp_rpc_alloc_moved(void *ctx, struct kvpd_pool *p)
-{
-	(void)p; /* every waiting Alloc is retried: one whose pool has nothing in flight ends */
-	kvp_rpc_alloc_retry(ctx);
-}
-
 /* Answered at once, or, when the pages are there once demotions in flight land, when they do
  * (a ticket, defer.h; bounded by its limits). */
 KVP_RPC_HANDLER(kvp_rpc_alloc)

@@ -86,6 +86,9 @@ struct kvp_daemon {
 	struct kvp_remote *remote;	   /* the remote tier (remote.h); NULL without [remote] */
 	struct kvp_remote_stats remote_st; /* its client's figures, as of the last loop turn */
 	struct kvp_rt *rt;		   /* pages in the remote tier (remote_tier.h) */
+	struct kvp_dt *dt; /* the disk tier (disk_tier.h); NULL when no pool has one */
+	/* Host pages that Fetches in flight lease (rpc_fetch.c), outside every session. */
+	uint64_t fetch_leased[KVP_MAX_POOLS];
 	struct kvp_alloc_wait *alloc_waiting; /* Allocs waiting for demotions (rpc_lease.c) */
 	struct kvpd_pressure pressure;	      /* tiers against their watermarks (pressure.h) */
 };

@@ -92,7 +92,8 @@ bool kvp_pressure_scan(struct kvp_daemon *d, bool tick)
 	return ps->walk || (tick && ps->pending);
 }
 
-bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier)
+bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier,
+			const struct kvp_pool_events *ev)
 {
 	struct kvpd_pressure *ps = &d->pressure;
 	uint8_t bit = (uint8_t)(1u << tier);
@@ -100,7 +101,17 @@ bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tie
 	if (p->id >= KVP_MAX_POOLS || d->pools[p->id] != p || !kvp_pressure_watermark(p, tier))
 		return false;
 	ps->short_[p->id] |= bit;
-	return !(ps->under[p->id] & bit);
+	if (ps->under[p->id] & bit)
+		return false;
+	ps->figures[p->id] |= bit;
+	ps->before[p->id][tier] = ev->before[tier];
+	ps->before_reserved[p->id][tier] = ev->before_reserved[tier];
+	return true;
+}
+
+void kvp_pressure_figures_done(struct kvp_daemon *d)
+{
+	memset(d->pressure.figures, 0, sizeof(d->pressure.figures));
 }
 
 bool kvp_pressure_owed(const struct kvp_daemon *d, const struct kvp_session *s)
@@ -119,16 +130,21 @@ static int build(struct kvp_daemon *d, struct kvp_session *s, uint32_t i, int t,
 	Kvpool__PressureNotice *m =
 		KVP_REPLY_NEW(r, Kvpool__PressureNotice, kvpool__pressure_notice__descriptor);
 	struct kvp_tier_counts c;
+	bool before = d->pressure.figures[i] & (1u << t);
 
 	if (!m)
 		return -ENOMEM;
-	kvp_pool_counts(p, t, &c);
+	if (before)
+		c = d->pressure.before[i][t];
+	else
+		kvp_pool_counts(p, t, &c);
 	m->pool_id = p->id;
 	m->pool = p->conf.name;
 	m->tier = (Kvpool__Tier)t;
 	m->free_tokens = c.free * pt;
 	m->evictable_tokens = c.evictable * pt;
-	m->reserved_tokens = p->reserved[t] * pt; /* booked to sessions' page reserves */
+	/* booked to sessions' page reserves */
+	m->reserved_tokens = (before ? d->pressure.before_reserved[i][t] : p->reserved[t]) * pt;
 	m->watermark_tokens = kvp_pressure_watermark(p, t) * pt;
 	m->recovered = !(d->pressure.under[i] & (1u << t));
 	m->total_tokens = c.total * pt;

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "index.h"
+#include "pool.h"
 
 /* The pools' side, in struct kvp_daemon. */
 struct kvpd_pressure {
@@ -17,6 +18,11 @@ struct kvpd_pressure {
 	uint8_t short_[KVP_MAX_POOLS]; /* bit t: an allocation wanted more than was free (since
 					* the last tick): under, whatever the count says */
 	uint64_t seq[KVP_MAX_POOLS][KVP_TIER_ID_MAX]; /* changes of that state so far */
+	/* bit t: notices built now give the figures of before[t], from before the allocation
+	 * that put the tier under (kvp_pressure_short), not the tier's figures after it */
+	uint8_t figures[KVP_MAX_POOLS];
+	struct kvp_tier_counts before[KVP_MAX_POOLS][KVP_TIER_ID_MAX];
+	uint64_t before_reserved[KVP_MAX_POOLS][KVP_TIER_ID_MAX];
 	bool walk;    /* a state changed or a session subscribed: look at the sessions */
 	bool pending; /* some session had a notice it could not be sent at the last walk */
 };
@@ -46,11 +52,15 @@ void kvp_pressure_detach(struct kvp_session *s, const struct kvpd_pool *p);
  * whether the loop should look at the sessions now: a state changed or a session subscribed,
  * or (tick true) some session still has a notice pending. */
 bool kvp_pressure_scan(struct kvp_daemon *d, bool tick);
-/* An allocation of tier of p is about to take more pages than are free (it will evict, take
- * reserves back or fail): the tier counts as below its watermark until the next tick, when it
- * has one. Returns whether that changed its state (the loop then pushes the notices at once,
- * before the allocation goes on). */
-bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier);
+/* An allocation of tier of p took more pages than were free (it evicted, took reserves back or
+ * failed; ev: the pool's events, with the tier's figures from before it): the tier counts as
+ * below its watermark until the next tick, when it has one. Returns whether that changed its
+ * state: the loop then pushes the notices at once, ahead of the allocation's reply, and they
+ * give the figures from before (until kvp_pressure_figures_done). */
+bool kvp_pressure_short(struct kvp_daemon *d, const struct kvpd_pool *p, int tier,
+			const struct kvp_pool_events *ev);
+/* Notices built from now on give the tiers' current figures. */
+void kvp_pressure_figures_done(struct kvp_daemon *d);
 /* Whether s has a notice pending (a tier's state differs from the one it was told). */
 bool kvp_pressure_owed(const struct kvp_daemon *d, const struct kvp_session *s);
 /* Builds into r (initialised by the caller with id 0) the next notice owed to s whose pool's

@@ -14,7 +14,6 @@
 #include "log.h"
 #include "pool_cache.h"
 #include "reserve.h"
-#include "remote_tier.h"
 
 uint64_t kvp_now_ms(void)
 {
@@ -624,16 +623,15 @@ int kvp_daemon_check(const struct kvp_daemon *d)
 			fetching[p] += s->fetch_pages[p];
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {
-		uint64_t rt_leased;
+		uint64_t fetch_leased = d->fetch_leased[i];
 
 		if (kvp_pool_check(d->pools[i]) < 0)
 			return -EFAULT;
 		/* A Fetch in flight leases the host pages its values land in; those of live
 		 * sessions' Fetches are booked to them (a session that ended took its count). */
-		rt_leased = kvp_rt_leased(d, d->pools[i]);
-		if (fetching[i] > rt_leased)
+		if (fetching[i] > fetch_leased)
 			return -EFAULT;
-		held[i][KVP_TIER_ID_HOST] += rt_leased;
+		held[i][KVP_TIER_ID_HOST] += fetch_leased;
 		for (int t = 0; t < KVP_TIER_ID_MAX; t++) {
 			struct kvp_tier_counts c;
 

@@ -623,8 +623,9 @@ static void test_injected_allocation_failures_keep_the_books(void)
 }
 
 /* A session's pressure notice that cannot be queued while an Alloc is evicting
- * (KVPOOLD_FAULTS notice: the first two fail): the notices go out from inside the allocation
- * (on_short), where closing would destroy the session the Alloc still uses. Both subscribers'
+ * (KVPOOLD_FAULTS notice: the first two fail): the notices go out right after the allocation,
+ * before its reply, while its connection is still served: closing there would destroy the
+ * session still in use. Both subscribers'
  * connections close once the Alloc is done (the caller's Alloc finds its connection closed,
  * the other's next call too); kvpoold keeps serving, every page comes back and it exits 0
  * (under ASan: no use-after-free). */

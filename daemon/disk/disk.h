@@ -1,0 +1,84 @@
+/* disk.h - one pool's disk store: a file on a local filesystem or a block device, opened with
+ * O_DIRECT, cut into slots of one page each. A slot is a 4 KiB header (the pool's geometry
+ * fingerprint, the page's namespace, kind and key, a write sequence number, the CRC32C of the
+ * page bytes and of the header itself) followed by the page bytes rounded up to 4 KiB. The store
+ * keeps the map of keys to slots in memory; it is rebuilt at open from the headers, so a kvpoold
+ * started after a reboot adopts what an earlier one wrote. A header that is torn, of another
+ * geometry or of another format makes its slot free; a page whose bytes do not match the
+ * header's CRC32C is found when it is read (kvp_disk_verify) and freed then. The store does no
+ * I/O after open: the disk tier (disk_tier.h) reads and writes the slots through io_uring.
+ * Single-threaded: the event loop owns it. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_DISK_HDR_BYTES 4096u
+#define KVP_DISK_ALIGN 4096u
+#define KVP_DISK_KEY_MAX 64u
+
+/* What a page's bytes mean: a slot of another geometry is never served. */
+struct kvp_disk_geom {
+	uint32_t layers, kv_heads, head_dim, dtype, page_tokens;
+	uint64_t page_bytes;
+};
+
+/* A page's name: its namespace, kind (keyed 1: a key call's page, 0: a token page) and key. */
+struct kvp_disk_key {
+	uint64_t ns;
+	int keyed;
+	uint32_t len;
+	const uint8_t *data;
+};
+
+struct kvp_disk_open_info {
+	uint64_t adopted;  /* pages found valid and mapped */
+	uint64_t foreign;  /* slots of another geometry (now free) */
+	uint64_t torn;	   /* headers that failed their CRC (now free) */
+	uint64_t dups;	   /* older copies of a key found twice (now free) */
+	bool block_device; /* the path is a block device */
+};
+
+struct kvp_disk;
+
+/* Opens (a regular file is created and extended to its size when needed) the store of `pages`
+ * slots at path for pages of geometry g and reads every slot's header. NULL with errno and a
+ * message in err: ENOSPC (the filesystem or device is too small), EINVAL (no O_DIRECT on that
+ * filesystem, a bad geometry), or the open's or a read's errno. */
+struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kvp_disk_geom *g,
+			       struct kvp_disk_open_info *info, char *err, size_t errlen);
+/* Accepts NULL. Slots pinned or being written are simply forgotten. */
+void kvp_disk_close(struct kvp_disk *k);
+
+/* The O_DIRECT fd, the bytes of one slot (header + page rounded up), the byte offset of a slot,
+ * the page bytes and the slot count. */
+int kvp_disk_fd(const struct kvp_disk *k);
+uint64_t kvp_disk_slot_bytes(const struct kvp_disk *k);
+uint64_t kvp_disk_slot_off(const struct kvp_disk *k, uint32_t slot);
+uint64_t kvp_disk_page_bytes(const struct kvp_disk *k);
+uint32_t kvp_disk_slots(const struct kvp_disk *k);
+/* Slots that hold a mapped page now. */
+uint32_t kvp_disk_used(const struct kvp_disk *k);
+
+/* The slot that holds key, or -ENOENT. */
+int64_t kvp_disk_find(const struct kvp_disk *k, const struct kvp_disk_key *key);
+/* A slot to write a page into: a free one, else the oldest mapped slot not being read (its page
+ * leaves the store: *dropped set to 1). The slot is WRITING until kvp_disk_written. 0 or -EBUSY
+ * (every slot is being read or written). */
+int kvp_disk_reserve(struct kvp_disk *k, uint32_t *slot, int *dropped);
+/* Writes the header of key's page into hdr (KVP_DISK_HDR_BYTES bytes) for slot, whose page bytes
+ * have CRC32C page_crc. -EINVAL for a key longer than KVP_DISK_KEY_MAX. */
+int kvp_disk_header(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key *key,
+		    uint32_t page_crc, void *hdr);
+/* The end of a slot's write: ok maps key to it (a key mapped meanwhile keeps its slot and this
+ * one goes free), else it goes free. */
+void kvp_disk_written(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key *key, bool ok);
+/* A read in flight pins a slot against reuse. */
+void kvp_disk_pin(struct kvp_disk *k, uint32_t slot);
+void kvp_disk_unpin(struct kvp_disk *k, uint32_t slot);
+/* Checks a slot read back: hdr its header, page its page bytes, for key. 0, or -EBADMSG (torn
+ * or corrupt: the slot leaves the map and goes free once unpinned). */
+int kvp_disk_verify(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key *key,
+		    const void *hdr, const void *page);
+/* Drops a slot's page (an I/O error): it leaves the map. */
+void kvp_disk_drop(struct kvp_disk *k, uint32_t slot);
