@@ -52,7 +52,7 @@ done
 
 # ---- the root: debootstrap once, a tarball after ----
 pkgs=systemd,systemd-sysv,dbus,liburing2,libnuma1,libprotobuf-c1,libinih1,libsystemd0
-pkgs+=,libmicrohttpd12,libhiredis0.14,libnettle8,libstdc++6,procps
+pkgs+=,libmicrohttpd12,libhiredis0.14,libnettle8,libzmq5,libmsgpackc2,libstdc++6,procps
 key=$(printf '%s %s' bookworm "$pkgs" | sha256sum | cut -c1-12)
 tarball=$cache/bookworm-$key.tar
 mkdir -p "$cache" || skip_all "cannot create $cache"
