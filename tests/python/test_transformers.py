@@ -256,7 +256,7 @@ def test_reuse_of_a_prefix_on_the_disk_tier(model):
     """A prefix one process published, whose pages other traffic pushed out of the device
     tier, then out of the host tier onto the pool's disk tier, is reused by a second process:
     reuse() fetches them into host pages (Pool.fetch) and loads them; the logits are a full
-    recompute's."""
+    recompute's. A Fetch refused (the session's quota held) is a counted miss."""
     import numpy
 
     from conftest import Daemon, pool_section
@@ -265,7 +265,8 @@ def test_reuse_of_a_prefix_on_the_disk_tier(model):
     folder = disk_folder()
     conf = "[daemon]\n" + pool_section("llama", head_dim=16, device_capacity="64t",
                                        host_capacity="64t",
-                                       extra=disk_lines(folder, "llama", "1024t"))
+                                       extra=disk_lines(folder, "llama", "1024t")
+                                       + "session_quota = 64t\n")
     d = Daemon(conf.replace("dtype = fp16", "dtype = fp32"))
     try:
         assert publish_in_other_process(d.sock) == [0, 36]
@@ -282,8 +283,15 @@ def test_reuse_of_a_prefix_on_the_disk_tier(model):
                     break
                 time.sleep(0.02)
             assert (len(m.device_pages), len(m.host_pages), m.remote_pages) == (0, 0, 9)
-            read0 = disk_counters(d).get("disk_read_pages", 0)
             ids = hf_model.user_prompt(seed=16)
+            # the session's quota all leased: the Fetch is refused, reuse() counts it and
+            # reuses nothing (no error); the model computes the whole prompt
+            with pool.alloc(16, tier="host"), torch.no_grad(), \
+                    KvpoolCache(pool, model.config) as cache:
+                assert cache.reuse(ids) == 0
+                assert cache.stats["fetch_QuotaExceeded"] == 1
+                assert cache.stats["fetched_pages"] == 0
+            read0 = disk_counters(d).get("disk_read_pages", 0)
             with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
                 reused = cache.reuse(ids)
                 out = model(ids[:, reused:], past_key_values=cache).logits

@@ -1,11 +1,13 @@
-"""kvpool.vllm over a pool with a disk tier, driven by vLLM's own Scheduler and
+"""kvpool.vllm over pools with tiers below host. A disk tier, driven by vLLM's own Scheduler and
 OffloadingConnector (test_vllm_scheduler.Engine) and a real kvpoold: a request stores its
 prompt, other requests' stores push its host pages to the disk, then a request with the same
 prompt finds its blocks (lookup counts the pages on disk as hits) and loads them (FetchKeys
 reads them into host pages first): every loaded byte equal to what was stored, no lock nor
 lease left. With the disk's bytes flipped under kvpoold, the manager's load fetches nothing:
 prepare_load answers no pages, counts them and raises nothing, and the blocks are misses
-afterwards."""
+afterwards; a fetch kvpoold refuses (the session's quota held) is a counted miss. A remote
+tier: a block one node's engine stored (written through to a real Redis Cluster) is a hit for
+another node's engine, whose load fetches it from the cluster, every byte checked."""
 import time
 
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from conftest import Daemon, pool_section
 from disk_util import disk_counters, disk_folder, disk_lines, remove_folder
 
+from test_remote import counter, ports, secret_file, settle  # noqa: F401
 from test_vllm_scheduler import (BS, DIM, Engine, books, model_config,  # noqa: F401
                                  model_dir, prompt)
 
@@ -181,3 +184,51 @@ def test_fetch_refused_is_a_counted_miss(daemon, engine):
     assert m.stats()["fetched_pages"] - s1.get("fetched_pages", 0) == CHUNKS
     m.complete_load(keys, ctx)
     assert books(daemon, "v2") == (0, 0)
+
+
+def remote_conf(ports, mode):
+    """A node's config: pool v2 (as above, no disk tier) with the remote tier in mode."""
+    seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
+    return (f"[daemon]\nkeepalive_ms = 120000\n[remote]\nseeds = {seeds}\n"
+            "connect_timeout_ms = 300\ncommand_timeout_ms = 1000\nmatch_timeout_ms = 1000\n"
+            f"secret = file:{secret_file()}\n" + pool_section(
+                "v2", layers=2, head_dim=DIM, host_capacity=f"{HOST_PAGES * BS}t",
+                extra=f"remote = {mode}\n").replace("page_tokens = 4", f"page_tokens = {BS}"))
+
+
+def test_blocks_of_another_node_come_from_the_remote_tier(model_config, ports):  # noqa: F811
+    """Node W's engine stores a prompt (written through to the cluster); node R's engine,
+    on another kvpoold whose cache never held it, finds every chunk (lookup: the remote tier
+    holds it) and loads it (FetchKeys from the cluster), every byte equal to what W's engine
+    computed; no lock nor lease left on R."""
+    w = r = ew = er = None
+    try:
+        w = Daemon(remote_conf(ports, "write-through"))
+        r = Daemon(remote_conf(ports, "write-through"))
+        for d in (w, r):
+            for _ in range(300):
+                if counter(d, "remote_connects") >= 3:
+                    break
+                time.sleep(0.01)
+            assert counter(d, "remote_connects") >= 3
+        ew = Engine(model_config, w.sock, "full", max_tokens=2048)
+        p = prompt(CHUNKS, seed=51)
+        ew.add(p)
+        ew.run()
+        settle(w)
+        er = Engine(model_config, r.sock, "full", max_tokens=2048)
+        seen = {}
+        rid = er.add(p)
+        er.run(on_scheduled=lambda q, start: seen.setdefault(q, (start, er.check(q, start))))
+        start, checked = seen[rid]
+        s = er.manager.stats()
+        assert start == CHUNKS * BS and checked == CHUNKS * BS * 2
+        assert s["lookup_hits_below"] == CHUNKS and s["fetched_pages"] == CHUNKS
+        assert books(r, "v2") == (0, 0) and er.manager.locks_held() == 0
+    finally:
+        for e in (ew, er):
+            if e is not None:
+                e.close()
+        for d in (w, r):
+            if d is not None:
+                d.stop()
