@@ -1,11 +1,10 @@
 """disk_util: what the plug-in tests of the tiers below host need: a folder for a pool's disk
-tier file on a filesystem with direct I/O, the pool's config lines, and a wait for the disk
-tier to have written the pages evicted so far."""
+tier file on a filesystem with direct I/O, the pool's config lines, and kvpoold's disk tier
+counters."""
 import errno
 import os
 import shutil
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,16 +48,3 @@ def disk_counters(daemon):
     """kvpoold's disk tier counters (disk_*: all its pools' together)."""
     return {k: v for k, v in daemon.status()["counters"].items() if k.startswith("disk_")}
 
-
-def wait_written(daemon, n, timeout=10.0):
-    """Waits until kvpoold's disk tier wrote at least n pages and has no write in flight;
-    its counters then (AssertionError after timeout s)."""
-    end = time.monotonic() + timeout
-    while True:
-        c = disk_counters(daemon)
-        if c.get("disk_written_pages", 0) >= n and c.get("disk_queue_depth", 0) == 0:
-            return c
-        if time.monotonic() > end:
-            raise AssertionError(f"the disk tier wrote {c.get('disk_written_pages')} pages of "
-                                 f"{n} in {timeout} s (counters {c})")
-        time.sleep(0.02)

@@ -28,10 +28,12 @@ QUOTA_PAGES = 12  # a session's quota: one request's store, not two
 
 
 def conf(folder):
+    """Pool v2 (pages of one chunk of layout "full") with a host tier of HOST_PAGES, a disk
+    tier of 512 pages and a session quota of QUOTA_PAGES."""
+    extra = disk_lines(folder, "v2", f"{512 * BS}t") + f"session_quota = {QUOTA_PAGES * BS}t\n"
     return "[daemon]\n" + pool_section(
         "v2", layers=2, head_dim=DIM, host_capacity=f"{HOST_PAGES * BS}t",
-        extra=disk_lines(folder, "v2", f"{512 * BS}t") + f"session_quota = {QUOTA_PAGES * BS}t\n").replace("page_tokens = 4",
-                                                                f"page_tokens = {BS}")
+        extra=extra).replace("page_tokens = 4", f"page_tokens = {BS}")
 
 
 @pytest.fixture(scope="module")
