@@ -52,6 +52,9 @@
 # buffer allocated from a run lease of a cuda device tier (kvpool.vllm_mem), its bytes in the
 # run's pages; a skip there (no torch with CUDA) is a SKIP with the reason, a skip of the test
 # itself a FAIL.
+# The sglang step runs tests/python/test_sglang_cuda.py (KvpoolLinker on CUDA KV pools, the
+# platform plugin on a cuda device tier) where torch with CUDA and sglang import, SKIP with the
+# reason otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -600,6 +603,40 @@ else
 			verdict vllm-kv-memory PASS "$res"
 		else
 			verdict vllm-kv-memory FAIL "exit $rc: $res (steps/vllm-kv-memory.log)"
+		fi
+	fi
+fi
+
+# 9. kvpool.sglang on CUDA: KvpoolLinker with SGLang's KV pool on the GPU, and the platform
+# plugin's KV pool over a cuda device tier (tests/python/test_sglang_cuda.py; torch with CUDA
+# and sglang on the device, else SKIP with the reason)
+begin sglang
+pyp=$dir/python-pkg:$dir/python:$root/python${PYTHONPATH:+:$PYTHONPATH}
+if [ "$mode" = dry-run ]; then
+	verdict sglang SKIP "dry run, no GPU"
+elif ! command -v python3 >/dev/null 2>&1; then
+	verdict sglang SKIP "python3 not installed"
+elif ! why=$(cd "$root/tests/python" && PYTHONPATH=$pyp timeout 120 python3 -c '
+import pytest, torch, kvpool.sglang_linker, kvpool.sglang_platform
+assert torch.cuda.is_available(), "torch sees no CUDA device"' 2>&1); then
+	verdict sglang SKIP "torch with CUDA, pytest, sglang or kvpool does not import: $(printf \
+		'%s' "$why" | tail -1)"
+else
+	t=$(budget 180)
+	if [ "$t" = 0 ]; then
+		verdict sglang FAIL "no time left before the deadline"
+	else
+		kd=$(realpath "$KVPOOLD")
+		(cd "$root/tests/python" && PYTHONPATH=$pyp KVPOOLD=$kd \
+			tee_step timeout -k 5 "$t" python3 -m pytest -q -rs -p no:cacheprovider \
+			test_sglang_cuda.py)
+		rc=$?
+		res=$(grep -E '[0-9]+ (passed|failed|skipped|error)' "$step_log" | tail -1)
+		figure "sglang: exit $rc, $res"
+		if [ "$rc" = 0 ] && ! printf '%s' "$res" | grep -q skipped; then
+			verdict sglang PASS "$res"
+		else
+			verdict sglang FAIL "exit $rc: $res (steps/sglang.log)"
 		fi
 	fi
 fi

@@ -234,6 +234,49 @@ int kvp_budget_check(const struct kvp_conf *c, const struct kvp_budget_env *env,
 	return out.limit == KVP_BUDGET_NONE ? 0 : -ENOMEM;
 }
 
+/* Lowers *room to x, naming limit, when x is lower. */
+static void room_min(struct kvp_budget_room *room, uint64_t x, enum kvp_budget_limit limit)
+{
+	if (x < room->bytes) {
+		room->bytes = x;
+		room->limit = limit;
+	}
+}
+
+int kvp_budget_room(const struct kvp_pool_conf *p, const struct kvp_budget_env *env,
+		    struct kvp_budget_room *out)
+{
+	struct kvp_budget_room room = { .bytes = UINT64_MAX, .limit = KVP_BUDGET_NONE };
+	uint64_t x;
+	int ret;
+
+	if (!p || !env || !out)
+		return -EINVAL;
+	room.numa_node = p->numa_node < 0 ? 0 : p->numa_node;
+	if (p->hugepages == KVP_ON) {
+		if ((ret = env->hugepages_free(env->ctx, &x)) < 0)
+			return ret;
+		room_min(&room, x, KVP_BUDGET_HUGEPAGES_FREE);
+	} else {
+		if ((ret = env->mem_available(env->ctx, &x)) < 0)
+			return ret;
+		room_min(&room, x, KVP_BUDGET_MEM_AVAILABLE);
+		if ((ret = env->cgroup_room(env->ctx, &x)) < 0)
+			return ret;
+		room_min(&room, x, KVP_BUDGET_CGROUP_MEMORY_MAX);
+		if ((ret = env->numa_node_free(env->ctx, room.numa_node, &x)) < 0)
+			return ret;
+		room_min(&room, x, KVP_BUDGET_NUMA_NODE_FREE);
+	}
+	if (p->mlock == KVP_ON) {
+		if ((ret = env->memlock_room(env->ctx, &x)) < 0)
+			return ret;
+		room_min(&room, x, KVP_BUDGET_RLIMIT_MEMLOCK);
+	}
+	*out = room;
+	return 0;
+}
+
 const char *kvp_budget_limit_name(enum kvp_budget_limit l)
 {
 	static const char *const names[KVP_BUDGET_MAX] = {

@@ -41,6 +41,21 @@ struct kvp_budget_env {
  * and /sys/fs/cgroup, getrlimit and /proc/self/status. Never NULL. */
 const struct kvp_budget_env *kvp_budget_env_system(void);
 
+/* What the node still gives a pool's host tier, read now (the tier's own pages are already
+ * counted by the readings): the least of the limits its pages are subject to, as
+ * kvp_budget_check applies them: MemAvailable, cgroup memory.max and its NUMA node's free memory
+ * for normal pages, free huge pages for hugepages = on, RLIMIT_MEMLOCK for mlock = on. */
+struct kvp_budget_room {
+	uint64_t bytes;		     /* UINT64_MAX: no limit binds */
+	enum kvp_budget_limit limit; /* the one that binds; KVP_BUDGET_NONE when none does */
+	int numa_node;		     /* the pool's node */
+};
+
+/* The room of p's host tier into *out. Returns 0, or a reader's negative errno (-ENOENT for a
+ * NUMA node that does not exist) with *out untouched. */
+int kvp_budget_room(const struct kvp_pool_conf *p, const struct kvp_budget_env *env,
+		    struct kvp_budget_room *out);
+
 /* Which tiers made up a pool's share in a verdict. */
 #define KVP_BUDGET_TIER_HOST 1u
 #define KVP_BUDGET_TIER_SIM 2u

@@ -61,6 +61,8 @@ struct kvp_disk {
 	uint64_t tab_mask;
 	uint32_t cursor; /* where the search for the oldest slot goes on */
 	uint64_t seq;	 /* the last sequence number written */
+	kvp_disk_observe_fn observe;
+	void *observe_ctx;
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
@@ -96,12 +98,21 @@ static uint64_t tab_find(const struct kvp_disk *k, uint64_t ns, int keyed, const
 	return i; /* the empty bucket where it would go */
 }
 
+static void observe(const struct kvp_disk *k, const struct slot *s, bool stored)
+{
+	struct kvp_disk_key key = { s->ns, s->keyed, s->len, s->key };
+
+	if (k->observe)
+		k->observe(k->observe_ctx, &key, stored);
+}
+
 static void tab_add(struct kvp_disk *k, uint32_t slot)
 {
 	const struct slot *s = &k->slots[slot];
 
 	k->tab[tab_find(k, s->ns, s->keyed, s->key, s->len)] = slot;
 	k->used++;
+	observe(k, s, true);
 }
 
 /* Removes slot's key from the table (backward-shift deletion). */
@@ -113,6 +124,7 @@ static void tab_del(struct kvp_disk *k, uint32_t slot)
 	if (k->tab[i] != slot)
 		return;
 	k->used--;
+	observe(k, s, false);
 	for (;;) {
 		uint64_t home;
 
@@ -524,4 +536,17 @@ int kvp_disk_verify(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key
 		return 0;
 	kvp_disk_drop(k, slot);
 	return -EBADMSG;
+}
+
+void kvp_disk_set_observer(struct kvp_disk *k, kvp_disk_observe_fn fn, void *ctx)
+{
+	k->observe = fn;
+	k->observe_ctx = ctx;
+}
+
+void kvp_disk_observe_all(const struct kvp_disk *k)
+{
+	for (uint64_t i = 0; k->observe && i <= k->tab_mask; i++)
+		if (k->tab[i] != NONE)
+			observe(k, &k->slots[k->tab[i]], true);
 }

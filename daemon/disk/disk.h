@@ -82,3 +82,10 @@ int kvp_disk_verify(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key
 		    const void *hdr, const void *page);
 /* Drops a slot's page (an I/O error): it leaves the map. */
 void kvp_disk_drop(struct kvp_disk *k, uint32_t slot);
+
+/* Told of every page that enters the map (stored) or leaves it (written over, corrupt, an I/O
+ * error) from now on; key is valid only during the call. fn NULL: nobody. */
+typedef void (*kvp_disk_observe_fn)(void *ctx, const struct kvp_disk_key *key, bool stored);
+void kvp_disk_set_observer(struct kvp_disk *k, kvp_disk_observe_fn fn, void *ctx);
+/* Tells the observer of every page mapped now, as stored. */
+void kvp_disk_observe_all(const struct kvp_disk *k);

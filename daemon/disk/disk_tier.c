@@ -93,6 +93,8 @@ struct kvp_dt {
 	int efd;
 	struct dt_pool *pools;
 	struct dt_pool *failed; /* pools whose store could not open: not tried again */
+	kvp_dt_observe_fn observe;
+	void *observe_ctx;
 };
 
 static uint64_t now_ns(void)
@@ -501,6 +503,33 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 	return 0;
 }
 
+static void observed(void *ctx, const struct kvp_disk_key *key, bool stored)
+{
+	const struct dt_pool *dp = ctx;
+
+	if (dp->dt->observe && !dp->dead)
+		dp->dt->observe(dp->dt->observe_ctx, dp->p, key->ns, key->keyed, key->data,
+				key->len, stored);
+}
+
+void kvp_dt_set_observer(struct kvp_dt *dt, kvp_dt_observe_fn fn, void *ctx)
+{
+	if (!dt)
+		return;
+	dt->observe = fn;
+	dt->observe_ctx = ctx;
+	for (struct dt_pool *dp = dt->pools; dp; dp = dp->next)
+		kvp_disk_set_observer(dp->k, fn ? observed : NULL, dp);
+}
+
+void kvp_dt_observe_all(const struct kvp_dt *dt, const struct kvpd_pool *p)
+{
+	const struct dt_pool *dp = dt ? dp_find(dt, p) : NULL;
+
+	if (dp && dt->observe)
+		kvp_disk_observe_all(dp->k);
+}
+
 static bool listed(struct kvpd_pool *const *pools, uint32_t n, const struct kvpd_pool *p)
 {
 	for (uint32_t i = 0; i < n; i++)
@@ -557,6 +586,8 @@ int kvp_dt_bind(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n)
 		dp->next = dt->pools;
 		dt->pools = dp;
 		kvp_index_set_spill(p->ix, spill_page, dp);
+		kvp_disk_set_observer(dp->k, dt->observe ? observed : NULL, dp);
+		kvp_disk_observe_all(dp->k); /* what it adopted */
 	}
 	return first;
 }

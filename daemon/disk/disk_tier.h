@@ -54,5 +54,14 @@ uint32_t kvp_dt_held(const struct kvp_dt *dt, struct kvpd_pool *p, const struct 
 int kvp_dt_read(struct kvp_dt *dt, struct kvpd_pool *p, const struct kvp_below_run *run,
 		const uint32_t *pages, kvp_below_read_fn done, void *arg);
 
+/* KV events: fn is told of every page stored on a pool's disk or gone from it (written over,
+ * corrupt, an I/O error); a pool bound later tells the pages it adopted, as stored, when it is
+ * bound. key is valid only during the call. fn NULL: nobody. */
+typedef void (*kvp_dt_observe_fn)(void *ctx, const struct kvpd_pool *p, uint64_t ns, int keyed,
+				  const uint8_t *key, size_t klen, bool stored);
+void kvp_dt_set_observer(struct kvp_dt *dt, kvp_dt_observe_fn fn, void *ctx);
+/* Tells the observer of every page on p's disk now, as stored (a snapshot). */
+void kvp_dt_observe_all(const struct kvp_dt *dt, const struct kvpd_pool *p);
+
 /* Adds p's disk tier figures to st (p NULL: every pool's; nothing without a disk tier). */
 void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp_disk_stats *st);

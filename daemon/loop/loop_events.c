@@ -1,7 +1,9 @@
 /* loop_events.c - feeds the publisher (events/) from the pools' page indexes: each pool with
  * events = on gets an observer (kvp_index_set_observer) that stages its pages' stores and
  * removals with the tier as medium ("GPU" for the device tier, "CPU" for the host tier) and the
- * pool's page_tokens as block size; snapshots walk every hooked pool. A batch is published once
+ * pool's page_tokens as block size; pages stored on or gone from a pool's disk tier
+ * (kvp_dt_set_observer) are staged with medium "STORAGE", their key and no tokens or parent;
+ * snapshots walk every hooked pool's index and disk. A batch is published once
  * its first event is batch_us old, by the turn that finds it so or by a timeout on the ring;
  * replay requests are served when a poll of the replay socket's ZMQ_FD completes. */
 #include "loop_events.h"
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "disk_tier.h"
 #include "kvp_config.h"
 #include "log.h"
 #include "loop_server.h"
@@ -30,6 +33,7 @@ struct hooked {
 };
 
 struct kvp_loop_events {
+	struct kvp_daemon *d;
 	struct kvp_events *ev;
 	struct hooked pools[KVP_MAX_POOLS];
 	uint32_t n;
@@ -81,6 +85,36 @@ static void observed(void *ctx, const struct kvp_index_event *e)
 	kvp_events_page(h->ev, &pg);
 }
 
+/* A page stored on or gone from a pool's disk tier: staged when the pool is hooked. */
+static void disk_observed(void *ctx, const struct kvpd_pool *p, uint64_t ns, int keyed,
+			  const uint8_t *key, size_t klen, bool stored)
+{
+	struct kvp_loop_events *le = ctx;
+
+	(void)ns, (void)keyed;
+	for (uint32_t j = 0; j < le->n; j++) {
+		struct kvp_events_page pg = {
+			.stored = stored,
+			.medium = KVP_EVENTS_STORAGE,
+			.key = key,
+			.klen = klen,
+			.block_size = le->pools[j].block_size,
+		};
+
+		if (le->pools[j].p != p)
+			continue;
+		kvp_events_page(le->ev, &pg);
+		return;
+	}
+}
+
+/* Every page a hooked pool holds, in its index and on its disk, staged as stored. */
+static void observe_all(const struct kvp_loop_events *le, const struct hooked *h)
+{
+	kvp_index_observe_all(h->p->ix);
+	kvp_dt_observe_all(le->d->dt, h->p);
+}
+
 static bool live(const struct kvp_daemon *d, const struct hooked *h)
 {
 	for (uint32_t i = 0; i < d->n_pools; i++)
@@ -108,7 +142,7 @@ static void hook_pools(struct kvp_daemon *d, struct kvp_loop_events *le)
 		kvp_events_cleared(le->ev);
 		for (uint32_t j = 0; j < le->n; j++) {
 			kvp_index_set_observer(le->pools[j].p->ix, observed, &le->pools[j]);
-			kvp_index_observe_all(le->pools[j].p->ix);
+			observe_all(le, &le->pools[j]);
 		}
 	}
 	for (uint32_t i = 0; i < d->n_pools; i++) {
@@ -121,8 +155,8 @@ static void hook_pools(struct kvp_daemon *d, struct kvp_loop_events *le)
 			continue;
 		le->pools[le->n] = (struct hooked){ p, p->id, le->ev, p->conf.page_tokens };
 		kvp_index_set_observer(p->ix, observed, &le->pools[le->n]);
-		kvp_index_observe_all(p->ix);
-		le->n++;
+		le->n++; /* before its pages: the disk's observer looks the pool up */
+		observe_all(le, &le->pools[le->n - 1]);
 	}
 	/* the moves of the removal above changed where each record lives */
 	for (uint32_t j = 0; j < le->n; j++)
@@ -135,7 +169,7 @@ static int snapshot(void *ctx, struct kvp_events *ev)
 
 	(void)ev;
 	for (uint32_t j = 0; j < le->n; j++)
-		kvp_index_observe_all(le->pools[j].p->ix);
+		observe_all(le, &le->pools[j]);
 	return 0;
 }
 
@@ -182,7 +216,9 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 	kvp_src_init(&le->replay_src, KVP_SRC_EVENTS, replay_ready, le);
 	le->replay_fd = kvp_events_replay_fd(le->ev);
 	le->replay_due = true;
+	le->d = d;
 	d->events = le;
+	kvp_dt_set_observer(d->dt, disk_observed, le);
 	kvp_events_cleared(le->ev);
 	hook_pools(d, le);
 	publish(le); /* sequence 0, in the ring before any subscriber can ask for it */
@@ -294,6 +330,7 @@ void kvp_loop_events_stop(struct kvp_daemon *d)
 	if (!le)
 		return;
 	kvp_events_flush(le->ev, wall_now());
+	kvp_dt_set_observer(d->dt, NULL, NULL);
 	for (uint32_t j = 0; j < le->n; j++)
 		if (live(d, &le->pools[j]))
 			kvp_index_set_observer(le->pools[j].p->ix, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "disk_tier.h"
 #include "kvp_config.h"
 #include "log.h"
@@ -63,11 +64,28 @@ static const char *const remote_counter_names[] = { KVP_REMOTE_STATS(REMOTE_NAME
 static const char *const disk_counter_names[] = { KVP_DISK_STATS(DISK_NAME) };
 #define N_DISK_COUNTERS (sizeof(disk_counter_names) / sizeof(disk_counter_names[0]))
 
-static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvp_pool_stats *st)
+/* The pool's counters, then, for a pool with a host tier, what the node still gives that
+ * tier, read now (kvp_budget_room): host_room_bytes (UINT64_MAX: no limit binds) and
+ * host_room_limit (the Limit that binds, LIMIT_NONE when none does). Engines name the binding
+ * limit with them when a host pool does not fit the tier. A reader that fails leaves the two
+ * rows out. *n: how many. */
+static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvpd_pool *p, size_t *n)
 {
-	const uint64_t values[] = { KVP_POOL_COUNTERS(COUNTER_VALUE) };
+	static const char *const names[N_POOL_COUNTERS + 2] = {
+		KVP_POOL_COUNTERS(COUNTER_NAME) "host_room_bytes", "host_room_limit"
+	};
+	const struct kvp_pool_stats *st = &p->st;
+	uint64_t values[N_POOL_COUNTERS + 2] = { KVP_POOL_COUNTERS(COUNTER_VALUE) };
+	struct kvp_budget_room room;
 
-	return counters(r, pool_counter_names, values, N_POOL_COUNTERS);
+	*n = N_POOL_COUNTERS;
+	if (kvp_pool_has_tier(p, KVP_TIER_ID_HOST) &&
+	    kvp_budget_room(&p->conf, kvp_budget_env_system(), &room) == 0) {
+		values[N_POOL_COUNTERS] = room.bytes;
+		values[N_POOL_COUNTERS + 1] = (uint64_t)room.limit;
+		*n += 2;
+	}
+	return counters(r, names, values, *n);
 }
 
 /* The daemon's counters, then the remote tier's when [remote] is configured, then the disk
@@ -125,10 +143,9 @@ static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvpd_pool
 	m->frees = p->st.frees;
 	m->alloc_failures = p->st.alloc_failures;
 	m->eviction = (char *)kvp_eviction_name(p->conf.eviction);
-	m->counters = pool_counters(r, &p->st);
+	m->counters = pool_counters(r, p, &m->n_counters);
 	if (!m->counters)
 		return NULL;
-	m->n_counters = N_POOL_COUNTERS;
 	return m;
 }
 

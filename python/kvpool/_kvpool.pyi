@@ -158,6 +158,13 @@ def copy_runs(dst: IntBuffer, src: IntBuffer, size: IntBuffer) -> int:
     """Copies size[i] bytes from address src[i] to dst[i] for every i (numpy uint64 vectors of
     one length; raw addresses the caller keeps alive, unchecked). Returns the runs copied."""
 
+def copy_buffer_runs(dst: Sequence[Any], src: Sequence[Any], runs: Any, threads: int = 1) -> int:
+    """Copies byte runs between C-contiguous buffers in one call, the GIL released: runs is an
+    int64 array of rows (dst index, dst offset, src index, src offset, bytes) that must not
+    overlap, each checked against its buffers first (ValueError). Split over up to `threads`
+    threads; a transfer larger than the caches uses streaming stores. Returns the bytes
+    copied."""
+
 class Client:
     """A connection to kvpoold. Not thread-safe."""
     closed: bool

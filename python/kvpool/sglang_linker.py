@@ -17,12 +17,22 @@ default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096
 (threads of the CPU copies, default torch's threads, at most 4). Any other key is refused at
 construction.
 
+Copies: on CPU device pools, an offload is one kvpool._kvpool.copy_buffer_runs call for every page of
+every layer, and a load one call a layer (its pages of every request), the GIL released, over
+copy_threads threads, with streaming stores for transfers larger than the caches; CUDA pools
+copy a run of consecutive pages at a time with torch.
+
 Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
 MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
-Full tree component, also as the full-attention pool of SGLang's SWAKVPool: the linker holds
-no SWA pages (PoolName.SWA is not in its pools), so SGLang keeps a restored tail's sliding
-window as evicted and computes it, its documented path for such a store. Mamba models are
-refused at construction (no Mamba state is held), as are other device pool classes.
+Full tree component, also as the full-attention pool of SGLang's SWAKVPool. SWA models: the
+sliding-window layers' pages of each offloaded node are stored too (PoolName.SWA in the
+linker's pools, keys "<key>_swa<part>"): an SGLang page of those layers takes ceil(SWA layers /
+full layers) pool pages, SWA layer j in pool page j // layers at layer slot j % layers (their
+rows must be the full layers'; else no SWA pages are held and SGLang keeps a restored tail's
+window evicted and computes it). A lookup then answers the longest prefix whose full pages
+and whose last window of sliding-window pages are all stored, and a load copies the window
+into SGLang's SWA slots on the sliding-window layers' turns of the layer counter. Mamba models
+are refused at construction (no Mamba state is held), as are other device pool classes.
 
 Pool geometry: one kvpool host page holds one SGLang page of every layer. MHA: the pool's
 layers, kv_heads, head_dim, dtype and page_tokens are the device pool's layer_num, head_num
@@ -44,7 +54,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from queue import Empty, Queue
 from typing import Any, Optional
 
@@ -59,6 +68,7 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
 from sglang.srt.utils import get_device_module
 
 import kvpool
+from kvpool._kvpool import copy_buffer_runs
 from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
 
 __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
@@ -100,47 +110,56 @@ def _copy_pages(dst: torch.Tensor, dp: torch.Tensor, src: torch.Tensor, sp: torc
     dst.index_copy_(0, dpi, src.index_select(0, spi).to(dst.device))
 
 
+def _merged(rows: numpy.ndarray) -> numpy.ndarray:
+    """copy_buffer_runs rows with each row that continues the one before (same buffers, both offsets
+    right after it) folded into it."""
+    if len(rows) < 2:
+        return rows
+    a, b = rows[:-1], rows[1:]
+    cont = (b[:, 0] == a[:, 0]) & (b[:, 2] == a[:, 2]) & (b[:, 1] == a[:, 1] + a[:, 4]) & \
+        (b[:, 3] == a[:, 3] + a[:, 4])
+    starts = numpy.flatnonzero(numpy.concatenate(([True], ~cont)))
+    out = rows[starts].copy()
+    out[:, 4] = numpy.add.reduceat(rows[:, 4], starts)
+    return out
+
+
 class _Copier:
-    """Runs strided copies: CPU ones with numpy.copyto (which releases the GIL) spread over
-    a few threads, device ones with torch. torch's own copy of a strided CPU tensor splits
-    each copy across its threads, which measured several times slower than one memcpy."""
+    """Page copies between the device pool's buffers and the pool's host pages.
+
+    CPU buffers: every run of a transfer (one per page, layer and K/V: the host layout holds a
+    page of every layer together) goes to one kvpool._kvpool.copy_buffer_runs call, which copies them
+    with the GIL released over a few threads, with streaming stores for transfers larger than
+    the caches. Other devices: one torch copy per run of consecutive pages."""
 
     def __init__(self, threads: int):
-        self.n = max(1, threads)
-        self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="kvpool-copy") \
-            if self.n > 1 else None
+        self.n = max(1, min(16, threads))
+
+    def runs(self, dev_bufs: list, host: int, dev_pages: numpy.ndarray,
+             host_pages: numpy.ndarray, chunk: int, per_page: int, first: int,
+             to_host: bool) -> numpy.ndarray:
+        """Rows for copy_buffer_runs between page dev_pages[i] of each device buffer k
+        (dev_bufs[k]: its index in the call's device list) and the k-th chunk from `first` of
+        host page host_pages[i]; dst first (host when to_host)."""
+        k = numpy.arange(len(dev_bufs), dtype=numpy.int64)[:, None]
+        n = len(dev_pages)
+        dev_off = numpy.broadcast_to(dev_pages[None, :] * chunk, (len(k), n))
+        host_off = (host_pages[None, :] * per_page + first + k) * chunk
+        dev_i = numpy.broadcast_to(numpy.asarray(dev_bufs, numpy.int64)[:, None], (len(k), n))
+        host_i = numpy.full((len(k), n), host, numpy.int64)
+        size = numpy.full((len(k), n), chunk, numpy.int64)
+        cols = (host_i, host_off, dev_i, dev_off, size) if to_host else \
+            (dev_i, dev_off, host_i, host_off, size)
+        return _merged(numpy.stack([c.reshape(-1) for c in cols], axis=1))
+
+    def copy(self, dst: list, src: list, rows: numpy.ndarray) -> None:
+        if len(rows):
+            copy_buffer_runs(dst, src, numpy.ascontiguousarray(rows), self.n)
 
     @staticmethod
-    def _np(t: torch.Tensor) -> Any:
-        return t.view(torch.uint8).numpy()
-
-    def run(self, pairs: list) -> None:
-        cpu, other = [], []
+    def run_torch(pairs: list) -> None:
         for d, s in pairs:
-            if d.device.type == "cpu" and s.device.type == "cpu" and d.dtype == s.dtype:
-                cpu.append((d, s))
-            else:
-                other.append((d, s))
-        for d, s in other:
             d.copy_(s, non_blocking=True)
-        if not cpu:
-            return
-        jobs = [[] for _ in range(min(self.n, len(cpu)))]
-        for i, (d, s) in enumerate(cpu):
-            jobs[i % len(jobs)].append((d, s))
-
-        def go(part):
-            for d, s in part:
-                numpy.copyto(self._np(d), self._np(s))
-
-        futs = [self.pool.submit(go, part) for part in jobs[1:]] if self.pool else []
-        go(jobs[0])
-        for f in futs:
-            f.result()
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
 
 
 class _DevicePool:
@@ -152,10 +171,19 @@ class _DevicePool:
         # layer counter counts the model's layers, full and sliding-window
         self.counter_layers: Optional[int] = None
         self.counter_of: Optional[list] = None
+        # an SWA model's sliding-window layers: their (K, V) buffers in the SWA pool's order
+        # and their counter layers; None when the model has none or their rows are not the
+        # full-attention layers' (the window is then not stored)
+        self.swa_layers: Optional[list] = None
+        self.swa_counter_of: Optional[list] = None
+        swa_pool = None
         if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "layers_mapping"):
             full = sorted((i, g) for g, (i, swa) in kvcache.layers_mapping.items() if not swa)
             self.counter_of = [g - kvcache.start_layer for _, g in full]
             self.counter_layers = kvcache.layer_num
+            sw = sorted((i, g) for g, (i, swa) in kvcache.layers_mapping.items() if swa)
+            self.swa_counter_of = [g - kvcache.start_layer for _, g in sw]
+            swa_pool = getattr(kvcache, "swa_kv_pool", None)
             kvcache = kvcache.full_kv_pool
         cls = type(kvcache).__name__
         self.T = page_size
@@ -188,10 +216,31 @@ class _DevicePool:
                     raise ValueError(f"kvpool.sglang: {cls} buffer of shape {tuple(t.shape)}, "
                                      f"expected [slots, {self.row[0]}, {self.row[1]}]")
         self.nlayers = len(self.layers)
+        self.ncomp = len(self.layers[0])
         self.device = self.layers[0][0].device
+        # one page of one layer's K (or V, or the MLA latent) in bytes: a run of a copy
+        self.chunk = self.T * self.row[0] * self.row[1] * self.layers[0][0].element_size()
+        # the buffers as flat bytes for copy_buffer_runs (CPU only), layer by layer
+        self.flat = [[t.view(torch.uint8).reshape(-1).numpy() for t in comps]
+                     for comps in self.layers] if self.device.type == "cpu" else None
         if self.counter_of is None:
             self.counter_of = list(range(self.nlayers))
             self.counter_layers = self.nlayers
+        if swa_pool is not None and not self.mla and self.swa_counter_of and \
+                hasattr(swa_pool, "k_buffer"):
+            bufs = [(k, v) for k, v in zip(swa_pool.k_buffer, swa_pool.v_buffer)]
+            if all(t.dim() == 3 and tuple(t.shape[1:]) == self.row and t.dtype ==
+                   self.layers[0][0].dtype for kv in bufs for t in kv):
+                self.swa_layers = bufs
+            else:
+                log.info("kvpool.sglang: the sliding-window layers' rows are not the full "
+                         "layers'; their windows are not stored (SGLang computes them)")
+
+    @property
+    def swa_parts(self) -> int:
+        """Pool pages per SGLang page of the sliding-window layers (a pool page holds as many
+        layers as the full-attention pool has)."""
+        return -(-len(self.swa_layers) // self.nlayers) if self.swa_layers else 0
 
     def geometry(self) -> kvpool.Geometry:
         dt = _DTYPES.get(self.dtype, str(self.dtype))
@@ -199,14 +248,14 @@ class _DevicePool:
             return kvpool.Geometry((self.nlayers, 1, self.row[1] // 2, dt, self.T))
         return kvpool.Geometry((self.nlayers, self.row[0], self.row[1], dt, self.T))
 
-    def host_view(self, pool: kvpool.Pool) -> torch.Tensor:
-        """The pool's host pages as [pages, layers, components, page_size, *row]."""
+    def host_view(self, pool: kvpool.Pool) -> "_Host":
+        """The pool's host pages as [pages, layers, components, page_size, *row], and as
+        flat bytes for copy_buffer_runs."""
         h = torch.from_dlpack(pool.host_pages_view())
+        flat = h.view(torch.uint8).reshape(-1).numpy() if self.flat is not None else None
         if h.dtype != self.dtype:
             h = h.view(self.dtype)
-        if self.mla:
-            return h.reshape(h.shape[0], self.nlayers, 1, self.T, *self.row)
-        return h.reshape(h.shape[0], self.nlayers, 2, self.T, *self.row)
+        return _Host(h.reshape(h.shape[0], self.nlayers, self.ncomp, self.T, *self.row), flat)
 
     def pages_of(self, slots: torch.Tensor) -> Optional[torch.Tensor]:
         """The device pages of page-aligned token slots (every slot of each page, in
@@ -227,11 +276,21 @@ class _DevicePool:
         return t[:n * self.T].view(n, self.T, *self.row)
 
 
+class _Host:
+    """The pool's host pages: t [pages, layers, components, page_size, *row] and, for CPU
+    device pools, flat (the mapping's bytes)."""
+
+    def __init__(self, t: torch.Tensor, flat: Any):
+        self.t, self.flat = t, flat
+
+
 class _Load:
     """One request's queued load: pinned host pages, its device slots."""
 
-    def __init__(self, match: Any, host: torch.Tensor, hp: torch.Tensor, slots: torch.Tensor):
+    def __init__(self, match: Any, host: _Host, hp: torch.Tensor, slots: torch.Tensor):
         self.match, self.host, self.hp, self.slots = match, host, hp, slots
+        # the sliding window: (its pinned match, host pages, SWA device slots), or None
+        self.swa: Optional[tuple] = None
 
 
 class KvpoolLinker(UnifiedCacheLinker):
@@ -251,15 +310,25 @@ class KvpoolLinker(UnifiedCacheLinker):
         others = sorted(c.name for c in set(components)
                         if c not in (ComponentType.FULL, ComponentType.SWA))
         if others:
-            raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full component (MHA and "
-                             f"MLA KV pools, and SWA models' full-attention layers); this model "
-                             f"also has {', '.join(others)}, whose state it does not hold")
+            raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full and SWA components "
+                             f"(MHA and MLA KV pools, SWA models' full-attention and "
+                             f"sliding-window layers); this model also has "
+                             f"{', '.join(others)}, whose state it does not hold")
         self.forward_stream = forward_stream
         self.page_size = int(params.page_size)
         self.dev = _DevicePool(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size)
-        # no PoolName.SWA: SGLang then keeps a restored tail's sliding window as evicted
-        # (tombstones) and computes it, as it does for any store without SWA pages
         self.pools = {PoolName.KV: self.dev.kvcache}
+        # SWA models: the sliding-window layers' pages of a node's tail are stored too (each
+        # SGLang page in dev.swa_parts pool pages), so a restored tail comes with its window.
+        # Without PoolName.SWA (their rows differ from the full layers') SGLang keeps the
+        # window as evicted and computes it, as for any store without SWA pages.
+        window = getattr(params, "sliding_window_size", None)
+        self.window_pages = -(-int(window) // self.page_size) if window else 0
+        if self.dev.swa_layers and self.window_pages and \
+                ComponentType.SWA in set(components):
+            self.pools[PoolName.SWA] = self.dev.kvcache.swa_kv_pool
+        else:
+            self.dev.swa_layers = None
         self.num_layers = self.dev.counter_layers
         self.namespace = int(extra.get("namespace", 0))
         self.timeout_ms = int(extra.get("timeout_ms", 5000))
@@ -357,11 +426,30 @@ class KvpoolLinker(UnifiedCacheLinker):
         return hit
 
     @staticmethod
-    def _kv(transfers: list[PoolTransfer]) -> Optional[PoolTransfer]:
+    def _kv(transfers: list[PoolTransfer], name: Any = PoolName.KV) -> Optional[PoolTransfer]:
         for t in transfers:
-            if t.name == PoolName.KV:
+            if t.name == name:
                 return t
         return None
+
+    def _swa_keys(self, keys: list[bytes]) -> list[bytes]:
+        """The pool keys of the sliding-window pages of keys (swa_parts each)."""
+        return [k + b"_swa%d" % i for k in keys for i in range(self.dev.swa_parts)]
+
+    def _swa_restorable(self, pool: kvpool.Pool, keys: list[bytes], hit: int) -> int:
+        """The longest prefix (pages) of at most hit whose sliding window (its last
+        window_pages pages) has every sliding-window page in the pool; 0 when none."""
+        parts, p = self.dev.swa_parts, hit
+        for _ in range(8):
+            if p <= 0:
+                return 0
+            lo = max(0, p - self.window_pages)
+            want = self._swa_keys(keys[lo:p])
+            n = pool.exists_keys(want, namespace=self.namespace)
+            if n == len(want):
+                return p
+            p = lo + n // parts  # a window must end at or before the first missing page
+        return 0
 
     # -- lookup --
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
@@ -371,9 +459,18 @@ class KvpoolLinker(UnifiedCacheLinker):
         if kv is None or not kv.keys:
             return []
         keys = self._keys(list(kv.keys))
-        hit = self.link.call("lookup", lambda pool, st: self._leading(pool, keys)) or 0
+        swa = self.dev.swa_layers is not None and \
+            self._kv(transfers, PoolName.SWA) is not None
+
+        def find(pool, st):
+            hit = self._leading(pool, keys)
+            return self._swa_restorable(pool, keys, hit) if swa and hit else hit
+
+        hit = self.link.call("lookup", find) or 0
         self._count("lookup_pages", len(keys))
         self._count("lookup_hit_pages", hit)
+        if swa:  # a shorter prefix would need the window that ends there
+            return [hit] if hit else []
         return list(range(1, hit + 1))
 
     # -- load --
@@ -391,13 +488,27 @@ class KvpoolLinker(UnifiedCacheLinker):
             self._count("load_refused")
             return False
         slots = kv.device_indices.detach().to("cpu", torch.int64).flatten()
+        sw = self._kv(transfers, PoolName.SWA) if self.dev.swa_layers is not None else None
+        if sw is not None and (not sw.keys or sw.device_indices is None):
+            return False
+        swa_keys = self._swa_keys(self._keys(list(sw.keys))) if sw is not None else []
+        ns = self.namespace
 
         def pin(pool, host):
-            m = pool.match_keys(keys, namespace=self.namespace, lock=True)
+            m = pool.match_keys(keys, namespace=ns, lock=True)
             if len(m.device_pages) or len(m.host_pages) < len(keys):
                 m.release()
                 return None
-            return _Load(m, host, torch.from_numpy(m.host_pages.astype("int64")), slots)
+            job = _Load(m, host, torch.from_numpy(m.host_pages.astype("int64")), slots)
+            if swa_keys:
+                w = pool.match_keys(swa_keys, namespace=ns, lock=True)
+                if len(w.device_pages) or len(w.host_pages) < len(swa_keys):
+                    w.release()
+                    m.release()
+                    return None
+                job.swa = (w, torch.from_numpy(w.host_pages.astype("int64")),
+                           sw.device_indices.detach().to("cpu", torch.int64).flatten())
+            return job
 
         job = self.link.call("load", pin)
         if job is None:
@@ -440,30 +551,53 @@ class KvpoolLinker(UnifiedCacheLinker):
     def _run_load(self, index: int, jobs: list[_Load], ready: Any) -> None:
         try:
             ready.synchronize()
+            dev, cp = self.dev, self._copier
             plans = []
             for j in jobs:
-                dp = self.dev.pages_of(j.slots)
-                runs = _runs(dp, j.hp) if dp is not None else None
+                dp = dev.pages_of(j.slots)
+                runs = _runs(dp, j.hp) if dp is not None and dev.flat is None else None
                 plans.append((j, dp, runs))
-            cuda = self.dev.device.type == "cuda"
-            local = {c: i for i, c in enumerate(self.dev.counter_of)}
+            cuda = dev.device.type == "cuda"
+            local = {c: i for i, c in enumerate(dev.counter_of)}
+            swa_local = {c: j for j, c in enumerate(dev.swa_counter_of or ())} \
+                if dev.swa_layers is not None else {}
+            srcs = [j.host.flat for j in jobs]
+            # the rows of layer 0; a layer's are these with the host offsets moved by layer
+            base = [cp.runs(list(range(dev.ncomp)), i, dp.numpy(), j.hp.numpy(), dev.chunk,
+                            dev.nlayers * dev.ncomp, 0, False)
+                    for i, (j, dp, _) in enumerate(plans)
+                    if dp is not None and dev.flat is not None]
+            base = numpy.concatenate(base) if base else None
+            rows = None if base is None else base.copy()
             for counter_layer in range(self.num_layers):
                 layer = local.get(counter_layer)
-                if layer is None:  # a sliding-window layer: nothing loaded here
+                if layer is None:  # a sliding-window layer: its window, when stored
+                    j = swa_local.get(counter_layer)
+                    if j is not None:
+                        for job in jobs:
+                            if job.swa is not None:
+                                self._load_swa(job, j)
+                        if cuda:
+                            torch.cuda.current_stream(dev.device).synchronize()
                     self.layer_done_counter.complete(index, counter_layer)
                     continue
                 pairs: list = []
-                for c, buf in enumerate(self.dev.layers[layer]):
-                    for j, dp, runs in plans:
-                        src = j.host[:, layer, c]
+                if rows is not None:
+                    rows[:, 3] = base[:, 3] + layer * dev.ncomp * dev.chunk
+                    cp.copy(dev.flat[layer], srcs, rows)
+                for j, dp, runs in plans:
+                    if dp is not None and dev.flat is not None:
+                        continue
+                    for c, buf in enumerate(dev.layers[layer]):
+                        src = j.host.t[:, layer, c]
                         if dp is not None:
-                            _copy_pages(self.dev.page_view(buf), dp, src, j.hp, runs, pairs)
+                            _copy_pages(dev.page_view(buf), dp, src, j.hp, runs, pairs)
                         else:  # slots that are not whole pages: token by token
-                            rows = src.index_select(0, j.hp).reshape(-1, *self.dev.row)
-                            buf.index_copy_(0, j.slots.to(buf.device), rows.to(buf.device))
-                self._copier.run(pairs)
+                            r = src.index_select(0, j.hp).reshape(-1, *dev.row)
+                            buf.index_copy_(0, j.slots.to(buf.device), r.to(buf.device))
+                cp.run_torch(pairs)
                 if cuda:
-                    torch.cuda.current_stream(self.dev.device).synchronize()
+                    torch.cuda.current_stream(dev.device).synchronize()
                 self.layer_done_counter.complete(index, counter_layer)
             self._count("load_pages", sum(len(j.hp) for j in jobs))
         except BaseException as e:  # noqa: BLE001 - reported through the counter
@@ -473,10 +607,25 @@ class KvpoolLinker(UnifiedCacheLinker):
         finally:
             self._release(jobs)
 
+    def _load_swa(self, job: _Load, j: int) -> None:
+        """Sliding-window layer j's pages of job's window into its SWA device slots."""
+        dev = self.dev
+        _, hp, slots = job.swa
+        hp_j = hp.view(-1, dev.swa_parts)[:, j // dev.nlayers]
+        dp = dev.pages_of(slots)
+        for c, buf in enumerate(dev.swa_layers[j]):
+            src = job.host.t[:, j % dev.nlayers, c].index_select(0, hp_j).to(buf.device)
+            if dp is not None:
+                dev.page_view(buf).index_copy_(0, dp.to(buf.device), src)
+            else:
+                buf.index_copy_(0, slots.to(buf.device), src.reshape(-1, *dev.row))
+
     def _release(self, jobs: list[_Load]) -> None:
         def rel(pool, st):
             for j in jobs:
                 j.match.release()
+                if j.swa is not None:
+                    j.swa[0].release()
             return True
 
         self.link.call("release", rel)
@@ -491,7 +640,10 @@ class KvpoolLinker(UnifiedCacheLinker):
         if not self.offload_owner:
             self._offload_results.put(True)
             return True
-        self._offload_queue.put((kv.keys, kv.device_indices, self.record_offload_ready()))
+        sw = self._kv(transfers, PoolName.SWA) if self.dev.swa_layers is not None else None
+        swa = (sw.keys, sw.device_indices) \
+            if sw is not None and sw.keys and sw.device_indices is not None else None
+        self._offload_queue.put((kv.keys, kv.device_indices, self.record_offload_ready(), swa))
         return True
 
     def _offload_loop(self) -> None:
@@ -511,7 +663,8 @@ class KvpoolLinker(UnifiedCacheLinker):
             finally:
                 self._offload_queue.task_done()
 
-    def _run_offload(self, hashes: list, slots: torch.Tensor, events: list) -> bool:
+    def _run_offload(self, hashes: list, slots: torch.Tensor, events: list,
+                     swa: Optional[tuple] = None) -> bool:
         for e in events:
             e.synchronize()
         keys = self._keys(list(hashes))
@@ -522,6 +675,12 @@ class KvpoolLinker(UnifiedCacheLinker):
         ns = self.namespace
 
         def store(pool, host):
+            ok = store_kv(pool, host)
+            if ok and swa is not None:
+                ok = self._store_swa(pool, host, *swa)
+            return ok
+
+        def store_kv(pool, host):
             have = pool.exists_keys(keys, namespace=ns)
             if have == len(keys):
                 return True
@@ -529,21 +688,27 @@ class KvpoolLinker(UnifiedCacheLinker):
             lease = pool.alloc(n, tier="host")
             try:
                 hp = torch.from_numpy(lease.pages.astype("int64")).sort().values
-                if dp is not None:
+                dev, cp = self.dev, self._copier
+                if dp is not None and dev.flat is not None:
+                    # every page of every layer in one call
+                    lc = dev.nlayers * dev.ncomp
+                    rows = cp.runs(list(range(lc)), 0, dp[have:].numpy(), hp.numpy(),
+                                   dev.chunk, lc, 0, True)
+                    cp.copy([host.flat], [b for comps in dev.flat for b in comps], rows)
+                pairs: list = []
+                if dp is not None and dev.flat is None:
                     sub = dp[have:]
                     runs = _runs(hp, sub)
-                pairs: list = []
-                for layer in range(self.dev.nlayers):
-                    for c, buf in enumerate(self.dev.layers[layer]):
-                        dst = host[:, layer, c]
+                for layer in range(dev.nlayers if dev.flat is None or dp is None else 0):
+                    for c, buf in enumerate(dev.layers[layer]):
+                        dst = host.t[:, layer, c]
                         if dp is not None:
-                            _copy_pages(dst, hp, self.dev.page_view(buf), sub, runs, pairs)
+                            _copy_pages(dst, hp, dev.page_view(buf), sub, runs, pairs)
                         else:
                             rows = buf.index_select(0, slots[have * self.page_size:].to(
                                 buf.device)).to("cpu")
-                            dst.index_copy_(0, hp, rows.view(n, self.page_size,
-                                                             *self.dev.row))
-                self._copier.run(pairs)
+                            dst.index_copy_(0, hp, rows.view(n, self.page_size, *dev.row))
+                cp.run_torch(pairs)
                 if self.dev.device.type == "cuda":
                     torch.cuda.current_stream(self.dev.device).synchronize()
                 r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
@@ -555,6 +720,46 @@ class KvpoolLinker(UnifiedCacheLinker):
             return r["done_keys"] == len(keys)
 
         return bool(self.link.call("offload", store))
+
+    def _store_swa(self, pool: kvpool.Pool, host: _Host, hashes: list,
+                   slots: torch.Tensor) -> bool:
+        """A node's sliding-window pages (its trailing pages' SWA slots) into leased host
+        pages, published under their keys (swa_parts pool pages per SGLang page: layer j of
+        the window in page j // layers at layer slot j % layers)."""
+        dev, ns = self.dev, self.namespace
+        keys = self._swa_keys(self._keys(list(hashes)))
+        slots = slots.detach().to("cpu", torch.int64).flatten()
+        if len(keys) > self.max_keys or \
+                slots.numel() * dev.swa_parts != len(keys) * self.page_size:
+            return False
+        have = pool.exists_keys(keys, namespace=ns)
+        parts = dev.swa_parts
+        have -= have % parts  # whole SGLang pages only
+        if have == len(keys):
+            return True
+        n = len(keys) - have
+        first = have // parts  # the first SGLang page to store
+        dp = dev.pages_of(slots)
+        lease = pool.alloc(n, tier="host")
+        try:
+            hp = torch.from_numpy(lease.pages.astype("int64")).sort().values
+            hp_pages = hp.view(-1, parts)
+            for j, comps in enumerate(dev.swa_layers):
+                dst_pages = hp_pages[:, j // dev.nlayers]
+                for c, buf in enumerate(comps):
+                    if dp is not None:
+                        src = dev.page_view(buf).index_select(0, dp[first:].to(buf.device))
+                    else:
+                        src = buf.index_select(0, slots[first * self.page_size:].to(
+                            buf.device)).view(-1, self.page_size, *dev.row)
+                    host.t[:, j % dev.nlayers, c].index_copy_(0, dst_pages, src.to("cpu"))
+            r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
+                                 pages=hp.numpy().astype("uint32"))
+        finally:
+            if not lease.ended and len(lease.pages):
+                lease.free()
+        self._count("offload_swa_pages", n // parts)
+        return r["done_keys"] == len(keys)
 
     def num_completed_offloads(self) -> int:
         return self._offload_results.qsize()
@@ -594,6 +799,5 @@ class KvpoolLinker(UnifiedCacheLinker):
                 queue.put(None)
                 thread.join()
         log.info("kvpool.sglang: KvpoolLinker stats %s", self.stats())
-        self._copier.close()
         self.link.close()
         self._closed = True

@@ -11,8 +11,15 @@ classes:
   views of the pool's device tier (layer-first [layer][k|v][slot][head][dim], the fused K/V
   halves SGLang's own NHD pool allocates). The pool's geometry must be the model's (layers,
   kv heads per TP rank, head_dim, dtype, page_tokens = --page-size): kvpool.GeometryMismatch
-  otherwise, at construction. MLA and DSA pools, quantized (fp4, scale buffers), HND and
-  post-capture layouts are refused at construction (a latent row is not one tier row).
+  otherwise, at construction. DSA pools, quantized (fp4, scale buffers), HND and
+  post-capture layouts are refused at construction.
+- get_kv_pool_cls("mla"): KvpoolMLATokenToKVPool, an MLATokenToKVPool whose latent buffers
+  [slots, 1, kv_lora_rank + qk_rope_head_dim] are views of the tier: model layer m is the
+  tier's K half of layer m // 2 for even m, its V half for odd m. The pool's geometry: layers
+  ceil(model layers / 2), kv_heads 1, head_dim kv_lora_rank + qk_rope_head_dim, the model's
+  dtype, page_tokens = --page-size. DSA's MLA pools are refused.
+- Page size 1 is refused at construction: SGLang then builds its TokenToKVPoolAllocator, which
+  no platform hook replaces, and nothing would lease the slots of the tier.
 - get_paged_allocator_cls(): KvpoolPagedAllocator, SGLang's PagedTokenToKVPoolAllocator whose
   free pages are kvpool device pages leased on demand and handed back as soon as SGLang frees
   them: several SGLang instances on one node share one device tier, and an instance holds only
@@ -23,8 +30,6 @@ classes:
   hold) where SGLang would raise "Out of memory. Try to lower your batch size". alloc() answers
   None as SGLang's callers expect (a load-back that does not fit is a miss).
 
-SGLang uses the paged allocator for --page-size > 1; with page size 1 it builds
-TokenToKVPoolAllocator, which this plugin does not replace: use a page size > 1.
 
 SGLang writes padded tokens' output to slot 0, so kvpool's device page 0 is every instance's
 padding page: the allocator never hands it to SGLang (a lease that gets it keeps it). A pool

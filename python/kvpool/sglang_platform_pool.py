@@ -16,7 +16,7 @@ import kvpool
 from kvpool._link import geometry_mismatch
 from kvpool.sglang_platform import Attachment
 
-__all__ = ["KvpoolMHATokenToKVPool", "KvpoolPagedAllocator", "kv_pool_cls"]
+__all__ = ["KvpoolMHATokenToKVPool", "KvpoolMLATokenToKVPool", "KvpoolPagedAllocator", "kv_pool_cls"]
 
 log = logging.getLogger("kvpool.sglang")
 
@@ -28,9 +28,37 @@ for _n in ("float8_e4m3fn", "float8_e5m2"):
 
 
 def _refuse(what: str) -> None:
-    raise ValueError(f"kvpool.sglang: the kvpool platform serves plain MHA KV pools (NHD, not "
-                     f"quantized); {what} is not served: unset SGLANG_PLATFORM or use "
-                     f"another pool kind")
+    raise ValueError(f"kvpool.sglang: the kvpool platform serves plain MHA (NHD, not "
+                     f"quantized) and MLA KV pools of page size 2 or more; {what} is not "
+                     f"served: unset SGLANG_PLATFORM or use another pool kind")
+
+
+def _attach_tier(kv: Any, want: tuple, what: str) -> Any:
+    """The platform's pool for KV pool kv (geometry want): checked against the model and kv's
+    device, kv.size set to the tier's slots less SGLang's padding page (the tier's page 0),
+    kv.kvpool_attachment / kvpool_pages set. Returns the kvpool.Pool."""
+    if kv.page_size < 2:
+        _refuse("page size 1 (SGLang builds its TokenToKVPoolAllocator for it, which no "
+                "platform hook replaces, so nothing would lease the slots: start with "
+                "--page-size 2 or more)")
+    att = Attachment.get()
+    pool = att.pool
+    want = kvpool.Geometry(want)
+    if tuple(want) != tuple(pool.geometry):
+        raise geometry_mismatch(pool.name, want, pool.geometry,
+                                f"the device tier must hold this model's KV ({what})")
+    backend = pool.tier_backend("device")
+    dev = torch.device(kv.device)
+    if (backend == "cuda") != (dev.type == "cuda"):
+        raise geometry_mismatch(pool.name, want, pool.geometry,
+                                f"a {backend} device tier for a KV pool on {dev}")
+    # the tier's pages are the pool's slots; page 0 is SGLang's padding page
+    kv.size = pool.tier_pages("device") * kv.page_size - kv.page_size
+    kv.kvpool_attachment = att
+    kv.kvpool_pages = pool.tier_pages("device")
+    log.info("kvpool.sglang: %s KV pool on pool %s's %s device tier (%d pages of %d tokens)",
+             what, pool.name, backend, kv.kvpool_pages, kv.page_size)
+    return pool
 
 
 class KvpoolMHATokenToKVPool(MHATokenToKVPool):
@@ -42,30 +70,14 @@ class KvpoolMHATokenToKVPool(MHATokenToKVPool):
             _refuse(f"the {self.kv_cache_layout} layout")
         if self.v_head_dim != self.head_dim:
             _refuse(f"v_head_dim {self.v_head_dim} != head_dim {self.head_dim}")
-        att = Attachment.get()
-        pool = att.pool
-        want = kvpool.Geometry((self.layer_num, self.head_num, self.head_dim,
-                                _DTYPES.get(self.store_dtype, str(self.store_dtype)),
-                                self.page_size))
-        if tuple(want) != tuple(pool.geometry):
-            raise geometry_mismatch(pool.name, want, pool.geometry,
-                                    "the device tier must hold this model's KV")
-        backend = pool.tier_backend("device")
-        dev = torch.device(self.device)
-        if (backend == "cuda") != (dev.type == "cuda"):
-            raise geometry_mismatch(pool.name, want, pool.geometry,
-                                    f"a {backend} device tier for a KV pool on {dev}")
-        # the tier's pages are the pool's slots; page 0 is SGLang's padding page
-        self.size = pool.tier_pages("device") * self.page_size - self.page_size
+        pool = _attach_tier(self, (self.layer_num, self.head_num, self.head_dim,
+                                   _DTYPES.get(self.store_dtype, str(self.store_dtype)),
+                                   self.page_size), "MHA")
         k, v = [], []
         for layer in range(self.layer_num):
             k.append(torch.from_dlpack(pool.kv("device", layer, 0)).view(self.store_dtype))
             v.append(torch.from_dlpack(pool.kv("device", layer, 1)).view(self.store_dtype))
         self.k_buffer, self.v_buffer = k, v
-        self.kvpool_attachment = att
-        self.kvpool_pages = pool.tier_pages("device")
-        log.info("kvpool.sglang: KV pool on pool %s's %s device tier (%d pages of %d tokens)",
-                 pool.name, backend, self.kvpool_pages, self.page_size)
 
     def _create_quantized_buffers(self) -> None:
         _refuse("a quantized KV cache")
@@ -74,9 +86,21 @@ class KvpoolMHATokenToKVPool(MHATokenToKVPool):
         _refuse("post-capture KV backing")
 
 
-class _RefusedMLA(MLATokenToKVPool):
-    def __init__(self, *args: Any, **kwargs: Any):
-        _refuse("an MLA or DSA KV pool")
+class KvpoolMLATokenToKVPool(MLATokenToKVPool):
+    """SGLang's MLA KV pool over a kvpool pool's device tier. A layer's latent buffer
+    [slots, 1, kv_cache_dim] is one half of a tier layer: model layer m is the tier's (m // 2,
+    K) rows for even m and (m // 2, V) for odd m, so the pool has ceil(layers / 2) layers,
+    1 kv head and head_dim kv_cache_dim (kv_lora_rank + qk_rope_head_dim), and no byte of it is
+    unused but the V half of the last layer when the layer count is odd."""
+
+    def _create_buffers(self) -> None:
+        if self.use_dsa or self.dsa_kv_cache_store_fp8:
+            _refuse("a DSA (NSA) MLA pool")
+        pool = _attach_tier(self, ((self.layer_num + 1) // 2, 1, self.kv_cache_dim,
+                                   _DTYPES.get(self.store_dtype, str(self.store_dtype)),
+                                   self.page_size), "MLA")
+        self.kv_buffer = [torch.from_dlpack(pool.kv("device", m // 2, m % 2))
+                          .view(self.store_dtype) for m in range(self.layer_num)]
 
 
 class KvpoolPagedAllocator(PagedTokenToKVPoolAllocator):
@@ -200,7 +224,7 @@ def kv_pool_cls(kind: str) -> type:
     """The platform's KV pool class of kind ("mha", "mla", "dsa")."""
     if kind == "mha":
         return KvpoolMHATokenToKVPool
-    return _RefusedMLA if kind == "mla" else _refused_dsa()
+    return KvpoolMLATokenToKVPool if kind == "mla" else _refused_dsa()
 
 
 def _refused_dsa() -> type:

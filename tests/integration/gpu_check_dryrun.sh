@@ -28,7 +28,7 @@ fi
 [ "$rc" = 0 ] || fail "exit $rc"
 s=$tmp/out/summary.txt
 for step in bundle gpu-info test_kv_copy_cuda test_cuda_tier test_cuda_pool bench \
-	test_cuda_reclaim test_cuda_restart python vllm-copy vllm-kv-memory; do
+	test_cuda_reclaim test_cuda_restart python vllm-copy vllm-kv-memory sglang; do
 	n=$(grep -cE "^(PASS|FAIL|SKIP) +$step " "$s")
 	[ "$n" = 1 ] || fail "step $step: $n summary lines"
 done

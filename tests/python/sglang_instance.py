@@ -20,9 +20,11 @@ def linker_config(sock, pool, **extra):
 
 class Instance:
     def __init__(self, sock, pool, layers=2, heads=2, dim=8, page=4, slots=256,
-                 dtype=torch.float16, mla=False, config=None, components=None, swa=None):
+                 dtype=torch.float16, mla=False, config=None, components=None, swa=None,
+                 device="cpu"):
         """swa: (sliding window tokens, the sliding-window layers' ids): SGLang's SWAKVPool
-        and SWATokenToKVPoolAllocator, tree components Full and SWA."""
+        and SWATokenToKVPoolAllocator, tree components Full and SWA. device: where the KV
+        pool and the allocator live (cuda on a GPU, test_sglang_cuda.py)."""
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -37,7 +39,7 @@ class Instance:
         self.server_args = ServerArgs(model_path="dummy", page_size=page)
         set_global_server_args_for_scheduler(self.server_args)
         self.page, self.layers, self.mla = page, layers, mla
-        self.r2t = ReqToTokenPool(size=16, max_context_len=4096, device="cpu",
+        self.r2t = ReqToTokenPool(size=16, max_context_len=4096, device=device,
                                   enable_memory_saver=False)
         self.swa = swa
         if swa:
@@ -48,25 +50,25 @@ class Instance:
             full_ids = [i for i in range(layers) if i not in swa_ids]
             self.kv = SWAKVPool(size=slots, size_swa=slots, page_size=page, dtype=dtype,
                                 head_num=heads, head_dim=dim, swa_attention_layer_ids=swa_ids,
-                                full_attention_layer_ids=full_ids, device="cpu")
+                                full_attention_layer_ids=full_ids, device=device)
             self.alloc = SWATokenToKVPoolAllocator(size=slots, size_swa=slots, page_size=page,
-                                                   dtype=dtype, device="cpu", kvcache=self.kv,
+                                                   dtype=dtype, device=device, kvcache=self.kv,
                                                    need_sort=False)
             self.full_layers = full_ids
             comps = (ComponentType.FULL, ComponentType.SWA)
         elif mla:
             self.kv = MLATokenToKVPool(size=slots, page_size=page, dtype=dtype,
                                        kv_lora_rank=dim - dim // 4, qk_rope_head_dim=dim // 4,
-                                       layer_num=layers, device="cpu",
+                                       layer_num=layers, device=device,
                                        enable_memory_saver=False)
         else:
             self.kv = MHATokenToKVPool(size=slots, page_size=page, dtype=dtype, head_num=heads,
-                                       head_dim=dim, layer_num=layers, device="cpu",
+                                       head_dim=dim, layer_num=layers, device=device,
                                        enable_memory_saver=False)
         if not swa:
             cls = PagedTokenToKVPoolAllocator if page > 1 else TokenToKVPoolAllocator
             kw = {"page_size": page} if page > 1 else {}
-            self.alloc = cls(size=slots, dtype=dtype, device="cpu", kvcache=self.kv,
+            self.alloc = cls(size=slots, dtype=dtype, device=device, kvcache=self.kv,
                              need_sort=False, **kw)
             self.full_layers = list(range(layers))
             comps = (ComponentType.FULL,)
@@ -99,7 +101,7 @@ class Instance:
         for layer in self.full_layers:
             for b in self.bufs(layer):
                 b[slots] = torch.randn((len(slots),) + tuple(b.shape[1:]),
-                                       generator=g).to(b.dtype)
+                                       generator=g).to(b.device, b.dtype)
 
     def read(self, slots):
         """The KV of slots, every layer, through the pool's getters (they wait on the

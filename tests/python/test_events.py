@@ -6,6 +6,7 @@ reads (bounded memory, drops counted), and the sequence rules across a kvpoold r
 Needs vllm (its kv_events module) and pyzmq: run in the engine venv, skipped elsewhere."""
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -376,6 +377,83 @@ def test_restart_starts_at_seq_0_with_all_blocks_cleared():
             s.close()
     finally:
         d.stop()
+
+
+def storage_events(batches):
+    """The STORAGE pages the batches {seq: batch} leave (hash -> count), the hashes stored in
+    the CPU tier, and the count of STORAGE removals."""
+    held, cpu, removed = collections.Counter(), set(), 0
+    for seq in sorted(batches):
+        for ev in batches[seq].events:
+            if isinstance(ev, kv_events.AllBlocksCleared):
+                held.clear()
+            elif ev.medium == "CPU" and isinstance(ev, kv_events.BlockStored):
+                cpu.update(ev.block_hashes)
+            elif ev.medium == "STORAGE":
+                assert ev.ownership == "node-test"
+                for h in ev.block_hashes:
+                    if isinstance(ev, kv_events.BlockStored):
+                        assert ev.block_size == PAGE_TOKENS and ev.parent_block_hash is None
+                        held[h] += 1
+                    else:
+                        assert held[h] > 0, "removed a disk page not held"
+                        held[h] -= 1
+                        removed += 1
+    return +held, cpu, removed
+
+
+def test_disk_tier_pages_are_storage_events():
+    """Host pages a pool's disk tier takes are BlockStored with medium STORAGE under the same
+    page keys as in the host tier; pages written over on the disk are BlockRemoved there; the
+    STORAGE pages of the stream are the disk's; a kvpoold started again without the fd store
+    adopts the disk and its first batch names every page on it."""
+    import kvpool
+    here = os.path.dirname(os.path.abspath(__file__))  # a filesystem with direct I/O
+    ddir = tempfile.mkdtemp(prefix="kvpool-events-disk-", dir=here)
+    conf = events_conf("dk", extra_pool=f"disk = write-back\ndisk_path = {ddir}/e.disk\n"
+                       "disk_capacity = 48t\n")
+    try:
+        d = Daemon(conf)
+        try:
+            s = Subscriber("dk")
+            try:
+                time.sleep(0.3)
+                s.replay(0)
+                with kvpool.connect(d.sock) as c:
+                    p = c.attach("e")
+                    for r in range(30):  # 60 host pages through a 16-page host tier
+                        with p.alloc(2, tier="host") as l:
+                            p.insert(l, [10000 * (r + 1) + i for i in range(8)])
+                for _ in range(50):  # the disk's writes land
+                    s.drain(idle=0.3)
+                    held, cpu, removed = storage_events(s.batches)
+                    if sum(held.values()) == counters(d)["disk_pages"]:
+                        break
+                held, cpu, removed = storage_events(s.batches)
+                pages = counters(d)["disk_pages"]
+                assert pages == 12  # 48 tokens of 4-token pages, all written over since
+                assert sum(held.values()) == pages and removed > 0
+                assert set(held) <= cpu  # the page keys of the host tier's events
+                snap_seq, snap = s.snapshot()
+                assert storage_events({0: snap})[0] == held
+            finally:
+                s.close()
+        finally:
+            d.stop()
+        d = Daemon(conf)  # no fd store: the disk is adopted
+        try:
+            s = Subscriber("dk")
+            try:
+                time.sleep(0.3)
+                first = dict(s.replay(0))
+                assert storage_events({0: first[0]})[0] == held
+                assert counters(d)["disk_pages"] == pages
+            finally:
+                s.close()
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(ddir, ignore_errors=True)
 
 
 def test_bind_failure_refuses_to_start(tmp_path):

@@ -23,6 +23,7 @@ import_sglang()
 torch = pytest.importorskip("torch")
 import kvpool  # noqa: E402
 from sglang_instance import Instance, linker_config  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # host-only pools whose page holds one SGLang page of every layer: MHA 2 layers x 2 heads x 8
@@ -137,8 +138,10 @@ def test_mla_and_page_size_1(daemon, mla, pool, page):
 
 def test_swa_model(daemon):
     """SGLang's SWAKVPool (layers 0 and 2 of 4 sliding-window): the full-attention layers'
-    pages go through the pool (whose layers are those 2), the sliding window of a restored tail
-    stays evicted in SGLang's books (no SWA pages in the linker's pools) and is computed."""
+    pages go through the pool (whose layers are those 2), and the sliding-window layers' pages
+    of each node too (PoolName.SWA in the linker's pools: one pool page per SGLang page here,
+    the two SWA layers in its two layer slots); a restored tail comes with its window (SGLang
+    keeps only the tokens before the window evicted) and the window's bytes are A's."""
     swa = (8, [0, 2])
     # SGLang's SWA allocator allocates single tokens (page size 1): pool "lk1"
     a = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
@@ -146,14 +149,35 @@ def test_swa_model(daemon):
     a.drain()
     want = a.read(s)
     assert len(want) == 4  # K and V of the 2 full-attention layers
+    assert a.linker.stats()["offload_swa_pages"] == 16
+    swa_pool = a.kv.swa_kv_pool
+    a_swa = a.alloc.full_to_swa_index_mapping[s[8:]]
+    want_swa = [b[a_swa].clone() for j in range(2)
+                for b in (swa_pool.k_buffer[j], swa_pool.v_buffer[j])]
     b = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa)
     assert b.linker.num_layers == 4 and b.linker.dev.counter_of == [1, 3]
+    assert b.linker.dev.swa_counter_of == [0, 2]
     req, m, got, failed = b._fetch(toks(31000, 16) + [1])
     assert got is not None and not failed and len(got[0]) == 16
     same(got[1], want)
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    assert req.kv.get_evicted_seqlen(ComponentType.SWA) == 16
-    a.close(), b.close()
+    # the window (the last 8 tokens) restored: only the 8 before it stay evicted
+    assert req.kv.get_evicted_seqlen(ComponentType.SWA) == 8
+    b_swa = b.alloc.full_to_swa_index_mapping[got[0][8:]]
+    sp = b.kv.swa_kv_pool
+    same([x[b_swa] for j in range(2) for x in (sp.k_buffer[j], sp.v_buffer[j])], want_swa)
+    # a prefix stored without its window (C's linker serves the Full component only, so
+    # SGLang hands it no SWA pages) is not restorable for B: a miss, SGLang computes it
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType as CT
+    c = Instance(daemon.sock, "lk1", layers=4, page=1, swa=swa, components={CT.FULL})
+    assert PoolName.SWA not in c.linker.pools
+    before = daemon.pool_books("lk1")["host"]["cached_tokens"]
+    c.compute(toks(32000, 16), seed=10)
+    c.drain()
+    assert daemon.pool_books("lk1")["host"]["cached_tokens"] == before + 16  # KV pages only
+    assert b.fetch(toks(32000, 16) + [1])[1] is None
+    assert b.linker.stats()["lookup_hit_pages"] == 16  # the first prefix only
+    a.close(), b.close(), c.close()
 
 
 def test_kvpoold_killed_and_restarted(own_daemon):

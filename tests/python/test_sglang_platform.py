@@ -25,7 +25,10 @@ T = 4
 CONF = (DEFAULT_CONF + pool_section("pf", device_capacity="256t", host_capacity="0")
         + pool_section("pf2", device_capacity="256t", host_capacity="0")
         + pool_section("pfwide", head_dim=16, device_capacity="64t", host_capacity="0")
-        + pool_section("pfhost", host_capacity="64t"))
+        + pool_section("pfhost", host_capacity="64t")
+        # an MLA model of 3 layers, latent 12 + 4: 2 tier layers of one head of 16
+        + pool_section("pfmla", layers=2, kv_heads=1, head_dim=16, device_capacity="64t",
+                       host_capacity="0"))
 
 BUILD = r"""
 import os, sys, torch
@@ -226,10 +229,28 @@ def test_bad_input(daemon):
     with pytest.raises(kvpool.NoSuchPool):
         run_here(daemon.sock, "nope")
     from kvpool.sglang_platform import KvpoolCpuPlatform
-    mla = KvpoolCpuPlatform().get_kv_pool_cls(kind="mla")
-    with pytest.raises(ValueError, match="MLA"):
-        mla(size=64, page_size=4, dtype=torch.float16, kv_lora_rank=12, qk_rope_head_dim=4,
-            layer_num=2, device="cpu", enable_memory_saver=False)
+    plat = KvpoolCpuPlatform()
+    mha, mla = plat.get_kv_pool_cls(kind="mha"), plat.get_kv_pool_cls(kind="mla")
+    env = {"KVPOOL_SGLANG_POOL": "pfmla", "KVPOOL_SOCKET": daemon.sock}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        # page size 1: SGLang's own allocator would hand out the tier's slots unleased
+        with pytest.raises(ValueError, match="page size 1"):
+            mha(size=64, page_size=1, dtype=torch.float16, head_num=1, head_dim=16,
+                layer_num=4, device="cpu", enable_memory_saver=False)
+        # an MLA model the pool does not fit: both geometries named
+        with pytest.raises(kvpool.GeometryMismatch) as e:
+            mla(size=64, page_size=4, dtype=torch.float16, kv_lora_rank=24,
+                qk_rope_head_dim=8, layer_num=3, device="cpu", enable_memory_saver=False)
+        assert tuple(e.value.expected) == (2, 1, 32, "fp16", 4)
+        assert tuple(e.value.actual) == (2, 1, 16, "fp16", 4)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     # the allocator with another KV pool
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from kvpool.sglang_platform_pool import KvpoolPagedAllocator
@@ -237,3 +258,39 @@ def test_bad_input(daemon):
                              layer_num=2, device="cpu", enable_memory_saver=False)
     with pytest.raises(ValueError, match="KV pool"):
         KvpoolPagedAllocator(64, 4, torch.float16, "cpu", plain, False)
+
+
+def test_mla_pool_on_the_device_tier(daemon, monkeypatch):
+    """SGLang's MLA KV pool through the platform: each layer's latent buffer is half a tier
+    layer (layer m: the K half of tier layer m // 2 for even m, the V half for odd m), by
+    address; SGLang's allocation calls lease and free its pages."""
+    from kvpool.sglang_platform import KvpoolCpuPlatform
+    from kvpool.sglang_platform_pool import KvpoolPagedAllocator
+
+    monkeypatch.setenv("KVPOOL_SGLANG_POOL", "pfmla")
+    monkeypatch.setenv("KVPOOL_SOCKET", daemon.sock)
+    mla = KvpoolCpuPlatform().get_kv_pool_cls(kind="mla")
+    kv = mla(size=1024, page_size=4, dtype=torch.float16, kv_lora_rank=12, qk_rope_head_dim=4,
+             layer_num=3, device="cpu", enable_memory_saver=False)
+    assert kv.size == 15 * T and len(kv.kv_buffer) == 3  # 16 pages, page 0 the padding
+    c = kvpool.connect(daemon.sock)
+    p = c.attach("pfmla")
+    mine = kv.kvpool_attachment.pool  # the platform's own mapping of the tier
+    for m in range(3):
+        assert kv.kv_buffer[m].data_ptr() == mine.slot_address("device", m // 2, m % 2, 0)
+        assert tuple(kv.kv_buffer[m].shape) == (16 * T, 1, 16)
+    assert kv.data_ptrs.tolist() == [b.data_ptr() for b in kv.kv_buffer]
+    alloc = KvpoolPagedAllocator(1024, page_size=4, dtype=torch.float16, device="cpu",
+                                 kvcache=kv, need_sort=False)
+    slots = alloc.alloc(5 * T)
+    assert slots is not None and not bool((slots < T).any())
+    assert daemon.pool_books("pfmla")["device"]["leased_tokens"] >= 5 * T
+    # a write to layer 1's latent lands in the V half of tier layer 0, not in layer 0's
+    kv.kv_buffer[1][slots] = 1.5
+    odd = torch.from_dlpack(p.kv("device", 0, 1))
+    assert bool((odd[slots] == 1.5).all()) and not bool((kv.kv_buffer[0][slots] == 1.5).any())
+    alloc.free(slots)
+    pad = T if alloc._padding else 0
+    assert daemon.pool_books("pfmla")["device"]["leased_tokens"] == pad
+    p.detach(), c.close()
+    kv.kvpool_attachment.close()

@@ -440,6 +440,71 @@ static void test_kvp_limit_name_all(void)
 	CU_ASSERT_STRING_EQUAL(kvp_budget_limit_name(KVP_BUDGET_MAX), "?");
 }
 
+/* The room of one pool's host tier: the least limit its pages are subject to, named. */
+static void test_kvp_budget_room_names_the_least_limit(void)
+{
+	struct kvp_conf c;
+	struct kvp_pool_conf *p;
+	struct kvp_budget_room room;
+
+	new_conf(&c);
+	p = add_pool(&c, "a", KVP_DEVICE_NONE, 0, 64, 1);
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_NUMA_NODE_FREE);
+	CU_ASSERT_EQUAL(room.bytes, 1000 * GiB);
+	CU_ASSERT_EQUAL(room.numa_node, 1);
+	g_f.mem = 300 * GiB;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_MEM_AVAILABLE);
+	CU_ASSERT_EQUAL(room.bytes, 300 * GiB);
+	g_f.cgroup = 2 * GiB;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_CGROUP_MEMORY_MAX);
+	CU_ASSERT_EQUAL(room.bytes, 2 * GiB);
+	/* RLIMIT_MEMLOCK binds only with mlock = on; try only warns */
+	g_f.lock = 1 * GiB;
+	p->mlock = KVP_TRY;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_CGROUP_MEMORY_MAX);
+	p->mlock = KVP_ON;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_RLIMIT_MEMLOCK);
+	CU_ASSERT_EQUAL(room.bytes, 1 * GiB);
+	/* huge pages: only the free huge pages (and the lock) count */
+	p->mlock = KVP_OFF;
+	p->hugepages = KVP_ON;
+	g_f.huge = 4 * GiB;
+	g_f.calls_mem = 0;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_HUGEPAGES_FREE);
+	CU_ASSERT_EQUAL(room.bytes, 4 * GiB);
+	CU_ASSERT_EQUAL(g_f.calls_mem, 0);
+}
+
+/* No limit at all: UINT64_MAX and none named; a reader's error leaves *out as it was. */
+static void test_kvp_budget_room_unlimited_and_errors(void)
+{
+	struct kvp_conf c;
+	struct kvp_pool_conf *p;
+	struct kvp_budget_room room = { .bytes = 7, .limit = KVP_BUDGET_MAX, .numa_node = 9 };
+
+	new_conf(&c);
+	p = add_pool(&c, "a", KVP_DEVICE_NONE, 0, 64, -1);
+	g_f.node[0] = UINT64_MAX;
+	g_f.err = -EIO;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), -EIO);
+	CU_ASSERT_EQUAL(room.bytes, 7);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_MAX);
+	g_f.err = 0;
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), 0);
+	CU_ASSERT_EQUAL(room.bytes, UINT64_MAX);
+	CU_ASSERT_EQUAL(room.limit, KVP_BUDGET_NONE);
+	CU_ASSERT_EQUAL(room.numa_node, 0);
+	p->numa_node = 3; /* past max_node */
+	CU_ASSERT_EQUAL(kvp_budget_room(p, &g_env, &room), -ENOENT);
+	CU_ASSERT_EQUAL(kvp_budget_room(NULL, &g_env, &room), -EINVAL);
+}
+
 /* The real readers on this machine: each answers, with plausible numbers. */
 static void test_kvp_budget_env_system_reads(void)
 {
@@ -482,6 +547,8 @@ int main(void)
 		H_TEST(test_kvp_budget_check_read_error),
 		H_TEST(test_kvp_budget_format_small_sizes),
 		H_TEST(test_kvp_limit_name_all),
+		H_TEST(test_kvp_budget_room_names_the_least_limit),
+		H_TEST(test_kvp_budget_room_unlimited_and_errors),
 		H_TEST(test_kvp_budget_env_system_reads),
 	};
 

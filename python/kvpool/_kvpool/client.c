@@ -122,7 +122,8 @@ static PyObject *tier_status_to_py(const struct kvp_tier_status *t)
 	    dict_set_u64(d, "leased_tokens", t->leased_tokens) ||
 	    dict_set_u64(d, "cached_tokens", t->cached_tokens) ||
 	    dict_set_u64(d, "evictable_tokens", t->evictable_tokens) ||
-	    dict_set_u64(d, "protected_tokens", t->protected_tokens)) {
+	    dict_set_u64(d, "protected_tokens", t->protected_tokens) ||
+	    dict_steal(d, "numa_node", PyLong_FromLong(t->numa_node))) {
 		Py_DECREF(d);
 		return NULL;
 	}
@@ -131,7 +132,7 @@ static PyObject *tier_status_to_py(const struct kvp_tier_status *t)
 
 static PyObject *pool_status_to_py(const struct kvp_pool_status *ps)
 {
-	PyObject *d = PyDict_New(), *tiers = NULL;
+	PyObject *d = PyDict_New(), *tiers = NULL, *counters;
 
 	if (!d)
 		return NULL;
@@ -149,9 +150,28 @@ static PyObject *pool_status_to_py(const struct kvp_pool_status *ps)
 			goto fail;
 	if (dict_steal(d, "tiers", tiers))
 		goto fail_d;
+	/* the pool's counters by name, with the node's room for its host tier when the daemon
+	 * read it (host_room_bytes, host_room_limit: a kvp_limit_name) */
+	counters = PyDict_New();
+	if (!counters)
+		goto fail_d;
+	for (uint32_t i = 0; i < ps->n_counters && i < KVP_STATUS_MAX_COUNTERS; i++) {
+		const struct kvp_counter *k = &ps->counters[i];
+		int r = strcmp(k->name, "host_room_limit") == 0
+				? dict_set_str(counters, k->name, kvp_limit_name((int)k->value))
+				: dict_set_u64(counters, k->name, k->value);
+
+		if (r)
+			goto fail_c;
+	}
+	if (dict_steal(d, "counters", counters))
+		goto fail_d;
 	return d;
 fail:
 	Py_XDECREF(tiers);
+	goto fail_d;
+fail_c:
+	Py_DECREF(counters);
 fail_d:
 	Py_DECREF(d);
 	return NULL;
@@ -646,7 +666,9 @@ static PyMethodDef client_methods[] = {
 	  "events of other kinds are taken and dropped (events() shows every kind)." },
 	{ "status", (PyCFunction)client_status, METH_NOARGS,
 	  "status()\n--\n\nThe daemon's status as a dict: daemon_version, uptime_ms, sessions and "
-	  "pools (name, pool_id, geometry, tiers with token counts, hit/queried tokens)." },
+	  "pools (name, pool_id, geometry, tiers with token counts and numa_node, hit/queried "
+	  "tokens, counters by name: with a host tier, host_room_bytes and host_room_limit, "
+	  "what the node still gives that tier and the limit that binds)." },
 	{ "attach", (PyCFunction)(void (*)(void))client_attach, METH_VARARGS | METH_KEYWORDS,
 	  "attach(pool, expect=None)\n--\n\nAttaches to pool `pool` and maps its tiers. `expect`"
 	  " (a Geometry, a dict or any object with those attributes; missing or 0 fields match "

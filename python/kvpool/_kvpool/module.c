@@ -434,6 +434,13 @@ static PyMethodDef mod_methods[] = {
 	  "for a list of 4 MiB or more). The three are vectors of 64-bit integers of one length "
 	  "(numpy uint64). The addresses are raw memory the caller owns and keeps alive (tensors, "
 	  "a pool's mapped pages): nothing checks them. Returns the runs copied." },
+	{ "copy_buffer_runs", (PyCFunction)(void (*)(void))kvpy_copy_buffer_runs, METH_VARARGS | METH_KEYWORDS,
+	  "copy_buffer_runs(dst, src, runs, threads=1)\n--\n\nCopies byte runs between buffers in "
+	  "one call, the GIL released: dst and src are sequences of C-contiguous buffers (dst "
+	  "writable), runs an int64 array of rows (dst index, dst offset, src index, src "
+	  "offset, bytes) that must not overlap. Every run is checked against its buffers "
+	  "first (ValueError). Split over up to `threads` threads; a transfer larger than the "
+	  "caches uses streaming stores. Returns the bytes copied." },
 	{ NULL, NULL, 0, NULL }
 };
 

@@ -139,3 +139,6 @@ PyObject *match_new(PoolObject *self, struct kvp_pool *p, uint64_t tokens, uint6
 /* ---- view.c ---- */
 extern PyType_Spec view_spec;
 PyObject *view_new(PoolObject *pool, int tier, void *data, int ndim, const Py_ssize_t *shape);
+
+/* ---- copy.c ---- */
+PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw);
