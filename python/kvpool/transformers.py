@@ -11,6 +11,8 @@ are reused by every other process serving the same model::
     cache.close()                                   # locks and leased pages go back
 
 model.generate(input_ids, past_key_values=cache, ...) after reuse() works the same way.
+Pages of the prefix that kvpoold moved to a tier below host (disk, remote) are reused too:
+reuse() fetches them into host pages (Pool.fetch, locked) and loads them to the device tier.
 
 If an admin (or the daemon, under pressure) evicts one of the sequence's pages between
 publish()'s insert and its lock, publish() raises PrefixEvicted (a kvpool.NotFound): the cache
@@ -23,6 +25,7 @@ of the tokens to remove; 4.x: of the cache positions, get_max_cache_shape, crop 
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional
 
 import numpy
@@ -196,6 +199,8 @@ class KvpoolCache(Cache):
         self._n_cached = 0           # leading pages that are the cache's (locked), not ours
         self._lease: Optional[kvpool.Lease] = None
         self._match: Optional[kvpool.Match] = None
+        # fetches from the tiers below host: fetched_pages, fetch_missed_pages, fetch_<error>
+        self.stats: Counter = Counter()
 
     # -- pages --
     def _slots(self, n: int) -> torch.Tensor:
@@ -219,12 +224,28 @@ class KvpoolCache(Cache):
 
     def _lock(self, tokens: numpy.ndarray) -> kvpool.Match:
         m = self.pool.match(tokens, namespace=self.namespace, lock=True)
+        if m.remote_pages:
+            m = self._fetch(tokens, m)
         if len(m.host_pages):
             try:
                 m.load()
             except kvpool.Unavailable:
                 pass  # another session pins the host pages: use the device-resident part
         return m
+
+    def _fetch(self, tokens: numpy.ndarray, m: kvpool.Match) -> kvpool.Match:
+        """m's pages and those after them that the tiers below host (disk, remote) hold,
+        read into host pages and locked (Fetch); a fetch that fails is counted in stats and
+        m stands (a shorter prefix, computed again: never an error)."""
+        try:
+            f = self.pool.fetch(tokens, namespace=self.namespace, lock=True)
+        except kvpool.Error as e:
+            self.stats[f"fetch_{type(e).__name__}"] += 1
+            return m
+        m.release()
+        self.stats["fetched_pages"] += f.fetched_pages
+        self.stats["fetch_missed_pages"] += f.missed_pages
+        return f
 
     # -- the kvpool side --
     def reuse(self, input_ids: Any) -> int:

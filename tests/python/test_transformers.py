@@ -3,6 +3,7 @@ prefix from kvpool pages and gets the logits and tokens of a full recompute."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -249,3 +250,59 @@ def test_layer_interface_of_this_release(model, pool):
         # what the cache still holds computes the same next logits as a full recompute
         out = model(ids[:, n - 4:], past_key_values=cache).logits
         check_against_full(model, ids, n - 4, out)
+
+
+def test_reuse_of_a_prefix_on_the_disk_tier(model):
+    """A prefix one process published, whose pages other traffic pushed out of the device
+    tier, then out of the host tier onto the pool's disk tier, is reused by a second process:
+    reuse() fetches them into host pages (Pool.fetch) and loads them; the logits are a full
+    recompute's. A Fetch refused (the session's quota held) is a counted miss."""
+    import numpy
+
+    from conftest import Daemon, pool_section
+    from disk_util import disk_counters, disk_folder, disk_lines, remove_folder
+
+    folder = disk_folder()
+    conf = "[daemon]\n" + pool_section("llama", head_dim=16, device_capacity="64t",
+                                       host_capacity="64t",
+                                       extra=disk_lines(folder, "llama", "1024t")
+                                       + "session_quota = 64t\n")
+    d = Daemon(conf.replace("dtype = fp16", "dtype = fp32"))
+    try:
+        assert publish_in_other_process(d.sock) == [0, 36]
+        sp = hf_model.system_prompt()[0]
+        with kvpool.connect(d.sock, name="pytest-hf-disk") as c:
+            pool = c.attach("llama")
+            # other traffic: 128 pages of other prefixes through 16 device and 16 host pages
+            for i in range(8):
+                with pool.alloc(16, tier="device") as lease:
+                    pool.insert(lease, numpy.arange(64, dtype=numpy.uint32) + 1000 * (i + 1))
+            for _ in range(500):  # the disk tier writes behind the evictions
+                m = pool.match(sp, lock=False)
+                if m.remote_pages == 9:
+                    break
+                time.sleep(0.02)
+            assert (len(m.device_pages), len(m.host_pages), m.remote_pages) == (0, 0, 9)
+            ids = hf_model.user_prompt(seed=16)
+            # the session's quota all leased: the Fetch is refused, reuse() counts it and
+            # reuses nothing (no error); the model computes the whole prompt
+            with pool.alloc(16, tier="host"), torch.no_grad(), \
+                    KvpoolCache(pool, model.config) as cache:
+                assert cache.reuse(ids) == 0
+                assert cache.stats["fetch_QuotaExceeded"] == 1
+                assert cache.stats["fetched_pages"] == 0
+            read0 = disk_counters(d).get("disk_read_pages", 0)
+            with torch.no_grad(), KvpoolCache(pool, model.config) as cache:
+                reused = cache.reuse(ids)
+                out = model(ids[:, reused:], past_key_values=cache).logits
+                assert reused == 36
+                assert cache.stats["fetched_pages"] == 9
+            assert disk_counters(d)["disk_read_pages"] - read0 == 9
+            check_against_full(model, ids, reused, out)
+            books = d.pool_books("llama")
+            for tier in books.values():
+                assert tier["leased_tokens"] == 0 and tier["protected_tokens"] == 0, tier
+            pool.detach()
+    finally:
+        d.stop()
+        remove_folder(folder)
