@@ -553,33 +553,49 @@ static int check_size(struct kvpd_pool *p, int tier, uint32_t npages, struct kvp
 	return 0;
 }
 
-struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
+/* A lease of id with room for npages pages, none taken yet. NULL with f filled (INTERNAL). */
+static struct kvp_lease *lease_new(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
 				   struct kvp_fail *f)
 {
-	struct kvp_lease *l;
+	struct kvp_lease *l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
 
-	if (check_size(p, tier, npages, f) < 0)
-		return NULL;
-	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
 	if (!l || lease_grow(l, npages) < 0) {
 		free(l);
 		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
 		return NULL;
 	}
 	l->id = id;
-	l->owner = ++p->next_owner;
 	l->pool = p;
 	l->tier = tier;
-	if (take_pages(p, tier, npages, l->pages, f) < 0) {
-		free(l->pages);
-		free(l);
-		return NULL;
-	}
+	return l;
+}
+
+/* l's npages pages, taken: they are its, booked as an allocation. */
+static struct kvp_lease *lease_taken(struct kvp_lease *l, uint32_t npages)
+{
+	struct kvpd_pool *p = l->pool;
+
+	l->owner = ++p->next_owner;
 	l->n = npages;
 	lease_adopt(l, 0);
 	p->st.allocs++;
 	p->st.alloc_pages += npages;
 	return l;
+}
+
+struct kvp_lease *kvp_lease_create(struct kvpd_pool *p, int tier, uint64_t id, uint32_t npages,
+				   struct kvp_fail *f)
+{
+	struct kvp_lease *l;
+
+	if (check_size(p, tier, npages, f) < 0 || !(l = lease_new(p, tier, id, npages, f)))
+		return NULL;
+	if (take_pages(p, tier, npages, l->pages, f) < 0) {
+		free(l->pages);
+		free(l);
+		return NULL;
+	}
+	return lease_taken(l, npages);
 }
 
 /* The lowest run of n FREE pages of tier starting at a multiple of align: its first page, or
@@ -629,12 +645,8 @@ struct kvp_lease *kvp_lease_create_run(struct kvpd_pool *p, int tier, uint64_t i
 			 (unsigned long)kvp_pages_total(p->pages[tier]));
 		return NULL;
 	}
-	l = KVP_FAULT_OR(KVP_FAULT_LEASE, calloc(1, sizeof(*l)));
-	if (!l || lease_grow(l, npages) < 0) {
-		free(l);
-		kvp_fail(f, KVP_ERR_INTERNAL, "out of memory");
+	if (!(l = lease_new(p, tier, id, npages, f)))
 		return NULL;
-	}
 	for (uint32_t i = 0; i < npages; i++)
 		l->pages[i] = first + i;
 	if (kvp_pages_claim(p->pages[tier], l->pages, npages) < 0) {
@@ -644,15 +656,7 @@ struct kvp_lease *kvp_lease_create_run(struct kvpd_pool *p, int tier, uint64_t i
 			 first);
 		return NULL;
 	}
-	l->id = id;
-	l->owner = ++p->next_owner;
-	l->pool = p;
-	l->tier = tier;
-	l->n = npages;
-	lease_adopt(l, 0);
-	p->st.allocs++;
-	p->st.alloc_pages += npages;
-	return l;
+	return lease_taken(l, npages);
 }
 
 struct kvp_lease *kvp_lease_restore(struct kvpd_pool *p, int tier, uint64_t id,

@@ -74,13 +74,12 @@ static void copy_all(const struct run *runs, size_t n_runs, size_t total, int th
 	if (threads < 1)
 		threads = 1;
 	for (int k = 0; k < threads; k++) {
-		parts[k] = (struct part){ .runs = runs,
-					  .n_runs = n_runs,
-					  .from = total / (size_t)threads * (size_t)k,
-					  .to = k == threads - 1
-							? total
-							: total / (size_t)threads * (size_t)(k + 1),
-};
+		parts[k] = (struct part){
+			.runs = runs,
+			.n_runs = n_runs,
+			.from = total / (size_t)threads * (size_t)k,
+			.to = k == threads - 1 ? total : total / (size_t)threads * (size_t)(k + 1),
+		};
 	}
 	for (int k = 1; k < threads; k++)
 		started[k] = pthread_create(&tid[k], NULL, part_run, &parts[k]) == 0;
@@ -102,8 +101,8 @@ static Py_ssize_t get_buffers(PyObject *seq, Py_buffer *out, int writable, const
 	if (n < 0)
 		return -1;
 	if (n == 0 || n > KVPY_COPY_MAX_BUFFERS) {
-		PyErr_Format(PyExc_ValueError, "copy_buffer_runs: %s: 1 to %d buffers, not %zd", what,
-			     KVPY_COPY_MAX_BUFFERS, n);
+		PyErr_Format(PyExc_ValueError, "copy_buffer_runs: %s: 1 to %d buffers, not %zd",
+			     what, KVPY_COPY_MAX_BUFFERS, n);
 		return -1;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
@@ -164,11 +163,12 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 		memcpy(v, (const char *)rb->buf + i * sizeof(v), sizeof(v));
 		if (v[0] < 0 || v[0] >= nd || v[2] < 0 || v[2] >= ns || v[1] < 0 || v[3] < 0 ||
 		    v[4] < 0 || v[1] > dst[v[0]].len - v[4] || v[3] > src[v[2]].len - v[4]) {
-			PyErr_Format(PyExc_ValueError,
-				     "copy_buffer_runs: run %zu (%lld, %lld, %lld, %lld, %lld) is outside "
-				     "its buffers",
-				     i, (long long)v[0], (long long)v[1], (long long)v[2],
-				     (long long)v[3], (long long)v[4]);
+			PyErr_Format(
+				PyExc_ValueError,
+				"copy_buffer_runs: run %zu (%lld, %lld, %lld, %lld, %lld) is outside "
+				"its buffers",
+				i, (long long)v[0], (long long)v[1], (long long)v[2],
+				(long long)v[3], (long long)v[4]);
 			PyMem_Free(runs);
 			return NULL;
 		}
@@ -197,7 +197,8 @@ PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 					 &threads))
 		return NULL;
 	if (threads < 1 || threads > KVPY_COPY_MAX_THREADS)
-		return PyErr_Format(PyExc_ValueError, "copy_buffer_runs: threads must be 1 to %d, not %d",
+		return PyErr_Format(PyExc_ValueError,
+				    "copy_buffer_runs: threads must be 1 to %d, not %d",
 				    KVPY_COPY_MAX_THREADS, threads);
 	dst = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*dst));
 	src = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*src));

@@ -306,6 +306,32 @@ static int get_u64_buffer(PyObject *o, Py_buffer *b, const char *what)
 	return 0;
 }
 
+/* copy_runs' and copy_runs_cuda's three lists (dst, src, size): vectors of 64-bit integers of
+ * one length. 0 with the three buffers held, or -1 with an exception set and none held. */
+static int get_run_lists(PyObject *dst_o, PyObject *src_o, PyObject *size_o, Py_buffer *d,
+			 Py_buffer *s, Py_buffer *n, const char *fn)
+{
+	if (get_u64_buffer(dst_o, d, "dst") < 0)
+		return -1;
+	if (get_u64_buffer(src_o, s, "src") < 0) {
+		PyBuffer_Release(d);
+		return -1;
+	}
+	if (get_u64_buffer(size_o, n, "size") < 0) {
+		PyBuffer_Release(d);
+		PyBuffer_Release(s);
+		return -1;
+	}
+	if (d->len == n->len && s->len == n->len)
+		return 0;
+	PyErr_Format(PyExc_ValueError, "%s(): dst, src and size differ in length (%zd, %zd, %zd)",
+		     fn, d->len / 8, s->len / 8, n->len / 8);
+	PyBuffer_Release(d);
+	PyBuffer_Release(s);
+	PyBuffer_Release(n);
+	return -1;
+}
+
 static PyObject *mod_copy_runs(PyObject *mod, PyObject *args)
 {
 	PyObject *dst_o, *src_o, *size_o;
@@ -314,31 +340,13 @@ static PyObject *mod_copy_runs(PyObject *mod, PyObject *args)
 	int r;
 
 	(void)mod;
-	if (!PyArg_ParseTuple(args, "OOO:copy_runs", &dst_o, &src_o, &size_o))
+	if (!PyArg_ParseTuple(args, "OOO:copy_runs", &dst_o, &src_o, &size_o) ||
+	    get_run_lists(dst_o, src_o, size_o, &d, &s, &n, "copy_runs") < 0)
 		return NULL;
-	if (get_u64_buffer(dst_o, &d, "dst") < 0)
-		return NULL;
-	if (get_u64_buffer(src_o, &s, "src") < 0) {
-		PyBuffer_Release(&d);
-		return NULL;
-	}
-	if (get_u64_buffer(size_o, &n, "size") < 0) {
-		PyBuffer_Release(&d);
-		PyBuffer_Release(&s);
-		return NULL;
-	}
 	cnt = n.len / 8;
-	if (d.len != n.len || s.len != n.len) {
-		PyErr_Format(PyExc_ValueError,
-			     "copy_runs(): dst, src and size differ in length "
-			     "(%zd, %zd, %zd)",
-			     d.len / 8, s.len / 8, cnt);
-		r = -1;
-	} else {
-		KVPY_WAIT(r = kvp_copy_runs_cpu(d.buf, s.buf, n.buf, (uint64_t)cnt));
-		if (r < 0)
-			PyErr_SetString(PyExc_ValueError, "copy_runs(): a NULL run list");
-	}
+	KVPY_WAIT(r = kvp_copy_runs_cpu(d.buf, s.buf, n.buf, (uint64_t)cnt));
+	if (r < 0)
+		PyErr_SetString(PyExc_ValueError, "copy_runs(): a NULL run list");
 	PyBuffer_Release(&d);
 	PyBuffer_Release(&s);
 	PyBuffer_Release(&n);
@@ -359,24 +367,10 @@ static PyObject *mod_copy_runs_cuda(PyObject *mod, PyObject *args)
 	int r = -1;
 
 	(void)mod;
-	if (!PyArg_ParseTuple(args, "OOOK:copy_runs_cuda", &dst_o, &src_o, &size_o, &stream))
+	if (!PyArg_ParseTuple(args, "OOOK:copy_runs_cuda", &dst_o, &src_o, &size_o, &stream) ||
+	    get_run_lists(dst_o, src_o, size_o, &d, &s, &n, "copy_runs_cuda") < 0)
 		return NULL;
-	if (get_u64_buffer(dst_o, &d, "dst") < 0)
-		return NULL;
-	if (get_u64_buffer(src_o, &s, "src") < 0) {
-		PyBuffer_Release(&d);
-		return NULL;
-	}
-	if (get_u64_buffer(size_o, &n, "size") < 0) {
-		PyBuffer_Release(&d);
-		PyBuffer_Release(&s);
-		return NULL;
-	}
-	if (d.len != n.len || s.len != n.len) {
-		PyErr_Format(PyExc_ValueError,
-			     "copy_runs_cuda(): dst, src and size differ in length (%zd, %zd, %zd)",
-			     d.len / 8, s.len / 8, n.len / 8);
-	} else if (!stream && n.len) {
+	if (!stream && n.len) {
 		PyErr_SetString(PyExc_ValueError,
 				"copy_runs_cuda(): a stream of its own is needed, not the default "
 				"stream (0)");
@@ -434,7 +428,8 @@ static PyMethodDef mod_methods[] = {
 	  "for a list of 4 MiB or more). The three are vectors of 64-bit integers of one length "
 	  "(numpy uint64). The addresses are raw memory the caller owns and keeps alive (tensors, "
 	  "a pool's mapped pages): nothing checks them. Returns the runs copied." },
-	{ "copy_buffer_runs", (PyCFunction)(void (*)(void))kvpy_copy_buffer_runs, METH_VARARGS | METH_KEYWORDS,
+	{ "copy_buffer_runs", (PyCFunction)(void (*)(void))kvpy_copy_buffer_runs,
+	  METH_VARARGS | METH_KEYWORDS,
 	  "copy_buffer_runs(dst, src, runs, threads=1)\n--\n\nCopies byte runs between buffers in "
 	  "one call, the GIL released: dst and src are sequences of C-contiguous buffers (dst "
 	  "writable), runs an int64 array of rows (dst index, dst offset, src index, src "
