@@ -133,7 +133,7 @@ import vllm.model_executor.models.llama"
 # the engine plug-ins' tests (engine venv only), and the tests run in both venvs
 engine_tests="test_sglang.py test_sglang_linker.py test_sglang_platform.py
 	test_sglang_plugin.py test_sglang_cuda.py test_vllm.py test_vllm_scheduler.py
-	test_vllm_below.py test_vllm_connector.py test_events.py"
+	test_vllm_below.py test_vllm_connector.py test_events.py test_sglang_below.py"
 both_tests="test_transformers.py"
 epy=""
 if [ "${KVP_PY_ENGINES:-1}" = 1 ]; then

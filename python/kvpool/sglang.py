@@ -32,6 +32,13 @@ layers, ...]) needs a per-token gather (layers x page_size runs of one row). Eve
 one strided torch copy per component for a batch when the host indices or kvpool's pages form
 one run, else a gather first.
 
+Tiers below host: pages kvpoold's disk tier (or remote tier) holds after the local ones are
+hits too: batch_exists counts them (one MatchKeys without a lock per call of keys) and
+batch_get_v1 / get fetch them into host pages (FetchKeys, locked) before copying them. A fetch
+that fails (kvpoold refuses it, a page fails its check on the disk) is counted and the pages
+it did not read are misses. Counted: exists_hits_below, fetched_pages, fetch_missed_pages,
+fetch_<error>.
+
 kvpoold down or restarted: every call answers misses / False and counts it (get_stats); the
 backend attaches again by itself after a bounded backoff. Pages that another client loaded to
 the pool's device tier are misses here (this backend reads host pages).
@@ -41,13 +48,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 import kvpool
-from kvpool._link import Link, geometry_mismatch
+from kvpool._link import _DOWN, Link, geometry_mismatch
 
 __all__ = ["KvpoolStorage", "KvpoolLinker", "LAYOUTS"]
 
@@ -153,6 +160,39 @@ def _components_to_flat(host: Any, comps: list[torch.Tensor]) -> torch.Tensor:
     if host.layout == "page_first":
         comps = [c.transpose(0, 1) for c in comps]
     return torch.stack(comps).reshape(-1)
+
+
+def held_pages(pool: kvpool.Pool, keys: list[bytes], namespace: int) -> tuple[int, int]:
+    """(local, below): the leading keys held in the pool's device and host pages, and those
+    after them held by the tiers below host (disk, remote). One MatchKeys without a lock:
+    kvpoold counts the disk's pages from its key map and asks a remote tier only when the
+    pool has one and the local pages fall short."""
+    m = pool.match_keys(keys, namespace=namespace, lock=False)
+    return len(m.device_pages) + len(m.host_pages), int(m.remote_pages)
+
+
+def match_or_fetch(pool: kvpool.Pool, keys: list[bytes], namespace: int,
+                   count: Callable[[str, int], None]) -> Any:
+    """The locked match of keys; where tiers below host hold pages after the local ones (and
+    no device pages were matched), the locked answer of a FetchKeys that read them into host
+    pages first, the first match released. A fetch that fails is counted (count("fetch_<error>",
+    1)) and the local match stands: fewer pages, never an error; connection loss and a
+    restart are raised (the Link's to handle)."""
+    m = pool.match_keys(keys, namespace=namespace, lock=True)
+    if not m.remote_pages or len(m.device_pages):
+        return m
+    try:
+        f = pool.fetch_keys(keys, namespace=namespace, lock=True)
+    except _DOWN + (kvpool.Restarted,):
+        raise
+    except kvpool.Error as e:
+        count(f"fetch_{type(e).__name__}", 1)
+        log.info("kvpool.sglang: fetch: %s", e)
+        return m
+    m.release()
+    count("fetched_pages", int(f.fetched_pages))
+    count("fetch_missed_pages", int(f.missed_pages))
+    return f
 
 
 class KvpoolStorage(HiCacheStorage):
@@ -268,25 +308,31 @@ class KvpoolStorage(HiCacheStorage):
 
     # -- the v1 batch interface (what the cache controller calls) --
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        """Count of leading pages whose every key is stored."""
+        """Count of leading pages whose every key is stored: in host pages or, after them, in
+        the tiers below host (batch_get_v1 fetches those)."""
         if not keys:
             return 0
         kk, c = self._keys(keys), self.ncomp
 
         def go(pool, state):
-            hit = 0
+            hit = below = 0
             for i in range(0, len(keys), self.max_pages):
                 part = kk[i * c:(i + self.max_pages) * c]
-                n = pool.exists_keys(part, namespace=self.namespace) // c
+                local, low = held_pages(pool, part, self.namespace)
+                n = (local + low) // c
                 hit += n
+                below += n - min(n, local // c)
                 if n * c < len(part):
                     break
-            return hit
+            return hit, below
 
         r = self.link.call("exists", go)
+        hit, below = r if r is not None else (0, 0)
         self.link.stats["exists_keys"] += len(keys)
-        self.link.stats["exists_hits"] += r or 0
-        return r or 0
+        self.link.stats["exists_hits"] += hit
+        if below:
+            self.link.stats["exists_hits_below"] += below
+        return hit
 
     def _batch_args(self, call, keys, host_indices):
         """The kvpool keys of keys and their host pool pages, for a batch call of n > 0 keys."""
@@ -380,9 +426,14 @@ class KvpoolStorage(HiCacheStorage):
         self.metrics.prefetch_pgs.append(got)
         return [i < got for i in range(n)]
 
+    def _count(self, what: str, n: int) -> None:
+        self.link.stats[what] += n  # under the Link's lock (called from its calls)
+
     def _get_run(self, pool, state, part, pidx) -> int:
+        """Reads the leading held pages of part (their component keys) into host pool pages
+        pidx, those below host fetched into kvpool host pages first; returns the pages read."""
         c = self.ncomp
-        m = pool.match_keys(part, namespace=self.namespace, lock=True)
+        m = match_or_fetch(pool, part, self.namespace, self._count)
         try:
             if len(m.device_pages):
                 return 0  # loaded to the device tier by another client: not read here
@@ -408,7 +459,7 @@ class KvpoolStorage(HiCacheStorage):
         kk = self._keys([key])
 
         def go(pool, state):
-            m = pool.match_keys(kk, namespace=self.namespace, lock=True)
+            m = match_or_fetch(pool, kk, self.namespace, self._count)
             try:
                 if len(m.device_pages) or len(m.host_pages) < self.ncomp:
                     return None

@@ -44,6 +44,13 @@ Keys: SGLang's page hash (64 hex digits) as its 32 bytes plus "_tp<rank>" for MH
 rank holds its heads) or "_mla" for MLA (the latent is the same on every TP rank: rank 0
 stores it, every rank reads it), then "_pp<rank>" with pipeline parallelism.
 
+Tiers below host: pages kvpoold's disk tier (or remote tier) holds after the local ones are
+hits too: a lookup counts them (one MatchKeys without a lock per call of keys) and a load
+fetches them into host pages (FetchKeys, locked) when SGLang queues it; a fetch that fails
+(kvpoold refuses it, a page fails its check on the disk) is counted and the load refused
+(SGLang computes the prefix). Counted: lookup_hit_pages_below, fetched_pages,
+fetch_missed_pages, fetch_<error>.
+
 kvpoold down or restarted: lookups miss, loads are refused (SGLang computes the prefix) and
 offloads are dropped, each counted (stats()); nothing raises into the scheduler. The linker
 attaches again by itself after a bounded backoff. An offload that finds the host tier full
@@ -70,6 +77,7 @@ from sglang.srt.utils import get_device_module
 import kvpool
 from kvpool._kvpool import copy_buffer_runs
 from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
+from kvpool.sglang import held_pages, match_or_fetch
 
 __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
 
@@ -415,15 +423,19 @@ class KvpoolLinker(UnifiedCacheLinker):
             out.append(b + self.tag)
         return out
 
-    def _leading(self, pool: kvpool.Pool, keys: list[bytes]) -> int:
-        hit = 0
+    def _leading(self, pool: kvpool.Pool, keys: list[bytes]) -> tuple[int, int]:
+        """(hit, below): the leading keys held in the pool, in host pages or after them in
+        the tiers below host, and how many of them are below host."""
+        hit = below = 0
         for i in range(0, len(keys), self.max_keys):
             part = keys[i:i + self.max_keys]
-            n = pool.exists_keys(part, namespace=self.namespace)
+            local, low = held_pages(pool, part, self.namespace)
+            n = min(len(part), local + low)
             hit += n
+            below += n - min(n, local)
             if n < len(part):
                 break
-        return hit
+        return hit, below
 
     @staticmethod
     def _kv(transfers: list[PoolTransfer], name: Any = PoolName.KV) -> Optional[PoolTransfer]:
@@ -445,16 +457,16 @@ class KvpoolLinker(UnifiedCacheLinker):
                 return 0
             lo = max(0, p - self.window_pages)
             want = self._swa_keys(keys[lo:p])
-            n = pool.exists_keys(want, namespace=self.namespace)
-            if n == len(want):
+            n = min(len(want), sum(held_pages(pool, want, self.namespace)))
+            if n >= len(want):
                 return p
             p = lo + n // parts  # a window must end at or before the first missing page
         return 0
 
     # -- lookup --
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
-        """Every prefix length (pages) whose pages are all in the pool: 1 .. the leading
-        run."""
+        """Every prefix length (pages) whose pages are all in the pool (in host pages or, after
+        them, below host: load fetches those): 1 .. the leading run."""
         kv = self._kv(transfers)
         if kv is None or not kv.keys:
             return []
@@ -463,21 +475,26 @@ class KvpoolLinker(UnifiedCacheLinker):
             self._kv(transfers, PoolName.SWA) is not None
 
         def find(pool, st):
-            hit = self._leading(pool, keys)
-            return self._swa_restorable(pool, keys, hit) if swa and hit else hit
+            hit, below = self._leading(pool, keys)
+            if swa and hit:
+                hit = self._swa_restorable(pool, keys, hit)
+            return hit, min(hit, below)
 
-        hit = self.link.call("lookup", find) or 0
+        hit, below = self.link.call("lookup", find) or (0, 0)
         self._count("lookup_pages", len(keys))
         self._count("lookup_hit_pages", hit)
+        if below:
+            self._count("lookup_hit_pages_below", below)
         if swa:  # a shorter prefix would need the window that ends there
             return [hit] if hit else []
         return list(range(1, hit + 1))
 
     # -- load --
     def load(self, rid: str, transfers: list[PoolTransfer]) -> bool:
-        """Pins the pages of the request's keys (a lock in the pool) and queues their copy
-        into its device slots; False (SGLang computes the prefix) when they are not all
-        there any more or kvpoold cannot be reached."""
+        """Pins the pages of the request's keys (a lock in the pool; pages below host fetched
+        into host pages first) and queues their copy into its device slots; False (SGLang
+        computes the prefix) when they are not all there any more or kvpoold cannot be
+        reached."""
         kv = self._kv(transfers)
         if kv is None or not kv.keys or kv.device_indices is None:
             return False
@@ -495,13 +512,13 @@ class KvpoolLinker(UnifiedCacheLinker):
         ns = self.namespace
 
         def pin(pool, host):
-            m = pool.match_keys(keys, namespace=ns, lock=True)
+            m = match_or_fetch(pool, keys, ns, self._count)
             if len(m.device_pages) or len(m.host_pages) < len(keys):
                 m.release()
                 return None
             job = _Load(m, host, torch.from_numpy(m.host_pages.astype("int64")), slots)
             if swa_keys:
-                w = pool.match_keys(swa_keys, namespace=ns, lock=True)
+                w = match_or_fetch(pool, swa_keys, ns, self._count)
                 if len(w.device_pages) or len(w.host_pages) < len(swa_keys):
                     w.release()
                     m.release()
