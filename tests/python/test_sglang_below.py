@@ -5,7 +5,8 @@ test_sglang.py drives it). An instance stores pages, other traffic pushes them o
 tier to the disk, then a lookup (batch_exists) counts them as hits below host and a load
 (batch_get_v1) fetches them into host pages and copies them: every byte equal to what was
 stored, no lock nor lease left. With the disk's bytes flipped under kvpoold, the fetch reads
-nothing: a counted miss, no exception, and the pages are misses afterwards."""
+nothing: a counted miss, no exception, and the pages are misses afterwards; a fetch kvpoold
+refuses (the session's quota held) is a counted miss too."""
 import json
 import time
 from array import array
@@ -25,18 +26,20 @@ from sglang_instance import Instance  # noqa: E402
 L, H, D, T = 2, 2, 8, 4
 PAGES = 6        # SGLang pages a test stores and reads back
 HOST_PAGES = 8   # the host tiers' pages: the other traffic fills them twice over
+QUOTA_PAGES = 2 * PAGES  # "sgd"'s session quota: one backup of PAGES pages (K and V each)
 
 
 def conf(folder):
     """Pool "lkd" (the linker's: a pool page holds an SGLang page of every layer) and pool
     "sgd" (the storage backend's: a pool page holds K or V of one SGLang page), with host tiers
     of HOST_PAGES SGLang pages (2 x HOST_PAGES pool pages for "sgd") and disk tiers of 512
-    pool pages."""
+    pool pages; "sgd" with a session quota of QUOTA_PAGES pool pages."""
     return ("[daemon]\n"
             + pool_section("lkd", host_capacity=f"{HOST_PAGES * T}t",
                            extra=disk_lines(folder, "lkd", f"{512 * T}t"))
             + pool_section("sgd", head_dim=D // 2, host_capacity=f"{2 * HOST_PAGES * T}t",
-                           extra=disk_lines(folder, "sgd", f"{512 * T}t")))
+                           extra=disk_lines(folder, "sgd", f"{512 * T}t")
+                           + f"session_quota = {QUOTA_PAGES * T}t\n"))
 
 
 @pytest.fixture
@@ -275,4 +278,27 @@ def test_storage_corrupt_disk_pages_are_misses(daemon, folder):
     assert books(daemon, "sgd") == (0, 0)
     assert b.batch_exists(keys) == 0
     assert b.get(keys[0]) is None
+    b.close()
+
+
+def test_storage_fetch_refused_is_a_counted_miss(daemon):
+    """The backend's session holds its whole quota in a lease when batch_get_v1 must fetch:
+    kvpoold refuses the FetchKeys (QUOTA_EXCEEDED); the pages are misses, the refusal is
+    counted and nothing raises into SGLang. With the quota free again the same call reads
+    every page."""
+    b, host = storage(daemon)
+    keys = page_keys(toks(6000, PAGES * T))
+    want = backup_to_disk(daemon, b, host, keys, seed=21)
+    held = b.link.pool.alloc(QUOTA_PAGES, tier="host")
+    dst = list(range(20, 20 + PAGES))
+    assert b.batch_get_v1(keys, host.indices(dst)) == [False] * PAGES
+    st = b.stats()
+    assert st["fetch_QuotaExceeded"] == 1 and not st.get("fetched_pages")
+    held.free()
+    assert books(daemon, "sgd") == (0, 0)
+    assert b.batch_get_v1(keys, host.indices(dst)) == [True] * PAGES
+    for p, w in zip(dst, want):
+        assert torch.equal(host.page(p), w)
+    assert b.stats()["fetched_pages"] == 2 * PAGES
+    assert books(daemon, "sgd") == (0, 0)
     b.close()
