@@ -635,12 +635,13 @@ void kvp_dt_free(struct kvp_dt *dt)
 }
 
 /* Keys of run's pages [0, n): a key call's keys; a token call's page keys, chained from the
- * index's key of page run->from - 1 when it is cached, else from page 0. 0 or -EINVAL. */
+ * index's key of page run->from - 1 when it is cached, else from page 0 (kvp_pool_page_keys).
+ * 0, -EINVAL or -ENOMEM. */
 static int run_keys(struct kvpd_pool *p, const struct kvp_below_run *run, uint32_t n,
 		    struct kvp_dt_key *out)
 {
-	uint32_t pt = p->conf.page_tokens, from = run->from, start = 0;
-	uint8_t h[KVP_PAGE_KEY_BYTES];
+	uint32_t from = run->from;
+	uint8_t(*h)[KVP_PAGE_KEY_BYTES];
 
 	if (run->keyed) {
 		for (uint32_t i = 0; i < n; i++) {
@@ -655,15 +656,14 @@ static int run_keys(struct kvpd_pool *p, const struct kvp_below_run *run, uint32
 	}
 	if (!run->tokens)
 		return -EINVAL;
-	if (from && kvp_pool_token_key(p, run->ns, run->tokens, from, h) == 0)
-		start = from;
-	for (uint32_t i = start; i < from + n; i++) {
-		kvp_page_key(i ? h : NULL, run->tokens + (size_t)i * pt, pt, h);
-		if (i < from)
-			continue;
-		out[i - from].len = KVP_PAGE_KEY_BYTES;
-		memcpy(out[i - from].b, h, KVP_PAGE_KEY_BYTES);
+	if (!(h = malloc(sizeof(*h) * (n + 1))))
+		return -ENOMEM;
+	kvp_pool_page_keys(p, run->ns, run->tokens, from, from + n, h);
+	for (uint32_t i = 0; i < n; i++) {
+		out[i].len = KVP_PAGE_KEY_BYTES;
+		memcpy(out[i].b, h[i], KVP_PAGE_KEY_BYTES);
 	}
+	free(h);
 	return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 
 int kvp_pool_match(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t ntokens,
 		   bool lock, struct kvp_index_match *m, uint32_t *dev, uint32_t *host)
@@ -19,10 +20,19 @@ int kvp_pool_match_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *
 	return kvp_index_match(p->ix, ns, keys, n, lock, m, dev, host);
 }
 
-int kvp_pool_token_key(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t npages,
-		       uint8_t out[KVP_PAGE_KEY_BYTES])
+void kvp_pool_page_keys(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t from,
+			uint32_t to, uint8_t (*out)[KVP_PAGE_KEY_BYTES])
 {
-	return kvp_index_token_key(p->ix, ns, tokens, npages, out);
+	uint32_t pt = p->conf.page_tokens, i = 0;
+	uint8_t h[KVP_PAGE_KEY_BYTES];
+
+	if (from && kvp_index_token_key(p->ix, ns, tokens, from, h) == 0)
+		i = from;
+	for (; i < to; i++) {
+		kvp_page_key(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
+		if (i >= from)
+			memcpy(out[i - from], h, KVP_PAGE_KEY_BYTES);
+	}
 }
 
 uint32_t kvp_pool_exists_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys,

@@ -18,10 +18,12 @@ int kvp_pool_match(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uin
  * have room for n ids); like kvp_pool_match. */
 int kvp_pool_match_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys, uint32_t n,
 			bool lock, struct kvp_index_match *m, uint32_t *dev, uint32_t *host);
-/* The page key of the last of npages whole pages of tokens cached in ns (see
- * kvp_index_token_key). 0, -ENOENT, -EINVAL or -ENOMEM. */
-int kvp_pool_token_key(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t npages,
-		       uint8_t out[KVP_PAGE_KEY_BYTES]);
+/* The page keys (the kvp_page_key chain) of pages [from, to) of tokens in ns into
+ * out[0 .. to - from): chained from the index's key of page from - 1 when p still caches pages
+ * 0 .. from - 1 (their keys are derived once and kept), else hashed from page 0. What the tiers
+ * below host name a token page by. */
+void kvp_pool_page_keys(struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens, uint32_t from,
+			uint32_t to, uint8_t (*out)[KVP_PAGE_KEY_BYTES]);
 /* Count of leading keys of keys[0 .. n) cached in ns. */
 uint32_t kvp_pool_exists_keys(struct kvpd_pool *p, uint64_t ns, const struct kvp_key *keys,
 			      uint32_t n);

@@ -16,6 +16,7 @@
 #include "remote.h"
 #include "remote_cluster.h"
 #include "remote_value.h"
+#include "session.h"
 
 /* Write-through remembers the remote keys it wrote in a direct-mapped table of 2^SEEN_BITS key
  * tags (4 MiB, made with the first write-through pool), so that content written once (inserted,
@@ -106,14 +107,6 @@ static struct rt_pool *rp_find(struct kvp_daemon *d, const struct kvpd_pool *p)
 		if (rp->p == p)
 			return rp;
 	return NULL;
-}
-
-static bool pool_live(const struct kvp_daemon *d, const struct kvpd_pool *p)
-{
-	for (uint32_t i = 0; i < d->n_pools; i++)
-		if (d->pools[i] == p)
-			return true;
-	return false;
 }
 
 /* The namespace part of a remote key (kvp_rv_ns_name): the pool's remote_scope (its name when
@@ -382,7 +375,7 @@ void kvp_rt_bind(struct kvp_daemon *d)
 		struct rt_pool **pp = &d->rt->pools, *rp;
 
 		while ((rp = *pp)) {
-			if (pool_live(d, rp->p)) {
+			if (kvp_daemon_has_pool(d, rp->p)) {
 				pp = &rp->next;
 				continue;
 			}
@@ -392,29 +385,20 @@ void kvp_rt_bind(struct kvp_daemon *d)
 	}
 }
 
-/* Where a chain of page hashes through tokens' pages [from, ..) starts: at from, with h the
- * index's key of page from - 1, when the pool still caches pages 0 .. from (their keys are
- * derived once and kept); else at 0 (the whole path hashed). */
-static uint32_t chain_start(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens,
-			    uint32_t from, uint8_t h[KVP_RV_HASH_SIZE])
-{
-	return from && kvp_pool_token_key(rp->p, ns, tokens, from, h) == 0 ? from : 0;
-}
-
 void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, const uint32_t *tokens,
 		    uint32_t first, const uint32_t *pages, uint32_t n)
 {
 	struct rt_pool *rp = rp_find(d, p);
-	uint32_t pt = p->conf.page_tokens;
-	uint8_t h[KVP_RV_HASH_SIZE];
+	uint8_t(*h)[KVP_PAGE_KEY_BYTES];
 
-	if (!rp || p->conf.remote != KVP_REMOTE_WRITE_THROUGH || !n)
+	if (!rp || p->conf.remote != KVP_REMOTE_WRITE_THROUGH || !n ||
+	    !(h = malloc(sizeof(*h) * n)))
 		return;
-	for (uint32_t i = chain_start(rp, ns, tokens, first, h); i < first + n; i++) {
-		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
-		if (i >= first && put_page(rp, ns, 0, h, pages[i - first]) == PUT_SENT)
+	kvp_pool_page_keys(p, ns, tokens, first, first + n, h);
+	for (uint32_t i = 0; i < n; i++)
+		if (put_page(rp, ns, 0, h[i], pages[i]) == PUT_SENT)
 			d->rt->written_pages++;
-	}
+	free(h);
 }
 
 void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
@@ -434,25 +418,23 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 
 /* ---- keys of the pages after the local ones ---- */
 
-/* Remote keys of pages [from, to) of tokens into out[to - from]; 0 or -EINVAL. */
+/* Remote keys of pages [from, to) of tokens into out[to - from]; 0, -EINVAL or -ENOMEM. */
 static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
 		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
 {
-	uint32_t pt = rp->p->conf.page_tokens;
-	uint8_t h[KVP_RV_HASH_SIZE];
+	uint8_t(*h)[KVP_PAGE_KEY_BYTES] = malloc(sizeof(*h) * (to - from + 1));
 	char nsn[NS_NAME_MAX];
-	int k;
+	int k = 0;
 
+	if (!h)
+		return -ENOMEM;
 	ns_name(rp, ns, 0, nsn);
-	for (uint32_t i = chain_start(rp, ns, tokens, from, h); i < to; i++) {
-		kvp_rv_page_hash(i ? h : NULL, tokens + (size_t)i * pt, pt, h);
-		if (i < from)
-			continue;
-		if ((k = kvp_rv_key(&rp->fp, nsn, h, out[i - from])) < 0)
-			return k;
-		lens[i - from] = (size_t)k;
-	}
-	return 0;
+	kvp_pool_page_keys(rp->p, ns, tokens, from, to, h);
+	for (uint32_t i = from; i < to && k >= 0; i++)
+		if ((k = kvp_rv_key(&rp->fp, nsn, h[i - from], out[i - from])) >= 0)
+			lens[i - from] = (size_t)k;
+	free(h);
+	return k < 0 ? k : 0;
 }
 
 static int hash_keys(const struct rt_pool *rp, uint64_t ns, const struct kvp_key *keys, uint32_t n,
@@ -615,7 +597,7 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 	struct kvp_rt *rt = rd->d->rt;
 	bool ok = false;
 
-	if (st == KVP_RC_HIT && pool_live(rd->d, rd->p)) {
+	if (st == KVP_RC_HIT && kvp_daemon_has_pool(rd->d, rd->p)) {
 		if (e == 0 && n == rd->p->page_bytes) {
 			memcpy((uint8_t *)rd->p->mem[KVP_TIER_ID_HOST].base +
 				       (uint64_t)rd->pages[g->i] * rd->p->page_bytes,
@@ -713,7 +695,7 @@ void kvp_rt_free(struct kvp_daemon *d)
 		return;
 	for (rp = d->rt->pools; rp; rp = next) {
 		next = rp->next;
-		if (pool_live(d, rp->p)) {
+		if (kvp_daemon_has_pool(d, rp->p)) {
 			kvp_index_set_spill(rp->p->ix, NULL, NULL);
 			kvp_index_set_landed(rp->p->ix, NULL, NULL);
 		}

@@ -30,14 +30,6 @@ struct match_wait {
 	uint32_t *pages; /* ndev device ids, then nhost host ids */
 };
 
-static bool pool_live(const struct kvp_daemon *d, const struct kvpd_pool *p)
-{
-	for (uint32_t i = 0; i < d->n_pools; i++)
-		if (d->pools[i] == p)
-			return true;
-	return false;
-}
-
 static void wait_free(struct match_wait *w)
 {
 	free(w->pages);
@@ -59,7 +51,8 @@ static struct kvp_lock *wait_lock(struct match_wait *w, struct kvp_session **sp,
 		s = NULL;
 	*sp = s;
 	*ok = false;
-	if (!s || !pool_live(d, w->p) || d->pools[w->p->id] != w->p || !s->attached[w->p->id])
+	if (!s || !kvp_daemon_has_pool(d, w->p) || d->pools[w->p->id] != w->p ||
+	    !s->attached[w->p->id])
 		return NULL;
 	kvp_fail_init(&f);
 	if (w->lock_id && (!(k = kvp_session_lock(s, w->lock_id, &f)) || k->pool != w->p))
@@ -400,7 +393,7 @@ static void fetch_finish(struct fetch *fe)
 
 	kvp_fail_init(&f);
 	fetch_unbook(fe); /* before the answer's lock, which the quotas count in turn */
-	if (!s || !pool_live(d, fe->p)) {
+	if (!s || !kvp_daemon_has_pool(d, fe->p)) {
 		kvp_fail(&f, KVP_ERR_SHUTTING_DOWN, "the session or its pool ended");
 		kvp_defer_fail(&d->defers, fe->t, &f);
 		fetch_free(fe);

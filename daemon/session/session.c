@@ -169,6 +169,14 @@ static uint64_t mix(uint64_t x, const uint64_t k[2])
 	return x ^ k[1];
 }
 
+bool kvp_daemon_has_pool(const struct kvp_daemon *d, const struct kvpd_pool *p)
+{
+	for (uint32_t i = 0; i < d->n_pools; i++)
+		if (d->pools[i] == p)
+			return true;
+	return false;
+}
+
 uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr)
 {
 	uint64_t id;

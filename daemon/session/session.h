@@ -37,6 +37,8 @@ int kvp_session_may_use_ns(const struct kvp_daemon *d, const struct kvp_session 
  * lock quota and the uid quota. 0 or -QUOTA_EXCEEDED with f filled. */
 int kvp_session_may_lock_pages(const struct kvp_daemon *d, const struct kvp_session *s,
 			       const struct kvpd_pool *p, uint64_t npages, struct kvp_fail *f);
+/* Whether p is one of d's pools now (a reload may have dropped it since it was looked up). */
+bool kvp_daemon_has_pool(const struct kvp_daemon *d, const struct kvpd_pool *p);
 /* A fresh lease or lock id from counter *ctr: nonzero, never UINT64_MAX, distinct for every
  * counter value, and not predictable from another session's ids. */
 uint64_t kvp_daemon_new_id(struct kvp_daemon *d, uint64_t *ctr);
