@@ -70,18 +70,6 @@ static void kill9(struct daemon *d, struct h_eng *e)
 	h_daemon_cleanup(d);
 }
 
-static void drop_caches(void)
-{
-	int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-
-	sync();
-	if (fd >= 0) {
-		if (write(fd, "3\n", 2) != 2)
-			fprintf(stderr, "bench: drop_caches: %s\n", strerror(errno));
-		close(fd);
-	}
-}
-
 static void tokens_of(uint32_t chain, uint32_t npages, uint32_t *t)
 {
 	for (uint32_t i = 0; i < npages * PT; i++)
@@ -333,7 +321,7 @@ static void reboot(const char *path, uint32_t chains, double *secs, double *rate
 		wait_idle(&e);
 	}
 	kill9(&d, &e);
-	drop_caches();
+	h_drop_caches();
 	t0 = b_now_s();
 	start(&d, &e, cfg);
 	while (!seen(&e, 1000, 8) && b_now_s() - t0 < (path ? 30 : 0))

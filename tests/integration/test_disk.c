@@ -77,18 +77,6 @@ static void kill9(struct daemon *d, struct h_eng *e)
 }
 
 /* Drops the page cache (root): the next reads come from the disk. */
-static void drop_caches(void)
-{
-	int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-
-	sync();
-	if (fd >= 0) {
-		if (write(fd, "3\n", 2) != 2)
-			fprintf(stderr, "drop_caches: %s\n", strerror(errno));
-		close(fd);
-	}
-}
-
 /* Publishes prompt (keyed: chain prompt in namespace 7) on the host tier with its pattern. */
 static int publish(struct h_eng *e, uint32_t prompt, int keyed)
 {
@@ -240,7 +228,7 @@ static void test_file_round_trip_and_reboot(void)
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_microseconds_total{pool=\"p\"} "));
 	kill9(&d, &e);
 
-	drop_caches();
+	h_drop_caches();
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	check_all_back(&e);
@@ -265,7 +253,7 @@ static void test_kill_during_writes(void)
 		CU_ASSERT_EQUAL_FATAL(publish(&e, 100 + i, 1), 0);
 	}
 	kill9(&d, &e);
-	drop_caches();
+	h_drop_caches();
 	start(&d, &e, cfg);
 	for (uint32_t i = 0; i < 6; i++) {
 		int n = fetch_checked(&e, i, 0, &bad);
@@ -320,7 +308,7 @@ static void test_flipped_bytes_are_misses(void)
 	}
 	fsync(fd);
 	close(fd);
-	drop_caches();
+	h_drop_caches();
 
 	start(&d, &e, cfg);
 	for (uint32_t i = 0; i < 6; i++) {
@@ -490,7 +478,7 @@ static void test_ext4_two_pools_and_full(void)
 	kvp_client_close(e2.c);
 	kill9(&d, &e);
 	sh("umount '%s'%s", mnt, "");
-	drop_caches();
+	h_drop_caches();
 	CU_ASSERT_EQUAL(sh("mount -o loop '%s' '%s'", img, mnt), 0);
 	start(&d, &e, cfg);
 	check_all_back(&e);
@@ -542,7 +530,7 @@ static void test_block_device(void)
 	CU_ASSERT(wait_written(&e, 48) >= 48);
 	check_all_back(&e);
 	kill9(&d, &e);
-	drop_caches();
+	h_drop_caches();
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	check_all_back(&e);

@@ -473,6 +473,18 @@ int h_daemon_finish(struct daemon *d)
 	return r == 0 ? 0 : -1;
 }
 
+void h_drop_caches(void)
+{
+	int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+
+	sync();
+	if (fd >= 0) {
+		if (write(fd, "3\n", 2) != 2)
+			fprintf(stderr, "drop_caches: %s\n", strerror(errno));
+		close(fd);
+	}
+}
+
 int h_wait_pid(pid_t pid, int ms)
 {
 	uint64_t end = h_now_ms() + (uint64_t)ms;

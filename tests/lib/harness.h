@@ -59,6 +59,10 @@ int h_daemon_finish(struct daemon *d);
  * which the child is SIGKILLed and reaped. */
 int h_wait_pid(pid_t pid, int ms);
 
+/* Writes back dirty pages and drops the page cache (root only: otherwise it stays, said on
+ * stderr when the write fails), so reads that follow come from the disk. */
+void h_drop_caches(void);
+
 /* Runs fn(arg) in a forked child; returns its exit status (or 128+signal). */
 int h_in_child(int (*fn)(void *arg), void *arg);
 
