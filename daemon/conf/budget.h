@@ -137,8 +137,13 @@ const char *kvp_budget_limit_name(enum kvp_budget_limit l);
  * returns. */
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len);
 
+/* Records of the disk tier's log (daemon/disk/disk_log.h) in one 4 KiB block. */
+#define KVP_DISK_LOG_RECS 42u
+/* Bytes of the log region after the slots of a disk tier of `pages` pages: room for four
+ * checkpoints of every page, and 64 blocks more (256 KiB), in 4 KiB blocks. */
+uint64_t kvp_conf_disk_log_bytes(uint64_t pages);
 /* Bytes of p's disk tier on its disk: disk_pages * (page bytes rounded up to 4 KiB + a 4 KiB
- * header); 0 for disk = off. */
+ * header), and its log; 0 for disk = off. */
 uint64_t kvp_conf_disk_bytes(const struct kvp_pool_conf *p);
 /* Checks that every pool's disk tier fits where disk_path points: a block device at least its
  * size, a file's filesystem (all the pools' files on it together) the free space still to

@@ -13,11 +13,18 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+uint64_t kvp_conf_disk_log_bytes(uint64_t pages)
+{
+	return (4 * ((pages + KVP_DISK_LOG_RECS - 1) / KVP_DISK_LOG_RECS) + 64) * 4096;
+}
+
 uint64_t kvp_conf_disk_bytes(const struct kvp_pool_conf *p)
 {
 	uint64_t page = (kvp_conf_page_bytes(p) + 4095) / 4096 * 4096 + 4096;
 
-	return p->disk == KVP_DISK_OFF ? 0 : p->disk_pages * page;
+	return p->disk == KVP_DISK_OFF
+		       ? 0
+		       : p->disk_pages * page + kvp_conf_disk_log_bytes(p->disk_pages);
 }
 
 /* A block device's size: 0 or a negative errno. */
@@ -64,7 +71,7 @@ int kvp_budget_disk_check(const struct kvp_conf *c, char *line, size_t len)
 				snprintf(
 					line, len,
 					"pool %s: disk_path %s is a block device of %lu bytes, the disk "
-					"tier needs %lu (disk_capacity plus a 4 KiB header per page): "
+					"tier needs %lu (disk_capacity, a 4 KiB header per page and the log): "
 					"DISK_DEVICE_SIZE",
 					p->name, p->disk_path, (unsigned long)have,
 					(unsigned long)need);

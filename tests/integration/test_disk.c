@@ -1,7 +1,8 @@
 /* test_disk.c - the disk tier against a real kvpoold and real client processes: host pages
  * evicted to a plain file come back through Match and Fetch with every byte checked (token and
  * key calls); a kvpoold killed with SIGKILL (no fd store) and started again, with the page cache
- * dropped between, adopts what the disk holds; flipped bytes, a truncated file and injected EIO
+ * dropped between, adopts what the disk holds (from the store's log; from every slot's header
+ * when the log is lost); flipped bytes, a truncated file and injected EIO
  * are misses, never wrong bytes, and the engine sees no error. With "devices" (root; 77 with
  * the reason otherwise): an ext4 filesystem made by the test on a loop device, and a loop block
  * device itself, serve as disks; a disk too small stops start-up (exit 3, the limit named); two
@@ -226,10 +227,57 @@ static void test_file_round_trip_and_reboot(void)
 	CU_ASSERT(ctl_prints(&d, "cache", " of 128 pages"));
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_read_pages_total{pool=\"p\"} "));
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_microseconds_total{pool=\"p\"} "));
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_log_bytes{pool=\"p\"} "));
+	CU_ASSERT(h_eng_counter(&e, "disk_log_written_bytes") > 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 0); /* a new file */
 	kill9(&d, &e);
 
+	/* The next kvpoold reads the log, not the headers. */
 	h_drop_caches();
 	start(&d, &e, cfg);
+	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
+	check_all_back(&e);
+	stop(&d, &e);
+	unlink(path);
+}
+
+/* The log region zeroed while kvpoold is down (lost, or damaged): the next kvpoold reads every
+ * slot's header instead, with one log line, adopts the same pages and writes a new log, which
+ * the one after it reads. */
+static void test_log_lost_falls_back_to_scan(void)
+{
+	char path[300], cfg[1024];
+	struct daemon d;
+	struct h_eng e;
+	int fd;
+
+	path_in(path, sizeof(path), g_dir, "l.disk");
+	config(cfg, sizeof(cfg), path, DISK_PAGES, "");
+	start(&d, &e, cfg);
+	publish_all(&e);
+	CU_ASSERT(wait_written(&e, 48) >= 48);
+	stop(&d, &e);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	CU_ASSERT_FATAL(fd >= 0);
+	{
+		static uint8_t z[64 << 10];
+
+		for (off_t at = (off_t)DISK_PAGES * SLOT_BYTES; at < lseek(fd, 0, SEEK_END);
+		     at += (off_t)sizeof(z))
+			CU_ASSERT(pwrite(fd, z, sizeof(z), at) > 0);
+	}
+	fsync(fd);
+	close(fd);
+	h_drop_caches();
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 0);
+	CU_ASSERT(h_log_contains(&d, "no usable log"));
+	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	check_all_back(&e);
+	kill9(&d, &e);
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	check_all_back(&e);
 	stop(&d, &e);
@@ -533,6 +581,7 @@ static void test_block_device(void)
 	h_drop_caches();
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
 	check_all_back(&e);
 	/* The device turns read-only under kvpoold: writes fail (counted), the pages on it still
 	 * come back, no call fails. */
@@ -677,6 +726,7 @@ int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_file_round_trip_and_reboot),
+		H_TEST(test_log_lost_falls_back_to_scan),
 		H_TEST(test_kill_during_writes),
 		H_TEST(test_flipped_bytes_are_misses),
 		H_TEST(test_truncated_file),
