@@ -58,6 +58,7 @@ struct slot {
 struct kvp_disk {
 	int fd;
 	struct kvp_disk_geom g;
+	uint64_t base; /* the region's first byte on the file or device */
 	uint64_t slot_bytes;
 	uint32_t nslots, used;
 	struct slot *slots;
@@ -185,10 +186,13 @@ static bool geom_is(const struct disk_hdr *h, const struct kvp_disk_geom *g)
 	       h->page_bytes == g->page_bytes;
 }
 
-/* Sizes the file or checks the device: 0 or a negative errno with err filled. */
+/* Sizes the file (its region allocated) or checks the device: the region of need bytes from
+ * k->base. 0 or a negative errno with err filled. */
 static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		     struct kvp_disk_open_info *info, char *err, size_t errlen)
 {
+	uint64_t end = k->base + need;
+
 	struct stat st;
 	uint64_t have = 0;
 
@@ -198,11 +202,11 @@ static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		info->block_device = true;
 		if (ioctl(k->fd, BLKGETSIZE64, &have) < 0)
 			return -errno;
-		if (have < need) {
+		if (have < end) {
 			snprintf(err, errlen,
 				 "block device %s holds %lu bytes, the disk tier needs %lu "
 				 "(disk_capacity, a 4 KiB header per page and the log)",
-				 path, (unsigned long)have, (unsigned long)need);
+				 path, (unsigned long)have, (unsigned long)end);
 			return -ENOSPC;
 		}
 		return 0;
@@ -211,13 +215,13 @@ static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		snprintf(err, errlen, "%s is neither a regular file nor a block device", path);
 		return -EINVAL;
 	}
-	if ((uint64_t)st.st_size >= need)
+	if ((uint64_t)st.st_size >= end && !k->base)
 		return 0;
-	if (fallocate(k->fd, 0, 0, (off_t)need) < 0) {
+	if (fallocate(k->fd, 0, (off_t)k->base, (off_t)need) < 0) {
 		int e = errno;
 
-		snprintf(err, errlen, "cannot extend %s to %lu bytes: %s", path,
-			 (unsigned long)need, strerror(e));
+		snprintf(err, errlen, "cannot extend %s to %lu bytes: %s", path, (unsigned long)end,
+			 strerror(e));
 		return -e;
 	}
 	return 0;
@@ -418,7 +422,7 @@ static int disk_adopt(struct kvp_disk *k, struct kvp_disk_open_info *info, char 
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	k->log_bytes = blocks * KVP_DISK_ALIGN;
-	if (!(k->log = kvp_dlog_new(k->fd, (uint64_t)k->nslots * k->slot_bytes, blocks,
+	if (!(k->log = kvp_dlog_new(k->fd, k->base + (uint64_t)k->nslots * k->slot_bytes, blocks,
 				    store_fp(k, blocks)))) {
 		snprintf(err, errlen, "out of memory for the log");
 		return -ENOMEM;
@@ -445,14 +449,22 @@ static int disk_adopt(struct kvp_disk *k, struct kvp_disk_open_info *info, char 
 struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kvp_disk_geom *g,
 			       struct kvp_disk_open_info *info, char *err, size_t errlen)
 {
+	return kvp_disk_open_at(path, 0, pages, g, info, err, errlen);
+}
+
+struct kvp_disk *kvp_disk_open_at(const char *path, uint64_t offset, uint64_t pages,
+				  const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
+				  char *err, size_t errlen)
+{
 	struct kvp_disk *k;
 	uint64_t cap = 2;
 	int rc;
 
 	*info = (struct kvp_disk_open_info){ 0 };
 	err[0] = 0;
-	if (!pages || pages >= NONE || !g->page_bytes) {
-		snprintf(err, errlen, "bad disk tier size: %lu pages", (unsigned long)pages);
+	if (!pages || pages >= NONE || !g->page_bytes || offset % KVP_DISK_ALIGN) {
+		snprintf(err, errlen, "bad disk tier size or offset: %lu pages at byte %lu",
+			 (unsigned long)pages, (unsigned long)offset);
 		errno = EINVAL;
 		return NULL;
 	}
@@ -461,6 +473,7 @@ struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kv
 		return NULL;
 	}
 	k->g = *g;
+	k->base = offset;
 	k->slot_bytes = KVP_DISK_HDR_BYTES + round_up(g->page_bytes, KVP_DISK_ALIGN);
 	k->nslots = (uint32_t)pages;
 	while (cap < 2 * (uint64_t)k->nslots)
@@ -528,7 +541,7 @@ uint64_t kvp_disk_slot_bytes(const struct kvp_disk *k)
 
 uint64_t kvp_disk_slot_off(const struct kvp_disk *k, uint32_t slot)
 {
-	return (uint64_t)slot * k->slot_bytes;
+	return k->base + (uint64_t)slot * k->slot_bytes;
 }
 
 uint64_t kvp_disk_page_bytes(const struct kvp_disk *k)

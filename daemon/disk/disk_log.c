@@ -71,8 +71,8 @@ struct kvp_dlog {
 	uint32_t gen, ckpt_blocks;
 	uint64_t pos; /* the next block's position */
 	struct chunk *open;
-	struct chunk *head, *tail; /* closed, to be taken */
-	struct chunk *flying;	   /* taken, not done */
+	struct chunk *head, *tail;  /* closed, to be taken */
+	struct chunk *flying;	    /* taken, not done */
 	uint64_t waiting, wait_max; /* blocks in open and head..tail */
 	uint32_t inflight;
 	bool want, building;
@@ -303,8 +303,7 @@ static struct chunk *pop(struct kvp_dlog *l)
 	return c;
 }
 
-int kvp_dlog_take(struct kvp_dlog *l, const void **buf, uint32_t *len, uint64_t *off,
-		  uintptr_t *id)
+int kvp_dlog_take(struct kvp_dlog *l, const void **buf, uint32_t *len, uint64_t *off, uintptr_t *id)
 {
 	struct chunk *c;
 
@@ -425,7 +424,8 @@ int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_
 
 		if (pos == have) {
 			uint64_t n = l->nblocks - pos < per ? l->nblocks - pos : per;
-			ssize_t r = pread(l->fd, buf, (size_t)(n * BLOCK), (off_t)(l->off + pos * BLOCK));
+			ssize_t r = pread(l->fd, buf, (size_t)(n * BLOCK),
+					  (off_t)(l->off + pos * BLOCK));
 
 			if (r < 0) {
 				rc = -errno;
@@ -442,7 +442,8 @@ int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_
 			if (pos)
 				break; /* the end of the log, or a torn tail */
 			snprintf(why, whylen, "%s", bad);
-			rc = strcmp(bad, "no log block") == 0 || strcmp(bad, "a log of another format") == 0
+			rc = strcmp(bad, "no log block") == 0 ||
+					     strcmp(bad, "a log of another format") == 0
 				     ? -ENOENT
 			     : strcmp(bad, "a log of another geometry or size") == 0 ? -ESTALE
 										     : -EBADMSG;
@@ -459,16 +460,16 @@ int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_
 
 			memcpy(&x, b + sizeof(h) + (size_t)i * sizeof(x), sizeof(x));
 			if (x.crc != rec_crc(&x) ||
-			    (x.kind != KVP_DLOG_SET && x.kind != KVP_DLOG_FREE) || x.len > KEY_MAX ||
-			    (x.kind == KVP_DLOG_SET && !x.len)) {
+			    (x.kind != KVP_DLOG_SET && x.kind != KVP_DLOG_FREE) ||
+			    x.len > KEY_MAX || (x.kind == KVP_DLOG_SET && !x.len)) {
 				snprintf(why, whylen, "a bad record in log block %lu",
 					 (unsigned long)pos);
 				rc = -EBADMSG;
 				goto out;
 			}
-			r = (struct kvp_dlog_rec){ x.slot, (enum kvp_dlog_kind)x.kind,
-						   x.keyed, x.len,
-						   x.ns,    x.seq,
+			r = (struct kvp_dlog_rec){ x.slot,     (enum kvp_dlog_kind)x.kind,
+						   x.keyed,    x.len,
+						   x.ns,       x.seq,
 						   x.page_crc, x.key };
 			if (x.seq > *max_seq)
 				*max_seq = x.seq;
