@@ -237,6 +237,7 @@ static void test_file_round_trip_and_reboot(void)
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
+	CU_ASSERT(ctl_prints(&d, "cache", "(1 pools from their log"));
 	check_all_back(&e);
 	stop(&d, &e);
 	unlink(path);
