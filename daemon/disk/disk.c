@@ -441,8 +441,9 @@ static int disk_adopt(struct kvp_disk *k, struct kvp_disk_open_info *info, char 
 	map_build(k, info);
 	log_checkpoint(k);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	info->adopt_us = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000u +
-			 (uint64_t)(t1.tv_nsec - t0.tv_nsec) / 1000u;
+	info->adopt_us = (uint64_t)(((int64_t)t1.tv_sec - t0.tv_sec) * 1000000000 +
+				    ((int64_t)t1.tv_nsec - t0.tv_nsec)) /
+			 1000u;
 	return 0;
 }
 
