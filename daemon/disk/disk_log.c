@@ -75,7 +75,7 @@ struct kvp_dlog {
 	struct chunk *flying;	    /* taken, not done */
 	uint64_t waiting, wait_max; /* blocks in open and head..tail */
 	uint32_t inflight;
-	bool want, building;
+	bool want; /* a new generation is due */
 	uint64_t written, ckpts, errors;
 };
 
@@ -216,7 +216,6 @@ void kvp_dlog_begin(struct kvp_dlog *l, uint64_t seq)
 	l->ckpt_blocks = 0;
 	l->max_seq = seq;
 	l->want = false;
-	l->building = true;
 	l->ckpts++;
 }
 
@@ -260,7 +259,6 @@ void kvp_dlog_end(struct kvp_dlog *l)
 	if (!l->pos) /* an empty map: one empty block says so */
 		new_block(l);
 	l->ckpt_blocks = (uint32_t)l->pos;
-	l->building = false;
 	close_open(l); /* the checkpoint leaves in writes of its own */
 }
 
@@ -379,29 +377,37 @@ uint64_t kvp_dlog_errors(const struct kvp_dlog *l)
 	return l->errors;
 }
 
-/* Checks block b at position pos: 0, or why not in words. */
-static const char *blk_bad(const struct kvp_dlog *l, const uint8_t *b, uint64_t pos,
-			   const struct blk *first)
+/* Checks block b at position pos (first: block 0's header, NULL for block 0 itself): 0, or
+ * -ENOENT (no log: never written, another format), -ESTALE (another store's), -EBADMSG (torn,
+ * out of place, another generation), with *why in words. */
+static int blk_check(const struct kvp_dlog *l, const uint8_t *b, uint64_t pos,
+		     const struct blk *first, const char **why)
 {
 	struct blk h;
 	uint8_t tmp[BLOCK];
 
 	memcpy(&h, b, sizeof(h));
+	*why = "no log block";
 	if (h.magic != LOG_MAGIC)
-		return "no log block";
+		return -ENOENT;
+	*why = "a log of another format";
 	if (h.version != LOG_VERSION)
-		return "a log of another format";
+		return -ENOENT;
 	memcpy(tmp, b, BLOCK);
 	memset(tmp + offsetof(struct blk, crc), 0, sizeof(h.crc));
+	*why = "a torn log block";
 	if (kvp_crc32c(tmp, BLOCK) != h.crc)
-		return "a torn log block";
+		return -EBADMSG;
+	*why = "a log of another geometry or size";
 	if (h.fp != l->fp)
-		return "a log of another geometry or size";
+		return -ESTALE;
+	*why = "a log block out of place";
 	if (h.pos != pos || h.nrec > KVP_DISK_LOG_RECS)
-		return "a log block out of place";
+		return -EBADMSG;
+	*why = "a block of an older generation";
 	if (first && (h.nonce != first->nonce || h.gen != first->gen))
-		return "a block of an older generation";
-	return NULL;
+		return -EBADMSG;
+	return 0;
 }
 
 int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_t *max_seq,
@@ -419,7 +425,8 @@ int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_
 		return -ENOMEM;
 	for (pos = 0; pos < l->nblocks; pos++) {
 		const uint8_t *b;
-		const char *bad;
+		const char *what;
+		int bad;
 		struct blk h;
 
 		if (pos == have) {
@@ -438,15 +445,11 @@ int kvp_dlog_replay(struct kvp_dlog *l, kvp_dlog_apply_fn fn, void *ctx, uint64_
 				break; /* past a file's end */
 		}
 		b = buf + (size_t)(pos - (have - got)) * BLOCK;
-		if ((bad = blk_bad(l, b, pos, pos ? &first : NULL))) {
+		if ((bad = blk_check(l, b, pos, pos ? &first : NULL, &what)) < 0) {
 			if (pos)
 				break; /* the end of the log, or a torn tail */
-			snprintf(why, whylen, "%s", bad);
-			rc = strcmp(bad, "no log block") == 0 ||
-					     strcmp(bad, "a log of another format") == 0
-				     ? -ENOENT
-			     : strcmp(bad, "a log of another geometry or size") == 0 ? -ESTALE
-										     : -EBADMSG;
+			snprintf(why, whylen, "%s", what);
+			rc = bad;
 			break;
 		}
 		memcpy(&h, b, sizeof(h));

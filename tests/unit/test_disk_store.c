@@ -381,6 +381,44 @@ static void test_disk_log_full_checkpoints(void)
 	kvp_disk_close(k);
 }
 
+/* A log write that fails: counted, and a new generation's checkpoint follows, which the next open
+ * reads. */
+static void test_disk_log_write_fails(void)
+{
+	struct kvp_disk_open_info info;
+	struct kvp_disk_log_stats ls;
+	struct kvp_disk *k;
+	const void *buf;
+	uint32_t len;
+	uint64_t off;
+	uintptr_t id;
+
+	unlink(g_path);
+	k = open_store(16, &g_geom, &info);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+	flush_log(k);
+	for (uint32_t i = 0; i < 6; i++)
+		put(k, i);
+	CU_ASSERT_EQUAL_FATAL(kvp_disk_log_take(k, &buf, &len, &off, &id), 0);
+	kvp_disk_log_done(k, id, -EIO); /* the block naming pages 0-5 never lands */
+	kvp_disk_log_stats(k, &ls);
+	CU_ASSERT_EQUAL(ls.errors, 1);
+	CU_ASSERT_EQUAL(ls.checkpoints, 1);
+	CU_ASSERT_EQUAL(flush_log(k), 1); /* the new checkpoint: pages 0-5 */
+	kvp_disk_log_stats(k, &ls);
+	CU_ASSERT_EQUAL(ls.checkpoints, 2);
+	put(k, 6);
+	CU_ASSERT_EQUAL(flush_log(k), 1);
+	kvp_disk_close(k);
+	k = open_store(16, &g_geom, &info);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+	CU_ASSERT(info.from_log);
+	CU_ASSERT_EQUAL(info.adopted, 7);
+	for (uint32_t i = 0; i < 7; i++)
+		CU_ASSERT_EQUAL(check(k, (uint32_t)find(k, i), i), 0);
+	kvp_disk_close(k);
+}
+
 /* A store of the previous format (version 1, no log): its pages are dropped, counted. */
 static void test_disk_old_format(void)
 {
@@ -481,6 +519,7 @@ int main(void)
 		H_TEST(test_disk_log_torn_tail_and_damage),
 		H_TEST(test_disk_log_disagrees_with_slot),
 		H_TEST(test_disk_log_full_checkpoints),
+		H_TEST(test_disk_log_write_fails),
 		H_TEST(test_disk_old_format),
 		H_TEST(test_disk_full_writes_over_oldest),
 		H_TEST(test_disk_truncated),
