@@ -11,7 +11,7 @@
  *    Match); disk.reboot.hit_rate: the pages of the prefixes on disk before that a Match reports
  *    after the restart (goal 1.0; without a disk tier: 0);
  *  - disk.startup_ms: a store written full (KVP_BENCH_DISK_STARTUP_GIB GiB, default 4; --quick
- *    0.5), kvpoold killed (SIGKILL), the page cache dropped (root), started again: milliseconds
+ *    2), kvpoold killed (SIGKILL), the page cache dropped (root), started again: milliseconds
  *    from its exec to its first answered call, the store's map read from its log, against the
  *    same start with the log region zeroed (every slot's header read, 64 at a time);
  *    disk.adopt_ms: the store's open alone in those two starts (disk_adopt_us);
@@ -401,7 +401,7 @@ static double start_ms(const char *cfg, int64_t *adopted, int64_t *from_log, dou
 static void rows_startup(int quick, const char *path)
 {
 	const char *env = getenv("KVP_BENCH_DISK_STARTUP_GIB");
-	double gib = quick ? 0.5 : env ? atof(env) : 4.0, ms_log, ms_scan, ad_log, ad_scan;
+	double gib = quick ? 2.0 : env ? atof(env) : 4.0, ms_log, ms_scan, ad_log, ad_scan;
 	uint32_t host = 256, pages = (uint32_t)(gib * 1024 * 4); /* 256 KiB pages */
 	int64_t a_log, a_scan, f_log, f_scan;
 	char cfg[1024];
