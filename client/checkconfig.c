@@ -71,7 +71,7 @@ int kvp_check_config(const char *path, int json)
 						       ? 0
 						       : p->disk_pages * p->page_tokens));
 			kvp_json_str(stdout, p->disk_path);
-			printf("}");
+			printf(",\"disk_offset\":%lu}", (unsigned long)p->disk_offset);
 		} else {
 			char dsz[32], hsz[32];
 
@@ -92,9 +92,12 @@ int kvp_check_config(const char *path, int json)
 				char ksz[32];
 
 				kvp_units_bytes(kvp_conf_disk_bytes(p), ksz, sizeof(ksz));
-				printf("  disk        %13s  %12lu tokens  %s, %s\n", ksz,
+				printf("  disk        %13s  %12lu tokens  %s, %s", ksz,
 				       (unsigned long)(p->disk_pages * p->page_tokens),
 				       p->disk_path, kvp_disk_mode_name(p->disk));
+				if (p->disk_offset)
+					printf(", from byte %lu", (unsigned long)p->disk_offset);
+				printf("\n");
 			}
 		}
 	}

@@ -378,11 +378,18 @@ static int64_t daemon_counter(const struct kvp_status *s, const char *name)
 /* The disk tier's line of `kvpoolctl cache` (all pools' disks together), when there is one. */
 static void disk_line(const struct kvp_status *s)
 {
-	static const char *const names[] = { "disk_pages",	    "disk_bytes",
-					     "disk_capacity_pages", "disk_read_pages",
-					     "disk_written_pages",  "disk_write_dropped",
-					     "disk_queue_depth",    "disk_corrupt_pages",
-					     "disk_io_errors" };
+	static const char *const names[] = { "disk_pages",
+					     "disk_bytes",
+					     "disk_capacity_pages",
+					     "disk_read_pages",
+					     "disk_written_pages",
+					     "disk_write_dropped",
+					     "disk_queue_depth",
+					     "disk_corrupt_pages",
+					     "disk_io_errors",
+					     "disk_adopted_pages",
+					     "disk_adopted_from_log",
+					     "disk_log_bytes" };
 	int64_t v[sizeof(names) / sizeof(names[0])];
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -396,9 +403,10 @@ static void disk_line(const struct kvp_status *s)
 		return;
 	}
 	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written, %ld dropped, queue "
-	       "depth %ld, %ld corrupt, %ld I/O errors\n",
+	       "depth %ld, %ld corrupt, %ld I/O errors; %ld adopted at start (%ld pools from their "
+	       "log, the rest from the slot headers), %ld bytes of log\n",
 	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[5], (long)v[6],
-	       (long)v[7], (long)v[8]);
+	       (long)v[7], (long)v[8], (long)v[9], (long)v[10], (long)v[11]);
 }
 
 static int cmd_cache(struct kvp_client *c, const char *pool)

@@ -238,7 +238,18 @@ struct kvp_remote_stats {
 	X(write_us, "disk_write_microseconds_total", "counter",                                    \
 	  "Summed latency of the disk writes that completed (per page: divide by written pages)")  \
 	X(read_us, "disk_read_microseconds_total", "counter",                                      \
-	  "Summed latency of the disk reads that completed")
+	  "Summed latency of the disk reads that completed")                                       \
+	X(adopted_from_log, "disk_adopted_from_log", "gauge",                                      \
+	  "1: the pages found at start came from the store's log; 0: from every slot's header")    \
+	X(adopt_us, "disk_adopt_microseconds", "gauge",                                            \
+	  "Time the pool's start spent reading the store's log or its slot headers")               \
+	X(log_bytes, "disk_log_bytes", "gauge", "Bytes of the store's log region")                 \
+	X(log_written_bytes, "disk_log_written_bytes_total", "counter",                            \
+	  "Bytes of log blocks written (records of pages stored and freed, checkpoints)")          \
+	X(log_checkpoints, "disk_log_checkpoints_total", "counter",                                \
+	  "Log generations started with a checkpoint of the map (at start, log full, an error)")   \
+	X(log_errors, "disk_log_errors_total", "counter",                                          \
+	  "Log writes that failed (a new checkpoint follows; the pages stay checked when read)")
 
 struct kvp_disk_stats {
 	KVP_DISK_STATS(KVP_FIGURE_FIELD)

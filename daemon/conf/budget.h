@@ -137,11 +137,18 @@ const char *kvp_budget_limit_name(enum kvp_budget_limit l);
  * returns. */
 int kvp_budget_format(const struct kvp_budget_verdict *v, char *buf, size_t len);
 
+/* Records of the disk tier's log (daemon/disk/disk_log.h) in one 4 KiB block. */
+#define KVP_DISK_LOG_RECS 42u
+/* Bytes of the log region after the slots of a disk tier of `pages` pages: room for four
+ * checkpoints of every page, and 64 blocks more (256 KiB), in 4 KiB blocks. */
+uint64_t kvp_conf_disk_log_bytes(uint64_t pages);
 /* Bytes of p's disk tier on its disk: disk_pages * (page bytes rounded up to 4 KiB + a 4 KiB
- * header); 0 for disk = off. */
+ * header), and its log; 0 for disk = off. */
 uint64_t kvp_conf_disk_bytes(const struct kvp_pool_conf *p);
-/* Checks that every pool's disk tier fits where disk_path points: a block device at least its
- * size, a file's filesystem (all the pools' files on it together) the free space still to
- * allocate. 0; -ENOSPC (line names the pool and the binding limit, DISK_DEVICE_SIZE or
- * DISK_FREE_SPACE); or a negative errno of a path that cannot be read (DISK_PATH). */
+/* Checks that every pool's disk tier fits where disk_path points: a block device holds its region
+ * (disk_offset plus kvp_conf_disk_bytes), a file's filesystem (all the pools' files on it
+ * together) the free space still to allocate; and that pools on one disk (one block device, one
+ * file) have disjoint regions. 0; -ENOSPC (line names the pool and the binding limit,
+ * DISK_DEVICE_SIZE or DISK_FREE_SPACE); -EEXIST (two regions overlap: DISK_REGION_OVERLAP, both
+ * pools and regions named); or a negative errno of a path that cannot be read (DISK_PATH). */
 int kvp_budget_disk_check(const struct kvp_conf *c, char *line, size_t len);

@@ -320,8 +320,10 @@ static int resolve_cap(struct parse *s, const struct kvp_pool_conf *p, const cha
 	return 0;
 }
 
-/* The disk tier's keys: disk != off needs disk_path, disk_capacity and a host tier; a path
- * serves one pool; the disk tier takes the evicted host pages that remote = spill would. */
+/* The disk tier's keys: disk != off needs disk_path, disk_capacity and a host tier; disk_offset
+ * is a multiple of 4 KiB (direct I/O); the disk tier takes the evicted host pages that remote =
+ * spill would. Pools on one path need disjoint regions: the budget check (budget_disk.c) says
+ * so, as it says whether a region fits. */
 static int check_disk(struct parse *s, uint32_t idx)
 {
 	struct kvp_pool_conf *p = &s->conf.pools[idx];
@@ -353,15 +355,13 @@ static int check_disk(struct parse *s, uint32_t idx)
 			p->name);
 		return -EINVAL;
 	}
-	for (uint32_t i = 0; i < idx; i++)
-		if (s->conf.pools[i].disk != KVP_DISK_OFF &&
-		    strcmp(s->conf.pools[i].disk_path, p->disk_path) == 0) {
-			fail_at(s, ps->key_line[kvp_conf_key_index(SECT_POOL, "disk_path")],
-				"key 'disk_path' in [pool.%s]: %s is the disk of pool %s already (one "
-				"path per pool: two pools on one disk take two files)",
-				p->name, p->disk_path, s->conf.pools[i].name);
-			return -EINVAL;
-		}
+	if (p->disk_offset % 4096) {
+		fail_at(s, ps->key_line[kvp_conf_key_index(SECT_POOL, "disk_offset")],
+			"key 'disk_offset' in [pool.%s]: %lu is not a multiple of 4096 (the disk "
+			"is read and written with direct I/O)",
+			p->name, (unsigned long)p->disk_offset);
+		return -EINVAL;
+	}
 	return 0;
 }
 

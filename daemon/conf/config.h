@@ -173,10 +173,14 @@ struct kvp_pool_conf {
 	uint32_t pressure_interval_ms;
 	/* The disk tier (disk != off): a file on a local filesystem or a block device, holding
 	 * disk_pages pages (disk_capacity in bytes or tokens, resolved as the other capacities);
-	 * each page takes its bytes rounded up to 4 KiB plus a 4 KiB header there. */
+	 * each page takes its bytes rounded up to 4 KiB plus a 4 KiB header there, and the log of
+	 * its map follows the pages. disk_offset: where the pool's region starts on disk_path
+	 * (bytes, a multiple of 4 KiB): pools whose regions do not overlap share one file or block
+	 * device. */
 	enum kvp_disk_mode disk;
 	char disk_path[KVP_DISK_PATH_MAX];
 	uint64_t disk_pages;
+	uint64_t disk_offset;
 };
 
 struct kvp_conf {

@@ -170,6 +170,8 @@ static const struct key_def g_pool_keys[] = {
 	  .expect = "off or write-back" },
 	{ "disk_path", KEY_PATH, POOL(disk_path) },
 	{ "disk_capacity", KEY_CAP, FIELD(struct pool_state, disk_cap) },
+	{ "disk_offset", KEY_BYTES, 4096, UINT64_MAX / 2, 0, POOL(disk_offset),
+	  .expect = "0 or a byte offset (\"64G\"), a multiple of 4K", .flags = KEY_ZERO_OK },
 	{ "events", KEY_ENUM, .def = 1, POOL(events), NAMES(g_onoff_names), .expect = "on or off" },
 };
 

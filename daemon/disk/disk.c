@@ -1,5 +1,5 @@
-/* disk.c - one pool's disk store: slots, their headers, the key map and its rebuild at open
- * (disk.h). */
+/* disk.c - one pool's disk store: slots, their headers, the key map, its rebuild at open from
+ * the log (disk_log.h) or the headers, and the log's records of the map's changes (disk.h). */
 #include "disk.h"
 
 #include <errno.h>
@@ -11,13 +11,17 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "crc32c.h"
+#include "disk_log.h"
 #include "mix.h"
 
 #define DISK_MAGIC 0x31304b5344505640ULL /* "@VPDSK01" */
-#define DISK_VERSION 1u
+/* 2: the store ends with the log of its map (disk_log.h). Slots of version 1 start free. */
+#define DISK_VERSION 2u
 #define NONE UINT32_MAX
 
 /* The header as written at the start of each slot (little-endian, the rest of its 4 KiB 0). */
@@ -45,6 +49,7 @@ enum slot_state {
 
 struct slot {
 	uint64_t ns, seq;
+	uint32_t page_crc;
 	uint8_t keyed, len, state;
 	uint16_t pins;
 	uint8_t key[KVP_DISK_KEY_MAX];
@@ -53,6 +58,7 @@ struct slot {
 struct kvp_disk {
 	int fd;
 	struct kvp_disk_geom g;
+	uint64_t base; /* the region's first byte on the file or device */
 	uint64_t slot_bytes;
 	uint32_t nslots, used;
 	struct slot *slots;
@@ -63,6 +69,8 @@ struct kvp_disk {
 	uint64_t seq;	 /* the last sequence number written */
 	kvp_disk_observe_fn observe;
 	void *observe_ctx;
+	struct kvp_dlog *log;
+	uint64_t log_bytes;
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
@@ -106,12 +114,26 @@ static void observe(const struct kvp_disk *k, const struct slot *s, bool stored)
 		k->observe(k->observe_ctx, &key, stored);
 }
 
+/* Appends slot's change to the log: SET names its page, FREE empties it. */
+static void log_slot(struct kvp_disk *k, uint32_t slot, enum kvp_dlog_kind kind)
+{
+	const struct slot *s = &k->slots[slot];
+	struct kvp_dlog_rec r = {
+		slot, kind, s->keyed, s->len, s->ns, s->seq, s->page_crc, s->key
+	};
+
+	if (kind == KVP_DLOG_FREE)
+		r = (struct kvp_dlog_rec){ .slot = slot, .kind = kind, .seq = s->seq };
+	kvp_dlog_add(k->log, &r, k->seq);
+}
+
 static void tab_add(struct kvp_disk *k, uint32_t slot)
 {
 	const struct slot *s = &k->slots[slot];
 
 	k->tab[tab_find(k, s->ns, s->keyed, s->key, s->len)] = slot;
 	k->used++;
+	log_slot(k, slot, KVP_DLOG_SET);
 	observe(k, s, true);
 }
 
@@ -124,6 +146,7 @@ static void tab_del(struct kvp_disk *k, uint32_t slot)
 	if (k->tab[i] != slot)
 		return;
 	k->used--;
+	log_slot(k, slot, KVP_DLOG_FREE);
 	observe(k, s, false);
 	for (;;) {
 		uint64_t home;
@@ -163,10 +186,13 @@ static bool geom_is(const struct disk_hdr *h, const struct kvp_disk_geom *g)
 	       h->page_bytes == g->page_bytes;
 }
 
-/* Sizes the file or checks the device: 0 or a negative errno with err filled. */
+/* Sizes the file (its region allocated) or checks the device: the region of need bytes from
+ * k->base. 0 or a negative errno with err filled. */
 static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		     struct kvp_disk_open_info *info, char *err, size_t errlen)
 {
+	uint64_t end = k->base + need;
+
 	struct stat st;
 	uint64_t have = 0;
 
@@ -176,11 +202,11 @@ static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		info->block_device = true;
 		if (ioctl(k->fd, BLKGETSIZE64, &have) < 0)
 			return -errno;
-		if (have < need) {
+		if (have < end) {
 			snprintf(err, errlen,
 				 "block device %s holds %lu bytes, the disk tier needs %lu "
-				 "(disk_capacity plus a 4 KiB header per page)",
-				 path, (unsigned long)have, (unsigned long)need);
+				 "(disk_capacity, a 4 KiB header per page and the log)",
+				 path, (unsigned long)have, (unsigned long)end);
 			return -ENOSPC;
 		}
 		return 0;
@@ -189,13 +215,13 @@ static int disk_size(struct kvp_disk *k, const char *path, uint64_t need,
 		snprintf(err, errlen, "%s is neither a regular file nor a block device", path);
 		return -EINVAL;
 	}
-	if ((uint64_t)st.st_size >= need)
+	if ((uint64_t)st.st_size >= end && !k->base)
 		return 0;
-	if (fallocate(k->fd, 0, 0, (off_t)need) < 0) {
+	if (fallocate(k->fd, 0, (off_t)k->base, (off_t)need) < 0) {
 		int e = errno;
 
-		snprintf(err, errlen, "cannot extend %s to %lu bytes: %s", path,
-			 (unsigned long)need, strerror(e));
+		snprintf(err, errlen, "cannot extend %s to %lu bytes: %s", path, (unsigned long)end,
+			 strerror(e));
 		return -e;
 	}
 	return 0;
@@ -207,13 +233,16 @@ static void scan_one(struct kvp_disk *k, struct kvp_disk_open_info *info, uint32
 {
 	struct slot *s = &k->slots[i];
 	struct disk_hdr h;
-	uint64_t at;
 
 	if (r < (int)sizeof(h))
 		return; /* past a truncated end: free */
 	memcpy(&h, hdr, sizeof(h));
 	if (h.magic != DISK_MAGIC)
 		return; /* never written */
+	if (h.version < DISK_VERSION && h.hdr_crc == hdr_crc(&h)) {
+		info->old++;
+		return;
+	}
 	if (h.version != DISK_VERSION || h.hdr_crc != hdr_crc(&h) || (h.keyed_len & 0xff) == 0 ||
 	    (h.keyed_len & 0xff) > KVP_DISK_KEY_MAX) {
 		info->torn++;
@@ -225,25 +254,48 @@ static void scan_one(struct kvp_disk *k, struct kvp_disk_open_info *info, uint32
 	}
 	s->ns = h.ns;
 	s->seq = h.seq;
+	s->page_crc = h.page_crc;
 	s->keyed = (uint8_t)(h.keyed_len >> 8 != 0);
 	s->len = (uint8_t)(h.keyed_len & 0xff);
 	memcpy(s->key, h.key, s->len);
 	if (h.seq > k->seq)
 		k->seq = h.seq;
-	at = tab_find(k, s->ns, s->keyed, s->key, s->len);
-	if (k->tab[at] != NONE) { /* the same page twice: the newer stays */
-		struct slot *o = &k->slots[k->tab[at]];
-
-		info->dups++;
-		if (o->seq >= s->seq)
-			return;
-		o->state = SLOT_FREE;
-		k->tab[at] = i;
-	} else {
-		k->tab[at] = i;
-		k->used++;
-	}
 	s->state = SLOT_VALID;
+}
+
+/* Maps the slots found valid (by the headers or the log), the newer of two copies of one page;
+ * the others go free. */
+static void map_build(struct kvp_disk *k, struct kvp_disk_open_info *info)
+{
+	uint32_t best = NONE;
+
+	for (uint32_t i = 0; i < k->nslots; i++) {
+		struct slot *s = &k->slots[i];
+		uint64_t at;
+
+		if (s->state != SLOT_VALID)
+			continue;
+		at = tab_find(k, s->ns, s->keyed, s->key, s->len);
+		if (k->tab[at] == NONE) {
+			k->tab[at] = i;
+			k->used++;
+			continue;
+		}
+		info->dups++; /* the same page twice: the newer stays */
+		if (k->slots[k->tab[at]].seq >= s->seq) {
+			s->state = SLOT_FREE;
+			continue;
+		}
+		k->slots[k->tab[at]].state = SLOT_FREE;
+		k->tab[at] = i;
+	}
+	for (uint32_t i = k->nslots; i-- > 0;)
+		if (k->slots[i].state != SLOT_VALID)
+			slot_free(k, i);
+		else if (best == NONE || k->slots[i].seq > k->slots[best].seq)
+			best = i;
+	info->adopted = k->used;
+	k->cursor = best == NONE ? 0 : (best + 1) % k->nslots;
 }
 
 /* Reads every slot's header, SCAN_QD at a time through a ring of its own (start-up only), and
@@ -251,7 +303,7 @@ static void scan_one(struct kvp_disk *k, struct kvp_disk_open_info *info, uint32
 #define SCAN_QD 64u
 static int disk_scan(struct kvp_disk *k, struct kvp_disk_open_info *info, char *err, size_t errlen)
 {
-	uint32_t next = 0, inflight = 0, best = NONE, free_ids[SCAN_QD], nfree = SCAN_QD;
+	uint32_t next = 0, inflight = 0, free_ids[SCAN_QD], nfree = SCAN_QD;
 	uint32_t slot_of[SCAN_QD];
 	struct io_uring ring;
 	uint8_t *buf = NULL;
@@ -311,20 +363,99 @@ static int disk_scan(struct kvp_disk *k, struct kvp_disk_open_info *info, char *
 	}
 	io_uring_queue_exit(&ring);
 	free(buf);
-	if (rc < 0)
-		return rc;
-	for (uint32_t i = k->nslots; i-- > 0;)
-		if (k->slots[i].state != SLOT_VALID)
-			slot_free(k, i);
-		else if (best == NONE || k->slots[i].seq > k->slots[best].seq)
-			best = i;
-	info->adopted = k->used;
-	k->cursor = best == NONE ? 0 : (best + 1) % k->nslots;
+	return rc;
+}
+
+/* A replayed record: slot's page (SET) or none (FREE). */
+static int log_apply(void *ctx, const struct kvp_dlog_rec *r)
+{
+	struct kvp_disk *k = ctx;
+	struct slot *s;
+
+	if (r->slot >= k->nslots || r->len > KVP_DISK_KEY_MAX)
+		return -EINVAL;
+	s = &k->slots[r->slot];
+	if (r->kind == KVP_DLOG_FREE) {
+		s->state = SLOT_FREE;
+		return 0;
+	}
+	s->ns = r->ns;
+	s->seq = r->seq;
+	s->page_crc = r->page_crc;
+	s->keyed = (uint8_t)(r->keyed != 0);
+	s->len = (uint8_t)r->len;
+	memcpy(s->key, r->key, r->len);
+	s->state = SLOT_VALID;
+	return 0;
+}
+
+/* What identifies the store a log belongs to: its geometry, slots and log size. */
+static uint64_t store_fp(const struct kvp_disk *k, uint64_t log_blocks)
+{
+	const uint64_t v[] = { k->g.layers, k->g.kv_heads,    k->g.head_dim,
+			       k->g.dtype,  k->g.page_tokens, k->g.page_bytes,
+			       k->nslots,   k->slot_bytes,    log_blocks };
+	uint64_t h = DISK_MAGIC;
+
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+		h = kvp_mix64(h ^ v[i]);
+	return h;
+}
+
+/* Writes a checkpoint of the map into the log: every mapped slot, as a new generation. */
+static void log_checkpoint(struct kvp_disk *k)
+{
+	kvp_dlog_begin(k->log, k->seq);
+	for (uint32_t i = 0; i < k->nslots; i++)
+		if (k->slots[i].state == SLOT_VALID)
+			log_slot(k, i, KVP_DLOG_SET);
+	kvp_dlog_end(k->log);
+}
+
+/* Adopts the map from the log, else (none, damaged, another geometry) from the headers; then
+ * starts the log's new generation. */
+static int disk_adopt(struct kvp_disk *k, struct kvp_disk_open_info *info, char *err, size_t errlen)
+{
+	uint64_t blocks = kvp_dlog_blocks(k->nslots), max_seq = 0;
+	struct timespec t0, t1;
+	int rc;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	k->log_bytes = blocks * KVP_DISK_ALIGN;
+	if (!(k->log = kvp_dlog_new(k->fd, k->base + (uint64_t)k->nslots * k->slot_bytes, blocks,
+				    store_fp(k, blocks)))) {
+		snprintf(err, errlen, "out of memory for the log");
+		return -ENOMEM;
+	}
+	rc = kvp_dlog_replay(k->log, log_apply, k, &max_seq, info->log_why, sizeof(info->log_why));
+	if (rc == 0) {
+		info->from_log = true;
+		/* Pages written after the log's last block landed have higher numbers. */
+		k->seq = max_seq + (1ull << 32);
+	} else {
+		for (uint32_t i = 0; i < k->nslots; i++)
+			k->slots[i] = (struct slot){ 0 };
+		if ((rc = disk_scan(k, info, err, errlen)) < 0)
+			return rc;
+	}
+	map_build(k, info);
+	log_checkpoint(k);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	info->adopt_us = (uint64_t)(((int64_t)t1.tv_sec - t0.tv_sec) * 1000000000 +
+				    ((int64_t)t1.tv_nsec - t0.tv_nsec)) /
+			 1000u;
 	return 0;
 }
 
 struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kvp_disk_geom *g,
 			       struct kvp_disk_open_info *info, char *err, size_t errlen)
+{
+	return kvp_disk_open_at(path, 0, pages, g, info, err, errlen);
+}
+
+struct kvp_disk *kvp_disk_open_at(const char *path, uint64_t offset, uint64_t pages,
+				  const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
+				  char *err, size_t errlen)
 {
 	struct kvp_disk *k;
 	uint64_t cap = 2;
@@ -332,8 +463,9 @@ struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kv
 
 	*info = (struct kvp_disk_open_info){ 0 };
 	err[0] = 0;
-	if (!pages || pages >= NONE || !g->page_bytes) {
-		snprintf(err, errlen, "bad disk tier size: %lu pages", (unsigned long)pages);
+	if (!pages || pages >= NONE || !g->page_bytes || offset % KVP_DISK_ALIGN) {
+		snprintf(err, errlen, "bad disk tier size or offset: %lu pages at byte %lu",
+			 (unsigned long)pages, (unsigned long)offset);
 		errno = EINVAL;
 		return NULL;
 	}
@@ -342,6 +474,7 @@ struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kv
 		return NULL;
 	}
 	k->g = *g;
+	k->base = offset;
 	k->slot_bytes = KVP_DISK_HDR_BYTES + round_up(g->page_bytes, KVP_DISK_ALIGN);
 	k->nslots = (uint32_t)pages;
 	while (cap < 2 * (uint64_t)k->nslots)
@@ -363,8 +496,11 @@ struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kv
 			 rc == -EINVAL ? " (the filesystem has no direct I/O: tmpfs?)" : "");
 		goto fail;
 	}
-	if ((rc = disk_size(k, path, (uint64_t)k->nslots * k->slot_bytes, info, err, errlen)) < 0 ||
-	    (rc = disk_scan(k, info, err, errlen)) < 0) {
+	if ((rc = disk_size(k, path,
+			    (uint64_t)k->nslots * k->slot_bytes +
+				    kvp_conf_disk_log_bytes(k->nslots),
+			    info, err, errlen)) < 0 ||
+	    (rc = disk_adopt(k, info, err, errlen)) < 0) {
 		if (!err[0])
 			snprintf(err, errlen, "%s: %s", path, strerror(-rc));
 		goto fail;
@@ -380,6 +516,12 @@ void kvp_disk_close(struct kvp_disk *k)
 {
 	if (!k)
 		return;
+	if (k->log && k->fd >= 0) { /* what the log still holds, written now */
+		if (kvp_dlog_wants_checkpoint(k->log))
+			log_checkpoint(k);
+		kvp_dlog_sync(k->log);
+	}
+	kvp_dlog_free(k->log);
 	if (k->fd >= 0)
 		close(k->fd);
 	free(k->slots);
@@ -400,7 +542,7 @@ uint64_t kvp_disk_slot_bytes(const struct kvp_disk *k)
 
 uint64_t kvp_disk_slot_off(const struct kvp_disk *k, uint32_t slot)
 {
-	return (uint64_t)slot * k->slot_bytes;
+	return k->base + (uint64_t)slot * k->slot_bytes;
 }
 
 uint64_t kvp_disk_page_bytes(const struct kvp_disk *k)
@@ -457,7 +599,6 @@ int kvp_disk_header(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key
 {
 	struct disk_hdr h = { 0 };
 
-	(void)slot;
 	if (!key->len || key->len > KVP_DISK_KEY_MAX)
 		return -EINVAL;
 	h.magic = DISK_MAGIC;
@@ -472,6 +613,8 @@ int kvp_disk_header(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_key
 	h.seq = ++k->seq;
 	h.ns = key->ns;
 	h.page_crc = page_crc;
+	k->slots[slot].seq = h.seq;
+	k->slots[slot].page_crc = page_crc;
 	memcpy(h.key, key->data, key->len);
 	h.hdr_crc = hdr_crc(&h);
 	memset(hdr, 0, KVP_DISK_HDR_BYTES);
@@ -490,7 +633,6 @@ void kvp_disk_written(struct kvp_disk *k, uint32_t slot, const struct kvp_disk_k
 	s->ns = key->ns;
 	s->keyed = (uint8_t)(key->keyed != 0);
 	s->len = (uint8_t)key->len;
-	s->seq = k->seq;
 	memcpy(s->key, key->data, key->len);
 	s->state = SLOT_VALID;
 	tab_add(k, slot);
@@ -549,4 +691,25 @@ void kvp_disk_observe_all(const struct kvp_disk *k)
 	for (uint64_t i = 0; k->observe && i <= k->tab_mask; i++)
 		if (k->tab[i] != NONE)
 			observe(k, &k->slots[k->tab[i]], true);
+}
+
+int kvp_disk_log_take(struct kvp_disk *k, const void **buf, uint32_t *len, uint64_t *off,
+		      uintptr_t *id)
+{
+	if (kvp_dlog_wants_checkpoint(k->log) && !kvp_dlog_inflight(k->log))
+		log_checkpoint(k);
+	return kvp_dlog_take(k->log, buf, len, off, id);
+}
+
+void kvp_disk_log_done(struct kvp_disk *k, uintptr_t id, int res)
+{
+	kvp_dlog_done(k->log, id, res);
+}
+
+void kvp_disk_log_stats(const struct kvp_disk *k, struct kvp_disk_log_stats *st)
+{
+	st->region_bytes = k->log_bytes;
+	st->written_bytes = kvp_dlog_written(k->log);
+	st->checkpoints = kvp_dlog_checkpoints(k->log);
+	st->errors = kvp_dlog_errors(k->log);
 }

@@ -385,12 +385,16 @@ static void reap(struct dt_pool *dp)
 	struct io_uring_cqe *cqe;
 
 	while (dp->ring_ok && io_uring_peek_cqe(&dp->ring, &cqe) == 0) {
-		struct dt_io *io = io_uring_cqe_get_data(cqe);
+		uint64_t data = io_uring_cqe_get_data64(cqe);
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&dp->ring, cqe);
-		if (io)
-			io_done(dp, io, res);
+		if (data & 1) { /* a write of the store's log (log_submit) */
+			kvp_disk_log_done(dp->k, (uintptr_t)(data & ~1ull), res);
+			dp->inflight--;
+		} else if (data) {
+			io_done(dp, (struct dt_io *)(uintptr_t)data, res);
+		}
 	}
 	if (!dp->dead)
 		start_waiting(dp);
@@ -457,7 +461,8 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 	dp->p = p;
 	dp->page_bytes = p->page_bytes;
 	snprintf(dp->name, sizeof(dp->name), "%s", c->name);
-	dp->k = kvp_disk_open(c->disk_path, c->disk_pages, &g, &info, err, sizeof(err));
+	dp->k = kvp_disk_open_at(c->disk_path, c->disk_offset, c->disk_pages, &g, &info, err,
+				 sizeof(err));
 	if (!dp->k) {
 		rc = -errno;
 		log_err("disk tier of pool %s: %s; the pool runs without it", c->name, err);
@@ -489,9 +494,21 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 	for (uint32_t i = 0; i < dp->nbuf; i++)
 		dp->free_bufs[dp->nfree++] = dp->nbuf - 1 - i;
 	dp->st.adopted_pages = info.adopted;
-	log_info("disk tier of pool %s: %s (%s), %u pages of %lu bytes; %lu adopted", c->name,
-		 c->disk_path, info.block_device ? "block device" : "file", kvp_disk_slots(dp->k),
-		 (unsigned long)p->page_bytes, (unsigned long)info.adopted);
+	dp->st.adopted_from_log = info.from_log;
+	dp->st.adopt_us = info.adopt_us;
+	log_info("disk tier of pool %s: %s (%s), %u pages of %lu bytes; %lu adopted from %s in "
+		 "%lu ms",
+		 c->name, c->disk_path, info.block_device ? "block device" : "file",
+		 kvp_disk_slots(dp->k), (unsigned long)p->page_bytes, (unsigned long)info.adopted,
+		 info.from_log ? "its log" : "its slot headers",
+		 (unsigned long)(info.adopt_us / 1000));
+	if (!info.from_log)
+		log_notice("disk tier of pool %s: no usable log (%s): the slot headers were read",
+			   c->name, info.log_why);
+	if (info.old)
+		log_notice("disk tier of pool %s: %lu pages of an older store format dropped: they "
+			   "start empty",
+			   c->name, (unsigned long)info.old);
 	if (info.foreign)
 		log_notice(
 			"disk tier of pool %s: %lu pages of another geometry dropped (the pool's "
@@ -592,10 +609,33 @@ int kvp_dt_bind(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n)
 	return first;
 }
 
+/* Queues the store's log blocks that wait (the records of pages whose writes landed), tagged
+ * apart from the page I/O by the low bit of their user data. */
+static void log_submit(struct dt_pool *dp)
+{
+	const void *buf;
+	uint32_t len;
+	uint64_t off;
+	uintptr_t id;
+
+	while (!dp->dead && kvp_disk_log_take(dp->k, &buf, &len, &off, &id) == 0) {
+		struct io_uring_sqe *sqe = get_sqe(dp);
+
+		if (!sqe) {
+			kvp_disk_log_done(dp->k, id, -EAGAIN);
+			return;
+		}
+		io_uring_prep_write(sqe, kvp_disk_fd(dp->k), buf, len, off);
+		io_uring_sqe_set_data64(sqe, (uint64_t)id | 1);
+		dp->inflight++;
+		dp->dirty = true;
+	}
+}
+
 void kvp_dt_submit(struct kvp_dt *dt)
 {
 	for (struct dt_pool *dp = dt ? dt->pools : NULL; dp; dp = dp->next)
-		if (dp->dirty) {
+		if (log_submit(dp), dp->dirty) {
 			dp->dirty = false;
 			io_uring_submit(&dp->ring);
 		}
@@ -729,9 +769,15 @@ void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp
 {
 	for (const struct dt_pool *dp = dt ? dt->pools : NULL; dp; dp = dp->next) {
 		struct kvp_disk_stats x = dp->st;
+		struct kvp_disk_log_stats ls;
 
 		if (p && dp->p != p)
 			continue;
+		kvp_disk_log_stats(dp->k, &ls);
+		x.log_bytes = ls.region_bytes;
+		x.log_written_bytes = ls.written_bytes;
+		x.log_checkpoints = ls.checkpoints;
+		x.log_errors = ls.errors;
 		x.pages = kvp_disk_used(dp->k);
 		x.bytes = x.pages * dp->page_bytes;
 		x.capacity_pages = kvp_disk_slots(dp->k);

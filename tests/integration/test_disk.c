@@ -1,7 +1,8 @@
 /* test_disk.c - the disk tier against a real kvpoold and real client processes: host pages
  * evicted to a plain file come back through Match and Fetch with every byte checked (token and
  * key calls); a kvpoold killed with SIGKILL (no fd store) and started again, with the page cache
- * dropped between, adopts what the disk holds; flipped bytes, a truncated file and injected EIO
+ * dropped between, adopts what the disk holds (from the store's log; from every slot's header
+ * when the log is lost); flipped bytes, a truncated file and injected EIO
  * are misses, never wrong bytes, and the engine sees no error. With "devices" (root; 77 with
  * the reason otherwise): an ext4 filesystem made by the test on a loop device, and a loop block
  * device itself, serve as disks; a disk too small stops start-up (exit 3, the limit named); two
@@ -226,10 +227,58 @@ static void test_file_round_trip_and_reboot(void)
 	CU_ASSERT(ctl_prints(&d, "cache", " of 128 pages"));
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_read_pages_total{pool=\"p\"} "));
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_microseconds_total{pool=\"p\"} "));
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_log_bytes{pool=\"p\"} "));
+	CU_ASSERT(h_eng_counter(&e, "disk_log_written_bytes") > 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 0); /* a new file */
 	kill9(&d, &e);
 
+	/* The next kvpoold reads the log, not the headers. */
 	h_drop_caches();
 	start(&d, &e, cfg);
+	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
+	CU_ASSERT(ctl_prints(&d, "cache", "(1 pools from their log"));
+	check_all_back(&e);
+	stop(&d, &e);
+	unlink(path);
+}
+
+/* The log region zeroed while kvpoold is down (lost, or damaged): the next kvpoold reads every
+ * slot's header instead, with one log line, adopts the same pages and writes a new log, which
+ * the one after it reads. */
+static void test_log_lost_falls_back_to_scan(void)
+{
+	char path[300], cfg[1024];
+	struct daemon d;
+	struct h_eng e;
+	int fd;
+
+	path_in(path, sizeof(path), g_dir, "l.disk");
+	config(cfg, sizeof(cfg), path, DISK_PAGES, "");
+	start(&d, &e, cfg);
+	publish_all(&e);
+	CU_ASSERT(wait_written(&e, 48) >= 48);
+	stop(&d, &e);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	CU_ASSERT_FATAL(fd >= 0);
+	{
+		static uint8_t z[64 << 10];
+
+		for (off_t at = (off_t)DISK_PAGES * SLOT_BYTES; at < lseek(fd, 0, SEEK_END);
+		     at += (off_t)sizeof(z))
+			CU_ASSERT(pwrite(fd, z, sizeof(z), at) > 0);
+	}
+	fsync(fd);
+	close(fd);
+	h_drop_caches();
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 0);
+	CU_ASSERT(h_log_contains(&d, "no usable log"));
+	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	check_all_back(&e);
+	kill9(&d, &e);
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
 	check_all_back(&e);
 	stop(&d, &e);
@@ -533,6 +582,7 @@ static void test_block_device(void)
 	h_drop_caches();
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 1);
 	check_all_back(&e);
 	/* The device turns read-only under kvpoold: writes fail (counted), the pages on it still
 	 * come back, no call fails. */
@@ -558,6 +608,103 @@ static void test_block_device(void)
 	memset(&d, 0, sizeof(d));
 	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
 	CU_ASSERT(h_log_contains(&d, "DISK_DEVICE_SIZE"));
+	h_daemon_cleanup(&d);
+	sh("losetup -d '%s'%s", dev, "");
+	unlink(img);
+}
+
+/* The config of pools p and q on one disk, q's region from q_off (MiB) on; 128 slots each. */
+static void config_two(char *buf, size_t len, const char *dev, unsigned q_off)
+{
+	char p[1024], q[1024];
+
+	config(p, sizeof(p), dev, 128, "");
+	config(q, sizeof(q), dev, 128, "");
+	q[strlen("[pool.")] = 'q';
+	snprintf(buf, len, "%s%sdisk_offset = %uM\n", p, q, q_off);
+}
+
+/* Publishes prompts [base, base + 6) (token calls) of one pool: 48 pages through a host tier of
+ * 16, the first ones of which go to the disk. */
+static void publish_from(struct h_eng *e, uint32_t base)
+{
+	for (uint32_t i = 0; i < 6; i++)
+		CU_ASSERT_EQUAL_FATAL(publish(e, base + i, 0), 0);
+}
+
+/* The first 3 prompts from base come back from the disk, every byte checked. */
+static void check_back_from(struct h_eng *e, uint32_t base)
+{
+	for (uint32_t i = 0; i < 3; i++) {
+		int bad = -1;
+
+		CU_ASSERT_EQUAL(disk_seen(e, base + i, 0), NP);
+		CU_ASSERT_EQUAL(fetch_checked(e, base + i, 0, &bad), NP);
+		CU_ASSERT_EQUAL(bad, 0);
+	}
+}
+
+/* Two pools on one loop block device, p from byte 0 and q from 16 MiB (disk_offset): round trips
+ * with every byte checked, each pool's pages its own; kill -9 and a start without the fd store
+ * adopt both from their logs; regions that overlap or pass the device's end stop start-up (exit
+ * 3, DISK_REGION_OVERLAP, DISK_DEVICE_SIZE). */
+static void test_block_device_two_pools(void)
+{
+	char img[300], dev[128] = "", cfg[3072], cmd[400];
+	struct daemon d;
+	struct h_eng e, e2;
+	FILE *f;
+
+	snprintf(img, sizeof(img), "%s/blk2.img", g_dir);
+	CU_ASSERT_EQUAL_FATAL(sh("truncate -s %s '%s'", "32M", img), 0);
+	snprintf(cmd, sizeof(cmd), "losetup -f --show '%s'", img);
+	f = popen(cmd, "r");
+	CU_ASSERT_FATAL(f != NULL);
+	if (!fgets(dev, sizeof(dev), f))
+		dev[0] = 0;
+	pclose(f);
+	dev[strcspn(dev, "\n")] = 0;
+	CU_ASSERT_FATAL(dev[0] == '/');
+	config_two(cfg, sizeof(cfg), dev, 16); /* 128 slots of 68 KiB and a log: 8.8 MiB each */
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL_FATAL(h_eng_open(&e2, d.sock, "disk-test", "q"), 0);
+	publish_from(&e, 0);
+	publish_from(&e2, 500);
+	CU_ASSERT(wait_written(&e, 24) >= 24);
+	CU_ASSERT(wait_written(&e2, 24) >= 24);
+	check_back_from(&e, 0);
+	check_back_from(&e2, 500);
+	CU_ASSERT_EQUAL(disk_seen(&e, 500, 0), 0); /* q's pages are not p's */
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_corrupt_pages"), 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "disk_corrupt_pages"), 0);
+	kvp_client_close(e2.c);
+	kill9(&d, &e);
+	h_drop_caches();
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL_FATAL(h_eng_open(&e2, d.sock, "disk-test", "q"), 0);
+	/* The status counters are the daemon's sums; the metrics say each pool's. */
+	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") >= 48);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_from_log"), 2);
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_adopted_from_log{pool=\"p\"} 1"));
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_adopted_from_log{pool=\"q\"} 1"));
+	check_back_from(&e, 0);
+	check_back_from(&e2, 500);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_corrupt_pages"), 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e2, "disk_corrupt_pages"), 0);
+	kvp_client_close(e2.c);
+	stop(&d, &e);
+
+	config_two(cfg, sizeof(cfg), dev, 4); /* q from 4 MiB: inside p's 8.8 */
+	memset(&d, 0, sizeof(d));
+	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
+	CU_ASSERT(h_log_contains(&d, "DISK_REGION_OVERLAP"));
+	CU_ASSERT(h_log_contains(&d, "overlaps pool p's"));
+	h_daemon_cleanup(&d);
+	config_two(cfg, sizeof(cfg), dev, 28); /* q from 28 MiB: past the 32 MiB device's end */
+	memset(&d, 0, sizeof(d));
+	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
+	CU_ASSERT(h_log_contains(&d, "DISK_DEVICE_SIZE"));
+	CU_ASSERT(h_log_contains(&d, "pool q"));
 	h_daemon_cleanup(&d);
 	sh("losetup -d '%s'%s", dev, "");
 	unlink(img);
@@ -592,7 +739,8 @@ static void test_geometry_change_starts_empty(void)
 	unlink(path);
 }
 
-/* Config checks: disk without its path or capacity, two pools on one path. */
+/* Config checks: disk without its path or capacity, a disk_offset not of whole 4 KiB blocks, two
+ * pools on one file with overlapping regions (exit 3), then with disjoint ones (they start). */
 static void test_config_refused(void)
 {
 	char cfg[2048], path[300];
@@ -618,9 +766,24 @@ static void test_config_refused(void)
 		strncat(cfg, q, sizeof(cfg) - strlen(cfg) - 1);
 	}
 	memset(&d, 0, sizeof(d));
-	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 2);
-	CU_ASSERT(h_log_contains(&d, "is the disk of pool p already"));
+	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
+	CU_ASSERT(h_log_contains(&d, "DISK_REGION_OVERLAP"));
 	h_daemon_cleanup(&d);
+	{
+		char more[2100];
+		struct h_eng e;
+
+		snprintf(more, sizeof(more), "%sdisk_offset = 4097\n", cfg);
+		memset(&d, 0, sizeof(d));
+		CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, more, NULL), 2);
+		CU_ASSERT(h_log_contains(&d, "not a multiple of 4096"));
+		h_daemon_cleanup(&d);
+		snprintf(more, sizeof(more), "%sdisk_offset = 16M\n", cfg);
+		start(&d, &e, more);
+		CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_capacity_pages"), DISK_PAGES + 4);
+		stop(&d, &e);
+	}
+	unlink(path);
 }
 
 /* Whether dir's filesystem takes O_DIRECT (tmpfs before Linux 6.6 does not). */
@@ -677,6 +840,7 @@ int main(int argc, char **argv)
 {
 	static const struct h_test tests[] = {
 		H_TEST(test_file_round_trip_and_reboot),
+		H_TEST(test_log_lost_falls_back_to_scan),
 		H_TEST(test_kill_during_writes),
 		H_TEST(test_flipped_bytes_are_misses),
 		H_TEST(test_truncated_file),
@@ -687,6 +851,7 @@ int main(int argc, char **argv)
 	static const struct h_test devices[] = {
 		H_TEST(test_ext4_two_pools_and_full),
 		H_TEST(test_block_device),
+		H_TEST(test_block_device_two_pools),
 	};
 
 	pick_base();
