@@ -584,7 +584,13 @@ class KvpoolLinker(UnifiedCacheLinker):
                             dev.nlayers * dev.ncomp, 0, False)
                     for i, (j, dp, _) in enumerate(plans)
                     if dp is not None and dev.flat is not None]
-            base = numpy.concatenate(base) if base else None
+            if base:
+                # each host page's runs of a layer in a row (its K and V side by side): the
+                # host pages are read in order, a stream at a time
+                base = numpy.concatenate(base)
+                base = base[numpy.lexsort((base[:, 3], base[:, 2]))]
+            else:
+                base = None
             rows = None if base is None else base.copy()
             for counter_layer in range(self.num_layers):
                 layer = local.get(counter_layer)
