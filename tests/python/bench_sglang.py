@@ -9,7 +9,7 @@ tensors with the linker SGLang's create_unified_cache_linker builds (sglang_inst
                           process (ratio >= 0.8)
   sglang.linker.load      KvpoolLinker.load + start_layer_wise_loading + every layer
                           completed, the same pages into other device slots (ratio >= 0.8)
-                          Both: 21 reps, each timing offload, load and the torch copy back to
+                          Both: 41 reps, each timing offload, load and the torch copy back to
                           back, the torch copy first, between or last in turn; medians (the
                           per-rep ratios' median is in the note)
   sglang.l2.shared_memory host bytes that hold the prefixes of a workload spread over 4
@@ -68,7 +68,7 @@ mlock = off
 def main():
     quick = "--quick" in sys.argv[1:]
     n = 64 if quick else 256
-    reps = 3 if quick else 21
+    reps = 3 if quick else 41
     try:
         import torch
         from engine_util import import_sglang

@@ -130,36 +130,42 @@ static void copy_all(const struct run *runs, const size_t *at, size_t n_runs, si
 	}
 }
 
-/* Gets a buffer of each item of seq (writable ones for dst). Returns the count, or -1 with an
- * exception set (the buffers got so far released). */
-static Py_ssize_t get_buffers(PyObject *seq, Py_buffer *out, int writable, const char *what)
+/* Gets a buffer of each item of seq (writable ones for dst) into *out, an array of as many as
+ * seq holds (PyMem_Free it). Returns the count, or -1 with an exception set (nothing held). */
+static Py_ssize_t get_buffers(PyObject *seq, Py_buffer **out, int writable, const char *what)
 {
-	Py_ssize_t n = PySequence_Size(seq);
+	PyObject *items =
+		PySequence_Tuple(seq); /* the items as they are now, however seq changes */
+	Py_ssize_t n;
 
-	if (n < 0)
+	*out = NULL;
+	if (!items)
 		return -1;
+	n = PyTuple_Size(items);
 	if (n == 0 || n > KVPY_COPY_MAX_BUFFERS) {
 		PyErr_Format(PyExc_ValueError, "copy_buffer_runs: %s: 1 to %d buffers, not %zd",
 			     what, KVPY_COPY_MAX_BUFFERS, n);
+		Py_DECREF(items);
+		return -1;
+	}
+	*out = PyMem_Calloc((size_t)n, sizeof(**out));
+	if (!*out) {
+		PyErr_NoMemory();
+		Py_DECREF(items);
 		return -1;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *o = PySequence_GetItem(seq, i);
-		int r;
-
-		if (!o) {
-			r = -1;
-		} else {
-			r = PyObject_GetBuffer(o, &out[i],
-					       writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
-			Py_DECREF(o);
-		}
-		if (r < 0) {
+		if (PyObject_GetBuffer(PyTuple_GetItem(items, i), &(*out)[i],
+				       writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
 			for (Py_ssize_t j = 0; j < i; j++)
-				PyBuffer_Release(&out[j]);
+				PyBuffer_Release(&(*out)[j]);
+			PyMem_Free(*out);
+			*out = NULL;
+			Py_DECREF(items);
 			return -1;
 		}
 	}
+	Py_DECREF(items);
 	return n;
 }
 
@@ -246,16 +252,10 @@ PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 		return PyErr_Format(PyExc_ValueError,
 				    "copy_buffer_runs: threads must be 1 to %d, not %d",
 				    KVPY_COPY_MAX_THREADS, threads);
-	dst = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*dst));
-	src = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*src));
-	if (!dst || !src) {
-		PyErr_NoMemory();
-		goto out;
-	}
 	if (PyObject_GetBuffer(runs_obj, &rb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
 		goto out;
-	if ((nd = get_buffers(dsts, dst, 1, "dst")) < 0 ||
-	    (ns = get_buffers(srcs, src, 0, "src")) < 0) {
+	if ((nd = get_buffers(dsts, &dst, 1, "dst")) < 0 ||
+	    (ns = get_buffers(srcs, &src, 0, "src")) < 0) {
 		nd = nd < 0 ? 0 : nd;
 		ns = 0;
 		PyBuffer_Release(&rb);
