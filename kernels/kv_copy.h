@@ -145,6 +145,13 @@ int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_bas
  */
 int kvp_copy_runs_cpu(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes, uint64_t n);
 
+/* The same copy for the runs of one part of a batch of batch bytes that several threads copy,
+ * each its parts: the part is streamed when the batch reaches kvp_copy_cpu_stream_threshold(),
+ * whatever the part's own bytes, and the sfence ends the part (it orders the calling thread's
+ * stores only). Same returns as kvp_copy_runs_cpu. */
+int kvp_copy_runs_cpu_part(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes,
+			   uint64_t n, uint64_t batch);
+
 /* Batches of at least this many bytes are written with non-temporal stores (x86; elsewhere
  * memcpy): they skip the cache and the read of each destination line. */
 #define KVP_COPY_STREAM_DEFAULT (4ull << 20)

@@ -12,6 +12,8 @@
  *
  * kvp_copy_runs_cpu is the same copy for a list of (destination, source, bytes) runs an engine
  * plug-in computed (kvpool.vllm_copy): the bytes of its whole list decide whether it streams.
+ * kvp_copy_runs_cpu_part copies one part of such a list that several threads share: the bytes of
+ * the whole batch decide.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -31,14 +33,22 @@ uint64_t kvp_copy_cpu_stream_threshold(uint64_t bytes)
 	return prev;
 }
 
-/* One run: streamed in 64-byte steps when asked and the destination is 16-byte aligned (loads
- * may be unaligned), the rest through memcpy. */
+/* One run: streamed in 64-byte steps when asked (loads may be unaligned; a destination that is
+ * not 16-byte aligned gets its first bytes up to the alignment through memcpy), the rest through
+ * memcpy. */
 static void copy_run(unsigned char *dst, const unsigned char *src, uint64_t n, bool stream)
 {
 #if defined(__SSE2__)
-	if (stream && !((uintptr_t)dst & 15)) {
-		uint64_t body = n & ~(uint64_t)63;
+	uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
 
+	if (stream && n >= head + 64) {
+		uint64_t body;
+
+		memcpy(dst, src, head);
+		dst += head;
+		src += head;
+		n -= head;
+		body = n & ~(uint64_t)63;
 		for (uint64_t i = 0; i < body; i += 64) {
 			__m128i a = _mm_loadu_si128((const __m128i *)(src + i));
 			__m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
@@ -128,10 +138,25 @@ int kvp_copy_host_to_dev_cpu(const struct kvp_copy_geom *g, const void *host_bas
 	return 0;
 }
 
+int kvp_copy_runs_cpu_part(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes,
+			   uint64_t n, uint64_t batch)
+{
+	bool stream = batch >= g_stream_min;
+
+	if (!n)
+		return 0;
+	if (!dst || !src || !bytes)
+		return -EINVAL;
+	for (uint64_t i = 0; i < n; i++)
+		copy_run((unsigned char *)(uintptr_t)dst[i],
+			 (const unsigned char *)(uintptr_t)src[i], bytes[i], stream);
+	end_batch(stream);
+	return 0;
+}
+
 int kvp_copy_runs_cpu(const uint64_t *dst, const uint64_t *src, const uint64_t *bytes, uint64_t n)
 {
 	uint64_t total = 0;
-	bool stream;
 
 	if (!n)
 		return 0;
@@ -139,10 +164,5 @@ int kvp_copy_runs_cpu(const uint64_t *dst, const uint64_t *src, const uint64_t *
 		return -EINVAL;
 	for (uint64_t i = 0; i < n; i++)
 		total += bytes[i];
-	stream = total >= g_stream_min;
-	for (uint64_t i = 0; i < n; i++)
-		copy_run((unsigned char *)(uintptr_t)dst[i],
-			 (const unsigned char *)(uintptr_t)src[i], bytes[i], stream);
-	end_batch(stream);
-	return 0;
+	return kvp_copy_runs_cpu_part(dst, src, bytes, n, total);
 }

@@ -32,7 +32,13 @@ rows must be the full layers'; else no SWA pages are held and SGLang keeps a res
 window evicted and computes it). A lookup then answers the longest prefix whose full pages
 and whose last window of sliding-window pages are all stored, and a load copies the window
 into SGLang's SWA slots on the sliding-window layers' turns of the layer counter. Mamba models
-are refused at construction (no Mamba state is held), as are other device pool classes.
+(HybridLinearKVPool, HybridReqToTokenPool): the full-attention layers' pages as for any model,
+and the Mamba state SGLang hands with each offloaded node (PoolName.MAMBA: one state per node,
+valid at its last page; every Mamba layer's conv and temporal states of the node's slot) in
+mamba_parts pool pages under "<key>_mamba<part>" of the node's last page key; a lookup answers
+the longest prefix whose pages are stored and whose state is stored at its end, and a load
+writes the state into the request's Mamba slot on the Mamba layers' turns of the layer
+counter. Other tree components and device pool classes are refused at construction.
 
 Pool geometry: one kvpool host page holds one SGLang page of every layer. MHA: the pool's
 layers, kv_heads, head_dim, dtype and page_tokens are the device pool's layer_num, head_num
@@ -92,6 +98,8 @@ for _n in ("float8_e4m3fn", "float8_e5m2"):
         _DTYPES[getattr(torch, _n)] = "fp8"
 # a page list in more runs than this is copied with one gather instead of a copy per run
 _MAX_RUNS = 32
+# a lookup looks for a Mamba state at this many prefix lengths at most, the longest first
+_MAMBA_TRIES = 32
 
 
 def _runs(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -150,15 +158,14 @@ class _Copier:
         (dev_bufs[k]: its index in the call's device list) and the k-th chunk from `first` of
         host page host_pages[i]; dst first (host when to_host)."""
         k = numpy.arange(len(dev_bufs), dtype=numpy.int64)[:, None]
-        n = len(dev_pages)
-        dev_off = numpy.broadcast_to(dev_pages[None, :] * chunk, (len(k), n))
-        host_off = (host_pages[None, :] * per_page + first + k) * chunk
-        dev_i = numpy.broadcast_to(numpy.asarray(dev_bufs, numpy.int64)[:, None], (len(k), n))
-        host_i = numpy.full((len(k), n), host, numpy.int64)
-        size = numpy.full((len(k), n), chunk, numpy.int64)
-        cols = (host_i, host_off, dev_i, dev_off, size) if to_host else \
-            (dev_i, dev_off, host_i, host_off, size)
-        return _merged(numpy.stack([c.reshape(-1) for c in cols], axis=1))
+        rows = numpy.empty((len(dev_bufs), len(dev_pages), 5), numpy.int64)
+        d, h = (2, 0) if to_host else (0, 2)  # the columns of the device and host sides
+        rows[:, :, d] = numpy.asarray(dev_bufs, numpy.int64)[:, None]
+        rows[:, :, d + 1] = dev_pages[None, :] * chunk
+        rows[:, :, h] = host
+        rows[:, :, h + 1] = (host_pages[None, :] * per_page + first + k) * chunk
+        rows[:, :, 4] = chunk
+        return _merged(rows.reshape(-1, 5))
 
     def copy(self, dst: list, src: list, rows: numpy.ndarray) -> None:
         if len(rows):
@@ -168,6 +175,49 @@ class _Copier:
     def run_torch(pairs: list) -> None:
         for d, s in pairs:
             d.copy_(s, non_blocking=True)
+
+
+class _MambaState:
+    """SGLang's Mamba state pool (the HybridReqToTokenPool's MambaPool) as, for each Mamba
+    layer in the pool's order, its state tensors (every conv state, then the temporal state) of
+    [slots, ...]: a request's state is its slot's row of each, what SGLang's own host copy of a
+    slot holds (MambaPool.get_cpu_copy; the speculative and replay scratch are not a cached
+    state). Stored as nbytes bytes in the layers' order, each layer's tensors in turn."""
+
+    def __init__(self, r2t: Any, start_layer: int):
+        pool = r2t.mamba_pool
+        cache = pool.mamba_cache
+        siblings = getattr(pool, "_slot_siblings", ())
+        if siblings:
+            raise ValueError(f"kvpool.sglang: KvpoolLinker holds a Mamba slot's conv and "
+                             f"temporal states; this pool's slots also carry "
+                             f"{', '.join(type(x).__name__ for x in siblings)}")
+        self.r2t = r2t
+        ids = list(pool.mamba_layer_ids)
+        self.layers = [[c[i] for c in cache.conv] + [cache.temporal[i]]
+                       for i in range(len(ids))]
+        self.counter_of = [g - start_layer for g in ids]
+        self.layer_bytes = [sum(t[0].numel() * t.element_size() for t in ts)
+                            for ts in self.layers]
+        self.nbytes = sum(self.layer_bytes)
+
+    def slot(self, index: torch.Tensor) -> int:
+        """The pool slot of a request's Mamba index (SGLang's unified pool translates)."""
+        return int(self.r2t.translate_mamba_indices(index.flatten()[:1])[0])
+
+    def read(self, slot: int) -> torch.Tensor:
+        """The slot's state: nbytes bytes on the CPU."""
+        return torch.cat([t[slot].contiguous().view(torch.uint8).reshape(-1).cpu()
+                          for ts in self.layers for t in ts])
+
+    def write_layer(self, j: int, slot: int, data: torch.Tensor) -> None:
+        """Mamba layer j's part of the state bytes data into the slot."""
+        off = sum(self.layer_bytes[:j])
+        for t in self.layers[j]:
+            n = t[0].numel() * t.element_size()
+            row = data[off:off + n].clone().view(t.dtype).view(t.shape[1:])
+            t[slot].copy_(row.to(t.device))
+            off += n
 
 
 class _DevicePool:
@@ -185,7 +235,19 @@ class _DevicePool:
         self.swa_layers: Optional[list] = None
         self.swa_counter_of: Optional[list] = None
         swa_pool = None
-        if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "layers_mapping"):
+        # SGLang's HybridLinearKVPool (Mamba models): its full-attention layers' pool is the
+        # KV served here; the Mamba layers' counter turns carry their states (_MambaState)
+        self.mamba_layer_ids: Optional[list] = None
+        if hasattr(kvcache, "full_kv_pool") and \
+                hasattr(kvcache, "full_attention_layer_id_mapping"):
+            start = int(getattr(kvcache, "start_layer", 0) or 0)
+            full = sorted((i, g) for g, i in kvcache.full_attention_layer_id_mapping.items())
+            self.counter_of = [g - start for _, g in full]
+            mamba_pool = getattr(kvcache, "mamba_pool", None)
+            self.mamba_layer_ids = list(getattr(mamba_pool, "mamba_layer_ids", None) or ())
+            self.counter_layers = max([g for _, g in full] + self.mamba_layer_ids) + 1 - start
+            kvcache = kvcache.full_kv_pool
+        elif hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "layers_mapping"):
             full = sorted((i, g) for g, (i, swa) in kvcache.layers_mapping.items() if not swa)
             self.counter_of = [g - kvcache.start_layer for _, g in full]
             self.counter_layers = kvcache.layer_num
@@ -261,9 +323,12 @@ class _DevicePool:
         flat bytes for copy_buffer_runs."""
         h = torch.from_dlpack(pool.host_pages_view())
         flat = h.view(torch.uint8).reshape(-1).numpy() if self.flat is not None else None
+        u8 = h.view(torch.uint8).reshape(h.shape[0], -1)
         if h.dtype != self.dtype:
             h = h.view(self.dtype)
-        return _Host(h.reshape(h.shape[0], self.nlayers, self.ncomp, self.T, *self.row), flat)
+        host = _Host(h.reshape(h.shape[0], self.nlayers, self.ncomp, self.T, *self.row), flat)
+        host.u8 = u8
+        return host
 
     def pages_of(self, slots: torch.Tensor) -> Optional[torch.Tensor]:
         """The device pages of page-aligned token slots (every slot of each page, in
@@ -271,12 +336,12 @@ class _DevicePool:
         T = self.T
         if slots.numel() % T:
             return None
-        v = slots.view(-1, T)
+        v = slots.numpy().reshape(-1, T)  # CPU int64 slots (numpy: a tenth of torch's time)
         first = v[:, 0]
-        if T > 1 and (bool((first % T != 0).any()) or
-                      not bool((v == first[:, None] + torch.arange(T)).all())):
+        if T > 1 and (bool((first % T).any()) or
+                      bool((v - first[:, None] != numpy.arange(T)).any())):
             return None
-        return first // T
+        return torch.from_numpy(first // T)
 
     def page_view(self, t: torch.Tensor) -> torch.Tensor:
         """A device buffer [slots, *row] as [pages, page_size, *row]."""
@@ -285,11 +350,12 @@ class _DevicePool:
 
 
 class _Host:
-    """The pool's host pages: t [pages, layers, components, page_size, *row] and, for CPU
-    device pools, flat (the mapping's bytes)."""
+    """The pool's host pages: t [pages, layers, components, page_size, *row], u8 [pages,
+    page bytes] and, for CPU device pools, flat (the mapping's bytes)."""
 
     def __init__(self, t: torch.Tensor, flat: Any):
         self.t, self.flat = t, flat
+        self.u8: Optional[torch.Tensor] = None
 
 
 class _Load:
@@ -299,6 +365,8 @@ class _Load:
         self.match, self.host, self.hp, self.slots = match, host, hp, slots
         # the sliding window: (its pinned match, host pages, SWA device slots), or None
         self.swa: Optional[tuple] = None
+        # the Mamba state: (its pinned match, host pages, the request's Mamba slot), or None
+        self.mamba: Optional[tuple] = None
 
 
 class KvpoolLinker(UnifiedCacheLinker):
@@ -316,16 +384,29 @@ class KvpoolLinker(UnifiedCacheLinker):
             raise ValueError("kvpool.sglang: linker_extra_config needs \"pool\" (a kvpool pool "
                              "name)")
         others = sorted(c.name for c in set(components)
-                        if c not in (ComponentType.FULL, ComponentType.SWA))
+                        if c not in (ComponentType.FULL, ComponentType.SWA,
+                                     ComponentType.MAMBA))
         if others:
-            raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full and SWA components "
-                             f"(MHA and MLA KV pools, SWA models' full-attention and "
-                             f"sliding-window layers); this model also has "
-                             f"{', '.join(others)}, whose state it does not hold")
+            raise ValueError(f"kvpool.sglang: KvpoolLinker serves the Full, SWA and Mamba "
+                             f"components (MHA and MLA KV pools, SWA models' full-attention "
+                             f"and sliding-window layers, Mamba models' states); this model "
+                             f"also has {', '.join(others)}, whose state it does not hold")
         self.forward_stream = forward_stream
         self.page_size = int(params.page_size)
         self.dev = _DevicePool(params.token_to_kv_pool_allocator.get_kvcache(), self.page_size)
         self.pools = {PoolName.KV: self.dev.kvcache}
+        # Mamba models: each offloaded node's state (SGLang hands one per node, at its last
+        # page) in mamba_parts pool pages under "<key>_mamba<part>"
+        self.mamba: Optional[_MambaState] = None
+        if ComponentType.MAMBA in set(components):
+            r2t = params.req_to_token_pool
+            if self.dev.mamba_layer_ids is None or getattr(r2t, "mamba_pool", None) is None:
+                raise ValueError(f"kvpool.sglang: a Mamba component needs SGLang's "
+                                 f"HybridLinearKVPool and HybridReqToTokenPool; this model "
+                                 f"has {type(self.dev.kvcache).__name__} and "
+                                 f"{type(r2t).__name__}")
+            self.mamba = _MambaState(r2t, int(getattr(r2t, "start_layer", 0) or 0))
+            self.pools[PoolName.MAMBA] = r2t.mamba_pool
         # SWA models: the sliding-window layers' pages of a node's tail are stored too (each
         # SGLang page in dev.swa_parts pool pages), so a restored tail comes with its window.
         # Without PoolName.SWA (their rows differ from the full layers') SGLang keeps the
@@ -363,6 +444,8 @@ class KvpoolLinker(UnifiedCacheLinker):
         self.link.connect_now()
 
         self.layer_done_counter = LayerWiseLoadCounter(self.num_layers)
+        if self.mamba is not None:  # the Mamba layers read their states through it
+            params.req_to_token_pool.register_layer_transfer_counter(self.layer_done_counter)
         self.counts: Counter = Counter()
         self._counts_lock = threading.Lock()
         self._pending: dict[str, _Load] = {}
@@ -463,6 +546,26 @@ class KvpoolLinker(UnifiedCacheLinker):
             p = lo + n // parts  # a window must end at or before the first missing page
         return 0
 
+    @property
+    def mamba_parts(self) -> int:
+        """Pool pages per Mamba state."""
+        page = self.dev.nlayers * self.dev.ncomp * self.dev.chunk
+        return -(-self.mamba.nbytes // page) if self.mamba is not None else 0
+
+    def _mamba_keys(self, key: bytes) -> list[bytes]:
+        """The pool keys of the Mamba state stored at the page of key."""
+        return [key + b"_mamba%d" % i for i in range(self.mamba_parts)]
+
+    def _mamba_restorable(self, pool: kvpool.Pool, keys: list[bytes], hit: int) -> int:
+        """The longest prefix (pages) of at most hit whose Mamba state (stored at its last
+        page, where a node SGLang offloaded ends) is in the pool; 0 when none of the last
+        _MAMBA_TRIES lengths has one."""
+        for p in range(hit, max(0, hit - _MAMBA_TRIES), -1):
+            want = self._mamba_keys(keys[p - 1])
+            if min(len(want), sum(held_pages(pool, want, self.namespace))) >= len(want):
+                return p
+        return 0
+
     # -- lookup --
     def lookup(self, rid: str, transfers: list[PoolTransfer]) -> list[int]:
         """Every prefix length (pages) whose pages are all in the pool (in host pages or, after
@@ -473,11 +576,14 @@ class KvpoolLinker(UnifiedCacheLinker):
         keys = self._keys(list(kv.keys))
         swa = self.dev.swa_layers is not None and \
             self._kv(transfers, PoolName.SWA) is not None
+        mamba = self.mamba is not None and self._kv(transfers, PoolName.MAMBA) is not None
 
         def find(pool, st):
             hit, below = self._leading(pool, keys)
             if swa and hit:
                 hit = self._swa_restorable(pool, keys, hit)
+            if mamba and hit:
+                hit = self._mamba_restorable(pool, keys, hit)
             return hit, min(hit, below)
 
         hit, below = self.link.call("lookup", find) or (0, 0)
@@ -485,7 +591,7 @@ class KvpoolLinker(UnifiedCacheLinker):
         self._count("lookup_hit_pages", hit)
         if below:
             self._count("lookup_hit_pages_below", below)
-        if swa:  # a shorter prefix would need the window that ends there
+        if swa or mamba:  # a shorter prefix would need the window (the state) that ends there
             return [hit] if hit else []
         return list(range(1, hit + 1))
 
@@ -509,6 +615,10 @@ class KvpoolLinker(UnifiedCacheLinker):
         if sw is not None and (not sw.keys or sw.device_indices is None):
             return False
         swa_keys = self._swa_keys(self._keys(list(sw.keys))) if sw is not None else []
+        mb = self._kv(transfers, PoolName.MAMBA) if self.mamba is not None else None
+        if self.mamba is not None and (mb is None or not mb.keys or mb.device_indices is None):
+            return False
+        mamba_keys = self._mamba_keys(self._keys([mb.keys[-1]])[0]) if mb is not None else []
         ns = self.namespace
 
         def pin(pool, host):
@@ -525,6 +635,16 @@ class KvpoolLinker(UnifiedCacheLinker):
                     return None
                 job.swa = (w, torch.from_numpy(w.host_pages.astype("int64")),
                            sw.device_indices.detach().to("cpu", torch.int64).flatten())
+            if mamba_keys:
+                w = match_or_fetch(pool, mamba_keys, ns, self._count)
+                if len(w.device_pages) or len(w.host_pages) < len(mamba_keys):
+                    w.release()
+                    m.release()
+                    if job.swa is not None:
+                        job.swa[0].release()
+                    return None
+                job.mamba = (w, torch.from_numpy(w.host_pages.astype("int64")),
+                             self.mamba.slot(mb.device_indices))
             return job
 
         job = self.link.call("load", pin)
@@ -578,16 +698,34 @@ class KvpoolLinker(UnifiedCacheLinker):
             local = {c: i for i, c in enumerate(dev.counter_of)}
             swa_local = {c: j for j, c in enumerate(dev.swa_counter_of or ())} \
                 if dev.swa_layers is not None else {}
+            mamba_local = {c: j for j, c in enumerate(self.mamba.counter_of)} \
+                if self.mamba is not None else {}
+            # each job's Mamba state bytes (its pages pinned), written a layer on its turn
+            states = [(j.mamba[2], torch.cat([j.host.u8[p] for p in j.mamba[1].tolist()])
+                       [:self.mamba.nbytes]) for j in jobs if j.mamba is not None]
             srcs = [j.host.flat for j in jobs]
             # the rows of layer 0; a layer's are these with the host offsets moved by layer
             base = [cp.runs(list(range(dev.ncomp)), i, dp.numpy(), j.hp.numpy(), dev.chunk,
                             dev.nlayers * dev.ncomp, 0, False)
                     for i, (j, dp, _) in enumerate(plans)
                     if dp is not None and dev.flat is not None]
-            base = numpy.concatenate(base) if base else None
+            if base:
+                # each host page's runs of a layer in a row (its K and V side by side): the
+                # host pages are read in order, a stream at a time
+                base = numpy.concatenate(base)
+                base = base[numpy.lexsort((base[:, 3], base[:, 2]))]
+            else:
+                base = None
             rows = None if base is None else base.copy()
             for counter_layer in range(self.num_layers):
                 layer = local.get(counter_layer)
+                if layer is None and counter_layer in mamba_local:  # a Mamba layer
+                    for slot, data in states:
+                        self.mamba.write_layer(mamba_local[counter_layer], slot, data)
+                    if cuda:
+                        torch.cuda.current_stream(dev.device).synchronize()
+                    self.layer_done_counter.complete(index, counter_layer)
+                    continue
                 if layer is None:  # a sliding-window layer: its window, when stored
                     j = swa_local.get(counter_layer)
                     if j is not None:
@@ -617,6 +755,8 @@ class KvpoolLinker(UnifiedCacheLinker):
                     torch.cuda.current_stream(dev.device).synchronize()
                 self.layer_done_counter.complete(index, counter_layer)
             self._count("load_pages", sum(len(j.hp) for j in jobs))
+            if states:
+                self._count("load_mamba_states", len(states))
         except BaseException as e:  # noqa: BLE001 - reported through the counter
             log.exception("kvpool.sglang: layer-wise load failed")
             self._count("load_failed")
@@ -643,6 +783,8 @@ class KvpoolLinker(UnifiedCacheLinker):
                 j.match.release()
                 if j.swa is not None:
                     j.swa[0].release()
+                if j.mamba is not None:
+                    j.mamba[0].release()
             return True
 
         self.link.call("release", rel)
@@ -660,7 +802,11 @@ class KvpoolLinker(UnifiedCacheLinker):
         sw = self._kv(transfers, PoolName.SWA) if self.dev.swa_layers is not None else None
         swa = (sw.keys, sw.device_indices) \
             if sw is not None and sw.keys and sw.device_indices is not None else None
-        self._offload_queue.put((kv.keys, kv.device_indices, self.record_offload_ready(), swa))
+        mb = self._kv(transfers, PoolName.MAMBA) if self.mamba is not None else None
+        mamba = (mb.keys[-1], mb.device_indices) \
+            if mb is not None and mb.keys and mb.device_indices is not None else None
+        self._offload_queue.put((kv.keys, kv.device_indices, self.record_offload_ready(), swa,
+                                 mamba))
         return True
 
     def _offload_loop(self) -> None:
@@ -681,7 +827,7 @@ class KvpoolLinker(UnifiedCacheLinker):
                 self._offload_queue.task_done()
 
     def _run_offload(self, hashes: list, slots: torch.Tensor, events: list,
-                     swa: Optional[tuple] = None) -> bool:
+                     swa: Optional[tuple] = None, mamba: Optional[tuple] = None) -> bool:
         for e in events:
             e.synchronize()
         keys = self._keys(list(hashes))
@@ -695,6 +841,8 @@ class KvpoolLinker(UnifiedCacheLinker):
             ok = store_kv(pool, host)
             if ok and swa is not None:
                 ok = self._store_swa(pool, host, *swa)
+            if ok and mamba is not None:
+                ok = self._store_mamba(pool, host, *mamba)
             return ok
 
         def store_kv(pool, host):
@@ -776,6 +924,30 @@ class KvpoolLinker(UnifiedCacheLinker):
             if not lease.ended and len(lease.pages):
                 lease.free()
         self._count("offload_swa_pages", n // parts)
+        return r["done_keys"] == len(keys)
+
+    def _store_mamba(self, pool: kvpool.Pool, host: _Host, h: str, index: torch.Tensor) -> bool:
+        """A node's Mamba state (the slot index names) into leased host pages, published under
+        the keys of its last page (mamba_parts pages, the state's bytes in order)."""
+        ns = self.namespace
+        keys = self._mamba_keys(self._keys([h])[0])
+        have = pool.exists_keys(keys, namespace=ns)
+        if have == len(keys):
+            return True
+        page = host.u8.shape[1]
+        data = self.mamba.read(self.mamba.slot(index))
+        full = torch.zeros(len(keys) * page, dtype=torch.uint8)
+        full[:len(data)] = data
+        lease = pool.alloc(len(keys) - have, tier="host")
+        try:
+            hp = torch.from_numpy(lease.pages.astype("int64")).sort().values
+            host.u8.index_copy_(0, hp, full.view(len(keys), page)[have:])
+            r = pool.insert_keys(lease, keys, cached_keys=have, namespace=ns,
+                                 pages=hp.numpy().astype("uint32"))
+        finally:
+            if not lease.ended and len(lease.pages):
+                lease.free()
+        self._count("offload_mamba_states")
         return r["done_keys"] == len(keys)
 
     def num_completed_offloads(self) -> int:

@@ -17,7 +17,13 @@ classes:
   [slots, 1, kv_lora_rank + qk_rope_head_dim] are views of the tier: model layer m is the
   tier's K half of layer m // 2 for even m, its V half for odd m. The pool's geometry: layers
   ceil(model layers / 2), kv_heads 1, head_dim kv_lora_rank + qk_rope_head_dim, the model's
-  dtype, page_tokens = --page-size. DSA's MLA pools are refused.
+  dtype, page_tokens = --page-size. DSA's MLA pools are refused: their latent buffers could
+  be such views, but each layer's index-K buffer (SGLang's IndexKeyCache: one contiguous
+  [pages, 64 x (128 + 4)] uint8 tensor, reshaped with .view for its kernels) cannot. A
+  contiguous view puts page p's index row inside another page of the tier, one that another
+  instance may lease; a view that keeps it inside page p has the tier's page stride and is
+  not contiguous. A tier page that holds the index row too (a second row width) would serve
+  them.
 - Page size 1 is refused at construction: SGLang then builds its TokenToKVPoolAllocator, which
   no platform hook replaces, and nothing would lease the slots of the tier.
 - get_paged_allocator_cls(): KvpoolPagedAllocator, SGLang's PagedTokenToKVPoolAllocator whose

@@ -9,8 +9,9 @@ tensors with the linker SGLang's create_unified_cache_linker builds (sglang_inst
                           process (ratio >= 0.8)
   sglang.linker.load      KvpoolLinker.load + start_layer_wise_loading + every layer
                           completed, the same pages into other device slots (ratio >= 0.8)
-                          Both: 21 reps, each timing offload, load and the torch copy back to
-                          back; medians (the per-rep ratios' median is in the note)
+                          Both: 41 reps, each timing offload, load and the torch copy back to
+                          back, the torch copy first, between or last in turn; medians (the
+                          per-rep ratios' median is in the note)
   sglang.l2.shared_memory host bytes that hold the prefixes of a workload spread over 4
                           instances after two passes (the second pass hits every request in
                           both setups): 4 instances on one pool against the same 4 instances
@@ -67,7 +68,7 @@ mlock = off
 def main():
     quick = "--quick" in sys.argv[1:]
     n = 64 if quick else 256
-    reps = 3 if quick else 21
+    reps = 3 if quick else 41
     try:
         import torch
         from engine_util import import_sglang
@@ -134,11 +135,16 @@ def transfer(d, Instance, torch, n, reps):
     client.flush("lk")
     memcpy()
     o_s, l_s, m_s = [], [], []
-    for i in range(reps):  # interleaved, so every side sees the same machine
+    for i in range(reps):  # interleaved, so every side sees the same machine; the torch copy
+        if i % 3 == 0:  # goes first, between, or last in turn (what ran just before a copy
+            m_s.append(memcpy())  # moves it on this machine)
         dt, keys = offload(i)
         o_s.append(dt)
+        if i % 3 == 1:
+            m_s.append(memcpy())
         l_s.append(load(keys))
-        m_s.append(memcpy())
+        if i % 3 == 2:
+            m_s.append(memcpy())
         client.flush("lk")
     for p in (0, n // 2, n - 1):
         for layer in (0, L - 1):

@@ -21,10 +21,14 @@ def linker_config(sock, pool, **extra):
 class Instance:
     def __init__(self, sock, pool, layers=2, heads=2, dim=8, page=4, slots=256,
                  dtype=torch.float16, mla=False, config=None, components=None, swa=None,
-                 device="cpu"):
+                 device="cpu", mamba=None):
         """swa: (sliding window tokens, the sliding-window layers' ids): SGLang's SWAKVPool
-        and SWATokenToKVPoolAllocator, tree components Full and SWA. device: where the KV
-        pool and the allocator live (cuda on a GPU, test_sglang_cuda.py)."""
+        and SWATokenToKVPoolAllocator, tree components Full and SWA. mamba: the Mamba
+        layers' ids: SGLang's HybridReqToTokenPool (a Mamba2 state pool, the sizes of SGLang's
+        own unified radix cache test kit) and HybridLinearKVPool, tree components Full and
+        Mamba (page size 1: SGLang's Mamba cache needs its extra buffer for larger pages).
+        device: where the KV pool and the allocator live (cuda on a GPU,
+        test_sglang_cuda.py)."""
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -41,8 +45,35 @@ class Instance:
         self.page, self.layers, self.mla = page, layers, mla
         self.r2t = ReqToTokenPool(size=16, max_context_len=4096, device=device,
                                   enable_memory_saver=False)
-        self.swa = swa
-        if swa:
+        self.swa, self.mamba = swa, mamba
+        if mamba:
+            from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+            from sglang.srt.environ import envs
+            from sglang.srt.mem_cache.memory_pool import (HybridLinearKVPool,
+                                                          HybridReqToTokenPool)
+
+            self.server_args._mamba_cache_chunk_size = 64
+            with envs.SGLANG_MAMBA_SSM_DTYPE.override("bfloat16"):
+                shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=256,
+                                                n_groups=1, num_heads=2, head_dim=16,
+                                                state_size=16, conv_kernel=4)
+                cache_params = Mamba2CacheParams(shape=shape, layers=list(mamba))
+            self.r2t = HybridReqToTokenPool(
+                size=16, mamba_size=20, mamba_spec_state_size=16, max_context_len=4096,
+                device=device, enable_memory_saver=False, cache_params=cache_params,
+                mamba_layer_ids=list(mamba), enable_mamba_extra_buffer=False,
+                speculative_num_draft_tokens=3)
+            full_ids = [i for i in range(layers) if i not in mamba]
+            self.kv = HybridLinearKVPool(size=slots, dtype=dtype, page_size=page,
+                                         head_num=heads, head_dim=dim,
+                                         full_attention_layer_ids=full_ids, device=device,
+                                         enable_memory_saver=False,
+                                         mamba_pool=self.r2t.mamba_pool)
+            self.alloc = TokenToKVPoolAllocator(size=slots, dtype=dtype, device=device,
+                                                kvcache=self.kv, need_sort=False)
+            self.full_layers = full_ids
+            comps = (ComponentType.FULL, ComponentType.MAMBA)
+        elif swa:
             from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
             from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -65,7 +96,7 @@ class Instance:
             self.kv = MHATokenToKVPool(size=slots, page_size=page, dtype=dtype, head_num=heads,
                                        head_dim=dim, layer_num=layers, device=device,
                                        enable_memory_saver=False)
-        if not swa:
+        if not swa and not mamba:
             cls = PagedTokenToKVPoolAllocator if page > 1 else TokenToKVPoolAllocator
             kw = {"page_size": page} if page > 1 else {}
             self.alloc = cls(size=slots, dtype=dtype, device=device, kvcache=self.kv,
@@ -93,6 +124,8 @@ class Instance:
         kv = self.kv
         if self.swa:
             kv, layer = kv.full_kv_pool, kv.layers_mapping[layer][0]
+        elif self.mamba:
+            kv, layer = kv.full_kv_pool, kv.full_attention_layer_id_mapping[layer]
         return (kv.kv_buffer[layer],) if self.mla else (kv.k_buffer[layer], kv.v_buffer[layer])
 
     def write(self, slots, seed):
@@ -125,8 +158,33 @@ class Instance:
         slots = self.alloc.alloc(len(tokens))
         assert slots is not None, "device pool full"
         self.write(slots, seed)
-        self.cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=slots))
+        state = None
+        if self.mamba:  # the state the forward left in a Mamba slot, kept by the node
+            state = self.r2t.mamba_allocator.alloc(1)
+            assert state is not None, "Mamba pool full"
+            self.write_state(state, seed)
+        self.cache.insert(InsertParams(key=RadixKey(array("q", tokens)), value=slots,
+                                       mamba_value=state))
+        self.last_state = state
         return slots
+
+    def mamba_tensors(self):
+        """Every Mamba state tensor of the pool ([mamba layers, slots, ...] each)."""
+        c = self.r2t.mamba_pool.mamba_cache
+        return list(c.conv) + [c.temporal]
+
+    def write_state(self, index, seed):
+        """Random conv and temporal states into the Mamba slot index, every Mamba layer."""
+        g = torch.Generator().manual_seed(seed + 1000)
+        for t in self.mamba_tensors():
+            t[:, index] = torch.randn(t[:, index].shape, generator=g).to(t.dtype)
+
+    def read_state(self, index):
+        """The Mamba slot index's states, every tensor (after the Mamba layers' turns on the
+        linker's layer counter, as the Mamba layers read them)."""
+        for layer in self.mamba:
+            self.r2t.mamba2_layer_index(layer)
+        return [t[:, index].clone() for t in self.mamba_tensors()]
 
     def drain(self, timeout=30):
         """check_hicache_events until every offload in flight is committed."""

@@ -28,14 +28,17 @@ from sglang.srt.mem_cache.hicache_storage import PoolName  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 # host-only pools whose page holds one SGLang page of every layer: MHA 2 layers x 2 heads x 8
 # (fp16, 4-token pages); MLA: a latent of 16 as head_dim 8 of one head; "lk1": 1-token pages;
-# "lksmall": 4 pages; "lkwide": another head_dim; "lknohost": a device tier only
+# "lksmall": 4 pages; "lkwide": another head_dim; "lknohost": a device tier only; "lk1m": 1-token
+# pages for the Mamba model's KV and states
 CONF = (DEFAULT_CONF + pool_section("lk", host_capacity="512t")
         + pool_section("lkmla", kv_heads=1, head_dim=8, host_capacity="256t")
         + pool_section("lk1", host_capacity="64t").replace("page_tokens = 4",
                                                             "page_tokens = 1")
         + pool_section("lksmall", host_capacity="16t")
         + pool_section("lkwide", head_dim=16, host_capacity="64t")
-        + pool_section("lknohost", device_capacity="64t", host_capacity="0"))
+        + pool_section("lknohost", device_capacity="64t", host_capacity="0")
+        + pool_section("lk1m", host_capacity="1024t").replace("page_tokens = 4",
+                                                              "page_tokens = 1"))
 
 
 def toks(base, n):
@@ -180,6 +183,50 @@ def test_swa_model(daemon):
     a.close(), b.close(), c.close()
 
 
+def test_mamba_model(daemon):
+    """SGLang's HybridLinearKVPool and HybridReqToTokenPool (a Mamba2 state pool; layers 0 and
+    2 of 4 Mamba): the full-attention layers' pages go through the pool (whose layers are those
+    2), and each offloaded node's Mamba state (PoolName.MAMBA in the linker's pools: its conv
+    and temporal states, in mamba_parts pool pages under the keys of the node's last page);
+    another instance's lookup finds the prefix with its state, its load writes the state into
+    the request's Mamba slot on the Mamba layers' turns of the layer counter, and the KV and the
+    state are A's bytes. A prefix stored without its state is a miss."""
+    mamba = [0, 2]
+    a = Instance(daemon.sock, "lk1m", layers=4, page=1, mamba=mamba)
+    assert PoolName.MAMBA in a.linker.pools
+    assert a.linker.num_layers == 4 and a.linker.dev.counter_of == [1, 3]
+    assert a.linker.mamba.counter_of == mamba
+    parts = a.linker.mamba_parts
+    # 2 layers x (conv [288, 3] + temporal [2, 16, 16]) bf16 in 128-byte pool pages
+    assert a.linker.mamba.nbytes == 2 * (288 * 3 + 2 * 16 * 16) * 2 and parts == 43
+    before = daemon.pool_books("lk1m")["host"]["cached_tokens"]
+    s = a.compute(toks(33000, 16), seed=11)
+    a.drain()
+    assert a.linker.stats()["offload_mamba_states"] == 1
+    assert daemon.pool_books("lk1m")["host"]["cached_tokens"] == before + 16 + parts
+    want = a.read(s)
+    want_state = a.read_state(a.last_state)
+    assert any(bool(x.any()) for x in want_state)
+    b = Instance(daemon.sock, "lk1m", layers=4, page=1, mamba=mamba)
+    req, m, got, failed = b._fetch(toks(33000, 16) + [1])
+    assert got is not None and not failed and len(got[0]) == 16
+    assert m.mamba_host_hit_length == 1
+    same(got[1], want)
+    assert b.linker.stats()["load_mamba_states"] == 1
+    got_state = b.read_state(req.kv.mamba_pool_idx.view(1))
+    same(got_state, want_state)
+    # a shorter prefix than the node: no state ends there, a miss (SGLang computes it)
+    assert b.fetch(toks(33000, 12) + [1])[1] is None
+    # a prefix stored without its state (C's linker serves the Full component only): a miss
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType as CT
+    c = Instance(daemon.sock, "lk1m", layers=4, page=1, mamba=mamba, components={CT.FULL})
+    assert PoolName.MAMBA not in c.linker.pools
+    c.compute(toks(34000, 16), seed=12)
+    c.drain()
+    assert b.fetch(toks(34000, 16) + [1])[1] is None
+    a.close(), b.close(), c.close()
+
+
 def test_kvpoold_killed_and_restarted(own_daemon):
     """kvpoold gone between calls: lookups miss, offloads are dropped and counted, nothing
     raises into SGLang; once it is back the linker attaches again and stores and hits."""
@@ -317,8 +364,11 @@ def test_bad_input(daemon):
         Instance(path, "lk")
     assert isinstance(e.value, (kvpool.TransportError, kvpool.ProtocolError))
     s.close()
-    # components whose state the linker does not hold
-    with pytest.raises(ValueError, match="MAMBA"):
+    # components whose state the linker does not hold, and a Mamba component without SGLang's
+    # Mamba pools
+    with pytest.raises(ValueError, match="C128"):
+        Instance(daemon.sock, "lk", components={ComponentType.FULL, ComponentType.C128})
+    with pytest.raises(ValueError, match="HybridLinearKVPool and HybridReqToTokenPool"):
         Instance(daemon.sock, "lk", components={ComponentType.FULL, ComponentType.MAMBA})
     # no kvpoold at all: constructed, every lookup a miss
     gone = os.path.join(tempfile.mkdtemp(), "none.sock")

@@ -436,8 +436,9 @@ static void test_kvp_copy_host_to_dev_cpu_bad_geometry(void)
 }
 
 /* Runs of odd sizes and odd offsets (unaligned destinations too), shuffled over a buffer, streamed
- * and not: every run's bytes land, nothing between the runs changes. */
-static void check_runs(uint64_t threshold)
+ * and not: every run's bytes land, nothing between the runs changes. batch: 0 copies them with
+ * kvp_copy_runs_cpu, else as a part of a batch of that many bytes (kvp_copy_runs_cpu_part). */
+static void check_runs(uint64_t threshold, uint64_t batch)
 {
 	enum { NR = 40, RUN = 200, SPAN = NR * (RUN + 8) };
 	static unsigned char src[SPAN], dst[SPAN], want[SPAN];
@@ -457,19 +458,31 @@ static void check_runs(uint64_t threshold)
 		memcpy(want + off, (void *)(uintptr_t)s[i], n[i]);
 	}
 	prev = kvp_copy_cpu_stream_threshold(threshold);
-	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(d, s, n, NR), 0);
+	if (batch) {
+		CU_ASSERT_EQUAL(kvp_copy_runs_cpu_part(d, s, n, NR, batch), 0);
+	} else {
+		CU_ASSERT_EQUAL(kvp_copy_runs_cpu(d, s, n, NR), 0);
+	}
 	kvp_copy_cpu_stream_threshold(prev);
 	CU_ASSERT(memcmp(dst, want, sizeof(dst)) == 0);
 }
 
 static void test_kvp_copy_runs_cpu_plain(void)
 {
-	check_runs(UINT64_MAX);
+	check_runs(UINT64_MAX, 0);
 }
 
 static void test_kvp_copy_runs_cpu_streamed(void)
 {
-	check_runs(0);
+	check_runs(0, 0);
+}
+
+/* A part streams when its batch reaches the threshold (its own bytes are below it), and not when
+ * the batch is below it: the same bytes land either way. */
+static void test_kvp_copy_runs_cpu_part(void)
+{
+	check_runs(1u << 20, 4u << 20);
+	check_runs(1u << 20, 1000);
 }
 
 static void test_kvp_copy_runs_cpu_bad(void)
@@ -480,6 +493,8 @@ static void test_kvp_copy_runs_cpu_bad(void)
 	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(NULL, &a, &a, 1), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(&a, NULL, &a, 1), -EINVAL);
 	CU_ASSERT_EQUAL(kvp_copy_runs_cpu(&a, &a, NULL, 1), -EINVAL);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu_part(NULL, NULL, NULL, 0, 1), 0);
+	CU_ASSERT_EQUAL(kvp_copy_runs_cpu_part(&a, NULL, &a, 1, 1), -EINVAL);
 }
 
 int main(void)
@@ -502,6 +517,7 @@ int main(void)
 		H_TEST(test_kvp_copy_host_to_dev_cpu_bad_geometry),
 		H_TEST(test_kvp_copy_runs_cpu_plain),
 		H_TEST(test_kvp_copy_runs_cpu_streamed),
+		H_TEST(test_kvp_copy_runs_cpu_part),
 		H_TEST(test_kvp_copy_runs_cpu_bad),
 	};
 

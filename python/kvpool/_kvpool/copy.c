@@ -4,13 +4,16 @@
  * The engine adapters move KV pages as many runs of a few KiB to a few MiB (one run per page,
  * layer and K/V where the layouts differ). A Python loop over them, or one numpy copy per
  * tensor, pays a call per run and uses ordinary stores; here the runs are checked once against
- * the buffers' bounds, then copied with the GIL released, split by bytes over a few threads,
- * each share by the kernels' run copy (kvp_copy_runs_cpu, which module.c's copy_runs of raw
- * addresses calls too): a share larger than the caches is written with streaming stores.
+ * the buffers' bounds, then copied with the GIL released over a few threads: the transfer is cut
+ * into pieces by bytes, each thread takes the next piece left (a thread the scheduler holds back
+ * on a busy machine does not hold up the others' share), and copies it with the kernels' run copy
+ * (kvp_copy_runs_cpu_part; module.c's copy_runs of raw addresses calls kvp_copy_runs_cpu): a
+ * transfer larger than the caches is written with streaming stores.
  */
 #include "module.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "kv_copy.h"
 
@@ -18,6 +21,8 @@
 #define KVPY_COPY_MAX_THREADS 16
 /* a thread takes at least this many bytes */
 #define KVPY_COPY_THREAD_MIN (1u << 20)
+/* the transfer is cut in about this many pieces a thread, at least KVPY_COPY_THREAD_MIN each */
+#define KVPY_COPY_PIECES 8
 #define KVPY_RUN_FIELDS 5 /* dst buffer, dst offset, src buffer, src offset, bytes */
 
 struct run {
@@ -26,102 +31,141 @@ struct run {
 	size_t n;
 };
 
-struct part {
+/* A transfer its threads share: pieces of piece bytes (the last one shorter), each taken by the
+ * next thread free, so a thread the scheduler holds back leaves its pieces to the others. */
+struct work {
 	const struct run *runs;
-	size_t n_runs;
-	size_t from, to; /* bytes of the whole transfer this thread copies */
+	const size_t *at; /* at[i]: the bytes of runs before run i; at[n_runs]: total */
+	size_t n_runs, total, piece, n_pieces;
+	atomic_size_t next;
 };
 
-/* A thread's share: the byte range [from, to) of the transfer, cut from the runs and copied by
- * the kernels' run copy (kvp_copy_runs_cpu: streaming stores for a share of 4 MiB or more). */
-static void *part_run(void *arg)
+/* The runs of piece [from, to) of the transfer as the kernels' lists (dst, src, len); their
+ * count. */
+static size_t piece_runs(const struct work *w, size_t from, size_t to, uint64_t *dst, uint64_t *src,
+			 uint64_t *len)
 {
-	const struct part *p = arg;
-	uint64_t *v = malloc(sizeof(uint64_t) * 3 * (p->n_runs + 1));
-	uint64_t *dst = v, *src = v ? v + p->n_runs : NULL, *len = v ? v + 2 * p->n_runs : NULL;
-	size_t at = 0, k = 0;
+	size_t lo = 0, hi = w->n_runs, k = 0;
 
-	for (size_t i = 0; i < p->n_runs && at < p->to; i++) {
-		const struct run *r = &p->runs[i];
-		size_t lo = p->from > at ? p->from - at : 0;
-		size_t hi = p->to - at < r->n ? p->to - at : r->n;
+	while (lo < hi) { /* the first run that ends after from */
+		size_t mid = lo + (hi - lo) / 2;
 
-		if (lo < hi && v) {
-			dst[k] = (uint64_t)(uintptr_t)(r->dst + lo);
-			src[k] = (uint64_t)(uintptr_t)(r->src + lo);
-			len[k++] = hi - lo;
-		} else if (lo < hi) { /* no memory for the lists: run by run */
-			memcpy(r->dst + lo, r->src + lo, hi - lo);
-		}
-		at += r->n;
+		if (w->at[mid + 1] <= from)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
-	if (k)
-		kvp_copy_runs_cpu(dst, src, len, k);
+	for (size_t i = lo; i < w->n_runs && w->at[i] < to; i++) {
+		size_t a = from > w->at[i] ? from - w->at[i] : 0;
+		size_t b = (to < w->at[i + 1] ? to : w->at[i + 1]) - w->at[i];
+
+		if (a < b) {
+			dst[k] = (uint64_t)(uintptr_t)(w->runs[i].dst + a);
+			src[k] = (uint64_t)(uintptr_t)(w->runs[i].src + a);
+			len[k++] = b - a;
+		}
+	}
+	return k;
+}
+
+/* A thread: pieces until none is left, each copied by the kernels' run copy (streaming stores
+ * when the whole transfer is 4 MiB or more: kvp_copy_runs_cpu_part). */
+static void *work_run(void *arg)
+{
+	struct work *w = arg;
+	uint64_t *v = malloc(sizeof(uint64_t) * 3 * (w->n_runs + 1));
+	size_t p;
+
+	while ((p = atomic_fetch_add(&w->next, 1)) < w->n_pieces) {
+		size_t from = p * w->piece;
+		size_t to = from + w->piece < w->total ? from + w->piece : w->total;
+
+		if (v) {
+			size_t k = piece_runs(w, from, to, v, v + w->n_runs + 1,
+					      v + 2 * (w->n_runs + 1));
+
+			kvp_copy_runs_cpu_part(v, v + w->n_runs + 1, v + 2 * (w->n_runs + 1), k,
+					       w->total);
+			continue;
+		}
+		for (size_t i = 0; i < w->n_runs; i++) { /* no memory for the lists: memcpy */
+			size_t a = from > w->at[i] ? from - w->at[i] : 0;
+			size_t e = to < w->at[i + 1] ? to : w->at[i + 1];
+
+			if (w->at[i] + a < e)
+				memcpy(w->runs[i].dst + a, w->runs[i].src + a, e - w->at[i] - a);
+		}
+	}
 	free(v);
 	return NULL;
 }
 
 /* Copies the runs over threads threads (fewer when they would get under THREAD_MIN bytes
- * each); a thread that cannot be started leaves its part to the caller's thread. */
-static void copy_all(const struct run *runs, size_t n_runs, size_t total, int threads)
+ * each), in pieces the threads take in turn; the caller's thread is one of them, and one that
+ * cannot be started leaves its pieces to the others. at: n_runs + 1 offsets (see struct
+ * work). */
+static void copy_all(const struct run *runs, const size_t *at, size_t n_runs, size_t total,
+		     int threads)
 {
-	struct part parts[KVPY_COPY_MAX_THREADS];
 	pthread_t tid[KVPY_COPY_MAX_THREADS];
 	int started[KVPY_COPY_MAX_THREADS] = { 0 };
+	struct work w = { .runs = runs, .at = at, .n_runs = n_runs, .total = total };
 
 	if ((size_t)threads > total / KVPY_COPY_THREAD_MIN)
 		threads = (int)(total / KVPY_COPY_THREAD_MIN);
 	if (threads < 1)
 		threads = 1;
-	for (int k = 0; k < threads; k++) {
-		parts[k] = (struct part){
-			.runs = runs,
-			.n_runs = n_runs,
-			.from = total / (size_t)threads * (size_t)k,
-			.to = k == threads - 1 ? total : total / (size_t)threads * (size_t)(k + 1),
-		};
-	}
+	w.piece = total / ((size_t)threads * KVPY_COPY_PIECES);
+	if (w.piece < KVPY_COPY_THREAD_MIN)
+		w.piece = KVPY_COPY_THREAD_MIN;
+	w.piece = (w.piece + 63) & ~(size_t)63; /* whole 64-byte steps of the streamed copy */
+	w.n_pieces = total ? (total + w.piece - 1) / w.piece : 0;
+	atomic_init(&w.next, 0);
 	for (int k = 1; k < threads; k++)
-		started[k] = pthread_create(&tid[k], NULL, part_run, &parts[k]) == 0;
-	part_run(&parts[0]);
+		started[k] = pthread_create(&tid[k], NULL, work_run, &w) == 0;
+	work_run(&w);
 	for (int k = 1; k < threads; k++) {
 		if (started[k])
 			pthread_join(tid[k], NULL);
-		else
-			part_run(&parts[k]);
 	}
 }
 
-/* Gets a buffer of each item of seq (writable ones for dst). Returns the count, or -1 with an
- * exception set (the buffers got so far released). */
-static Py_ssize_t get_buffers(PyObject *seq, Py_buffer *out, int writable, const char *what)
+/* Gets a buffer of each item of seq (writable ones for dst) into *out, an array of as many as
+ * seq holds (PyMem_Free it). Returns the count, or -1 with an exception set (nothing held). */
+static Py_ssize_t get_buffers(PyObject *seq, Py_buffer **out, int writable, const char *what)
 {
-	Py_ssize_t n = PySequence_Size(seq);
+	PyObject *items =
+		PySequence_Tuple(seq); /* the items as they are now, however seq changes */
+	Py_ssize_t n;
 
-	if (n < 0)
+	*out = NULL;
+	if (!items)
 		return -1;
+	n = PyTuple_Size(items);
 	if (n == 0 || n > KVPY_COPY_MAX_BUFFERS) {
 		PyErr_Format(PyExc_ValueError, "copy_buffer_runs: %s: 1 to %d buffers, not %zd",
 			     what, KVPY_COPY_MAX_BUFFERS, n);
+		Py_DECREF(items);
+		return -1;
+	}
+	*out = PyMem_Calloc((size_t)n, sizeof(**out));
+	if (!*out) {
+		PyErr_NoMemory();
+		Py_DECREF(items);
 		return -1;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *o = PySequence_GetItem(seq, i);
-		int r;
-
-		if (!o) {
-			r = -1;
-		} else {
-			r = PyObject_GetBuffer(o, &out[i],
-					       writable ? PyBUF_WRITABLE : PyBUF_SIMPLE);
-			Py_DECREF(o);
-		}
-		if (r < 0) {
+		if (PyObject_GetBuffer(PyTuple_GetItem(items, i), &(*out)[i],
+				       writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
 			for (Py_ssize_t j = 0; j < i; j++)
-				PyBuffer_Release(&out[j]);
+				PyBuffer_Release(&(*out)[j]);
+			PyMem_Free(*out);
+			*out = NULL;
+			Py_DECREF(items);
 			return -1;
 		}
 	}
+	Py_DECREF(items);
 	return n;
 }
 
@@ -134,7 +178,7 @@ static void release_buffers(Py_buffer *b, Py_ssize_t n)
 /* The runs of the int64 table rb ([n, 5]) checked against the buffers; NULL with an exception
  * set. */
 static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd, Py_buffer *src,
-			     Py_ssize_t ns, size_t *n_runs, size_t *total)
+			     Py_ssize_t ns, size_t *n_runs, size_t **at, size_t *total)
 {
 	const char *f = rb->format ? rb->format : "B";
 	size_t n;
@@ -152,7 +196,11 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 	}
 	n = (size_t)rb->len / (KVPY_RUN_FIELDS * 8);
 	runs = PyMem_Malloc((n ? n : 1) * sizeof(*runs));
-	if (!runs) {
+	*at = PyMem_Malloc((n + 1) * sizeof(**at));
+	if (!runs || !*at) {
+		PyMem_Free(runs);
+		PyMem_Free(*at);
+		*at = NULL;
 		PyErr_NoMemory();
 		return NULL;
 	}
@@ -170,13 +218,17 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 				i, (long long)v[0], (long long)v[1], (long long)v[2],
 				(long long)v[3], (long long)v[4]);
 			PyMem_Free(runs);
+			PyMem_Free(*at);
+			*at = NULL;
 			return NULL;
 		}
+		(*at)[i] = *total;
 		runs[i] = (struct run){ .dst = (char *)dst[v[0]].buf + v[1],
 					.src = (const char *)src[v[2]].buf + v[3],
 					.n = (size_t)v[4] };
 		*total += (size_t)v[4];
 	}
+	(*at)[n] = *total;
 	*n_runs = n;
 	return runs;
 }
@@ -189,7 +241,7 @@ PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 	Py_buffer *dst = NULL, *src = NULL, rb;
 	Py_ssize_t nd = 0, ns = 0;
 	struct run *runs = NULL;
-	size_t n_runs = 0, total = 0;
+	size_t n_runs = 0, total = 0, *at = NULL;
 	PyObject *ret = NULL;
 
 	(void)mod;
@@ -200,29 +252,24 @@ PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 		return PyErr_Format(PyExc_ValueError,
 				    "copy_buffer_runs: threads must be 1 to %d, not %d",
 				    KVPY_COPY_MAX_THREADS, threads);
-	dst = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*dst));
-	src = PyMem_Calloc(KVPY_COPY_MAX_BUFFERS, sizeof(*src));
-	if (!dst || !src) {
-		PyErr_NoMemory();
-		goto out;
-	}
 	if (PyObject_GetBuffer(runs_obj, &rb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
 		goto out;
-	if ((nd = get_buffers(dsts, dst, 1, "dst")) < 0 ||
-	    (ns = get_buffers(srcs, src, 0, "src")) < 0) {
+	if ((nd = get_buffers(dsts, &dst, 1, "dst")) < 0 ||
+	    (ns = get_buffers(srcs, &src, 0, "src")) < 0) {
 		nd = nd < 0 ? 0 : nd;
 		ns = 0;
 		PyBuffer_Release(&rb);
 		goto out;
 	}
-	runs = make_runs(&rb, dst, nd, src, ns, &n_runs, &total);
+	runs = make_runs(&rb, dst, nd, src, ns, &n_runs, &at, &total);
 	PyBuffer_Release(&rb);
 	if (!runs)
 		goto out;
-	KVPY_WAIT(copy_all(runs, n_runs, total, threads));
+	KVPY_WAIT(copy_all(runs, at, n_runs, total, threads));
 	ret = PyLong_FromSize_t(total);
 out:
 	PyMem_Free(runs);
+	PyMem_Free(at);
 	if (dst)
 		release_buffers(dst, nd);
 	if (src)
