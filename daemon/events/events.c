@@ -324,7 +324,6 @@ static int snapshot_part(struct kvp_events *ev)
 		r = send_msg(ev->replay, ev->snap_to, ev->topic, ev->topic_len, seq, NULL, data,
 			     len);
 		free(data);
-		ev->st.snapshot_batches += r >= 0;
 	}
 	kvp_events_batch_reset(&ev->batch);
 	if (r < 0 && !ev->snap_err)

@@ -61,15 +61,14 @@ struct kvp_events_page {
 };
 
 struct kvp_events_stats {
-	uint64_t batches;	   /* published (sent or dropped) */
-	uint64_t events;	   /* in them */
-	uint64_t dropped_batches;  /* not sent: a subscriber's high-water mark, or a send error */
-	uint64_t replays;	   /* replay requests answered */
-	uint64_t snapshots;	   /* snapshot requests answered */
-	uint64_t snapshot_batches; /* the batches of their answers */
-	uint64_t ring_batches;	   /* in the replay ring now */
-	uint64_t ring_bytes;	   /* their payload bytes */
-	uint64_t next_seq;	   /* the sequence the next batch gets */
+	uint64_t batches;	  /* published (sent or dropped) */
+	uint64_t events;	  /* in them */
+	uint64_t dropped_batches; /* not sent: a subscriber's high-water mark, or a send error */
+	uint64_t replays;	  /* replay requests answered */
+	uint64_t snapshots;	  /* snapshot requests answered */
+	uint64_t ring_batches;	  /* in the replay ring now */
+	uint64_t ring_bytes;	  /* their payload bytes */
+	uint64_t next_seq;	  /* the sequence the next batch gets */
 };
 
 struct kvp_events;
