@@ -2,9 +2,11 @@
  * replay ring (bounded in batches and in bytes) and the answers to replay and snapshot requests.
  * Nothing here blocks: every send is ZMQ_DONTWAIT, and the PUB socket refuses (ZMQ_XPUB_NODROP)
  * rather than silently drops a batch a subscriber has no room for, so drops are counted.
- * A batch's payload is made once, in place (kvp_events_batch_finish), and shared, never copied:
- * the ring and every message that carries it (live, replays) hold a reference to it, and the last
- * one frees it (libzmq drops its references on its I/O thread, hence the atomic count). */
+ * A batch is staged in one buffer that stays the publisher's (hot in the cache, turn after turn),
+ * its payload made in place there (kvp_events_batch_payload) and copied once, past the cache,
+ * into a buffer the ring and every message that carries it (live, replays) share by reference:
+ * the last reference frees it (libzmq drops its own on its I/O thread, hence the atomic count),
+ * or, once no message holds it, the ring gives it to a later batch (no new pages to fault in). */
 #include "events.h"
 
 #include <errno.h>
@@ -13,6 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define SNAPSHOT_REQUEST "SNAPSHOT" /* 8 bytes, where a replay request has its start sequence */
 
@@ -244,14 +249,50 @@ static int send_msg(void *sock, const zmq_msg_t *to, const char *topic, size_t t
 	return 0;
 }
 
+/* A buffer of at least len bytes for a published batch: the ring's spare when it is large enough,
+ * else a new one with room to spare (so that it serves later batches about its size). */
+static uint8_t *blob_buf(struct kvp_events *ev, size_t len, size_t *cap)
+{
+	uint8_t *p;
+
+	if (ev->spare && ev->spare_cap >= len) {
+		p = ev->spare;
+		*cap = ev->spare_cap;
+		ev->spare = NULL;
+		ev->spare_cap = 0;
+		return p;
+	}
+	*cap = (len + len / 4 + 4095) & ~(size_t)4095;
+	return malloc(*cap);
+}
+
+/* Copies n bytes to dst (from malloc: 16-byte aligned) with non-temporal stores where the machine
+ * has them: a published batch is written once here and read later by libzmq's I/O thread or a
+ * replay, so it need not go through the cache, nor push the loop's own state out of it (the
+ * ring is buffer_bytes of batches: writing them through the cache costs the loop its misses). */
+static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n)
+{
+#if defined(__SSE2__)
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16)
+		_mm_stream_si128((__m128i *)(void *)(dst + i),
+				 _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+	_mm_sfence(); /* before the batch is handed to another thread */
+	memcpy(dst + i, src + i, n - i);
+#else
+	memcpy(dst, src, n);
+#endif
+}
+
 int kvp_events_flush(struct kvp_events *ev, double ts)
 {
-	uint8_t *buf, seq[8];
-	size_t off, len, cap = ev->batch.cap;
+	const uint8_t *payload;
+	uint8_t seq[8];
+	size_t len = 0, cap = 0;
 	uint32_t n = ev->batch.n;
 	struct ring_slot *s;
 	struct blob *b;
-	int r;
 
 	if (!n) {
 		if (ev->lost) {
@@ -260,19 +301,24 @@ int kvp_events_flush(struct kvp_events *ev, double ts)
 		}
 		return 0;
 	}
-	b = malloc(sizeof(*b));
-	r = b ? kvp_events_batch_finish(&ev->batch, ts, &buf, &off, &len) : -ENOMEM;
-	if (r < 0) {
+	payload = kvp_events_batch_payload(&ev->batch, ts, &len);
+	/* the ring's room first: the oldest batch's buffer may take this one */
+	while (payload && ev->count &&
+	       (ev->count == ev->cap || ev->ring_bytes + len > ev->max_bytes))
+		ring_drop_oldest(ev);
+	b = payload ? malloc(sizeof(*b)) : NULL;
+	if (!b || !(b->buf = blob_buf(ev, len, &cap))) {
 		free(b);
 		kvp_events_batch_reset(&ev->batch);
 		ev->st.dropped_batches++;
 		ev->lost = 0;
-		return r;
+		return -ENOMEM;
 	}
-	atomic_init(&b->refs, 1); /* the ring's */
-	b->buf = buf;
+	copy_stream(b->buf, payload, len);
+	kvp_events_batch_reset(&ev->batch); /* its buffer stages the next batch */
+	atomic_init(&b->refs, 1);	    /* the ring's */
 	b->cap = cap;
-	b->data = buf + off;
+	b->data = b->buf;
 	b->len = len;
 	if (ev->lost)
 		ev->st.dropped_batches++; /* a partial batch: counted as a drop too */
@@ -282,27 +328,12 @@ int kvp_events_flush(struct kvp_events *ev, double ts)
 		ev->st.dropped_batches++;
 	ev->st.batches++;
 	ev->st.events += n;
-	/* into the ring, dropping the oldest beyond its bounds */
-	while (ev->count && (ev->count == ev->cap || ev->ring_bytes + len > ev->max_bytes))
-		ring_drop_oldest(ev);
 	s = &ev->ring[(ev->head + ev->count) % ev->cap];
 	s->seq = ev->st.next_seq;
 	s->b = b;
 	ev->count++;
 	ev->ring_bytes += len;
 	ev->st.next_seq++;
-	/* the next batch's buffer: one the ring let go of, else one of this one's size (it seldom
-	 * grows while staging) */
-	if (ev->spare && ev->spare_cap >= cap) {
-		ev->batch.body = ev->spare;
-		ev->batch.cap = ev->spare_cap;
-		ev->spare = NULL;
-		ev->spare_cap = 0;
-	} else {
-		kvp_events_batch_prepare(&ev->batch, cap > KVP_EVENTS_BATCH_HEAD + 1
-							     ? cap - KVP_EVENTS_BATCH_HEAD - 1
-							     : 0);
-	}
 	return (int)n;
 }
 

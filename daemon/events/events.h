@@ -106,7 +106,7 @@ int kvp_events_replay_fd(const struct kvp_events *ev);
 /* ---- the encoder (events_encode.c), for tests ---- */
 
 /* A KVEventBatch under construction: its n events' msgpack bytes (len) in body, after
- * KVP_EVENTS_BATCH_HEAD bytes kept for the batch's header (kvp_events_batch_finish); cap: body's
+ * KVP_EVENTS_BATCH_HEAD bytes kept for the batch's header (kvp_events_batch_payload); cap: body's
  * size. */
 #define KVP_EVENTS_BATCH_HEAD 15 /* [ts, [: array 3, float 64, array 32 headers */
 struct kvp_events_batch {
@@ -122,14 +122,10 @@ int kvp_events_batch_cleared(struct kvp_events_batch *b);
  * -ENOMEM. The batch is left as it was. */
 int kvp_events_batch_encode(const struct kvp_events_batch *b, double ts, uint8_t **out,
 			    size_t *outlen);
-/* The payload made in place, without copying the events: hands body over (*buf, for free()),
- * the payload its *len bytes from *off; the batch is left empty, without a buffer. 0 or -ENOMEM
- * (the batch unchanged). */
-int kvp_events_batch_finish(struct kvp_events_batch *b, double ts, uint8_t **buf, size_t *off,
-			    size_t *len);
-/* Makes room for `bytes` more bytes of events (so that a batch about that size never grows). 0 or
- * -ENOMEM. */
-int kvp_events_batch_prepare(struct kvp_events_batch *b, size_t bytes);
+/* The payload made in place, without copying the events: the header written before them, the
+ * closing nil after; its *len bytes at the pointer returned, valid until the batch changes (the
+ * batch's events stay as they were). NULL without memory. */
+const uint8_t *kvp_events_batch_payload(struct kvp_events_batch *b, double ts, size_t *len);
 /* Empties the batch (keeps its buffer). */
 void kvp_events_batch_reset(struct kvp_events_batch *b);
 void kvp_events_batch_free(struct kvp_events_batch *b);

@@ -8,8 +8,9 @@
  * The hot path of KV events: an event is written straight into the batch's one buffer, its
  * constant parts copied as prebuilt msgpack bytes, after one check of room for the whole event
  * (no per-field calls, no string lengths measured, no allocation once the buffer has grown).
- * The buffer keeps room for the batch's header before the events, so kvp_events_batch_finish
- * turns it into the payload in place, without copying the events. */
+ * The buffer keeps room for the batch's header before the events, so kvp_events_batch_payload
+ * turns it into the payload in place, without copying the events; the buffer is the batch's for
+ * good, so it stays in the cache from one batch to the next. */
 #include "events.h"
 
 #include <errno.h>
@@ -268,27 +269,16 @@ int kvp_events_batch_encode(const struct kvp_events_batch *b, double ts, uint8_t
 	return 0;
 }
 
-int kvp_events_batch_finish(struct kvp_events_batch *b, double ts, uint8_t **buf, size_t *off,
-			    size_t *len)
+const uint8_t *kvp_events_batch_payload(struct kvp_events_batch *b, double ts, size_t *len)
 {
 	uint8_t *h;
 
 	if (reserve(b, 0) < 0)
-		return -ENOMEM;
+		return NULL;
 	h = put_header(b->body, ts, b->n);
 	b->body[KVP_EVENTS_BATCH_HEAD + b->len] = 0xc0; /* data_parallel_rank */
-	*buf = b->body;
-	*off = (size_t)(h - b->body);
-	*len = KVP_EVENTS_BATCH_HEAD + b->len + 1 - *off;
-	b->body = NULL;
-	b->len = b->cap = 0;
-	b->n = 0;
-	return 0;
-}
-
-int kvp_events_batch_prepare(struct kvp_events_batch *b, size_t bytes)
-{
-	return reserve(b, bytes);
+	*len = (size_t)(b->body + KVP_EVENTS_BATCH_HEAD + b->len + 1 - h);
+	return h;
 }
 
 void kvp_events_batch_reset(struct kvp_events_batch *b)

@@ -100,19 +100,19 @@ static void test_kvp_events_batch_encode_as_msgspec(void)
 	expect_hex(out, len, g_batch1);
 	free(out);
 
-	/* made in place: the same bytes, the buffer handed over, the batch left empty */
+	/* made in place: the same bytes, in the batch's own buffer, its events left as they were */
 	{
-		uint8_t *buf = NULL;
-		size_t off = 0, plen = 0;
+		size_t plen = 0;
+		const uint8_t *pl = kvp_events_batch_payload(&b, 1.5, &plen);
 
-		CU_ASSERT_EQUAL_FATAL(kvp_events_batch_finish(&b, 1.5, &buf, &off, &plen), 0);
-		CU_ASSERT(off < KVP_EVENTS_BATCH_HEAD);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(pl);
+		CU_ASSERT(pl > b.body && pl < b.body + KVP_EVENTS_BATCH_HEAD);
 		CU_ASSERT_EQUAL(plen, (sizeof(g_batch1) - 1) / 2);
-		expect_hex(buf + off, plen, g_batch1);
-		CU_ASSERT_PTR_NULL(b.body);
-		CU_ASSERT_EQUAL(b.n, 0);
-		CU_ASSERT_EQUAL(b.len, 0);
-		free(buf);
+		expect_hex(pl, plen, g_batch1);
+		CU_ASSERT_EQUAL(b.n, 4);
+		CU_ASSERT_EQUAL_FATAL(kvp_events_batch_encode(&b, 1.5, &out, &len), 0);
+		expect_hex(out, len, g_batch1);
+		free(out);
 	}
 
 	/* reset: the next batch starts empty; no source: no ownership field */
@@ -147,13 +147,14 @@ static void test_kvp_events_batch_encode_empty(void)
 
 /* Long forms: a 40-byte source (str 8), 300 tokens (array 16) of every uint width, a 300-byte
  * hash (bin 16), 20 events (array 16 in the header): msgspec's bytes, made in place. */
-static void test_kvp_events_batch_finish_long_forms(void)
+static void test_kvp_events_batch_payload_long_forms(void)
 {
 	static const char src[] = "node-with-a-rather-long-name-0123456789";
 	struct kvp_events_batch b = { .source = src };
 	uint32_t toks[300];
-	uint8_t key[300], *buf = NULL, *ref = NULL;
-	size_t off = 0, len = 0, rlen = 0;
+	uint8_t key[300], *ref = NULL;
+	const uint8_t *buf;
+	size_t len = 0, rlen = 0;
 
 	for (uint32_t i = 0; i < 300; i++)
 		toks[i] = i % 4 == 0   ? i
@@ -181,11 +182,11 @@ static void test_kvp_events_batch_finish_long_forms(void)
 	CU_ASSERT(memmem(ref, rlen, "\xd9\x27node-with", 11) != NULL);	 /* str 8 of 39 bytes */
 	CU_ASSERT(memmem(ref, rlen, "\xc5\x01\x2c\x07\x07", 5) != NULL); /* bin 16 of 300 */
 	CU_ASSERT(memmem(ref, rlen, "\xdc\x01\x2c\x00\xcc\xc9\xce", 7) != NULL);
-	CU_ASSERT_EQUAL_FATAL(kvp_events_batch_finish(&b, 3.25, &buf, &off, &len), 0);
-	CU_ASSERT_EQUAL(off, KVP_EVENTS_BATCH_HEAD - 13); /* 1 + 9 + 3 header bytes */
+	buf = kvp_events_batch_payload(&b, 3.25, &len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+	CU_ASSERT_EQUAL(buf - b.body, KVP_EVENTS_BATCH_HEAD - 13); /* 1 + 9 + 3 header bytes */
 	CU_ASSERT_EQUAL_FATAL(len, rlen);
-	CU_ASSERT_EQUAL(memcmp(buf + off, ref, len), 0);
-	free(buf);
+	CU_ASSERT_EQUAL(memcmp(buf, ref, len), 0);
 	free(ref);
 	kvp_events_batch_free(&b);
 }
@@ -221,7 +222,7 @@ int main(void)
 	static const struct h_test tests[] = {
 		H_TEST(test_kvp_events_batch_encode_as_msgspec),
 		H_TEST(test_kvp_events_batch_encode_empty),
-		H_TEST(test_kvp_events_batch_finish_long_forms),
+		H_TEST(test_kvp_events_batch_payload_long_forms),
 		H_TEST(test_kvp_events_batch_page_bad_medium),
 		H_TEST(test_kvp_events_medium_name_all),
 	};
