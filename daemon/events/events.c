@@ -144,7 +144,7 @@ static void ring_drop_oldest(struct kvp_events *ev)
 	struct ring_slot *s = &ev->ring[ev->head];
 
 	ev->ring_bytes -= s->b->len;
-	/* no message holds it: its (warm) buffer stages a later batch, no page faulted in anew */
+	/* no message holds it: its buffer (its pages faulted in already) takes a later batch */
 	if (atomic_load_explicit(&s->b->refs, memory_order_acquire) == 1 &&
 	    s->b->cap > ev->spare_cap) {
 		free(ev->spare);
