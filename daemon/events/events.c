@@ -1,21 +1,38 @@
 /* events.c - the publisher: the PUB and replay ROUTER sockets (libzmq), the turn's batch, the
  * replay ring (bounded in batches and in bytes) and the answers to replay and snapshot requests.
  * Nothing here blocks: every send is ZMQ_DONTWAIT, and the PUB socket refuses (ZMQ_XPUB_NODROP)
- * rather than silently drops a batch a subscriber has no room for, so drops are counted. */
+ * rather than silently drops a batch a subscriber has no room for, so drops are counted.
+ * A batch is staged in one buffer that stays the publisher's (hot in the cache, turn after turn),
+ * its payload made in place there (kvp_events_batch_payload) and copied once, past the cache,
+ * into a buffer the ring and every message that carries it (live, replays) share by reference:
+ * the last reference frees it (libzmq drops its own on its I/O thread, hence the atomic count),
+ * or, once no message holds it, the ring gives it to a later batch (no new pages to fault in). */
 #include "events.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define SNAPSHOT_REQUEST "SNAPSHOT" /* 8 bytes, where a replay request has its start sequence */
 
+/* A published batch's payload, shared by the ring and the messages in flight. */
+struct blob {
+	atomic_uint refs;
+	uint8_t *buf;	     /* the batch's buffer, freed with the last reference */
+	size_t cap;	     /* its size */
+	const uint8_t *data; /* the payload in it */
+	size_t len;
+};
+
 struct ring_slot {
 	uint64_t seq;
-	uint8_t *data;
-	size_t len;
+	struct blob *b;
 };
 
 struct kvp_events {
@@ -24,8 +41,13 @@ struct kvp_events {
 	size_t topic_len;
 	char *source;
 	struct kvp_events_batch batch; /* the turn's events */
-	uint64_t lost;		       /* events that could not be staged, this turn */
-	struct ring_slot *ring;	       /* buffer_steps slots, oldest at head */
+	uint8_t *spare;		       /* a buffer the ring let go of, for the next batch */
+	size_t spare_cap;
+	uint64_t lost;		  /* events that could not be staged, this turn */
+	const zmq_msg_t *snap_to; /* a snapshot's requester, while its batches are staged */
+	double snap_ts;		  /* and its stamp */
+	int snap_err;		  /* the first error of the snapshot's sends */
+	struct ring_slot *ring;	  /* buffer_steps slots, oldest at head */
 	uint32_t cap, head, count;
 	uint64_t ring_bytes, max_bytes;
 	struct kvp_events_stats st;
@@ -101,13 +123,37 @@ fail:
 	return NULL;
 }
 
+static void blob_unref(struct blob *b)
+{
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+		free(b->buf);
+		free(b);
+	}
+}
+
+/* libzmq's free function of a message that carries a blob (on its I/O thread, or in the call
+ * that closes or drops the message). */
+static void blob_msg_free(void *data, void *hint)
+{
+	(void)data;
+	blob_unref(hint);
+}
+
 static void ring_drop_oldest(struct kvp_events *ev)
 {
 	struct ring_slot *s = &ev->ring[ev->head];
 
-	ev->ring_bytes -= s->len;
-	free(s->data);
-	s->data = NULL;
+	ev->ring_bytes -= s->b->len;
+	/* no message holds it: its buffer (its pages faulted in already) takes a later batch */
+	if (atomic_load_explicit(&s->b->refs, memory_order_acquire) == 1 &&
+	    s->b->cap > ev->spare_cap) {
+		free(ev->spare);
+		ev->spare = s->b->buf;
+		ev->spare_cap = s->b->cap;
+		s->b->buf = NULL;
+	}
+	blob_unref(s->b);
+	s->b = NULL;
 	ev->head = (ev->head + 1) % ev->cap;
 	ev->count--;
 }
@@ -125,11 +171,14 @@ void kvp_events_free(struct kvp_events *ev)
 	while (ev->ring && ev->count)
 		ring_drop_oldest(ev);
 	free(ev->ring);
+	free(ev->spare);
 	kvp_events_batch_free(&ev->batch);
 	free(ev->topic);
 	free(ev->source);
 	free(ev);
 }
+
+static int snapshot_part(struct kvp_events *ev);
 
 int kvp_events_page(struct kvp_events *ev, const struct kvp_events_page *pg)
 {
@@ -137,6 +186,8 @@ int kvp_events_page(struct kvp_events *ev, const struct kvp_events_page *pg)
 
 	if (r < 0)
 		ev->lost++;
+	else if (ev->snap_to && ev->batch.n >= KVP_EVENTS_SNAPSHOT_BATCH)
+		r = snapshot_part(ev);
 	return r;
 }
 
@@ -160,11 +211,13 @@ size_t kvp_events_staged_bytes(const struct kvp_events *ev)
 }
 
 /* Sends [topic, seq, payload] on sock (after the frames of `to`, a ROUTER peer's identity and
- * its empty delimiter, when given). 0 or -errno. */
+ * its empty delimiter, when given); the payload is blob's (a reference, no copy), or data's len
+ * bytes (copied) when blob is NULL. 0 or -errno. */
 static int send_msg(void *sock, const zmq_msg_t *to, const char *topic, size_t tlen,
-		    const uint8_t seq[8], const uint8_t *data, size_t len)
+		    const uint8_t seq[8], struct blob *blob, const uint8_t *data, size_t len)
 {
 	int f = ZMQ_DONTWAIT | ZMQ_SNDMORE;
+	zmq_msg_t m;
 
 	if (to) {
 		zmq_msg_t id;
@@ -178,19 +231,68 @@ static int send_msg(void *sock, const zmq_msg_t *to, const char *topic, size_t t
 		if (zmq_send(sock, "", 0, f) < 0)
 			return -zmq_errno();
 	}
-	if (zmq_send(sock, topic, tlen, f) < 0 || zmq_send(sock, seq, 8, f) < 0 ||
-	    zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0)
+	if (zmq_send(sock, topic, tlen, f) < 0 || zmq_send(sock, seq, 8, f) < 0)
 		return -zmq_errno();
+	if (!blob)
+		return zmq_send(sock, data, len, ZMQ_DONTWAIT) < 0 ? -zmq_errno() : 0;
+	atomic_fetch_add_explicit(&blob->refs, 1, memory_order_relaxed);
+	if (zmq_msg_init_data(&m, (void *)blob->data, blob->len, blob_msg_free, blob) < 0) {
+		blob_unref(blob);
+		return -zmq_errno();
+	}
+	if (zmq_msg_send(&m, sock, ZMQ_DONTWAIT) < 0) {
+		int e = zmq_errno();
+
+		zmq_msg_close(&m); /* drops the reference */
+		return -e;
+	}
 	return 0;
+}
+
+/* A buffer of at least len bytes for a published batch: the ring's spare when it is large enough,
+ * else a new one with room to spare (so that it serves later batches about its size). */
+static uint8_t *blob_buf(struct kvp_events *ev, size_t len, size_t *cap)
+{
+	uint8_t *p;
+
+	if (ev->spare && ev->spare_cap >= len) {
+		p = ev->spare;
+		*cap = ev->spare_cap;
+		ev->spare = NULL;
+		ev->spare_cap = 0;
+		return p;
+	}
+	*cap = (len + len / 4 + 4095) & ~(size_t)4095;
+	return malloc(*cap);
+}
+
+/* Copies n bytes to dst (from malloc: 16-byte aligned) with non-temporal stores where the machine
+ * has them: a published batch is written once here and read later by libzmq's I/O thread or a
+ * replay, so it need not go through the cache, nor push the loop's own state out of it (the
+ * ring is buffer_bytes of batches: writing them through the cache costs the loop its misses). */
+static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n)
+{
+#if defined(__SSE2__)
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16)
+		_mm_stream_si128((__m128i *)(void *)(dst + i),
+				 _mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+	_mm_sfence(); /* before the batch is handed to another thread */
+	memcpy(dst + i, src + i, n - i);
+#else
+	memcpy(dst, src, n);
+#endif
 }
 
 int kvp_events_flush(struct kvp_events *ev, double ts)
 {
-	uint8_t *data, seq[8];
-	size_t len;
+	const uint8_t *payload;
+	uint8_t seq[8];
+	size_t len = 0, cap = 0;
 	uint32_t n = ev->batch.n;
 	struct ring_slot *s;
-	int r;
+	struct blob *b;
 
 	if (!n) {
 		if (ev->lost) {
@@ -199,28 +301,36 @@ int kvp_events_flush(struct kvp_events *ev, double ts)
 		}
 		return 0;
 	}
-	r = kvp_events_batch_encode(&ev->batch, ts, &data, &len);
-	kvp_events_batch_reset(&ev->batch);
-	if (r < 0) {
+	payload = kvp_events_batch_payload(&ev->batch, ts, &len);
+	/* the ring's room first: the oldest batch's buffer may take this one */
+	while (payload && ev->count &&
+	       (ev->count == ev->cap || ev->ring_bytes + len > ev->max_bytes))
+		ring_drop_oldest(ev);
+	b = payload ? malloc(sizeof(*b)) : NULL;
+	if (!b || !(b->buf = blob_buf(ev, len, &cap))) {
+		free(b);
+		kvp_events_batch_reset(&ev->batch);
 		ev->st.dropped_batches++;
 		ev->lost = 0;
-		return r;
+		return -ENOMEM;
 	}
+	copy_stream(b->buf, payload, len);
+	kvp_events_batch_reset(&ev->batch); /* its buffer stages the next batch */
+	atomic_init(&b->refs, 1);	    /* the ring's */
+	b->cap = cap;
+	b->data = b->buf;
+	b->len = len;
 	if (ev->lost)
 		ev->st.dropped_batches++; /* a partial batch: counted as a drop too */
 	ev->lost = 0;
 	be64(ev->st.next_seq, seq);
-	if (send_msg(ev->pub, NULL, ev->topic, ev->topic_len, seq, data, len) < 0)
+	if (send_msg(ev->pub, NULL, ev->topic, ev->topic_len, seq, b, NULL, 0) < 0)
 		ev->st.dropped_batches++;
 	ev->st.batches++;
 	ev->st.events += n;
-	/* into the ring, dropping the oldest beyond its bounds */
-	while (ev->count && (ev->count == ev->cap || ev->ring_bytes + len > ev->max_bytes))
-		ring_drop_oldest(ev);
 	s = &ev->ring[(ev->head + ev->count) % ev->cap];
 	s->seq = ev->st.next_seq;
-	s->data = data;
-	s->len = len;
+	s->b = b;
 	ev->count++;
 	ev->ring_bytes += len;
 	ev->st.next_seq++;
@@ -229,29 +339,53 @@ int kvp_events_flush(struct kvp_events *ev, double ts)
 
 static const uint8_t g_end_seq[8] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
 
-/* One snapshot: what the node holds, as one batch to the requester, with the sequence of the
- * last published batch (the subscriber goes on from the one after it), stamped ts. */
+/* A snapshot's staged events, as one batch to its requester, carrying the sequence of the last
+ * published batch; the staging batch is left empty. A failed send ends the snapshot (snap_err):
+ * its later batches are not sent. 0 or a negative errno. */
+static int snapshot_part(struct kvp_events *ev)
+{
+	uint8_t *data = NULL, seq[8];
+	size_t len = 0;
+	int r;
+
+	if (ev->snap_err)
+		r = ev->snap_err;
+	else if ((r = kvp_events_batch_encode(&ev->batch, ev->snap_ts, &data, &len)) >= 0) {
+		be64(ev->st.next_seq ? ev->st.next_seq - 1 : 0, seq);
+		r = send_msg(ev->replay, ev->snap_to, ev->topic, ev->topic_len, seq, NULL, data,
+			     len);
+		free(data);
+	}
+	kvp_events_batch_reset(&ev->batch);
+	if (r < 0 && !ev->snap_err)
+		ev->snap_err = r;
+	return r < 0 ? r : 0;
+}
+
+/* One snapshot: what the node holds, as batches of at most KVP_EVENTS_SNAPSHOT_BATCH events to
+ * the requester, AllBlocksCleared first, each with the sequence of the last published batch (the
+ * subscriber goes on from the one after it), stamped ts. */
 static int serve_snapshot(struct kvp_events *ev, const zmq_msg_t *id, kvp_events_snapshot_fn fn,
 			  void *ctx, double ts)
 {
 	struct kvp_events_batch turn;
-	uint8_t *data = NULL, seq[8];
-	size_t len = 0;
 	int r;
 
 	if (ev->batch.n)
 		kvp_events_flush(ev, ts); /* the snapshot holds what they say */
 	turn = ev->batch;		  /* kvp_events_page stages into the snapshot */
 	ev->batch = (struct kvp_events_batch){ .source = ev->source };
-	if ((r = kvp_events_batch_cleared(&ev->batch)) >= 0 && (!fn || (r = fn(ctx, ev)) >= 0))
-		r = kvp_events_batch_encode(&ev->batch, ts, &data, &len);
+	ev->snap_to = id;
+	ev->snap_ts = ts;
+	ev->snap_err = 0;
+	if ((r = kvp_events_batch_cleared(&ev->batch)) >= 0 && (!fn || (r = fn(ctx, ev)) >= 0) &&
+	    ev->batch.n)
+		r = snapshot_part(ev);
+	if (r >= 0 && ev->snap_err)
+		r = ev->snap_err;
+	ev->snap_to = NULL;
 	kvp_events_batch_free(&ev->batch);
 	ev->batch = turn;
-	if (r < 0)
-		return r;
-	be64(ev->st.next_seq ? ev->st.next_seq - 1 : 0, seq);
-	r = send_msg(ev->replay, id, ev->topic, ev->topic_len, seq, data, len);
-	free(data);
 	ev->st.snapshots++;
 	return r;
 }
@@ -301,12 +435,13 @@ int kvp_events_serve(struct kvp_events *ev, kvp_events_snapshot_fn fn, void *ctx
 						continue;
 					be64(s->seq, seq);
 					if (send_msg(ev->replay, &part[0], ev->topic, ev->topic_len,
-						     seq, s->data, s->len) < 0)
+						     seq, s->b, NULL, 0) < 0)
 						break;
 				}
 				ev->st.replays++;
 			}
-			send_msg(ev->replay, &part[0], "", 0, g_end_seq, (const uint8_t *)"", 0);
+			send_msg(ev->replay, &part[0], "", 0, g_end_seq, NULL, (const uint8_t *)"",
+				 0);
 			answered++;
 		}
 		for (int i = 0; i < np; i++)

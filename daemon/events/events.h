@@ -8,13 +8,18 @@
  * but stays in the replay ring. The ROUTER replay socket answers a request of 8 bytes, a
  * big-endian start sequence, with every batch of the ring from there on, then the end marker
  * [b"", -1 (8 bytes), b""], as vLLM's ZmqEventPublisher does; a request of the 8 bytes
- * "SNAPSHOT" is answered with one batch [AllBlocksCleared, BlockStored of every page held]
+ * "SNAPSHOT" is answered with AllBlocksCleared then a BlockStored of every page held, in batches
+ * of at most KVP_EVENTS_SNAPSHOT_BATCH events (AllBlocksCleared first in the first), each
  * carrying the sequence of the last published batch, then the end marker.
  * Single-threaded: the event loop owns it. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The most events of one batch of a snapshot's answer: a large node's snapshot is split, so that
+ * no message (nor a subscriber's decoding of it) grows with the node's size. */
+#define KVP_EVENTS_SNAPSHOT_BATCH 1024
 
 /* The tier a page event names, as its `medium` string: "GPU" (the device tier), "CPU" (the host
  * tier), "STORAGE" (a disk tier), "REMOTE" (the remote tier). */
@@ -100,20 +105,27 @@ int kvp_events_replay_fd(const struct kvp_events *ev);
 
 /* ---- the encoder (events_encode.c), for tests ---- */
 
-/* A KVEventBatch under construction: msgpack bytes of the events, their count. */
+/* A KVEventBatch under construction: its n events' msgpack bytes (len) in body, after
+ * KVP_EVENTS_BATCH_HEAD bytes kept for the batch's header (kvp_events_batch_payload); cap: body's
+ * size. */
+#define KVP_EVENTS_BATCH_HEAD 15 /* [ts, [: array 3, float 64, array 32 headers */
 struct kvp_events_batch {
 	uint8_t *body;
 	size_t len, cap;
 	uint32_t n;
 	const char *source; /* ownership of page events; NULL: none */
 };
-/* Appends one event. 0 or -ENOMEM (the batch unchanged). */
+/* Appends one event. 0, -EINVAL (a medium out of range) or -ENOMEM (the batch unchanged). */
 int kvp_events_batch_page(struct kvp_events_batch *b, const struct kvp_events_page *pg);
 int kvp_events_batch_cleared(struct kvp_events_batch *b);
 /* The payload: msgpack of [ts, [events], null] into a malloc'd buffer (*out, *outlen). 0 or
  * -ENOMEM. The batch is left as it was. */
 int kvp_events_batch_encode(const struct kvp_events_batch *b, double ts, uint8_t **out,
 			    size_t *outlen);
+/* The payload made in place, without copying the events: the header written before them, the
+ * closing nil after; its *len bytes at the pointer returned, valid until the batch changes (the
+ * batch's events stay as they were). NULL without memory. */
+const uint8_t *kvp_events_batch_payload(struct kvp_events_batch *b, double ts, size_t *len);
 /* Empties the batch (keeps its buffer). */
 void kvp_events_batch_reset(struct kvp_events_batch *b);
 void kvp_events_batch_free(struct kvp_events_batch *b);

@@ -3,7 +3,9 @@
  * removals with the tier as medium ("GPU" for the device tier, "CPU" for the host tier) and the
  * pool's page_tokens as block size; pages stored on or gone from a pool's disk tier
  * (kvp_dt_set_observer) are staged with medium "STORAGE", their key and no tokens or parent;
- * snapshots walk every hooked pool's index and disk. A batch is published once
+ * pages the remote tier wrote to the cluster or found gone from it (kvp_rt_set_observer) with
+ * medium "REMOTE", the same way; snapshots walk every hooked pool's index and disk (the cluster's
+ * pages are not listed: kvpoold keeps no record of them). A batch is published once
  * its first event is batch_us old, by the turn that finds it so or by a timeout on the ring;
  * replay requests are served when a poll of the replay socket's ZMQ_FD completes. */
 #include "loop_events.h"
@@ -20,6 +22,7 @@
 #include "kvp_config.h"
 #include "log.h"
 #include "loop_server.h"
+#include "remote_tier.h"
 
 #if KVP_HAVE_EVENTS
 #include "events.h"
@@ -85,17 +88,16 @@ static void observed(void *ctx, const struct kvp_index_event *e)
 	kvp_events_page(h->ev, &pg);
 }
 
-/* A page stored on or gone from a pool's disk tier: staged when the pool is hooked. */
-static void disk_observed(void *ctx, const struct kvpd_pool *p, uint64_t ns, int keyed,
-			  const uint8_t *key, size_t klen, bool stored)
+/* A page of a tier outside the page index stored or gone: staged when its pool is hooked, with
+ * its key and no tokens or parent. */
+static void tier_observed(struct kvp_loop_events *le, const struct kvpd_pool *p,
+			  enum kvp_events_medium medium, const uint8_t *key, size_t klen,
+			  bool stored)
 {
-	struct kvp_loop_events *le = ctx;
-
-	(void)ns, (void)keyed;
 	for (uint32_t j = 0; j < le->n; j++) {
 		struct kvp_events_page pg = {
 			.stored = stored,
-			.medium = KVP_EVENTS_STORAGE,
+			.medium = medium,
 			.key = key,
 			.klen = klen,
 			.block_size = le->pools[j].block_size,
@@ -106,6 +108,21 @@ static void disk_observed(void *ctx, const struct kvpd_pool *p, uint64_t ns, int
 		kvp_events_page(le->ev, &pg);
 		return;
 	}
+}
+
+/* A page stored on or gone from a pool's disk tier. */
+static void disk_observed(void *ctx, const struct kvpd_pool *p, uint64_t ns, int keyed,
+			  const uint8_t *key, size_t klen, bool stored)
+{
+	(void)ns, (void)keyed;
+	tier_observed(ctx, p, KVP_EVENTS_STORAGE, key, klen, stored);
+}
+
+/* A page the remote tier wrote to the cluster, or found gone from it. */
+static void remote_observed(void *ctx, const struct kvpd_pool *p, const uint8_t *key, size_t klen,
+			    bool stored)
+{
+	tier_observed(ctx, p, KVP_EVENTS_REMOTE, key, klen, stored);
 }
 
 /* Every page a hooked pool holds, in its index and on its disk, staged as stored. */
@@ -219,6 +236,7 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen)
 	le->d = d;
 	d->events = le;
 	kvp_dt_set_observer(d->dt, disk_observed, le);
+	kvp_rt_set_observer(d, remote_observed, le);
 	kvp_events_cleared(le->ev);
 	hook_pools(d, le);
 	publish(le); /* sequence 0, in the ring before any subscriber can ask for it */
@@ -331,6 +349,7 @@ void kvp_loop_events_stop(struct kvp_daemon *d)
 		return;
 	kvp_events_flush(le->ev, wall_now());
 	kvp_dt_set_observer(d->dt, NULL, NULL);
+	kvp_rt_set_observer(d, NULL, NULL);
 	for (uint32_t j = 0; j < le->n; j++)
 		if (live(d, &le->pools[j]))
 			kvp_index_set_observer(le->pools[j].p->ix, NULL, NULL);

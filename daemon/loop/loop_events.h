@@ -18,9 +18,10 @@ int kvp_loop_events_start(struct kvp_daemon *d, char *err, size_t errlen);
  * figures into the daemon's counters. */
 void kvp_loop_events_turn(struct server *sv);
 struct kvp_events;
-/* The publisher, for a tier that is neither in the page index nor a disk tier (those are
- * observed here): it stages its pages' stores and removals with kvp_events_page (events.h),
- * on the loop thread; they go out with the page index's. NULL without [events]. */
+/* The publisher, for a tier other than those observed here (the page index's device and host
+ * tiers, the disk tier, the remote tier): it stages its pages' stores and removals with
+ * kvp_events_page (events.h), on the loop thread; they go out with the page index's. NULL
+ * without [events]. */
 struct kvp_events *kvp_loop_events_publisher(struct kvp_daemon *d);
 /* Publishes what is staged, unhooks the pools and closes the sockets. */
 void kvp_loop_events_stop(struct kvp_daemon *d);

@@ -63,6 +63,14 @@ struct rt_read {
 	uint32_t *pages;
 	char (*rkey)[KVP_RV_KEY_MAX];
 	struct rt_get *gets;
+	struct rt_bhash *bh; /* the pages' block hashes, for the observer (NULL: none set) */
+};
+
+/* A page's block hash as the page index knows it (the engine's key, a token page's kvp_page_key):
+ * what the observer is told. */
+struct rt_bhash {
+	uint8_t len;
+	uint8_t b[KVP_KEY_MAX];
 };
 
 struct rt_seen {
@@ -86,6 +94,8 @@ struct kvp_rt {
 	 * doubles while the first ones sent after a rest time out too. */
 	uint64_t pause_until_ms, probe_at_ms;
 	uint32_t pause_ms;
+	kvp_rt_observe_fn observe; /* kvp_rt_set_observer */
+	void *observe_ctx;
 };
 
 #define PAUSE_FIRST_MS 1000
@@ -140,11 +150,26 @@ static const uint8_t *host_page(const struct kvpd_pool *p, uint32_t page)
 
 /* ---- writes (spill, write-through) ---- */
 
-/* A write-through SET in flight: its tag, forgotten when the SET fails. */
+/* A SET in flight that is remembered: its write-through tag (0: none), forgotten when the SET
+ * fails; the page's block hash for the observer (bh.len 0: none), told when the SET landed. */
 struct rt_set {
 	struct kvp_rt *rt;
 	uint64_t tag;
+	struct kvp_daemon *d;
+	const struct kvpd_pool *p;
+	struct rt_bhash bh;
 };
+
+/* Tells the observer that the cluster holds (stored) or no longer holds a page of p, when one is
+ * set and p is still a pool of the daemon. */
+static void rt_tell(struct kvp_daemon *d, const struct kvpd_pool *p, const uint8_t *bh, size_t len,
+		    bool stored)
+{
+	struct kvp_rt *rt = d->rt;
+
+	if (rt && rt->observe && len && kvp_daemon_has_pool(d, p))
+		rt->observe(rt->observe_ctx, p, bh, len, stored);
+}
 
 /* The seen-table entry of tag, NULL without the table. */
 static struct rt_seen *seen_slot(const struct kvp_rt *rt, uint64_t tag)
@@ -186,8 +211,10 @@ static void set_done(void *arg, enum kvp_rc_status st, const void *val, size_t l
 
 	(void)val, (void)len;
 	rt_set_status(ws->rt, st);
-	if (st != KVP_RC_OK && (e = seen_slot(ws->rt, ws->tag)) && e->tag == ws->tag)
+	if (st != KVP_RC_OK && ws->tag && (e = seen_slot(ws->rt, ws->tag)) && e->tag == ws->tag)
 		e->tag = 0;
+	if (st == KVP_RC_OK)
+		rt_tell(ws->d, ws->p, ws->bh.b, ws->bh.len, true);
 	free(ws);
 }
 
@@ -262,9 +289,11 @@ static void seen_check(struct kvp_daemon *d)
 
 enum { PUT_DROPPED = -1, PUT_SEEN = 0, PUT_SENT = 1 };
 
-/* SET of one page under hash h: PUT_SENT; PUT_SEEN (write-through: that content was written
- * already, counted); PUT_DROPPED when the bounds refused it (counted) or the key is bad. */
-static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page)
+/* SET of one page under hash h (its block hash bh, bhlen bytes, for the observer): PUT_SENT;
+ * PUT_SEEN (write-through: that content was written already, counted); PUT_DROPPED when the
+ * bounds refused it (counted) or the key is bad. */
+static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h, uint32_t page,
+		    const uint8_t *bh, size_t bhlen)
 {
 	struct kvp_remote *r = rp->d->remote;
 	char key[KVP_RV_KEY_MAX], nsn[NS_NAME_MAX];
@@ -293,12 +322,17 @@ static int put_page(struct rt_pool *rp, uint64_t ns, int keyed, const uint8_t *h
 			rt->probe_at_ms = now + PROBE_MS; /* this one goes: the probe */
 		}
 	}
+	if (!rp->d->rt->observe || bhlen > KVP_KEY_MAX)
+		bhlen = 0;
 	/* Remembered before the submission: a completion that fails, even at once, forgets it. */
-	if (tag && (ws = malloc(sizeof(*ws)))) {
-		*ws = (struct rt_set){ rp->d->rt, tag };
-		slot = seen_slot(rp->d->rt, tag);
-		old = *slot;
-		*slot = (struct rt_seen){ tag, kvp_rc_now_ms() };
+	if ((tag || bhlen) && (ws = malloc(sizeof(*ws)))) {
+		*ws = (struct rt_set){ rp->d->rt, tag, rp->d, rp->p, { (uint8_t)bhlen, { 0 } } };
+		memcpy(ws->bh.b, bh, bhlen);
+		if (tag) {
+			slot = seen_slot(rp->d->rt, tag);
+			old = *slot;
+			*slot = (struct rt_seen){ tag, kvp_rc_now_ms() };
+		}
 	}
 	/* The page is copied here (it is about to be reused), its checksum taken in the same pass;
 	 * the header is the I/O thread's. */
@@ -322,7 +356,7 @@ static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, si
 	uint8_t h[KVP_RV_HASH_SIZE];
 
 	key_hash(key, klen, h); /* a token page's key is its chained page hash already */
-	if (put_page(rp, ns, keyed, h, page) == PUT_SENT)
+	if (put_page(rp, ns, keyed, h, page, key, klen) == PUT_SENT)
 		rp->d->rt->spilled_pages++;
 }
 
@@ -336,7 +370,7 @@ static void landed_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, s
 	if (rp->p->conf.remote != KVP_REMOTE_WRITE_THROUGH)
 		return;
 	key_hash(key, klen, h); /* a token page's key is its chained page hash already */
-	if (put_page(rp, ns, keyed, h, page) == PUT_SENT)
+	if (put_page(rp, ns, keyed, h, page, key, klen) == PUT_SENT)
 		rp->d->rt->written_pages++;
 }
 
@@ -396,7 +430,7 @@ void kvp_rt_written(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns, cons
 		return;
 	kvp_pool_page_keys(p, ns, tokens, first, first + n, h);
 	for (uint32_t i = 0; i < n; i++)
-		if (put_page(rp, ns, 0, h[i], pages[i]) == PUT_SENT)
+		if (put_page(rp, ns, 0, h[i], pages[i], h[i], KVP_PAGE_KEY_BYTES) == PUT_SENT)
 			d->rt->written_pages++;
 	free(h);
 }
@@ -411,7 +445,7 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 		return;
 	for (uint32_t i = 0; i < n; i++) {
 		key_hash(keys[i].data, keys[i].len, h);
-		if (put_page(rp, ns, 1, h, pages[i]) == PUT_SENT)
+		if (put_page(rp, ns, 1, h, pages[i], keys[i].data, keys[i].len) == PUT_SENT)
 			d->rt->written_pages++;
 	}
 }
@@ -579,6 +613,7 @@ static void read_free(struct rt_read *rd)
 	free(rd->pages);
 	free(rd->rkey);
 	free(rd->gets);
+	free(rd->bh);
 	free(rd);
 }
 
@@ -613,7 +648,12 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 				rt->bad_values++;
 			kvp_remote_del(rd->d->remote, rd->rkey[g->i], strlen(rd->rkey[g->i]),
 				       del_done, NULL);
+			if (rd->bh)
+				rt_tell(rd->d, rd->p, rd->bh[g->i].b, rd->bh[g->i].len, false);
 		}
+	} else if (st == KVP_RC_MISS && rd->bh) {
+		/* gone from the cluster (expired, evicted, deleted) since it was written */
+		rt_tell(rd->d, rd->p, rd->bh[g->i].b, rd->bh[g->i].len, false);
 	}
 	if (ok)
 		rt->fetched_pages++;
@@ -622,6 +662,36 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 	rd->done(rd->arg, g->i, ok);
 	if (--rd->pending == 0)
 		read_free(rd);
+}
+
+/* The block hashes of run's pages (a malloc'd array of run->n), NULL without memory. */
+static struct rt_bhash *run_bhashes(struct kvpd_pool *p, const struct kvp_below_run *run)
+{
+	struct rt_bhash *bh = calloc(run->n, sizeof(*bh));
+	uint8_t(*h)[KVP_PAGE_KEY_BYTES];
+
+	if (!bh)
+		return NULL;
+	if (run->keyed) {
+		for (uint32_t i = 0; i < run->n; i++) {
+			const struct kvp_key *k = &run->keys[run->from + i];
+
+			bh[i].len = k->len <= KVP_KEY_MAX ? (uint8_t)k->len : 0;
+			memcpy(bh[i].b, k->data, bh[i].len);
+		}
+		return bh;
+	}
+	if (!(h = malloc(sizeof(*h) * run->n))) {
+		free(bh);
+		return NULL;
+	}
+	kvp_pool_page_keys(p, run->ns, run->tokens, run->from, run->from + run->n, h);
+	for (uint32_t i = 0; i < run->n; i++) {
+		bh[i].len = KVP_PAGE_KEY_BYTES;
+		memcpy(bh[i].b, h[i], KVP_PAGE_KEY_BYTES);
+	}
+	free(h);
+	return bh;
 }
 
 int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
@@ -648,6 +718,8 @@ int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_belo
 		return -ENOMEM;
 	}
 	memcpy(rd->pages, pages, sizeof(uint32_t) * run->n);
+	if (d->rt->observe)
+		rd->bh = run_bhashes(p, run); /* NULL (out of memory): not told */
 	rd->pending = 1; /* until every read went out: none of them frees rd meanwhile */
 	for (uint32_t i = 0; i < run->n; i++) {
 		rd->gets[i] = (struct rt_get){ rd, i };
@@ -685,6 +757,16 @@ void kvp_rt_stats_read(const struct kvp_daemon *d, struct kvp_remote_stats *out)
 	out->remote_pages = rt->remote_pages;
 	out->written_resets = rt->written_resets;
 	out->set_pauses = rt->set_pauses;
+}
+
+void kvp_rt_set_observer(struct kvp_daemon *d, kvp_rt_observe_fn fn, void *ctx)
+{
+	struct kvp_rt *rt;
+
+	if (!d->remote || (!fn && !d->rt) || !(rt = rt_of(d)))
+		return;
+	rt->observe = fn;
+	rt->observe_ctx = ctx;
 }
 
 void kvp_rt_free(struct kvp_daemon *d)

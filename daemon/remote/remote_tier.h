@@ -10,6 +10,8 @@
  * a Match's query is bounded in keys (match_max_pages) and time (match_timeout_ms), and a value
  * whose header, fingerprint or checksum is wrong is a miss, counted and deleted. */
 #pragma once
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "below.h"
@@ -45,6 +47,17 @@ int kvp_rt_query(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_bel
  * counted and deleted. A negative errno when none went out (those are misses). */
 int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
 		const uint32_t *pages, kvp_below_read_fn done, void *arg);
+
+/* The events' view of the remote tier (loop/loop_events.c): a page of p the cluster holds now
+ * (stored: a SET of it, spill or write-through, landed; the same content SET again is told again)
+ * or that this kvpoold found gone (a Fetch's read found no value: expired, evicted or deleted;
+ * or a value refused and deleted). key: the page's block hash as the page index knows it (the
+ * engine's key of a key call's page, a token page's kvp_page_key). Valid only during the call,
+ * on the loop thread. What the cluster drops unasked (TTL, maxmemory) is never told. */
+typedef void (*kvp_rt_observe_fn)(void *ctx, const struct kvpd_pool *p, const uint8_t *key,
+				  size_t klen, bool stored);
+/* Sets (fn NULL: clears) the observer. No-op without [remote]. */
+void kvp_rt_set_observer(struct kvp_daemon *d, kvp_rt_observe_fn fn, void *ctx);
 
 /* Write-through of a host Insert: the whole pages pages[0 .. n) now cached at page positions
  * [first, first + n) of tokens (token-keyed). */

@@ -10,6 +10,11 @@ void kvp_rt_bind(struct kvp_daemon *d)
 	(void)d;
 }
 
+void kvp_rt_set_observer(struct kvp_daemon *d, kvp_rt_observe_fn fn, void *ctx)
+{
+	(void)d, (void)fn, (void)ctx;
+}
+
 void kvp_rt_free(struct kvp_daemon *d)
 {
 	(void)d;

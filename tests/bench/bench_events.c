@@ -3,8 +3,8 @@
  * events.overhead: Insert + Match calls per second (one client; each op leases 4 device pages,
  * inserts their 64 tokens, frees the lease and matches the prompt; the pool fills, so demotions
  * and host evictions publish events too) on a kvpoold publishing KV events with a subscriber
- * reading them, against the same calls on a kvpoold without [events], rounds alternating in the
- * same run. Target: ratio >= 0.9.
+ * reading them, against the same calls on a kvpoold without [events], rounds alternating (each
+ * pair in the other order than the last) in the same run. Target: ratio >= 0.9.
  * events.overhead.no_subscriber: the same before any subscriber connects (kvpoold's own cost).
  * events.lag_p99: from the start of a page's Insert (Alloc, Insert of one key page, Free) to its
  * BlockStored at a subscriber on the same node (ZeroMQ SUB over ipc), p99 in microseconds,
@@ -225,22 +225,31 @@ struct result {
 	double cpu_on, cpu_off; /* kvpoold CPU microseconds per op */
 };
 
-/* rounds of per ops on b (no events) then a (events), alternating. 0 or -1. */
+#define ROUNDS_MAX 11
+
+/* per ops on s: ops/s into *rate. 0 or -1. */
+static int timed(struct side *s, uint32_t per, double *rate)
+{
+	double t0 = b_now_s();
+
+	if (ops(s, per) < 0)
+		return -1;
+	*rate = per / (b_now_s() - t0);
+	return 0;
+}
+
+/* rounds of per ops on b (no events) and a (events), alternating, each round's pair in the other
+ * order than the last (b a, a b, b a, ...): neither side is always the one that runs after the
+ * other. 0 or -1. */
 static int rounds_of(struct side *a, struct side *b, uint32_t rounds, uint32_t per,
 		     struct result *res)
 {
-	double on[7], off[7], ca = cpu_s(a->d.pid), cb = cpu_s(b->d.pid);
+	double on[ROUNDS_MAX], off[ROUNDS_MAX], ca = cpu_s(a->d.pid), cb = cpu_s(b->d.pid);
 
 	for (uint32_t r = 0; r < rounds; r++) {
-		double t0 = b_now_s();
-
-		if (ops(b, per) < 0)
+		if (r % 2 == 0 ? timed(b, per, &off[r]) < 0 || timed(a, per, &on[r]) < 0
+			       : timed(a, per, &on[r]) < 0 || timed(b, per, &off[r]) < 0)
 			return -1;
-		off[r] = per / (b_now_s() - t0);
-		t0 = b_now_s();
-		if (ops(a, per) < 0)
-			return -1;
-		on[r] = per / (b_now_s() - t0);
 	}
 	res->cpu_on = (cpu_s(a->d.pid) - ca) / (rounds * per) * 1e6;
 	res->cpu_off = (cpu_s(b->d.pid) - cb) / (rounds * per) * 1e6;
@@ -254,7 +263,8 @@ static int rounds_of(struct side *a, struct side *b, uint32_t rounds, uint32_t p
 int main(int argc, char **argv)
 {
 	int quick = b_quick(argc, argv);
-	uint32_t rounds = quick ? 3 : 7, per = quick ? 300 : 3000, nlag = quick ? 200 : 2000;
+	uint32_t rounds = quick ? 3 : ROUNDS_MAX, per = quick ? 300 : 2000,
+		 nlag = quick ? 200 : 2000;
 	struct result res0 = { 0 }, res = { 0 };
 	struct side a, b;
 	bool started = false;

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import DEFAULT_CONF, KVPOOLCTL, Daemon, pool_section
+from test_remote import ports  # noqa: F401 (the Redis Cluster fixture)
 
 kv_events = pytest.importorskip("vllm.distributed.kv_events",
                                 reason="vllm is not installed (engine venv only)")
@@ -454,6 +455,142 @@ def test_disk_tier_pages_are_storage_events():
             d.stop()
     finally:
         shutil.rmtree(ddir, ignore_errors=True)
+
+
+def test_large_snapshot_comes_in_bounded_batches():
+    """A snapshot of more pages than one batch holds (1024 events) comes as several batches:
+    AllBlocksCleared first, at most 1024 events each, every one with the sequence of the last
+    published batch; together they are the node's pages."""
+    import kvpool
+    n = 2500
+    d = Daemon(DEFAULT_CONF + f"""
+[events]
+endpoint = ipc://{IPC_DIR}/big.pub
+replay_endpoint = ipc://{IPC_DIR}/big.replay
+topic = kvpool
+source = node-test
+""" + pool_section("e", host_capacity=f"{4 * n}t"))
+    s = Subscriber("big")
+    try:
+        time.sleep(0.3)
+        keys = [i.to_bytes(4, "big") * 4 for i in range(n)]
+        with kvpool.connect(d.sock) as c:
+            p = c.attach("e")
+            for at in range(0, n, 500):
+                with p.alloc(500, tier="host") as l:
+                    p.insert_keys(l, keys[at:at + 500], namespace=3)
+        s.drain()
+        last = max(s.batches)
+        got = s.request(b"SNAPSHOT")
+        assert len(got) == 3  # 1 + 2500 events in batches of 1024
+        assert all(seq == last for seq, _ in got)
+        assert [len(b.events) for _, b in got] == [1024, 1024, 453]
+        kinds = [type(e).__name__ for _, b in got for e in b.events]
+        assert kinds[0] == "AllBlocksCleared" and kinds.count("AllBlocksCleared") == 1
+        m = Model()
+        for _, b in got:
+            m.apply(b)
+        assert m.count("CPU") == n and m.count("GPU") == 0
+        assert {h for (h, med), k in m.pages.items() if k} == set(keys)
+        assert cache_json(d, "e")["cache"]["nodes"] == n
+        assert counters(d)["events_snapshots"] == 1
+        # the live stream goes on from the sequence after the snapshot's
+        with kvpool.connect(d.sock) as c:
+            c.flush("e")
+        s.drain()
+        assert max(s.batches) == last + 1
+    finally:
+        s.close()
+        d.stop()
+
+
+def redis_keys(ports):
+    """Every kvpool value's key in the cluster, with the port of the master that holds it."""
+    out = []
+    for port in ports:
+        r = subprocess.run(["redis-cli", "-p", port, "--scan", "--pattern", "kvp:*"],
+                           check=True, capture_output=True, text=True, timeout=10)
+        out += [(port, k) for k in r.stdout.split()]
+    return out
+
+
+def remote_events(batches):
+    """The REMOTE events of batches {seq: batch}: (stored hashes, removed hashes), in order."""
+    stored, removed = [], []
+    for seq in sorted(batches):
+        for ev in batches[seq].events:
+            if getattr(ev, "medium", None) != "REMOTE":
+                continue
+            assert ev.locality == "REMOTE" and ev.ownership == "node-test"
+            if isinstance(ev, kv_events.BlockStored):
+                assert ev.parent_block_hash is None and list(ev.token_ids) == []
+                assert ev.block_size == PAGE_TOKENS
+                stored += ev.block_hashes
+            else:
+                removed += ev.block_hashes
+    return stored, removed
+
+
+def test_remote_tier_pages_are_remote_events(ports):
+    """Pages written through to a real Redis Cluster are BlockStored with medium REMOTE under the
+    block hashes they have in the host tier (the engine's keys, token pages' page keys) once the
+    cluster took them; values the node finds bad on a Fetch are deleted and BlockRemoved."""
+    import kvpool
+    from test_remote import secret_file
+    seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
+    d = Daemon(events_conf("rt", extra_pool="remote = write-through\n") + f"""
+[remote]
+seeds = {seeds}
+connect_timeout_ms = 300
+command_timeout_ms = 1000
+match_timeout_ms = 1000
+secret = file:{secret_file()}
+""")
+    s = Subscriber("rt")
+    try:
+        for _ in range(300):
+            if counters(d).get("remote_connects", 0) >= 3:
+                break
+            time.sleep(0.01)
+        time.sleep(0.3)
+        s.replay(0)
+        keys = [bytes([7, i]) * 8 for i in range(4)]
+        toks = list(range(5000, 5016))
+        with kvpool.connect(d.sock) as c:
+            p = c.attach("e")
+            with p.alloc(4, tier="host") as l:
+                p.insert_keys(l, keys, namespace=5)
+            with p.alloc(4, tier="host") as l:
+                p.insert(l, toks)
+            for _ in range(500):
+                if counters(d)["remote_inflight_ops"] == 0:
+                    break
+                time.sleep(0.01)
+            s.drain()
+            cpu = [h for seq in sorted(s.batches) for ev in s.batches[seq].events
+                   if isinstance(ev, kv_events.BlockStored) and ev.medium == "CPU"
+                   for h in ev.block_hashes]
+            stored, removed = remote_events(s.batches)
+            assert len(cpu) == 8 and sorted(stored) == sorted(cpu) and removed == []
+            assert set(keys) <= set(stored)
+            assert counters(d)["remote_written_pages"] == 8
+            # the values spoiled in the cluster, the node's own pages dropped (a flush does not
+            # spill): a Fetch finds them there, refuses and deletes them, and says they are gone
+            held = redis_keys(ports)
+            assert len(held) == 8
+            for port, k in held:
+                subprocess.run(["redis-cli", "-p", port, "SET", k, "spoiled"], check=True,
+                               capture_output=True, timeout=10)
+            c.flush("e")
+            m = p.fetch_keys(keys, namespace=5, lock=False)
+            assert m.fetched_pages == 0 and m.tokens == 0
+            s.drain()
+            stored2, removed = remote_events(s.batches)
+            assert stored2 == stored and sorted(removed) == sorted(keys)
+            assert len(redis_keys(ports)) == 4  # the token pages' values are still there
+    finally:
+        s.close()
+        d.stop()
 
 
 def test_bind_failure_refuses_to_start(tmp_path):

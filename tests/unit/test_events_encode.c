@@ -100,6 +100,21 @@ static void test_kvp_events_batch_encode_as_msgspec(void)
 	expect_hex(out, len, g_batch1);
 	free(out);
 
+	/* made in place: the same bytes, in the batch's own buffer, its events left as they were */
+	{
+		size_t plen = 0;
+		const uint8_t *pl = kvp_events_batch_payload(&b, 1.5, &plen);
+
+		CU_ASSERT_PTR_NOT_NULL_FATAL(pl);
+		CU_ASSERT(pl > b.body && pl < b.body + KVP_EVENTS_BATCH_HEAD);
+		CU_ASSERT_EQUAL(plen, (sizeof(g_batch1) - 1) / 2);
+		expect_hex(pl, plen, g_batch1);
+		CU_ASSERT_EQUAL(b.n, 4);
+		CU_ASSERT_EQUAL_FATAL(kvp_events_batch_encode(&b, 1.5, &out, &len), 0);
+		expect_hex(out, len, g_batch1);
+		free(out);
+	}
+
 	/* reset: the next batch starts empty; no source: no ownership field */
 	kvp_events_batch_reset(&b);
 	b.source = NULL;
@@ -128,6 +143,52 @@ static void test_kvp_events_batch_encode_empty(void)
 	CU_ASSERT_EQUAL_FATAL(kvp_events_batch_encode(&b, 0.0, &out, &len), 0);
 	expect_hex(out, len, "93cb000000000000000090c0");
 	free(out);
+}
+
+/* Long forms: a 40-byte source (str 8), 300 tokens (array 16) of every uint width, a 300-byte
+ * hash (bin 16), 20 events (array 16 in the header): msgspec's bytes, made in place. */
+static void test_kvp_events_batch_payload_long_forms(void)
+{
+	static const char src[] = "node-with-a-rather-long-name-0123456789";
+	struct kvp_events_batch b = { .source = src };
+	uint32_t toks[300];
+	uint8_t key[300], *ref = NULL;
+	const uint8_t *buf;
+	size_t len = 0, rlen = 0;
+
+	for (uint32_t i = 0; i < 300; i++)
+		toks[i] = i % 4 == 0   ? i
+			  : i % 4 == 1 ? 200 + i
+			  : i % 4 == 2 ? 70000 + i
+				       : 5000000 + i;
+	memset(key, 7, sizeof(key));
+	for (int i = 0; i < 20; i++)
+		CU_ASSERT_EQUAL(kvp_events_batch_page(&b,
+						      &(struct kvp_events_page){
+							      .stored = i % 2 == 0,
+							      .medium = KVP_EVENTS_REMOTE,
+							      .key = key,
+							      .klen = sizeof(key),
+							      .tokens = toks,
+							      .ntokens = 300,
+							      .block_size = 300,
+						      }),
+				0);
+	CU_ASSERT_EQUAL_FATAL(kvp_events_batch_encode(&b, 3.25, &ref, &rlen), 0);
+	/* [ts, array 16 of 20, ...: the header's 14 bytes */
+	CU_ASSERT_EQUAL(ref[10], 0xdc);
+	CU_ASSERT_EQUAL(ref[12], 20);
+	CU_ASSERT_EQUAL(ref[rlen - 1], 0xc0);
+	CU_ASSERT(memmem(ref, rlen, "\xd9\x27node-with", 11) != NULL);	 /* str 8 of 39 bytes */
+	CU_ASSERT(memmem(ref, rlen, "\xc5\x01\x2c\x07\x07", 5) != NULL); /* bin 16 of 300 */
+	CU_ASSERT(memmem(ref, rlen, "\xdc\x01\x2c\x00\xcc\xc9\xce", 7) != NULL);
+	buf = kvp_events_batch_payload(&b, 3.25, &len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+	CU_ASSERT_EQUAL(buf - b.body, KVP_EVENTS_BATCH_HEAD - 13); /* 1 + 9 + 3 header bytes */
+	CU_ASSERT_EQUAL_FATAL(len, rlen);
+	CU_ASSERT_EQUAL(memcmp(buf, ref, len), 0);
+	free(ref);
+	kvp_events_batch_free(&b);
 }
 
 static void test_kvp_events_batch_page_bad_medium(void)
@@ -161,6 +222,7 @@ int main(void)
 	static const struct h_test tests[] = {
 		H_TEST(test_kvp_events_batch_encode_as_msgspec),
 		H_TEST(test_kvp_events_batch_encode_empty),
+		H_TEST(test_kvp_events_batch_payload_long_forms),
 		H_TEST(test_kvp_events_batch_page_bad_medium),
 		H_TEST(test_kvp_events_medium_name_all),
 	};
