@@ -67,6 +67,7 @@ struct kc_entry {
 	uint32_t list : 2;
 	uint32_t klen1 : 6;  /* key length - 1 */
 	uint32_t flying : 1; /* its demotion is in flight (a flight's idx[] names it) */
+	uint32_t held : 1;   /* a host page a write-back reads (a hold names it) */
 };
 _Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
 
@@ -82,6 +83,13 @@ struct kvp_index_flight {
 	uint32_t n;
 	uint32_t *idx, *src, *dst;
 	uint32_t v[]; /* the three arrays */
+};
+
+/* A write-back's hold of entry idx's host page; gone: the entry left the host tier meanwhile and
+ * the page, MOVING, is freed when the hold ends. */
+struct kc_hold {
+	uint32_t idx, page;
+	uint8_t used, gone;
 };
 
 struct slab {
@@ -122,6 +130,9 @@ struct kvp_index {
 	void *observe_ctx;
 	struct list lru[3][NLFU];	  /* [LIST_DEV or LIST_HOST][class] */
 	struct kvp_index_flight *flights; /* in flight, newest first */
+	struct kc_hold *holds;		  /* write-back holds (kvp_index_hold) */
+	uint32_t nholds, holds_cap, holds_gone;
+	uint32_t hold_cursor; /* where kvp_index_hold's walk of every entry goes on */
 	struct kvp_index_stats st;
 };
 
@@ -740,6 +751,30 @@ static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const s
 	return i;
 }
 
+/* Entry i's page leaves it: freed, or, while a write-back holds it, kept MOVING for the hold. */
+static void host_let_go(struct kvp_index *kc, uint32_t i)
+{
+	struct kc_entry *e = &kc->ent[i];
+
+	if (e->held && e->tier == KVP_TIER_ID_HOST) {
+		for (uint32_t h = 0; h < kc->holds_cap; h++) {
+			struct kc_hold *x = &kc->holds[h];
+
+			if (x->used && !x->gone && x->idx == i) {
+				x->gone = 1;
+				kc->holds_gone++;
+				kc->st.moving_pages++;
+				kvp_pages_move(kc->tier[KVP_TIER_ID_HOST], e->page, KVP_PAGE_CACHED,
+					       KVP_PAGE_MOVING);
+				break;
+			}
+		}
+		e->held = 0;
+		return;
+	}
+	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
+}
+
 /* Removes entry i (unlocked, no children): page freed, parent updated. */
 static void entry_drop(struct kvp_index *kc, uint32_t i)
 {
@@ -748,7 +783,7 @@ static void entry_drop(struct kvp_index *kc, uint32_t i)
 
 	if (kc->observe)
 		observe(kc, i, KVP_INDEX_REMOVED, (int)e->tier);
-	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
+	host_let_go(kc, i);
 	kc->st.evicted_pages[e->tier]++;
 	acct(kc, e, -1);
 	if (e->list != LIST_NONE)
@@ -855,6 +890,7 @@ void kvp_index_free(struct kvp_index *kc)
 		kc->flights = fl->next;
 		free(fl);
 	}
+	free(kc->holds);
 	free(kc);
 }
 
@@ -908,7 +944,7 @@ static bool upgrade(struct kvp_index *kc, uint32_t at, enum kvp_tier_id tier, ui
 	if (tier != KVP_TIER_ID_DEVICE || e->tier != KVP_TIER_ID_HOST || e->lock ||
 	    (e->parent != NONE && kc->ent[e->parent].tier == KVP_TIER_ID_HOST))
 		return false;
-	kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], &e->page, 1);
+	host_let_go(kc, at);
 	kvp_pages_move(kc->tier[KVP_TIER_ID_DEVICE], page, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
 	retier(kc, at, KVP_TIER_ID_DEVICE, page);
 	return true;
@@ -1617,7 +1653,9 @@ int kvp_index_promote(struct kvp_index *kc, struct kvp_index_lock *lock, uint32_
 			free(src);
 			return r;
 		}
-		kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], src, nh);
+		for (uint32_t j = 0; j < lock->n; j++)
+			if (kc->ent[lock->idx[j]].tier == KVP_TIER_ID_HOST)
+				host_let_go(kc, lock->idx[j]);
 		k = 0;
 		for (uint32_t j = 0; j < lock->n; j++) {
 			if (kc->ent[lock->idx[j]].tier != KVP_TIER_ID_HOST)
@@ -1657,6 +1695,89 @@ void kvp_index_set_landed(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx
 	kc->landed_ctx = ctx;
 }
 
+/* ---- write-back holds ---- */
+
+/* A free hold record: its id, or NONE (ENOMEM). */
+static uint32_t hold_slot(struct kvp_index *kc)
+{
+	if (kc->nholds == kc->holds_cap) {
+		uint32_t cap = kc->holds_cap ? kc->holds_cap * 2 : 64;
+		struct kc_hold *h = md_realloc(kc, kc->holds, sizeof(*h) * kc->holds_cap,
+					       sizeof(*h) * cap, &kc->st.metadata_bytes);
+
+		if (!h)
+			return NONE;
+		memset(h + kc->holds_cap, 0, sizeof(*h) * (cap - kc->holds_cap));
+		kc->holds = h;
+		kc->holds_cap = cap;
+	}
+	for (uint32_t i = 0; i < kc->holds_cap; i++)
+		if (!kc->holds[i].used)
+			return i;
+	return NONE;
+}
+
+/* Holds host entry i for a write when want() asks for it: 1, else 0. */
+static uint32_t hold_one(struct kvp_index *kc, uint32_t i, kvp_index_want_fn want, void *ctx,
+			 struct kvp_index_hold *out)
+{
+	struct kc_entry *e = &kc->ent[i];
+	const uint8_t *k = page_key(kc, i);
+	uint64_t ns = kc->nsr[e->ns].ns;
+	uint32_t h;
+
+	if (!want(ctx, ns, !e->tok, k, e->klen1 + 1u) || (h = hold_slot(kc)) == NONE)
+		return 0;
+	kc->holds[h] = (struct kc_hold){ i, e->page, 1, 0 };
+	kc->nholds++;
+	e->held = 1;
+	*out = (struct kvp_index_hold){ h, e->page, ns, !e->tok, { e->klen1 + 1u, k } };
+	return 1;
+}
+
+uint32_t kvp_index_hold(struct kvp_index *kc, bool cold, uint32_t max, uint32_t scan,
+			kvp_index_want_fn want, void *ctx, struct kvp_index_hold *out)
+{
+	uint32_t n = 0, seen = 0;
+
+	if (!kc || !want || !out || !kc->tier[KVP_TIER_ID_HOST])
+		return 0;
+	if (cold) {
+		for (uint32_t c = 0; c < NLFU && n < max && seen < scan; c++)
+			for (uint32_t i = kc->lru[LIST_HOST][c].head;
+			     i != NONE && n < max && seen < scan; i = kc->ent[i].next, seen++)
+				if (!kc->ent[i].held)
+					n += hold_one(kc, i, want, ctx, out + n);
+		return n;
+	}
+	for (; n < max && seen < scan && seen < kc->ent_hw; seen++) {
+		uint32_t i = kc->hold_cursor++ % kc->ent_hw;
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (e->list != LIST_FREE && e->tier == KVP_TIER_ID_HOST && !e->held)
+			n += hold_one(kc, i, want, ctx, out + n);
+	}
+	kc->hold_cursor %= kc->ent_hw ? kc->ent_hw : 1;
+	return n;
+}
+
+void kvp_index_unhold(struct kvp_index *kc, uint32_t id)
+{
+	struct kc_hold *h;
+
+	if (!kc || id >= kc->holds_cap || !(h = &kc->holds[id])->used)
+		return;
+	if (h->gone) {
+		kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], &h->page, 1);
+		kc->holds_gone--;
+		kc->st.moving_pages--;
+	} else {
+		kc->ent[h->idx].held = 0;
+	}
+	h->used = 0;
+	kc->nholds--;
+}
+
 /* Entry i was demoted into host page `page` (its bytes in place): tells the landed hook. */
 static void landed(struct kvp_index *kc, uint32_t i, uint32_t page)
 {
@@ -1669,21 +1790,35 @@ static void landed(struct kvp_index *kc, uint32_t i, uint32_t page)
 	}
 }
 
+/* The coldest host leaf whose page no write-back reads now (held ones sit at the cold end, at
+ * most as many as writes in flight), else the coldest held one; NONE when there is none. */
+static uint32_t coldest_host(const struct kvp_index *kc)
+{
+	if (kc->nholds)
+		for (uint32_t c = 0; c < NLFU; c++)
+			for (uint32_t i = kc->lru[LIST_HOST][c].head; i != NONE;
+			     i = kc->ent[i].next)
+				if (!kc->ent[i].held)
+					return i;
+	return coldest(kc, LIST_HOST);
+}
+
 static uint32_t evict_host(struct kvp_index *kc, uint32_t want)
 {
 	uint32_t freed = 0, i;
 
-	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
+	while (freed < want && (i = coldest_host(kc)) != NONE) {
 		const struct kc_entry *e = &kc->ent[i];
+		bool held = e->held; /* its write is in flight: its page frees once written */
 
-		if (kc->spill) {
+		if (kc->spill && !held) {
 			const uint8_t *k = page_key(kc, i);
 
 			kc->spill(kc->spill_ctx, kc->nsr[e->ns].ns, !e->tok, k, e->klen1 + 1u,
 				  e->page);
 		}
 		entry_drop(kc, i);
-		freed++;
+		freed += !held;
 	}
 	return freed;
 }
@@ -2041,7 +2176,8 @@ int kvp_index_check(const struct kvp_index *kc)
 			goto out;
 	md = sizeof(*kc) + (uint64_t)kc->nbuckets * sizeof(*kc->buckets) +
 	     (uint64_t)kc->ent_cap * sizeof(*kc->ent) + (uint64_t)kc->nsr_cap * sizeof(*kc->nsr) +
-	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap);
+	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap) +
+	     (uint64_t)kc->holds_cap * sizeof(*kc->holds);
 	if (kb != kc->st.inflight_pages)
 		goto out;
 	kb = 0;
@@ -2070,7 +2206,25 @@ int kvp_index_check(const struct kvp_index *kc)
 			nfree++;
 		}
 	}
-	if (nsl != kc->st.flights || nfree != kc->st.inflight_pages || nfree != kc->st.moving_pages)
+	if (nsl != kc->st.flights || nfree != kc->st.inflight_pages ||
+	    nfree + kc->holds_gone != kc->st.moving_pages)
+		goto out;
+	nsl = 0;				       /* now the holds */
+	for (uint32_t h = 0; h < kc->holds_cap; h++) { /* a live entry's page, or MOVING */
+		const struct kc_hold *x = &kc->holds[h];
+
+		if (!x->used)
+			continue;
+		if (x->gone ? !kc->tier[KVP_TIER_ID_HOST] ||
+				      kvp_pages_state(kc->tier[KVP_TIER_ID_HOST], x->page) !=
+					      KVP_PAGE_MOVING
+			    : x->idx >= kc->ent_hw || kc->ent[x->idx].list == LIST_FREE ||
+				      !kc->ent[x->idx].held || kc->ent[x->idx].page != x->page)
+			goto out;
+		nsl++;
+		nfree += x->gone;
+	}
+	if (nsl != kc->nholds || nfree != kc->st.inflight_pages + kc->holds_gone)
 		goto out;
 	r = 0;
 out:
