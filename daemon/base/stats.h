@@ -217,10 +217,10 @@ struct kvp_remote_stats {
 	X(capacity_pages, "disk_capacity_pages", "gauge", "Pages the disk tier has room for")      \
 	X(queue_depth, "disk_queue_depth", "gauge", "Disk reads and writes in flight or waiting")  \
 	X(written_pages, "disk_written_pages_total", "counter",                                    \
-	  "Host pages written to the disk tier as they were evicted")                              \
+	  "Host pages written to the disk tier (in place or copied)")                              \
 	X(written_bytes, "disk_written_bytes_total", "counter", "Page bytes written to the disk")  \
 	X(write_dropped, "disk_write_dropped_total", "counter",                                    \
-	  "Evicted host pages not written: every staging slot busy (backlog)")                     \
+	  "Host pages not written: every staging or disk slot busy (backlog)")                     \
 	X(write_skipped, "disk_write_skipped_total", "counter",                                    \
 	  "Evicted host pages not written again: the disk holds them already")                     \
 	X(read_pages, "disk_read_pages_total", "counter", "Pages read from the disk, checked")     \
@@ -238,7 +238,11 @@ struct kvp_remote_stats {
 	X(write_us, "disk_write_microseconds_total", "counter",                                    \
 	  "Summed latency of the disk writes that completed (per page: divide by written pages)")  \
 	X(read_us, "disk_read_microseconds_total", "counter",                                      \
-	  "Summed latency of the disk reads that completed")
+	  "Summed latency of the disk reads that completed")                                       \
+	X(write_inplace, "disk_write_inplace_total", "counter",                                    \
+	  "Pages written from the host page itself, ahead of eviction (no copy)")                  \
+	X(write_copied, "disk_write_copied_total", "counter",                                      \
+	  "Evicted host pages copied to a staging slot and written (not reached in place)")
 
 struct kvp_disk_stats {
 	KVP_DISK_STATS(KVP_FIGURE_FIELD)
