@@ -46,7 +46,8 @@
 #define CLASS_BYTES 16u
 #define BATCH 32u
 #define NLFU 8u /* LFU classes */
-#define HITS_MAX ((1u << 20) - 1)
+#define HITS_MAX ((1u << 19) - 1)
+#define HOLD_PASS 16u /* kvp_index_hold passes by at most this many pages per question */
 
 enum { LIST_NONE = 0, LIST_DEV, LIST_HOST, LIST_FREE };
 
@@ -61,13 +62,14 @@ struct kc_entry {
 	uint32_t ndchild;    /* of those, device-resident and not being demoted */
 	uint32_t lock;	     /* locks pinning it */
 	uint32_t key;	     /* slot in the slab of its size class */
-	uint32_t hits : 20;  /* saturating */
+	uint32_t hits : 19;  /* saturating */
 	uint32_t tok : 1;    /* a token page (its slot in the token slab) */
 	uint32_t tier : 1;
 	uint32_t list : 2;
-	uint32_t klen1 : 6;  /* key length - 1 */
-	uint32_t flying : 1; /* its demotion is in flight (a flight's idx[] names it) */
-	uint32_t held : 1;   /* a host page a write-back reads (a hold names it) */
+	uint32_t klen1 : 6;   /* key length - 1 */
+	uint32_t flying : 1;  /* its demotion is in flight (a flight's idx[] names it) */
+	uint32_t held : 1;    /* a host page a write-back reads (a hold names it) */
+	uint32_t written : 1; /* a write-back wrote this page (its walk passes it by) */
 };
 _Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
 
@@ -1735,33 +1737,56 @@ static uint32_t hold_one(struct kvp_index *kc, uint32_t i, kvp_index_want_fn wan
 	return 1;
 }
 
+/* Entry j as a walk meets it: held when want() asks for it (*asked counts the questions); one
+ * held already or written once is passed by without a question (*passed). */
+static uint32_t hold_visit(struct kvp_index *kc, uint32_t j, kvp_index_want_fn want, void *ctx,
+			   struct kvp_index_hold *out, uint32_t *asked, uint32_t *passed)
+{
+	const struct kc_entry *e = &kc->ent[j];
+
+	if (e->held || e->written) {
+		(*passed)++;
+		return 0;
+	}
+	(*asked)++;
+	return hold_one(kc, j, want, ctx, out);
+}
+
 uint32_t kvp_index_hold(struct kvp_index *kc, bool cold, uint32_t max, uint32_t scan,
 			kvp_index_want_fn want, void *ctx, struct kvp_index_hold *out)
 {
-	uint32_t n = 0, seen = 0;
+	uint32_t n = 0, seen = 0, passed = 0, far = scan * HOLD_PASS;
 
+#define MORE (n < max && seen < scan && passed < far)
 	if (!kc || !want || !out || !kc->tier[KVP_TIER_ID_HOST])
 		return 0;
-	if (cold) {
-		for (uint32_t c = 0; c < NLFU && n < max && seen < scan; c++)
-			for (uint32_t i = kc->lru[LIST_HOST][c].head;
-			     i != NONE && n < max && seen < scan; i = kc->ent[i].next, seen++)
-				if (!kc->ent[i].held)
-					n += hold_one(kc, i, want, ctx, out + n);
+	if (cold) { /* each leaf, then the parents it leaves leaves (eviction's order) */
+		for (uint32_t c = 0; c < NLFU && MORE; c++)
+			for (uint32_t i = kc->lru[LIST_HOST][c].head; i != NONE && MORE;
+			     i = kc->ent[i].next)
+				for (uint32_t j = i; j != NONE && MORE;) {
+					n += hold_visit(kc, j, want, ctx, out + n, &seen, &passed);
+					j = kc->ent[j].parent;
+					if (j != NONE && (kc->ent[j].nchild != 1 ||
+							  kc->ent[j].lock || stuck(&kc->ent[j]) ||
+							  kc->ent[j].tier != KVP_TIER_ID_HOST))
+						j = NONE;
+				}
 		return n;
 	}
-	for (; n < max && seen < scan && seen < kc->ent_hw; seen++) {
+	for (uint32_t k = 0; k < kc->ent_hw && MORE; k++) {
 		uint32_t i = kc->hold_cursor++ % kc->ent_hw;
 		const struct kc_entry *e = &kc->ent[i];
 
-		if (e->list != LIST_FREE && e->tier == KVP_TIER_ID_HOST && !e->held)
-			n += hold_one(kc, i, want, ctx, out + n);
+		if (e->list != LIST_FREE && e->tier == KVP_TIER_ID_HOST)
+			n += hold_visit(kc, i, want, ctx, out + n, &seen, &passed);
 	}
+#undef MORE
 	kc->hold_cursor %= kc->ent_hw ? kc->ent_hw : 1;
 	return n;
 }
 
-void kvp_index_unhold(struct kvp_index *kc, uint32_t id)
+void kvp_index_unhold(struct kvp_index *kc, uint32_t id, bool written)
 {
 	struct kc_hold *h;
 
@@ -1773,6 +1798,7 @@ void kvp_index_unhold(struct kvp_index *kc, uint32_t id)
 		kc->st.moving_pages--;
 	} else {
 		kc->ent[h->idx].held = 0;
+		kc->ent[h->idx].written = written;
 	}
 	h->used = 0;
 	kc->nholds--;
@@ -1790,26 +1816,14 @@ static void landed(struct kvp_index *kc, uint32_t i, uint32_t page)
 	}
 }
 
-/* The coldest host leaf whose page no write-back reads now (held ones sit at the cold end, at
- * most as many as writes in flight), else the coldest held one; NONE when there is none. */
-static uint32_t coldest_host(const struct kvp_index *kc)
-{
-	if (kc->nholds)
-		for (uint32_t c = 0; c < NLFU; c++)
-			for (uint32_t i = kc->lru[LIST_HOST][c].head; i != NONE;
-			     i = kc->ent[i].next)
-				if (!kc->ent[i].held)
-					return i;
-	return coldest(kc, LIST_HOST);
-}
-
 static uint32_t evict_host(struct kvp_index *kc, uint32_t want)
 {
 	uint32_t freed = 0, i;
 
-	while (freed < want && (i = coldest_host(kc)) != NONE) {
+	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
 		const struct kc_entry *e = &kc->ent[i];
-		bool held = e->held; /* its write is in flight: its page frees once written */
+		/* A held page's write is in flight: its page frees once written (not counted). */
+		bool held = e->held;
 
 		if (kc->spill && !held) {
 			const uint8_t *k = page_key(kc, i);

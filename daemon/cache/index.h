@@ -94,15 +94,17 @@ struct kvp_index_hold {
 /* Whether a host page (ns, kind, key) is to be written (e.g. not on the disk yet). */
 typedef bool (*kvp_index_want_fn)(void *ctx, uint64_t ns, int keyed, const uint8_t *key,
 				  size_t klen);
-/* Holds up to max host pages not held yet that want() asks for, looking at up to scan host
- * entries: cold, the next ones eviction would take (the cold end of the host tier's eviction
- * lists, coldest first); else every cached host page in turn, from where the last such call
- * stopped (a write-through). Writes the holds to out (room for max) and returns how many (0 on
- * ENOMEM). */
+/* Holds up to max host pages that want() asks for, asking about up to scan of them: cold, the
+ * next ones eviction would take (the cold end of the host tier's eviction lists, coldest first,
+ * each leaf followed by the parents only it names); else every cached host page in turn, from
+ * where the last such call stopped (a write-through). Pages held already, or written by an
+ * earlier hold, are passed by without a question (16 per question at most). Writes the holds to
+ * out (room for max) and returns how many (0 on ENOMEM). */
 uint32_t kvp_index_hold(struct kvp_index *kc, bool cold, uint32_t max, uint32_t scan,
 			kvp_index_want_fn want, void *ctx, struct kvp_index_hold *out);
-/* Ends hold id: its page is freed now when its entry left the host tier meanwhile. */
-void kvp_index_unhold(struct kvp_index *kc, uint32_t id);
+/* Ends hold id: its page is freed now when its entry left the host tier meanwhile; written says
+ * whether its write landed (later walks pass the page by). */
+void kvp_index_unhold(struct kvp_index *kc, uint32_t id, bool written);
 /* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion
  * (synchronous or a flight's), called as the spill hook is with the entry's new host page. */
 void kvp_index_set_landed(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx);

@@ -34,6 +34,9 @@
 #define DT_WB_FREE_DIV 4u
 #define DT_WB_HOLD_DIV 8u
 #define DT_WB_SCAN 4u
+/* After an in-place write failed, the write-back rests this long (a failing disk must not keep
+ * the coldest pages held and rewritten). */
+#define DT_WB_PAUSE_NS (100ull * 1000 * 1000)
 
 /* IO_WRITE: a staging slot's copy of an evicted page; IO_WBACK: a held host page written in
  * place (its header in a header slot). */
@@ -102,6 +105,7 @@ struct dt_pool {
 	struct kvp_index_hold *holds; /* nwb */
 	uint32_t nwb, nwfree, qd;
 	bool through;
+	uint64_t wb_pause_until; /* CLOCK_MONOTONIC ns */
 	/* Staging slots copied and waiting for the queue depth (a ring of nbuf). */
 	uint32_t *pend;
 	uint32_t pend_head, npend;
@@ -380,13 +384,13 @@ static void wb_start(struct dt_pool *dp, const struct kvp_index_hold *h)
 
 	if (kvp_disk_reserve(dp->k, &slot, &dropped) < 0) {
 		dp->st.write_dropped++;
-		kvp_index_unhold(dp->p->ix, h->id);
+		kvp_index_unhold(dp->p->ix, h->id, false);
 		return;
 	}
 	if (!(sqe = get_sqe(dp))) {
 		kvp_disk_written(dp->k, slot, &dk, false);
 		dp->st.write_dropped++;
-		kvp_index_unhold(dp->p->ix, h->id);
+		kvp_index_unhold(dp->p->ix, h->id, false);
 		return;
 	}
 	dp->st.evicted_pages += (uint64_t)dropped;
@@ -424,7 +428,8 @@ static void writeback(struct dt_pool *dp)
 	uint32_t max, n, held = dp->nwb - dp->nwfree, cap = kvp_pages_total(hp) / DT_WB_HOLD_DIV;
 	struct kvp_index_stats ist;
 
-	if (dp->dead || !dp->nwb || !dp->nwfree || dp->inflight >= dp->qd)
+	if (dp->dead || !dp->nwb || !dp->nwfree || dp->inflight >= dp->qd ||
+	    (dp->wb_pause_until && now_ns() < dp->wb_pause_until))
 		return;
 	max = dp->qd - dp->inflight < dp->nwfree ? dp->qd - dp->inflight : dp->nwfree;
 	if (!dp->through) {
@@ -512,10 +517,12 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 	}
 	dp->inflight--;
 	if (io->kind == IO_WBACK) { /* the page may go now; a dead pool's index is gone */
+		if (io->failed)
+			dp->wb_pause_until = now_ns() + DT_WB_PAUSE_NS;
 		io->kind = IO_NONE;
 		dp->free_wb[dp->nwfree++] = io->buf;
 		if (!dp->dead)
-			kvp_index_unhold(dp->p->ix, io->hold);
+			kvp_index_unhold(dp->p->ix, io->hold, !io->failed);
 		return;
 	}
 	io->kind = IO_NONE;
