@@ -382,7 +382,7 @@ static void disk_line(const struct kvp_status *s)
 					     "disk_capacity_pages", "disk_read_pages",
 					     "disk_written_pages",  "disk_write_dropped",
 					     "disk_queue_depth",    "disk_corrupt_pages",
-					     "disk_io_errors" };
+					     "disk_io_errors",	    "disk_write_inplace" };
 	int64_t v[sizeof(names) / sizeof(names[0])];
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -395,10 +395,10 @@ static void disk_line(const struct kvp_status *s)
 		printf("}");
 		return;
 	}
-	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written, %ld dropped, queue "
-	       "depth %ld, %ld corrupt, %ld I/O errors\n",
-	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[5], (long)v[6],
-	       (long)v[7], (long)v[8]);
+	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written (%ld in place), %ld "
+	       "dropped, queue depth %ld, %ld corrupt, %ld I/O errors\n",
+	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[9], (long)v[5],
+	       (long)v[6], (long)v[7], (long)v[8]);
 }
 
 static int cmd_cache(struct kvp_client *c, const char *pool)

@@ -677,6 +677,7 @@ static void test_inplace_ahead_of_eviction(void)
 	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_io_errors"), 0);
 	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_inplace_total{pool=\"p\"} "));
 	CU_ASSERT(ctl_prints(&d, "status", "disk_write_copied"));
+	CU_ASSERT(ctl_prints(&d, "cache", " in place), "));
 	h_drop_caches();
 	for (uint32_t i = 0; i < 3; i++) {
 		CU_ASSERT_EQUAL(disk_seen(&e, i, 0), NP);

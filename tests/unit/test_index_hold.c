@@ -170,7 +170,7 @@ static void test_kvp_index_hold_cold_order(void)
 	/* a write that landed: later walks pass the page by; one that failed: asked again */
 	for (int i = 0; i < 12; i++)
 		kvp_index_unhold(x.kc, h[i].id, i != 4); /* c3's write failed */
-	kvp_index_unhold(x.kc, h[0].id, false); /* twice: nothing */
+	kvp_index_unhold(x.kc, h[0].id, false);		 /* twice: nothing */
 	x.asked = 0;
 	CU_ASSERT_EQUAL(kvp_index_hold(x.kc, true, 16, 64, wanted, &x, h), 1);
 	CU_ASSERT_EQUAL(memcmp(h[0].key.data, "c3", 2), 0);
