@@ -106,6 +106,7 @@ struct dt_pool {
 	uint32_t nwb, nwfree, qd;
 	bool through;
 	uint64_t wb_pause_until; /* CLOCK_MONOTONIC ns */
+	bool wb_active;		 /* the write-back found pages to write last turn */
 	/* Staging slots copied and waiting for the queue depth (a ring of nbuf). */
 	uint32_t *pend;
 	uint32_t pend_head, npend;
@@ -303,10 +304,19 @@ static int write_prep(struct dt_pool *dp, struct dt_io *io)
 	return 0;
 }
 
-/* Staged writes waiting for the queue depth go as I/O completes (before waiting reads). */
+/* Queue slots staged writes leave to the write-back while it has work: half the depth (it
+ * writes the pages eviction takes next, so that they need no copy). */
+static uint32_t wb_room(const struct dt_pool *dp)
+{
+	uint32_t want = dp->qd / 2, held = dp->nwb - dp->nwfree;
+
+	return dp->wb_active && held < want ? want - held : 0;
+}
+
+/* Staged writes waiting for the queue depth go as I/O completes (after waiting reads). */
 static void start_pending(struct dt_pool *dp)
 {
-	while (dp->npend && dp->inflight < dp->qd) {
+	while (dp->npend && dp->inflight + wb_room(dp) < dp->qd) {
 		struct dt_io *io = &dp->ios[dp->pend[dp->pend_head]];
 
 		if (write_prep(dp, io) < 0)
@@ -357,7 +367,7 @@ static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, si
 	      (uint64_t)page * dp->p->page_bytes;
 	crc = kvp_crc32c_copy(buf_at(dp, b) + KVP_DISK_HDR_BYTES, src, dp->p->page_bytes);
 	kvp_disk_header(dp->k, slot, &dk, crc, buf_at(dp, b));
-	if (dp->npend || dp->inflight >= dp->qd || write_prep(dp, io) < 0)
+	if (dp->npend || dp->inflight + wb_room(dp) >= dp->qd || write_prep(dp, io) < 0)
 		dp->pend[(dp->pend_head + dp->npend++) % dp->nbuf] = b;
 }
 
@@ -428,25 +438,28 @@ static void writeback(struct dt_pool *dp)
 	uint32_t max, n, held = dp->nwb - dp->nwfree, cap = kvp_pages_total(hp) / DT_WB_HOLD_DIV;
 	struct kvp_index_stats ist;
 
-	if (dp->dead || !dp->nwb || !dp->nwfree || dp->inflight >= dp->qd ||
-	    (dp->wb_pause_until && now_ns() < dp->wb_pause_until))
+	if (dp->dead || !dp->nwb || (dp->wb_pause_until && now_ns() < dp->wb_pause_until) ||
+	    (!dp->through &&
+	     kvp_pages_count(hp, KVP_PAGE_FREE) >= kvp_pages_total(hp) / DT_WB_FREE_DIV)) {
+		dp->wb_active = false;
+		return;
+	}
+	if (!dp->nwfree || dp->inflight >= dp->qd)
 		return;
 	max = dp->qd - dp->inflight < dp->nwfree ? dp->qd - dp->inflight : dp->nwfree;
 	if (!dp->through) {
-		if (kvp_pages_count(hp, KVP_PAGE_FREE) >= kvp_pages_total(hp) / DT_WB_FREE_DIV)
-			return;
 		kvp_index_stats(dp->p->ix, &ist);
 		if (ist.evictable_pages[KVP_TIER_ID_HOST] / DT_WB_HOLD_DIV < cap)
 			cap = (uint32_t)(ist.evictable_pages[KVP_TIER_ID_HOST] / DT_WB_HOLD_DIV);
 	}
-	/* Pages held now, which an eviction would keep MOVING until written: a share of the tier.
-	 */
+	/* Pages held now (an eviction would keep them MOVING until written): a share of the tier */
 	if (held >= cap)
 		return;
 	max = cap - held < max ? cap - held : max;
 	n = kvp_index_hold(dp->p->ix, !dp->through, max, max * DT_WB_SCAN, wb_want, dp, dp->holds);
 	for (uint32_t i = 0; i < n; i++)
 		wb_start(dp, &dp->holds[i]);
+	dp->wb_active = n || held;
 }
 
 /* One completion: res the bytes moved or a negative errno. */
@@ -541,9 +554,9 @@ static void reap(struct dt_pool *dp)
 		if (io)
 			io_done(dp, io, res);
 	}
-	start_pending(dp);
 	if (!dp->dead)
 		start_waiting(dp);
+	start_pending(dp);
 }
 
 static void dp_free(struct dt_pool *dp)
