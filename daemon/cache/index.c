@@ -23,6 +23,12 @@
  * child, the coldest candidate). A host entry that a device entry names as parent is stuck until
  * its device children are gone: it counts neither evictable nor protected.
  *
+ * Write-back holds (kvp_index_hold): a host entry a disk write reads in place carries a held bit
+ * and a record in a small table; it stays where it is in the lists. Whatever takes its page
+ * away (eviction, flush, promotion, upgrade) turns the record's page MOVING instead of freeing
+ * it; kvp_index_unhold frees it then. A page whose write landed carries a written bit, so the
+ * next walks pass it by without asking.
+ *
  * Complexity: insert, match, exists O(pages) expected (a chain inserted in one call sits in
  * consecutive entries and is followed without hashing; elsewhere one hash and one compare per
  * page, lookups batched with prefetches); unlock O(pages); evict O(pages freed);
