@@ -462,7 +462,7 @@ static void writeback(struct dt_pool *dp)
 	dp->wb_active = n || held;
 }
 
-/* One completion: res the bytes moved or a negative errno. */
+/* One completion (no longer counted in flight): res the bytes moved or a negative errno. */
 static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 {
 	struct kvp_disk_key dk = disk_key(io->ns, io->keyed, &io->key);
@@ -528,7 +528,6 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 		}
 		io->done(io->arg, io->i, ok);
 	}
-	dp->inflight--;
 	if (io->kind == IO_WBACK) { /* the page may go now; a dead pool's index is gone */
 		if (io->failed)
 			dp->wb_pause_until = now_ns() + DT_WB_PAUSE_NS;
@@ -542,18 +541,37 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 	dp->free_bufs[dp->nfree++] = io->buf;
 }
 
+/* Handles dp's completions, DT_REAP at a time: the I/O that waits for the queue depth goes out
+ * (one submission) before the completions' checks and copies run, so the disk does not idle
+ * while the loop checks CRC32Cs. */
+#define DT_REAP 64u
 static void reap(struct dt_pool *dp)
 {
-	struct io_uring_cqe *cqe;
+	struct io_uring_cqe *cqes[DT_REAP];
+	struct dt_io *io[DT_REAP];
+	int res[DT_REAP];
+	unsigned n;
 
-	while (dp->ring_ok && io_uring_peek_cqe(&dp->ring, &cqe) == 0) {
-		struct dt_io *io = io_uring_cqe_get_data(cqe);
-		int res = cqe->res;
-
-		io_uring_cqe_seen(&dp->ring, cqe);
-		if (io)
-			io_done(dp, io, res);
-	}
+	do {
+		n = dp->ring_ok ? io_uring_peek_batch_cqe(&dp->ring, cqes, DT_REAP) : 0;
+		for (unsigned i = 0; i < n; i++) {
+			io[i] = io_uring_cqe_get_data(cqes[i]);
+			res[i] = cqes[i]->res;
+			dp->inflight -= io[i] != NULL;
+		}
+		if (n)
+			io_uring_cq_advance(&dp->ring, n);
+		if (!dp->dead)
+			start_waiting(dp);
+		start_pending(dp);
+		if (dp->dirty && n) {
+			dp->dirty = false;
+			io_uring_submit(&dp->ring);
+		}
+		for (unsigned i = 0; i < n; i++)
+			if (io[i])
+				io_done(dp, io[i], res[i]);
+	} while (n == DT_REAP);
 	if (!dp->dead)
 		start_waiting(dp);
 	start_pending(dp);
