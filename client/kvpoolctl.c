@@ -389,7 +389,8 @@ static void disk_line(const struct kvp_status *s)
 					     "disk_io_errors",
 					     "disk_adopted_pages",
 					     "disk_adopted_from_log",
-					     "disk_log_bytes" };
+					     "disk_log_bytes",
+					     "disk_write_inplace" };
 	int64_t v[sizeof(names) / sizeof(names[0])];
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -402,11 +403,11 @@ static void disk_line(const struct kvp_status *s)
 		printf("}");
 		return;
 	}
-	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written, %ld dropped, queue "
-	       "depth %ld, %ld corrupt, %ld I/O errors; %ld adopted at start (%ld pools from their "
-	       "log, the rest from the slot headers), %ld bytes of log\n",
-	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[5], (long)v[6],
-	       (long)v[7], (long)v[8], (long)v[9], (long)v[10], (long)v[11]);
+	printf("disk tier: %ld of %ld pages (%ld bytes), %ld read, %ld written (%ld in place), %ld "
+	       "dropped, queue depth %ld, %ld corrupt, %ld I/O errors; %ld adopted at start (%ld "
+	       "pools from their log, the rest from the slot headers), %ld bytes of log\n",
+	       (long)v[0], (long)v[2], (long)v[1], (long)v[3], (long)v[4], (long)v[12], (long)v[5],
+	       (long)v[6], (long)v[7], (long)v[8], (long)v[9], (long)v[10], (long)v[11]);
 }
 
 static int cmd_cache(struct kvp_client *c, const char *pool)

@@ -217,10 +217,10 @@ struct kvp_remote_stats {
 	X(capacity_pages, "disk_capacity_pages", "gauge", "Pages the disk tier has room for")      \
 	X(queue_depth, "disk_queue_depth", "gauge", "Disk reads and writes in flight or waiting")  \
 	X(written_pages, "disk_written_pages_total", "counter",                                    \
-	  "Host pages written to the disk tier as they were evicted")                              \
+	  "Host pages written to the disk tier (in place or copied)")                              \
 	X(written_bytes, "disk_written_bytes_total", "counter", "Page bytes written to the disk")  \
 	X(write_dropped, "disk_write_dropped_total", "counter",                                    \
-	  "Evicted host pages not written: every staging slot busy (backlog)")                     \
+	  "Host pages not written: every staging or disk slot busy (backlog)")                     \
 	X(write_skipped, "disk_write_skipped_total", "counter",                                    \
 	  "Evicted host pages not written again: the disk holds them already")                     \
 	X(read_pages, "disk_read_pages_total", "counter", "Pages read from the disk, checked")     \
@@ -249,7 +249,11 @@ struct kvp_remote_stats {
 	X(log_checkpoints, "disk_log_checkpoints_total", "counter",                                \
 	  "Log generations started with a checkpoint of the map (at start, log full, an error)")   \
 	X(log_errors, "disk_log_errors_total", "counter",                                          \
-	  "Log writes that failed (a new checkpoint follows; the pages stay checked when read)")
+	  "Log writes that failed (a new checkpoint follows; the pages stay checked when read)")   \
+	X(write_inplace, "disk_write_inplace_total", "counter",                                    \
+	  "Pages written from the host page itself, ahead of eviction (no copy)")                  \
+	X(write_copied, "disk_write_copied_total", "counter",                                      \
+	  "Evicted host pages copied to a staging slot and written (not reached in place)")
 
 struct kvp_disk_stats {
 	KVP_DISK_STATS(KVP_FIGURE_FIELD)

@@ -23,6 +23,12 @@
  * child, the coldest candidate). A host entry that a device entry names as parent is stuck until
  * its device children are gone: it counts neither evictable nor protected.
  *
+ * Write-back holds (kvp_index_hold): a host entry a disk write reads in place carries a held bit
+ * and a record in a small table; it stays where it is in the lists. Whatever takes its page
+ * away (eviction, flush, promotion, upgrade) turns the record's page MOVING instead of freeing
+ * it; kvp_index_unhold frees it then. A page whose write landed carries a written bit, so the
+ * next walks pass it by without asking.
+ *
  * Complexity: insert, match, exists O(pages) expected (a chain inserted in one call sits in
  * consecutive entries and is followed without hashing; elsewhere one hash and one compare per
  * page, lookups batched with prefetches); unlock O(pages); evict O(pages freed);
@@ -46,7 +52,8 @@
 #define CLASS_BYTES 16u
 #define BATCH 32u
 #define NLFU 8u /* LFU classes */
-#define HITS_MAX ((1u << 20) - 1)
+#define HITS_MAX ((1u << 19) - 1)
+#define HOLD_PASS 16u /* kvp_index_hold passes by at most this many pages per question */
 
 enum { LIST_NONE = 0, LIST_DEV, LIST_HOST, LIST_FREE };
 
@@ -61,12 +68,14 @@ struct kc_entry {
 	uint32_t ndchild;    /* of those, device-resident and not being demoted */
 	uint32_t lock;	     /* locks pinning it */
 	uint32_t key;	     /* slot in the slab of its size class */
-	uint32_t hits : 20;  /* saturating */
+	uint32_t hits : 19;  /* saturating */
 	uint32_t tok : 1;    /* a token page (its slot in the token slab) */
 	uint32_t tier : 1;
 	uint32_t list : 2;
-	uint32_t klen1 : 6;  /* key length - 1 */
-	uint32_t flying : 1; /* its demotion is in flight (a flight's idx[] names it) */
+	uint32_t klen1 : 6;   /* key length - 1 */
+	uint32_t flying : 1;  /* its demotion is in flight (a flight's idx[] names it) */
+	uint32_t held : 1;    /* a host page a write-back reads (a hold names it) */
+	uint32_t written : 1; /* a write-back wrote this page (its walk passes it by) */
 };
 _Static_assert(sizeof(struct kc_entry) == 48, "a cached page's entry is 48 bytes");
 
@@ -82,6 +91,13 @@ struct kvp_index_flight {
 	uint32_t n;
 	uint32_t *idx, *src, *dst;
 	uint32_t v[]; /* the three arrays */
+};
+
+/* A write-back's hold of entry idx's host page; gone: the entry left the host tier meanwhile and
+ * the page, MOVING, is freed when the hold ends. */
+struct kc_hold {
+	uint32_t idx, page;
+	uint8_t used, gone;
 };
 
 struct slab {
@@ -122,6 +138,9 @@ struct kvp_index {
 	void *observe_ctx;
 	struct list lru[3][NLFU];	  /* [LIST_DEV or LIST_HOST][class] */
 	struct kvp_index_flight *flights; /* in flight, newest first */
+	struct kc_hold *holds;		  /* write-back holds (kvp_index_hold) */
+	uint32_t nholds, holds_cap, holds_gone;
+	uint32_t hold_cursor; /* where kvp_index_hold's walk of every entry goes on */
 	struct kvp_index_stats st;
 };
 
@@ -740,6 +759,30 @@ static uint32_t entry_new(struct kvp_index *kc, uint32_t ns, uint32_t h, const s
 	return i;
 }
 
+/* Entry i's page leaves it: freed, or, while a write-back holds it, kept MOVING for the hold. */
+static void host_let_go(struct kvp_index *kc, uint32_t i)
+{
+	struct kc_entry *e = &kc->ent[i];
+
+	if (e->held && e->tier == KVP_TIER_ID_HOST) {
+		for (uint32_t h = 0; h < kc->holds_cap; h++) {
+			struct kc_hold *x = &kc->holds[h];
+
+			if (x->used && !x->gone && x->idx == i) {
+				x->gone = 1;
+				kc->holds_gone++;
+				kc->st.moving_pages++;
+				kvp_pages_move(kc->tier[KVP_TIER_ID_HOST], e->page, KVP_PAGE_CACHED,
+					       KVP_PAGE_MOVING);
+				break;
+			}
+		}
+		e->held = 0;
+		return;
+	}
+	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
+}
+
 /* Removes entry i (unlocked, no children): page freed, parent updated. */
 static void entry_drop(struct kvp_index *kc, uint32_t i)
 {
@@ -748,7 +791,7 @@ static void entry_drop(struct kvp_index *kc, uint32_t i)
 
 	if (kc->observe)
 		observe(kc, i, KVP_INDEX_REMOVED, (int)e->tier);
-	kvp_pages_release(kc->tier[e->tier], &e->page, 1);
+	host_let_go(kc, i);
 	kc->st.evicted_pages[e->tier]++;
 	acct(kc, e, -1);
 	if (e->list != LIST_NONE)
@@ -855,6 +898,7 @@ void kvp_index_free(struct kvp_index *kc)
 		kc->flights = fl->next;
 		free(fl);
 	}
+	free(kc->holds);
 	free(kc);
 }
 
@@ -908,7 +952,7 @@ static bool upgrade(struct kvp_index *kc, uint32_t at, enum kvp_tier_id tier, ui
 	if (tier != KVP_TIER_ID_DEVICE || e->tier != KVP_TIER_ID_HOST || e->lock ||
 	    (e->parent != NONE && kc->ent[e->parent].tier == KVP_TIER_ID_HOST))
 		return false;
-	kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], &e->page, 1);
+	host_let_go(kc, at);
 	kvp_pages_move(kc->tier[KVP_TIER_ID_DEVICE], page, KVP_PAGE_LEASED, KVP_PAGE_CACHED);
 	retier(kc, at, KVP_TIER_ID_DEVICE, page);
 	return true;
@@ -1617,7 +1661,9 @@ int kvp_index_promote(struct kvp_index *kc, struct kvp_index_lock *lock, uint32_
 			free(src);
 			return r;
 		}
-		kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], src, nh);
+		for (uint32_t j = 0; j < lock->n; j++)
+			if (kc->ent[lock->idx[j]].tier == KVP_TIER_ID_HOST)
+				host_let_go(kc, lock->idx[j]);
 		k = 0;
 		for (uint32_t j = 0; j < lock->n; j++) {
 			if (kc->ent[lock->idx[j]].tier != KVP_TIER_ID_HOST)
@@ -1657,6 +1703,113 @@ void kvp_index_set_landed(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx
 	kc->landed_ctx = ctx;
 }
 
+/* ---- write-back holds ---- */
+
+/* A free hold record: its id, or NONE (ENOMEM). */
+static uint32_t hold_slot(struct kvp_index *kc)
+{
+	if (kc->nholds == kc->holds_cap) {
+		uint32_t cap = kc->holds_cap ? kc->holds_cap * 2 : 64;
+		struct kc_hold *h = md_realloc(kc, kc->holds, sizeof(*h) * kc->holds_cap,
+					       sizeof(*h) * cap, &kc->st.metadata_bytes);
+
+		if (!h)
+			return NONE;
+		memset(h + kc->holds_cap, 0, sizeof(*h) * (cap - kc->holds_cap));
+		kc->holds = h;
+		kc->holds_cap = cap;
+	}
+	for (uint32_t i = 0; i < kc->holds_cap; i++)
+		if (!kc->holds[i].used)
+			return i;
+	return NONE;
+}
+
+/* Holds host entry i for a write when want() asks for it: 1, else 0. */
+static uint32_t hold_one(struct kvp_index *kc, uint32_t i, kvp_index_want_fn want, void *ctx,
+			 struct kvp_index_hold *out)
+{
+	struct kc_entry *e = &kc->ent[i];
+	const uint8_t *k = page_key(kc, i);
+	uint64_t ns = kc->nsr[e->ns].ns;
+	uint32_t h;
+
+	if (!want(ctx, ns, !e->tok, k, e->klen1 + 1u) || (h = hold_slot(kc)) == NONE)
+		return 0;
+	kc->holds[h] = (struct kc_hold){ i, e->page, 1, 0 };
+	kc->nholds++;
+	e->held = 1;
+	*out = (struct kvp_index_hold){ h, e->page, ns, !e->tok, { e->klen1 + 1u, k } };
+	return 1;
+}
+
+/* Entry j as a walk meets it: held when want() asks for it (*asked counts the questions); one
+ * held already or written once is passed by without a question (*passed). */
+static uint32_t hold_visit(struct kvp_index *kc, uint32_t j, kvp_index_want_fn want, void *ctx,
+			   struct kvp_index_hold *out, uint32_t *asked, uint32_t *passed)
+{
+	const struct kc_entry *e = &kc->ent[j];
+
+	if (e->held || e->written) {
+		(*passed)++;
+		return 0;
+	}
+	(*asked)++;
+	return hold_one(kc, j, want, ctx, out);
+}
+
+uint32_t kvp_index_hold(struct kvp_index *kc, bool cold, uint32_t max, uint32_t scan,
+			kvp_index_want_fn want, void *ctx, struct kvp_index_hold *out)
+{
+	uint32_t n = 0, seen = 0, passed = 0, far = scan * HOLD_PASS;
+
+#define MORE (n < max && seen < scan && passed < far)
+	if (!kc || !want || !out || !kc->tier[KVP_TIER_ID_HOST])
+		return 0;
+	if (cold) { /* each leaf, then the parents it leaves leaves (eviction's order) */
+		for (uint32_t c = 0; c < NLFU && MORE; c++)
+			for (uint32_t i = kc->lru[LIST_HOST][c].head; i != NONE && MORE;
+			     i = kc->ent[i].next)
+				for (uint32_t j = i; j != NONE && MORE;) {
+					n += hold_visit(kc, j, want, ctx, out + n, &seen, &passed);
+					j = kc->ent[j].parent;
+					if (j != NONE && (kc->ent[j].nchild != 1 ||
+							  kc->ent[j].lock || stuck(&kc->ent[j]) ||
+							  kc->ent[j].tier != KVP_TIER_ID_HOST))
+						j = NONE;
+				}
+		return n;
+	}
+	for (uint32_t k = 0; k < kc->ent_hw && MORE; k++) {
+		uint32_t i = kc->hold_cursor++ % kc->ent_hw;
+		const struct kc_entry *e = &kc->ent[i];
+
+		if (e->list != LIST_FREE && e->tier == KVP_TIER_ID_HOST)
+			n += hold_visit(kc, i, want, ctx, out + n, &seen, &passed);
+	}
+#undef MORE
+	kc->hold_cursor %= kc->ent_hw ? kc->ent_hw : 1;
+	return n;
+}
+
+void kvp_index_unhold(struct kvp_index *kc, uint32_t id, bool written)
+{
+	struct kc_hold *h;
+
+	if (!kc || id >= kc->holds_cap || !(h = &kc->holds[id])->used)
+		return;
+	if (h->gone) {
+		kvp_pages_release(kc->tier[KVP_TIER_ID_HOST], &h->page, 1);
+		kc->holds_gone--;
+		kc->st.moving_pages--;
+	} else {
+		kc->ent[h->idx].held = 0;
+		kc->ent[h->idx].written = written;
+	}
+	h->used = 0;
+	kc->nholds--;
+}
+
 /* Entry i was demoted into host page `page` (its bytes in place): tells the landed hook. */
 static void landed(struct kvp_index *kc, uint32_t i, uint32_t page)
 {
@@ -1675,15 +1828,17 @@ static uint32_t evict_host(struct kvp_index *kc, uint32_t want)
 
 	while (freed < want && (i = coldest(kc, LIST_HOST)) != NONE) {
 		const struct kc_entry *e = &kc->ent[i];
+		/* A held page's write is in flight: its page frees once written (not counted). */
+		bool held = e->held;
 
-		if (kc->spill) {
+		if (kc->spill && !held) {
 			const uint8_t *k = page_key(kc, i);
 
 			kc->spill(kc->spill_ctx, kc->nsr[e->ns].ns, !e->tok, k, e->klen1 + 1u,
 				  e->page);
 		}
 		entry_drop(kc, i);
-		freed++;
+		freed += !held;
 	}
 	return freed;
 }
@@ -2041,7 +2196,8 @@ int kvp_index_check(const struct kvp_index *kc)
 			goto out;
 	md = sizeof(*kc) + (uint64_t)kc->nbuckets * sizeof(*kc->buckets) +
 	     (uint64_t)kc->ent_cap * sizeof(*kc->ent) + (uint64_t)kc->nsr_cap * sizeof(*kc->nsr) +
-	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap);
+	     (uint64_t)kc->nsmap_cap * sizeof(*kc->nsmap) +
+	     (uint64_t)kc->holds_cap * sizeof(*kc->holds);
 	if (kb != kc->st.inflight_pages)
 		goto out;
 	kb = 0;
@@ -2070,7 +2226,25 @@ int kvp_index_check(const struct kvp_index *kc)
 			nfree++;
 		}
 	}
-	if (nsl != kc->st.flights || nfree != kc->st.inflight_pages || nfree != kc->st.moving_pages)
+	if (nsl != kc->st.flights || nfree != kc->st.inflight_pages ||
+	    nfree + kc->holds_gone != kc->st.moving_pages)
+		goto out;
+	nsl = 0;				       /* now the holds */
+	for (uint32_t h = 0; h < kc->holds_cap; h++) { /* a live entry's page, or MOVING */
+		const struct kc_hold *x = &kc->holds[h];
+
+		if (!x->used)
+			continue;
+		if (x->gone ? !kc->tier[KVP_TIER_ID_HOST] ||
+				      kvp_pages_state(kc->tier[KVP_TIER_ID_HOST], x->page) !=
+					      KVP_PAGE_MOVING
+			    : x->idx >= kc->ent_hw || kc->ent[x->idx].list == LIST_FREE ||
+				      !kc->ent[x->idx].held || kc->ent[x->idx].page != x->page)
+			goto out;
+		nsl++;
+		nfree += x->gone;
+	}
+	if (nsl != kc->nholds || nfree != kc->st.inflight_pages + kc->holds_gone)
 		goto out;
 	r = 0;
 out:

@@ -79,6 +79,32 @@ struct kvp_index *kvp_index_new(const struct kvp_index_conf *conf);
 typedef void (*kvp_index_spill_fn)(void *ctx, uint64_t ns, int keyed, const uint8_t *key,
 				   size_t klen, uint32_t page);
 void kvp_index_set_spill(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx);
+/* Write-back in place (the disk tier): host pages held for a write that reads them where they
+ * are. A held entry stays cached, matched, readable and evictable, and keeps its place in the
+ * eviction lists; if it leaves the host tier while held (evicted, flushed, promoted, upgraded),
+ * its page is not freed but kept MOVING (counted in moving_pages) until the hold ends, so a write
+ * in flight never reads a page that a lease got since. id names the hold; key points into the
+ * index and is valid only until the index changes (copy it). */
+struct kvp_index_hold {
+	uint32_t id, page;
+	uint64_t ns;
+	int keyed;
+	struct kvp_key key;
+};
+/* Whether a host page (ns, kind, key) is to be written (e.g. not on the disk yet). */
+typedef bool (*kvp_index_want_fn)(void *ctx, uint64_t ns, int keyed, const uint8_t *key,
+				  size_t klen);
+/* Holds up to max host pages that want() asks for, asking about up to scan of them: cold, the
+ * next ones eviction would take (the cold end of the host tier's eviction lists, coldest first,
+ * each leaf followed by the parents only it names); else every cached host page in turn, from
+ * where the last such call stopped (a write-through). Pages held already, or written by an
+ * earlier hold, are passed by without a question (16 per question at most). Writes the holds to
+ * out (room for max) and returns how many (0 on ENOMEM). */
+uint32_t kvp_index_hold(struct kvp_index *kc, bool cold, uint32_t max, uint32_t scan,
+			kvp_index_want_fn want, void *ctx, struct kvp_index_hold *out);
+/* Ends hold id: its page is freed now when its entry left the host tier meanwhile; written says
+ * whether its write landed (later walks pass the page by). */
+void kvp_index_unhold(struct kvp_index *kc, uint32_t id, bool written);
 /* Sets (fn NULL: clears) the hook for device pages that land in the host tier by demotion
  * (synchronous or a flight's), called as the spill hook is with the entry's new host page. */
 void kvp_index_set_landed(struct kvp_index *kc, kvp_index_spill_fn fn, void *ctx);

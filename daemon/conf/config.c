@@ -362,6 +362,14 @@ static int check_disk(struct parse *s, uint32_t idx)
 			p->name, (unsigned long)p->disk_offset);
 		return -EINVAL;
 	}
+	if (p->disk == KVP_DISK_WRITE_THROUGH && p->disk_pages < p->host_pages) {
+		fail_at(s, ps->key_line[kvp_conf_key_index(SECT_POOL, "disk_capacity")],
+			"key 'disk_capacity' in [pool.%s]: disk = write-through writes every page "
+			"the host tier caches: the disk tier needs room for at least the host tier's "
+			"%lu pages, not %lu",
+			p->name, (unsigned long)p->host_pages, (unsigned long)p->disk_pages);
+		return -EINVAL;
+	}
 	return 0;
 }
 

@@ -49,8 +49,9 @@ enum kvp_remote_mode {
 
 /* disk = of a pool: whether its host pages about to be evicted go to its disk tier first. */
 enum kvp_disk_mode {
-	KVP_DISK_OFF,	     /* no disk tier */
-	KVP_DISK_WRITE_BACK, /* host pages about to be evicted are written to disk_path */
+	KVP_DISK_OFF,		/* no disk tier */
+	KVP_DISK_WRITE_BACK,	/* host pages about to be evicted are written to disk_path */
+	KVP_DISK_WRITE_THROUGH, /* every page cached in the host tier is written to disk_path */
 	KVP_DISK_MODE_MAX,
 };
 #define KVP_DISK_PATH_MAX 256
@@ -181,6 +182,9 @@ struct kvp_pool_conf {
 	char disk_path[KVP_DISK_PATH_MAX];
 	uint64_t disk_pages;
 	uint64_t disk_offset;
+	/* disk_queue_depth: the disk tier's reads and writes in flight at most (1 .. 1024,
+	 * default 64). */
+	uint32_t disk_queue_depth;
 };
 
 struct kvp_conf {
@@ -273,7 +277,7 @@ const char *kvp_device_kind_name(enum kvp_device_kind k);
 const char *kvp_tristate_name(enum kvp_tristate t);
 const char *kvp_eviction_name(enum kvp_eviction e);
 const char *kvp_remote_mode_name(enum kvp_remote_mode m); /* "off", "spill", "write-through" */
-const char *kvp_disk_mode_name(enum kvp_disk_mode m);	  /* "off", "write-back" */
+const char *kvp_disk_mode_name(enum kvp_disk_mode m);	  /* "off", "write-back", "write-through" */
 
 /* Whether b configures the remote tier as a does: the same [remote] section, each pool of b
  * with the mode of a's pool at its index (off for pools a does not have). */

@@ -33,6 +33,7 @@ static const char *const g_remote_mode_names[KVP_REMOTE_MODE_MAX] = {
 static const char *const g_disk_mode_names[KVP_DISK_MODE_MAX] = {
 	[KVP_DISK_OFF] = "off",
 	[KVP_DISK_WRITE_BACK] = "write-back",
+	[KVP_DISK_WRITE_THROUGH] = "write-through",
 };
 static const char *const g_onoff_names[] = { "off", "on" };
 static const char *const g_eviction_names[KVP_EVICT_MAX] = {
@@ -167,11 +168,12 @@ static const struct key_def g_pool_keys[] = {
 	{ "remote_scope", KEY_FN, POOL(remote_scope), .fn = kvp_conf_parse_remote_scope,
 	  .flags = KEY_RELOAD },
 	{ "disk", KEY_ENUM, .def = KVP_DISK_OFF, POOL(disk), NAMES(g_disk_mode_names),
-	  .expect = "off or write-back" },
+	  .expect = "off, write-back or write-through" },
 	{ "disk_path", KEY_PATH, POOL(disk_path) },
 	{ "disk_capacity", KEY_CAP, FIELD(struct pool_state, disk_cap) },
 	{ "disk_offset", KEY_BYTES, 4096, UINT64_MAX / 2, 0, POOL(disk_offset),
 	  .expect = "0 or a byte offset (\"64G\"), a multiple of 4K", .flags = KEY_ZERO_OK },
+	{ "disk_queue_depth", KEY_UINT, 1, 1024, 64, POOL(disk_queue_depth) },
 	{ "events", KEY_ENUM, .def = 1, POOL(events), NAMES(g_onoff_names), .expect = "on or off" },
 };
 

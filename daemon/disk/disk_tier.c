@@ -27,7 +27,20 @@
 /* A registered buffer holds at most 1 GiB: staging past that is written without registration. */
 #define DT_REG_MAX (1ull << 30)
 
-enum dt_kind { IO_NONE, IO_WRITE, IO_READ };
+/* Write-back in place starts when the host tier's free pages fall under a DT_WB_FREE_DIV-th of
+ * it and holds at most a DT_WB_HOLD_DIV-th of the tier and of its evictable pages at once (a held
+ * page evicted stays MOVING until written: the rest is there for Allocs); it looks at
+ * DT_WB_SCAN times the pages it may start. */
+#define DT_WB_FREE_DIV 4u
+#define DT_WB_HOLD_DIV 8u
+#define DT_WB_SCAN 4u
+/* After an in-place write failed, the write-back rests this long (a failing disk must not keep
+ * the coldest pages held and rewritten). */
+#define DT_WB_PAUSE_NS (100ull * 1000 * 1000)
+
+/* IO_WRITE: a staging slot's copy of an evicted page; IO_WBACK: a held host page written in
+ * place (its header in a header slot). */
+enum dt_kind { IO_NONE, IO_WRITE, IO_READ, IO_WBACK };
 
 /* A page's key as the disk tier names it. */
 struct kvp_dt_key {
@@ -57,6 +70,7 @@ struct dt_io {
 	int keyed;
 	struct kvp_dt_key key;
 	uint32_t page, i; /* reads: the host page, the page's index in its read */
+	uint32_t hold;	  /* IO_WBACK: the index's hold of the page */
 	kvp_below_read_fn done;
 	void *arg;
 	uint64_t start_ns;
@@ -83,6 +97,19 @@ struct dt_pool {
 	uint32_t *free_bufs; /* nbuf */
 	uint32_t nfree;
 	uint32_t inflight, queued;
+	/* In-place writes: nwb header slots (hdrs, KVP_DISK_HDR_BYTES each), their I/O and free
+	 * list; qd the pool's disk_queue_depth (I/O in flight at most); through: write-through. */
+	uint8_t *hdrs;
+	struct dt_io *wios;	      /* nwb */
+	uint32_t *free_wb;	      /* nwb */
+	struct kvp_index_hold *holds; /* nwb */
+	uint32_t nwb, nwfree, qd;
+	bool through;
+	uint64_t wb_pause_until; /* CLOCK_MONOTONIC ns */
+	bool wb_active;		 /* the write-back found pages to write last turn */
+	/* Staging slots copied and waiting for the queue depth (a ring of nbuf). */
+	uint32_t *pend;
+	uint32_t pend_head, npend;
 	struct dt_req *wait_head, *wait_tail;
 	bool dirty; /* SQEs to submit */
 	struct kvp_disk_stats st;
@@ -211,7 +238,7 @@ static int read_start(struct dt_pool *dp, const struct dt_req *r)
  * end as misses. */
 static void start_waiting(struct dt_pool *dp)
 {
-	while (dp->wait_head && dp->nfree) {
+	while (dp->wait_head && dp->nfree && dp->inflight < dp->qd) {
 		struct dt_req *r = dp->wait_head;
 		int rc;
 
@@ -243,7 +270,7 @@ static int read_one(struct dt_pool *dp, uint64_t ns, int keyed, const struct kvp
 	if (!(r = malloc(sizeof(*r))))
 		return -ENOMEM;
 	*r = (struct dt_req){ ns, keyed, *key, page, i, done, arg, NULL };
-	if (dp->nfree && !dp->wait_head && read_start(dp, r) == 0) {
+	if (dp->nfree && !dp->wait_head && dp->inflight < dp->qd && read_start(dp, r) == 0) {
 		free(r);
 		return 0;
 	}
@@ -256,14 +283,58 @@ static int read_one(struct dt_pool *dp, uint64_t ns, int keyed, const struct kvp
 	return 0;
 }
 
+/* Submits staging slot io's write (its page and header copied in already): 0, or -EBUSY (no
+ * SQE). */
+static int write_prep(struct dt_pool *dp, struct dt_io *io)
+{
+	struct io_uring_sqe *sqe = get_sqe(dp);
+	uint8_t *buf = buf_at(dp, io->buf);
+	uint64_t off = kvp_disk_slot_off(dp->k, io->slot);
+
+	if (!sqe)
+		return -EBUSY;
+	if (dp->fixed)
+		io_uring_prep_write_fixed(sqe, kvp_disk_fd(dp->k), buf, (unsigned)dp->slot_bytes,
+					  off, 0);
+	else
+		io_uring_prep_write(sqe, kvp_disk_fd(dp->k), buf, (unsigned)dp->slot_bytes, off);
+	io_uring_sqe_set_data(sqe, io);
+	dp->inflight++;
+	dp->dirty = true;
+	return 0;
+}
+
+/* Queue slots staged writes leave to the write-back while it has work: half the depth (it
+ * writes the pages eviction takes next, so that they need no copy). */
+static uint32_t wb_room(const struct dt_pool *dp)
+{
+	uint32_t want = dp->qd / 2, held = dp->nwb - dp->nwfree;
+
+	return dp->wb_active && held < want ? want - held : 0;
+}
+
+/* Staged writes waiting for the queue depth go as I/O completes (after waiting reads). */
+static void start_pending(struct dt_pool *dp)
+{
+	while (dp->npend && dp->inflight + wb_room(dp) < dp->qd) {
+		struct dt_io *io = &dp->ios[dp->pend[dp->pend_head]];
+
+		if (write_prep(dp, io) < 0)
+			return;
+		dp->pend_head = (dp->pend_head + 1) % dp->nbuf;
+		dp->npend--;
+	}
+}
+
 /* The index's spill hook: a host page about to be evicted goes to the disk unless it is there
- * already; with no staging slot or disk slot free now it is dropped (counted). */
+ * already (its write-back reached it) or being written in place (the index does not ask then):
+ * copied with its CRC32C into a staging slot, written at once or, past the queue depth, as I/O
+ * completes; with no staging slot or disk slot free now it is dropped (counted). */
 static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, size_t klen,
 		       uint32_t page)
 {
 	struct dt_pool *dp = ctx;
 	struct kvp_disk_key dk = { ns, keyed, (uint32_t)klen, key };
-	struct io_uring_sqe *sqe;
 	const uint8_t *src;
 	struct dt_io *io;
 	uint32_t b, slot, crc;
@@ -276,11 +347,6 @@ static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, si
 		return;
 	}
 	if (!dp->nfree || kvp_disk_reserve(dp->k, &slot, &dropped) < 0) {
-		dp->st.write_dropped++;
-		return;
-	}
-	if (!(sqe = get_sqe(dp))) {
-		kvp_disk_written(dp->k, slot, &dk, false);
 		dp->st.write_dropped++;
 		return;
 	}
@@ -301,23 +367,106 @@ static void spill_page(void *ctx, uint64_t ns, int keyed, const uint8_t *key, si
 	      (uint64_t)page * dp->p->page_bytes;
 	crc = kvp_crc32c_copy(buf_at(dp, b) + KVP_DISK_HDR_BYTES, src, dp->p->page_bytes);
 	kvp_disk_header(dp->k, slot, &dk, crc, buf_at(dp, b));
-	if (dp->fixed)
-		io_uring_prep_write_fixed(sqe, kvp_disk_fd(dp->k), buf_at(dp, b),
-					  (unsigned)dp->slot_bytes, kvp_disk_slot_off(dp->k, slot),
-					  0);
-	else
-		io_uring_prep_write(sqe, kvp_disk_fd(dp->k), buf_at(dp, b),
-				    (unsigned)dp->slot_bytes, kvp_disk_slot_off(dp->k, slot));
+	if (dp->npend || dp->inflight + wb_room(dp) >= dp->qd || write_prep(dp, io) < 0)
+		dp->pend[(dp->pend_head + dp->npend++) % dp->nbuf] = b;
+}
+
+/* kvp_index_hold's question: a page not on the disk yet, with a key the disk can name. */
+static bool wb_want(void *ctx, uint64_t ns, int keyed, const uint8_t *key, size_t klen)
+{
+	const struct dt_pool *dp = ctx;
+	struct kvp_disk_key dk = { ns, keyed, (uint32_t)klen, key };
+
+	return klen && klen <= KVP_KEY_MAX && kvp_disk_find(dp->k, &dk) < 0;
+}
+
+/* Starts writing held host page h in place: one WRITEV of its header (from a header slot) and
+ * the host page itself, its CRC32C taken now (the hold keeps the page's bytes and key until the
+ * write ends). A page that finds no disk slot or SQE is let go (dropped, counted). */
+static void wb_start(struct dt_pool *dp, const struct kvp_index_hold *h)
+{
+	struct kvp_disk_key dk = { h->ns, h->keyed, (uint32_t)h->key.len, h->key.data };
+	uint8_t *src = dp->host_base + (uint64_t)h->page * dp->page_bytes, *hdr;
+	struct io_uring_sqe *sqe = NULL;
+	struct dt_io *io;
+	uint32_t b, slot;
+	int dropped;
+
+	if (kvp_disk_reserve(dp->k, &slot, &dropped) < 0) {
+		dp->st.write_dropped++;
+		kvp_index_unhold(dp->p->ix, h->id, false);
+		return;
+	}
+	if (!(sqe = get_sqe(dp))) {
+		kvp_disk_written(dp->k, slot, &dk, false);
+		dp->st.write_dropped++;
+		kvp_index_unhold(dp->p->ix, h->id, false);
+		return;
+	}
+	dp->st.evicted_pages += (uint64_t)dropped;
+	b = dp->free_wb[--dp->nwfree];
+	io = &dp->wios[b];
+	hdr = dp->hdrs + (uint64_t)b * KVP_DISK_HDR_BYTES;
+	*io = (struct dt_io){ .dp = dp,
+			      .kind = IO_WBACK,
+			      .buf = b,
+			      .slot = slot,
+			      .ns = h->ns,
+			      .keyed = h->keyed,
+			      .page = h->page,
+			      .hold = h->id,
+			      .start_ns = now_ns() };
+	io->key.len = (uint32_t)h->key.len;
+	memcpy(io->key.b, h->key.data, h->key.len);
+	kvp_disk_header(dp->k, slot, &dk, kvp_crc32c(src, dp->page_bytes), hdr);
+	io->iov[0] = (struct iovec){ hdr, KVP_DISK_HDR_BYTES };
+	io->iov[1] = (struct iovec){ src, dp->page_bytes };
+	io_uring_prep_writev(sqe, kvp_disk_fd(dp->k), io->iov, 2, kvp_disk_slot_off(dp->k, slot));
 	io_uring_sqe_set_data(sqe, io);
 	dp->inflight++;
 	dp->dirty = true;
 }
 
-/* One completion: res the bytes moved or a negative errno. */
+/* This turn's write-back of dp's pool: under write-back, once the host tier's free pages run
+ * short, the next pages eviction would take are written in place ahead of it (eviction then
+ * finds them on the disk and frees them at once); under write-through, every cached host page
+ * not on the disk yet. Bounded by the header slots free, the queue depth and (write-back) a
+ * share of the evictable pages, so Allocs always find pages to evict. */
+static void writeback(struct dt_pool *dp)
+{
+	struct kvp_pages *hp = dp->p->pages[KVP_TIER_ID_HOST];
+	uint32_t max, n, held = dp->nwb - dp->nwfree, cap = kvp_pages_total(hp) / DT_WB_HOLD_DIV;
+	struct kvp_index_stats ist;
+
+	if (dp->dead || !dp->nwb || (dp->wb_pause_until && now_ns() < dp->wb_pause_until) ||
+	    (!dp->through &&
+	     kvp_pages_count(hp, KVP_PAGE_FREE) >= kvp_pages_total(hp) / DT_WB_FREE_DIV)) {
+		dp->wb_active = false;
+		return;
+	}
+	if (!dp->nwfree || dp->inflight >= dp->qd)
+		return;
+	max = dp->qd - dp->inflight < dp->nwfree ? dp->qd - dp->inflight : dp->nwfree;
+	if (!dp->through) {
+		kvp_index_stats(dp->p->ix, &ist);
+		if (ist.evictable_pages[KVP_TIER_ID_HOST] / DT_WB_HOLD_DIV < cap)
+			cap = (uint32_t)(ist.evictable_pages[KVP_TIER_ID_HOST] / DT_WB_HOLD_DIV);
+	}
+	/* Pages held now (an eviction would keep them MOVING until written): a share of the tier */
+	if (held >= cap)
+		return;
+	max = cap - held < max ? cap - held : max;
+	n = kvp_index_hold(dp->p->ix, !dp->through, max, max * DT_WB_SCAN, wb_want, dp, dp->holds);
+	for (uint32_t i = 0; i < n; i++)
+		wb_start(dp, &dp->holds[i]);
+	dp->wb_active = n || held;
+}
+
+/* One completion (no longer counted in flight): res the bytes moved or a negative errno. */
 static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 {
 	struct kvp_disk_key dk = disk_key(io->ns, io->keyed, &io->key);
-	bool direct = io->kind == IO_READ && dp->direct, ok = false;
+	bool direct = (io->kind == IO_READ && dp->direct) || io->kind == IO_WBACK, ok = false;
 	uint64_t want = direct ? KVP_DISK_HDR_BYTES + dp->page_bytes : dp->slot_bytes;
 	uint64_t us;
 
@@ -329,17 +478,21 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 		if (dp->st.io_errors == 1 || dp->st.io_errors % 1000 == 0)
 			log_warn("disk tier of pool %s: a %s of slot %u %s%s (%lu errors so far); "
 				 "the page is a miss",
-				 dp->name, io->kind == IO_WRITE ? "write" : "read", io->slot,
+				 dp->name, io->kind == IO_READ ? "read" : "write", io->slot,
 				 res < 0 ? "failed: " : "was short", res < 0 ? strerror(-res) : "",
 				 (unsigned long)dp->st.io_errors);
 	}
 	us = (now_ns() - io->start_ns) / 1000;
-	if (io->kind == IO_WRITE) {
+	if (io->kind == IO_WRITE || io->kind == IO_WBACK) {
 		kvp_disk_written(dp->k, io->slot, &dk, !io->failed && !dp->dead);
 		if (!io->failed) {
 			dp->st.written_pages++;
 			dp->st.written_bytes += dp->page_bytes;
 			dp->st.write_us += us;
+			if (io->kind == IO_WBACK)
+				dp->st.write_inplace++;
+			else
+				dp->st.write_copied++;
 		}
 	} else {
 		if (!io->failed && !dp->dead) {
@@ -375,29 +528,55 @@ static void io_done(struct dt_pool *dp, struct dt_io *io, int res)
 		}
 		io->done(io->arg, io->i, ok);
 	}
+	if (io->kind == IO_WBACK) { /* the page may go now; a dead pool's index is gone */
+		if (io->failed)
+			dp->wb_pause_until = now_ns() + DT_WB_PAUSE_NS;
+		io->kind = IO_NONE;
+		dp->free_wb[dp->nwfree++] = io->buf;
+		if (!dp->dead)
+			kvp_index_unhold(dp->p->ix, io->hold, !io->failed);
+		return;
+	}
 	io->kind = IO_NONE;
 	dp->free_bufs[dp->nfree++] = io->buf;
-	dp->inflight--;
 }
 
+/* Handles dp's completions, DT_REAP at a time: the I/O that waits for the queue depth goes out
+ * (one submission) before the completions' checks and copies run, so the disk does not idle
+ * while the loop checks CRC32Cs. */
+#define DT_REAP 64u
 static void reap(struct dt_pool *dp)
 {
-	struct io_uring_cqe *cqe;
+	struct io_uring_cqe *cqes[DT_REAP];
+	uint64_t data[DT_REAP];
+	int res[DT_REAP];
+	unsigned n;
 
-	while (dp->ring_ok && io_uring_peek_cqe(&dp->ring, &cqe) == 0) {
-		uint64_t data = io_uring_cqe_get_data64(cqe);
-		int res = cqe->res;
-
-		io_uring_cqe_seen(&dp->ring, cqe);
-		if (data & 1) { /* a write of the store's log (log_submit) */
-			kvp_disk_log_done(dp->k, (uintptr_t)(data & ~1ull), res);
-			dp->inflight--;
-		} else if (data) {
-			io_done(dp, (struct dt_io *)(uintptr_t)data, res);
+	do {
+		n = dp->ring_ok ? io_uring_peek_batch_cqe(&dp->ring, cqes, DT_REAP) : 0;
+		for (unsigned i = 0; i < n; i++) {
+			data[i] = io_uring_cqe_get_data64(cqes[i]);
+			res[i] = cqes[i]->res;
+			dp->inflight -= data[i] != 0;
 		}
-	}
+		if (n)
+			io_uring_cq_advance(&dp->ring, n);
+		if (!dp->dead)
+			start_waiting(dp);
+		start_pending(dp);
+		if (dp->dirty && n) {
+			dp->dirty = false;
+			io_uring_submit(&dp->ring);
+		}
+		for (unsigned i = 0; i < n; i++)
+			if (data[i] & 1) /* a write of the store's log (log_submit) */
+				kvp_disk_log_done(dp->k, (uintptr_t)(data[i] & ~1ull), res[i]);
+			else if (data[i])
+				io_done(dp, (struct dt_io *)(uintptr_t)data[i], res[i]);
+	} while (n == DT_REAP);
 	if (!dp->dead)
 		start_waiting(dp);
+	start_pending(dp);
 }
 
 static void dp_free(struct dt_pool *dp)
@@ -424,6 +603,11 @@ static void dp_free(struct dt_pool *dp)
 	free(dp->staging);
 	free(dp->ios);
 	free(dp->free_bufs);
+	free(dp->hdrs);
+	free(dp->wios);
+	free(dp->free_wb);
+	free(dp->holds);
+	free(dp->pend);
 	free(dp);
 }
 
@@ -472,16 +656,30 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 	dp->nbuf = (uint32_t)(DT_STAGE_BYTES / dp->slot_bytes);
 	dp->nbuf = dp->nbuf < DT_STAGE_MIN ? DT_STAGE_MIN : dp->nbuf;
 	dp->nbuf = dp->nbuf > DT_STAGE_MAX ? DT_STAGE_MAX : dp->nbuf;
+	dp->qd = c->disk_queue_depth ? c->disk_queue_depth : 64;
+	dp->through = c->disk == KVP_DISK_WRITE_THROUGH;
+	/* In place: pages of whole 4 KiB blocks in 4 KiB-aligned host memory (O_DIRECT). */
+	dp->nwb = p->page_bytes % KVP_DISK_ALIGN == 0 &&
+				  (uintptr_t)p->mem[KVP_TIER_ID_HOST].base % KVP_DISK_ALIGN == 0
+			  ? dp->qd
+			  : 0;
 	dp->ios = calloc(dp->nbuf, sizeof(*dp->ios));
 	dp->free_bufs = calloc(dp->nbuf, sizeof(*dp->free_bufs));
-	if (!dp->ios || !dp->free_bufs ||
+	dp->wios = calloc(dp->nwb + 1, sizeof(*dp->wios));
+	dp->free_wb = calloc(dp->nwb + 1, sizeof(*dp->free_wb));
+	dp->holds = calloc(dp->nwb + 1, sizeof(*dp->holds));
+	dp->pend = calloc(dp->nbuf, sizeof(*dp->pend));
+	if (!dp->ios || !dp->free_bufs || !dp->wios || !dp->free_wb || !dp->holds || !dp->pend ||
+	    posix_memalign((void **)&dp->hdrs, KVP_DISK_ALIGN,
+			   (uint64_t)KVP_DISK_HDR_BYTES * (dp->nwb + 1)) != 0 ||
 	    posix_memalign((void **)&dp->staging, 4096, dp->slot_bytes * dp->nbuf) != 0) {
-		dp->staging = NULL;
 		log_err("disk tier of pool %s: no memory for its staging slots", c->name);
 		return -ENOMEM;
 	}
 	memset(dp->staging, 0, dp->slot_bytes * dp->nbuf);
-	if ((rc = io_uring_queue_init(dp->nbuf, &dp->ring, 0)) < 0) {
+	for (uint32_t i = 0; i < dp->nwb; i++)
+		dp->free_wb[dp->nwfree++] = dp->nwb - 1 - i;
+	if ((rc = io_uring_queue_init(dp->nbuf + dp->nwb, &dp->ring, 0)) < 0) {
 		log_err("disk tier of pool %s: io_uring: %s", c->name, strerror(-rc));
 		return rc;
 	}
@@ -634,11 +832,14 @@ static void log_submit(struct dt_pool *dp)
 
 void kvp_dt_submit(struct kvp_dt *dt)
 {
-	for (struct dt_pool *dp = dt ? dt->pools : NULL; dp; dp = dp->next)
-		if (log_submit(dp), dp->dirty) {
+	for (struct dt_pool *dp = dt ? dt->pools : NULL; dp; dp = dp->next) {
+		writeback(dp);
+		log_submit(dp);
+		if (dp->dirty) {
 			dp->dirty = false;
 			io_uring_submit(&dp->ring);
 		}
+	}
 }
 
 void kvp_dt_run(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n)
@@ -781,7 +982,7 @@ void kvp_dt_stats(const struct kvp_dt *dt, const struct kvpd_pool *p, struct kvp
 		x.pages = kvp_disk_used(dp->k);
 		x.bytes = x.pages * dp->page_bytes;
 		x.capacity_pages = kvp_disk_slots(dp->k);
-		x.queue_depth = dp->inflight + dp->queued;
+		x.queue_depth = dp->inflight + dp->queued + dp->npend;
 #define ADD(f, n, t, h) st->f += x.f;
 		KVP_DISK_STATS(ADD)
 #undef ADD

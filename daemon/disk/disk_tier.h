@@ -1,12 +1,16 @@
 /* disk_tier.h - the disk tier of the pools with disk != off: below host, above remote. Host
- * pages about to be evicted are written to the pool's disk store (disk.h) first (write-back):
- * the page is copied with its CRC32C into one of the pool's staging slots (64 MiB of them, 32 to
- * 1024 slots, registered with its io_uring ring as one fixed buffer) and written with O_DIRECT,
- * all of a turn's writes in one submission; a page that finds no free staging slot is dropped
- * and counted, so an Alloc never waits. Reads bring pages back for Fetch straight into leased
- * host pages (one READV: the header into a staging slot, the page in place), checked against
- * their header and CRC32C: a torn or corrupt page is a miss (counted, its slot freed), never
- * wrong bytes; an I/O error is a miss too. Each pool's
+ * pages reach the pool's disk store (disk.h) with O_DIRECT through the pool's io_uring ring,
+ * all of a turn's I/O in one submission, at most disk_queue_depth in flight. Write-back: once
+ * the host tier runs short, the pages eviction would take next are written where they are (one
+ * WRITEV of a 4 KiB header and the host page, no copy), held by the index meanwhile
+ * (kvp_index_hold), so that eviction finds them on the disk; a page evicted before that is
+ * copied with its CRC32C into one of the pool's staging slots (64 MiB of them, 32 to 1024
+ * slots, registered with the ring as one fixed buffer) and written from there; a page that
+ * finds no free staging slot is dropped and counted, so an Alloc never waits. Write-through:
+ * every page cached in the host tier is written in place as soon as it is there. Reads bring
+ * pages back for Fetch straight into leased host pages (one READV: the header into a staging
+ * slot, the page in place), checked against their header and CRC32C: a torn or corrupt page is
+ * a miss (counted, its slot freed), never wrong bytes; an I/O error is a miss too. Each pool's
  * ring signals one eventfd the event loop polls (kvp_dt_fd); the loop never waits on the disk.
  * Single-threaded: the event loop owns it. */
 #pragma once
@@ -32,7 +36,8 @@ void kvp_dt_free(struct kvp_dt *dt);
  * the first failure's negative errno with a line logged (that pool runs without a disk tier).
  * Cheap to call on every loop turn. */
 int kvp_dt_bind(struct kvp_dt *dt, struct kvpd_pool *const *pools, uint32_t n);
-/* Submits what this turn queued (spilled pages' writes, reads). */
+/* Starts this turn's write-back (or write-through) of host pages in place and submits what
+ * the turn queued (those writes, spilled pages' writes, reads). */
 void kvp_dt_submit(struct kvp_dt *dt);
 /* The eventfd that is readable when a disk I/O completed. */
 int kvp_dt_fd(const struct kvp_dt *dt);

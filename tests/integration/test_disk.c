@@ -44,14 +44,21 @@ static void keys_of(uint32_t prompt, uint8_t (*raw)[24], struct kvp_page_key *k)
 	}
 }
 
-/* The config of one pool p on disk_path (extra: more lines for the pool, or ""). */
-static void config(char *buf, size_t len, const char *path, uint32_t disk_pages, const char *extra)
+/* The config of one pool p on disk_path with disk = mode (extra: more lines for the pool, or
+ * ""). */
+static void config_mode(char *buf, size_t len, const char *mode, const char *path,
+			uint32_t disk_pages, const char *extra)
 {
 	snprintf(buf, len,
 		 "[pool.p]\nlayers = 2\nkv_heads = 8\nhead_dim = 64\ndtype = fp16\n"
 		 "page_tokens = %d\ndevice = none\nhost_capacity = %ut\nmlock = off\n"
-		 "disk = write-back\ndisk_path = %s\ndisk_capacity = %ut\n%s",
-		 PT, HOST_PAGES * PT, path, disk_pages * PT, extra);
+		 "disk = %s\ndisk_path = %s\ndisk_capacity = %ut\n%s",
+		 PT, HOST_PAGES * PT, mode, path, disk_pages * PT, extra);
+}
+
+static void config(char *buf, size_t len, const char *path, uint32_t disk_pages, const char *extra)
+{
+	config_mode(buf, len, "write-back", path, disk_pages, extra);
 }
 
 static void start(struct daemon *d, struct h_eng *e, const char *cfg)
@@ -112,6 +119,19 @@ static int64_t wait_written(struct h_eng *e, int64_t n)
 	return w;
 }
 
+/* Waits up to 10 s until counter name reaches n, then for the disk's queue to drain; its
+ * value. */
+static int64_t wait_counter(struct h_eng *e, const char *name, int64_t n)
+{
+	int64_t v = 0;
+
+	for (int i = 0; i < 1000 && (v = h_eng_counter(e, name)) < n; i++)
+		usleep(10000);
+	for (int i = 0; i < 500 && h_eng_counter(e, "disk_queue_depth") != 0; i++)
+		usleep(10000);
+	return v;
+}
+
 /* Pages after the local ones a Match reports (the disk tier's run); -1 on an error. */
 static int disk_seen(struct h_eng *e, uint32_t prompt, int keyed)
 {
@@ -130,6 +150,27 @@ static int disk_seen(struct h_eng *e, uint32_t prompt, int keyed)
 	return kvp_cache_match(e->p, 0, t, NTOK, 0, &m, dev, host, NP, NULL) < 0
 		       ? -1
 		       : (int)(m.matched_tokens / PT + m.remote_pages);
+}
+
+/* Pages the disk tier reports for prompt after the local ones (a Match's remote_pages), -1 on
+ * an error. */
+static int disk_only(struct h_eng *e, uint32_t prompt, int keyed)
+{
+	struct kvp_match_result m = { .struct_size = sizeof(m) };
+	struct kvp_match_keys_result mk = { .struct_size = sizeof(mk) };
+	uint32_t dev[NP], host[NP], t[NTOK];
+	struct kvp_page_key k[NP];
+	uint8_t raw[NP][24];
+
+	tokens_of(prompt, t);
+	keys_of(prompt, raw, k);
+	if (keyed)
+		return kvp_cache_match_keys(e->p, 7, k, NP, 0, &mk, dev, host, NP, NULL) < 0
+			       ? -1
+			       : (int)mk.remote_pages;
+	return kvp_cache_match(e->p, 0, t, NTOK, 0, &m, dev, host, NP, NULL) < 0
+		       ? -1
+		       : (int)m.remote_pages;
 }
 
 /* Fetches prompt with a lock: the pages cached for it now (local and fetched), -1 on an error;
@@ -382,8 +423,8 @@ static void test_flipped_bytes_are_misses(void)
 	unlink(path);
 }
 
-/* The file cut to 4 slots while kvpoold is down: at most those 4 pages are adopted (the file is
- * extended again), every page fetched is right. */
+/* The file cut to 4 slots while kvpoold is down (the cut inside the fifth slot's header): at
+ * most those 4 pages are adopted (the file is extended again), every page fetched is right. */
 static void test_truncated_file(void)
 {
 	char path[300], cfg[1024];
@@ -397,7 +438,7 @@ static void test_truncated_file(void)
 	publish_all(&e);
 	CU_ASSERT(wait_written(&e, 48) >= 48);
 	stop(&d, &e);
-	CU_ASSERT_EQUAL(truncate(path, 4 * (off_t)SLOT_BYTES + 100), 0);
+	CU_ASSERT_EQUAL(truncate(path, 4 * (off_t)SLOT_BYTES + 20), 0);
 	start(&d, &e, cfg);
 	CU_ASSERT(h_eng_counter(&e, "disk_adopted_pages") <= 4);
 	for (uint32_t i = 0; i < 6; i++) {
@@ -428,8 +469,13 @@ static void test_eio_is_a_miss(void)
 		usleep(10000);
 	CU_ASSERT(h_eng_counter(&e, "disk_io_errors") >= 48);
 	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_written_pages"), 0);
-	CU_ASSERT_EQUAL(disk_seen(&e, 0, 0), 0);
-	CU_ASSERT_EQUAL(fetch_checked(&e, 0, 0, &bad), 0);
+	/* The disk holds nothing: every prompt is what the host tier kept, bytes right. */
+	for (uint32_t i = 0; i < 6; i++) {
+		CU_ASSERT_EQUAL(disk_only(&e, i, 0), 0);
+		CU_ASSERT_EQUAL(disk_only(&e, 100 + i, 1), 0);
+		CU_ASSERT(fetch_checked(&e, i, 0, &bad) >= 0);
+		CU_ASSERT_EQUAL(bad, 0);
+	}
 	CU_ASSERT_EQUAL(publish(&e, 60, 0), 0);
 	CU_ASSERT_EQUAL(fetch_checked(&e, 60, 0, &bad), NP);
 	CU_ASSERT_EQUAL(bad, 0);
@@ -739,6 +785,106 @@ static void test_geometry_change_starts_empty(void)
 	unlink(path);
 }
 
+/* The host tier full, nothing evicted yet: its pages go to the disk in place, ahead of eviction
+ * (no staging copy); the Allocs that then evict them find them there (skipped, not written
+ * again); with the page cache dropped they come back from the disk with every byte right. */
+static void test_inplace_ahead_of_eviction(void)
+{
+	char path[300], cfg[1024];
+	struct daemon d;
+	struct h_eng e;
+	int bad = -1;
+
+	path_in(path, sizeof(path), g_dir, "w.disk");
+	config(cfg, sizeof(cfg), path, DISK_PAGES, "disk_queue_depth = 4\n");
+	start(&d, &e, cfg);
+	/* 16 of 16 host pages cached: under the watermark, every page is written where it is */
+	CU_ASSERT_EQUAL_FATAL(publish(&e, 0, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(publish(&e, 100, 1), 0);
+	CU_ASSERT(wait_counter(&e, "disk_write_inplace", 2 * NP) >= 2 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_write_copied"), 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_written_pages"), 2 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_write_dropped"), 0);
+	CU_ASSERT_EQUAL(disk_only(&e, 0, 0), 0); /* still cached in the host tier: no disk run */
+	CU_ASSERT_EQUAL(fetch_checked(&e, 0, 0, &bad), NP);
+	CU_ASSERT_EQUAL(bad, 0);
+	/* under pressure: each Alloc evicts pages the disk holds already, and the write-back keeps
+	 * writing the cold end in place while the prompts go through */
+	for (uint32_t i = 1; i < 5; i++) {
+		CU_ASSERT_EQUAL_FATAL(publish(&e, i, 0), 0);
+		CU_ASSERT_EQUAL_FATAL(publish(&e, 100 + i, 1), 0);
+	}
+	CU_ASSERT(h_eng_counter(&e, "disk_write_skipped") >= NP);
+	CU_ASSERT(wait_counter(&e, "disk_written_pages", 8 * NP) >= 8 * NP);
+	CU_ASSERT(h_eng_counter(&e, "disk_write_inplace") > 2 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_write_inplace") +
+				h_eng_counter(&e, "disk_write_copied"),
+			h_eng_counter(&e, "disk_written_pages"));
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_io_errors"), 0);
+	CU_ASSERT(ctl_prints(&d, "metrics", "kvpool_disk_write_inplace_total{pool=\"p\"} "));
+	CU_ASSERT(ctl_prints(&d, "status", "disk_write_copied"));
+	CU_ASSERT(ctl_prints(&d, "cache", " in place), "));
+	h_drop_caches();
+	for (uint32_t i = 0; i < 3; i++) {
+		CU_ASSERT_EQUAL(disk_seen(&e, i, 0), NP);
+		CU_ASSERT_EQUAL(fetch_checked(&e, i, 0, &bad), NP);
+		CU_ASSERT_EQUAL(bad, 0);
+		CU_ASSERT_EQUAL(disk_seen(&e, 100 + i, 1), NP);
+		CU_ASSERT_EQUAL(fetch_checked(&e, 100 + i, 1, &bad), NP);
+		CU_ASSERT_EQUAL(bad, 0);
+	}
+	CU_ASSERT(h_eng_counter(&e, "disk_read_pages") >= NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_corrupt_pages"), 0);
+	stop(&d, &e);
+	unlink(path);
+}
+
+/* disk = write-through: a page is on the disk as soon as it is cached, with the host tier far
+ * from full (write-back writes nothing then); kvpoold killed with SIGKILL and started again
+ * without the fd store, the page cache dropped: every page is a hit with its bytes. */
+static void test_write_through_survives_kill(void)
+{
+	char path[300], cfg[1024];
+	struct daemon d;
+	struct h_eng e;
+	int bad = -1;
+
+	path_in(path, sizeof(path), g_dir, "b.disk");
+	config(cfg, sizeof(cfg), path, DISK_PAGES, "");
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL_FATAL(publish(&e, 0, 0), 0);
+	usleep(200000);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_written_pages"), 0); /* write-back: 8 free */
+	stop(&d, &e);
+
+	path_in(path, sizeof(path), g_dir, "t2.disk");
+	config_mode(cfg, sizeof(cfg), "write-through", path, DISK_PAGES, "");
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL_FATAL(publish(&e, 0, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(publish(&e, 100, 1), 0);
+	CU_ASSERT(wait_counter(&e, "disk_write_inplace", 2 * NP) >= 2 * NP);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_write_copied"), 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_pages"), 2 * NP);
+	kill9(&d, &e);
+
+	h_drop_caches();
+	start(&d, &e, cfg);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_adopted_pages"), 2 * NP);
+	CU_ASSERT_EQUAL(disk_only(&e, 0, 0), NP);
+	CU_ASSERT_EQUAL(fetch_checked(&e, 0, 0, &bad), NP);
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(disk_only(&e, 100, 1), NP);
+	CU_ASSERT_EQUAL(fetch_checked(&e, 100, 1, &bad), NP);
+	CU_ASSERT_EQUAL(bad, 0);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_read_pages"), 2 * NP);
+	/* pages fetched back are cached again: on the disk already, nothing written */
+	usleep(200000);
+	CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_written_pages"), 0);
+	stop(&d, &e);
+	unlink(path);
+	path_in(path, sizeof(path), g_dir, "b.disk");
+}
+
 /* Config checks: disk without its path or capacity, a disk_offset not of whole 4 KiB blocks, two
  * pools on one file with overlapping regions (exit 3), then with disjoint ones (they start). */
 static void test_config_refused(void)
@@ -784,6 +930,17 @@ static void test_config_refused(void)
 		stop(&d, &e);
 	}
 	unlink(path);
+	/* write-through needs room for the whole host tier */
+	config_mode(cfg, sizeof(cfg), "write-through", path, HOST_PAGES - 1, "");
+	memset(&d, 0, sizeof(d));
+	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 2);
+	CU_ASSERT(h_log_contains(&d, "needs room for at least the host tier"));
+	h_daemon_cleanup(&d);
+	config(cfg, sizeof(cfg), path, DISK_PAGES, "disk_queue_depth = 0\n");
+	memset(&d, 0, sizeof(d));
+	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 2);
+	CU_ASSERT(h_log_contains(&d, "disk_queue_depth"));
+	h_daemon_cleanup(&d);
 }
 
 /* Whether dir's filesystem takes O_DIRECT (tmpfs before Linux 6.6 does not). */
@@ -846,6 +1003,8 @@ int main(int argc, char **argv)
 		H_TEST(test_truncated_file),
 		H_TEST(test_eio_is_a_miss),
 		H_TEST(test_geometry_change_starts_empty),
+		H_TEST(test_inplace_ahead_of_eviction),
+		H_TEST(test_write_through_survives_kill),
 		H_TEST(test_config_refused),
 	};
 	static const struct h_test devices[] = {
