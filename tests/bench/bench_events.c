@@ -5,15 +5,26 @@
  * and host evictions publish events too) on a kvpoold publishing KV events with a subscriber
  * reading them, against the same calls on a kvpoold without [events], rounds alternating (each
  * pair in the other order than the last) in the same run. Target: ratio >= 0.9.
+ * Every thread is left to the scheduler (on a 2-CPU machine the subscriber takes turns with the
+ * engine's path).
+ * events.overhead.pinned: the same with the engine's path (the client and kvpoold's loop) on one
+ * CPU and the subscriber with the ZeroMQ I/O threads (kvpoold's and its own) on another, as on a
+ * node whose router does not run on the engine's cores; both kvpoolds pinned alike. The calls
+ * run faster so (no wake-up crosses CPUs), and what publishing costs kvpoold's loop weighs more.
  * events.overhead.no_subscriber: the same before any subscriber connects (kvpoold's own cost).
  * events.lag_p99: from the start of a page's Insert (Alloc, Insert of one key page, Free) to its
  * BlockStored at a subscriber on the same node (ZeroMQ SUB over ipc), p99 in microseconds,
  * against the p99 of the calls alone. */
+#include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "bench.h"
@@ -110,13 +121,72 @@ struct reader {
 	void *sub;
 	atomic_bool stop;
 	uint64_t msgs;
+	pid_t tid;
 };
+
+/* Pins thread tid to cpu. 0 or -errno. */
+static int pin(pid_t tid, int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return sched_setaffinity(tid, sizeof(set), &set) < 0 ? -errno : 0;
+}
+
+/* Pins every thread of process pid: ZeroMQ's I/O threads ("ZMQbg/...") and the thread skip to
+ * cpu_io, the others to cpu_main. 0 or -errno. */
+static int pin_process(pid_t pid, pid_t skip, int cpu_main, int cpu_io)
+{
+	char path[64], comm[32];
+	struct dirent *de;
+	DIR *dir;
+	int rc = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(dir = opendir(path)))
+		return -errno;
+	while ((de = readdir(dir)) && rc == 0) {
+		pid_t tid = (pid_t)atoi(de->d_name);
+		FILE *f;
+
+		if (tid <= 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/comm", (int)pid, (int)tid);
+		comm[0] = '\0';
+		if ((f = fopen(path, "re"))) {
+			if (!fgets(comm, sizeof(comm), f))
+				comm[0] = '\0';
+			fclose(f);
+		}
+		rc = pin(tid, tid == skip || strncmp(comm, "ZMQbg", 5) == 0 ? cpu_io : cpu_main);
+	}
+	closedir(dir);
+	return rc;
+}
+
+/* Undoes the pinning of process pid: every thread on any of the CPUs in all. */
+static void unpin_process(pid_t pid, const cpu_set_t *all)
+{
+	char path[64];
+	struct dirent *de;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if (!(dir = opendir(path)))
+		return;
+	while ((de = readdir(dir)))
+		if (atoi(de->d_name) > 0)
+			(void)sched_setaffinity((pid_t)atoi(de->d_name), sizeof(*all), all);
+	closedir(dir);
+}
 
 static void *read_all(void *arg)
 {
 	struct reader *r = arg;
 	char buf[1 << 16];
 
+	__atomic_store_n(&r->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
 	while (!atomic_load(&r->stop)) {
 		zmq_pollitem_t it = { r->sub, 0, ZMQ_POLLIN, 0 };
 
@@ -265,14 +335,17 @@ int main(int argc, char **argv)
 	int quick = b_quick(argc, argv);
 	uint32_t rounds = quick ? 3 : ROUNDS_MAX, per = quick ? 300 : 2000,
 		 nlag = quick ? 200 : 2000;
-	struct result res0 = { 0 }, res = { 0 };
+	struct result res0 = { 0 }, res = { 0 }, shared = { 0 };
+	cpu_set_t all;
+	int cpu[2], ncpu = 0;
+	bool pinned = false;
 	struct side a, b;
 	bool started = false;
 	struct reader rd = { 0 };
 	pthread_t th;
 	void *zctx = NULL;
 	uint64_t *lag, *call;
-	char params[256];
+	char params[512];
 	int rc = 1;
 
 	snprintf(g_ipc, sizeof(g_ipc), "/tmp/kvpool-bench-events-XXXXXX");
@@ -306,29 +379,85 @@ int main(int argc, char **argv)
 	usleep(200000); /* the subscription reaches kvpoold */
 	pthread_create(&th, NULL, read_all, &rd);
 	started = true;
-	if (rounds_of(&a, &b, rounds, per, &res) < 0)
+	while (!__atomic_load_n(&rd.tid, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	/* every thread where the scheduler puts it */
+	if (rounds_of(&a, &b, rounds, per, &shared) < 0)
 		goto out;
+	/* the engine's path on one CPU, the reader and the ZeroMQ I/O threads on another */
+	CPU_ZERO(&all);
+	if (sched_getaffinity(0, sizeof(all), &all) == 0)
+		for (int c = 0; c < CPU_SETSIZE && ncpu < 2; c++)
+			if (CPU_ISSET(c, &all))
+				cpu[ncpu++] = c;
+	if (ncpu == 2) {
+		int e = pin_process(getpid(), rd.tid, cpu[0], cpu[1]);
+
+		if (!e)
+			e = pin_process(a.d.pid, 0, cpu[0], cpu[1]);
+		if (!e)
+			e = pin_process(b.d.pid, 0, cpu[0], cpu[1]);
+		pinned = e == 0;
+		if (!pinned)
+			fprintf(stderr, "bench_events: pinning failed: %s\n", strerror(-e));
+	}
+	if (pinned) {
+		if (rounds_of(&a, &b, rounds, per, &res) < 0)
+			goto out;
+		unpin_process(getpid(), &all);
+		unpin_process(a.d.pid, &all);
+		unpin_process(b.d.pid, &all);
+	}
 	atomic_store(&rd.stop, true);
 	pthread_join(th, NULL);
 	started = false;
+	snprintf(
+		params, sizeof(params),
+		"{\"rounds\":%u,\"ops_per_round\":%u,\"op\":\"alloc 4 pages + insert 64 tokens + "
+		"free + match\",\"page_tokens\":%d,\"batches_read\":%lu,"
+		"\"kvpoold_cpu_us_per_op_on\":%.1f,\"kvpoold_cpu_us_per_op_off\":%.1f,"
+		"\"placement\":\"%s\"}",
+		rounds, per, PT, (unsigned long)rd.msgs, res.cpu_on, res.cpu_off,
+		pinned ? b_fmt("client and kvpoold's loop on CPU %d, the subscriber and the ZeroMQ "
+			       "I/O threads on CPU %d",
+			       cpu[0], cpu[1])
+		       : "not pinned (fewer than 2 CPUs, or pinning failed)");
+	if (pinned)
+		b_row_print(&(struct b_row){
+			.name = "events.overhead.pinned",
+			.params = params,
+			.baseline_what =
+				"the same Insert+Match ops/s on a kvpoold without [events] "
+				"(median of the rounds, alternating), pinned alike",
+			.baseline = res.off,
+			.have_base = 1,
+			.value = res.on,
+			.have_value = 1,
+			.unit = "ops/s",
+			.target =
+				"report (kvpoold's loop's own cost when nothing else shares its CPU)",
+			.note = "one subscriber reading every batch over ipc, on the same machine but not "
+				"on the engine's CPU",
+		});
 	snprintf(params, sizeof(params),
 		 "{\"rounds\":%u,\"ops_per_round\":%u,\"op\":\"alloc 4 pages + insert 64 tokens + "
-		 "free + match\",\"page_tokens\":%d,\"batches_read\":%lu,"
-		 "\"kvpoold_cpu_us_per_op_on\":%.1f,\"kvpoold_cpu_us_per_op_off\":%.1f}",
-		 rounds, per, PT, (unsigned long)rd.msgs, res.cpu_on, res.cpu_off);
+		 "free + match\",\"page_tokens\":%d,\"kvpoold_cpu_us_per_op_on\":%.1f,"
+		 "\"kvpoold_cpu_us_per_op_off\":%.1f,\"placement\":\"any CPU\"}",
+		 rounds, per, PT, shared.cpu_on, shared.cpu_off);
 	b_row_print(&(struct b_row){
 		.name = "events.overhead",
 		.params = params,
 		.baseline_what = "the same Insert+Match ops/s on a kvpoold without [events] "
 				 "(median of the rounds, alternating)",
-		.baseline = res.off,
+		.baseline = shared.off,
 		.have_base = 1,
-		.value = res.on,
+		.value = shared.on,
 		.have_value = 1,
 		.unit = "ops/s",
 		.target = "ratio >= 0.9",
-		.note = "one subscriber reading every batch over ipc, on the same machine; token "
-			"pages' keys (SHA-256) are derived for the events",
+		.note = "one subscriber reading every batch over ipc, on the same machine, every "
+			"thread left to the scheduler; token pages' keys (SHA-256) are derived for the "
+			"events",
 	});
 	snprintf(params, sizeof(params),
 		 "{\"rounds\":%u,\"ops_per_round\":%u,\"kvpoold_cpu_us_per_op_on\":%.1f,"
