@@ -1,6 +1,7 @@
 """disk_util: what the plug-in tests of the tiers below host need: a folder for a pool's disk
 tier file on a filesystem with direct I/O, the pool's config lines, and kvpoold's disk tier
-counters."""
+counters, and
+flipping bytes of a disk tier's file."""
 import errno
 import os
 import shutil
@@ -42,6 +43,19 @@ def disk_lines(folder, name, capacity):
     """A pool's disk tier config lines: write-back to <folder>/<name>.disk of capacity."""
     return (f"disk = write-back\ndisk_path = {os.path.join(folder, name + '.disk')}\n"
             f"disk_capacity = {capacity}\n")
+
+
+def flip_disk_bytes(path, at):
+    """Flips byte `at` of every 4 KiB block of a disk tier's file past its first (the store's
+    slots: a page's header or bytes, depending on at and the page size)."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, 2)
+        for off in range(4096 + at, size, 4096):
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 0x5A]))
+        f.flush()
 
 
 def disk_counters(daemon):

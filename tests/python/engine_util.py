@@ -29,6 +29,32 @@ def import_sglang():
     return hicache_storage, backend_factory, utils
 
 
+def llama_dir(heads, dim):
+    """A new folder holding a small Llama config.json (2 layers, heads KV heads of dim, no
+    weights): what vLLM's ModelConfig needs to size a KV cache."""
+    import json
+    import tempfile
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                   "hidden_size": heads * 2 * dim, "intermediate_size": 128,
+                   "num_attention_heads": 2 * heads, "num_key_value_heads": heads,
+                   "head_dim": dim, "num_hidden_layers": 2, "vocab_size": 1000,
+                   "max_position_embeddings": 4096, "torch_dtype": "float16"}, f)
+    return d
+
+
+def sglang_page_keys(tokens, page):
+    """SGLang's own page hashes of a token sequence (get_hash_str, chained per page of page
+    tokens; a last partial page has none)."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+    keys, prior = [], None
+    for i in range(0, len(tokens) - len(tokens) % page, page):
+        prior = get_hash_str(tokens[i:i + page], prior)
+        keys.append(prior)
+    return keys
+
+
 class HostPool:
     """SGLang's own host KV pool (MHATokenToKVPoolHost, or MLATokenToKVPoolHost with mla) on
     the CPU, built from CPU device buffers as SGLang's host assembly builds it; .real is the

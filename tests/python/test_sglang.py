@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import DEFAULT_CONF, host_pool
-from engine_util import HostPool, import_sglang, restart
+from engine_util import HostPool, import_sglang, restart, sglang_page_keys
 
-hicache_storage, backend_factory, sgl_utils = import_sglang()
+hicache_storage, backend_factory, _ = import_sglang()
 torch = pytest.importorskip("torch")
 import kvpool  # noqa: E402
 from kvpool.sglang import KvpoolStorage  # noqa: E402
@@ -56,12 +56,7 @@ def make(sock, layout="page_first", tp_rank=0, pages=64, mla=False, **kw):
 
 
 def page_keys(tokens):
-    """SGLang's own page hashes of a token sequence (get_hash_str, chained per page)."""
-    keys, prior = [], None
-    for i in range(0, len(tokens) - len(tokens) % T, T):
-        prior = sgl_utils.get_hash_str(tokens[i:i + T], prior)
-        keys.append(prior)
-    return keys
+    return sglang_page_keys(tokens, T)
 
 
 @pytest.mark.parametrize("mla", [False, True], ids=["mha", "mla"])

@@ -14,10 +14,10 @@ from array import array
 import pytest
 
 from conftest import Daemon, pool_section
-from disk_util import disk_counters, disk_folder, disk_lines, remove_folder
-from engine_util import HostPool, import_sglang
+from disk_util import disk_counters, disk_folder, disk_lines, flip_disk_bytes, remove_folder
+from engine_util import HostPool, import_sglang, sglang_page_keys
 
-hicache_storage, backend_factory, sgl_utils = import_sglang()
+hicache_storage, backend_factory, _ = import_sglang()
 torch = pytest.importorskip("torch")
 import kvpool  # noqa: E402
 from kvpool.sglang import KvpoolStorage  # noqa: E402
@@ -65,19 +65,6 @@ def same(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
-
-
-def corrupt(path):
-    """Flips one byte (the 100th) in every 4 KiB block of the disk tier's file past its first:
-    the pages here are smaller than 1 KiB."""
-    with open(path, "r+b") as f:
-        size = f.seek(0, 2)
-        for off in range(4096 + 100, size, 4096):
-            f.seek(off)
-            b = f.read(1)
-            f.seek(off)
-            f.write(bytes([b[0] ^ 0x5A]))
-        f.flush()
 
 
 def wait_on_disk(daemon, pool, keys):
@@ -165,7 +152,7 @@ def test_linker_corrupt_disk_pages_are_misses(daemon, folder):
     afterwards."""
     p = toks(2000, PAGES * T)
     offload_to_disk(daemon, p, seed=17)
-    corrupt(f"{folder}/lkd.disk")
+    flip_disk_bytes(f"{folder}/lkd.disk", 100)  # pages under 1 KiB
     bad0 = disk_counters(daemon).get("disk_corrupt_pages", 0)
     b = Instance(daemon.sock, "lkd")
     dev, got, failed = b.fetch(p + [1])
@@ -201,12 +188,7 @@ def storage(daemon, layout="page_first", pages=64):
 
 
 def page_keys(tokens):
-    """SGLang's own page hashes of a token sequence (get_hash_str, chained per page)."""
-    keys, prior = [], None
-    for i in range(0, len(tokens) - len(tokens) % T, T):
-        prior = sgl_utils.get_hash_str(tokens[i:i + T], prior)
-        keys.append(prior)
-    return keys
+    return sglang_page_keys(tokens, T)
 
 
 def backup_to_disk(daemon, b, host, keys, seed):
@@ -268,7 +250,7 @@ def test_storage_corrupt_disk_pages_are_misses(daemon, folder):
     keys = page_keys(toks(5000, PAGES * T))
     backup_to_disk(daemon, b, host, keys, seed=13)
     assert b.batch_exists(keys) == PAGES
-    corrupt(f"{folder}/sgd.disk")
+    flip_disk_bytes(f"{folder}/sgd.disk", 100)
     bad0 = disk_counters(daemon).get("disk_corrupt_pages", 0)
     assert b.batch_get_v1(keys, host.indices(list(range(20, 20 + PAGES)))) == [False] * PAGES
     st = b.stats()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import Daemon, pool_section
-from disk_util import disk_counters, disk_folder, disk_lines, remove_folder
+from disk_util import disk_counters, disk_folder, disk_lines, flip_disk_bytes, remove_folder
 
 from test_remote import counter, ports, secret_file, settle  # noqa: F401
 from test_vllm_scheduler import (BS, DIM, Engine, books, model_config,  # noqa: F401
@@ -115,18 +115,6 @@ def test_blocks_on_disk_are_hits_and_load_back(daemon, engine):
     assert e.manager.locks_held() == 0
 
 
-def corrupt(path):
-    """Flips one byte in every 4 KiB block of the disk tier's file past its first."""
-    with open(path, "r+b") as f:
-        size = f.seek(0, 2)
-        for off in range(4096 + 1000, size, 4096):
-            f.seek(off)
-            b = f.read(1)
-            f.seek(off)
-            f.write(bytes([b[0] ^ 0x5A]))
-        f.flush()
-
-
 def test_pages_that_fail_on_disk_are_misses(daemon, engine, folder):
     """The disk's bytes flipped under kvpoold: lookup still counts the blocks (the key map
     knows them), but the load's fetch reads none (each page fails its check, counted by
@@ -144,7 +132,7 @@ def test_pages_that_fail_on_disk_are_misses(daemon, engine, folder):
     s0 = m.stats()
     assert all(m.lookup(k, ctx) == LookupResult.HIT for k in keys)
     assert m.stats()["lookup_hits_below"] - s0.get("lookup_hits_below", 0) == CHUNKS
-    corrupt(f"{folder}/v2.disk")
+    flip_disk_bytes(f"{folder}/v2.disk", 1000)
     bad0 = disk_counters(daemon).get("disk_corrupt_pages", 0)
     spec = m.prepare_load(keys, ctx)
     assert spec.pages.shape == (0, 1)

@@ -8,18 +8,17 @@ and come back on free or at the session's end; torch's pluggable-allocator entry
 (kvp_torch_malloc / kvp_torch_free in the extension) reach it. The GPU run (vLLM's buffer in a
 cuda tier) is test_vllm_cuda.py's, under scripts/gpu-check.sh --device."""
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import pytest
 
 from conftest import DEFAULT_CONF, Daemon, pool_section
+from engine_util import llama_dir
 
 torch = pytest.importorskip("torch")
 try:
@@ -184,13 +183,7 @@ def test_device_runs_refusals(dmn):
 
 @pytest.fixture(scope="module")
 def model_config():
-    d = tempfile.mkdtemp()
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "hidden_size": HEADS * 2 * DIM, "intermediate_size": 128,
-                   "num_attention_heads": 2 * HEADS, "num_key_value_heads": HEADS,
-                   "head_dim": DIM, "num_hidden_layers": 2, "vocab_size": 1000,
-                   "max_position_embeddings": 4096, "torch_dtype": "float16"}, f)
+    d = llama_dir(HEADS, DIM)
     return ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype="float16",
                        seed=0, max_model_len=2048)
 

@@ -6,13 +6,11 @@ a full one (overlaying the same tensors, as vLLM's hybrid allocator places them)
 (EAGLE) group of one layer, and Mamba state (padded to the attention page) next to full
 attention. Loads of 1, 2 and 64 chunks, preemption, every loaded byte equal
 to what was stored, no lock nor lease left in kvpoold when every request has finished."""
-import json
-import os
-import tempfile
 
 import pytest
 
 from conftest import DEFAULT_CONF, pool_section
+from engine_util import llama_dir
 
 torch = pytest.importorskip("torch")
 try:
@@ -88,14 +86,7 @@ def layouts():
 
 @pytest.fixture(scope="module")
 def model_dir():
-    d = tempfile.mkdtemp()
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "hidden_size": HEADS * 2 * DIM, "intermediate_size": 128,
-                   "num_attention_heads": 2 * HEADS, "num_key_value_heads": HEADS,
-                   "head_dim": DIM, "num_hidden_layers": 2, "vocab_size": 1000,
-                   "max_position_embeddings": 4096, "torch_dtype": "float16"}, f)
-    return d
+    return llama_dir(HEADS, DIM)
 
 
 @pytest.fixture(scope="module")
