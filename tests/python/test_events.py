@@ -536,22 +536,12 @@ def test_remote_tier_pages_are_remote_events(ports):
     block hashes they have in the host tier (the engine's keys, token pages' page keys) once the
     cluster took them; values the node finds bad on a Fetch are deleted and BlockRemoved."""
     import kvpool
-    from test_remote import secret_file
-    seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
-    d = Daemon(events_conf("rt", extra_pool="remote = write-through\n") + f"""
-[remote]
-seeds = {seeds}
-connect_timeout_ms = 300
-command_timeout_ms = 1000
-match_timeout_ms = 1000
-secret = file:{secret_file()}
-""")
+    from test_remote import connected, remote_section
+    d = Daemon(events_conf("rt", extra_pool="remote = write-through\n") + "\n" +
+               remote_section(ports))
     s = Subscriber("rt")
     try:
-        for _ in range(300):
-            if counters(d).get("remote_connects", 0) >= 3:
-                break
-            time.sleep(0.01)
+        connected(d)
         time.sleep(0.3)
         s.replay(0)
         keys = [bytes([7, i]) * 8 for i in range(4)]

@@ -63,18 +63,24 @@ def secret_file():
     return path
 
 
-def node_conf(ports, mode):
+def remote_section(ports):
+    """The [remote] section of a node on the test's cluster."""
     seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return f"""
-[daemon]
-keepalive_ms = 120000
-[remote]
-seeds = {seeds}
-connect_timeout_ms = 300
-command_timeout_ms = 1000
-match_timeout_ms = 1000
-secret = file:{secret_file()}
-[pool.r]
+    return (f"[remote]\nseeds = {seeds}\nconnect_timeout_ms = 300\ncommand_timeout_ms = 1000\n"
+            f"match_timeout_ms = 1000\nsecret = file:{secret_file()}\n")
+
+
+def connected(d):
+    """Waits until node d is connected to the cluster's three masters."""
+    for _ in range(300):
+        if counter(d, "remote_connects") >= 3:
+            break
+        time.sleep(0.01)
+    assert counter(d, "remote_connects") >= 3
+
+
+def node_conf(ports, mode):
+    return "[daemon]\nkeepalive_ms = 120000\n" + remote_section(ports) + f"""[pool.r]
 layers = 2
 kv_heads = 2
 head_dim = 8
@@ -104,11 +110,7 @@ def nodes(ports):
     r = Daemon(node_conf(ports, "spill"))
     try:
         for d in (w, r):
-            for _ in range(300):
-                if counter(d, "remote_connects") >= 3:
-                    break
-                time.sleep(0.01)
-            assert counter(d, "remote_connects") >= 3
+            connected(d)
         cw = kvpool.connect(w.sock, name="node-w")
         cr = kvpool.connect(r.sock, name="node-r")
         yield w, r, cw.attach("r"), cr.attach("r")

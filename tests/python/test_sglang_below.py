@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 import kvpool  # noqa: E402
 from kvpool.sglang import KvpoolStorage  # noqa: E402
 from sglang_instance import Instance  # noqa: E402
+from test_sglang_linker import same, toks  # noqa: E402
 
 L, H, D, T = 2, 2, 8, 4
 PAGES = 6        # SGLang pages a test stores and reads back
@@ -55,16 +56,6 @@ def daemon(folder):
     d = Daemon(conf(folder))
     yield d
     d.stop()
-
-
-def toks(base, n):
-    return list(range(base, base + n))
-
-
-def same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert torch.equal(x, y)
 
 
 def wait_on_disk(daemon, pool, keys):

@@ -15,7 +15,7 @@ import pytest
 from conftest import Daemon, pool_section
 from disk_util import disk_counters, disk_folder, disk_lines, flip_disk_bytes, remove_folder
 
-from test_remote import counter, ports, secret_file, settle  # noqa: F401
+from test_remote import connected, ports, remote_section, settle  # noqa: F401
 from test_vllm_scheduler import (BS, DIM, Engine, books, model_config,  # noqa: F401
                                  model_dir, prompt)
 
@@ -178,10 +178,7 @@ def test_fetch_refused_is_a_counted_miss(daemon, engine):
 
 def remote_conf(ports, mode):
     """A node's config: pool v2 (as above, no disk tier) with the remote tier in mode."""
-    seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return (f"[daemon]\nkeepalive_ms = 120000\n[remote]\nseeds = {seeds}\n"
-            "connect_timeout_ms = 300\ncommand_timeout_ms = 1000\nmatch_timeout_ms = 1000\n"
-            f"secret = file:{secret_file()}\n" + pool_section(
+    return ("[daemon]\nkeepalive_ms = 120000\n" + remote_section(ports) + pool_section(
                 "v2", layers=2, head_dim=DIM, host_capacity=f"{HOST_PAGES * BS}t",
                 extra=f"remote = {mode}\n").replace("page_tokens = 4", f"page_tokens = {BS}"))
 
@@ -196,11 +193,7 @@ def test_blocks_of_another_node_come_from_the_remote_tier(model_config, ports): 
         w = Daemon(remote_conf(ports, "write-through"))
         r = Daemon(remote_conf(ports, "write-through"))
         for d in (w, r):
-            for _ in range(300):
-                if counter(d, "remote_connects") >= 3:
-                    break
-                time.sleep(0.01)
-            assert counter(d, "remote_connects") >= 3
+            connected(d)
         ew = Engine(model_config, w.sock, "full", max_tokens=2048)
         p = prompt(CHUNKS, seed=51)
         ew.add(p)
