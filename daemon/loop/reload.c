@@ -318,6 +318,17 @@ static void reload_run(struct kvp_job *job)
 		j->refused = true;
 		return;
 	}
+	/* The disks of the whole new file: a new pool's region must not overlap a running
+	 * pool's, and must fit its device or filesystem (the running pools' files are counted as
+	 * the room they hold already). */
+	if (j->next.n_pools > j->cur.n_pools &&
+	    kvp_budget_disk_check(&j->next, err, sizeof(err)) < 0) {
+		log_err("reload refused, keeping the running config: disk budget: %s", err);
+		refuse(&j->res, KVP_ERR_INVALID_ARGUMENT, "the new pools' disks do not fit: %s",
+		       err);
+		j->refused = true;
+		return;
+	}
 	if (j->next.n_pools > j->cur.n_pools)
 		test_delay();
 	for (uint32_t i = j->cur.n_pools; i < j->next.n_pools; i++) {

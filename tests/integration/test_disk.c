@@ -886,7 +886,8 @@ static void test_write_through_survives_kill(void)
 }
 
 /* Config checks: disk without its path or capacity, a disk_offset not of whole 4 KiB blocks, two
- * pools on one file with overlapping regions (exit 3), then with disjoint ones (they start). */
+ * pools on one file with overlapping regions (exit 3; a reload adding the second is refused),
+ * then with disjoint ones (they start, or the reload adds it). */
 static void test_config_refused(void)
 {
 	char cfg[2048], path[300];
@@ -915,6 +916,26 @@ static void test_config_refused(void)
 	CU_ASSERT_EQUAL(h_daemon_run_to_exit(&d, cfg, NULL), 3);
 	CU_ASSERT(h_log_contains(&d, "DISK_REGION_OVERLAP"));
 	h_daemon_cleanup(&d);
+	{
+		/* the same pool q added by a reload to a kvpoold running p: refused the same way,
+		 * nothing applied; at a disjoint offset it is added */
+		char one[1024], more[2100];
+		struct h_eng e;
+
+		config(one, sizeof(one), path, DISK_PAGES, "");
+		start(&d, &e, one);
+		CU_ASSERT_EQUAL_FATAL(h_write_file(d.config, cfg), 0);
+		CU_ASSERT(ctl_prints(&d, "reload 2>&1", "DISK_REGION_OVERLAP"));
+		CU_ASSERT(h_log_contains(&d, "reload refused, keeping the running config: disk "
+					     "budget"));
+		CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_capacity_pages"), DISK_PAGES);
+		snprintf(more, sizeof(more), "%sdisk_offset = 16M\n", cfg);
+		CU_ASSERT_EQUAL_FATAL(h_write_file(d.config, more), 0);
+		CU_ASSERT_FALSE(ctl_prints(&d, "reload 2>&1", "DISK_REGION_OVERLAP"));
+		CU_ASSERT_EQUAL(h_eng_counter(&e, "disk_capacity_pages"), DISK_PAGES + 4);
+		stop(&d, &e);
+		unlink(path);
+	}
 	{
 		char more[2100];
 		struct h_eng e;
