@@ -401,9 +401,9 @@ int main(int argc, char **argv)
 		if (!pinned)
 			fprintf(stderr, "bench_events: pinning failed: %s\n", strerror(-e));
 	}
-	if (pinned) {
-		if (rounds_of(&a, &b, rounds, per, &res) < 0)
-			goto out;
+	if (pinned && rounds_of(&a, &b, rounds, per, &res) < 0)
+		goto out;
+	if (ncpu == 2) { /* a pinning that failed half-way is undone too */
 		unpin_process(getpid(), &all);
 		unpin_process(a.d.pid, &all);
 		unpin_process(b.d.pid, &all);
