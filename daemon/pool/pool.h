@@ -67,6 +67,10 @@ struct kvpd_pool {
 	bool adopted[KVP_TIER_ID_MAX];
 	struct kvp_snap *snap;
 	uint64_t next_owner; /* the last lease owner tag given out */
+	/* What the node still gives the host tier as Status last read it (rpc_admin.c): bytes,
+	 * the binding limit, the reader's result, and when (kvp_now_ms; 0: never). */
+	uint64_t room_bytes, room_limit, room_ms;
+	int room_rc;
 };
 
 struct kvp_snap;

@@ -64,25 +64,38 @@ static const char *const remote_counter_names[] = { KVP_REMOTE_STATS(REMOTE_NAME
 static const char *const disk_counter_names[] = { KVP_DISK_STATS(DISK_NAME) };
 #define N_DISK_COUNTERS (sizeof(disk_counter_names) / sizeof(disk_counter_names[0]))
 
+/* kvp_budget_room reads /proc and /sys files, and engines may ask for Status every few ms: a
+ * pool's room is read again at most this often. */
+#define ROOM_MAX_AGE_MS 100
+
 /* The pool's counters, then, for a pool with a host tier, what the node still gives that
- * tier, read now (kvp_budget_room): host_room_bytes (UINT64_MAX: no limit binds) and
- * host_room_limit (the Limit that binds, LIMIT_NONE when none does). Engines name the binding
- * limit with them when a host pool does not fit the tier. A reader that fails leaves the two
- * rows out. *n: how many. */
-static Kvpool__Counter **pool_counters(struct kvp_reply *r, const struct kvpd_pool *p, size_t *n)
+ * tier (kvp_budget_room, at most ROOM_MAX_AGE_MS old): host_room_bytes (UINT64_MAX: no limit
+ * binds) and host_room_limit (the Limit that binds, LIMIT_NONE when none does). Engines name
+ * the binding limit with them when a host pool does not fit the tier. A reader that fails
+ * leaves the two rows out. *n: how many. */
+static Kvpool__Counter **pool_counters(struct kvp_reply *r, struct kvpd_pool *p, size_t *n)
 {
 	static const char *const names[N_POOL_COUNTERS + 2] = {
 		KVP_POOL_COUNTERS(COUNTER_NAME) "host_room_bytes", "host_room_limit"
 	};
 	const struct kvp_pool_stats *st = &p->st;
 	uint64_t values[N_POOL_COUNTERS + 2] = { KVP_POOL_COUNTERS(COUNTER_VALUE) };
-	struct kvp_budget_room room;
+	uint64_t now = kvp_now_ms();
 
 	*n = N_POOL_COUNTERS;
-	if (kvp_pool_has_tier(p, KVP_TIER_ID_HOST) &&
-	    kvp_budget_room(&p->conf, kvp_budget_env_system(), &room) == 0) {
-		values[N_POOL_COUNTERS] = room.bytes;
-		values[N_POOL_COUNTERS + 1] = (uint64_t)room.limit;
+	if (!kvp_pool_has_tier(p, KVP_TIER_ID_HOST))
+		return counters(r, names, values, *n);
+	if (!p->room_ms || now - p->room_ms >= ROOM_MAX_AGE_MS) {
+		struct kvp_budget_room room = { 0 };
+
+		p->room_rc = kvp_budget_room(&p->conf, kvp_budget_env_system(), &room);
+		p->room_bytes = room.bytes;
+		p->room_limit = (uint64_t)room.limit;
+		p->room_ms = now;
+	}
+	if (p->room_rc == 0) {
+		values[N_POOL_COUNTERS] = p->room_bytes;
+		values[N_POOL_COUNTERS + 1] = p->room_limit;
 		*n += 2;
 	}
 	return counters(r, names, values, *n);
@@ -112,7 +125,7 @@ static Kvpool__Counter **daemon_counters(struct kvp_reply *r, const struct kvp_d
 	return counters(r, names, values, *n);
 }
 
-static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, const struct kvpd_pool *p)
+static Kvpool__PoolStats *pool_stats(struct kvp_reply *r, struct kvpd_pool *p)
 {
 	Kvpool__PoolStats *m = KVP_REPLY_NEW(r, Kvpool__PoolStats, kvpool__pool_stats__descriptor);
 	struct kvp_pool_figures fig;
