@@ -447,15 +447,9 @@ static int disk_adopt(struct kvp_disk *k, struct kvp_disk_open_info *info, char 
 	return 0;
 }
 
-struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kvp_disk_geom *g,
-			       struct kvp_disk_open_info *info, char *err, size_t errlen)
-{
-	return kvp_disk_open_at(path, 0, pages, g, info, err, errlen);
-}
-
-struct kvp_disk *kvp_disk_open_at(const char *path, uint64_t offset, uint64_t pages,
-				  const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
-				  char *err, size_t errlen)
+struct kvp_disk *kvp_disk_open(const char *path, uint64_t offset, uint64_t pages,
+			       const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
+			       char *err, size_t errlen)
 {
 	struct kvp_disk *k;
 	uint64_t cap = 2;

@@ -55,16 +55,14 @@ struct kvp_disk_log_stats {
 struct kvp_disk;
 
 /* Opens (a regular file is created and extended to its size when needed) the store of `pages`
- * slots at path for pages of geometry g and rebuilds its map from its log or every slot's
- * header. NULL with errno and a message in err: ENOSPC (the filesystem or device is too small),
- * EINVAL (no O_DIRECT on that filesystem, a bad geometry), or the open's or a read's errno. */
-struct kvp_disk *kvp_disk_open(const char *path, uint64_t pages, const struct kvp_disk_geom *g,
-			       struct kvp_disk_open_info *info, char *err, size_t errlen);
-/* The same for a store whose region starts at byte `offset` of path (a multiple of 4 KiB; the
- * region is kvp_conf_disk_bytes long): pools with disjoint regions share one file or device. */
-struct kvp_disk *kvp_disk_open_at(const char *path, uint64_t offset, uint64_t pages,
-				  const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
-				  char *err, size_t errlen);
+ * slots in the region of path from byte `offset` (a multiple of 4 KiB; the region is
+ * kvp_conf_disk_bytes long: pools with disjoint regions share one file or device) for pages of
+ * geometry g and rebuilds its map from its log or every slot's header. NULL with errno and a
+ * message in err: ENOSPC (the filesystem or device is too small), EINVAL (no O_DIRECT on that
+ * filesystem, a bad geometry), or the open's or a read's errno. */
+struct kvp_disk *kvp_disk_open(const char *path, uint64_t offset, uint64_t pages,
+			       const struct kvp_disk_geom *g, struct kvp_disk_open_info *info,
+			       char *err, size_t errlen);
 /* Accepts NULL. Slots pinned or being written are simply forgotten; the log's records not written
  * yet are written with pwrite (the caller has waited for the log writes it took). */
 void kvp_disk_close(struct kvp_disk *k);

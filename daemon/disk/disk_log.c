@@ -12,13 +12,15 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "disk.h"
 #include "crc32c.h"
 #include "mix.h"
 
 #define LOG_MAGIC 0x31474c4b53445640ULL /* "@VDSKLG1" */
 #define LOG_VERSION 2u
-#define BLOCK 4096u
-#define KEY_MAX 64u
+/* A block is the store's unit of direct I/O; a record holds a key as long as a slot's. */
+#define BLOCK KVP_DISK_ALIGN
+#define KEY_MAX KVP_DISK_KEY_MAX
 /* Blocks one write carries at most, writes in flight at most. */
 #define CHUNK_BLOCKS 64u
 #define INFLIGHT_MAX 16u

@@ -645,8 +645,8 @@ static int dp_open(struct kvp_dt *dt, struct kvpd_pool *p, struct dt_pool **out)
 	dp->p = p;
 	dp->page_bytes = p->page_bytes;
 	snprintf(dp->name, sizeof(dp->name), "%s", c->name);
-	dp->k = kvp_disk_open_at(c->disk_path, c->disk_offset, c->disk_pages, &g, &info, err,
-				 sizeof(err));
+	dp->k = kvp_disk_open(c->disk_path, c->disk_offset, c->disk_pages, &g, &info, err,
+			      sizeof(err));
 	if (!dp->k) {
 		rc = -errno;
 		log_err("disk tier of pool %s: %s; the pool runs without it", c->name, err);

@@ -29,7 +29,7 @@ static struct kvp_disk *open_store(uint32_t pages, const struct kvp_disk_geom *g
 				   struct kvp_disk_open_info *info)
 {
 	char err[256];
-	struct kvp_disk *k = kvp_disk_open(g_path, pages, g, info, err, sizeof(err));
+	struct kvp_disk *k = kvp_disk_open(g_path, 0, pages, g, info, err, sizeof(err));
 
 	if (!k)
 		fprintf(stderr, "open: %s\n", err);
