@@ -344,17 +344,19 @@ static const uint8_t g_end_seq[8] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 
  * its later batches are not sent. 0 or a negative errno. */
 static int snapshot_part(struct kvp_events *ev)
 {
-	uint8_t *data = NULL, seq[8];
+	const uint8_t *data;
+	uint8_t seq[8];
 	size_t len = 0;
 	int r;
 
-	if (ev->snap_err)
+	if (ev->snap_err) {
 		r = ev->snap_err;
-	else if ((r = kvp_events_batch_encode(&ev->batch, ev->snap_ts, &data, &len)) >= 0) {
+	} else if (!(data = kvp_events_batch_payload(&ev->batch, ev->snap_ts, &len))) {
+		r = -ENOMEM;
+	} else { /* made in place in the staging batch: zmq_send copies it */
 		be64(ev->st.next_seq ? ev->st.next_seq - 1 : 0, seq);
 		r = send_msg(ev->replay, ev->snap_to, ev->topic, ev->topic_len, seq, NULL, data,
 			     len);
-		free(data);
 	}
 	kvp_events_batch_reset(&ev->batch);
 	if (r < 0 && !ev->snap_err)
