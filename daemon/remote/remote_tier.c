@@ -452,9 +452,11 @@ void kvp_rt_written_keys(struct kvp_daemon *d, struct kvpd_pool *p, uint64_t ns,
 
 /* ---- keys of the pages after the local ones ---- */
 
-/* Remote keys of pages [from, to) of tokens into out[to - from]; 0, -EINVAL or -ENOMEM. */
+/* Remote keys of pages [from, to) of tokens into out[to - from], and their page keys, the
+ * block hashes the observer is told, into bh[to - from] unless bh is NULL; 0, -EINVAL or
+ * -ENOMEM. */
 static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tokens, uint32_t from,
-		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+		      uint32_t to, char (*out)[KVP_RV_KEY_MAX], size_t *lens, struct rt_bhash *bh)
 {
 	uint8_t(*h)[KVP_PAGE_KEY_BYTES] = malloc(sizeof(*h) * (to - from + 1));
 	char nsn[NS_NAME_MAX];
@@ -467,6 +469,10 @@ static int token_keys(const struct rt_pool *rp, uint64_t ns, const uint32_t *tok
 	for (uint32_t i = from; i < to && k >= 0; i++)
 		if ((k = kvp_rv_key(&rp->fp, nsn, h[i - from], out[i - from])) >= 0)
 			lens[i - from] = (size_t)k;
+	for (uint32_t i = 0; bh && i < to - from; i++) {
+		bh[i].len = KVP_PAGE_KEY_BYTES;
+		memcpy(bh[i].b, h[i], KVP_PAGE_KEY_BYTES);
+	}
 	free(h);
 	return k < 0 ? k : 0;
 }
@@ -490,11 +496,18 @@ static int hash_keys(const struct rt_pool *rp, uint64_t ns, const struct kvp_key
 
 /* Remote keys of run's pages into out[run->n], lens[run->n]; 0 or a negative errno. */
 static int run_keys(const struct rt_pool *rp, const struct kvp_below_run *run,
-		    char (*out)[KVP_RV_KEY_MAX], size_t *lens)
+		    char (*out)[KVP_RV_KEY_MAX], size_t *lens, struct rt_bhash *bh)
 {
-	return run->keyed ? hash_keys(rp, run->ns, run->keys + run->from, run->n, out, lens)
-			  : token_keys(rp, run->ns, run->tokens, run->from, run->from + run->n, out,
-				       lens);
+	if (!run->keyed)
+		return token_keys(rp, run->ns, run->tokens, run->from, run->from + run->n, out,
+				  lens, bh);
+	for (uint32_t i = 0; bh && i < run->n; i++) { /* the engine's keys */
+		const struct kvp_key *k = &run->keys[run->from + i];
+
+		bh[i].len = k->len <= KVP_KEY_MAX ? (uint8_t)k->len : 0;
+		memcpy(bh[i].b, k->data, bh[i].len);
+	}
+	return hash_keys(rp, run->ns, run->keys + run->from, run->n, out, lens);
 }
 
 uint32_t kvp_rt_serves(struct kvp_daemon *d, const struct kvpd_pool *p)
@@ -580,7 +593,7 @@ int kvp_rt_query(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_bel
 	if (!(keys = malloc(sizeof(*keys) * run->n)) || !(lens = malloc(sizeof(*lens) * run->n)) ||
 	    !(kp = malloc(sizeof(*kp) * run->n)) || !(w = calloc(1, sizeof(*w))))
 		goto out;
-	if ((rc = run_keys(rp, run, keys, lens)) < 0)
+	if ((rc = run_keys(rp, run, keys, lens, NULL)) < 0)
 		goto out;
 	for (uint32_t i = 0; i < run->n; i++)
 		kp[i] = keys[i];
@@ -664,36 +677,6 @@ static void get_done(void *arg, enum kvp_rc_status st, int e, const void *pl, si
 		read_free(rd);
 }
 
-/* The block hashes of run's pages (a malloc'd array of run->n), NULL without memory. */
-static struct rt_bhash *run_bhashes(struct kvpd_pool *p, const struct kvp_below_run *run)
-{
-	struct rt_bhash *bh = calloc(run->n, sizeof(*bh));
-	uint8_t(*h)[KVP_PAGE_KEY_BYTES];
-
-	if (!bh)
-		return NULL;
-	if (run->keyed) {
-		for (uint32_t i = 0; i < run->n; i++) {
-			const struct kvp_key *k = &run->keys[run->from + i];
-
-			bh[i].len = k->len <= KVP_KEY_MAX ? (uint8_t)k->len : 0;
-			memcpy(bh[i].b, k->data, bh[i].len);
-		}
-		return bh;
-	}
-	if (!(h = malloc(sizeof(*h) * run->n))) {
-		free(bh);
-		return NULL;
-	}
-	kvp_pool_page_keys(p, run->ns, run->tokens, run->from, run->from + run->n, h);
-	for (uint32_t i = 0; i < run->n; i++) {
-		bh[i].len = KVP_PAGE_KEY_BYTES;
-		memcpy(bh[i].b, h[i], KVP_PAGE_KEY_BYTES);
-	}
-	free(h);
-	return bh;
-}
-
 int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_below_run *run,
 		const uint32_t *pages, kvp_below_read_fn done, void *arg)
 {
@@ -711,15 +694,15 @@ int kvp_rt_read(struct kvp_daemon *d, struct kvpd_pool *p, const struct kvp_belo
 	rd->rkey = malloc(sizeof(*rd->rkey) * run->n);
 	rd->gets = calloc(run->n, sizeof(*rd->gets));
 	lens = malloc(sizeof(*lens) * run->n);
+	if (d->rt->observe) /* the pages' block hashes (NULL, out of memory: not told) */
+		rd->bh = calloc(run->n, sizeof(*rd->bh));
 	if (!rd->pages || !rd->rkey || !rd->gets || !lens ||
-	    run_keys(rp, run, rd->rkey, lens) < 0) {
+	    run_keys(rp, run, rd->rkey, lens, rd->bh) < 0) {
 		free(lens);
 		read_free(rd);
 		return -ENOMEM;
 	}
 	memcpy(rd->pages, pages, sizeof(uint32_t) * run->n);
-	if (d->rt->observe)
-		rd->bh = run_bhashes(p, run); /* NULL (out of memory): not told */
 	rd->pending = 1; /* until every read went out: none of them frees rd meanwhile */
 	for (uint32_t i = 0; i < run->n; i++) {
 		rd->gets[i] = (struct rt_get){ rd, i };
