@@ -1,7 +1,7 @@
 """Type stubs of the _kvpool extension (the kvpool package re-exports all of it)."""
 from types import TracebackType
 import sys
-from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, Sequence, SupportsIndex, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence, SupportsIndex, Union
 import array
 
 __version__: str
@@ -158,12 +158,18 @@ def copy_runs(dst: IntBuffer, src: IntBuffer, size: IntBuffer) -> int:
     """Copies size[i] bytes from address src[i] to dst[i] for every i (numpy uint64 vectors of
     one length; raw addresses the caller keeps alive, unchecked). Returns the runs copied."""
 
-def copy_buffer_runs(dst: Sequence[Any], src: Sequence[Any], runs: Any, threads: int = 1) -> int:
+def copy_buffer_runs(dst: Sequence[Any], src: Sequence[Any], runs: Any, threads: int = 1, *,
+                     ends: Optional[Sequence[int]] = None,
+                     done: Optional[Callable[[int], Any]] = None) -> int:
     """Copies byte runs between C-contiguous buffers in one call, the GIL released: runs is an
     int64 array of rows (dst index, dst offset, src index, src offset, bytes) that must not
     overlap, each checked against its buffers first (ValueError). Split over up to `threads`
-    threads; a transfer larger than the caches uses streaming stores. Returns the bytes
-    copied."""
+    threads; a transfer larger than the caches uses streaming stores. In groups: ends
+    (ascending run counts, the last one len(runs)) cuts the runs into groups, and done(g) is
+    called with the GIL once every run of group g has landed, groups in order, while the
+    threads copy the next ones (a layer-wise load: one call for every layer, each layer
+    reported as it lands); an exception from done stops the copy, no run is started after it,
+    and is raised. Returns the bytes copied."""
 
 class Client:
     """A connection to kvpoold. Not thread-safe."""

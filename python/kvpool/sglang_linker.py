@@ -18,9 +18,10 @@ default 0), timeout_ms (per call, default 5000), max_keys_per_call (default 4096
 construction.
 
 Copies: on CPU device pools, an offload is one kvpool._kvpool.copy_buffer_runs call for every page of
-every layer, and a load one call a layer (its pages of every request), the GIL released, over
-copy_threads threads, with streaming stores for transfers larger than the caches; CUDA pools
-copy a run of consecutive pages at a time with torch.
+every layer, and a load one call too (every layer's pages of every request, a group a layer,
+each layer completed on SGLang's counter as it lands while the threads copy the next), the GIL
+released, over copy_threads threads, with streaming stores for transfers larger than the
+caches; CUDA pools copy a run of consecutive pages at a time with torch, a layer at a time.
 
 Device pools served: MHATokenToKVPool (NHD: K and V [slots, heads, head_dim] per layer) and
 MLATokenToKVPool (the latent [slots, 1, kv_lora_rank + qk_rope_head_dim] per layer), i.e. the
@@ -68,7 +69,7 @@ import logging
 import threading
 from collections import Counter
 from queue import Empty, Queue
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy
 import torch
@@ -293,6 +294,8 @@ class _DevicePool:
         # the buffers as flat bytes for copy_buffer_runs (CPU only), layer by layer
         self.flat = [[t.view(torch.uint8).reshape(-1).numpy() for t in comps]
                      for comps in self.layers] if self.device.type == "cpu" else None
+        # every layer's, in one list: layer l's component k is flat_all[l * ncomp + k]
+        self.flat_all = [b for comps in self.flat for b in comps] if self.flat else None
         if self.counter_of is None:
             self.counter_of = list(range(self.nlayers))
             self.counter_layers = self.nlayers
@@ -688,81 +691,113 @@ class KvpoolLinker(UnifiedCacheLinker):
     def _run_load(self, index: int, jobs: list[_Load], ready: Any) -> None:
         try:
             ready.synchronize()
-            dev, cp = self.dev, self._copier
+            dev = self.dev
             plans = []
             for j in jobs:
                 dp = dev.pages_of(j.slots)
                 runs = _runs(dp, j.hp) if dp is not None and dev.flat is None else None
                 plans.append((j, dp, runs))
-            cuda = dev.device.type == "cuda"
-            local = {c: i for i, c in enumerate(dev.counter_of)}
-            swa_local = {c: j for j, c in enumerate(dev.swa_counter_of or ())} \
-                if dev.swa_layers is not None else {}
-            mamba_local = {c: j for j, c in enumerate(self.mamba.counter_of)} \
-                if self.mamba is not None else {}
-            # each job's Mamba state bytes (its pages pinned), written a layer on its turn
-            states = [(j.mamba[2], torch.cat([j.host.u8[p] for p in j.mamba[1].tolist()])
-                       [:self.mamba.nbytes]) for j in jobs if j.mamba is not None]
-            srcs = [j.host.flat for j in jobs]
-            # the rows of layer 0; a layer's are these with the host offsets moved by layer
-            base = [cp.runs(list(range(dev.ncomp)), i, dp.numpy(), j.hp.numpy(), dev.chunk,
-                            dev.nlayers * dev.ncomp, 0, False)
-                    for i, (j, dp, _) in enumerate(plans)
-                    if dp is not None and dev.flat is not None]
-            if base:
-                # each host page's runs of a layer in a row (its K and V side by side): the
-                # host pages are read in order, a stream at a time
-                base = numpy.concatenate(base)
-                base = base[numpy.lexsort((base[:, 3], base[:, 2]))]
-            else:
-                base = None
-            rows = None if base is None else base.copy()
-            for counter_layer in range(self.num_layers):
-                layer = local.get(counter_layer)
-                if layer is None and counter_layer in mamba_local:  # a Mamba layer
-                    for slot, data in states:
-                        self.mamba.write_layer(mamba_local[counter_layer], slot, data)
-                    if cuda:
-                        torch.cuda.current_stream(dev.device).synchronize()
-                    self.layer_done_counter.complete(index, counter_layer)
-                    continue
-                if layer is None:  # a sliding-window layer: its window, when stored
-                    j = swa_local.get(counter_layer)
-                    if j is not None:
-                        for job in jobs:
-                            if job.swa is not None:
-                                self._load_swa(job, j)
-                        if cuda:
-                            torch.cuda.current_stream(dev.device).synchronize()
-                    self.layer_done_counter.complete(index, counter_layer)
-                    continue
-                pairs: list = []
-                if rows is not None:
-                    rows[:, 3] = base[:, 3] + layer * dev.ncomp * dev.chunk
-                    cp.copy(dev.flat[layer], srcs, rows)
-                for j, dp, runs in plans:
-                    if dp is not None and dev.flat is not None:
-                        continue
-                    for c, buf in enumerate(dev.layers[layer]):
-                        src = j.host.t[:, layer, c]
-                        if dp is not None:
-                            _copy_pages(dev.page_view(buf), dp, src, j.hp, runs, pairs)
-                        else:  # slots that are not whole pages: token by token
-                            r = src.index_select(0, j.hp).reshape(-1, *dev.row)
-                            buf.index_copy_(0, j.slots.to(buf.device), r.to(buf.device))
-                cp.run_torch(pairs)
-                if cuda:
-                    torch.cuda.current_stream(dev.device).synchronize()
-                self.layer_done_counter.complete(index, counter_layer)
-            self._count("load_pages", sum(len(j.hp) for j in jobs))
-            if states:
-                self._count("load_mamba_states", len(states))
+            turn = self._load_turns(index, jobs, plans)
+            rows = self._load_rows(plans)
+            done = 0  # the counter layers completed
+            if rows is not None:
+                # CPU device pools: one copy_buffer_runs call for every full layer of every
+                # page-aligned job, a group a layer in counter order; each group reported as it
+                # lands completes the counter layers up to its own (those between: Mamba and
+                # sliding-window turns, other jobs' copies) while the copy threads go on
+                rows, ends, order = rows
+
+                def landed(g: int) -> None:
+                    nonlocal done
+                    while done <= dev.counter_of[order[g]]:
+                        turn(done)
+                        done += 1
+
+                copy_buffer_runs(dev.flat_all, [j.host.flat for j in jobs], rows,
+                                 self._copier.n, ends=ends, done=landed)
+            while done < self.num_layers:
+                turn(done)
+                done += 1
         except BaseException as e:  # noqa: BLE001 - reported through the counter
             log.exception("kvpool.sglang: layer-wise load failed")
             self._count("load_failed")
             self.layer_done_counter.fail(index, e)
         finally:
             self._release(jobs)
+
+    def _load_rows(self, plans: list) -> Optional[tuple]:
+        """For CPU device pools, the copy_buffer_runs rows of every full layer of the
+        page-aligned jobs (src i: job i's host mapping; dst: dev.flat_all), layer after layer
+        in counter order, with each layer's group end and the layers in that order; None when no
+        job is copied that way."""
+        dev, cp = self.dev, self._copier
+        if dev.flat is None:
+            return None
+        base = [cp.runs(list(range(dev.ncomp)), i, dp.numpy(), j.hp.numpy(), dev.chunk,
+                        dev.nlayers * dev.ncomp, 0, False)
+                for i, (j, dp, _) in enumerate(plans) if dp is not None]
+        if not base:
+            return None
+        # each host page's runs of a layer in a row (its K and V side by side): the host pages
+        # are read in order, a stream at a time
+        base = numpy.concatenate(base)
+        base = base[numpy.lexsort((base[:, 3], base[:, 2]))]
+        order = sorted(range(dev.nlayers), key=lambda i: dev.counter_of[i])
+        rows = numpy.repeat(base[None], dev.nlayers, axis=0)
+        layer = numpy.asarray(order, numpy.int64)[:, None]
+        rows[:, :, 0] += layer * dev.ncomp
+        rows[:, :, 3] += layer * dev.ncomp * dev.chunk
+        ends = [len(base) * (k + 1) for k in range(dev.nlayers)]
+        return rows.reshape(-1, 5), ends, order
+
+    def _load_turns(self, index: int, jobs: list[_Load], plans: list) -> Callable[[int], None]:
+        """turn(c): what counter layer c of a load needs besides _load_rows' copies (a Mamba
+        layer's states, a sliding-window layer's window, the copies of a full layer's pages
+        that are not page-aligned or not on a CPU device), then c completed on the counter."""
+        dev, cp = self.dev, self._copier
+        cuda = dev.device.type == "cuda"
+        local = {c: i for i, c in enumerate(dev.counter_of)}
+        swa_local = {c: j for j, c in enumerate(dev.swa_counter_of or ())} \
+            if dev.swa_layers is not None else {}
+        mamba_local = {c: j for j, c in enumerate(self.mamba.counter_of)} \
+            if self.mamba is not None else {}
+        # each job's Mamba state bytes (its pages pinned), written a layer on its turn
+        states = [(j.mamba[2], torch.cat([j.host.u8[p] for p in j.mamba[1].tolist()])
+                   [:self.mamba.nbytes]) for j in jobs if j.mamba is not None]
+
+        def turn(c: int) -> None:
+            layer = local.get(c)
+            if layer is None and c in mamba_local:  # a Mamba layer
+                for slot, data in states:
+                    self.mamba.write_layer(mamba_local[c], slot, data)
+            elif layer is None:  # a sliding-window layer: its window, when stored
+                j = swa_local.get(c)
+                if j is not None:
+                    for job in jobs:
+                        if job.swa is not None:
+                            self._load_swa(job, j)
+            else:
+                pairs: list = []
+                for j, dp, runs in plans:
+                    if dp is not None and dev.flat is not None:
+                        continue  # in _load_rows' copy
+                    for k, buf in enumerate(dev.layers[layer]):
+                        src = j.host.t[:, layer, k]
+                        if dp is not None:
+                            _copy_pages(dev.page_view(buf), dp, src, j.hp, runs, pairs)
+                        else:  # slots that are not whole pages: token by token
+                            r = src.index_select(0, j.hp).reshape(-1, *dev.row)
+                            buf.index_copy_(0, j.slots.to(buf.device), r.to(buf.device))
+                cp.run_torch(pairs)
+            if cuda:
+                torch.cuda.current_stream(dev.device).synchronize()
+            if c == self.num_layers - 1:  # counted before the load is seen finished
+                self._count("load_pages", sum(len(j.hp) for j in jobs))
+                if states:
+                    self._count("load_mamba_states", len(states))
+            self.layer_done_counter.complete(index, c)
+
+        return turn
 
     def _load_swa(self, job: _Load, j: int) -> None:
         """Sliding-window layer j's pages of job's window into its SWA device slots."""
@@ -859,7 +894,7 @@ class KvpoolLinker(UnifiedCacheLinker):
                     lc = dev.nlayers * dev.ncomp
                     rows = cp.runs(list(range(lc)), 0, dp[have:].numpy(), hp.numpy(),
                                    dev.chunk, lc, 0, True)
-                    cp.copy([host.flat], [b for comps in dev.flat for b in comps], rows)
+                    cp.copy([host.flat], dev.flat_all, rows)
                 pairs: list = []
                 if dp is not None and dev.flat is None:
                     sub = dp[have:]

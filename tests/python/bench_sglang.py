@@ -167,7 +167,8 @@ def transfer(d, Instance, torch, n, reps):
     row("sglang.linker.load", params, base, "torch copy_ of the same bytes (median)",
         nbytes / med(l_s) / 1e9, "GB/s", "ratio >= 0.8",
         f"load() (match_keys with a lock) + start_layer_wise_loading + every layer landed "
-        f"(a copy_runs a layer), median of {reps}; median per-rep ratio {per_l:.3f}")
+        f"(one copy_buffer_runs, a group a layer), median of {reps}; median per-rep ratio "
+        f"{per_l:.3f}")
 
 
 def run_workload(d, Instance, pools, plan, tokens_of):

@@ -77,3 +77,69 @@ def test_bad_arguments():
         copy_buffer_runs([bytes(16)], [a], rows((0, 0, 0, 0, 1)))
     with pytest.raises((BufferError, ValueError), match="contig"):  # not contiguous
         copy_buffer_runs([np.zeros(32, np.uint8)[::2]], [a], rows((0, 0, 0, 0, 1)))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_groups_are_reported_in_order_each_after_its_bytes_landed(threads):
+    """A layer-wise load's call: 8 groups of 3 MiB (48 runs of 64 KiB each, taken from the
+    source in a shuffled order), and two empty groups; done(g) sees every byte of group g in
+    place, and groups come in order, each once."""
+    rng = np.random.default_rng(threads)
+    run, per, groups = 64 << 10, 48, 8
+    src = rng.integers(0, 256, groups * per * run, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    order = rng.permutation(groups * per)
+    table = rows(*[(0, i * run, 0, int(order[i]) * run, run) for i in range(groups * per)])
+    ends = [0] + [per * (g + 1) for g in range(groups)] + [groups * per]  # empty first, last
+    seen = []
+
+    def done(g):
+        lo, hi = ([0] + ends)[g], ends[g]
+        for i in range(lo, hi):
+            s = int(order[i]) * run
+            assert np.array_equal(dst[i * run:(i + 1) * run], src[s:s + run]), (g, i)
+        seen.append(g)
+
+    assert copy_buffer_runs([dst], [src], table, threads, ends=ends, done=done) == src.size
+    assert seen == list(range(len(ends)))
+
+
+def test_an_exception_from_done_stops_the_copy():
+    """With one thread the copy stops at the piece after the failing report: the groups after
+    it are not copied, and the exception comes out of the call."""
+    a = np.ones(8 << 20, np.uint8)
+    b = np.zeros_like(a)
+    table = rows(*[(0, g << 21, 0, g << 21, 2 << 20) for g in range(4)])
+
+    def done(g):
+        raise RuntimeError(f"group {g} failed")
+
+    with pytest.raises(RuntimeError, match="group 0 failed"):
+        copy_buffer_runs([b], [a], table, 1, ends=[1, 2, 3, 4], done=done)
+    assert b[:2 << 20].all() and not b[2 << 20:].any()
+
+
+def test_an_empty_transfer_in_groups_reports_every_group():
+    a, b = np.ones(16, np.uint8), np.zeros(16, np.uint8)
+    seen = []
+    assert copy_buffer_runs([b], [a], np.zeros((0, 5), np.int64), 2, ends=[0, 0],
+                            done=seen.append) == 0
+    assert seen == [0, 1]
+
+
+def test_bad_groups():
+    a, b = np.ones(16, np.uint8), np.zeros(16, np.uint8)
+    two = rows((0, 0, 0, 0, 4), (0, 4, 0, 4, 4))
+    for ends, match in (([2, 1, 2], "ascend"), ([1], "ascend"), ([3], "ascend"),
+                        ([-1, 2], "ascend"), ([], "groups")):
+        with pytest.raises(ValueError, match=match):
+            copy_buffer_runs([b], [a], two, ends=ends, done=lambda g: None)
+    with pytest.raises(TypeError, match="together"):
+        copy_buffer_runs([b], [a], two, ends=[2])
+    with pytest.raises(TypeError, match="together"):
+        copy_buffer_runs([b], [a], two, done=lambda g: None)
+    with pytest.raises(TypeError, match="callable"):
+        copy_buffer_runs([b], [a], two, ends=[2], done=3)
+    with pytest.raises(TypeError):
+        copy_buffer_runs([b], [a], two, ends=["x"], done=lambda g: None)
+    assert not b.any()

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # host-only pools whose page holds one SGLang page of every layer: MHA 2 layers x 2 heads x 8
 # (fp16, 4-token pages); MLA: a latent of 16 as head_dim 8 of one head; "lk1": 1-token pages;
 # "lksmall": 4 pages; "lkwide": another head_dim; "lknohost": a device tier only; "lk1m": 1-token
-# pages for the Mamba model's KV and states
+# pages for the Mamba model's KV and states; "lkdeep": 8 layers of 2 KiB a page and K/V
 CONF = (DEFAULT_CONF + pool_section("lk", host_capacity="512t")
         + pool_section("lkmla", kv_heads=1, head_dim=8, host_capacity="256t")
         + pool_section("lk1", host_capacity="64t").replace("page_tokens = 4",
@@ -38,7 +38,8 @@ CONF = (DEFAULT_CONF + pool_section("lk", host_capacity="512t")
         + pool_section("lkwide", head_dim=16, host_capacity="64t")
         + pool_section("lknohost", device_capacity="64t", host_capacity="0")
         + pool_section("lk1m", host_capacity="1024t").replace("page_tokens = 4",
-                                                              "page_tokens = 1"))
+                                                              "page_tokens = 1")
+        + pool_section("lkdeep", layers=8, kv_heads=4, head_dim=64, host_capacity="2048t"))
 
 
 def toks(base, n):
@@ -122,6 +123,37 @@ def test_offload_chains_and_partial_prefixes(daemon):
     assert not failed and len(got[0]) == 16
     same([g[8:] for g in got[1]], [w[8:] for w in want2])
     same([g[:8] for g in got[1]], [w[:8] for w in want1])
+    a.close(), b.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_layers_complete_in_order_each_once_its_bytes_landed(daemon, threads):
+    """A load of 8 layers of 2 MiB (512 pages of 2 KiB of K and of V each), copied in one call
+    while SGLang's layer counter hears of each layer as it lands: the layers complete in order,
+    once each, and at each completion that layer's K and V are all in the request's slots
+    already. With one copy thread the layers after it are not copied yet at a completion (the
+    thread reports between its pieces), so a layer completed early fails here."""
+    geo = dict(layers=8, heads=4, dim=64, page=4, slots=4096)
+    a = Instance(daemon.sock, "lkdeep", **geo)
+    s = a.compute(toks(7000, 2048), seed=5)
+    a.drain()
+    want = a.read(s)
+    b = Instance(daemon.sock, "lkdeep", **geo,
+                 config=linker_config(daemon.sock, "lkdeep", copy_threads=threads))
+    seen = []
+    complete = b.counter.complete
+
+    def check(index, layer):
+        slots = next(iter(b.cache.linker.private_load_indices.values()))
+        seen.append((layer, all(torch.equal(buf[slots], w) for buf, w in
+                                zip(b.bufs(layer), want[2 * layer:2 * layer + 2]))))
+        complete(index, layer)
+
+    b.counter.complete = check
+    _, got, failed = b.fetch(toks(7000, 2048))
+    assert not failed and got is not None and len(got[0]) == 2048
+    assert seen == [(layer, True) for layer in range(8)]
+    same(got[1], want)
     a.close(), b.close()
 
 

@@ -9,6 +9,11 @@
  * on a busy machine does not hold up the others' share), and copies it with the kernels' run copy
  * (kvp_copy_runs_cpu_part; module.c's copy_runs of raw addresses calls kvp_copy_runs_cpu): a
  * transfer larger than the caches is written with streaming stores.
+ *
+ * A layer-wise load is one call in groups (ends, done): every layer's runs, each layer a group.
+ * The threads are started once for all of them, and the caller's thread, between its pieces,
+ * calls done(g) with the GIL for each group whose bytes have all landed, in order, so the engine
+ * can run layer g while the threads copy the layers after it.
  */
 #include "module.h"
 
@@ -24,6 +29,10 @@
 /* the transfer is cut in about this many pieces a thread, at least KVPY_COPY_THREAD_MIN each */
 #define KVPY_COPY_PIECES 8
 #define KVPY_RUN_FIELDS 5 /* dst buffer, dst offset, src buffer, src offset, bytes */
+/* a transfer copied in groups (ends, done) is cut in pieces of at most this many bytes, so a
+ * group that lands is reported within about one piece's copy */
+#define KVPY_COPY_GROUP_PIECE (2u << 20)
+#define KVPY_COPY_MAX_GROUPS 65536
 
 struct run {
 	char *dst;
@@ -32,13 +41,43 @@ struct run {
 };
 
 /* A transfer its threads share: pieces of piece bytes (the last one shorter), each taken by the
- * next thread free, so a thread the scheduler holds back leaves its pieces to the others. */
+ * next thread free, so a thread the scheduler holds back leaves its pieces to the others.
+ *
+ * In groups (n_groups > 0): group g is the bytes [gend[g - 1], gend[g]) (gend[-1] = 0), left[g]
+ * counts its bytes not copied yet, and the caller's thread reports each group that has landed,
+ * in order (done, called with the GIL); stop ends the taking of pieces when a report fails. */
 struct work {
 	const struct run *runs;
 	const size_t *at; /* at[i]: the bytes of runs before run i; at[n_runs]: total */
 	size_t n_runs, total, piece, n_pieces;
 	atomic_size_t next;
+	size_t n_groups;
+	const size_t *gend;
+	atomic_size_t *left;
+	atomic_int stop;
 };
+
+/* Piece [from, to) has landed: its bytes come off the groups it covers. */
+static void groups_landed(struct work *w, size_t from, size_t to)
+{
+	size_t lo = 0, hi = w->n_groups;
+
+	while (lo < hi) { /* the first group that ends after from */
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (w->gend[mid] <= from)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t g = lo; g < w->n_groups && from < to; g++) {
+		size_t e = w->gend[g] < to ? w->gend[g] : to;
+
+		if (e > from)
+			atomic_fetch_sub_explicit(&w->left[g], e - from, memory_order_release);
+		from = e;
+	}
+}
 
 /* The runs of piece [from, to) of the transfer as the kernels' lists (dst, src, len); their
  * count. */
@@ -68,27 +107,33 @@ static size_t piece_runs(const struct work *w, size_t from, size_t to, uint64_t 
 	return k;
 }
 
-/* A thread: pieces until none is left, each copied by the kernels' run copy (streaming stores
- * when the whole transfer is 4 MiB or more: kvp_copy_runs_cpu_part). */
-static void *work_run(void *arg)
+/* The next piece no thread has taken, as [*from, *to); 0 when none is left or the transfer
+ * was stopped. */
+static int take_piece(struct work *w, size_t *from, size_t *to)
 {
-	struct work *w = arg;
-	uint64_t *v = malloc(sizeof(uint64_t) * 3 * (w->n_runs + 1));
 	size_t p;
 
-	while ((p = atomic_fetch_add(&w->next, 1)) < w->n_pieces) {
-		size_t from = p * w->piece;
-		size_t to = from + w->piece < w->total ? from + w->piece : w->total;
+	if (atomic_load_explicit(&w->stop, memory_order_relaxed) ||
+	    (p = atomic_fetch_add(&w->next, 1)) >= w->n_pieces)
+		return 0;
+	*from = p * w->piece;
+	*to = *from + w->piece < w->total ? *from + w->piece : w->total;
+	return 1;
+}
 
-		if (v) {
-			size_t k = piece_runs(w, from, to, v, v + w->n_runs + 1,
-					      v + 2 * (w->n_runs + 1));
+/* Copies piece [from, to) with the kernels' run copy (streaming stores when the whole transfer
+ * is 4 MiB or more: kvp_copy_runs_cpu_part), v: room for the lists of n_runs + 1 runs (NULL:
+ * memcpy run by run), and takes its bytes off the groups. */
+static void copy_piece(struct work *w, uint64_t *v, size_t from, size_t to)
+{
+	size_t m = w->n_runs + 1;
 
-			kvp_copy_runs_cpu_part(v, v + w->n_runs + 1, v + 2 * (w->n_runs + 1), k,
-					       w->total);
-			continue;
-		}
-		for (size_t i = 0; i < w->n_runs; i++) { /* no memory for the lists: memcpy */
+	if (v) {
+		size_t k = piece_runs(w, from, to, v, v + m, v + 2 * m);
+
+		kvp_copy_runs_cpu_part(v, v + m, v + 2 * m, k, w->total);
+	} else {
+		for (size_t i = 0; i < w->n_runs; i++) {
 			size_t a = from > w->at[i] ? from - w->at[i] : 0;
 			size_t e = to < w->at[i + 1] ? to : w->at[i + 1];
 
@@ -96,20 +141,67 @@ static void *work_run(void *arg)
 				memcpy(w->runs[i].dst + a, w->runs[i].src + a, e - w->at[i] - a);
 		}
 	}
+	if (w->n_groups)
+		groups_landed(w, from, to);
+}
+
+/* A thread: pieces until none is left. */
+static void *work_run(void *arg)
+{
+	struct work *w = arg;
+	uint64_t *v = malloc(sizeof(uint64_t) * 3 * (w->n_runs + 1));
+	size_t from, to;
+
+	while (take_piece(w, &from, &to))
+		copy_piece(w, v, from, to);
 	free(v);
 	return NULL;
+}
+
+/* The caller's side of a transfer in groups: done(g) (with the GIL) for each group from *next
+ * on that has landed, in order, up to the first that has not. Returns 0, or -1 with the
+ * exception of a done that failed (w->stop set). */
+static int report_groups(struct work *w, size_t *next, PyObject *done, PyThreadState **ts)
+{
+	while (*next < w->n_groups &&
+	       atomic_load_explicit(&w->left[*next], memory_order_acquire) == 0) {
+		PyObject *r;
+
+		PyEval_RestoreThread(*ts);
+		r = PyObject_CallFunction(done, "n", (Py_ssize_t)*next);
+		Py_XDECREF(r);
+		*ts = PyEval_SaveThread();
+		if (!r) {
+			atomic_store(&w->stop, 1);
+			return -1;
+		}
+		(*next)++;
+	}
+	return 0;
 }
 
 /* Copies the runs over threads threads (fewer when they would get under THREAD_MIN bytes
  * each), in pieces the threads take in turn; the caller's thread is one of them, and one that
  * cannot be started leaves its pieces to the others. at: n_runs + 1 offsets (see struct
- * work). */
-static void copy_all(const struct run *runs, const size_t *at, size_t n_runs, size_t total,
-		     int threads)
+ * work). Called without the GIL (*ts: the caller's thread state). In groups (gend, n_groups >
+ * 0, left: n_groups counters), done(g) is called for each group as it lands, in order: the
+ * caller's thread reports between its pieces, and the rest once the others are joined.
+ * Returns 0, or -1 with the exception of a done that failed (no piece is taken after it). */
+static int copy_all(const struct run *runs, const size_t *at, size_t n_runs, size_t total,
+		    int threads, const size_t *gend, atomic_size_t *left, size_t n_groups,
+		    PyObject *done, PyThreadState **ts)
 {
 	pthread_t tid[KVPY_COPY_MAX_THREADS];
 	int started[KVPY_COPY_MAX_THREADS] = { 0 };
-	struct work w = { .runs = runs, .at = at, .n_runs = n_runs, .total = total };
+	struct work w = { .runs = runs,
+			  .at = at,
+			  .n_runs = n_runs,
+			  .total = total,
+			  .n_groups = n_groups,
+			  .gend = gend,
+			  .left = left };
+	size_t next_report = 0;
+	int rc = 0;
 
 	if ((size_t)threads > total / KVPY_COPY_THREAD_MIN)
 		threads = (int)(total / KVPY_COPY_THREAD_MIN);
@@ -118,16 +210,36 @@ static void copy_all(const struct run *runs, const size_t *at, size_t n_runs, si
 	w.piece = total / ((size_t)threads * KVPY_COPY_PIECES);
 	if (w.piece < KVPY_COPY_THREAD_MIN)
 		w.piece = KVPY_COPY_THREAD_MIN;
+	if (n_groups && w.piece > KVPY_COPY_GROUP_PIECE)
+		w.piece = KVPY_COPY_GROUP_PIECE;
 	w.piece = (w.piece + 63) & ~(size_t)63; /* whole 64-byte steps of the streamed copy */
 	w.n_pieces = total ? (total + w.piece - 1) / w.piece : 0;
 	atomic_init(&w.next, 0);
+	atomic_init(&w.stop, 0);
+	for (size_t g = 0; g < n_groups; g++)
+		atomic_init(&left[g], gend[g] - (g ? gend[g - 1] : 0));
 	for (int k = 1; k < threads; k++)
 		started[k] = pthread_create(&tid[k], NULL, work_run, &w) == 0;
-	work_run(&w);
+	if (!n_groups) {
+		work_run(&w);
+	} else { /* the caller's pieces, the groups landed reported between them */
+		uint64_t *v = malloc(sizeof(uint64_t) * 3 * (n_runs + 1));
+		size_t from, to;
+
+		rc = report_groups(&w, &next_report, done, ts); /* leading empty groups */
+		while (!rc && take_piece(&w, &from, &to)) {
+			copy_piece(&w, v, from, to);
+			rc = report_groups(&w, &next_report, done, ts);
+		}
+		free(v);
+	}
 	for (int k = 1; k < threads; k++) {
 		if (started[k])
 			pthread_join(tid[k], NULL);
 	}
+	if (!rc && n_groups)
+		rc = report_groups(&w, &next_report, done, ts);
+	return rc;
 }
 
 /* Gets a buffer of each item of seq (writable ones for dst) into *out, an array of as many as
@@ -233,25 +345,85 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 	return runs;
 }
 
+/* The byte ends of the groups of ends_obj (a sequence of run counts: group g is runs
+ * [ends[g - 1], ends[g]), ends[-1] = 0, ascending, the last one n_runs) into *gend, with room
+ * for their counters in *left (PyMem_Free both). Returns the number of groups, or -1 with an
+ * exception set. */
+static Py_ssize_t make_groups(PyObject *ends_obj, const size_t *at, size_t n_runs, size_t **gend,
+			      atomic_size_t **left)
+{
+	PyObject *ends = PySequence_Tuple(ends_obj);
+	Py_ssize_t n, prev = 0;
+
+	*gend = NULL;
+	*left = NULL;
+	if (!ends)
+		return -1;
+	n = PyTuple_Size(ends);
+	if (n < 1 || n > KVPY_COPY_MAX_GROUPS) {
+		PyErr_Format(PyExc_ValueError, "copy_buffer_runs: ends: 1 to %d groups, not %zd",
+			     KVPY_COPY_MAX_GROUPS, n);
+		goto fail;
+	}
+	*gend = PyMem_Malloc((size_t)n * sizeof(**gend));
+	*left = PyMem_Malloc((size_t)n * sizeof(**left));
+	if (!*gend || !*left) {
+		PyErr_NoMemory();
+		goto fail;
+	}
+	for (Py_ssize_t g = 0; g < n; g++) {
+		Py_ssize_t e = PyLong_AsSsize_t(PyTuple_GetItem(ends, g));
+
+		if (e == -1 && PyErr_Occurred())
+			goto fail;
+		if (e < prev || (size_t)e > n_runs || (g == n - 1 && (size_t)e != n_runs)) {
+			PyErr_Format(PyExc_ValueError,
+				     "copy_buffer_runs: ends must ascend from 0 to the %zu runs; "
+				     "end %zd is %zd",
+				     n_runs, g, e);
+			goto fail;
+		}
+		(*gend)[g] = at[e];
+		prev = e;
+	}
+	Py_DECREF(ends);
+	return n;
+fail:
+	Py_DECREF(ends);
+	PyMem_Free(*gend);
+	PyMem_Free(*left);
+	*gend = NULL;
+	*left = NULL;
+	return -1;
+}
+
 PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "dst", "src", "runs", "threads", NULL };
-	PyObject *dsts, *srcs, *runs_obj;
-	int threads = 1;
+	static char *kwlist[] = { "dst", "src", "runs", "threads", "ends", "done", NULL };
+	PyObject *dsts, *srcs, *runs_obj, *ends_obj = Py_None, *done = Py_None;
+	int threads = 1, rc;
 	Py_buffer *dst = NULL, *src = NULL, rb;
-	Py_ssize_t nd = 0, ns = 0;
+	Py_ssize_t nd = 0, ns = 0, n_groups = 0;
 	struct run *runs = NULL;
-	size_t n_runs = 0, total = 0, *at = NULL;
+	size_t n_runs = 0, total = 0, *at = NULL, *gend = NULL;
+	atomic_size_t *left = NULL;
+	PyThreadState *ts;
 	PyObject *ret = NULL;
 
 	(void)mod;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|i", kwlist, &dsts, &srcs, &runs_obj,
-					 &threads))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|i$OO", kwlist, &dsts, &srcs, &runs_obj,
+					 &threads, &ends_obj, &done))
 		return NULL;
 	if (threads < 1 || threads > KVPY_COPY_MAX_THREADS)
 		return PyErr_Format(PyExc_ValueError,
 				    "copy_buffer_runs: threads must be 1 to %d, not %d",
 				    KVPY_COPY_MAX_THREADS, threads);
+	if ((ends_obj == Py_None) != (done == Py_None) ||
+	    (done != Py_None && !PyCallable_Check(done))) {
+		PyErr_SetString(PyExc_TypeError,
+				"copy_buffer_runs: ends and done come together, done a callable");
+		return NULL;
+	}
 	if (PyObject_GetBuffer(runs_obj, &rb, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
 		goto out;
 	if ((nd = get_buffers(dsts, &dst, 1, "dst")) < 0 ||
@@ -265,11 +437,18 @@ PyObject *kvpy_copy_buffer_runs(PyObject *mod, PyObject *args, PyObject *kw)
 	PyBuffer_Release(&rb);
 	if (!runs)
 		goto out;
-	KVPY_WAIT(copy_all(runs, at, n_runs, total, threads));
-	ret = PyLong_FromSize_t(total);
+	if (ends_obj != Py_None && (n_groups = make_groups(ends_obj, at, n_runs, &gend, &left)) < 0)
+		goto out;
+	ts = PyEval_SaveThread();
+	rc = copy_all(runs, at, n_runs, total, threads, gend, left, (size_t)n_groups, done, &ts);
+	PyEval_RestoreThread(ts);
+	if (rc == 0)
+		ret = PyLong_FromSize_t(total);
 out:
 	PyMem_Free(runs);
 	PyMem_Free(at);
+	PyMem_Free(gend);
+	PyMem_Free(left);
 	if (dst)
 		release_buffers(dst, nd);
 	if (src)

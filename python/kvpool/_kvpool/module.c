@@ -430,12 +430,16 @@ static PyMethodDef mod_methods[] = {
 	  "a pool's mapped pages): nothing checks them. Returns the runs copied." },
 	{ "copy_buffer_runs", (PyCFunction)(void (*)(void))kvpy_copy_buffer_runs,
 	  METH_VARARGS | METH_KEYWORDS,
-	  "copy_buffer_runs(dst, src, runs, threads=1)\n--\n\nCopies byte runs between buffers in "
+	  "copy_buffer_runs(dst, src, runs, threads=1, *, ends=None, done=None)\n--\n\nCopies "
+	  "byte runs between buffers in "
 	  "one call, the GIL released: dst and src are sequences of C-contiguous buffers (dst "
 	  "writable), runs an int64 array of rows (dst index, dst offset, src index, src "
 	  "offset, bytes) that must not overlap. Every run is checked against its buffers "
 	  "first (ValueError). Split over up to `threads` threads; a transfer larger than the "
-	  "caches uses streaming stores. Returns the bytes copied." },
+	  "caches uses streaming stores. In groups: ends (ascending run counts, the last one "
+	  "every run) cuts the runs into groups, and done(g) is called, with the GIL, once "
+	  "every run of group g has landed, in order; an exception from done stops the copy "
+	  "(no run is started after it) and is raised. Returns the bytes copied." },
 	{ NULL, NULL, 0, NULL }
 };
 
