@@ -1116,8 +1116,7 @@ static const uint8_t *page_key(struct kvp_index *kc, uint32_t i)
 int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_t parent,
 		  uint32_t *idx)
 {
-	uint32_t need_class[NSLAB] = { 0 }, nsi, h, at;
-	const struct kc_entry *pe = NULL;
+	uint32_t need_class[NSLAB] = { 0 }, nsi, h, at, ph = 0;
 
 	if (!kc || !x || !idx || (unsigned)x->tier >= KVP_TIER_ID_MAX || !kc->tier[x->tier] ||
 	    (x->keyed && !key_ok(&x->key)) ||
@@ -1129,7 +1128,8 @@ int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_
 		if (parent >= kc->ent_hw || kc->ent[parent].list == LIST_FREE ||
 		    kc->ent[parent].tok == !!x->keyed || kc->nsr[kc->ent[parent].ns].ns != x->ns)
 			return -EINVAL;
-		pe = &kc->ent[parent];
+		/* its hash by value: reserve() below may move the entry table */
+		ph = kc->ent[parent].hash;
 	}
 	need_class[x->keyed ? class_of(x->key.len) : TSLAB] = 1;
 	if (ns_reserve(kc) < 0 || reserve(kc, 1, need_class) < 0)
@@ -1139,7 +1139,7 @@ int kvp_index_put(struct kvp_index *kc, const struct kvp_index_entry *x, uint32_
 		h = key_hash(kc, x->ns, x->key.data, x->key.len);
 		at = find(kc, nsi, h, &x->key);
 	} else {
-		h = tok_hash(kc, x->ns, pe ? pe->hash : 0, x->tokens);
+		h = tok_hash(kc, x->ns, ph, x->tokens);
 		at = find_tok(kc, nsi, h, parent, x->tokens);
 	}
 	if (at != NONE) {

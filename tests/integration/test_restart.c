@@ -357,6 +357,42 @@ static void test_restart_key_chains_out_of_order(void)
 	finish(c, pid);
 }
 
+/* 100 prefixes of 4 pages, each page its bytes, across a clean restart: every prefix matches
+ * all its pages, each the same bytes. The books are put back parents first, so the index's
+ * entry table grows while the chains' second pages go in (the first 64 fill its first
+ * allocation): a page put under a parent whose entry the growth moved must still be found. */
+static void test_restart_many_chains_match_whole(void)
+{
+	enum { N = 100, NP = 4 };
+	static uint32_t tok[N][NP * PT], pages[N][NP];
+	struct kvp_match_result m;
+	struct kvp_client *c;
+	struct kvp_pool *p;
+	uint32_t host[8];
+	int restarted = 0;
+	pid_t pid;
+
+	setup();
+	write_cfg(N * NP + 16);
+	pid = sup_start();
+	p = engine("chains-engine", &c);
+	for (uint32_t i = 0; i < N; i++)
+		publish(p, NP, 100000 * (i + 1), (int)i, 3, tok[i], pages[i]);
+	sup_stop(pid, SIGTERM);
+	pid = sup_start();
+	for (uint32_t i = 0; i < N; i++) {
+		CU_ASSERT_EQUAL_FATAL(match_retry(p, tok[i], NP * PT, &m, host, &restarted), 0);
+		CU_ASSERT_EQUAL(m.matched_tokens, NP * PT);
+		CU_ASSERT_EQUAL(m.n_host, NP);
+		for (uint32_t k = 0; k < NP && k < m.n_host; k++)
+			CU_ASSERT(host[k] == pages[i][k] &&
+				  check(p, host[k], (uint8_t)(i + k * 3)));
+	}
+	CU_ASSERT_EQUAL(restarted, 1);
+	CU_ASSERT_EQUAL(counter("pages_adopted"), N * NP);
+	finish(c, pid);
+}
+
 /* A restart that loses the fd store: the client maps the new (zeroed) memory instead of
  * keeping the old mapping, and its lease is gone. */
 static void test_restart_without_store_maps_new_memory(void)
@@ -599,6 +635,7 @@ int main(void)
 		H_TEST(test_restart_geometry_change_fresh_pool),
 		H_TEST(test_restart_old_books_start_empty),
 		H_TEST(test_restart_key_chains_out_of_order),
+		H_TEST(test_restart_many_chains_match_whole),
 		H_TEST(test_restart_without_store_maps_new_memory),
 		H_TEST(test_restart_after_grace_reclaimed),
 		H_TEST(test_restart_kill9_consistent_adopts_cache),

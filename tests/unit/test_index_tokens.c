@@ -2115,6 +2115,49 @@ static void test_index_tokens_page_keys(void)
 	kvp_pages_free(dv);
 }
 
+/* A restore's kvp_index_put order, parents first: 100 chains' first pages, then each one's
+ * second page under it. The 65th entry grows the entry table (its first allocation holds 64),
+ * so the second page of chain 0 is put under an entry the growth moved: every chain must
+ * still match both its pages (a child hashed through a stale parent would match 1). */
+static void test_index_put_chains_across_table_growth(void)
+{
+	enum { N = 100, PT = 4 };
+	struct kvp_pages *host = kvp_pages_new(2 * N);
+	struct kvp_index *ix;
+	uint32_t page[2 * N], first[N], t[2 * PT], dev[2], hp[2];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(host);
+	ix = host_only_tree(host);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ix);
+	CU_ASSERT_EQUAL_FATAL(kvp_pages_alloc(host, 2 * N, page), 0);
+	for (uint32_t i = 0; i < 2 * N; i++) {
+		uint32_t c = i % N, at;
+
+		seq(t, 2 * PT, 1000 * c + 1);
+		struct kvp_index_entry x = { .ns = 3,
+					     .keyed = 0,
+					     .tokens = t + (i < N ? 0 : PT),
+					     .tier = HOST,
+					     .page = page[i],
+					     .hits = 1 };
+
+		CU_ASSERT_EQUAL_FATAL(kvp_index_put(ix, &x, i < N ? UINT32_MAX : first[c], &at), 0);
+		if (i < N)
+			first[c] = at;
+	}
+	CU_ASSERT_EQUAL(kvp_index_check(ix), 0);
+	for (uint32_t c = 0; c < N; c++) {
+		struct kvp_index_match m;
+
+		seq(t, 2 * PT, 1000 * c + 1);
+		CU_ASSERT_EQUAL(kvp_index_match_tokens(ix, 3, t, 2 * PT, 0, &m, dev, hp), 0);
+		CU_ASSERT_EQUAL(m.host_pages, 2);
+		CU_ASSERT(m.host_pages == 2 && hp[0] == page[c] && hp[1] == page[N + c]);
+	}
+	kvp_index_free(ix);
+	kvp_pages_free(host);
+}
+
 int main(void)
 {
 	static const struct h_test tests[] = {
@@ -2148,6 +2191,7 @@ int main(void)
 		H_TEST(test_index_tokens_exact_under_collisions),
 		H_TEST(test_index_tokens_and_keys_side_by_side),
 		H_TEST(test_index_tokens_page_keys),
+		H_TEST(test_index_put_chains_across_table_growth),
 		H_TEST(test_kvp_prefix_stats_metadata_per_page),
 		H_TEST(test_kvp_prefix_random_two_tiers_lru),
 		H_TEST(test_kvp_prefix_random_two_tiers_lfu),
