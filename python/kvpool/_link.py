@@ -29,6 +29,39 @@ BACKOFF_MAX_S = 2.0
 RECONNECT_MS = 4294967295
 
 
+def held_pages(pool: kvpool.Pool, keys: list[bytes], namespace: int) -> tuple[int, int]:
+    """(local, below): the leading keys held in the pool's device and host pages, and those
+    after them held by the tiers below host (disk, remote). One MatchKeys without a lock:
+    kvpoold counts the disk's pages from its key map and asks a remote tier only when the
+    pool has one and the local pages fall short."""
+    m = pool.match_keys(keys, namespace=namespace, lock=False)
+    return len(m.device_pages) + len(m.host_pages), int(m.remote_pages)
+
+
+def match_or_fetch(pool: kvpool.Pool, keys: list[bytes], namespace: int,
+                   count: Callable[[str, int], None]) -> Any:
+    """The locked match of keys; where tiers below host hold pages after the local ones (and
+    no device pages were matched), the locked answer of a FetchKeys that read them into host
+    pages first, the first match released. A fetch that fails is counted (count("fetch_<error>",
+    1)) and the local match stands: fewer pages, never an error; connection loss and a
+    restart are raised (Link.call's to handle)."""
+    m = pool.match_keys(keys, namespace=namespace, lock=True)
+    if not m.remote_pages or len(m.device_pages):
+        return m
+    try:
+        f = pool.fetch_keys(keys, namespace=namespace, lock=True)
+    except _DOWN + (kvpool.Restarted,):
+        raise
+    except kvpool.Error as e:
+        count(f"fetch_{type(e).__name__}", 1)
+        log.info("kvpool: fetch: %s", e)
+        return m
+    m.release()
+    count("fetched_pages", int(f.fetched_pages))
+    count("fetch_missed_pages", int(f.missed_pages))
+    return f
+
+
 def geometry_mismatch(pool_name: str, want: kvpool.Geometry, have: kvpool.Geometry,
                       why: str) -> kvpool.GeometryMismatch:
     """A kvpool.GeometryMismatch with expected/actual filled in."""

@@ -48,13 +48,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 import kvpool
-from kvpool._link import _DOWN, Link, geometry_mismatch
+from kvpool._link import Link, geometry_mismatch, held_pages, match_or_fetch
 
 __all__ = ["KvpoolStorage", "KvpoolLinker", "LAYOUTS"]
 
@@ -160,39 +160,6 @@ def _components_to_flat(host: Any, comps: list[torch.Tensor]) -> torch.Tensor:
     if host.layout == "page_first":
         comps = [c.transpose(0, 1) for c in comps]
     return torch.stack(comps).reshape(-1)
-
-
-def held_pages(pool: kvpool.Pool, keys: list[bytes], namespace: int) -> tuple[int, int]:
-    """(local, below): the leading keys held in the pool's device and host pages, and those
-    after them held by the tiers below host (disk, remote). One MatchKeys without a lock:
-    kvpoold counts the disk's pages from its key map and asks a remote tier only when the
-    pool has one and the local pages fall short."""
-    m = pool.match_keys(keys, namespace=namespace, lock=False)
-    return len(m.device_pages) + len(m.host_pages), int(m.remote_pages)
-
-
-def match_or_fetch(pool: kvpool.Pool, keys: list[bytes], namespace: int,
-                   count: Callable[[str, int], None]) -> Any:
-    """The locked match of keys; where tiers below host hold pages after the local ones (and
-    no device pages were matched), the locked answer of a FetchKeys that read them into host
-    pages first, the first match released. A fetch that fails is counted (count("fetch_<error>",
-    1)) and the local match stands: fewer pages, never an error; connection loss and a
-    restart are raised (the Link's to handle)."""
-    m = pool.match_keys(keys, namespace=namespace, lock=True)
-    if not m.remote_pages or len(m.device_pages):
-        return m
-    try:
-        f = pool.fetch_keys(keys, namespace=namespace, lock=True)
-    except _DOWN + (kvpool.Restarted,):
-        raise
-    except kvpool.Error as e:
-        count(f"fetch_{type(e).__name__}", 1)
-        log.info("kvpool.sglang: fetch: %s", e)
-        return m
-    m.release()
-    count("fetched_pages", int(f.fetched_pages))
-    count("fetch_missed_pages", int(f.missed_pages))
-    return f
 
 
 class KvpoolStorage(HiCacheStorage):

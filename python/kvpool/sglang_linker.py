@@ -84,7 +84,7 @@ from sglang.srt.utils import get_device_module
 import kvpool
 from kvpool._kvpool import copy_buffer_runs
 from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
-from kvpool.sglang import held_pages, match_or_fetch
+from kvpool._link import held_pages, match_or_fetch
 
 __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
 
@@ -425,12 +425,11 @@ class KvpoolLinker(UnifiedCacheLinker):
         self.namespace = int(extra.get("namespace", 0))
         self.timeout_ms = int(extra.get("timeout_ms", 5000))
         self.max_keys = max(1, int(extra.get("max_keys_per_call", 4096)))
-        tp_rank, tp_size = 0, 1
+        tp_rank = 0
         group = getattr(params, "attn_tp_cache_group", None) or \
             getattr(params, "tp_cache_group", None)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             tp_rank = torch.distributed.get_rank(group=group)
-            tp_size = torch.distributed.get_world_size(group=group)
         self.tp_rank = tp_rank
         # the MLA latent is the same on every TP rank: rank 0 stores it, every rank reads it
         self.offload_owner = not self.dev.mla or tp_rank == 0
@@ -625,29 +624,34 @@ class KvpoolLinker(UnifiedCacheLinker):
         ns = self.namespace
 
         def pin(pool, host):
-            m = match_or_fetch(pool, keys, ns, self._count)
-            if len(m.device_pages) or len(m.host_pages) < len(keys):
-                m.release()
-                return None
-            job = _Load(m, host, torch.from_numpy(m.host_pages.astype("int64")), slots)
-            if swa_keys:
-                w = match_or_fetch(pool, swa_keys, ns, self._count)
-                if len(w.device_pages) or len(w.host_pages) < len(swa_keys):
-                    w.release()
-                    m.release()
+            held: list = []
+
+            def take(ks):
+                """ks pinned in host pages (their ids), or None with every pin of this load
+                released (a page now on the device, or not all of ks there any more)."""
+                m = match_or_fetch(pool, ks, ns, self._count)
+                held.append(m)
+                if len(m.device_pages) or len(m.host_pages) < len(ks):
+                    for x in held:
+                        x.release()
                     return None
-                job.swa = (w, torch.from_numpy(w.host_pages.astype("int64")),
+                return torch.from_numpy(m.host_pages.astype("int64"))
+
+            hp = take(keys)
+            if hp is None:
+                return None
+            job = _Load(held[0], host, hp, slots)
+            if swa_keys:
+                whp = take(swa_keys)
+                if whp is None:
+                    return None
+                job.swa = (held[-1], whp,
                            sw.device_indices.detach().to("cpu", torch.int64).flatten())
             if mamba_keys:
-                w = match_or_fetch(pool, mamba_keys, ns, self._count)
-                if len(w.device_pages) or len(w.host_pages) < len(mamba_keys):
-                    w.release()
-                    m.release()
-                    if job.swa is not None:
-                        job.swa[0].release()
+                mhp = take(mamba_keys)
+                if mhp is None:
                     return None
-                job.mamba = (w, torch.from_numpy(w.host_pages.astype("int64")),
-                             self.mamba.slot(mb.device_indices))
+                job.mamba = (held[-1], mhp, self.mamba.slot(mb.device_indices))
             return job
 
         job = self.link.call("load", pin)

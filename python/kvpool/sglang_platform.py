@@ -47,7 +47,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from sglang.srt.platforms.cpu import CpuSRTPlatform
 from sglang.srt.platforms.cuda import CudaSRTPlatform

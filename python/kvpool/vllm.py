@@ -70,7 +70,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 import kvpool
-from kvpool._link import _DOWN, Link, geometry_mismatch
+from kvpool._link import Link, geometry_mismatch, held_pages, match_or_fetch
 from kvpool.vllm_copy import CpuCopier, CudaCopier, HostPages, PageLayout
 
 __all__ = ["KvpoolOffloadingSpec", "KvpoolOffloadingManager", "KvpoolOffloadingWorker",
@@ -202,11 +202,7 @@ class KvpoolOffloadingManager(OffloadingManager):
         the tiers below host (disk, remote; prepare_load fetches those). One MatchKeys without
         a lock: kvpoold counts the disk tier's pages from its key map and asks the remote tier
         only when the pool has one and the local pages fall short."""
-        def go(p, s):
-            m = p.match_keys(self._kk([key]), namespace=self.ns, lock=False)
-            return len(m.device_pages) + len(m.host_pages), m.remote_pages
-
-        r = self.link.call("lookup", go)
+        r = self.link.call("lookup", lambda p, s: held_pages(p, self._kk([key]), self.ns))
         self.link.stats["lookups"] += 1
         if r is not None and r[0] + r[1] >= self.world:
             self.link.stats["lookup_hits"] += 1
@@ -215,29 +211,13 @@ class KvpoolOffloadingManager(OffloadingManager):
             return LookupResult.HIT
         return LookupResult.MISS
 
-    def _match_or_fetch(self, p: kvpool.Pool, kk: list[bytes]) -> Any:
-        """The locked match of kk; where tiers below host hold pages after the local ones,
-        the locked answer of a FetchKeys that read them into host pages first (a fetch that
-        fails is counted and the local match stands: fewer pages, never an error)."""
-        m = p.match_keys(kk, namespace=self.ns, lock=True)
-        if not m.remote_pages or len(m.device_pages):
-            return m
-        try:
-            f = p.fetch_keys(kk, namespace=self.ns, lock=True)
-        except _DOWN + (kvpool.Restarted,):
-            raise  # the Link's to handle (reconnect, count)
-        except kvpool.Error as e:
-            self.link.stats[f"fetch_{type(e).__name__}"] += 1
-            log.info("kvpool.vllm: fetch: %s", e)
-            return m
-        m.release()
-        self.link.stats["fetched_pages"] += f.fetched_pages
-        self.link.stats["fetch_missed_pages"] += f.missed_pages
-        return f
+    def _count(self, what: str, n: int = 1) -> None:
+        self.link.stats[what] += n
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
-        m = self.link.call("load", lambda p, s: self._match_or_fetch(p, self._kk(keys)))
+        m = self.link.call("load", lambda p, s: match_or_fetch(p, self._kk(keys), self.ns,
+                                                                self._count))
         pages = np.zeros((0, self.world), dtype=np.int64)
         if m is not None:
             n = len(m.host_pages) // self.world if not len(m.device_pages) else 0
