@@ -9,9 +9,11 @@ tensors with the linker SGLang's create_unified_cache_linker builds (sglang_inst
                           process (ratio >= 0.8)
   sglang.linker.load      KvpoolLinker.load + start_layer_wise_loading + every layer
                           completed, the same pages into other device slots (ratio >= 0.8)
-                          Both: 41 reps, each timing offload, load and the torch copy back to
-                          back, the torch copy first, between or last in turn; medians (the
-                          per-rep ratios' median is in the note)
+                          Both: 41 reps (--quick: 7, of the same 256 pages: with fewer pages
+                          the calls' fixed cost, not the copy, sets the figure), each timing
+                          offload, load and the torch copy back to back, the torch copy first,
+                          between or last in turn; medians (the per-rep ratios' median is in
+                          the note)
   sglang.l2.shared_memory host bytes that hold the prefixes of a workload spread over 4
                           instances after two passes (the second pass hits every request in
                           both setups): 4 instances on one pool against the same 4 instances
@@ -67,8 +69,8 @@ mlock = off
 
 def main():
     quick = "--quick" in sys.argv[1:]
-    n = 64 if quick else 256
-    reps = 3 if quick else 41
+    n = 256
+    reps = 7 if quick else 41
     try:
         import torch
         from engine_util import import_sglang
