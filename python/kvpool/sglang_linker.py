@@ -83,8 +83,7 @@ from sglang.srt.utils import get_device_module
 
 import kvpool
 from kvpool._kvpool import copy_buffer_runs
-from kvpool._link import RECONNECT_MS, Link, geometry_mismatch
-from kvpool._link import held_pages, match_or_fetch
+from kvpool._link import RECONNECT_MS, Link, geometry_mismatch, held_pages, match_or_fetch
 
 __all__ = ["KvpoolLinker", "EXTRA_CONFIG_KEYS"]
 
@@ -702,14 +701,14 @@ class KvpoolLinker(UnifiedCacheLinker):
                 runs = _runs(dp, j.hp) if dp is not None and dev.flat is None else None
                 plans.append((j, dp, runs))
             turn = self._load_turns(index, jobs, plans)
-            rows = self._load_rows(plans)
+            grouped = self._load_rows(plans)
             done = 0  # the counter layers completed
-            if rows is not None:
+            if grouped is not None:
                 # CPU device pools: one copy_buffer_runs call for every full layer of every
                 # page-aligned job, a group a layer in counter order; each group reported as it
                 # lands completes the counter layers up to its own (those between: Mamba and
                 # sliding-window turns, other jobs' copies) while the copy threads go on
-                rows, ends, order = rows
+                rows, ends, order = grouped
 
                 def landed(g: int) -> None:
                     nonlocal done

@@ -184,9 +184,10 @@ static int report_groups(struct work *w, size_t *next, PyObject *done, PyThreadS
  * each), in pieces the threads take in turn; the caller's thread is one of them, and one that
  * cannot be started leaves its pieces to the others. at: n_runs + 1 offsets (see struct
  * work). Called without the GIL (*ts: the caller's thread state). In groups (gend, n_groups >
- * 0, left: n_groups counters), done(g) is called for each group as it lands, in order: the
- * caller's thread reports between its pieces, and the rest once the others are joined.
- * Returns 0, or -1 with the exception of a done that failed (no piece is taken after it). */
+ * 0, left: each group's bytes, counted down as they land), done(g) is called for each group as it
+ * lands, in order: the caller's thread reports between its pieces, and the rest once the others are
+ * joined. Returns 0, or -1 with the exception of a done that failed (no piece is taken after it).
+ */
 static int copy_all(const struct run *runs, const size_t *at, size_t n_runs, size_t total,
 		    int threads, const size_t *gend, atomic_size_t *left, size_t n_groups,
 		    PyObject *done, PyThreadState **ts)
@@ -200,8 +201,9 @@ static int copy_all(const struct run *runs, const size_t *at, size_t n_runs, siz
 			  .n_groups = n_groups,
 			  .gend = gend,
 			  .left = left };
-	size_t next_report = 0;
-	int rc = 0;
+	size_t next_report = 0, from, to;
+	uint64_t *v;
+	int rc;
 
 	if ((size_t)threads > total / KVPY_COPY_THREAD_MIN)
 		threads = (int)(total / KVPY_COPY_THREAD_MIN);
@@ -216,30 +218,22 @@ static int copy_all(const struct run *runs, const size_t *at, size_t n_runs, siz
 	w.n_pieces = total ? (total + w.piece - 1) / w.piece : 0;
 	atomic_init(&w.next, 0);
 	atomic_init(&w.stop, 0);
-	for (size_t g = 0; g < n_groups; g++)
-		atomic_init(&left[g], gend[g] - (g ? gend[g - 1] : 0));
 	for (int k = 1; k < threads; k++)
 		started[k] = pthread_create(&tid[k], NULL, work_run, &w) == 0;
-	if (!n_groups) {
-		work_run(&w);
-	} else { /* the caller's pieces, the groups landed reported between them */
-		uint64_t *v = malloc(sizeof(uint64_t) * 3 * (n_runs + 1));
-		size_t from, to;
-
-		rc = report_groups(&w, &next_report, done, ts); /* leading empty groups */
-		while (!rc && take_piece(&w, &from, &to)) {
-			copy_piece(&w, v, from, to);
-			rc = report_groups(&w, &next_report, done, ts);
-		}
-		free(v);
+	/* the caller's pieces, the groups landed (none without groups) reported between them,
+	 * leading empty groups first */
+	v = malloc(sizeof(uint64_t) * 3 * (n_runs + 1));
+	rc = report_groups(&w, &next_report, done, ts);
+	while (!rc && take_piece(&w, &from, &to)) {
+		copy_piece(&w, v, from, to);
+		rc = report_groups(&w, &next_report, done, ts);
 	}
+	free(v);
 	for (int k = 1; k < threads; k++) {
 		if (started[k])
 			pthread_join(tid[k], NULL);
 	}
-	if (!rc && n_groups)
-		rc = report_groups(&w, &next_report, done, ts);
-	return rc;
+	return rc ? rc : report_groups(&w, &next_report, done, ts);
 }
 
 /* Gets a buffer of each item of seq (writable ones for dst) into *out, an array of as many as
@@ -346,9 +340,9 @@ static struct run *make_runs(const Py_buffer *rb, Py_buffer *dst, Py_ssize_t nd,
 }
 
 /* The byte ends of the groups of ends_obj (a sequence of run counts: group g is runs
- * [ends[g - 1], ends[g]), ends[-1] = 0, ascending, the last one n_runs) into *gend, with room
- * for their counters in *left (PyMem_Free both). Returns the number of groups, or -1 with an
- * exception set. */
+ * [ends[g - 1], ends[g]), ends[-1] = 0, ascending, the last one n_runs) into *gend, and each
+ * group's bytes into its counter in *left (PyMem_Free both). Returns the number of groups, or -1
+ * with an exception set. */
 static Py_ssize_t make_groups(PyObject *ends_obj, const size_t *at, size_t n_runs, size_t **gend,
 			      atomic_size_t **left)
 {
@@ -384,6 +378,7 @@ static Py_ssize_t make_groups(PyObject *ends_obj, const size_t *at, size_t n_run
 			goto fail;
 		}
 		(*gend)[g] = at[e];
+		atomic_init(&(*left)[g], at[e] - at[prev]);
 		prev = e;
 	}
 	Py_DECREF(ends);
